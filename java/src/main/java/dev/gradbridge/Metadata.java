@@ -1,0 +1,222 @@
+package dev.gradbridge;
+
+import com.google.gson.FieldNamingPolicy;
+import com.google.gson.Gson;
+import com.google.gson.GsonBuilder;
+import com.google.gson.JsonParseException;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.Reader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.Enumeration;
+import java.util.List;
+import java.util.Map;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipException;
+import java.util.zip.ZipFile;
+
+/**
+ * The {@code gradbridge.json} document stored inside an exported .pt (schema: {@code
+ * python/gradbridge/protocol.py}). Read straight from the archive, so it is known before libtorch
+ * loads anything.
+ */
+public final class Metadata {
+
+    private static final Gson GSON =
+            new GsonBuilder()
+                    .setFieldNamingPolicy(FieldNamingPolicy.LOWER_CASE_WITH_UNDERSCORES)
+                    .create();
+
+    private String format;
+    private int protocolVersion;
+    private String gradbridgeVersion;
+    private String torchVersion;
+    private String model;
+    private List<String> methods;
+    private List<TensorSpec> parameters;
+    private List<TensorSpec> buffers;
+    private Map<String, Object> loss;
+    private Map<String, Object> optimizer;
+    private List<TensorSpec> inputs;
+
+    private Metadata() {}
+
+    /** A named tensor: shape ({@code -1} marks the batch dimension) and dtype name. */
+    public static final class TensorSpec {
+        private String name;
+        private long[] shape;
+        private String dtype;
+
+        /** @return the tensor's name */
+        public String getName() {
+            return name;
+        }
+
+        /** @return the shape; {@code -1} marks the batch dimension */
+        public long[] getShape() {
+            return shape.clone();
+        }
+
+        /** @return torch's dtype name, e.g. {@code float32} */
+        public String getDtype() {
+            return dtype;
+        }
+
+        @Override
+        public String toString() {
+            return name + " " + dtype + Arrays.toString(shape);
+        }
+    }
+
+    /**
+     * Reads and checks the metadata of an exported training module.
+     *
+     * @param path the .pt file
+     * @return the metadata
+     * @throws ModuleLoadException when the file is missing or not a TorchScript archive
+     * @throws ProtocolException when the archive has no valid gradbridge metadata
+     */
+    public static Metadata read(Path path) {
+        try (ZipFile archive = new ZipFile(path.toFile())) {
+            ZipEntry entry = findMetadataEntry(archive);
+            if (entry == null) {
+                String kind =
+                        findEntry(archive, "/data.pkl") != null
+                                ? "a TorchScript module without " + Protocol.METADATA_FILE
+                                : "a zip archive but not a TorchScript module";
+                throw new ProtocolException(
+                        path
+                                + " is "
+                                + kind
+                                + ": not a gradbridge training module. Export one with"
+                                + " `gradbridge export`.");
+            }
+            Metadata metadata;
+            try (Reader reader =
+                    new InputStreamReader(archive.getInputStream(entry), StandardCharsets.UTF_8)) {
+                metadata = GSON.fromJson(reader, Metadata.class);
+            } catch (JsonParseException e) {
+                throw new ProtocolException(
+                        path + ": " + Protocol.METADATA_FILE + " is not valid JSON: " + e.getMessage());
+            }
+            metadata.check(path);
+            return metadata;
+        } catch (ZipException e) {
+            throw new ModuleLoadException(
+                    path + " is not a TorchScript file (not a zip archive): " + e.getMessage(), e);
+        } catch (IOException e) {
+            throw new ModuleLoadException("cannot read " + path + ": " + e, e);
+        }
+    }
+
+    private static ZipEntry findMetadataEntry(ZipFile archive) {
+        return findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
+    }
+
+    private static ZipEntry findEntry(ZipFile archive, String suffix) {
+        Enumeration<? extends ZipEntry> entries = archive.entries();
+        while (entries.hasMoreElements()) {
+            ZipEntry entry = entries.nextElement();
+            if (entry.getName().endsWith(suffix)) {
+                return entry;
+            }
+        }
+        return null;
+    }
+
+    private void check(Path path) {
+        if (!Protocol.METADATA_FORMAT.equals(format)) {
+            throw new ProtocolException(
+                    path
+                            + ": "
+                            + Protocol.METADATA_FILE
+                            + " has format '"
+                            + format
+                            + "', expected '"
+                            + Protocol.METADATA_FORMAT
+                            + "'");
+        }
+        if (protocolVersion != Protocol.VERSION) {
+            throw new ProtocolException(
+                    path
+                            + ": protocol version "
+                            + protocolVersion
+                            + ", this gradbridge reads version "
+                            + Protocol.VERSION
+                            + ". Re-export the module with a matching gradbridge.");
+        }
+        if (parameters == null || inputs == null || methods == null) {
+            throw new ProtocolException(
+                    path + ": " + Protocol.METADATA_FILE + " lacks parameters, inputs or methods");
+        }
+    }
+
+    /** @return protocol version of the module */
+    public int getProtocolVersion() {
+        return protocolVersion;
+    }
+
+    /** @return the gradbridge version that exported the module */
+    public String getGradbridgeVersion() {
+        return gradbridgeVersion;
+    }
+
+    /** @return the torch version that exported the module */
+    public String getTorchVersion() {
+        return torchVersion;
+    }
+
+    /** @return the model's name (a built-in name or the class name) */
+    public String getModel() {
+        return model;
+    }
+
+    /** @return the protocol methods the exporter wrote */
+    public List<String> getMethods() {
+        return Collections.unmodifiableList(methods);
+    }
+
+    /** @return parameter specs in protocol order */
+    public List<TensorSpec> getParameters() {
+        return Collections.unmodifiableList(parameters);
+    }
+
+    /** @return buffer specs (e.g. BatchNorm running statistics) */
+    public List<TensorSpec> getBuffers() {
+        return buffers == null ? Collections.emptyList() : Collections.unmodifiableList(buffers);
+    }
+
+    /** @return loss name and options, e.g. {@code {name=mse, reduction=mean}} */
+    public Map<String, Object> getLoss() {
+        return Collections.unmodifiableMap(loss);
+    }
+
+    /** @return optimizer name and hyper-parameters, e.g. {@code {name=sgd, lr=0.01}} */
+    public Map<String, Object> getOptimizer() {
+        return Collections.unmodifiableMap(optimizer);
+    }
+
+    /** @return the input ({@code x}) and target ({@code y}) specs */
+    public List<TensorSpec> getInputs() {
+        return Collections.unmodifiableList(inputs);
+    }
+
+    /**
+     * Returns one input spec by name.
+     *
+     * @param name {@code x} or {@code y}
+     * @return the spec
+     * @throws ProtocolException when the metadata has no such input
+     */
+    public TensorSpec getInput(String name) {
+        for (TensorSpec spec : inputs) {
+            if (spec.name.equals(name)) {
+                return spec;
+            }
+        }
+        throw new ProtocolException("metadata has no input named '" + name + "'");
+    }
+}

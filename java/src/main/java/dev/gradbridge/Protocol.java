@@ -1,0 +1,49 @@
+package dev.gradbridge;
+
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * The training-module protocol, Java side. The source of truth is {@code
+ * python/gradbridge/protocol.py}; {@code tests/test_protocol_pins.py} reads these constants
+ * through JPype and fails when the two languages disagree.
+ */
+public final class Protocol {
+
+    /** Protocol version this library reads. */
+    public static final int VERSION = 1;
+    /** Name of the metadata file stored inside the .pt archive. */
+    public static final String METADATA_FILE = "gradbridge.json";
+    /** Value of the metadata's {@code format} key. */
+    public static final String METADATA_FORMAT = "gradbridge.training-module";
+
+    /** {@code forward(x) -> predictions}. */
+    public static final String FORWARD = "forward";
+    /** {@code calculate_loss_and_backward(x, y) -> loss}; gradients accumulate. */
+    public static final String CALCULATE_LOSS_AND_BACKWARD = "calculate_loss_and_backward";
+    /** {@code zero_grad()}. */
+    public static final String ZERO_GRAD = "zero_grad";
+    /** {@code sgd_step(lr)}: plain SGD, then the gradients are zeroed. */
+    public static final String SGD_STEP = "sgd_step";
+    /** {@code get_parameters() -> List[Tensor]} in {@code parameter_names()} order. */
+    public static final String GET_PARAMETERS = "get_parameters";
+    /** {@code parameter_names() -> List[str]}. */
+    public static final String PARAMETER_NAMES = "parameter_names";
+    /** {@code get_gradients() -> List[Tensor]} in {@code parameter_names()} order. */
+    public static final String GET_GRADIENTS = "get_gradients";
+
+    /** Methods every protocol-v1 module has. */
+    public static final List<String> REQUIRED_METHODS =
+            Collections.unmodifiableList(
+                    Arrays.asList(
+                            FORWARD,
+                            CALCULATE_LOSS_AND_BACKWARD,
+                            ZERO_GRAD,
+                            SGD_STEP,
+                            GET_PARAMETERS,
+                            PARAMETER_NAMES,
+                            GET_GRADIENTS));
+
+    private Protocol() {}
+}

@@ -1,0 +1,14 @@
+package dev.gradbridge;
+
+/**
+ * A TorchScript file lacks part of the training-module protocol (metadata or methods), or a
+ * method that the module does not have was called.
+ */
+public class ProtocolException extends GradbridgeException {
+
+    private static final long serialVersionUID = 1L;
+
+    ProtocolException(String message) {
+        super(message);
+    }
+}

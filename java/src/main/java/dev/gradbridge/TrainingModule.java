@@ -1,0 +1,378 @@
+package dev.gradbridge;
+
+import ai.djl.engine.EngineException;
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.pytorch.engine.PtNDArray;
+import ai.djl.pytorch.engine.PtNDManager;
+import ai.djl.pytorch.engine.PtSymbolBlock;
+import ai.djl.pytorch.jni.IValue;
+import ai.djl.pytorch.jni.JniUtils;
+import ai.djl.pytorch.jni.TrainingMethodInvoker;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * An exported gradbridge training module, loaded with DJL's PyTorch engine.
+ *
+ * <p>Every method runs with autograd on, so a scripted backward works. Typed calls ({@link
+ * #calculateLossAndBackward}, {@link #sgdStep}, ...) check their inputs against the module's
+ * metadata first; {@link #call} runs any scripted method by name. Not thread-safe: use one module
+ * per thread (calls on one module are serialized).
+ *
+ * <pre>{@code
+ * try (TrainingModule module = TrainingModule.load(Paths.get("model.pt"));
+ *         NDManager data = module.getManager().newSubManager()) {
+ *     NDArray x = data.create(xs, new Shape(n, 1));
+ *     NDArray y = data.create(ys, new Shape(n, 1));
+ *     double loss = module.calculateLossAndBackward(x, y);
+ *     module.sgdStep(0.01);
+ *     Map<String, double[]> params = module.getParameters();
+ * }
+ * }</pre>
+ */
+public final class TrainingModule implements AutoCloseable {
+
+    private static final Logger logger = LoggerFactory.getLogger(TrainingModule.class);
+
+    private final Path path;
+    private final Metadata metadata;
+    private final PtNDManager manager;
+    private final PtSymbolBlock block;
+    private final Set<String> methodNames;
+    private final List<String> parameterNames;
+    private boolean closed;
+
+    private TrainingModule(Path path, Metadata metadata, PtNDManager manager, PtSymbolBlock block) {
+        this.path = path;
+        this.metadata = metadata;
+        this.manager = manager;
+        this.block = block;
+        this.methodNames =
+                Collections.unmodifiableSet(
+                        new LinkedHashSet<>(Arrays.asList(JniUtils.getMethodNames(block))));
+        List<String> missing = new ArrayList<>();
+        for (String method : Protocol.REQUIRED_METHODS) {
+            if (!methodNames.contains(method)) {
+                missing.add(method);
+            }
+        }
+        if (!missing.isEmpty()) {
+            throw new ProtocolException(
+                    path + " lacks protocol methods " + missing + "; it has " + methodNames);
+        }
+        this.parameterNames = Collections.unmodifiableList(stringList(Protocol.PARAMETER_NAMES));
+        List<String> declared = new ArrayList<>();
+        for (Metadata.TensorSpec spec : metadata.getParameters()) {
+            declared.add(spec.getName());
+        }
+        if (!declared.equals(parameterNames)) {
+            throw new ProtocolException(
+                    path + ": parameter_names() returns " + parameterNames
+                            + " but the metadata lists " + declared);
+        }
+    }
+
+    /**
+     * Loads an exported training module for training.
+     *
+     * @param path the .pt written by {@code gradbridge export}
+     * @return the module, in training mode
+     * @throws ModuleLoadException when the file is missing or libtorch cannot load it
+     * @throws ProtocolException when it is TorchScript but not a gradbridge training module
+     */
+    public static TrainingModule load(Path path) {
+        Path file = path.toAbsolutePath();
+        if (!Files.isRegularFile(file)) {
+            throw new ModuleLoadException(
+                    "no training module at " + file + " (file not found). Export one with"
+                            + " `gradbridge export linear-regression -o " + path + "`.");
+        }
+        Metadata metadata = Metadata.read(file);
+        String engineVersion = TorchRuntime.engine().getVersion();
+        if (!engineVersion.equals(metadata.getTorchVersion())) {
+            logger.warn(
+                    "{} was exported with torch {} but libtorch here is {}; results may differ",
+                    file, metadata.getTorchVersion(), engineVersion);
+        }
+        PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch");
+        try {
+            PtSymbolBlock block =
+                    JniUtils.loadModule(manager, file, true, new String[0], new String[0], true);
+            JniUtils.enableTrainingMode(block);
+            TorchRuntime.prepareCallingThread();
+            return new TrainingModule(file, metadata, manager, block);
+        } catch (EngineException e) {
+            manager.close();
+            throw new ModuleLoadException("libtorch cannot load " + file + ": " + firstLine(e), e);
+        } catch (RuntimeException e) {
+            manager.close();
+            throw e;
+        }
+    }
+
+    /** @return the absolute path the module was loaded from */
+    public Path getPath() {
+        return path;
+    }
+
+    /** @return the module's gradbridge.json */
+    public Metadata getMetadata() {
+        return metadata;
+    }
+
+    /** @return the scripted methods the module has */
+    public Set<String> getMethodNames() {
+        return methodNames;
+    }
+
+    /** @return parameter names in protocol order */
+    public List<String> getParameterNames() {
+        return parameterNames;
+    }
+
+    /**
+     * The module's NDManager: create inputs in a sub-manager of it and close that when done.
+     *
+     * @return the manager that owns the module
+     */
+    public NDManager getManager() {
+        return manager;
+    }
+
+    /**
+     * Runs {@code forward(x)}.
+     *
+     * @param x input matching the metadata's {@code x} spec
+     * @return predictions, attached to {@code x}'s manager
+     */
+    public synchronized NDArray forward(NDArray x) {
+        checkTensor("x", x);
+        return (NDArray) invoke(Protocol.FORWARD, (PtNDManager) x.getManager(), x);
+    }
+
+    /**
+     * Runs {@code calculate_loss_and_backward(x, y)}: forward, loss, backward; gradients add up.
+     *
+     * @param x inputs matching the metadata's {@code x} spec
+     * @param y targets matching the metadata's {@code y} spec, same batch size as {@code x}
+     * @return the loss, exactly (float32 widened to double)
+     * @throws InvalidInputException when x or y do not match the metadata; nothing ran
+     */
+    public synchronized double calculateLossAndBackward(NDArray x, NDArray y) {
+        checkTensor("x", x);
+        checkTensor("y", y);
+        if (x.getShape().get(0) != y.getShape().get(0)) {
+            throw new InvalidInputException(
+                    Protocol.CALCULATE_LOSS_AND_BACKWARD + ": x has " + x.getShape().get(0)
+                            + " samples but y has " + y.getShape().get(0));
+        }
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            NDArray loss = (NDArray) invoke(Protocol.CALCULATE_LOSS_AND_BACKWARD, scope, x, y);
+            return loss.toType(DataType.FLOAT64, false).getDouble();
+        }
+    }
+
+    /** Runs {@code zero_grad()}. */
+    public synchronized void zeroGrad() {
+        invoke(Protocol.ZERO_GRAD, manager);
+    }
+
+    /**
+     * Runs {@code sgd_step(lr)}: {@code p -= lr * grad} (torch.optim.SGD's op), then zeroes grads.
+     *
+     * @param lr learning rate, positive and finite
+     */
+    public synchronized void sgdStep(double lr) {
+        if (!(lr > 0) || Double.isInfinite(lr)) {
+            throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
+        }
+        invoke(Protocol.SGD_STEP, manager, lr);
+    }
+
+    /** @return current parameter values by name (flattened, exact), in protocol order */
+    public synchronized Map<String, double[]> getParameters() {
+        return namedValues(Protocol.GET_PARAMETERS);
+    }
+
+    /** @return accumulated gradients by name (flattened, exact), in protocol order */
+    public synchronized Map<String, double[]> getGradients() {
+        return namedValues(Protocol.GET_GRADIENTS);
+    }
+
+    /**
+     * Runs any scripted method by name, with autograd on.
+     *
+     * <p>Arguments: {@link NDArray} (PyTorch engine), {@link Double}/{@link Float}, {@link
+     * Long}/{@link Integer}, {@link Boolean}, {@link String}, or a {@link List} of NDArrays.
+     * Results: {@code null}, NDArray (attached to this module's manager: close it), Double, Long,
+     * Boolean, String, or a List of these.
+     *
+     * @param method the method name
+     * @param args the arguments
+     * @return the converted result
+     * @throws ProtocolException when the module has no such method
+     * @throws MethodCallException when the method fails inside libtorch
+     */
+    public synchronized Object call(String method, Object... args) {
+        return invoke(method, manager, args);
+    }
+
+    private Object invoke(String method, PtNDManager resultManager, Object... args) {
+        if (closed) {
+            throw new IllegalStateException("training module " + path + " is closed");
+        }
+        if (!methodNames.contains(method)) {
+            throw new ProtocolException(
+                    path + " has no method '" + method + "'; its methods: "
+                            + new TreeSet<>(methodNames));
+        }
+        List<IValue> inputs = new ArrayList<>(args.length);
+        try {
+            for (int i = 0; i < args.length; i++) {
+                inputs.add(toIValue(method, i, args[i]));
+            }
+            TorchRuntime.prepareCallingThread();
+            try (IValue result =
+                    TrainingMethodInvoker.runWithAutograd(
+                            block, method, inputs.toArray(new IValue[0]))) {
+                return fromIValue(result, resultManager);
+            }
+        } catch (EngineException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + firstLine(e), e);
+        } finally {
+            for (IValue input : inputs) {
+                input.close();
+            }
+        }
+    }
+
+    private Map<String, double[]> namedValues(String method) {
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            List<?> values = (List<?>) invoke(method, scope);
+            Map<String, double[]> named = new LinkedHashMap<>();
+            for (int i = 0; i < parameterNames.size(); i++) {
+                NDArray value = (NDArray) values.get(i);
+                named.put(parameterNames.get(i), value.toType(DataType.FLOAT64, false).toDoubleArray());
+            }
+            return named;
+        }
+    }
+
+    private List<String> stringList(String method) {
+        List<?> values = (List<?>) invoke(method, manager);
+        List<String> strings = new ArrayList<>(values.size());
+        for (Object value : values) {
+            strings.add((String) value);
+        }
+        return strings;
+    }
+
+    private void checkTensor(String name, NDArray array) {
+        Metadata.TensorSpec spec = metadata.getInput(name);
+        if (!(array instanceof PtNDArray)) {
+            throw new InvalidInputException(
+                    name + ": expected an NDArray of DJL's PyTorch engine, got "
+                            + (array == null ? "null" : array.getClass().getName()));
+        }
+        String dtype = array.getDataType().name().toLowerCase(Locale.ROOT);
+        long[] shape = array.getShape().getShape();
+        long[] expected = spec.getShape();
+        boolean shapeOk = shape.length == expected.length;
+        for (int i = 0; shapeOk && i < shape.length; i++) {
+            shapeOk = expected[i] < 0 ? shape[i] > 0 : expected[i] == shape[i];
+        }
+        if (!dtype.equals(spec.getDtype()) || !shapeOk) {
+            throw new InvalidInputException(
+                    path.getFileName() + ": input " + name + " must be " + spec.getDtype()
+                            + " of shape " + Arrays.toString(expected) + " (-1: any batch size),"
+                            + " got " + dtype + " of shape " + Arrays.toString(shape));
+        }
+    }
+
+    private static IValue toIValue(String method, int index, Object arg) {
+        if (arg instanceof PtNDArray) {
+            return IValue.from((PtNDArray) arg);
+        } else if (arg instanceof Double || arg instanceof Float) {
+            return IValue.from(((Number) arg).doubleValue());
+        } else if (arg instanceof Long || arg instanceof Integer) {
+            return IValue.from(((Number) arg).longValue());
+        } else if (arg instanceof Boolean) {
+            return IValue.from((Boolean) arg);
+        } else if (arg instanceof String) {
+            return IValue.from((String) arg);
+        } else if (arg instanceof List && allPtArrays((List<?>) arg)) {
+            return IValue.listFrom(((List<?>) arg).toArray(new PtNDArray[0]));
+        }
+        throw new InvalidInputException(
+                method + "(): argument " + index + " has unsupported type "
+                        + (arg == null ? "null" : arg.getClass().getName())
+                        + "; expected a PyTorch NDArray, number, boolean, string or list of NDArrays");
+    }
+
+    private static boolean allPtArrays(List<?> list) {
+        for (Object item : list) {
+            if (!(item instanceof PtNDArray)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    private static Object fromIValue(IValue value, PtNDManager resultManager) {
+        if (value.isTensor()) {
+            return value.toTensor(resultManager);
+        } else if (value.isTensorList()) {
+            return Arrays.asList((NDArray[]) value.toTensorArray(resultManager));
+        } else if (value.isDouble()) {
+            return value.toDouble();
+        } else if (value.isLong()) {
+            return value.toLong();
+        } else if (value.isBoolean()) {
+            return value.toBoolean();
+        } else if (value.isString()) {
+            return value.toStringValue();
+        } else if (value.isList() || value.isTuple()) {
+            IValue[] items = value.isList() ? value.toIValueArray() : value.toIValueTuple();
+            List<Object> converted = new ArrayList<>(items.length);
+            for (IValue item : items) {
+                try (IValue owned = item) {
+                    converted.add(fromIValue(owned, resultManager));
+                }
+            }
+            return converted;
+        } else if ("None".equals(value.getType()) || "NoneType".equals(value.getType())) {
+            return null;
+        }
+        throw new UnsupportedOperationException("unsupported result type " + value.getType());
+    }
+
+    private static String firstLine(Throwable e) {
+        String message = String.valueOf(e.getMessage()).trim();
+        int newline = message.indexOf('\n');
+        return newline < 0 ? message : message.substring(0, newline);
+    }
+
+    /** Frees the module and every tensor attached to its manager. Idempotent. */
+    @Override
+    public synchronized void close() {
+        if (!closed) {
+            closed = true;
+            block.close();
+            manager.close();
+        }
+    }
+}

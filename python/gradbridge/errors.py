@@ -1,0 +1,32 @@
+"""Exceptions raised by gradbridge. Messages name the file, method or tensor at fault."""
+
+from __future__ import annotations
+
+
+class GradbridgeError(Exception):
+    """Base class of every gradbridge error.
+
+    ``java_class`` names the Java exception when the error was raised on the Java side.
+    """
+
+    java_class: str | None = None
+
+
+class ProtocolError(GradbridgeError):
+    """A file is not a gradbridge training module, or lacks part of the protocol."""
+
+
+class InvalidInputError(GradbridgeError):
+    """Data does not match what the training module expects (shape, dtype, name)."""
+
+
+class JavaBuildMissingError(GradbridgeError):
+    """The Java library has not been built, so the JVM cannot be started."""
+
+
+class JavaError(GradbridgeError):
+    """An unexpected error raised by the Java side, carried over JPype; the JVM stays usable."""
+
+
+class ModuleLoadError(GradbridgeError):
+    """A training module file is missing or cannot be loaded by libtorch."""

@@ -1,0 +1,122 @@
+"""The training-module protocol: method names and the ``gradbridge.json`` metadata schema.
+
+This module is the one source of truth for both languages. The Java side keeps the same
+names in ``dev.gradbridge.Protocol``; ``tests/test_protocol_pins.py`` reads that class through
+JPype and fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+METADATA_FILE = "gradbridge.json"
+METADATA_FORMAT = "gradbridge.training-module"
+
+# Method names, as scripted on every exported training module.
+FORWARD = "forward"
+CALCULATE_LOSS_AND_BACKWARD = "calculate_loss_and_backward"
+ZERO_GRAD = "zero_grad"
+SGD_STEP = "sgd_step"
+GET_PARAMETERS = "get_parameters"
+PARAMETER_NAMES = "parameter_names"
+GET_GRADIENTS = "get_gradients"
+
+#: Methods that every protocol-v1 module has; a loader rejects a module that lacks one.
+REQUIRED_METHODS: tuple[str, ...] = (
+    FORWARD,
+    CALCULATE_LOSS_AND_BACKWARD,
+    ZERO_GRAD,
+    SGD_STEP,
+    GET_PARAMETERS,
+    PARAMETER_NAMES,
+    GET_GRADIENTS,
+)
+
+#: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
+METADATA_KEYS: tuple[str, ...] = (
+    "format",
+    "protocol_version",
+    "gradbridge_version",
+    "torch_version",
+    "model",
+    "methods",
+    "parameters",
+    "buffers",
+    "loss",
+    "optimizer",
+    "inputs",
+)
+
+#: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
+DTYPES = ("float32", "float64", "int64")
+
+
+def tensor_spec(name: str, shape: Sequence[int], dtype: str) -> Dict[str, Any]:
+    """One named tensor in the metadata. ``-1`` in ``shape`` marks the batch dimension."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} for {name!r}; expected one of {DTYPES}")
+    return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
+
+
+def build_metadata(
+    *,
+    model: str,
+    parameters: List[Dict[str, Any]],
+    buffers: List[Dict[str, Any]],
+    loss: Dict[str, Any],
+    optimizer: Dict[str, Any],
+    inputs: List[Dict[str, Any]],
+    torch_version: str,
+    gradbridge_version: str,
+) -> Dict[str, Any]:
+    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
+    document = {
+        "format": METADATA_FORMAT,
+        "protocol_version": PROTOCOL_VERSION,
+        "gradbridge_version": gradbridge_version,
+        "torch_version": torch_version,
+        "model": model,
+        "methods": list(REQUIRED_METHODS),
+        "parameters": parameters,
+        "buffers": buffers,
+        "loss": loss,
+        "optimizer": optimizer,
+        "inputs": inputs,
+    }
+    assert tuple(document) == METADATA_KEYS
+    return document
+
+
+def read_metadata(path: str | Path) -> Dict[str, Any]:
+    """Read gradbridge.json from an exported .pt without loading the module.
+
+    Raises ProtocolError naming the file when it is not a TorchScript archive or carries no
+    gradbridge metadata.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ProtocolError(f"{path}: no such file")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
+            if not entries:
+                raise ProtocolError(
+                    f"{path}: TorchScript archive without {METADATA_FILE}; "
+                    "export it with `gradbridge export`"
+                )
+            document = json.loads(archive.read(entries[0]).decode("utf-8"))
+    except zipfile.BadZipFile as ex:
+        raise ProtocolError(f"{path}: not a TorchScript archive (not a zip file)") from ex
+    if document.get("format") != METADATA_FORMAT:
+        raise ProtocolError(f"{path}: {METADATA_FILE} has format {document.get('format')!r}, "
+                            f"expected {METADATA_FORMAT!r}")
+    if document.get("protocol_version") != PROTOCOL_VERSION:
+        raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
+                            f"this gradbridge reads {PROTOCOL_VERSION}")
+    return document
