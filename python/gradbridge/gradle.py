@@ -1,0 +1,38 @@
+"""Run the project's Gradle build from Python (the demo and the subprocess tests use it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .errors import GradbridgeError
+from .jvm import REPO_ROOT
+
+
+def program_args(words: Sequence[str]) -> str:
+    """Join words for ``-Pargs=...``; the build splits it again, keeping quoted words together."""
+    quoted = []
+    for word in map(str, words):
+        if '"' in word and "'" in word:
+            raise ValueError(f"cannot pass {word!r} through -Pargs: it holds both quote kinds")
+        quoted.append(word if word and not any(c.isspace() for c in word) and '"' not in word and "'" not in word
+                      else (f"'{word}'" if '"' in word else f'"{word}"'))
+    return " ".join(quoted)
+
+
+def gradle_command() -> str:
+    gradle = shutil.which("gradle")
+    if gradle is None:
+        raise GradbridgeError("gradle is not installed: run the README set-up (make setup) or `apt-get install gradle`")
+    return gradle
+
+
+def run_task(task: str, args: Sequence[str] = (), *, capture: bool = True) -> subprocess.CompletedProcess:
+    """``gradle -q TASK -Pargs=...`` in the repository, with this interpreter as the build's Python."""
+    command = [gradle_command(), "--no-daemon", "-q", task, f"-Ppython={sys.executable}"]
+    if args:
+        command.append(f"-Pargs={program_args(args)}")
+    return subprocess.run(command, cwd=Path(REPO_ROOT), text=True, capture_output=capture, check=False)
