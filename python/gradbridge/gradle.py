@@ -30,9 +30,10 @@ def gradle_command() -> str:
     return gradle
 
 
-def run_task(task: str, args: Sequence[str] = (), *, capture: bool = True) -> subprocess.CompletedProcess:
-    """``gradle -q TASK -Pargs=...`` in the repository, with this interpreter as the build's Python."""
-    command = [gradle_command(), "--no-daemon", "-q", task, f"-Ppython={sys.executable}"]
+def run_task(tasks: str | Sequence[str], args: Sequence[str] = (), *, capture: bool = True) -> subprocess.CompletedProcess:
+    """``gradle -q TASKS -Pargs=...`` in the repository, with this interpreter as the build's Python."""
+    tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+    command = [gradle_command(), "--no-daemon", "-q", *tasks, f"-Ppython={sys.executable}"]
     if args:
         command.append(f"-Pargs={program_args(args)}")
     return subprocess.run(command, cwd=Path(REPO_ROOT), text=True, capture_output=capture, check=False)

@@ -21,7 +21,7 @@ from .history import History
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLASSPATH_FILE = REPO_ROOT / "build" / "gradbridge-classpath.txt"
 BUILD_COMMAND = "gradle assemble"
-#: Overrides the classpath: a classpath string, or the path of a file holding one.
+#: Overrides the classpath file: entries separated by os.pathsep.
 CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
 
 _PY_ERRORS = {
@@ -33,17 +33,14 @@ _PY_ERRORS = {
 
 def classpath() -> List[str]:
     """The Java library's runtime classpath, as the Gradle build wrote it."""
-    source = os.environ.get(CLASSPATH_ENV)
-    if source and not Path(source).is_file():
-        text = source
-    else:
-        file = Path(source) if source else CLASSPATH_FILE
-        if not file.is_file():
+    text = os.environ.get(CLASSPATH_ENV)
+    if not text:
+        if not CLASSPATH_FILE.is_file():
             raise errors.JavaBuildMissingError(
-                f"the Java library is not built: {file} is missing. "
+                f"the Java library is not built: {CLASSPATH_FILE} is missing. "
                 f"Build it with `{BUILD_COMMAND}` in {REPO_ROOT} (or run the README's set-up)."
             )
-        text = file.read_text(encoding="utf-8")
+        text = CLASSPATH_FILE.read_text(encoding="utf-8")
     entries = [e for e in text.strip().split(os.pathsep) if e]
     missing = [e for e in entries if not Path(e).exists()]
     if missing:

@@ -117,7 +117,7 @@ public final class TrainingModule implements AutoCloseable {
             return new TrainingModule(file, metadata, manager, block);
         } catch (EngineException e) {
             manager.close();
-            throw new ModuleLoadException("libtorch cannot load " + file + ": " + firstLine(e), e);
+            throw new ModuleLoadException("libtorch cannot load " + file + ": " + libtorchSummary(e), e);
         } catch (RuntimeException e) {
             manager.close();
             throw e;
@@ -160,6 +160,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, attached to {@code x}'s manager
      */
     public synchronized NDArray forward(NDArray x) {
+        ensureOpen();
         checkTensor("x", x);
         return (NDArray) invoke(Protocol.FORWARD, (PtNDManager) x.getManager(), x);
     }
@@ -173,6 +174,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public synchronized double calculateLossAndBackward(NDArray x, NDArray y) {
+        ensureOpen();
         checkTensor("x", x);
         checkTensor("y", y);
         if (x.getShape().get(0) != y.getShape().get(0)) {
@@ -231,10 +233,14 @@ public final class TrainingModule implements AutoCloseable {
         return invoke(method, manager, args);
     }
 
-    private Object invoke(String method, PtNDManager resultManager, Object... args) {
+    private void ensureOpen() {
         if (closed) {
             throw new IllegalStateException("training module " + path + " is closed");
         }
+    }
+
+    private Object invoke(String method, PtNDManager resultManager, Object... args) {
+        ensureOpen();
         if (!methodNames.contains(method)) {
             throw new ProtocolException(
                     path + " has no method '" + method + "'; its methods: "
@@ -252,7 +258,7 @@ public final class TrainingModule implements AutoCloseable {
                 return fromIValue(result, resultManager);
             }
         } catch (EngineException e) {
-            throw new MethodCallException(path + ": " + method + "() failed: " + firstLine(e), e);
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
         } finally {
             for (IValue input : inputs) {
                 input.close();
@@ -261,6 +267,7 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private Map<String, double[]> namedValues(String method) {
+        ensureOpen();
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
             List<?> values = (List<?>) invoke(method, scope);
             Map<String, double[]> named = new LinkedHashMap<>();
@@ -360,10 +367,10 @@ public final class TrainingModule implements AutoCloseable {
         throw new UnsupportedOperationException("unsupported result type " + value.getType());
     }
 
-    private static String firstLine(Throwable e) {
+    /** libtorch's messages put the TorchScript traceback first and the actual error last. */
+    private static String libtorchSummary(Throwable e) {
         String message = String.valueOf(e.getMessage()).trim();
-        int newline = message.indexOf('\n');
-        return newline < 0 ? message : message.substring(0, newline);
+        return message.substring(message.lastIndexOf('\n') + 1).trim();
     }
 
     /** Frees the module and every tensor attached to its manager. Idempotent. */

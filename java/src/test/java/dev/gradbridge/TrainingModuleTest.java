@@ -1,0 +1,226 @@
+package dev.gradbridge;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNotEquals;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import org.junit.After;
+import org.junit.Before;
+import org.junit.Test;
+
+/** TrainingModule on modules that the build exported (task exportTestModels). */
+public class TrainingModuleTest {
+
+    static Path fixture(String name) {
+        String dir = System.getProperty("gradbridge.testModels");
+        if (dir == null) {
+            throw new IllegalStateException("run through Gradle: -Dgradbridge.testModels is not set");
+        }
+        return Paths.get(dir, name);
+    }
+
+    private TrainingModule module;
+    private NDManager data;
+
+    @Before
+    public void load() {
+        module = TrainingModule.load(fixture("linear_regression.pt"));
+        data = module.getManager().newSubManager();
+    }
+
+    @After
+    public void close() {
+        data.close();
+        module.close();
+    }
+
+    private NDArray column(float... values) {
+        return data.create(values, new Shape(values.length, 1));
+    }
+
+    @Test
+    public void exposesMetadataAndProtocol() {
+        Metadata metadata = module.getMetadata();
+        assertEquals("linear-regression", metadata.getModel());
+        assertEquals(Protocol.VERSION, metadata.getProtocolVersion());
+        assertEquals("2.7.1", metadata.getTorchVersion());
+        assertEquals(Arrays.asList("weight", "bias"), module.getParameterNames());
+        assertEquals("mse", metadata.getLoss().get("name"));
+        assertEquals("sgd", metadata.getOptimizer().get("name"));
+        assertArrayEquals(new long[] {-1, 1}, metadata.getInput("x").getShape());
+        assertTrue(module.getMethodNames().containsAll(Protocol.REQUIRED_METHODS));
+        assertEquals(Protocol.REQUIRED_METHODS, metadata.getMethods());
+    }
+
+    @Test
+    public void backwardComputesTheMseGradient() {
+        Map<String, double[]> params = module.getParameters();
+        double w = params.get("weight")[0];
+        double b = params.get("bias")[0];
+        float[] xs = {1f, 2f, 3f};
+        float[] ys = {3f, 5f, 7f};
+        double loss = module.calculateLossAndBackward(column(xs), column(ys));
+
+        double expectedLoss = 0;
+        double gradW = 0;
+        double gradB = 0;
+        for (int i = 0; i < xs.length; i++) {
+            double residual = w * xs[i] + b - ys[i];
+            expectedLoss += residual * residual / xs.length;
+            gradW += 2 * residual * xs[i] / xs.length;
+            gradB += 2 * residual / xs.length;
+        }
+        Map<String, double[]> grads = module.getGradients();
+        assertEquals(expectedLoss, loss, 1e-5 * expectedLoss);
+        assertEquals(gradW, grads.get("weight")[0], 1e-5 * Math.abs(gradW));
+        assertEquals(gradB, grads.get("bias")[0], 1e-5 * Math.abs(gradB));
+    }
+
+    @Test
+    public void gradientsAccumulateUntilZeroGrad() {
+        NDArray x = column(1f, 2f);
+        NDArray y = column(0f, 1f);
+        module.calculateLossAndBackward(x, y);
+        double once = module.getGradients().get("weight")[0];
+        module.calculateLossAndBackward(x, y);
+        assertEquals(2 * once, module.getGradients().get("weight")[0], 1e-6 * Math.abs(once));
+        module.zeroGrad();
+        assertEquals(0.0, module.getGradients().get("weight")[0], 0.0);
+    }
+
+    @Test
+    public void sgdStepAppliesLrTimesGradientThenZeroesIt() {
+        double w0 = module.getParameters().get("weight")[0];
+        module.calculateLossAndBackward(column(1f, 2f), column(3f, 5f));
+        double g = module.getGradients().get("weight")[0];
+        module.sgdStep(0.1);
+        assertEquals(w0 - 0.1 * g, module.getParameters().get("weight")[0], 1e-6);
+        assertEquals(0.0, module.getGradients().get("weight")[0], 0.0);
+    }
+
+    @Test
+    public void forwardPredictsWeightTimesXPlusBias() {
+        Map<String, double[]> params = module.getParameters();
+        try (NDArray prediction = module.forward(column(2f))) {
+            assertEquals(
+                    params.get("weight")[0] * 2 + params.get("bias")[0],
+                    prediction.toType(DataType.FLOAT64, false).getDouble(0, 0),
+                    1e-6);
+        }
+    }
+
+    @Test
+    public void callRunsAnyMethodByName() {
+        Object names = module.call(Protocol.PARAMETER_NAMES);
+        assertEquals(Arrays.asList("weight", "bias"), names);
+        List<?> params = (List<?>) module.call(Protocol.GET_PARAMETERS);
+        assertEquals(2, params.size());
+        ((NDArray) params.get(0)).close();
+        ((NDArray) params.get(1)).close();
+        assertEquals(null, module.call(Protocol.ZERO_GRAD));
+    }
+
+    @Test
+    public void missingFileNamesThePath() {
+        ModuleLoadException e =
+                assertThrows(ModuleLoadException.class, () -> TrainingModule.load(fixture("absent.pt")));
+        assertTrue(e.getMessage(), e.getMessage().contains("absent.pt"));
+        assertTrue(e.getMessage(), e.getMessage().contains("not found"));
+    }
+
+    @Test
+    public void textFileIsNotTorchScript() {
+        ModuleLoadException e =
+                assertThrows(
+                        ModuleLoadException.class, () -> TrainingModule.load(fixture("not_torchscript.pt")));
+        assertTrue(e.getMessage(), e.getMessage().contains("not_torchscript.pt is not a TorchScript file"));
+    }
+
+    @Test
+    public void torchScriptWithoutMetadataIsNotAGradbridgeModule() {
+        ProtocolException e =
+                assertThrows(ProtocolException.class, () -> TrainingModule.load(fixture("no_protocol.pt")));
+        assertTrue(e.getMessage(), e.getMessage().contains("no_protocol.pt is a TorchScript module without gradbridge.json"));
+    }
+
+    @Test
+    public void torchScriptWithoutProtocolMethodsNamesThem() {
+        ProtocolException e =
+                assertThrows(
+                        ProtocolException.class, () -> TrainingModule.load(fixture("missing_methods.pt")));
+        assertTrue(e.getMessage(), e.getMessage().contains("lacks protocol methods [calculate_loss_and_backward"));
+    }
+
+    @Test
+    public void unknownMethodIsNamedAndTheModuleStaysUsable() {
+        ProtocolException e = assertThrows(ProtocolException.class, () -> module.call("no_such_method"));
+        assertTrue(e.getMessage(), e.getMessage().contains("has no method 'no_such_method'"));
+        assertEquals(2, module.getParameters().size());
+    }
+
+    @Test
+    public void wrongShapeIsRejectedBeforeRunning() {
+        Map<String, double[]> before = module.getParameters();
+        NDArray flat = data.create(new float[] {1f, 2f}, new Shape(2));
+        InvalidInputException e =
+                assertThrows(
+                        InvalidInputException.class,
+                        () -> module.calculateLossAndBackward(flat, column(1f, 2f)));
+        assertTrue(e.getMessage(), e.getMessage().contains("input x must be float32 of shape [-1, 1]"));
+        assertTrue(e.getMessage(), e.getMessage().contains("got float32 of shape [2]"));
+        assertArrayEquals(before.get("weight"), module.getParameters().get("weight"), 0.0);
+        assertEquals(0.0, module.getGradients().get("weight")[0], 0.0);
+    }
+
+    @Test
+    public void wrongDtypeIsRejectedBeforeRunning() {
+        NDArray doubles = data.create(new double[] {1, 2}, new Shape(2, 1));
+        InvalidInputException e =
+                assertThrows(
+                        InvalidInputException.class,
+                        () -> module.calculateLossAndBackward(column(1f, 2f), doubles));
+        assertTrue(e.getMessage(), e.getMessage().contains("input y must be float32"));
+        assertTrue(e.getMessage(), e.getMessage().contains("got float64 of shape [2, 1]"));
+    }
+
+    @Test
+    public void mismatchedBatchSizesAreRejected() {
+        InvalidInputException e =
+                assertThrows(
+                        InvalidInputException.class,
+                        () -> module.calculateLossAndBackward(column(1f, 2f), column(1f)));
+        assertTrue(e.getMessage(), e.getMessage().contains("x has 2 samples but y has 1"));
+    }
+
+    @Test
+    public void libtorchErrorsBecomeMethodCallExceptions() {
+        // Through call() no metadata check runs: libtorch itself rejects the broadcast.
+        NDArray x = data.create(new float[] {1f, 2f, 3f}, new Shape(3, 1));
+        NDArray y = data.create(new float[] {1f, 2f}, new Shape(2, 1));
+        MethodCallException e =
+                assertThrows(
+                        MethodCallException.class,
+                        () -> module.call(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y));
+        assertTrue(e.getMessage(), e.getMessage().contains("calculate_loss_and_backward() failed"));
+        assertTrue(e.getMessage(), e.getMessage().contains("The size of tensor a (3) must match the size of tensor b (2)"));
+        assertNotEquals(0, module.getParameters().size());
+    }
+
+    @Test
+    public void closedModuleSaysSo() {
+        module.close();
+        IllegalStateException e = assertThrows(IllegalStateException.class, () -> module.getParameters());
+        assertTrue(e.getMessage(), e.getMessage().contains("is closed"));
+    }
+}

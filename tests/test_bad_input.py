@@ -1,0 +1,102 @@
+"""Bad input reaches Python as a clear gradbridge error, and the JVM stays usable after each."""
+
+from __future__ import annotations
+
+import jpype
+import numpy as np
+import pytest
+
+from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError
+from gradbridge.errors import ModuleLoadError
+from gradbridge import jvm as gradbridge_jvm
+
+
+@pytest.fixture
+def module(jvm, model_path):
+    handle = jvm.load_module(model_path)
+    yield handle
+    handle.close()
+
+
+def _array(module, values, shape, dtype=np.float32):
+    """A DJL NDArray in a sub-manager of the module's manager (closed with the module)."""
+    Shape = jpype.JClass("ai.djl.ndarray.types.Shape")
+    manager = module.getManager().newSubManager()
+    data = np.asarray(values, dtype=dtype).ravel()
+    java_values = jpype.JArray(jpype.JDouble if dtype == np.float64 else jpype.JFloat)(data)
+    return manager.create(java_values, Shape(*shape))
+
+
+def _still_trains(jvm, model_path):
+    x, y = jvm.seed_data(n=8)
+    history = jvm.train_linear_regression(model_path, x, y, epochs=2, lr=0.01)
+    assert len(history) == 2
+
+
+def test_missing_file(jvm, tmp_path, model_path):
+    with pytest.raises(ModuleLoadError, match=r"absent\.pt \(file not found\)"):
+        jvm.load_module(tmp_path / "absent.pt")
+    _still_trains(jvm, model_path)
+
+
+def test_not_torchscript(jvm, models, model_path):
+    with pytest.raises(ModuleLoadError, match=r"not_torchscript\.pt is not a TorchScript file"):
+        jvm.load_module(models["not_torchscript.pt"])
+    _still_trains(jvm, model_path)
+
+
+def test_torchscript_without_protocol(jvm, models, model_path):
+    with pytest.raises(ProtocolError, match=r"no_protocol\.pt is a TorchScript module without gradbridge\.json"):
+        jvm.load_module(models["no_protocol.pt"])
+    with pytest.raises(ProtocolError, match=r"missing_methods\.pt lacks protocol methods \[calculate_loss_and_backward"):
+        jvm.load_module(models["missing_methods.pt"])
+    _still_trains(jvm, model_path)
+
+
+def test_unknown_method(jvm, module, model_path):
+    with pytest.raises(ProtocolError, match=r"has no method 'train_faster'; its methods: \[calculate_loss_and_backward"):
+        with gradbridge_jvm.java_errors():
+            module.call("train_faster")
+    assert len(module.getParameters()) == 2
+    _still_trains(jvm, model_path)
+
+
+def test_wrong_shape(jvm, module, model_path):
+    x = _array(module, [1, 2, 3], [3])
+    y = _array(module, [1, 2, 3], [3, 1])
+    with pytest.raises(InvalidInputError, match=r"input x must be float32 of shape \[-1, 1\] .* got float32 of shape \[3\]"):
+        with gradbridge_jvm.java_errors():
+            module.calculateLossAndBackward(x, y)
+    _still_trains(jvm, model_path)
+
+
+def test_wrong_dtype(jvm, module, model_path):
+    x = _array(module, [1, 2], [2, 1])
+    y = _array(module, [1, 2], [2, 1], dtype=np.float64)
+    with pytest.raises(InvalidInputError, match=r"input y must be float32 .* got float64 of shape \[2, 1\]"):
+        with gradbridge_jvm.java_errors():
+            module.calculateLossAndBackward(x, y)
+    _still_trains(jvm, model_path)
+
+
+def test_error_from_inside_libtorch_keeps_the_jvm_usable(jvm, module, model_path):
+    x = _array(module, [1, 2, 3], [3, 1])
+    y = _array(module, [1, 2], [2, 1])
+    with pytest.raises(gradbridge_jvm.errors.JavaError, match=r"The size of tensor a \(3\) must match the size of tensor b \(2\)") as info:
+        with gradbridge_jvm.java_errors():
+            module.call("calculate_loss_and_backward", jpype.JArray(jpype.JObject)([x, y]))
+    assert info.value.java_class == "dev.gradbridge.MethodCallException"
+    _still_trains(jvm, model_path)
+
+
+def test_missing_java_build_names_the_command(monkeypatch, tmp_path):
+    monkeypatch.delenv(gradbridge_jvm.CLASSPATH_ENV, raising=False)
+    monkeypatch.setattr(gradbridge_jvm, "CLASSPATH_FILE", tmp_path / "gradbridge-classpath.txt")
+    with pytest.raises(JavaBuildMissingError, match=r"gradbridge-classpath\.txt is missing\. Build it with `gradle assemble`"):
+        gradbridge_jvm.classpath()
+
+
+def test_stale_java_build_names_the_missing_jar(monkeypatch, tmp_path):
+    monkeypatch.setenv(gradbridge_jvm.CLASSPATH_ENV, str(tmp_path / "gone.jar"))
+    with pytest.raises(JavaBuildMissingError, match=r"gone\.jar.*Rebuild with `gradle assemble`"):
+        gradbridge_jvm.classpath()

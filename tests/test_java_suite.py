@@ -1,0 +1,33 @@
+"""The JUnit suite, run through Gradle from pytest so that one runner reports everything."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from gradbridge.gradle import run_task
+from gradbridge.jvm import REPO_ROOT
+
+pytestmark = pytest.mark.gradle
+
+
+def _problem(case):
+    for tag in ("failure", "error"):
+        element = case.find(tag)
+        if element is not None:
+            return f"{case.get('classname')}.{case.get('name')}: {element.get('message')}"
+    return None
+
+
+def test_junit_suite_passes():
+    # cleanTest: run the suite even when Gradle thinks it is up to date.
+    result = run_task(["cleanTest", "test"])
+    reports = sorted(Path(REPO_ROOT, "build", "test-results", "test").glob("TEST-*.xml"))
+    suites = [ET.parse(report).getroot() for report in reports]
+    failures = [p for suite in suites for p in map(_problem, suite.iter("testcase")) if p]
+    assert result.returncode == 0 and not failures, "\n".join(failures) or result.stdout + result.stderr
+    ran = sum(int(suite.get("tests")) for suite in suites)
+    skipped = sum(int(suite.get("skipped")) for suite in suites)
+    assert ran >= 18 and skipped == 0, f"{ran} JUnit tests, {skipped} skipped"

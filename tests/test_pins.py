@@ -1,0 +1,52 @@
+"""Names and versions defined once per language, tied together here."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import jpype
+import torch
+
+from gradbridge import protocol
+from gradbridge import jvm as gradbridge_jvm
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gradle_properties() -> dict:
+    text = (REPO_ROOT / "gradle.properties").read_text()
+    return dict(re.findall(r"^(\w+)=(\S+)$", text, flags=re.MULTILINE))
+
+
+def test_torch_pin_matches_djl_pins():
+    props = _gradle_properties()
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_pin = next(d for d in dependencies if d.startswith("torch=="))
+    assert torch_pin == f"torch=={props['torchVersion']}"
+    assert torch.__version__.split("+")[0] == props["torchVersion"]
+
+
+def test_built_classpath_uses_the_pinned_artifacts():
+    props = _gradle_properties()
+    jars = {Path(entry).name for entry in gradbridge_jvm.classpath()}
+    assert f"pytorch-engine-{props['djlVersion']}.jar" in jars
+    assert f"pytorch-jni-{props['torchVersion']}-{props['djlVersion']}.jar" in jars
+    assert f"pytorch-native-cpu-{props['torchVersion']}-{props['pytorchNativeClassifier']}.jar" in jars
+
+
+def test_java_protocol_constants_match_python(jvm):
+    Protocol = jpype.JClass("dev.gradbridge.Protocol")
+    assert int(Protocol.VERSION) == protocol.PROTOCOL_VERSION
+    assert str(Protocol.METADATA_FILE) == protocol.METADATA_FILE
+    assert str(Protocol.METADATA_FORMAT) == protocol.METADATA_FORMAT
+    assert [str(m) for m in Protocol.REQUIRED_METHODS] == list(protocol.REQUIRED_METHODS)
+    for name in ("FORWARD", "CALCULATE_LOSS_AND_BACKWARD", "ZERO_GRAD", "SGD_STEP",
+                 "GET_PARAMETERS", "PARAMETER_NAMES", "GET_GRADIENTS"):
+        assert str(getattr(Protocol, name)) == getattr(protocol, name), name
+
+
+def test_djl_engine_reports_the_pinned_libtorch(jvm):
+    engine = jpype.JClass("ai.djl.engine.Engine").getEngine("PyTorch")
+    assert str(engine.getVersion()) == _gradle_properties()["torchVersion"]
