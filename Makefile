@@ -1,0 +1,37 @@
+# gradbridge: `make demo` and `make test` do all set-up on a fresh machine (Debian, Python 3.11, JDK 17).
+PYTHON3 ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+GRADLE  := gradle --no-daemon -q
+# apt-get needs root; use sudo when not root.
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup gradle java demo test clean
+
+setup: $(VENV)/.installed gradle
+
+# The venv holds torch 2.7.1 (pinned with DJL in gradle.properties), JPype, numpy, pytest.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+# Debian's gradle (4.4.1) is the Gradle these machines can install.
+gradle:
+	@command -v gradle >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q gradle; }
+
+# The Java library, its runtime classpath file for the in-process JVM, and the seed model.
+java: setup
+	$(GRADLE) assemble exportSeedModel
+
+demo: java
+	$(PY) -m gradbridge demo --epochs 1000
+
+# Every test: pytest runs the Python tests, the JPype parity tests, `gradle run`, and the JUnit
+# suite through Gradle. pytest exits non-zero (5) when it collects no test, so that fails too.
+test: java
+	$(PY) -m pytest
+
+clean:
+	rm -rf build .gradle
