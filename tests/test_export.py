@@ -33,7 +33,8 @@ def test_metadata_describes_the_module(model_path):
         {"name": "bias", "shape": [1], "dtype": "float32"},
     ]
     assert metadata["loss"] == {"name": "mse", "reduction": "mean"}
-    assert metadata["optimizer"] == {"name": "sgd", "lr": 0.01}
+    assert metadata["optimizer"] == {"name": "sgd", "lr": 0.01, "momentum": 0.0, "dampening": 0.0,
+                                     "weight_decay": 0.0, "nesterov": False, "maximize": False}
     assert [i["name"] for i in metadata["inputs"]] == ["x", "y"]
 
 

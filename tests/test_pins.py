@@ -42,8 +42,11 @@ def test_java_protocol_constants_match_python(jvm):
     assert str(Protocol.METADATA_FILE) == protocol.METADATA_FILE
     assert str(Protocol.METADATA_FORMAT) == protocol.METADATA_FORMAT
     assert [str(m) for m in Protocol.REQUIRED_METHODS] == list(protocol.REQUIRED_METHODS)
-    for name in ("FORWARD", "CALCULATE_LOSS_AND_BACKWARD", "ZERO_GRAD", "SGD_STEP",
-                 "GET_PARAMETERS", "PARAMETER_NAMES", "GET_GRADIENTS"):
+    java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
+    python_names = {name for name, value in vars(protocol).items()
+                    if name.isupper() and isinstance(value, str) and value in protocol.REQUIRED_METHODS}
+    assert python_names <= java_names, python_names - java_names
+    for name in python_names:
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name
 
 

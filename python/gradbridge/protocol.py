@@ -26,6 +26,17 @@ SGD_STEP = "sgd_step"
 GET_PARAMETERS = "get_parameters"
 PARAMETER_NAMES = "parameter_names"
 GET_GRADIENTS = "get_gradients"
+OPTIMIZER_STEP = "optimizer_step"
+TRAIN_STEP = "train_step"
+TRAIN_EPOCH = "train_epoch"
+EVALUATE = "evaluate"
+SET_PARAMETERS = "set_parameters"
+BUFFER_NAMES = "buffer_names"
+GET_BUFFERS = "get_buffers"
+GET_LR = "get_lr"
+SET_LR = "set_lr"
+OPTIMIZER_STATE = "optimizer_state"
+LOAD_OPTIMIZER_STATE = "load_optimizer_state"
 
 #: Methods that every protocol-v1 module has; a loader rejects a module that lacks one.
 REQUIRED_METHODS: tuple[str, ...] = (
@@ -36,6 +47,17 @@ REQUIRED_METHODS: tuple[str, ...] = (
     GET_PARAMETERS,
     PARAMETER_NAMES,
     GET_GRADIENTS,
+    OPTIMIZER_STEP,
+    TRAIN_STEP,
+    TRAIN_EPOCH,
+    EVALUATE,
+    SET_PARAMETERS,
+    BUFFER_NAMES,
+    GET_BUFFERS,
+    GET_LR,
+    SET_LR,
+    OPTIMIZER_STATE,
+    LOAD_OPTIMIZER_STATE,
 )
 
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.

@@ -1,5 +1,11 @@
 """Export an nn.Module as a gradbridge training module (TorchScript + gradbridge.json)."""
 
-from .training_module import SUPPORTED_LOSSES, SUPPORTED_OPTIMIZERS, export_training_module, export_builtin
+from .training_module import (
+    SUPPORTED_LOSSES,
+    SUPPORTED_OPTIMIZERS,
+    ExportError,
+    export_builtin,
+    export_training_module,
+)
 
-__all__ = ["export_training_module", "export_builtin", "SUPPORTED_LOSSES", "SUPPORTED_OPTIMIZERS"]
+__all__ = ["export_training_module", "export_builtin", "ExportError", "SUPPORTED_LOSSES", "SUPPORTED_OPTIMIZERS"]

@@ -1,143 +1,335 @@
 """Wrap a model, its loss and its optimizer into a scripted training module and save it.
 
-The wrapper registers the model's own Parameter objects in an ``nn.ParameterList``: their
-identity survives ``torch.jit.save``/``load``, so gradients and in-place updates reach the
-model that ``forward`` runs.
+The wrapper registers the model's own Parameter objects in an ``nn.ParameterList`` (identity
+survives ``torch.jit.save``/``load``, so gradients and in-place updates reach the tensors that
+``forward`` uses), and the model's buffers in a list (they follow the model's in-place updates).
 
-Gradients live in explicit buffers (``grads``), computed with ``torch.autograd.grad`` and
-accumulated by ``calculate_loss_and_backward``. This sidesteps the TorchScript trap in which
-an unset ``.grad`` is an undefined tensor that an ``is not None`` test lets through, and it
-gives the gradients a fixed order that matches ``parameter_names()``.
+Gradients live in explicit buffers (``grads``) filled by ``torch.autograd.grad``, with a
+``has_grad`` flag per parameter that plays the part of ``p.grad is None``. This sidesteps the
+TorchScript trap in which an unset ``.grad`` is an undefined tensor that an ``is not None``
+test lets through, and gives the gradients a fixed order, that of ``parameter_names()``.
 """
 
-from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from .. import __version__, protocol
+from ..errors import GradbridgeError
 from ..models import BUILTIN_MODELS
+from . import losses, optim
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_LOSSES = ("mse",)
-SUPPORTED_OPTIMIZERS = ("sgd",)
-_REDUCTIONS = ("mean", "sum")
+SUPPORTED_LOSSES = tuple(losses.LOSSES)
+SUPPORTED_OPTIMIZERS = tuple(optim.OPTIMIZERS)
+
+
+class ExportError(GradbridgeError):
+    """The model cannot be turned into a training module (e.g. it cannot be scripted)."""
 
 
 class _TrainingModule(nn.Module):
-    """The scripted protocol around ``model``; see ``gradbridge.protocol`` for the method list."""
+    """The scripted protocol around ``model``; ``gradbridge.protocol`` lists the methods."""
 
-    def __init__(self, model: nn.Module, reduction: str):
+    # Class-level annotations: TorchScript cannot infer the type of an empty list.
+    names: List[str]
+    grads: List[Tensor]
+    has_grad: List[bool]
+    buffer_list: List[Tensor]
+    buffer_name_list: List[str]
+
+    def __init__(self, model: nn.Module, loss: nn.Module, optimizer: nn.Module,
+                 parameter_names: List[str], parameters: List[nn.Parameter],
+                 buffer_names: List[str], buffers: List[Tensor]):
         super().__init__()
-        named = list(model.named_parameters())
         self.model = model
-        self.params = nn.ParameterList([p for _, p in named])
-        self.names: List[str] = [name for name, _ in named]
-        self.grads: List[torch.Tensor] = [torch.zeros_like(p, memory_format=torch.contiguous_format) for _, p in named]
-        self.reduction = reduction
+        self.loss = loss
+        self.optimizer = optimizer
+        self.params = nn.ParameterList(parameters)
+        self.names = parameter_names
+        self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in parameters]
+        self.has_grad = [False for _ in parameters]
+        self.buffer_list = buffers
+        self.buffer_name_list = buffer_names
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
+    def _parameters_list(self) -> List[Tensor]:
+        return [p for p in self.params]
+
     @torch.jit.export
-    def calculate_loss_and_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward, loss and backward; gradients add to what is already accumulated."""
-        loss = F.mse_loss(self.model(x), y, reduction=self.reduction)
-        params: List[torch.Tensor] = [p for p in self.params]
-        grads = torch.autograd.grad([loss], params, allow_unused=True)
+    def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
+        loss = self.loss(self.model(x), y)
+        grads = torch.autograd.grad([loss], self._parameters_list(), allow_unused=True)
         for i, grad in enumerate(grads):
             if grad is not None:
-                self.grads[i].add_(grad)
+                if self.has_grad[i]:
+                    self.grads[i].add_(grad)
+                else:
+                    self.grads[i].copy_(grad)
+                    self.has_grad[i] = True
         return loss.detach()
 
     @torch.jit.export
     def zero_grad(self) -> None:
-        for grad in self.grads:
+        """Like ``optimizer.zero_grad()`` (set_to_none): no parameter has a gradient afterwards."""
+        for i, grad in enumerate(self.grads):
             grad.zero_()
+            self.has_grad[i] = False
 
     @torch.jit.export
-    def sgd_step(self, lr: float) -> None:
-        """Plain SGD, torch.optim.SGD's op (``p.add_(g, alpha=-lr)``); consumes the gradients."""
+    def optimizer_step(self) -> None:
+        """One step of the exported optimizer; consumes (zeroes) the gradients."""
         with torch.no_grad():
-            for i, p in enumerate(self.params):
-                p.add_(self.grads[i], alpha=-lr)
-        # Zeroing after the step keeps the seed's driver (backward, step, backward, ...) correct.
+            self.optimizer.step(self._parameters_list(), self.grads, self.has_grad)
         self.zero_grad()
 
     @torch.jit.export
-    def get_parameters(self) -> List[torch.Tensor]:
-        return [p.detach().clone() for p in self.params]
+    def sgd_step(self, lr: float) -> None:
+        """The seed's plain SGD, ``p.add_(g, alpha=-lr)`` (torch.optim.SGD's op); consumes the gradients."""
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                if self.has_grad[i]:
+                    p.add_(self.grads[i], alpha=-lr)
+        self.zero_grad()
+
+    @torch.jit.export
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss."""
+        self.zero_grad()
+        loss = self.calculate_loss_and_backward(x, y)
+        self.optimizer_step()
+        return loss
+
+    @torch.jit.export
+    def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
+        """``train_step`` on ``x.index_select(0, perm[i:i + batch_size])`` for each batch; the losses."""
+        if batch_size < 1:
+            raise RuntimeError("train_epoch: batch_size must be at least 1, got " + str(batch_size))
+        batch_losses: List[Tensor] = []
+        for start in range(0, perm.size(0), batch_size):
+            index = perm[start:start + batch_size]
+            batch_losses.append(self.train_step(x.index_select(0, index), y.index_select(0, index)))
+        return torch.stack(batch_losses)
+
+    @torch.jit.export
+    def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
+        """The loss without gradients, in the module's current mode (call eval() first to validate)."""
+        with torch.no_grad():
+            return self.loss(self.model(x), y)
 
     @torch.jit.export
     def parameter_names(self) -> List[str]:
         return self.names
 
     @torch.jit.export
-    def get_gradients(self) -> List[torch.Tensor]:
+    def get_parameters(self) -> List[Tensor]:
+        return [p.detach().clone() for p in self.params]
+
+    @torch.jit.export
+    def get_gradients(self) -> List[Tensor]:
         return [g.clone() for g in self.grads]
+
+    @torch.jit.export
+    def set_parameters(self, values: List[Tensor]) -> None:
+        if len(values) != len(self.names):
+            raise RuntimeError("set_parameters: expected " + str(len(self.names)) + " tensors, got " + str(len(values)))
+        for i, p in enumerate(self.params):
+            if values[i].shape != p.shape or values[i].dtype != p.dtype:
+                raise RuntimeError("set_parameters: " + self.names[i] + " must have shape " + str(p.shape)
+                                   + " and dtype " + str(p.dtype))
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                p.copy_(values[i])
+
+    @torch.jit.export
+    def buffer_names(self) -> List[str]:
+        return self.buffer_name_list
+
+    @torch.jit.export
+    def get_buffers(self) -> List[Tensor]:
+        return [b.clone() for b in self.buffer_list]
+
+    @torch.jit.export
+    def get_lr(self) -> float:
+        return self.optimizer.lr
+
+    @torch.jit.export
+    def set_lr(self, lr: float) -> None:
+        if not lr >= 0.0:
+            raise RuntimeError("set_lr: invalid learning rate " + str(lr))
+        self.optimizer.lr = lr
+
+    @torch.jit.export
+    def optimizer_state(self) -> Dict[str, List[Tensor]]:
+        """The optimizer's per-parameter state, by torch.optim's key; copies."""
+        state = self.optimizer.state()
+        copied: Dict[str, List[Tensor]] = {}
+        for key, values in state.items():
+            copied[key] = [v.clone() for v in values]
+        return copied
+
+    @torch.jit.export
+    def load_optimizer_state(self, state: Dict[str, List[Tensor]]) -> None:
+        """Restore what ``optimizer_state()`` returned (keys, counts and shapes must match)."""
+        own = self.optimizer.state()
+        for key, values in own.items():
+            if key not in state:
+                raise RuntimeError("load_optimizer_state: missing key " + key)
+            given = state[key]
+            if len(given) != len(values):
+                raise RuntimeError("load_optimizer_state: " + key + " has " + str(len(given)) + " tensors, expected "
+                                   + str(len(values)))
+            for i in range(len(values)):
+                if given[i].shape != values[i].shape:
+                    raise RuntimeError("load_optimizer_state: " + key + "[" + str(i) + "] has the wrong shape")
+        with torch.no_grad():
+            for key, values in own.items():
+                for i in range(len(values)):
+                    values[i].copy_(state[key][i])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _spec_from_example(name: str, example: Tensor) -> Dict[str, Any]:
+    return protocol.tensor_spec(name, [-1, *example.shape[1:]], _dtype_name(example.dtype))
+
+
+def _loss_spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
+    if isinstance(loss, str):
+        return {"name": loss}
+    if isinstance(loss, nn.Module):
+        return losses.spec_of(loss)
+    return dict(loss)
+
+
+def _optimizer_spec(optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer]) -> Dict[str, Any]:
+    if isinstance(optimizer, str):
+        return {"name": optimizer}
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optim.spec_of(optimizer)
+    return dict(optimizer)
+
+
+def _script_model(model: nn.Module, example_inputs: Optional[Tuple[Tensor, Tensor]]) -> nn.Module:
+    """Script the model; if that fails, trace it on example_inputs, or say how to."""
+    try:
+        return torch.jit.script(model)
+    except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
+        reason = str(ex).strip()
+        if example_inputs is None:
+            raise ExportError(
+                f"cannot script {type(model).__name__}: {reason}\n"
+                "Hint: pass example_inputs=(x, y) (CLI: --example-batch) to trace the model instead; "
+                "tracing records one execution, so data-dependent control flow is frozen."
+            ) from ex
+        log.warning("scripting %s failed, tracing it on example_inputs instead: %s",
+                    type(model).__name__, reason.splitlines()[0])
+        return torch.jit.trace(model, (example_inputs[0],))
+
+
 def export_training_module(
     model: nn.Module,
-    path: str | os.PathLike,
+    loss: Union[str, Dict[str, Any], nn.Module],
+    optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer],
+    path: Union[str, os.PathLike],
     *,
-    inputs: Sequence[Dict],
-    loss: str = "mse",
-    reduction: str = "mean",
-    optimizer: str = "sgd",
-    lr: float = 0.01,
-    model_name: str | None = None,
+    example_inputs: Optional[Tuple[Tensor, Tensor]] = None,
+    inputs: Optional[Sequence[Dict[str, Any]]] = None,
+    model_name: Optional[str] = None,
 ) -> Path:
-    """Script ``model`` with the gradbridge protocol and save it atomically to ``path``.
+    """Script ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
     Args:
-        model: the nn.Module to train; its parameters become the module's initial state.
-        path: output ``.pt``; written to a temporary file first, then renamed, so an existing
-            file is never left half-written.
-        inputs: two tensor specs (``protocol.tensor_spec``): the input ``x`` and target ``y``.
-        loss: one of ``SUPPORTED_LOSSES``. reduction: ``"mean"`` or ``"sum"``.
-        optimizer: one of ``SUPPORTED_OPTIMIZERS``. lr: its learning rate (> 0).
+        model: the nn.Module to train; its current parameters are the initial state. It is not
+            modified: the exported module holds a deep copy.
+        loss: a name of ``SUPPORTED_LOSSES``, a spec ``{"name": "cross_entropy",
+            "label_smoothing": 0.1, ...}``, or a torch.nn loss module (``nn.CrossEntropyLoss(...)``).
+        optimizer: a name of ``SUPPORTED_OPTIMIZERS``, a spec ``{"name": "adam", "lr": 1e-3, ...}``,
+            or a fresh torch.optim optimizer over ``model.parameters()`` (one group, no state).
+        path: output ``.pt``; written to a temporary file, then renamed: an existing file is never
+            left half-written.
+        example_inputs: one batch ``(x, y)``. Gives the input specs, is run once through the
+            model and loss to check them, and is used to trace the model when it cannot be scripted.
+        inputs: the specs of ``x`` and ``y`` (``protocol.tensor_spec``) when no example is given.
         model_name: recorded in the metadata; defaults to the model's class name.
 
-    Returns the path written. Raises ValueError for an unknown loss, optimizer or reduction, or
-    a learning rate out of range, before anything is written.
-    """
-    if loss not in SUPPORTED_LOSSES:
-        raise ValueError(f"Unknown loss {loss!r}; supported: {', '.join(SUPPORTED_LOSSES)}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"Invalid reduction {reduction!r}; expected one of {_REDUCTIONS}")
-    if optimizer not in SUPPORTED_OPTIMIZERS:
-        raise ValueError(f"Unknown optimizer {optimizer!r}; supported: {', '.join(SUPPORTED_OPTIMIZERS)}")
-    if not lr > 0.0:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if [spec["name"] for spec in inputs] != ["x", "y"]:
-        raise ValueError(f"inputs must be the specs of 'x' and 'y', got {[s['name'] for s in inputs]}")
+    Returns the path written.
 
-    scripted = torch.jit.script(_TrainingModule(model, reduction))
+    Raises:
+        ValueError: unknown loss or optimizer, a hyper-parameter out of range, a target dtype that
+            does not fit the loss, or missing input specs; raised before anything is written.
+        ExportError: the model cannot be scripted and no example_inputs were given to trace it.
+    """
+    loss_spec = _loss_spec(loss)
+    optimizer_spec = _optimizer_spec(optimizer)
+    loss_module = losses.build(loss_spec)
+    loss_spec = {"name": loss_spec["name"], **loss_module.options()}
+
+    if example_inputs is not None:
+        if len(example_inputs) != 2:
+            raise ValueError(f"example_inputs must be (x, y), got {len(example_inputs)} tensors")
+        specs = [_spec_from_example("x", example_inputs[0]), _spec_from_example("y", example_inputs[1])]
+    elif inputs is not None:
+        specs = [dict(spec) for spec in inputs]
+    else:
+        raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
+    if [spec["name"] for spec in specs] != ["x", "y"]:
+        raise ValueError(f"inputs must be the specs of 'x' and 'y', got {[s['name'] for s in specs]}")
+    target_dtype = specs[1]["dtype"]
+    if target_dtype not in loss_module.target_dtypes:
+        raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
+                         f"got {target_dtype}")
+
+    model = copy.deepcopy(model)
+    named_parameters = list(model.named_parameters())
+    parameters = [p for _, p in named_parameters]
+    optimizer_module = optim.build(optimizer_spec, parameters)
+    optimizer_spec = {"name": optimizer_spec["name"], **optimizer_module.hyperparameters()}
+
+    if example_inputs is not None:
+        try:
+            with torch.no_grad():
+                loss_module(model(example_inputs[0]), example_inputs[1])
+        except Exception as ex:
+            raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
+
+    scripted_model = _script_model(model, example_inputs)
+    # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
+    named_buffers = list(scripted_model.named_buffers())
+    wrapper = _TrainingModule(
+        scripted_model, loss_module, optimizer_module,
+        [name for name, _ in named_parameters], parameters,
+        [name for name, _ in named_buffers], [b for _, b in named_buffers],
+    )
+    scripted = torch.jit.script(wrapper)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)) for n, p in model.named_parameters()],
-        buffers=[protocol.tensor_spec(n, b.shape, _dtype_name(b.dtype)) for n, b in model.named_buffers()],
-        loss={"name": loss, "reduction": reduction},
-        optimizer={"name": optimizer, "lr": lr},
-        inputs=list(inputs),
+        parameters=[protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)) for n, p in named_parameters],
+        buffers=[protocol.tensor_spec(n, b.shape, _dtype_name(b.dtype)) for n, b in named_buffers],
+        loss=loss_spec,
+        optimizer=optimizer_spec,
+        inputs=specs,
         torch_version=torch.__version__.split("+")[0],
         gradbridge_version=__version__,
     )
-    path = Path(path)
+    return _save_atomically(scripted, metadata, Path(path))
+
+
+def _save_atomically(scripted: torch.jit.ScriptModule, metadata: Dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -151,11 +343,32 @@ def export_training_module(
     return path
 
 
-def export_builtin(name: str, path: str | os.PathLike, *, seed: int = 0, lr: float = 0.01) -> Path:
-    """Export a model of ``models.BUILTIN_MODELS`` with initial parameters drawn under ``seed``."""
+#: Built-in models' default loss and input specs, for `gradbridge export NAME`.
+BUILTIN_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "linear-regression": {"loss": "mse", "x": ([-1, 1], "float32"), "y": ([-1, 1], "float32")},
+}
+
+
+def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, lr: float = 0.01,
+                   optimizer: Optional[Dict[str, Any]] = None, loss: Optional[Dict[str, Any]] = None,
+                   inputs: Optional[Sequence[Dict[str, Any]]] = None, **model_options: Any) -> Path:
+    """Export a model of ``models.BUILTIN_MODELS`` with initial parameters drawn under ``seed``.
+
+    The linear regression defaults to MSE, SGD with ``lr`` and x, y of shape [-1, 1]; other
+    built-ins need ``loss`` and ``inputs``. ``optimizer`` defaults to ``{"name": "sgd", "lr": lr}``.
+    """
     if name not in BUILTIN_MODELS:
         raise ValueError(f"Unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
+    defaults = BUILTIN_DEFAULTS.get(name, {})
+    if inputs is None and defaults:
+        inputs = [protocol.tensor_spec("x", *defaults["x"]), protocol.tensor_spec("y", *defaults["y"])]
+    loss = loss or ({"name": defaults["loss"]} if defaults else None)
+    if loss is None or inputs is None:
+        raise ValueError(f"built-in model {name!r} needs a loss and input specs")
+    optimizer = optimizer or {"name": "sgd", "lr": lr}
+    # Validate before drawing parameters so bad options never touch torch's RNG or the file.
+    losses.build(loss)
+    optim.build(optimizer, [])
     torch.manual_seed(seed)
-    model = BUILTIN_MODELS[name]()
-    inputs = [protocol.tensor_spec("x", [-1, 1], "float32"), protocol.tensor_spec("y", [-1, 1], "float32")]
-    return export_training_module(model, path, inputs=inputs, lr=lr, model_name=name)
+    model = BUILTIN_MODELS[name](**model_options)
+    return export_training_module(model, loss, optimizer, path, inputs=inputs, model_name=name)

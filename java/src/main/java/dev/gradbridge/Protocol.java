@@ -33,6 +33,29 @@ public final class Protocol {
     /** {@code get_gradients() -> List[Tensor]} in {@code parameter_names()} order. */
     public static final String GET_GRADIENTS = "get_gradients";
 
+    /** {@code optimizer_step()}: the exported optimizer; consumes the gradients. */
+    public static final String OPTIMIZER_STEP = "optimizer_step";
+    /** {@code train_step(x, y) -> loss}: zero_grad, loss and backward, optimizer step. */
+    public static final String TRAIN_STEP = "train_step";
+    /** {@code train_epoch(x, y, perm, batch_size) -> batch losses}: one native call per epoch. */
+    public static final String TRAIN_EPOCH = "train_epoch";
+    /** {@code evaluate(x, y) -> loss} without gradients, in the module's current mode. */
+    public static final String EVALUATE = "evaluate";
+    /** {@code set_parameters(List[Tensor])} in {@code parameter_names()} order. */
+    public static final String SET_PARAMETERS = "set_parameters";
+    /** {@code buffer_names() -> List[str]}. */
+    public static final String BUFFER_NAMES = "buffer_names";
+    /** {@code get_buffers() -> List[Tensor]} in {@code buffer_names()} order. */
+    public static final String GET_BUFFERS = "get_buffers";
+    /** {@code get_lr() -> float}. */
+    public static final String GET_LR = "get_lr";
+    /** {@code set_lr(lr)}. */
+    public static final String SET_LR = "set_lr";
+    /** {@code optimizer_state() -> Dict[str, List[Tensor]]}, torch.optim's state keys. */
+    public static final String OPTIMIZER_STATE = "optimizer_state";
+    /** {@code load_optimizer_state(Dict[str, List[Tensor]])}. */
+    public static final String LOAD_OPTIMIZER_STATE = "load_optimizer_state";
+
     /** Methods every protocol-v1 module has. */
     public static final List<String> REQUIRED_METHODS =
             Collections.unmodifiableList(
@@ -43,7 +66,18 @@ public final class Protocol {
                             SGD_STEP,
                             GET_PARAMETERS,
                             PARAMETER_NAMES,
-                            GET_GRADIENTS));
+                            GET_GRADIENTS,
+                            OPTIMIZER_STEP,
+                            TRAIN_STEP,
+                            TRAIN_EPOCH,
+                            EVALUATE,
+                            SET_PARAMETERS,
+                            BUFFER_NAMES,
+                            GET_BUFFERS,
+                            GET_LR,
+                            SET_LR,
+                            OPTIMIZER_STATE,
+                            LOAD_OPTIMIZER_STATE));
 
     private Protocol() {}
 }

@@ -242,9 +242,14 @@ public final class TrainingModule implements AutoCloseable {
     private Object invoke(String method, PtNDManager resultManager, Object... args) {
         ensureOpen();
         if (!methodNames.contains(method)) {
+            Set<String> publicMethods = new TreeSet<>();
+            for (String name : methodNames) {
+                if (!name.startsWith("_")) {
+                    publicMethods.add(name);
+                }
+            }
             throw new ProtocolException(
-                    path + " has no method '" + method + "'; its methods: "
-                            + new TreeSet<>(methodNames));
+                    path + " has no method '" + method + "'; its methods: " + publicMethods);
         }
         List<IValue> inputs = new ArrayList<>(args.length);
         try {

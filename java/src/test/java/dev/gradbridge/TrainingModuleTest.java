@@ -159,7 +159,7 @@ public class TrainingModuleTest {
         ProtocolException e =
                 assertThrows(
                         ProtocolException.class, () -> TrainingModule.load(fixture("missing_methods.pt")));
-        assertTrue(e.getMessage(), e.getMessage().contains("lacks protocol methods [calculate_loss_and_backward"));
+        assertTrue(e.getMessage(), e.getMessage().contains("lacks protocol methods [calculate_loss_and_backward, zero_grad"));
     }
 
     @Test

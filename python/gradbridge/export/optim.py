@@ -1,0 +1,405 @@
+"""Optimizers as TorchScript modules, op for op the single-tensor paths of torch.optim 2.7.1.
+
+Each class holds its hyper-parameters and per-parameter state (the same keys as torch.optim's
+``optimizer.state[p]``, plus ``step`` for SGD) and has one scripted method::
+
+    step(params, grads, has_grad)   # under torch.no_grad(); skips parameters without a gradient
+
+``has_grad[i]`` is False where torch.optim would see ``p.grad is None`` (the parameter took no
+part in the loss since the last ``zero_grad``): such a parameter and its state stay untouched,
+as in torch.optim. The docstrings state the update each class performs; the parity tests in
+``tests/test_optim.py`` hold them to torch.optim bit for bit.
+
+On CPU, torch.optim defaults to these single-tensor paths (foreach and fused are off for CPU
+tensors), so this is the arithmetic a Python user's training actually runs.
+"""
+
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import GradbridgeError
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _zeros_like(params: Sequence[Tensor]) -> List[Tensor]:
+    return [torch.zeros_like(p, memory_format=torch.preserve_format).detach() for p in params]
+
+
+def _steps(params: Sequence[Tensor]) -> List[Tensor]:
+    # torch.optim keeps `step` as a float32 scalar tensor and reads it with .item().
+    return [torch.tensor(0.0, dtype=torch.float32) for _ in params]
+
+
+class SGD(nn.Module):
+    """torch.optim.SGD. For each parameter p with gradient g::
+
+        g = -g                                   if maximize
+        g = g.add(p, alpha=weight_decay)         if weight_decay != 0
+        if momentum != 0:
+            b = clone(g)                         on the parameter's first step
+            b.mul_(momentum).add_(g, alpha=1 - dampening)   afterwards
+            g = g.add(b, alpha=momentum) if nesterov else b
+        p.add_(g, alpha=-lr)
+
+    Defaults: lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, maximize=False.
+    State: momentum_buffer, step (steps taken; torch.optim has no SGD step, it marks the first).
+    """
+
+    torch_name = "SGD"
+    momentum_buffer: List[Tensor]
+    steps: List[Tensor]
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
+        super().__init__()
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        _check(not nesterov or (momentum > 0 and dampening == 0), "Nesterov momentum requires a momentum and zero dampening")
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.weight_decay = float(weight_decay)
+        self.nesterov = bool(nesterov)
+        self.maximize = bool(maximize)
+        self.momentum_buffer = _zeros_like(params)
+        self.steps = _steps(params)
+
+    def hyperparameters(self) -> Dict[str, Any]:
+        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov, "maximize": self.maximize}
+
+    @torch.jit.export
+    def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        for i in range(len(params)):
+            if not has_grad[i]:
+                continue
+            param = params[i]
+            grad = grads[i] if not self.maximize else -grads[i]
+            if self.weight_decay != 0:
+                grad = grad.add(param, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.momentum_buffer[i]
+                if float(self.steps[i].item()) == 0.0:
+                    buf.copy_(grad)
+                else:
+                    buf.mul_(self.momentum).add_(grad, alpha=1 - self.dampening)
+                if self.nesterov:
+                    grad = grad.add(buf, alpha=self.momentum)
+                else:
+                    grad = buf
+            self.steps[i].add_(1)
+            param.add_(grad, alpha=-self.lr)
+
+    @torch.jit.export
+    def state(self) -> Dict[str, List[Tensor]]:
+        return {"momentum_buffer": self.momentum_buffer, "step": self.steps}
+
+
+class Adam(nn.Module):
+    """torch.optim.Adam (and AdamW with ``decoupled_weight_decay=True``). For each p with g::
+
+        g = -g                                          if maximize
+        step += 1
+        p.mul_(1 - lr * weight_decay)                   if decoupled (AdamW) and weight_decay != 0
+        g = g.add(p, alpha=weight_decay)                if not decoupled and weight_decay != 0
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bias_correction1 = 1 - beta1 ** step            (Python floats, step read with .item())
+        bias_correction2 = 1 - beta2 ** step
+        step_size = lr / bias_correction1
+        v = max_exp_avg_sq = maximum(max_exp_avg_sq, exp_avg_sq)   if amsgrad, else exp_avg_sq
+        denom = (v.sqrt() / bias_correction2 ** 0.5).add_(eps)
+        p.addcdiv_(exp_avg, denom, value=-step_size)
+
+    Defaults: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize=False.
+    State: step, exp_avg, exp_avg_sq, max_exp_avg_sq.
+    """
+
+    torch_name = "Adam"
+    decoupled_default = False
+    steps: List[Tensor]
+    exp_avg: List[Tensor]
+    exp_avg_sq: List[Tensor]
+    max_exp_avg_sq: List[Tensor]
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False):
+        super().__init__()
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        self.lr = float(lr)
+        self.beta1 = float(betas[0])
+        self.beta2 = float(betas[1])
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self.amsgrad = bool(amsgrad)
+        self.maximize = bool(maximize)
+        self.decoupled_weight_decay = self.decoupled_default
+        self.steps = _steps(params)
+        self.exp_avg = _zeros_like(params)
+        self.exp_avg_sq = _zeros_like(params)
+        self.max_exp_avg_sq = _zeros_like(params)
+
+    def hyperparameters(self) -> Dict[str, Any]:
+        return {"lr": self.lr, "betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
+                "amsgrad": self.amsgrad, "maximize": self.maximize}
+
+    @torch.jit.export
+    def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        for i in range(len(params)):
+            if not has_grad[i]:
+                continue
+            param = params[i]
+            grad = grads[i] if not self.maximize else -grads[i]
+            exp_avg = self.exp_avg[i]
+            exp_avg_sq = self.exp_avg_sq[i]
+            step_t = self.steps[i]
+            step_t.add_(1)
+            if self.weight_decay != 0:
+                if self.decoupled_weight_decay:
+                    param.mul_(1 - self.lr * self.weight_decay)
+                else:
+                    grad = grad.add(param, alpha=self.weight_decay)
+            exp_avg.lerp_(grad, 1 - self.beta1)
+            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            step = float(step_t.item())
+            bias_correction1 = 1 - self.beta1 ** step
+            bias_correction2 = 1 - self.beta2 ** step
+            step_size = self.lr / bias_correction1
+            bias_correction2_sqrt = bias_correction2 ** 0.5
+            if self.amsgrad:
+                max_exp_avg_sq = self.max_exp_avg_sq[i]
+                torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+                denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            else:
+                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    @torch.jit.export
+    def state(self) -> Dict[str, List[Tensor]]:
+        return {"step": self.steps, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
+                "max_exp_avg_sq": self.max_exp_avg_sq}
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay (``p.mul_(1 - lr * weight_decay)``).
+
+    Defaults as Adam except weight_decay=1e-2.
+    """
+
+    torch_name = "AdamW"
+    decoupled_default = True
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize)
+
+
+class RMSprop(nn.Module):
+    """torch.optim.RMSprop. For each p with g::
+
+        g = -g                                          if maximize
+        step += 1
+        g = g.add(p, alpha=weight_decay)                if weight_decay != 0
+        square_avg.mul_(alpha).addcmul_(g, g, value=1 - alpha)
+        if centered:
+            grad_avg.lerp_(g, 1 - alpha)
+            avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+        else:
+            avg = square_avg.sqrt()
+        avg = avg.add_(eps)
+        if momentum > 0:
+            buf.mul_(momentum).addcdiv_(g, avg); p.add_(buf, alpha=-lr)
+        else:
+            p.addcdiv_(g, avg, value=-lr)
+
+    Defaults: lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
+    maximize=False. State: step, square_avg, momentum_buffer, grad_avg.
+    """
+
+    torch_name = "RMSprop"
+    steps: List[Tensor]
+    square_avg: List[Tensor]
+    momentum_buffer: List[Tensor]
+    grad_avg: List[Tensor]
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, maximize: bool = False):
+        super().__init__()
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+        _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        _check(alpha >= 0.0, f"Invalid alpha value: {alpha}")
+        self.lr = float(lr)
+        self.alpha = float(alpha)
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self.momentum = float(momentum)
+        self.centered = bool(centered)
+        self.maximize = bool(maximize)
+        self.steps = _steps(params)
+        self.square_avg = _zeros_like(params)
+        self.momentum_buffer = _zeros_like(params)
+        self.grad_avg = _zeros_like(params)
+
+    def hyperparameters(self) -> Dict[str, Any]:
+        return {"lr": self.lr, "alpha": self.alpha, "eps": self.eps, "weight_decay": self.weight_decay,
+                "momentum": self.momentum, "centered": self.centered, "maximize": self.maximize}
+
+    @torch.jit.export
+    def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        for i in range(len(params)):
+            if not has_grad[i]:
+                continue
+            param = params[i]
+            grad = grads[i] if not self.maximize else -grads[i]
+            square_avg = self.square_avg[i]
+            self.steps[i].add_(1)
+            if self.weight_decay != 0:
+                grad = grad.add(param, alpha=self.weight_decay)
+            square_avg.mul_(self.alpha).addcmul_(grad, grad, value=1 - self.alpha)
+            if self.centered:
+                grad_avg = self.grad_avg[i]
+                grad_avg.lerp_(grad, 1 - self.alpha)
+                avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+            else:
+                avg = square_avg.sqrt()
+            avg = avg.add_(self.eps)
+            if self.momentum > 0:
+                buf = self.momentum_buffer[i]
+                buf.mul_(self.momentum).addcdiv_(grad, avg)
+                param.add_(buf, alpha=-self.lr)
+            else:
+                param.addcdiv_(grad, avg, value=-self.lr)
+
+    @torch.jit.export
+    def state(self) -> Dict[str, List[Tensor]]:
+        return {"step": self.steps, "square_avg": self.square_avg, "momentum_buffer": self.momentum_buffer,
+                "grad_avg": self.grad_avg}
+
+
+class Adagrad(nn.Module):
+    """torch.optim.Adagrad (dense gradients). For each p with g::
+
+        step += 1
+        g = -g                                          if maximize
+        g = g.add(p, alpha=weight_decay)                if weight_decay != 0
+        clr = lr / (1 + (step - 1) * lr_decay)
+        sum.addcmul_(g, g, value=1)
+        std = sum.sqrt().add_(eps)
+        p.addcdiv_(g, std, value=-clr)
+
+    Defaults: lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
+    maximize=False. State: step, sum (starts at initial_accumulator_value).
+    """
+
+    torch_name = "Adagrad"
+    steps: List[Tensor]
+    sum: List[Tensor]
+
+    def __init__(self, params: Sequence[Tensor], lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, maximize: bool = False):
+        super().__init__()
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(lr_decay >= 0.0, f"Invalid lr_decay value: {lr_decay}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        _check(initial_accumulator_value >= 0.0, f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
+        _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+        self.lr = float(lr)
+        self.lr_decay = float(lr_decay)
+        self.weight_decay = float(weight_decay)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+        self.eps = float(eps)
+        self.maximize = bool(maximize)
+        self.steps = _steps(params)
+        self.sum = [torch.full_like(p, self.initial_accumulator_value,
+                                                  memory_format=torch.preserve_format).detach() for p in params]
+
+    def hyperparameters(self) -> Dict[str, Any]:
+        return {"lr": self.lr, "lr_decay": self.lr_decay, "weight_decay": self.weight_decay,
+                "initial_accumulator_value": self.initial_accumulator_value, "eps": self.eps,
+                "maximize": self.maximize}
+
+    @torch.jit.export
+    def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        for i in range(len(params)):
+            if not has_grad[i]:
+                continue
+            param = params[i]
+            step_t = self.steps[i]
+            step_t.add_(1)
+            step = float(step_t.item())
+            grad = grads[i] if not self.maximize else -grads[i]
+            if self.weight_decay != 0:
+                grad = grad.add(param, alpha=self.weight_decay)
+            clr = self.lr / (1 + (step - 1) * self.lr_decay)
+            state_sum = self.sum[i]
+            state_sum.addcmul_(grad, grad, value=1)
+            std = state_sum.sqrt().add_(self.eps)
+            param.addcdiv_(grad, std, value=-clr)
+
+    @torch.jit.export
+    def state(self) -> Dict[str, List[Tensor]]:
+        return {"step": self.steps, "sum": self.sum}
+
+
+#: name used by the CLI and the metadata -> class
+OPTIMIZERS: Dict[str, type] = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSprop, "adagrad": Adagrad}
+
+
+def build(spec: Dict[str, Any], params: Sequence[Tensor]) -> nn.Module:
+    """The scripted-optimizer module for a spec ``{"name": ..., hyper-parameters...}``."""
+    options = dict(spec)
+    name = options.pop("name", None)
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
+    cls = OPTIMIZERS[name]
+    if "betas" in options:
+        options["betas"] = tuple(options["betas"])
+    try:
+        return cls(params, **options)
+    except TypeError as ex:
+        raise ValueError(f"optimizer {name}: {ex}") from ex
+
+
+def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """The spec of a fresh torch.optim optimizer (one parameter group, no state yet)."""
+    by_torch_name = {cls.torch_name: name for name, cls in OPTIMIZERS.items()}
+    torch_name = type(optimizer).__name__
+    if torch_name not in by_torch_name:
+        raise ValueError(f"Unknown optimizer {torch_name}; supported: {', '.join(by_torch_name)}")
+    if len(optimizer.param_groups) != 1:
+        raise GradbridgeError(f"{torch_name} has {len(optimizer.param_groups)} parameter groups; gradbridge exports one")
+    if any(optimizer.state.values()):
+        raise GradbridgeError(f"{torch_name} has already stepped; export a fresh optimizer (state travels with "
+                              "optimizer_state/load_optimizer_state)")
+    name = by_torch_name[torch_name]
+    group = optimizer.param_groups[0]
+    keys = OPTIMIZERS[name]([]).hyperparameters().keys()
+    spec: Dict[str, Any] = {"name": name}
+    for key in keys:
+        value = group[key]
+        spec[key] = list(value) if isinstance(value, tuple) else (value.item() if torch.is_tensor(value) else value)
+    return spec
+
+
+def torch_optimizer(spec: Dict[str, Any], params) -> torch.optim.Optimizer:
+    """The torch.optim optimizer that the spec's scripted optimizer reproduces (the reference)."""
+    options = dict(spec)
+    cls = OPTIMIZERS[options.pop("name")]
+    if "betas" in options:
+        options["betas"] = tuple(options["betas"])
+    return getattr(torch.optim, cls.torch_name)(params, **options)
