@@ -3,18 +3,83 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 from .errors import GradbridgeError
 from .models import BUILTIN_MODELS
 
+# Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
+_OPTIMIZER_FLAGS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize", "betas", "eps",
+                    "amsgrad", "alpha", "centered", "lr_decay", "initial_accumulator_value")
+_LOSS_FLAGS = ("reduction", "beta", "delta", "label_smoothing", "ignore_index", "class_weights", "pos_weight")
+_CLASS_TARGET_LOSSES = ("cross_entropy", "nll")
+
+
+def _floats(text: str) -> List[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _shape(text: str) -> List[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _given(args: argparse.Namespace, flags) -> Dict[str, Any]:
+    return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
+
+
+def load_factory(reference: str):
+    """``package.module:factory`` -> the callable (the current directory is importable)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise GradbridgeError(f"model {reference!r}: expected MODULE:FACTORY or one of {', '.join(BUILTIN_MODELS)}")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as ex:
+        raise GradbridgeError(f"model {reference!r}: cannot import {module_name}: {ex}") from ex
+    finally:
+        sys.path.pop(0)
+    if not hasattr(module, attribute):
+        raise GradbridgeError(f"model {reference!r}: module {module_name} has no attribute {attribute!r}")
+    return getattr(module, attribute)
+
 
 def _export(args: argparse.Namespace) -> int:
-    from .export import export_builtin
+    import torch
 
-    path = export_builtin(args.model, args.output, seed=args.seed, lr=args.lr)
+    from . import protocol
+    from .export import export_builtin, export_training_module
+
+    optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
+    loss = {"name": args.loss or "mse", **_given(args, _LOSS_FLAGS)}
+    if "class_weights" in loss:
+        loss["weight"] = loss.pop("class_weights")
+    if args.model == "linear-regression" and args.loss is None and args.input_shape is None:
+        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer)
+        print(f"wrote {path}")
+        return 0
+
+    x_shape = _shape(args.input_shape or "1")
+    y_dtype = args.target_dtype or ("int64" if loss["name"] in _CLASS_TARGET_LOSSES else "float32")
+    y_shape = _shape(args.target_shape if args.target_shape is not None
+                     else ("" if loss["name"] in _CLASS_TARGET_LOSSES else "1"))
+    inputs = [protocol.tensor_spec("x", [-1, *x_shape], args.input_dtype),
+              protocol.tensor_spec("y", [-1, *y_shape], y_dtype)]
+    if args.model in BUILTIN_MODELS:
+        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, loss=loss, inputs=inputs)
+    else:
+        factory = load_factory(args.model)
+        torch.manual_seed(args.seed)
+        model = factory()
+        # A zero batch of the declared shapes: checks model and loss fit, and allows tracing.
+        example = (torch.zeros(2, *x_shape, dtype=getattr(torch, args.input_dtype)),
+                   torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
+        path = export_training_module(model, loss, optimizer, args.output, example_inputs=example,
+                                      model_name=args.model)
     print(f"wrote {path}")
     return 0
 
@@ -26,14 +91,46 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradbridge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    export = commands.add_parser("export", help="export a training module (.pt)")
-    export.add_argument("model", choices=sorted(BUILTIN_MODELS), help="built-in model")
-    export.add_argument("-o", "--output", required=True, help="output .pt")
+    export = commands.add_parser(
+        "export", help="export a training module (.pt)",
+        description="Export MODEL (a built-in name, or MODULE:FACTORY returning an nn.Module) with its loss and "
+                    "optimizer as a gradbridge training module.")
+    export.add_argument("model", help=f"built-in ({', '.join(BUILTIN_MODELS)}) or MODULE:FACTORY")
+    export.add_argument("-o", "--output", required=True, help="output .pt (written atomically)")
     export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
-    export.add_argument("--lr", type=float, default=0.01, help="learning rate recorded in the metadata (default 0.01)")
+    shapes = export.add_argument_group("inputs (per sample; the batch dimension is implied)")
+    shapes.add_argument("--input-shape", help="e.g. 4 or 1,8,8 (default 1)")
+    shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64"))
+    shapes.add_argument("--target-shape", help="default: none for class-index losses, else 1")
+    shapes.add_argument("--target-dtype", choices=("float32", "float64", "int64"),
+                        help="default: int64 for cross_entropy/nll, else float32")
+    loss = export.add_argument_group("loss")
+    loss.add_argument("--loss", help="mse (default), l1, smooth_l1, huber, cross_entropy, nll, bce_with_logits")
+    loss.add_argument("--reduction", choices=("mean", "sum"))
+    loss.add_argument("--beta", type=float, help="smooth_l1 beta")
+    loss.add_argument("--delta", type=float, help="huber delta")
+    loss.add_argument("--label-smoothing", type=float)
+    loss.add_argument("--ignore-index", type=int)
+    loss.add_argument("--class-weights", type=_floats, help="comma-separated, one per class")
+    loss.add_argument("--pos-weight", type=_floats, help="comma-separated, bce_with_logits")
+    opt = export.add_argument_group("optimizer")
+    opt.add_argument("--optimizer", default="sgd", help="sgd (default), adam, adamw, rmsprop, adagrad")
+    opt.add_argument("--lr", type=float, help="learning rate (default: the optimizer's; 0.01 for linear-regression)")
+    opt.add_argument("--momentum", type=float)
+    opt.add_argument("--dampening", type=float)
+    opt.add_argument("--nesterov", action="store_true", default=None)
+    opt.add_argument("--weight-decay", type=float)
+    opt.add_argument("--maximize", action="store_true", default=None)
+    opt.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"))
+    opt.add_argument("--eps", type=float)
+    opt.add_argument("--amsgrad", action="store_true", default=None)
+    opt.add_argument("--alpha", type=float, help="rmsprop smoothing constant")
+    opt.add_argument("--centered", action="store_true", default=None)
+    opt.add_argument("--lr-decay", type=float)
+    opt.add_argument("--initial-accumulator-value", type=float)
     export.set_defaults(run=_export)
 
     demo = commands.add_parser("demo", help="export, train from Java (gradle run and in-process), check parity")
@@ -46,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.command == "export" and args.lr is None and args.model == "linear-regression":
+        args.lr = 0.01
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:

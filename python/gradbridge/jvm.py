@@ -109,6 +109,23 @@ def to_java_floats(values: np.ndarray):
     return jpype.JArray(jpype.JFloat)(np.ascontiguousarray(values, dtype=np.float32).ravel())
 
 
+_JAVA_ARRAY_TYPES = {np.dtype(np.float32): "JFloat", np.dtype(np.float64): "JDouble", np.dtype(np.int64): "JLong"}
+
+
+def to_ndarray(manager, values: np.ndarray):
+    """A DJL NDArray on ``manager`` holding ``values`` (float32, float64 or int64), same shape."""
+    import jpype
+
+    values = np.asarray(values)
+    if values.dtype not in _JAVA_ARRAY_TYPES:
+        raise errors.InvalidInputError(f"unsupported dtype {values.dtype}; expected float32, float64 or int64")
+    java_type = getattr(jpype, _JAVA_ARRAY_TYPES[values.dtype])
+    Shape = jclass("ai.djl.ndarray.types.Shape")
+    flat = jpype.JArray(java_type)(np.ascontiguousarray(values).ravel())
+    with java_errors():
+        return manager.create(flat, Shape(*[int(d) for d in values.shape]))
+
+
 def load_module(path: str | os.PathLike):
     """Load an exported module with the Java library; returns the Java TrainingModule (close it)."""
     TrainingModule = jclass("dev.gradbridge.TrainingModule")

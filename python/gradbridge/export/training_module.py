@@ -233,7 +233,7 @@ def _script_model(model: nn.Module, example_inputs: Optional[Tuple[Tensor, Tenso
         if example_inputs is None:
             raise ExportError(
                 f"cannot script {type(model).__name__}: {reason}\n"
-                "Hint: pass example_inputs=(x, y) (CLI: --example-batch) to trace the model instead; "
+                "Hint: pass example_inputs=(x, y) to trace the model instead; "
                 "tracing records one execution, so data-dependent control flow is frozen."
             ) from ex
         log.warning("scripting %s failed, tracing it on example_inputs instead: %s",

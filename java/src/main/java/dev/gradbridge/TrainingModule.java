@@ -4,6 +4,7 @@ import ai.djl.engine.EngineException;
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
 import ai.djl.pytorch.engine.PtNDArray;
 import ai.djl.pytorch.engine.PtNDManager;
 import ai.djl.pytorch.engine.PtSymbolBlock;
@@ -21,6 +22,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
+import java.util.TreeMap;
 import java.util.TreeSet;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -54,6 +56,7 @@ public final class TrainingModule implements AutoCloseable {
     private final PtSymbolBlock block;
     private final Set<String> methodNames;
     private final List<String> parameterNames;
+    private final List<String> bufferNames;
     private boolean closed;
 
     private TrainingModule(Path path, Metadata metadata, PtNDManager manager, PtSymbolBlock block) {
@@ -75,6 +78,7 @@ public final class TrainingModule implements AutoCloseable {
                     path + " lacks protocol methods " + missing + "; it has " + methodNames);
         }
         this.parameterNames = Collections.unmodifiableList(stringList(Protocol.PARAMETER_NAMES));
+        this.bufferNames = Collections.unmodifiableList(stringList(Protocol.BUFFER_NAMES));
         List<String> declared = new ArrayList<>();
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
             declared.add(spec.getName());
@@ -144,6 +148,11 @@ public final class TrainingModule implements AutoCloseable {
         return parameterNames;
     }
 
+    /** @return buffer names (e.g. BatchNorm running statistics) in protocol order */
+    public List<String> getBufferNames() {
+        return bufferNames;
+    }
+
     /**
      * The module's NDManager: create inputs in a sub-manager of it and close that when done.
      *
@@ -174,18 +183,93 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public synchronized double calculateLossAndBackward(NDArray x, NDArray y) {
+        return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
+    }
+
+    /**
+     * Runs {@code train_step(x, y)}: zero_grad, loss and backward, one optimizer step.
+     *
+     * @param x inputs matching the metadata's {@code x} spec
+     * @param y targets matching the metadata's {@code y} spec
+     * @return the loss computed before the step
+     * @throws InvalidInputException when x or y do not match the metadata; nothing ran
+     */
+    public synchronized double trainStep(NDArray x, NDArray y) {
+        return scalarLoss(Protocol.TRAIN_STEP, x, y);
+    }
+
+    /**
+     * Runs {@code train_epoch(x, y, perm, batch_size)}: one native call that steps through the
+     * batches {@code perm[i:i + batchSize]}.
+     *
+     * @param x all inputs of the epoch
+     * @param y all targets of the epoch
+     * @param perm int64 sample order, a permutation of (a subset of) {@code 0..n-1}
+     * @param batchSize samples per batch, 1..n; the last batch may be smaller
+     * @return the loss of each batch
+     */
+    public synchronized double[] trainEpoch(NDArray x, NDArray y, NDArray perm, int batchSize) {
         ensureOpen();
-        checkTensor("x", x);
-        checkTensor("y", y);
-        if (x.getShape().get(0) != y.getShape().get(0)) {
+        long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
+        if (perm.getDataType() != DataType.INT64 || perm.getShape().dimension() != 1) {
             throw new InvalidInputException(
-                    Protocol.CALCULATE_LOSS_AND_BACKWARD + ": x has " + x.getShape().get(0)
-                            + " samples but y has " + y.getShape().get(0));
+                    Protocol.TRAIN_EPOCH + ": perm must be a 1-d int64 array, got "
+                            + perm.getDataType() + " " + perm.getShape());
+        }
+        if (batchSize < 1 || batchSize > n) {
+            throw new InvalidInputException(
+                    Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
+        }
+        for (long index : perm.toLongArray()) {
+            if (index < 0 || index >= n) {
+                throw new InvalidInputException(
+                        Protocol.TRAIN_EPOCH + ": perm holds index " + index + ", outside 0.." + (n - 1));
+            }
         }
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
-            NDArray loss = (NDArray) invoke(Protocol.CALCULATE_LOSS_AND_BACKWARD, scope, x, y);
+            NDArray losses =
+                    (NDArray) invoke(Protocol.TRAIN_EPOCH, scope, x, y, perm, (long) batchSize);
+            return losses.toType(DataType.FLOAT64, false).toDoubleArray();
+        }
+    }
+
+    /**
+     * Runs {@code evaluate(x, y)} in eval mode (BatchNorm uses running statistics, dropout is
+     * off), then returns the module to training mode.
+     *
+     * @param x inputs matching the metadata's {@code x} spec
+     * @param y targets matching the metadata's {@code y} spec
+     * @return the loss, without gradients
+     */
+    public synchronized double evaluate(NDArray x, NDArray y) {
+        ensureOpen();
+        JniUtils.enableInferenceMode(block);
+        try {
+            return scalarLoss(Protocol.EVALUATE, x, y);
+        } finally {
+            JniUtils.enableTrainingMode(block);
+        }
+    }
+
+    private double scalarLoss(String method, NDArray x, NDArray y) {
+        ensureOpen();
+        checkBatch(method, x, y);
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            NDArray loss = (NDArray) invoke(method, scope, x, y);
             return loss.toType(DataType.FLOAT64, false).getDouble();
         }
+    }
+
+    /** Checks x and y against the metadata and each other; returns the number of samples. */
+    private long checkBatch(String method, NDArray x, NDArray y) {
+        checkTensor("x", x);
+        checkTensor("y", y);
+        long n = x.getShape().get(0);
+        if (n != y.getShape().get(0)) {
+            throw new InvalidInputException(
+                    method + ": x has " + n + " samples but y has " + y.getShape().get(0));
+        }
+        return n;
     }
 
     /** Runs {@code zero_grad()}. */
@@ -205,14 +289,93 @@ public final class TrainingModule implements AutoCloseable {
         invoke(Protocol.SGD_STEP, manager, lr);
     }
 
+    /** Runs {@code optimizer_step()}: one step of the exported optimizer; consumes the gradients. */
+    public synchronized void optimizerStep() {
+        invoke(Protocol.OPTIMIZER_STEP, manager);
+    }
+
+    /** @return the exported optimizer's current learning rate */
+    public synchronized double getLr() {
+        return (Double) invoke(Protocol.GET_LR, manager);
+    }
+
+    /**
+     * Sets the exported optimizer's learning rate.
+     *
+     * @param lr the new rate, non-negative and finite
+     */
+    public synchronized void setLr(double lr) {
+        if (!(lr >= 0) || Double.isInfinite(lr)) {
+            throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
+        }
+        invoke(Protocol.SET_LR, manager, lr);
+    }
+
     /** @return current parameter values by name (flattened, exact), in protocol order */
     public synchronized Map<String, double[]> getParameters() {
-        return namedValues(Protocol.GET_PARAMETERS);
+        return namedValues(Protocol.GET_PARAMETERS, parameterNames);
     }
 
     /** @return accumulated gradients by name (flattened, exact), in protocol order */
     public synchronized Map<String, double[]> getGradients() {
-        return namedValues(Protocol.GET_GRADIENTS);
+        return namedValues(Protocol.GET_GRADIENTS, parameterNames);
+    }
+
+    /** @return buffer values by name (flattened, exact), in protocol order */
+    public synchronized Map<String, double[]> getBuffers() {
+        return namedValues(Protocol.GET_BUFFERS, bufferNames);
+    }
+
+    /**
+     * Runs {@code set_parameters}: replaces every parameter's values.
+     *
+     * @param values flattened values by parameter name; every parameter, each with as many
+     *     values as its shape holds
+     * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
+     */
+    public synchronized void setParameters(Map<String, double[]> values) {
+        ensureOpen();
+        if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
+            throw new InvalidInputException(
+                    Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
+                            + values.keySet());
+        }
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            List<NDArray> tensors = new ArrayList<>();
+            for (Metadata.TensorSpec spec : metadata.getParameters()) {
+                double[] data = values.get(spec.getName());
+                Shape shape = new Shape(spec.getShape());
+                if (data.length != shape.size()) {
+                    throw new InvalidInputException(
+                            Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + shape.size()
+                                    + " values for shape " + shape + ", got " + data.length);
+                }
+                DataType dtype = DataType.valueOf(spec.getDtype().toUpperCase(Locale.ROOT));
+                tensors.add(scope.create(data, shape).toType(dtype, false));
+            }
+            invoke(Protocol.SET_PARAMETERS, scope, tensors);
+        }
+    }
+
+    /**
+     * Returns the optimizer's per-parameter state (torch.optim's keys, e.g. {@code exp_avg}).
+     *
+     * @return state key to one flattened array per parameter, in protocol order
+     */
+    public synchronized Map<String, List<double[]>> getOptimizerState() {
+        ensureOpen();
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE, scope);
+            Map<String, List<double[]>> converted = new TreeMap<>();
+            for (Map.Entry<?, ?> entry : state.entrySet()) {
+                List<double[]> arrays = new ArrayList<>();
+                for (Object tensor : (List<?>) entry.getValue()) {
+                    arrays.add(((NDArray) tensor).toType(DataType.FLOAT64, false).toDoubleArray());
+                }
+                converted.put((String) entry.getKey(), arrays);
+            }
+            return converted;
+        }
     }
 
     /**
@@ -221,7 +384,7 @@ public final class TrainingModule implements AutoCloseable {
      * <p>Arguments: {@link NDArray} (PyTorch engine), {@link Double}/{@link Float}, {@link
      * Long}/{@link Integer}, {@link Boolean}, {@link String}, or a {@link List} of NDArrays.
      * Results: {@code null}, NDArray (attached to this module's manager: close it), Double, Long,
-     * Boolean, String, or a List of these.
+     * Boolean, String, or a List or String-keyed Map of these.
      *
      * @param method the method name
      * @param args the arguments
@@ -271,14 +434,14 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    private Map<String, double[]> namedValues(String method) {
+    private Map<String, double[]> namedValues(String method, List<String> names) {
         ensureOpen();
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
             List<?> values = (List<?>) invoke(method, scope);
             Map<String, double[]> named = new LinkedHashMap<>();
-            for (int i = 0; i < parameterNames.size(); i++) {
+            for (int i = 0; i < names.size(); i++) {
                 NDArray value = (NDArray) values.get(i);
-                named.put(parameterNames.get(i), value.toType(DataType.FLOAT64, false).toDoubleArray());
+                named.put(names.get(i), value.toType(DataType.FLOAT64, false).toDoubleArray());
             }
             return named;
         }
@@ -363,6 +526,14 @@ public final class TrainingModule implements AutoCloseable {
             for (IValue item : items) {
                 try (IValue owned = item) {
                     converted.add(fromIValue(owned, resultManager));
+                }
+            }
+            return converted;
+        } else if (value.isMap()) {
+            Map<String, Object> converted = new LinkedHashMap<>();
+            for (Map.Entry<String, IValue> entry : value.toIValueMap().entrySet()) {
+                try (IValue owned = entry.getValue()) {
+                    converted.put(entry.getKey(), fromIValue(owned, resultManager));
                 }
             }
             return converted;
