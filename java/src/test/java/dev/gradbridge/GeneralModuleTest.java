@@ -1,0 +1,144 @@
+package dev.gradbridge;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.Shape;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import org.junit.After;
+import org.junit.Before;
+import org.junit.Test;
+
+/** An MLP classifier with Adam, trained without model-specific Java code. */
+public class GeneralModuleTest {
+
+    private static final int N = 24;
+
+    private TrainingModule module;
+    private NDManager data;
+    private NDArray x;
+    private NDArray y;
+
+    @Before
+    public void load() {
+        module = TrainingModule.load(TrainingModuleTest.fixture("mlp_classifier.pt"));
+        data = module.getManager().newSubManager();
+        Random random = new Random(3);
+        float[] xs = new float[N * 4];
+        long[] ys = new long[N];
+        for (int i = 0; i < N; i++) {
+            for (int j = 0; j < 4; j++) {
+                xs[i * 4 + j] = (float) random.nextGaussian();
+            }
+            ys[i] = xs[i * 4] > 0 ? (xs[i * 4 + 1] > 0 ? 2 : 1) : 0;
+        }
+        x = data.create(xs, new Shape(N, 4));
+        y = data.create(ys, new Shape(N));
+    }
+
+    @After
+    public void close() {
+        module.close();
+    }
+
+    @Test
+    public void metadataDescribesTheModel() {
+        Metadata metadata = module.getMetadata();
+        assertEquals("mlp", metadata.getModel());
+        assertEquals("cross_entropy", metadata.getLoss().get("name"));
+        assertEquals("adam", metadata.getOptimizer().get("name"));
+        assertEquals(0.01, (Double) metadata.getOptimizer().get("lr"), 0.0);
+        assertEquals(Arrays.asList("0.weight", "0.bias", "2.weight", "2.bias"), module.getParameterNames());
+        assertArrayEquals(new long[] {16, 4}, metadata.getParameters().get(0).getShape());
+        assertEquals("int64", metadata.getInput("y").getDtype());
+        assertEquals(0.01, module.getLr(), 0.0);
+    }
+
+    @Test
+    public void trainStepsLowerTheLoss() {
+        double first = module.trainStep(x, y);
+        double last = first;
+        for (int i = 0; i < 60; i++) {
+            last = module.trainStep(x, y);
+        }
+        assertTrue(first + " -> " + last, last < 0.5 * first);
+        Map<String, List<double[]>> state = module.getOptimizerState();
+        assertEquals(61.0, state.get("step").get(0)[0], 0.0);
+        assertEquals(16 * 4, state.get("exp_avg").get(0).length);
+    }
+
+    @Test
+    public void trainEpochEqualsTheSameBatchesStepped() {
+        TrainingModule twin = TrainingModule.load(module.getPath());
+        try {
+            long[] order = {5, 3, 0, 1, 2, 4, 23, 22, 21, 20, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+            NDArray perm = data.create(order);
+            double[] fused = module.trainEpoch(x, y, perm, 10);
+            assertEquals(3, fused.length);
+            for (int start = 0, b = 0; start < N; start += 10, b++) {
+                NDArray index = data.create(Arrays.copyOfRange(order, start, Math.min(start + 10, N)));
+                double stepped = twin.trainStep(x.get(index), y.get(index));
+                assertEquals("batch " + b, fused[b], stepped, 0.0);
+            }
+            assertEquals(module.getParameters().keySet(), twin.getParameters().keySet());
+            for (String name : module.getParameterNames()) {
+                assertArrayEquals(name, module.getParameters().get(name), twin.getParameters().get(name), 0.0);
+            }
+        } finally {
+            twin.close();
+        }
+    }
+
+    @Test
+    public void evaluateLeavesParametersAlone() {
+        Map<String, double[]> before = module.getParameters();
+        double loss = module.evaluate(x, y);
+        assertTrue(loss > 0);
+        assertArrayEquals(before.get("0.weight"), module.getParameters().get("0.weight"), 0.0);
+        assertEquals(loss, module.evaluate(x, y), 0.0);
+    }
+
+    @Test
+    public void badEpochArgumentsAreNamed() {
+        NDArray floats = data.create(new float[N]);
+        InvalidInputException dtype =
+                assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, floats, 4));
+        assertTrue(dtype.getMessage(), dtype.getMessage().contains("perm must be a 1-d int64 array"));
+        NDArray outside = data.create(new long[] {0, 1, 99});
+        InvalidInputException range =
+                assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, outside, 2));
+        assertTrue(range.getMessage(), range.getMessage().contains("perm holds index 99, outside 0..23"));
+        NDArray perm = data.create(java.util.stream.LongStream.range(0, N).toArray());
+        InvalidInputException size =
+                assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, perm, 0));
+        assertTrue(size.getMessage(), size.getMessage().contains("batch size must be in 1..24, got 0"));
+    }
+
+    @Test
+    public void floatTargetsAreRejectedForCrossEntropy() {
+        NDArray floats = data.create(new float[N], new Shape(N));
+        InvalidInputException e =
+                assertThrows(InvalidInputException.class, () -> module.trainStep(x, floats));
+        assertTrue(e.getMessage(), e.getMessage().contains("input y must be int64 of shape [-1]"));
+    }
+
+    @Test
+    public void setParametersChecksNamesAndSizes() {
+        Map<String, double[]> values = new LinkedHashMap<>(module.getParameters());
+        values.put("0.bias", new double[3]);
+        InvalidInputException e =
+                assertThrows(InvalidInputException.class, () -> module.setParameters(values));
+        assertTrue(e.getMessage(), e.getMessage().contains("0.bias needs 16 values for shape (16), got 3"));
+        values.put("0.bias", new double[16]);
+        module.setParameters(values);
+        assertArrayEquals(new double[16], module.getParameters().get("0.bias"), 0.0);
+    }
+}
