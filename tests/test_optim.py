@@ -132,7 +132,10 @@ def test_optimizer_state_round_trip_equals_uninterrupted_training(tmp_path):
         torch.manual_seed(7)
         before = torch.jit.load(str(second))
         resumed_losses = [before.train_step(*batches[s % 4]) for s in range(20)]
-        state, params = before.optimizer_state(), before.get_parameters()
+        torch.save({"optimizer": before.optimizer_state(), "parameters": before.get_parameters()},
+                   tmp_path / "state.pt")
+        saved = torch.load(tmp_path / "state.pt")
+        state, params = saved["optimizer"], saved["parameters"]
         after = torch.jit.load(str(second))  # a fresh copy of the initial export
         after.set_parameters(params)
         after.load_optimizer_state(state)

@@ -1,7 +1,8 @@
 """Any exported module trained from Java (DJL, in this process) equals the eager reference.
 
-MLP classifiers with Adam and with SGD + nesterov + weight decay, 10 epochs driven through the
-Java TrainingModule: full-batch `trainStep` and fused mini-batch `trainEpoch`. Expected: bitwise.
+MLP classifiers, 10 epochs driven through the Java TrainingModule: full-batch `trainStep` with
+every optimizer configuration of tests/test_optim.py, and fused mini-batch `trainEpoch` (with
+dropout) with Adam and with SGD + nesterov + weight decay. Expected: bitwise.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ import torch
 from gradbridge import export_training_module
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
+from tests.test_optim import OPTIMIZERS as OPTIMIZER_CONFIGS
 
 EPOCHS = 10
+#: every optimizer configuration of the Python-side parity tests, here trained through Java
+ALL_OPTIMIZERS = OPTIMIZER_CONFIGS
 
 OPTIMIZERS = {
     "adam": {"name": "adam", "lr": 0.01},
@@ -43,13 +47,13 @@ def export(tmp_path):
     return _export
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=str)
+@pytest.mark.parametrize("optimizer", ALL_OPTIMIZERS, ids=str)
 def test_full_batch_train_step_from_java_equals_reference(jvm, export, optimizer):
     # Given an MLP classifier exported with the optimizer, and its eager twin
     torch.manual_seed(0)
     model = mlp(in_features=5, hidden=(16, 16), out_features=4)
     x, y = _classification()
-    path = export(model, OPTIMIZERS[optimizer], x, y)
+    path = export(model, ALL_OPTIMIZERS[optimizer], x, y)
     reference = Reference(path, model)
     module = jvm.load_module(path)
     try:
@@ -64,7 +68,7 @@ def test_full_batch_train_step_from_java_equals_reference(jvm, export, optimizer
             assert java_loss == python_loss, f"epoch {epoch}: {java_loss!r} vs {python_loss!r}"
             assert _params_equal(module, reference) == 0.0, f"epoch {epoch}"
         assert java_loss < float(reference.evaluate(x, y)) * 10  # it trained, sanity only
-        assert float(module.getLr()) == OPTIMIZERS[optimizer]["lr"]
+        assert float(module.getLr()) == ALL_OPTIMIZERS[optimizer]["lr"]
     finally:
         module.close()
 
