@@ -6,6 +6,7 @@ import jpype
 import numpy as np
 import pytest
 
+from gradbridge import java
 from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError
 from gradbridge.errors import ModuleLoadError
 from gradbridge import jvm as gradbridge_jvm
@@ -28,8 +29,8 @@ def _array(module, values, shape, dtype=np.float32):
 
 
 def _still_trains(jvm, model_path):
-    x, y = jvm.seed_data(n=8)
-    history = jvm.train_linear_regression(model_path, x, y, epochs=2, lr=0.01)
+    x, y = java.seed_data(n=8)
+    history = java.train_linear_regression(model_path, x, y, epochs=2, lr=0.01)
     assert len(history) == 2
 
 

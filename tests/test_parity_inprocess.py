@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from gradbridge import java
 from gradbridge import compare_histories, reference
 
 EPOCHS = 300
@@ -14,19 +15,19 @@ LR = 0.01
 
 def test_java_in_process_equals_eager_pytorch_bit_for_bit(jvm, model_path):
     # Given the Java generator's data and the same exported initial parameters
-    x, y = jvm.seed_data(seed=42, n=100)
+    x, y = java.seed_data(seed=42, n=100)
     # When Java and eager torch.optim.SGD each train for EPOCHS full-batch epochs
-    java = jvm.train_linear_regression(model_path, x, y, epochs=EPOCHS, lr=LR)
+    in_java = java.train_linear_regression(model_path, x, y, epochs=EPOCHS, lr=LR)
     python = reference.train_full_batch(model_path, x, y, epochs=EPOCHS, lr=LR)
     # Then loss and every parameter agree to the last bit at every epoch
-    report = compare_histories(python, java)
+    report = compare_histories(python, in_java)
     assert len(report.rows) == EPOCHS
     assert report.bitwise, report.table(every=EPOCHS // 10)
-    assert java[0].loss > java[-1].loss
+    assert in_java[0].loss > in_java[-1].loss
 
 
 def test_seed_data_is_the_seeds_generator(jvm):
-    x, y = jvm.seed_data(seed=42, n=100)
+    x, y = java.seed_data(seed=42, n=100)
     assert x.shape == y.shape == (100, 1) and x.dtype == y.dtype
     assert 0.0 <= x.min() and x.max() < 10.0
     noise = y - (2.0 * x + 1.0)

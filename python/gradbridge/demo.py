@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import jvm, reference
+from . import java, reference
 from .export import export_builtin
 from .gradle import run_task
 from .history import History
@@ -41,8 +41,8 @@ def run_demo(*, epochs: int, out_dir: str | Path) -> int:
         return gradle.returncode
     print(f"      gradle run took {time.perf_counter() - started:.1f} s")
 
-    x, y = jvm.seed_data()
-    java_inprocess = jvm.train_linear_regression(model, x, y, epochs=epochs, lr=LR)
+    x, y = java.seed_data()
+    java_inprocess = java.train_linear_regression(model, x, y, epochs=epochs, lr=LR)
     print(f"[3/4] trained in this process from Java (JPype): final weight {java_inprocess[-1].parameters['weight'][0]:.4f}, "
           f"bias {java_inprocess[-1].parameters['bias'][0]:.4f}")
     python = reference.train_full_batch(model, x, y, epochs=epochs, lr=LR)

@@ -1,29 +1,56 @@
 """History: what a training run did, epoch by epoch, and its JSON Lines form.
 
-One line per epoch::
+One line per epoch, keys in this order (``FIELDS``)::
 
-    {"epoch": 0, "loss": 12.61, "parameters": {"weight": [1.94], "bias": [0.06]}}
+    {"epoch": 0, "loss": 12.61, "val_loss": null, "elapsed_s": 0.01,
+     "parameters": {"weight": [1.94], "bias": [0.06]},
+     "digests": {"weight": "5b0c...", "bias": "a3f1..."}}
 
-``epoch`` counts from 0; ``loss`` is the loss computed during that epoch (before its step);
-``parameters`` are the values after the epoch's step, flattened row-major, by parameter name
-in the module's ``parameter_names()`` order. Values are float32 widened to float64, so the
-text round-trips every bit. The Java writer (``dev.gradbridge.History``) emits exactly these
-keys; ``tests/test_history.py`` reads a Java-written file with this strict reader.
+- ``epoch`` counts from 0 over the whole run (a resumed run continues the count);
+- ``loss`` is the epoch's training loss: the mean of its batch losses, summed in batch order in
+  float64 (one batch in full-batch mode);
+- ``val_loss`` is the validation loss after the epoch (eval mode, no gradients), or null;
+- ``elapsed_s`` is wall time since the run started (not compared by parity);
+- ``parameters`` are the values after the epoch, flattened row-major, by name in
+  ``parameter_names()`` order; float32 values widened to float64, so the text round-trips every
+  bit; empty when the run recorded digests only;
+- ``digests`` are SHA-256 hex digests of each parameter's little-endian bytes in its own dtype
+  (``digest``): equal digests mean bitwise equal parameters.
+
+The Java writer (``dev.gradbridge.History``) emits exactly these keys; ``tests/test_history.py``
+reads a Java-written file with this strict reader and recomputes the digests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 #: The keys of one history line, in order.
-FIELDS = ("epoch", "loss", "parameters")
+FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
+
+_LITTLE_ENDIAN = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+
+
+def digest(values, dtype: str) -> str:
+    """SHA-256 hex of ``values`` as little-endian ``dtype`` bytes, flattened row-major."""
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(values).ravel(), dtype=_LITTLE_ENDIAN[dtype]).tobytes()).hexdigest()
+
+
+def epoch_loss(batch_losses: Sequence[float]) -> float:
+    """The epoch's loss: batch losses summed in order in float64, divided by their count."""
+    total = 0.0
+    for value in batch_losses:
+        total += float(value)
+    return total / len(batch_losses)
 
 
 @dataclass
@@ -31,12 +58,18 @@ class EpochRecord:
     epoch: int
     loss: float
     parameters: Dict[str, np.ndarray] = field(default_factory=dict)
+    val_loss: Optional[float] = None
+    elapsed_s: float = 0.0
+    digests: Dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> Dict:
         return {
             "epoch": int(self.epoch),
             "loss": float(self.loss),
+            "val_loss": None if self.val_loss is None else float(self.val_loss),
+            "elapsed_s": float(self.elapsed_s),
             "parameters": {name: [float(v) for v in np.asarray(values).ravel()] for name, values in self.parameters.items()},
+            "digests": dict(self.digests),
         }
 
     @classmethod
@@ -48,6 +81,9 @@ class EpochRecord:
             epoch=int(document["epoch"]),
             loss=float(document["loss"]),
             parameters={name: np.asarray(values, dtype=np.float64) for name, values in document["parameters"].items()},
+            val_loss=None if document["val_loss"] is None else float(document["val_loss"]),
+            elapsed_s=float(document["elapsed_s"]),
+            digests=dict(document["digests"]),
         )
 
 
@@ -72,6 +108,7 @@ class History:
         self.records.append(record)
 
     def to_jsonl(self) -> str:
+        # allow_nan: a diverged epoch's NaN loss is still written (as NaN, which both readers accept)
         return "".join(json.dumps(r.to_json()) + "\n" for r in self.records)
 
     @classmethod
@@ -105,3 +142,6 @@ class History:
         path = Path(path)
         return cls.from_jsonl(path.read_text(encoding="utf-8"), where=str(path))
 
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))

@@ -3,10 +3,12 @@ package dev.gradbridge;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -15,32 +17,45 @@ import java.util.Map;
 
 /**
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
- * python/gradbridge/history.py} defines and reads: {@code {"epoch", "loss", "parameters"}}.
+ * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
+ * "elapsed_s", "parameters", "digests"}}.
  */
 public final class History {
 
-    private static final Gson GSON = new GsonBuilder().serializeSpecialFloatingPointValues().create();
+    private static final Gson GSON =
+            new GsonBuilder().serializeNulls().serializeSpecialFloatingPointValues().create();
 
     private final List<EpochRecord> records = new ArrayList<>();
 
-    /** One epoch: its index (from 0), the loss computed in it, the parameters after its step. */
+    /** One epoch of a run. */
     public static final class EpochRecord {
-        // Field order is the JSON key order of the schema.
+        // Field names and order are the JSON keys of the schema.
         private final int epoch;
         private final double loss;
+        private final Double val_loss; // NOPMD: the schema's key
+        private final double elapsed_s; // NOPMD: the schema's key
         private final Map<String, double[]> parameters;
+        private final Map<String, String> digests;
 
         /**
          * Creates a record.
          *
-         * @param epoch epoch index, from 0
-         * @param loss the loss computed during the epoch
-         * @param parameters parameter values after the epoch's step, by name, flattened
+         * @param epoch epoch index over the whole run, from 0
+         * @param loss the epoch's training loss (mean of its batch losses)
+         * @param valLoss the validation loss after the epoch, or {@code null}
+         * @param elapsedSeconds wall time since the run started
+         * @param parameters values after the epoch, by name, flattened; empty for digests only
+         * @param digests SHA-256 of each parameter's bytes ({@link #digest})
          */
-        public EpochRecord(int epoch, double loss, Map<String, double[]> parameters) {
+        public EpochRecord(
+                int epoch, double loss, Double valLoss, double elapsedSeconds,
+                Map<String, double[]> parameters, Map<String, String> digests) {
             this.epoch = epoch;
             this.loss = loss;
+            this.val_loss = valLoss;
+            this.elapsed_s = elapsedSeconds;
             this.parameters = Collections.unmodifiableMap(new LinkedHashMap<>(parameters));
+            this.digests = Collections.unmodifiableMap(new LinkedHashMap<>(digests));
         }
 
         /** @return epoch index, from 0 */
@@ -48,15 +63,106 @@ public final class History {
             return epoch;
         }
 
-        /** @return the loss computed during the epoch */
+        /** @return the epoch's training loss */
         public double getLoss() {
             return loss;
         }
 
-        /** @return parameters after the epoch's step, by name */
+        /** @return the validation loss, or {@code null} */
+        public Double getValLoss() {
+            return val_loss;
+        }
+
+        /** @return seconds since the run started */
+        public double getElapsedSeconds() {
+            return elapsed_s;
+        }
+
+        /** @return parameters after the epoch's step, by name (empty for digests only) */
         public Map<String, double[]> getParameters() {
             return parameters;
         }
+
+        /** @return parameter digests by name */
+        public Map<String, String> getDigests() {
+            return digests;
+        }
+    }
+
+    /**
+     * SHA-256 hex of values as little-endian bytes of their dtype, as {@code history.digest} in
+     * Python: equal digests mean bitwise equal tensors.
+     *
+     * @param values flattened values (float32 and int64 values widened to double exactly)
+     * @param dtype {@code float32}, {@code float64} or {@code int64}
+     * @return lowercase hex digest
+     */
+    public static String digest(double[] values, String dtype) {
+        int width = "float32".equals(dtype) ? 4 : 8;
+        ByteBuffer bytes = ByteBuffer.allocate(values.length * width).order(ByteOrder.LITTLE_ENDIAN);
+        for (double value : values) {
+            switch (dtype) {
+                case "float32":
+                    bytes.putFloat((float) value);
+                    break;
+                case "float64":
+                    bytes.putDouble(value);
+                    break;
+                case "int64":
+                    bytes.putLong((long) value);
+                    break;
+                default:
+                    throw new IllegalArgumentException("no digest for dtype " + dtype);
+            }
+        }
+        try {
+            byte[] hash = MessageDigest.getInstance("SHA-256").digest(bytes.array());
+            StringBuilder hex = new StringBuilder(hash.length * 2);
+            for (byte b : hash) {
+                hex.append(String.format("%02x", b));
+            }
+            return hex.toString();
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
+        }
+    }
+
+    /**
+     * Records the module's parameters after an epoch, with their digests.
+     *
+     * @param module the module being trained
+     * @param epoch epoch index, from 0
+     * @param loss the epoch's training loss
+     * @param valLoss the validation loss, or {@code null}
+     * @param elapsedSeconds wall time since the run started
+     * @param withValues keep the values too ({@code false}: digests only, for large models)
+     * @return the record
+     */
+    public static EpochRecord record(
+            TrainingModule module, int epoch, double loss, Double valLoss, double elapsedSeconds,
+            boolean withValues) {
+        Map<String, double[]> values = module.getParameters();
+        Map<String, String> digests = new LinkedHashMap<>();
+        for (Metadata.TensorSpec spec : module.getMetadata().getParameters()) {
+            digests.put(spec.getName(), digest(values.get(spec.getName()), spec.getDtype()));
+        }
+        return new EpochRecord(
+                epoch, loss, valLoss, elapsedSeconds,
+                withValues ? values : Collections.<String, double[]>emptyMap(), digests);
+    }
+
+    /**
+     * The epoch loss of the schema: batch losses summed in order in double, over their count.
+     *
+     * @param batchLosses the epoch's batch losses, in order
+     * @return their mean
+     */
+    public static double epochLoss(double[] batchLosses) {
+        double total = 0;
+        for (double value : batchLosses) {
+            total += value;
+        }
+        return total / batchLosses.length;
     }
 
     /**
@@ -89,14 +195,6 @@ public final class History {
      * @throws IOException when the folder cannot be written
      */
     public void save(Path path) throws IOException {
-        Path target = path.toAbsolutePath();
-        Files.createDirectories(target.getParent());
-        Path tmp = Files.createTempFile(target.getParent(), "." + target.getFileName(), ".tmp");
-        try {
-            Files.write(tmp, toJsonLines().getBytes(StandardCharsets.UTF_8));
-            Files.move(tmp, target, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-        } finally {
-            Files.deleteIfExists(tmp);
-        }
+        AtomicFiles.write(path, toJsonLines().getBytes(StandardCharsets.UTF_8));
     }
 }

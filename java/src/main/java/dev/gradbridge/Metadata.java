@@ -3,7 +3,9 @@ package dev.gradbridge;
 import com.google.gson.FieldNamingPolicy;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
+import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
+import com.google.gson.JsonParser;
 import java.io.IOException;
 import java.io.InputStreamReader;
 import java.io.Reader;
@@ -41,8 +43,29 @@ public final class Metadata {
     private Map<String, Object> loss;
     private Map<String, Object> optimizer;
     private List<TensorSpec> inputs;
+    private Checkpoint checkpoint;
+    private transient JsonObject document;
 
     private Metadata() {}
+
+    /**
+     * Present in checkpoints written by the Java Trainer: where training stopped, so that a
+     * resumed run continues the same epoch sequence (shuffle and torch seed per epoch).
+     */
+    public static final class Checkpoint {
+        private int epochsCompleted;
+        private long seed;
+
+        /** @return epochs trained before the checkpoint was written */
+        public int getEpochsCompleted() {
+            return epochsCompleted;
+        }
+
+        /** @return the run's seed */
+        public long getSeed() {
+            return seed;
+        }
+    }
 
     /** A named tensor: shape ({@code -1} marks the batch dimension) and dtype name. */
     public static final class TensorSpec {
@@ -97,8 +120,10 @@ public final class Metadata {
             Metadata metadata;
             try (Reader reader =
                     new InputStreamReader(archive.getInputStream(entry), StandardCharsets.UTF_8)) {
-                metadata = GSON.fromJson(reader, Metadata.class);
-            } catch (JsonParseException e) {
+                JsonObject document = JsonParser.parseReader(reader).getAsJsonObject();
+                metadata = GSON.fromJson(document, Metadata.class);
+                metadata.document = document;
+            } catch (JsonParseException | IllegalStateException e) {
                 throw new ProtocolException(
                         path + ": " + Protocol.METADATA_FILE + " is not valid JSON: " + e.getMessage());
             }
@@ -202,6 +227,27 @@ public final class Metadata {
     /** @return the input ({@code x}) and target ({@code y}) specs */
     public List<TensorSpec> getInputs() {
         return Collections.unmodifiableList(inputs);
+    }
+
+    /** @return where a checkpoint's training stopped, or {@code null} for a fresh export */
+    public Checkpoint getCheckpoint() {
+        return checkpoint;
+    }
+
+    /**
+     * The document with a {@code checkpoint} entry, for the metadata of a saved checkpoint.
+     *
+     * @param epochsCompleted epochs trained so far
+     * @param seed the run's seed
+     * @return gradbridge.json text
+     */
+    String withCheckpoint(int epochsCompleted, long seed) {
+        JsonObject copy = document.deepCopy();
+        JsonObject entry = new JsonObject();
+        entry.addProperty("epochs_completed", epochsCompleted);
+        entry.addProperty("seed", seed);
+        copy.add("checkpoint", entry);
+        return new GsonBuilder().setPrettyPrinting().create().toJson(copy);
     }
 
     /**

@@ -40,6 +40,11 @@ final class TorchRuntime {
      * thread: autograd on; the optimizing executor off, because its differentiable subgraphs
      * drift from eager autograd in the last bits after the second call.
      */
+    /** Seeds libtorch's process-wide CPU generator (what dropout draws from). */
+    static void seed(long seed) {
+        JniUtils.setSeed(seed);
+    }
+
     static void prepareCallingThread() {
         JniUtils.setGradMode(true);
         JniUtils.setGraphExecutorOptimize(false);

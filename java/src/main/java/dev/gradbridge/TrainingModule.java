@@ -11,6 +11,7 @@ import ai.djl.pytorch.engine.PtSymbolBlock;
 import ai.djl.pytorch.jni.IValue;
 import ai.djl.pytorch.jni.JniUtils;
 import ai.djl.pytorch.jni.TrainingMethodInvoker;
+import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -24,6 +25,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import java.util.concurrent.atomic.AtomicReference;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -32,8 +34,10 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Every method runs with autograd on, so a scripted backward works. Typed calls ({@link
  * #calculateLossAndBackward}, {@link #sgdStep}, ...) check their inputs against the module's
- * metadata first; {@link #call} runs any scripted method by name. Not thread-safe: use one module
- * per thread (calls on one module are serialized).
+ * metadata first; {@link #call} runs any scripted method by name. One thread at a time: a call
+ * that overlaps another thread's call on the same module fails with {@link
+ * ConcurrentUseException} before it touches anything. Load one module per thread; modules on
+ * different threads train independently.
  *
  * <pre>{@code
  * try (TrainingModule module = TrainingModule.load(Paths.get("model.pt"));
@@ -57,7 +61,8 @@ public final class TrainingModule implements AutoCloseable {
     private final Set<String> methodNames;
     private final List<String> parameterNames;
     private final List<String> bufferNames;
-    private boolean closed;
+    private final AtomicReference<Thread> user = new AtomicReference<>();
+    private volatile boolean closed;
 
     private TrainingModule(Path path, Metadata metadata, PtNDManager manager, PtSymbolBlock block) {
         this.path = path;
@@ -168,10 +173,11 @@ public final class TrainingModule implements AutoCloseable {
      * @param x input matching the metadata's {@code x} spec
      * @return predictions, attached to {@code x}'s manager
      */
-    public synchronized NDArray forward(NDArray x) {
-        ensureOpen();
-        checkTensor("x", x);
-        return (NDArray) invoke(Protocol.FORWARD, (PtNDManager) x.getManager(), x);
+    public NDArray forward(NDArray x) {
+        try (Use use = use()) {
+            checkTensor("x", x);
+            return (NDArray) invoke(Protocol.FORWARD, (PtNDManager) x.getManager(), x);
+        }
     }
 
     /**
@@ -182,8 +188,10 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss, exactly (float32 widened to double)
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
-    public synchronized double calculateLossAndBackward(NDArray x, NDArray y) {
-        return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
+    public double calculateLossAndBackward(NDArray x, NDArray y) {
+        try (Use use = use()) {
+            return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
+        }
     }
 
     /**
@@ -194,8 +202,10 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss computed before the step
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
-    public synchronized double trainStep(NDArray x, NDArray y) {
-        return scalarLoss(Protocol.TRAIN_STEP, x, y);
+    public double trainStep(NDArray x, NDArray y) {
+        try (Use use = use()) {
+            return scalarLoss(Protocol.TRAIN_STEP, x, y);
+        }
     }
 
     /**
@@ -208,28 +218,29 @@ public final class TrainingModule implements AutoCloseable {
      * @param batchSize samples per batch, 1..n; the last batch may be smaller
      * @return the loss of each batch
      */
-    public synchronized double[] trainEpoch(NDArray x, NDArray y, NDArray perm, int batchSize) {
-        ensureOpen();
-        long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
-        if (perm.getDataType() != DataType.INT64 || perm.getShape().dimension() != 1) {
-            throw new InvalidInputException(
-                    Protocol.TRAIN_EPOCH + ": perm must be a 1-d int64 array, got "
-                            + perm.getDataType() + " " + perm.getShape());
-        }
-        if (batchSize < 1 || batchSize > n) {
-            throw new InvalidInputException(
-                    Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
-        }
-        for (long index : perm.toLongArray()) {
-            if (index < 0 || index >= n) {
+    public double[] trainEpoch(NDArray x, NDArray y, NDArray perm, int batchSize) {
+        try (Use use = use()) {
+            long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
+            if (perm.getDataType() != DataType.INT64 || perm.getShape().dimension() != 1) {
                 throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": perm holds index " + index + ", outside 0.." + (n - 1));
+                        Protocol.TRAIN_EPOCH + ": perm must be a 1-d int64 array, got "
+                                + perm.getDataType() + " " + perm.getShape());
             }
-        }
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
-            NDArray losses =
-                    (NDArray) invoke(Protocol.TRAIN_EPOCH, scope, x, y, perm, (long) batchSize);
-            return losses.toType(DataType.FLOAT64, false).toDoubleArray();
+            if (batchSize < 1 || batchSize > n) {
+                throw new InvalidInputException(
+                        Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
+            }
+            for (long index : perm.toLongArray()) {
+                if (index < 0 || index >= n) {
+                    throw new InvalidInputException(
+                            Protocol.TRAIN_EPOCH + ": perm holds index " + index + ", outside 0.." + (n - 1));
+                }
+            }
+            try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+                NDArray losses =
+                        (NDArray) invoke(Protocol.TRAIN_EPOCH, scope, x, y, perm, (long) batchSize);
+                return losses.toType(DataType.FLOAT64, false).toDoubleArray();
+            }
         }
     }
 
@@ -241,18 +252,18 @@ public final class TrainingModule implements AutoCloseable {
      * @param y targets matching the metadata's {@code y} spec
      * @return the loss, without gradients
      */
-    public synchronized double evaluate(NDArray x, NDArray y) {
-        ensureOpen();
-        JniUtils.enableInferenceMode(block);
-        try {
-            return scalarLoss(Protocol.EVALUATE, x, y);
-        } finally {
-            JniUtils.enableTrainingMode(block);
+    public double evaluate(NDArray x, NDArray y) {
+        try (Use use = use()) {
+            JniUtils.enableInferenceMode(block);
+            try {
+                return scalarLoss(Protocol.EVALUATE, x, y);
+            } finally {
+                JniUtils.enableTrainingMode(block);
+            }
         }
     }
 
     private double scalarLoss(String method, NDArray x, NDArray y) {
-        ensureOpen();
         checkBatch(method, x, y);
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
             NDArray loss = (NDArray) invoke(method, scope, x, y);
@@ -273,8 +284,10 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /** Runs {@code zero_grad()}. */
-    public synchronized void zeroGrad() {
-        invoke(Protocol.ZERO_GRAD, manager);
+    public void zeroGrad() {
+        try (Use use = use()) {
+            invoke(Protocol.ZERO_GRAD, manager);
+        }
     }
 
     /**
@@ -282,21 +295,27 @@ public final class TrainingModule implements AutoCloseable {
      *
      * @param lr learning rate, positive and finite
      */
-    public synchronized void sgdStep(double lr) {
-        if (!(lr > 0) || Double.isInfinite(lr)) {
-            throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
+    public void sgdStep(double lr) {
+        try (Use use = use()) {
+            if (!(lr > 0) || Double.isInfinite(lr)) {
+                throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
+            }
+            invoke(Protocol.SGD_STEP, manager, lr);
         }
-        invoke(Protocol.SGD_STEP, manager, lr);
     }
 
     /** Runs {@code optimizer_step()}: one step of the exported optimizer; consumes the gradients. */
-    public synchronized void optimizerStep() {
-        invoke(Protocol.OPTIMIZER_STEP, manager);
+    public void optimizerStep() {
+        try (Use use = use()) {
+            invoke(Protocol.OPTIMIZER_STEP, manager);
+        }
     }
 
     /** @return the exported optimizer's current learning rate */
-    public synchronized double getLr() {
-        return (Double) invoke(Protocol.GET_LR, manager);
+    public double getLr() {
+        try (Use use = use()) {
+            return (Double) invoke(Protocol.GET_LR, manager);
+        }
     }
 
     /**
@@ -304,26 +323,34 @@ public final class TrainingModule implements AutoCloseable {
      *
      * @param lr the new rate, non-negative and finite
      */
-    public synchronized void setLr(double lr) {
-        if (!(lr >= 0) || Double.isInfinite(lr)) {
-            throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
+    public void setLr(double lr) {
+        try (Use use = use()) {
+            if (!(lr >= 0) || Double.isInfinite(lr)) {
+                throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
+            }
+            invoke(Protocol.SET_LR, manager, lr);
         }
-        invoke(Protocol.SET_LR, manager, lr);
     }
 
     /** @return current parameter values by name (flattened, exact), in protocol order */
-    public synchronized Map<String, double[]> getParameters() {
-        return namedValues(Protocol.GET_PARAMETERS, parameterNames);
+    public Map<String, double[]> getParameters() {
+        try (Use use = use()) {
+            return namedValues(Protocol.GET_PARAMETERS, parameterNames);
+        }
     }
 
     /** @return accumulated gradients by name (flattened, exact), in protocol order */
-    public synchronized Map<String, double[]> getGradients() {
-        return namedValues(Protocol.GET_GRADIENTS, parameterNames);
+    public Map<String, double[]> getGradients() {
+        try (Use use = use()) {
+            return namedValues(Protocol.GET_GRADIENTS, parameterNames);
+        }
     }
 
     /** @return buffer values by name (flattened, exact), in protocol order */
-    public synchronized Map<String, double[]> getBuffers() {
-        return namedValues(Protocol.GET_BUFFERS, bufferNames);
+    public Map<String, double[]> getBuffers() {
+        try (Use use = use()) {
+            return namedValues(Protocol.GET_BUFFERS, bufferNames);
+        }
     }
 
     /**
@@ -333,27 +360,28 @@ public final class TrainingModule implements AutoCloseable {
      *     values as its shape holds
      * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
      */
-    public synchronized void setParameters(Map<String, double[]> values) {
-        ensureOpen();
-        if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
-            throw new InvalidInputException(
-                    Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
-                            + values.keySet());
-        }
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
-            List<NDArray> tensors = new ArrayList<>();
-            for (Metadata.TensorSpec spec : metadata.getParameters()) {
-                double[] data = values.get(spec.getName());
-                Shape shape = new Shape(spec.getShape());
-                if (data.length != shape.size()) {
-                    throw new InvalidInputException(
-                            Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + shape.size()
-                                    + " values for shape " + shape + ", got " + data.length);
-                }
-                DataType dtype = DataType.valueOf(spec.getDtype().toUpperCase(Locale.ROOT));
-                tensors.add(scope.create(data, shape).toType(dtype, false));
+    public void setParameters(Map<String, double[]> values) {
+        try (Use use = use()) {
+            if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
+                throw new InvalidInputException(
+                        Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
+                                + values.keySet());
             }
-            invoke(Protocol.SET_PARAMETERS, scope, tensors);
+            try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+                List<NDArray> tensors = new ArrayList<>();
+                for (Metadata.TensorSpec spec : metadata.getParameters()) {
+                    double[] data = values.get(spec.getName());
+                    Shape shape = new Shape(spec.getShape());
+                    if (data.length != shape.size()) {
+                        throw new InvalidInputException(
+                                Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + shape.size()
+                                        + " values for shape " + shape + ", got " + data.length);
+                    }
+                    DataType dtype = DataType.valueOf(spec.getDtype().toUpperCase(Locale.ROOT));
+                    tensors.add(scope.create(data, shape).toType(dtype, false));
+                }
+                invoke(Protocol.SET_PARAMETERS, scope, tensors);
+            }
         }
     }
 
@@ -362,8 +390,7 @@ public final class TrainingModule implements AutoCloseable {
      *
      * @return state key to one flattened array per parameter, in protocol order
      */
-    public synchronized Map<String, List<double[]>> getOptimizerState() {
-        ensureOpen();
+    public Map<String, List<double[]>> getOptimizerState() {
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
             Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE, scope);
             Map<String, List<double[]>> converted = new TreeMap<>();
@@ -375,6 +402,22 @@ public final class TrainingModule implements AutoCloseable {
                 converted.put((String) entry.getKey(), arrays);
             }
             return converted;
+        }
+    }
+
+    /**
+     * Saves the module as it is now (parameters, buffers, optimizer state, learning rate) as a
+     * TorchScript archive, atomically, with its metadata plus a {@code checkpoint} entry that lets
+     * {@link Trainer} resume the run. The file loads with {@code torch.jit.load} too.
+     *
+     * @param target the .pt to write; replaced only once the new file is complete
+     * @param epochsCompleted epochs trained so far in this run
+     * @param seed the run's seed
+     * @throws IOException when the folder cannot be written
+     */
+    public void saveCheckpoint(Path target, int epochsCompleted, long seed) throws IOException {
+        try (Use use = use()) {
+            CheckpointWriter.write(block, metadata.withCheckpoint(epochsCompleted, seed), target);
         }
     }
 
@@ -392,18 +435,39 @@ public final class TrainingModule implements AutoCloseable {
      * @throws ProtocolException when the module has no such method
      * @throws MethodCallException when the method fails inside libtorch
      */
-    public synchronized Object call(String method, Object... args) {
-        return invoke(method, manager, args);
-    }
-
-    private void ensureOpen() {
-        if (closed) {
-            throw new IllegalStateException("training module " + path + " is closed");
+    public Object call(String method, Object... args) {
+        try (Use use = use()) {
+            return invoke(method, manager, args);
         }
     }
 
+    /** Marks the calling thread as the module's user until closed; nested calls pass. */
+    interface Use extends AutoCloseable {
+        @Override
+        void close();
+    }
+
+    private static final Use NESTED = () -> {};
+
+    Use use() {
+        Thread me = Thread.currentThread();
+        if (user.get() == me) {
+            return NESTED;
+        }
+        if (!user.compareAndSet(null, me)) {
+            Thread other = user.get();
+            throw new ConcurrentUseException(
+                    path + " is in use by thread '" + (other == null ? "?" : other.getName())
+                            + "'; a TrainingModule serves one thread at a time: load one module per thread");
+        }
+        if (closed) {
+            user.set(null);
+            throw new IllegalStateException("training module " + path + " is closed");
+        }
+        return () -> user.set(null);
+    }
+
     private Object invoke(String method, PtNDManager resultManager, Object... args) {
-        ensureOpen();
         if (!methodNames.contains(method)) {
             Set<String> publicMethods = new TreeSet<>();
             for (String name : methodNames) {
@@ -435,7 +499,6 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private Map<String, double[]> namedValues(String method, List<String> names) {
-        ensureOpen();
         try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
             List<?> values = (List<?>) invoke(method, scope);
             Map<String, double[]> named = new LinkedHashMap<>();
@@ -551,8 +614,11 @@ public final class TrainingModule implements AutoCloseable {
 
     /** Frees the module and every tensor attached to its manager. Idempotent. */
     @Override
-    public synchronized void close() {
-        if (!closed) {
+    public void close() {
+        if (closed) {
+            return;
+        }
+        try (Use use = use()) {
             closed = true;
             block.close();
             manager.close();

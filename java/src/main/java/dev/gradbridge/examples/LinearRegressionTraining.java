@@ -117,14 +117,17 @@ public final class LinearRegressionTraining implements Callable<History> {
             throw new InvalidInputException("epochs and log-every must be at least 1");
         }
         History history = new History();
+        long started = System.nanoTime();
         try (NDManager data = module.getManager().newSubManager()) {
             NDArray xs = data.create(x, new Shape(x.length, 1));
             NDArray ys = data.create(y, new Shape(y.length, 1));
             for (int epoch = 0; epoch < epochs; epoch++) {
                 double loss = module.calculateLossAndBackward(xs, ys);
                 module.sgdStep(lr);
-                Map<String, double[]> params = module.getParameters();
-                history.add(new History.EpochRecord(epoch, loss, params));
+                History.EpochRecord record =
+                        History.record(module, epoch, loss, null, (System.nanoTime() - started) / 1e9, true);
+                history.add(record);
+                Map<String, double[]> params = record.getParameters();
                 if (log != null && (epoch % logEvery == 0 || epoch == epochs - 1)) {
                     log.printf(
                             "Epoch [%3d], Loss: %.4f, Weight: %.4f, Bias: %.4f%n",

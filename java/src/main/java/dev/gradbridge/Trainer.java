@@ -1,0 +1,303 @@
+package dev.gradbridge;
+
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import dev.gradbridge.data.Dataset;
+import dev.gradbridge.data.Shuffle;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.Locale;
+import me.tongfei.progressbar.ProgressBar;
+import me.tongfei.progressbar.ProgressBarBuilder;
+import me.tongfei.progressbar.ProgressBarStyle;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Trains an exported module on a dataset for a number of epochs, the same way the Python
+ * reference ({@code gradbridge.reference.train}) does, and returns the per-epoch {@link History}.
+ *
+ * <p>Modes: {@link Mode#FULL} (one {@code train_step} on all data per epoch), {@link Mode#STEP}
+ * (mini-batches cut in Java, one {@code train_step} call each), {@link Mode#FUSED} (one {@code
+ * train_epoch} call per epoch). Each epoch seeds libtorch with {@link Shuffle#torchSeed} and, in
+ * the mini-batch modes, orders samples with {@link Shuffle#permutation}; so runs are
+ * reproducible, and a run resumed from a checkpoint continues exactly where it stopped.
+ *
+ * <pre>{@code
+ * Trainer trainer = Trainer.builder().optEpochs(5).optBatchSize(32).optSeed(7).build();
+ * try (TrainingModule module = TrainingModule.load(model);
+ *         Dataset data = Dataset.loadNpz(npz, module.getManager())) {
+ *     History history = trainer.fit(module, data);
+ * }
+ * }</pre>
+ *
+ * <p>Dropout draws from libtorch's process-wide generator: several modules with dropout trained
+ * on concurrent threads interleave their draws. Models without randomness are exact on any thread.
+ */
+public final class Trainer {
+
+    private static final Logger logger = LoggerFactory.getLogger(Trainer.class);
+
+    /** How an epoch is driven. */
+    public enum Mode {
+        /** One {@code train_step} on the whole dataset. */
+        FULL,
+        /** Shuffled mini-batches, one {@code train_step} call from Java each. */
+        STEP,
+        /** Shuffled mini-batches in one native {@code train_epoch} call. */
+        FUSED;
+
+        /**
+         * Parses {@code full}, {@code step} or {@code fused}.
+         *
+         * @param name the mode's name
+         * @return the mode
+         */
+        public static Mode parse(String name) {
+            try {
+                return valueOf(name.toUpperCase(Locale.ROOT));
+            } catch (IllegalArgumentException e) {
+                throw new InvalidInputException("unknown mode '" + name + "'; expected full, step or fused");
+            }
+        }
+    }
+
+    private final int epochs;
+    private final int batchSize;
+    private final Long seed;
+    private final Mode mode;
+    private final Dataset validation;
+    private final Path checkpoint;
+    private final boolean recordValues;
+    private final boolean progressBar;
+
+    private Trainer(Builder builder) {
+        this.epochs = builder.epochs;
+        this.batchSize = builder.batchSize;
+        this.seed = builder.seed;
+        this.mode = builder.mode;
+        this.validation = builder.validation;
+        this.checkpoint = builder.checkpoint;
+        this.recordValues = builder.recordValues;
+        this.progressBar = builder.progressBar;
+    }
+
+    /** @return a builder with defaults: 1 epoch, step mode, batch size 32, seed 0 */
+    public static Builder builder() {
+        return new Builder();
+    }
+
+    /** Settings of a {@link Trainer}. */
+    public static final class Builder {
+        private int epochs = 1;
+        private int batchSize = 32;
+        private Long seed;
+        private Mode mode = Mode.STEP;
+        private Dataset validation;
+        private Path checkpoint;
+        private boolean recordValues = true;
+        private boolean progressBar;
+
+        private Builder() {}
+
+        /**
+         * @param epochs epochs to train in this run (a resumed run adds them), at least 1
+         * @return this builder
+         */
+        public Builder optEpochs(int epochs) {
+            this.epochs = epochs;
+            return this;
+        }
+
+        /**
+         * @param batchSize samples per mini-batch, 1..n (ignored in full mode)
+         * @return this builder
+         */
+        public Builder optBatchSize(int batchSize) {
+            this.batchSize = batchSize;
+            return this;
+        }
+
+        /**
+         * @param seed the run's seed (default 0, or the checkpoint's when resuming)
+         * @return this builder
+         */
+        public Builder optSeed(long seed) {
+            this.seed = seed;
+            return this;
+        }
+
+        /**
+         * @param mode full, step or fused
+         * @return this builder
+         */
+        public Builder optMode(Mode mode) {
+            this.mode = mode;
+            return this;
+        }
+
+        /**
+         * @param validation data for a validation loss after every epoch
+         * @return this builder
+         */
+        public Builder optValidation(Dataset validation) {
+            this.validation = validation;
+            return this;
+        }
+
+        /**
+         * @param checkpoint written atomically after every epoch
+         * @return this builder
+         */
+        public Builder optCheckpoint(Path checkpoint) {
+            this.checkpoint = checkpoint;
+            return this;
+        }
+
+        /**
+         * @param recordValues keep parameter values in the history (false: digests only)
+         * @return this builder
+         */
+        public Builder optRecordValues(boolean recordValues) {
+            this.recordValues = recordValues;
+            return this;
+        }
+
+        /**
+         * @param progressBar show a progress bar on the console
+         * @return this builder
+         */
+        public Builder optProgressBar(boolean progressBar) {
+            this.progressBar = progressBar;
+            return this;
+        }
+
+        /** @return the trainer */
+        public Trainer build() {
+            if (epochs < 1) {
+                throw new InvalidInputException("epochs must be at least 1, got " + epochs);
+            }
+            return new Trainer(this);
+        }
+    }
+
+    /**
+     * Trains {@code module} on {@code train}.
+     *
+     * @param module the module; resumes after its checkpoint's epochs if it was loaded from one
+     * @param train the training data, checked against the module's metadata first
+     * @return one record per epoch of this run
+     * @throws InvalidInputException when data, batch size or seed do not fit; nothing trained
+     * @throws DivergenceException when a loss becomes NaN or infinite
+     * @throws IOException when the checkpoint cannot be written
+     */
+    public History fit(TrainingModule module, Dataset train) throws IOException {
+        Metadata metadata = module.getMetadata();
+        train.check(metadata);
+        if (validation != null) {
+            validation.check(metadata);
+        }
+        int n = train.size();
+        int batch = mode == Mode.FULL ? n : batchSize;
+        if (batch < 1 || batch > n) {
+            throw new InvalidInputException(
+                    "batch size must be in 1.." + n + " (the number of samples in " + train.getSource()
+                            + "), got " + batch);
+        }
+        Metadata.Checkpoint resumed = metadata.getCheckpoint();
+        long runSeed = seed != null ? seed : resumed != null ? resumed.getSeed() : 0L;
+        if (resumed != null && runSeed != resumed.getSeed()) {
+            throw new InvalidInputException(
+                    module.getPath() + " was trained with seed " + resumed.getSeed()
+                            + "; resume with the same seed (or none) to continue the same run, not " + runSeed);
+        }
+        int first = resumed == null ? 0 : resumed.getEpochsCompleted();
+        logger.info(
+                "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
+                module.getPath().getFileName(), epochs, first, n, mode, batch, runSeed);
+
+        History history = new History();
+        long started = System.nanoTime();
+        try (ProgressBar bar = progressBar ? newProgressBar() : null) {
+            for (int epoch = first; epoch < first + epochs; epoch++) {
+                TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
+                double[] losses = runEpoch(module, train, runSeed, epoch, batch);
+                double loss = History.epochLoss(losses);
+                Double valLoss =
+                        validation == null ? null : module.evaluate(validation.getX(), validation.getY());
+                double elapsed = (System.nanoTime() - started) / 1e9;
+                history.add(History.record(module, epoch, loss, valLoss, elapsed, recordValues));
+                logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
+                if (checkpoint != null) {
+                    module.saveCheckpoint(checkpoint, epoch + 1, runSeed);
+                }
+                if (bar != null) {
+                    bar.step();
+                    bar.setExtraMessage(String.format(Locale.ROOT, "loss %.4g", loss));
+                }
+            }
+        }
+        return history;
+    }
+
+    private ProgressBar newProgressBar() {
+        return new ProgressBarBuilder()
+                .setTaskName("epochs")
+                .setInitialMax(epochs)
+                .setStyle(ProgressBarStyle.ASCII)
+                .build();
+    }
+
+    private double[] runEpoch(TrainingModule module, Dataset train, long runSeed, int epoch, int batch) {
+        NDArray x = train.getX();
+        NDArray y = train.getY();
+        int n = train.size();
+        if (mode == Mode.FULL) {
+            double[] losses = {module.trainStep(x, y)};
+            checkFinite(losses, epoch, n, n);
+            return losses;
+        }
+        long[] perm = Shuffle.permutation(runSeed, epoch, n);
+        try (NDManager scope = module.getManager().newSubManager()) {
+            if (mode == Mode.FUSED) {
+                double[] losses = module.trainEpoch(x, y, scope.create(perm), batch);
+                checkFinite(losses, epoch, batch, n);
+                return losses;
+            }
+            double[] losses = new double[(n + batch - 1) / batch];
+            for (int b = 0; b < losses.length; b++) {
+                NDArray index = scope.create(Arrays.copyOfRange(perm, b * batch, Math.min(n, (b + 1) * batch)));
+                try (NDArray xb = x.get(index);
+                        NDArray yb = y.get(index)) {
+                    losses[b] = module.trainStep(xb, yb);
+                }
+                index.close();
+                checkFinite(losses[b], epoch, b, batch, n);
+            }
+            return losses;
+        }
+    }
+
+    private void checkFinite(double[] losses, int epoch, int batch, int n) {
+        for (int b = 0; b < losses.length; b++) {
+            checkFinite(losses[b], epoch, b, batch, n);
+        }
+    }
+
+    private void checkFinite(double loss, int epoch, int index, int batch, int n) {
+        if (Double.isNaN(loss) || Double.isInfinite(loss)) {
+            int from = index * batch;
+            throw new DivergenceException(
+                    String.format(
+                            Locale.ROOT,
+                            "loss is %s at epoch %d, batch %d (samples %d..%d of the epoch's order);"
+                                    + " training stopped%s",
+                            loss, epoch, index, from, Math.min(n, from + batch) - 1,
+                            checkpoint == null
+                                    ? ""
+                                    : "; " + checkpoint + " holds the last good epoch, if one finished"),
+                    epoch, index);
+        }
+    }
+}
