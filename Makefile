@@ -23,7 +23,7 @@ gradle:
 
 # The Java library, its runtime classpath file for the in-process JVM, and the seed model.
 java: setup
-	$(GRADLE) assemble exportSeedModel
+	$(GRADLE) assemble installDist exportSeedModel
 
 demo: java
 	$(PY) -m gradbridge demo --epochs 1000

@@ -30,3 +30,7 @@ class JavaError(GradbridgeError):
 
 class ModuleLoadError(GradbridgeError):
     """A training module file is missing or cannot be loaded by libtorch."""
+
+
+class DivergenceError(GradbridgeError):
+    """A training loss became NaN or infinite; the message names the epoch and batch."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -142,6 +141,3 @@ class History:
         path = Path(path)
         return cls.from_jsonl(path.read_text(encoding="utf-8"), where=str(path))
 
-
-def is_finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))

@@ -27,6 +27,7 @@ _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
     "dev.gradbridge.ProtocolException": errors.ProtocolError,
     "dev.gradbridge.InvalidInputException": errors.InvalidInputError,
+    "dev.gradbridge.DivergenceException": errors.DivergenceError,
 }
 
 

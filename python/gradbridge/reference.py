@@ -14,16 +14,19 @@ and ``torch.nn.functional`` loss named in the metadata, in torch.optim's order
 from __future__ import annotations
 
 import copy
+import math
 import os
+import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import protocol
+from . import protocol, shuffle
+from .errors import DivergenceError
 from .export import losses, optim
-from .history import EpochRecord, History
+from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
 from .torchscript import plain_graph_executor
 
@@ -103,10 +106,6 @@ class Reference:
                     state.setdefault(key, []).append(value.clone())
         return {key: values for key, values in state.items() if len(values) == len(params)}
 
-    def snapshot(self) -> Dict[str, np.ndarray]:
-        """Parameter values as float64 arrays (exact for float32), by name."""
-        return _as_numpy(self.parameters())
-
 
 def train_full_batch(
     model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float
@@ -118,8 +117,55 @@ def train_full_batch(
     """
     reference = Reference(model_path, optimizer={"name": "sgd", "lr": lr})
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    dtypes = {spec["name"]: spec["dtype"] for spec in reference.metadata["parameters"]}
     history = History()
+    started = time.perf_counter()
     for epoch in range(epochs):
         loss = reference.train_step(xs, ys)
-        history.append(EpochRecord(epoch, float(loss.item()), reference.snapshot()))
+        parameters = reference.parameters()
+        history.append(EpochRecord(epoch, float(loss.item()), _as_numpy(parameters), elapsed_s=time.perf_counter() - started,
+                                   digests={name: digest(v.numpy(), dtypes[name]) for name, v in parameters.items()}))
+    return history
+
+
+def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,
+          seed: int = 0, mode: str = "step", val: Optional[tuple] = None, model: Optional[nn.Module] = None,
+          start_epoch: int = 0, record_values: bool = True) -> History:
+    """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
+
+    Each epoch seeds torch with ``shuffle.torch_seed(seed, epoch)``; ``full`` mode takes one step
+    on all data, ``step`` and ``fused`` (the same arithmetic here) step through
+    ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
+    the validation loss after each epoch. ``start_epoch`` numbers the epochs of a continued run.
+    Raises DivergenceError at the first NaN or infinite batch loss.
+    """
+    if mode not in ("full", "step", "fused"):
+        raise ValueError(f"unknown mode {mode!r}; expected full, step or fused")
+    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    n = len(xs)
+    batch = n if mode == "full" else batch_size
+    if not 1 <= batch <= n:
+        raise ValueError(f"batch size must be in 1..{n}, got {batch}")
+    reference = Reference(model_path, model)
+    dtypes = {spec["name"]: spec["dtype"] for spec in reference.metadata["parameters"]}
+    history = History()
+    started = time.perf_counter()
+    for epoch in range(start_epoch, start_epoch + epochs):
+        torch.manual_seed(shuffle.torch_seed(seed, epoch))
+        if mode == "full":
+            losses = [reference.train_step(xs, ys)]
+        else:
+            perm = torch.tensor(shuffle.permutation(seed, epoch, n), dtype=torch.int64)
+            losses = reference.train_epoch(xs, ys, perm, batch)
+        values = [float(loss) for loss in losses]
+        for index, value in enumerate(values):
+            if math.isnan(value) or math.isinf(value):
+                raise DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}")
+        val_loss = None if val is None else float(reference.evaluate(torch.from_numpy(np.ascontiguousarray(val[0])),
+                                                                     torch.from_numpy(np.ascontiguousarray(val[1]))))
+        parameters = reference.parameters()
+        history.append(EpochRecord(
+            epoch, epoch_loss(values), _as_numpy(parameters) if record_values else {}, val_loss=val_loss,
+            elapsed_s=time.perf_counter() - started,
+            digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()}))
     return history

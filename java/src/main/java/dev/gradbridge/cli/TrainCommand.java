@@ -1,0 +1,150 @@
+package dev.gradbridge.cli;
+
+import dev.gradbridge.GradbridgeException;
+import dev.gradbridge.History;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Trainer;
+import dev.gradbridge.TrainingModule;
+import dev.gradbridge.data.Dataset;
+import java.io.IOException;
+import java.io.PrintWriter;
+import java.nio.file.Path;
+import java.util.Locale;
+import java.util.concurrent.Callable;
+import picocli.CommandLine;
+import picocli.CommandLine.ArgGroup;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/**
+ * {@code gradbridge-train}: train any exported module on data files from the command line.
+ *
+ * <p>Every input is checked before training starts; any bad input ends the program with exit
+ * code 1 and one line on stderr, and writes nothing.
+ */
+@Command(
+        name = "gradbridge-train",
+        mixinStandardHelpOptions = true,
+        description = "Train an exported gradbridge module on .npz/.npy data with the Java Trainer.")
+public final class TrainCommand implements Callable<Integer> {
+
+    @Option(names = "--model", description = "exported training module (.pt)")
+    private Path model;
+
+    @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
+    private Path resume;
+
+    @ArgGroup(exclusive = true, multiplicity = "1")
+    private Data data;
+
+    static final class Data {
+        @Option(names = "--data", required = true, description = ".npz with arrays x and y")
+        Path npz;
+
+        @ArgGroup(exclusive = false)
+        NpyPair npy;
+    }
+
+    static final class NpyPair {
+        @Option(names = "--x", required = true, description = "inputs as .npy")
+        Path x;
+
+        @Option(names = "--y", required = true, description = "targets as .npy")
+        Path y;
+    }
+
+    @Option(names = "--val", description = ".npz with validation arrays x and y")
+    private Path validation;
+
+    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
+    private int epochs;
+
+    @Option(names = "--batch-size", defaultValue = "32", description = "mini-batch size (default: ${DEFAULT-VALUE})")
+    private int batchSize;
+
+    @Option(names = "--seed", description = "run seed: shuffle and torch seed per epoch (default 0, or the checkpoint's)")
+    private Long seed;
+
+    @Option(names = "--mode", defaultValue = "step", description = "full, step or fused (default: ${DEFAULT-VALUE})")
+    private String mode;
+
+    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
+    private Path history;
+
+    @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
+    private Path checkpoint;
+
+    @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
+    private boolean digestsOnly;
+
+    @Option(names = "--progress", negatable = true, defaultValue = "false", description = "show a progress bar")
+    private boolean progress;
+
+    @Override
+    public Integer call() throws IOException {
+        if ((model == null) == (resume == null)) {
+            throw new InvalidInputException("give exactly one of --model and --resume");
+        }
+        Trainer.Mode trainingMode = Trainer.Mode.parse(mode);
+        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model);
+                Dataset train = data.npz != null
+                        ? Dataset.loadNpz(data.npz, module.getManager())
+                        : Dataset.loadNpy(data.npy.x, data.npy.y, module.getManager());
+                Dataset val = validation == null ? null : Dataset.loadNpz(validation, module.getManager())) {
+            Trainer.Builder builder =
+                    Trainer.builder()
+                            .optEpochs(epochs)
+                            .optBatchSize(batchSize)
+                            .optMode(trainingMode)
+                            .optValidation(val)
+                            .optCheckpoint(checkpoint)
+                            .optRecordValues(!digestsOnly)
+                            .optProgressBar(progress);
+            if (seed != null) {
+                builder.optSeed(seed);
+            }
+            History result = builder.build().fit(module, train);
+            for (History.EpochRecord record : result.getRecords()) {
+                System.out.printf(
+                        Locale.ROOT, "epoch %d: loss %.6g%s%n", record.getEpoch(), record.getLoss(),
+                        record.getValLoss() == null ? "" : String.format(Locale.ROOT, ", validation %.6g", record.getValLoss()));
+            }
+            if (history != null) {
+                result.save(history);
+                System.out.println("history: " + history.toAbsolutePath());
+            }
+            if (checkpoint != null) {
+                System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
+            }
+        }
+        return 0;
+    }
+
+    /**
+     * Runs the command; exit code 0 on success, 1 with one line on stderr on bad input.
+     *
+     * @param args see {@code --help}
+     */
+    public static void main(String[] args) {
+        System.exit(execute(args));
+    }
+
+    static int execute(String... args) {
+        CommandLine cli = new CommandLine(new TrainCommand());
+        cli.setParameterExceptionHandler(
+                (ex, arguments) -> {
+                    PrintWriter err = ex.getCommandLine().getErr();
+                    err.println("error: " + ex.getMessage() + " (see --help)");
+                    return 1;
+                });
+        cli.setExecutionExceptionHandler(
+                (ex, commandLine, parseResult) -> {
+                    if (ex instanceof GradbridgeException || ex instanceof IOException) {
+                        commandLine.getErr().println("error: " + ex.getMessage());
+                        return 1;
+                    }
+                    throw ex;
+                });
+        return cli.execute(args);
+    }
+}
