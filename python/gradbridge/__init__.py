@@ -4,12 +4,22 @@ Public API:
     export_training_module, export_builtin   -- write a scripted training module (.pt)
     History, EpochRecord                     -- per-epoch training record, JSON Lines I/O
     compare_histories                        -- parity between two histories
-    gradbridge.jvm                           -- the in-process JVM (JPype) and Java calls
+    gradbridge.reference                     -- eager torch.optim training (Reference, train)
+    gradbridge.java                          -- the Java Trainer and seed driver, in this process
+    gradbridge.jvm                           -- the in-process JVM (JPype): start, classpath, errors
 """
 
 __version__ = "0.1.0"
 
-from .errors import GradbridgeError, InvalidInputError, JavaBuildMissingError, JavaError, ProtocolError  # noqa: E402
+from .errors import (  # noqa: E402
+    DivergenceError,
+    GradbridgeError,
+    InvalidInputError,
+    JavaBuildMissingError,
+    JavaError,
+    ModuleLoadError,
+    ProtocolError,
+)
 from .export import export_builtin, export_training_module  # noqa: E402
 from .history import EpochRecord, History  # noqa: E402
 from .parity import ParityReport, compare_histories  # noqa: E402
@@ -23,6 +33,8 @@ __all__ = [
     "compare_histories",
     "ParityReport",
     "GradbridgeError",
+    "DivergenceError",
+    "ModuleLoadError",
     "ProtocolError",
     "InvalidInputError",
     "JavaBuildMissingError",

@@ -25,7 +25,7 @@ def _direct_buffer(array: np.ndarray, name: str):
 
     if array.dtype not in _DTYPES:
         raise InvalidInputError(f"{name} has dtype {array.dtype}; expected float32, float64 or int64")
-    return jpype.nio.convertFromDirectBuffer(memoryview(array).cast("B"))
+    return jpype.nio.convertToDirectBuffer(memoryview(array).cast("B"))
 
 
 def _as_java_long(value: int) -> int:
