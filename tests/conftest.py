@@ -30,14 +30,36 @@ def model_path(models) -> Path:
 
 
 @pytest.fixture(scope="session")
-def jvm():
-    """Starts the JVM in this process, once: JPype cannot restart it."""
+def jvm(request):
+    """The JVM in this process, from gradbridge's own pytest plugin (started once: JPype cannot restart it)."""
     import jpype
-    import torch  # noqa: F401  libtorch first, so DJL binds to it
 
-    from gradbridge import jvm as gradbridge_jvm
-
-    assert not jpype.isJVMStarted(), "another fixture started the JVM with other options"
-    gradbridge_jvm.start()
+    assert request.config.pluginmanager.has_plugin("gradbridge"), "the pytest plugin is not registered: pip install -e ."
+    assert not jpype.isJVMStarted(), "something started the JVM before gradbridge_jvm"
+    gradbridge_jvm = request.getfixturevalue("gradbridge_jvm")
     assert jpype.isJVMStarted()
     return gradbridge_jvm
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="parity matrix: 20 epochs and every case through a subprocess too")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|."""
+    import sys
+
+    matrix_tests = sys.modules.get("tests.test_matrix") or sys.modules.get("test_matrix")
+    if matrix_tests is None or not matrix_tests.RESULTS:
+        return
+    lines = [f"{'case':<42} {'mode':<6} {'java':<11} result"]
+    for case, mode, side, report in matrix_tests.RESULTS:
+        result = "bitwise" if report.bitwise else (
+            f"max |dloss| {report.max_loss_delta:.2e}, max |dparam| {report.max_param_delta:.2e}")
+        lines.append(f"{case:<42} {mode:<6} {side:<11} {result}")
+    terminalreporter.write_sep("=", "gradbridge parity matrix")
+    terminalreporter.write_line("\n".join(lines))
+    out = REPO_ROOT / "build" / "parity-matrix.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")

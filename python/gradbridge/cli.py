@@ -84,6 +84,14 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parity(args: argparse.Namespace) -> int:
+    from .paritycheck import run
+
+    return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
+               seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
+               report_path=args.report, plot_path=args.plot)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -132,6 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr-decay", type=float)
     opt.add_argument("--initial-accumulator-value", type=float)
     export.set_defaults(run=_export)
+
+    parity = commands.add_parser(
+        "parity", help="train with the Python reference and with Java, compare every epoch",
+        description="Train MODEL.pt on the same data with eager PyTorch (torch.optim) and with the Java Trainer, "
+                    "print a per-epoch table and say whether they agree. Exit code 0 only within tolerance.")
+    parity.add_argument("model", help="exported training module (.pt)")
+    parity.add_argument("--data", required=True, help=".npz with arrays x and y")
+    parity.add_argument("--val", help=".npz with validation arrays x and y")
+    parity.add_argument("--epochs", type=int, default=5)
+    parity.add_argument("--batch-size", type=int, default=32)
+    parity.add_argument("--seed", type=int, default=0)
+    parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
+    parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
+                        help="in this process through JPype (exact), a separate JVM, or both")
+    parity.add_argument("--rtol", type=float, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
+    parity.add_argument("--atol", type=float, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
+    parity.add_argument("--report", help="write every figure as JSON here")
+    parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
+    parity.set_defaults(run=_parity)
 
     demo = commands.add_parser("demo", help="export, train from Java (gradle run and in-process), check parity")
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")

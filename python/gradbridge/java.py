@@ -8,13 +8,15 @@ alive and unchanged during the call, which these functions guarantee by holding 
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Optional, Tuple
 
 import numpy as np
 
-from .errors import InvalidInputError
+from . import gradle
+from .errors import GradbridgeError, InvalidInputError
 from .history import History
-from .jvm import java_errors, jclass, load_module, to_java_floats
+from .jvm import REPO_ROOT, java_errors, jclass, load_module, to_java_floats
 
 _DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}
 MODES = ("full", "step", "fused")
@@ -97,3 +99,24 @@ def train_linear_regression(model_path: str | os.PathLike, x: np.ndarray, y: np.
             return History.from_jsonl(str(history.toJsonLines()), where="java history")
     finally:
         module.close()
+
+
+#: `gradle installDist` puts the Trainer's CLI here.
+TRAIN_SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
+
+
+def train_subprocess(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
+                     seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
+                     history: str | os.PathLike) -> History:
+    """Run the Trainer in a separate JVM (DJL's own libtorch): ``gradbridge-train`` from
+    ``gradle installDist`` when present, else ``gradle train``. Returns the History it wrote."""
+    args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
+            "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
+    if TRAIN_SCRIPT.exists():
+        result = subprocess.run([str(TRAIN_SCRIPT), *map(str, args)], capture_output=True, text=True)
+    else:
+        result = gradle.run_task("train", args)
+    if result.returncode != 0:
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        raise GradbridgeError(f"Java trainer (subprocess) failed: {errors[-1][7:] if errors else result.stderr.strip()}")
+    return History.load(history)

@@ -22,6 +22,8 @@ CLASSPATH_FILE = REPO_ROOT / "build" / "gradbridge-classpath.txt"
 BUILD_COMMAND = "gradle assemble"
 #: Overrides the classpath file: entries separated by os.pathsep.
 CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
+#: Extra JVM options (whitespace-separated), e.g. "-Xmx4g".
+JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
 
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
@@ -74,10 +76,11 @@ def start(extra_options: Sequence[str] = ()) -> None:
     if jpype.isJVMStarted():
         return
     entries = classpath()
+    extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
     try:
-        jpype.startJVM(*jvm_options(), *extra_options, classpath=entries, convertStrings=False)
-    except (OSError, RuntimeError) as ex:
-        raise errors.GradbridgeError(f"cannot start the JVM (classpath from {CLASSPATH_FILE}): {ex}") from ex
+        jpype.startJVM(*jvm_options(), *extra, classpath=entries, convertStrings=False)
+    except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
+        raise errors.GradbridgeError(f"cannot start the JVM (extra options: {extra or 'none'}): {ex}") from ex
 
 
 def jclass(name: str):

@@ -16,8 +16,14 @@ class EpochDelta:
     loss_a: float
     loss_b: float
     loss_delta: float
+    #: the largest |a - b| over every parameter value, where it is, and both values there
     param_delta: float
     param_name: str
+    param_index: int = -1
+    param_a: float = 0.0
+    param_b: float = 0.0
+    val_loss_a: Optional[float] = None
+    val_loss_b: Optional[float] = None
 
 
 @dataclass
@@ -52,9 +58,29 @@ class ParityReport:
         if self.within_tolerance:
             return (f"within tolerance (rtol={self.rtol:g}, atol={self.atol:g}) over {len(self.rows)} epochs: "
                     f"max |dloss| {self.max_loss_delta:.3e}, max |dparam| {self.max_param_delta:.3e}")
+        return self.divergence()
+
+    def divergence(self) -> str:
+        """The first epoch outside tolerance: losses, parameter, element, both values, difference."""
+        if self.first_divergence is None:
+            return "no divergence"
         row = self.rows[self.first_divergence]
-        return (f"diverged at epoch {row.epoch}: loss {row.loss_a!r} vs {row.loss_b!r}, "
-                f"parameter {row.param_name} off by {row.param_delta:.3e}")
+        where = (f"parameter {row.param_name}[{row.param_index}] = {row.param_a!r} ({self.label_a}) vs "
+                 f"{row.param_b!r} ({self.label_b}), |difference| {row.param_delta:.3e}"
+                 if row.param_index >= 0 else "parameters within tolerance")
+        return (f"diverged at epoch {row.epoch} (rtol={self.rtol:g}, atol={self.atol:g}): loss {row.loss_a!r} "
+                f"({self.label_a}) vs {row.loss_b!r} ({self.label_b}), |difference| {row.loss_delta:.3e}; {where}")
+
+    def to_json(self) -> dict:
+        """Every figure, for reports."""
+        return {
+            "labels": [self.label_a, self.label_b], "rtol": self.rtol, "atol": self.atol,
+            "bitwise": self.bitwise, "within_tolerance": self.within_tolerance,
+            "first_divergence_epoch": None if self.first_divergence is None else self.rows[self.first_divergence].epoch,
+            "max_loss_delta": self.max_loss_delta, "max_param_delta": self.max_param_delta,
+            "verdict": self.verdict(),
+            "epochs": [vars(row) for row in self.rows],
+        }
 
     def table(self, every: int = 1) -> str:
         header = f"{'epoch':>6}  {'loss ' + self.label_a:>18}  {'loss ' + self.label_b:>18}  {'|dloss|':>10}  {'max |dparam|':>12}  parameter"
@@ -70,27 +96,59 @@ def compare_histories(a: History, b: History, *, rtol: float = 0.0, atol: float 
                       labels: tuple = ("python", "java")) -> ParityReport:
     """Compare loss and every parameter at every epoch; rtol=atol=0 demands identical values.
 
-    A value pair is within tolerance when ``|a - b| <= atol + rtol * |a|`` (a is the reference).
+    A value pair is within tolerance when ``|a - b| <= atol + rtol * |a|`` (a is the reference);
+    losses, validation losses and every parameter value are compared. Histories that recorded
+    digests only are compared by digest: any difference counts as a divergence.
     Raises ValueError when the histories differ in length or parameter names.
     """
     if len(a) != len(b):
         raise ValueError(f"histories differ in length: {labels[0]} {len(a)} epochs, {labels[1]} {len(b)}")
     report = ParityReport(labels[0], labels[1], rtol, atol)
     for index, (ra, rb) in enumerate(zip(a, b)):
-        if ra.epoch != rb.epoch or set(ra.parameters) != set(rb.parameters):
-            raise ValueError(f"record {index}: epoch {ra.epoch} with {sorted(ra.parameters)} vs "
-                             f"epoch {rb.epoch} with {sorted(rb.parameters)}")
-        within = abs(ra.loss - rb.loss) <= atol + rtol * abs(ra.loss)
-        worst_name, worst = "-", 0.0
-        for name, va in ra.parameters.items():
-            vb = rb.parameters[name]
-            if va.shape != vb.shape:
-                raise ValueError(f"epoch {ra.epoch}: parameter {name} has {va.size} values vs {vb.size}")
-            delta = np.abs(va - vb)
-            within = within and bool(np.all(delta <= atol + rtol * np.abs(va)))
-            if delta.size and float(delta.max()) > worst:
-                worst_name, worst = name, float(delta.max())
-        report.rows.append(EpochDelta(ra.epoch, ra.loss, rb.loss, abs(ra.loss - rb.loss), worst, worst_name))
+        names_a, names_b = set(ra.parameters or ra.digests), set(rb.parameters or rb.digests)
+        if ra.epoch != rb.epoch or names_a != names_b:
+            raise ValueError(f"record {index}: epoch {ra.epoch} with {sorted(names_a)} vs "
+                             f"epoch {rb.epoch} with {sorted(names_b)}")
+        within = _close(ra.loss, rb.loss, rtol, atol) and _close_optional(ra.val_loss, rb.val_loss, rtol, atol)
+        row = EpochDelta(ra.epoch, ra.loss, rb.loss, abs(ra.loss - rb.loss), 0.0, "-",
+                         val_loss_a=ra.val_loss, val_loss_b=rb.val_loss)
+        if ra.parameters and rb.parameters:
+            for name, va in ra.parameters.items():
+                vb = rb.parameters[name]
+                if va.shape != vb.shape:
+                    raise ValueError(f"epoch {ra.epoch}: parameter {name} has {va.size} values vs {vb.size}")
+                delta = np.abs(va - vb)
+                within = within and bool(np.all(delta <= atol + rtol * np.abs(va)))
+                if delta.size and float(delta.max()) > row.param_delta:
+                    i = int(delta.argmax())
+                    row.param_delta, row.param_name, row.param_index = float(delta[i]), name, i
+                    row.param_a, row.param_b = float(va[i]), float(vb[i])
+        else:  # digests only: they tell equal from different, not by how much
+            for name in sorted(names_a):
+                if ra.digests.get(name) != rb.digests.get(name):
+                    within = False
+                    row.param_delta, row.param_name = float("inf"), name
+        report.rows.append(row)
         if not within and report.first_divergence is None:
             report.first_divergence = index
+    return report
+
+
+def _close(a: float, b: float, rtol: float, atol: float) -> bool:
+    return a == b or abs(a - b) <= atol + rtol * abs(a)
+
+
+def _close_optional(a: Optional[float], b: Optional[float], rtol: float, atol: float) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return _close(a, b, rtol, atol)
+
+
+def assert_histories_match(a: History, b: History, *, rtol: float = 0.0, atol: float = 0.0,
+                           labels: tuple = ("python", "java")) -> ParityReport:
+    """Raise AssertionError naming the first diverging epoch, parameter, both values and the
+    difference, unless every epoch is within tolerance (rtol=atol=0: identical). Returns the report."""
+    report = compare_histories(a, b, rtol=rtol, atol=atol, labels=labels)
+    if not report.within_tolerance:
+        raise AssertionError(report.divergence())
     return report

@@ -43,13 +43,19 @@ def _as_numpy(tensors: Dict[str, Tensor]) -> Dict[str, np.ndarray]:
     return {name: t.detach().double().numpy().ravel().copy() for name, t in tensors.items()}
 
 
+def _is_seed_model(metadata: Dict[str, Any]) -> bool:
+    """The built-in seed model (its eager class is known), not just any model of that name."""
+    return metadata["model"] == "linear-regression" and [
+        (p["name"], p["shape"]) for p in metadata["parameters"]] == [("weight", [1]), ("bias", [1])]
+
+
 class Reference:
     """Eager torch.optim training of the model in ``model_path`` (see the module docstring)."""
 
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
                  optimizer: Optional[Dict[str, Any]] = None):
         self.metadata = protocol.read_metadata(model_path)
-        if model is None and self.metadata["model"] == "linear-regression":
+        if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
         if model is None:
             self.model: nn.Module = torch.jit.load(str(model_path)).model

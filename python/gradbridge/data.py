@@ -1,0 +1,52 @@
+"""Training data on the Python side: .npz files and the checks Java's Dataset makes.
+
+The messages match ``dev.gradbridge.data.Dataset`` so a user sees the same words from either
+language.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+from .errors import InvalidInputError
+
+
+def load_npz(path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` from an .npz written with ``numpy.savez(path, x=..., y=...)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidInputError(f"{path}: no such data file")
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            names = list(arrays.keys())
+            for name in ("x", "y"):
+                if name not in names:
+                    raise InvalidInputError(f"{path}: missing array '{name}'; the file holds [{', '.join(names)}] "
+                                            "(save with numpy.savez(path, x=..., y=...))")
+            return arrays["x"], arrays["y"]
+    except (zipfile.BadZipFile, ValueError, OSError) as ex:
+        raise InvalidInputError(f"{path}: not a readable .npz file: {ex}") from ex
+
+
+def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -> None:
+    """Dtypes and shapes (all but the batch dimension) against the metadata, equal sample
+    counts, at least one sample, only finite values."""
+    specs = {spec["name"]: spec for spec in metadata["inputs"]}
+    for name, array in (("x", x), ("y", y)):
+        spec = specs[name]
+        shape_ok = array.ndim == len(spec["shape"]) and list(array.shape[1:]) == spec["shape"][1:]
+        if str(array.dtype) != spec["dtype"] or not shape_ok:
+            raise InvalidInputError(
+                f"{source}: {name} must be {spec['dtype']} of shape {spec['shape']} (-1: any number of samples), "
+                f"got {array.dtype} of shape {list(array.shape)}")
+        if np.issubdtype(array.dtype, np.floating) and array.size and not np.isfinite(array).all():
+            raise InvalidInputError(f"{source}: {name} holds NaN or infinite values; clean the data first")
+    if len(x) == 0:
+        raise InvalidInputError(f"{source}: the dataset is empty (0 samples)")
+    if len(y) != len(x):
+        raise InvalidInputError(f"{source}: x has {len(x)} samples but y has {len(y)}")
