@@ -22,8 +22,10 @@ CLASSPATH_FILE = REPO_ROOT / "build" / "gradbridge-classpath.txt"
 BUILD_COMMAND = "gradle assemble"
 #: Overrides the classpath file: entries separated by os.pathsep.
 CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
-#: Extra JVM options (whitespace-separated), e.g. "-Xmx4g".
+#: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". A JVM that rejects one exits the process.
 JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
+#: The libjvm.so to load instead of the one JPype finds (JAVA_HOME, then the system's).
+JVM_PATH_ENV = "GRADBRIDGE_JVM"
 
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
@@ -77,10 +79,12 @@ def start(extra_options: Sequence[str] = ()) -> None:
         return
     entries = classpath()
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
+    jvm_path = os.environ.get(JVM_PATH_ENV) or None
     try:
-        jpype.startJVM(*jvm_options(), *extra, classpath=entries, convertStrings=False)
+        jpype.startJVM(*jvm_options(), *extra, jvmpath=jvm_path, classpath=entries, convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
-        raise errors.GradbridgeError(f"cannot start the JVM (extra options: {extra or 'none'}): {ex}") from ex
+        raise errors.GradbridgeError(
+            f"cannot start the JVM ({jvm_path or 'found by JPype'}, extra options: {extra or 'none'}): {ex}") from ex
 
 
 def jclass(name: str):

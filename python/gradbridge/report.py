@@ -57,8 +57,9 @@ def write_plot(path: str | os.PathLike, title: str, reference: History, others: 
         if report.atol > 0:
             deltas.axhline(report.atol, color=color, lw=0.8, ls=":", label=f"atol {report.label_b}")
     deltas.axhline(_ZERO_FLOOR, color="gray", lw=0.8)
-    deltas.text(epochs[0], _ZERO_FLOOR * 3, "floor = bitwise identical", color="gray", fontsize=8)
+    deltas.text(epochs[-1], _ZERO_FLOOR * 20, "floor = bitwise identical", color="gray", fontsize=8, ha="right")
     deltas.set_ylim(_ZERO_FLOOR / 10, 1.0)
+    deltas.set_title("; ".join(f"{r.label_b}: {r.verdict().split(':')[0]}" for r in reports), fontsize=9)
     deltas.set_xlabel("epoch")
     deltas.set_ylabel("|difference| vs python")
     deltas.legend(fontsize=8, loc="upper left")
