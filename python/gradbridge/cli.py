@@ -92,6 +92,13 @@ def _parity(args: argparse.Namespace) -> int:
                report_path=args.report, plot_path=args.plot)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run
+
+    run(quick=args.quick, out_dir=args.out_dir)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -159,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
     parity.set_defaults(run=_parity)
+
+    bench = commands.add_parser("bench", help="time Java-driven training against eager Python and native libtorch")
+    bench.add_argument("--quick", action="store_true", help="few repeats, small sizes, no gradle run (for tests)")
+    bench.add_argument("--out-dir", default="build/bench", help="where bench.json, bench.png and the native loop go")
+    bench.set_defaults(run=_bench)
 
     demo = commands.add_parser("demo", help="export, train from Java (gradle run and in-process), check parity")
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")

@@ -265,9 +265,23 @@ public final class TrainingModule implements AutoCloseable {
 
     private double scalarLoss(String method, NDArray x, NDArray y) {
         checkBatch(method, x, y);
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
-            NDArray loss = (NDArray) invoke(method, scope, x, y);
-            return loss.toType(DataType.FLOAT64, false).getDouble();
+        // The hot path of training: one result tensor, closed here, no per-call sub-manager.
+        try (NDArray loss = (NDArray) invoke(method, manager, x, y)) {
+            return exactDouble(loss);
+        }
+    }
+
+    /** A scalar tensor's value as a double, exactly (float32 widens without rounding). */
+    private static double exactDouble(NDArray scalar) {
+        switch (scalar.getDataType()) {
+            case FLOAT32:
+                return scalar.getFloat();
+            case FLOAT64:
+                return scalar.getDouble();
+            default:
+                try (NDArray widened = scalar.toType(DataType.FLOAT64, false)) {
+                    return widened.getDouble();
+                }
         }
     }
 

@@ -1,0 +1,81 @@
+// The native limit for gradbridge's benchmark: the same exported training module, the same
+// loop, driven from C++ against the pip wheel's libtorch (no JVM, no Python).
+//
+// Usage: train_loop MODEL.pt DATA.bin MODE WARMUP REPEATS STEPS THREADS
+//   DATA.bin: int64 n, int64 rank_x, dims_x..., int64 rank_y, dims_y..., int64 y_is_int,
+//             then x as float32 and y as float32 or int64 (little endian), as bench.py writes it.
+//   MODE: step  -> STEPS calls of train_step(x, y) per repeat (one batch = all of x)
+//         fused -> STEPS calls of train_epoch(x, y, perm, batch) per repeat, batch from argv[8]
+// Prints one JSON object: {"repeat_seconds": [...], "calls_per_repeat": STEPS}.
+#include <ATen/Parallel.h>
+#include <torch/script.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+static std::vector<int64_t> read_dims(std::ifstream& in) {
+  int64_t rank = 0;
+  in.read(reinterpret_cast<char*>(&rank), sizeof rank);
+  std::vector<int64_t> dims(rank);
+  in.read(reinterpret_cast<char*>(dims.data()), rank * sizeof(int64_t));
+  return dims;
+}
+
+static torch::Tensor read_tensor(std::ifstream& in, const std::vector<int64_t>& dims, torch::Dtype dtype) {
+  torch::Tensor t = torch::empty(dims, torch::TensorOptions().dtype(dtype));
+  in.read(reinterpret_cast<char*>(t.data_ptr()), t.numel() * t.element_size());
+  return t;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 8) {
+    std::cerr << "usage: train_loop MODEL.pt DATA.bin step|fused WARMUP REPEATS STEPS THREADS [BATCH]\n";
+    return 2;
+  }
+  const std::string mode = argv[3];
+  const int warmup = std::stoi(argv[4]), repeats = std::stoi(argv[5]), steps = std::stoi(argv[6]);
+  at::set_num_threads(std::stoi(argv[7]));
+  // Same settings as gradbridge's Java and Python drivers: autograd on, no optimizing executor.
+  torch::jit::setGraphExecutorOptimize(false);
+  torch::autograd::GradMode::set_enabled(true);
+
+  std::ifstream in(argv[2], std::ios::binary);
+  int64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), sizeof n);
+  auto x_dims = read_dims(in);
+  auto y_dims = read_dims(in);
+  int64_t y_is_int = 0;
+  in.read(reinterpret_cast<char*>(&y_is_int), sizeof y_is_int);
+  torch::Tensor x = read_tensor(in, x_dims, torch::kFloat32);
+  torch::Tensor y = read_tensor(in, y_dims, y_is_int ? torch::kInt64 : torch::kFloat32);
+
+  torch::jit::Module module = torch::jit::load(argv[1]);
+  module.train(true);
+  torch::jit::Method train_step = module.get_method("train_step");
+  torch::jit::Method train_epoch = module.get_method("train_epoch");
+  const int64_t batch = argc > 8 ? std::stoll(argv[8]) : n;
+  torch::Tensor perm = torch::arange(n, torch::kInt64);
+
+  auto call = [&]() {
+    if (mode == "fused") {
+      train_epoch({x, y, perm, batch});
+    } else {
+      train_step({x, y});
+    }
+  };
+  for (int i = 0; i < warmup; ++i) call();
+  std::cout << "{\"calls_per_repeat\": " << steps << ", \"repeat_seconds\": [";
+  for (int r = 0; r < repeats; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) call();
+    std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    std::cout << (r ? ", " : "") << elapsed.count();
+  }
+  std::cout << "]}" << std::endl;
+  return 0;
+}
