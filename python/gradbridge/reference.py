@@ -102,6 +102,15 @@ class Reference:
     def buffers(self) -> Dict[str, Tensor]:
         return {name: b.detach().clone() for name, b in self.model.named_buffers()}
 
+    def record(self, epoch: int, loss: float, val_loss: Optional[float], elapsed_s: float,
+               with_values: bool = True) -> EpochRecord:
+        """The History record of the parameters as they are now (values and digests)."""
+        dtypes = {spec["name"]: spec["dtype"] for spec in self.metadata["parameters"]}
+        parameters = self.parameters()
+        return EpochRecord(epoch, loss, _as_numpy(parameters) if with_values else {}, val_loss=val_loss,
+                           elapsed_s=elapsed_s,
+                           digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()})
+
     def optimizer_state(self) -> Dict[str, List[Tensor]]:
         """torch.optim's per-parameter state as ``{key: [tensor per parameter]}`` (absent keys skipped)."""
         state: Dict[str, List[Tensor]] = {}
@@ -123,14 +132,11 @@ def train_full_batch(
     """
     reference = Reference(model_path, optimizer={"name": "sgd", "lr": lr})
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
-    dtypes = {spec["name"]: spec["dtype"] for spec in reference.metadata["parameters"]}
     history = History()
     started = time.perf_counter()
     for epoch in range(epochs):
-        loss = reference.train_step(xs, ys)
-        parameters = reference.parameters()
-        history.append(EpochRecord(epoch, float(loss.item()), _as_numpy(parameters), elapsed_s=time.perf_counter() - started,
-                                   digests={name: digest(v.numpy(), dtypes[name]) for name, v in parameters.items()}))
+        loss = float(reference.train_step(xs, ys))
+        history.append(reference.record(epoch, loss, None, time.perf_counter() - started))
     return history
 
 
@@ -153,7 +159,6 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     if not 1 <= batch <= n:
         raise ValueError(f"batch size must be in 1..{n}, got {batch}")
     reference = Reference(model_path, model)
-    dtypes = {spec["name"]: spec["dtype"] for spec in reference.metadata["parameters"]}
     history = History()
     started = time.perf_counter()
     for epoch in range(start_epoch, start_epoch + epochs):
@@ -169,9 +174,6 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
                 raise DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}")
         val_loss = None if val is None else float(reference.evaluate(torch.from_numpy(np.ascontiguousarray(val[0])),
                                                                      torch.from_numpy(np.ascontiguousarray(val[1]))))
-        parameters = reference.parameters()
-        history.append(EpochRecord(
-            epoch, epoch_loss(values), _as_numpy(parameters) if record_values else {}, val_loss=val_loss,
-            elapsed_s=time.perf_counter() - started,
-            digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()}))
+        history.append(reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started,
+                                        record_values))
     return history

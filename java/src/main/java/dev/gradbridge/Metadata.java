@@ -88,6 +88,26 @@ public final class Metadata {
             return dtype;
         }
 
+        /**
+         * Whether an array fits: the same dtype and rank, and every dimension but the first
+         * (the batch) equal.
+         *
+         * @param arrayDtype the array's dtype name
+         * @param arrayShape the array's shape
+         * @return whether the array matches this spec
+         */
+        public boolean accepts(String arrayDtype, long[] arrayShape) {
+            if (!dtype.equals(arrayDtype) || arrayShape.length != shape.length) {
+                return false;
+            }
+            for (int i = 1; i < shape.length; i++) {
+                if (shape[i] != arrayShape[i]) {
+                    return false;
+                }
+            }
+            return true;
+        }
+
         @Override
         public String toString() {
             return name + " " + dtype + Arrays.toString(shape);

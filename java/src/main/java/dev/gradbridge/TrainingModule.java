@@ -542,15 +542,10 @@ public final class TrainingModule implements AutoCloseable {
         }
         String dtype = array.getDataType().name().toLowerCase(Locale.ROOT);
         long[] shape = array.getShape().getShape();
-        long[] expected = spec.getShape();
-        boolean shapeOk = shape.length == expected.length;
-        for (int i = 0; shapeOk && i < shape.length; i++) {
-            shapeOk = expected[i] < 0 ? shape[i] > 0 : expected[i] == shape[i];
-        }
-        if (!dtype.equals(spec.getDtype()) || !shapeOk) {
+        if (!spec.accepts(dtype, shape) || shape.length == 0 || shape[0] == 0) {
             throw new InvalidInputException(
                     path.getFileName() + ": input " + name + " must be " + spec.getDtype()
-                            + " of shape " + Arrays.toString(expected) + " (-1: any batch size),"
+                            + " of shape " + Arrays.toString(spec.getShape()) + " (-1: any batch size),"
                             + " got " + dtype + " of shape " + Arrays.toString(shape));
         }
     }

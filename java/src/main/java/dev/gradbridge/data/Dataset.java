@@ -197,15 +197,10 @@ public final class Dataset implements AutoCloseable {
     private void checkArray(String name, NDArray array, Metadata.TensorSpec spec) {
         String dtype = array.getDataType().name().toLowerCase(Locale.ROOT);
         long[] shape = array.getShape().getShape();
-        long[] expected = spec.getShape();
-        boolean shapeOk = shape.length == expected.length;
-        for (int i = 1; shapeOk && i < shape.length; i++) {
-            shapeOk = expected[i] == shape[i];
-        }
-        if (!dtype.equals(spec.getDtype()) || !shapeOk) {
+        if (!spec.accepts(dtype, shape)) {
             throw new InvalidInputException(
                     source + ": " + name + " must be " + spec.getDtype() + " of shape "
-                            + Arrays.toString(expected) + " (-1: any number of samples), got " + dtype
+                            + Arrays.toString(spec.getShape()) + " (-1: any number of samples), got " + dtype
                             + " of shape " + Arrays.toString(shape));
         }
         if (array.getDataType().isFloating() && shape.length > 0 && shape[0] > 0) {
