@@ -77,8 +77,9 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
     private boolean digestsOnly;
 
-    @Option(names = "--progress", negatable = true, defaultValue = "false", description = "show a progress bar")
-    private boolean progress;
+    @Option(names = "--progress", negatable = true,
+            description = "show a progress bar (default: when the console is a terminal)")
+    private Boolean progress;
 
     @Override
     public Integer call() throws IOException {
@@ -99,7 +100,7 @@ public final class TrainCommand implements Callable<Integer> {
                             .optValidation(val)
                             .optCheckpoint(checkpoint)
                             .optRecordValues(!digestsOnly)
-                            .optProgressBar(progress);
+                            .optProgressBar(progress != null ? progress : System.console() != null);
             if (seed != null) {
                 builder.optSeed(seed);
             }
