@@ -236,10 +236,8 @@ public final class TrainingModule implements AutoCloseable {
                             Protocol.TRAIN_EPOCH + ": perm holds index " + index + ", outside 0.." + (n - 1));
                 }
             }
-            try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
-                NDArray losses =
-                        (NDArray) invoke(Protocol.TRAIN_EPOCH, scope, x, y, perm, (long) batchSize);
-                return losses.toType(DataType.FLOAT64, false).toDoubleArray();
+            try (NDArray losses = (NDArray) invoke(Protocol.TRAIN_EPOCH, manager, x, y, perm, (long) batchSize)) {
+                return exactDoubles(losses);
             }
         }
     }
@@ -268,6 +266,21 @@ public final class TrainingModule implements AutoCloseable {
         // The hot path of training: one result tensor, closed here, no per-call sub-manager.
         try (NDArray loss = (NDArray) invoke(method, manager, x, y)) {
             return exactDouble(loss);
+        }
+    }
+
+    /** A tensor's values as doubles, exactly (float32 widens without rounding). */
+    private static double[] exactDoubles(NDArray values) {
+        if (values.getDataType() == DataType.FLOAT32) {
+            float[] floats = values.toFloatArray();
+            double[] widened = new double[floats.length];
+            for (int i = 0; i < floats.length; i++) {
+                widened[i] = floats[i];
+            }
+            return widened;
+        }
+        try (NDArray converted = values.toType(DataType.FLOAT64, false)) {
+            return converted.toDoubleArray();
         }
     }
 
@@ -411,7 +424,7 @@ public final class TrainingModule implements AutoCloseable {
             for (Map.Entry<?, ?> entry : state.entrySet()) {
                 List<double[]> arrays = new ArrayList<>();
                 for (Object tensor : (List<?>) entry.getValue()) {
-                    arrays.add(((NDArray) tensor).toType(DataType.FLOAT64, false).toDoubleArray());
+                    arrays.add(exactDoubles((NDArray) tensor));
                 }
                 converted.put((String) entry.getKey(), arrays);
             }
@@ -518,7 +531,7 @@ public final class TrainingModule implements AutoCloseable {
             Map<String, double[]> named = new LinkedHashMap<>();
             for (int i = 0; i < names.size(); i++) {
                 NDArray value = (NDArray) values.get(i);
-                named.put(names.get(i), value.toType(DataType.FLOAT64, false).toDoubleArray());
+                named.put(names.get(i), exactDoubles(value));
             }
             return named;
         }
