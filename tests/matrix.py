@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Dict, Tuple
 
 import numpy as np
@@ -79,7 +80,7 @@ SUBPROCESS_CASES = [
 ]
 
 
-def export(model_name: str, optimizer: str, folder) -> "Path":  # noqa: F821
+def export(model_name: str, optimizer: str, folder: Path) -> Path:
     from gradbridge import export_training_module
 
     model = MODELS[model_name]

@@ -7,7 +7,6 @@ exactly: losses, parameters, buffers and optimizer state after every step.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

@@ -67,7 +67,6 @@ def test_full_batch_train_step_from_java_equals_reference(jvm, export, optimizer
             # Then loss and parameters agree exactly after every epoch
             assert java_loss == python_loss, f"epoch {epoch}: {java_loss!r} vs {python_loss!r}"
             assert _params_equal(module, reference) == 0.0, f"epoch {epoch}"
-        assert java_loss < float(reference.evaluate(x, y)) * 10  # it trained, sanity only
         assert float(module.getLr()) == ALL_OPTIMIZERS[optimizer]["lr"]
     finally:
         module.close()
