@@ -2,11 +2,11 @@ package dev.gradbridge;
 
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.index.NDIndex;
 import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.Locale;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
@@ -265,15 +265,21 @@ public final class Trainer {
                 checkFinite(losses, epoch, batch, n);
                 return losses;
             }
+            // Gather the epoch's order once, then step through contiguous row slices: the same
+            // values as gathering each batch, without a gather between every two steps (which
+            // measured about twice as slow per epoch).
             double[] losses = new double[(n + batch - 1) / batch];
-            for (int b = 0; b < losses.length; b++) {
-                NDArray index = scope.create(Arrays.copyOfRange(perm, b * batch, Math.min(n, (b + 1) * batch)));
-                try (NDArray xb = x.get(index);
-                        NDArray yb = y.get(index)) {
-                    losses[b] = module.trainStep(xb, yb);
+            try (NDArray order = scope.create(perm);
+                    NDArray xs = x.get(order);
+                    NDArray ys = y.get(order)) {
+                for (int b = 0; b < losses.length; b++) {
+                    NDIndex rows = new NDIndex().addSliceDim(b * batch, Math.min(n, (b + 1) * batch));
+                    try (NDArray xb = xs.get(rows);
+                            NDArray yb = ys.get(rows)) {
+                        losses[b] = module.trainStep(xb, yb);
+                    }
+                    checkFinite(losses[b], epoch, b, batch, n);
                 }
-                index.close();
-                checkFinite(losses[b], epoch, b, batch, n);
             }
             return losses;
         }
