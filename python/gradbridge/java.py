@@ -16,17 +16,15 @@ import numpy as np
 from . import gradle
 from .errors import GradbridgeError, InvalidInputError
 from .history import History
-from .jvm import REPO_ROOT, java_errors, jclass, load_module, to_java_floats
+from .jvm import REPO_ROOT, dtype_name, java_errors, jclass, load_module, to_java_floats
 
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}
 MODES = ("full", "step", "fused")
 
 
 def _direct_buffer(array: np.ndarray, name: str):
     import jpype.nio
 
-    if array.dtype not in _DTYPES:
-        raise InvalidInputError(f"{name} has dtype {array.dtype}; expected float32, float64 or int64")
+    dtype_name(array, name)
     return jpype.nio.convertToDirectBuffer(memoryview(array).cast("B"))
 
 
@@ -42,8 +40,8 @@ def dataset(manager, x: np.ndarray, y: np.ndarray, source: str):
     with java_errors():
         return Dataset.fromBuffers(
             manager, source,
-            _direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], _DTYPES[x.dtype],
-            _direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], _DTYPES[y.dtype])
+            _direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], dtype_name(x),
+            _direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
 
 
 def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,

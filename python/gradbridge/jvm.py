@@ -116,7 +116,16 @@ def to_java_floats(values: np.ndarray):
     return jpype.JArray(jpype.JFloat)(np.ascontiguousarray(values, dtype=np.float32).ravel())
 
 
-_JAVA_ARRAY_TYPES = {np.dtype(np.float32): "JFloat", np.dtype(np.float64): "JDouble", np.dtype(np.int64): "JLong"}
+#: numpy dtypes that cross to Java -> (torch's dtype name, JPype's primitive type)
+_DTYPES = {np.dtype(np.float32): ("float32", "JFloat"), np.dtype(np.float64): ("float64", "JDouble"),
+           np.dtype(np.int64): ("int64", "JLong")}
+
+
+def dtype_name(values: np.ndarray, what: str = "array") -> str:
+    """torch's name for the array's dtype; InvalidInputError for a dtype Java does not take."""
+    if values.dtype not in _DTYPES:
+        raise errors.InvalidInputError(f"{what} has dtype {values.dtype}; expected float32, float64 or int64")
+    return _DTYPES[values.dtype][0]
 
 
 def to_ndarray(manager, values: np.ndarray):
@@ -124,9 +133,8 @@ def to_ndarray(manager, values: np.ndarray):
     import jpype
 
     values = np.asarray(values)
-    if values.dtype not in _JAVA_ARRAY_TYPES:
-        raise errors.InvalidInputError(f"unsupported dtype {values.dtype}; expected float32, float64 or int64")
-    java_type = getattr(jpype, _JAVA_ARRAY_TYPES[values.dtype])
+    dtype_name(values)
+    java_type = getattr(jpype, _DTYPES[values.dtype][1])
     Shape = jclass("ai.djl.ndarray.types.Shape")
     flat = jpype.JArray(java_type)(np.ascontiguousarray(values).ravel())
     with java_errors():

@@ -88,7 +88,7 @@ class ParityReport:
         for i, r in enumerate(self.rows):
             if i % every == 0 or i == len(self.rows) - 1 or i == self.first_divergence:
                 lines.append(f"{r.epoch:>6}  {r.loss_a:>18.9g}  {r.loss_b:>18.9g}  {r.loss_delta:>10.3e}  {r.param_delta:>12.3e}  {r.param_name}")
-        lines.append(self.verdict())
+        lines.append(f"{self.label_b}: {self.verdict()}")
         return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import data, java, protocol, reference, report
-from .parity import ParityReport, compare_histories
+from .parity import compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")
 #: A separate JVM runs DJL's own libtorch build, not pip's: float32-level differences may appear.
@@ -55,7 +55,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         f"{len(x)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
     for parity in reports:
         out("")
-        out(_table(parity))
+        out(parity.table())
     config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
               "java": java_mode, **settings}
     if report_path is not None:
@@ -65,10 +65,3 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         out(f"plot: {report.write_plot(plot_path, title, python, others, reports)}")
     return 0 if all(parity.within_tolerance for parity in reports) else 1
 
-
-def _table(parity: ParityReport) -> str:
-    lines = [f"{'epoch':>5}  {'loss python':>16}  {'loss ' + parity.label_b:>20}  {'max |dparam|':>12}  parameter"]
-    for row in parity.rows:
-        lines.append(f"{row.epoch:>5}  {row.loss_a:>16.9g}  {row.loss_b:>20.9g}  {row.param_delta:>12.3e}  {row.param_name}")
-    lines.append(f"{parity.label_b}: {parity.verdict()}")
-    return "\n".join(lines)
