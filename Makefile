@@ -6,12 +6,12 @@ GRADLE  := gradle --no-daemon -q
 # apt-get needs root; use sudo when not root.
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup gradle java demo test clean
+.PHONY: setup gradle java dist publish demo test clean
 
 setup: $(VENV)/.installed gradle
 
 # The venv holds torch 2.7.1 (pinned with DJL in gradle.properties), JPype, numpy, pytest.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml python/gradbridge/VERSION
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -25,6 +25,18 @@ gradle:
 java: setup
 	$(GRADLE) assemble installDist exportSeedModel
 
+# A self-contained wheel: the Python package with the Java library and its runtime jars (not
+# DJL's native libtorch jar: Java in Python uses the libtorch that `import torch` loaded).
+# setuptools stages under build/lib; clear it so no stale module reaches the wheel.
+dist: setup
+	$(GRADLE) bundleJars
+	rm -rf build/lib build/bdist.* dist/gradbridge-*.whl
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+# dev.gradbridge:gradbridge:<version> (+ sources, javadoc, POM) into ~/.m2 for Gradle/Maven users.
+publish: setup
+	$(GRADLE) publishToMavenLocal
+
 demo: java
 	$(PY) -m gradbridge demo --epochs 1000
 
@@ -34,4 +46,4 @@ test: java
 	$(PY) -m pytest
 
 clean:
-	rm -rf build .gradle
+	rm -rf build .gradle dist python/gradbridge/jars

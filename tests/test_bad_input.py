@@ -9,6 +9,7 @@ import pytest
 from gradbridge import java
 from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError
 from gradbridge.errors import ModuleLoadError
+from gradbridge import classpath
 from gradbridge import jvm as gradbridge_jvm
 
 
@@ -91,13 +92,14 @@ def test_error_from_inside_libtorch_keeps_the_jvm_usable(jvm, module, model_path
 
 
 def test_missing_java_build_names_the_command(monkeypatch, tmp_path):
-    monkeypatch.delenv(gradbridge_jvm.CLASSPATH_ENV, raising=False)
-    monkeypatch.setattr(gradbridge_jvm, "CLASSPATH_FILE", tmp_path / "gradbridge-classpath.txt")
-    with pytest.raises(JavaBuildMissingError, match=r"gradbridge-classpath\.txt is missing\. Build it with `gradle assemble`"):
-        gradbridge_jvm.classpath()
+    monkeypatch.delenv(classpath.CLASSPATH_ENV, raising=False)
+    monkeypatch.setattr(classpath._devtree, "root", lambda: tmp_path)
+    with pytest.raises(JavaBuildMissingError, match=r"gradbridge-classpath\.txt is missing; build it with `gradle assemble`"):
+        classpath.resolve()
 
 
 def test_stale_java_build_names_the_missing_jar(monkeypatch, tmp_path):
-    monkeypatch.setenv(gradbridge_jvm.CLASSPATH_ENV, str(tmp_path / "gone.jar"))
-    with pytest.raises(JavaBuildMissingError, match=r"gone\.jar.*Rebuild with `gradle assemble`"):
-        gradbridge_jvm.classpath()
+    monkeypatch.setenv(classpath.CLASSPATH_ENV, str(tmp_path / "gone.jar"))
+    with pytest.raises(JavaBuildMissingError, match=r"GRADBRIDGE_CLASSPATH names files that do not exist: .*gone\.jar; "
+                                                    r"correct or unset GRADBRIDGE_CLASSPATH"):
+        classpath.resolve()

@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from gradbridge.bench import IN_PROCESS, VARIANTS
-from gradbridge.jvm import REPO_ROOT
+from gradbridge._devtree import root
+
+REPO_ROOT = root()
 
 
 @pytest.mark.gradle

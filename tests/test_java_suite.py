@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from gradbridge.gradle import run_task
-from gradbridge.jvm import REPO_ROOT
+from gradbridge._devtree import root
+
+REPO_ROOT = root()
 
 pytestmark = pytest.mark.gradle
 

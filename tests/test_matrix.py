@@ -13,7 +13,7 @@ import pytest
 
 from gradbridge import java, reference
 from gradbridge.parity import assert_histories_match
-from gradbridge.paritycheck import SUBPROCESS_ATOL, SUBPROCESS_RTOL
+from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 from tests import matrix
 
 RESULTS = []  # (case, mode, side, verdict) for the report printed at the end of the session
@@ -87,5 +87,5 @@ def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
         history = History.load(tmp_path / "h.jsonl")
     x, y = matrix.dataset(data)
     in_python = reference.train(path, x, y, **settings)
-    report = assert_histories_match(in_python, history, rtol=SUBPROCESS_RTOL, atol=SUBPROCESS_ATOL)
+    report = assert_histories_match(in_python, history, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
     RESULTS.append((f"{model_name} / {optimizer}", mode, "subprocess", report))

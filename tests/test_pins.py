@@ -10,7 +10,7 @@ import jpype
 import torch
 
 from gradbridge import protocol
-from gradbridge import jvm as gradbridge_jvm
+from gradbridge import classpath
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_torch_pin_matches_djl_pins():
 
 def test_built_classpath_uses_the_pinned_artifacts():
     props = _gradle_properties()
-    jars = {Path(entry).name for entry in gradbridge_jvm.classpath()}
+    jars = {Path(entry).name for entry in classpath.resolve().entries}
     assert f"pytorch-engine-{props['djlVersion']}.jar" in jars
     assert f"pytorch-jni-{props['torchVersion']}-{props['djlVersion']}.jar" in jars
     assert f"pytorch-native-cpu-{props['torchVersion']}-{props['pytorchNativeClassifier']}.jar" in jars

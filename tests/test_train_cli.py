@@ -14,7 +14,9 @@ import pytest
 
 from gradbridge import History, compare_histories, protocol, reference
 from gradbridge.gradle import run_task
-from gradbridge.jvm import REPO_ROOT
+from gradbridge._devtree import root
+
+REPO_ROOT = root()
 
 SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
 # gradle train runs DJL's own libtorch build, not pip's: allow float32-level differences.

@@ -3,15 +3,18 @@
 Public API:
     export_training_module, export_builtin   -- write a scripted training module (.pt)
     History, EpochRecord                     -- per-epoch training record, JSON Lines I/O
-    compare_histories                        -- parity between two histories
+    compare_histories, ParityReport          -- parity between two histories
     gradbridge.reference                     -- eager torch.optim training (Reference, train)
     gradbridge.java                          -- the Java Trainer and seed driver, in this process
-    gradbridge.jvm                           -- the in-process JVM (JPype): start, classpath, errors
+    gradbridge.jvm                           -- the in-process JVM (JPype): start, errors
+
+``import gradbridge`` is light: torch, numpy and JPype load only when something needs them (the
+pytest plugin costs nothing in a test run that does not use its fixtures).
 """
 
-__version__ = "0.1.0"
+from importlib import resources as _resources
 
-from .errors import (  # noqa: E402
+from .errors import (
     DivergenceError,
     GradbridgeError,
     InvalidInputError,
@@ -19,19 +22,36 @@ from .errors import (  # noqa: E402
     JavaError,
     ModuleLoadError,
     ProtocolError,
+    SetupError,
 )
-from .export import export_builtin, export_training_module  # noqa: E402
-from .history import EpochRecord, History  # noqa: E402
-from .parity import ParityReport, compare_histories  # noqa: E402
+
+#: The project version: python/gradbridge/VERSION is its only definition (wheel, jar and POM read it).
+__version__ = _resources.files(__name__).joinpath("VERSION").read_text(encoding="utf-8").strip()
+
+# name -> submodule that defines it, imported on first use (PEP 562).
+_LAZY = {
+    "export_training_module": "export",
+    "export_builtin": "export",
+    "History": "history",
+    "EpochRecord": "history",
+    "compare_histories": "parity",
+    "ParityReport": "parity",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",
-    "export_training_module",
-    "export_builtin",
-    "History",
-    "EpochRecord",
-    "compare_histories",
-    "ParityReport",
+    *_LAZY,
     "GradbridgeError",
     "DivergenceError",
     "ModuleLoadError",
@@ -39,4 +59,5 @@ __all__ = [
     "InvalidInputError",
     "JavaBuildMissingError",
     "JavaError",
+    "SetupError",
 ]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import GradbridgeError
+from .errors import CLI_ERROR_PREFIX, GradbridgeError
 from .models import BUILTIN_MODELS
 
 # Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
@@ -105,6 +105,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(epochs=args.epochs, out_dir=args.out_dir)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import run
+
+    return run()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -176,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")
     demo.add_argument("--out-dir", default="build/demo", help="where models and histories go")
     demo.set_defaults(run=_demo)
+
+    doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
+                                 description="Print what gradbridge runs on and one line per problem; exit code 1 "
+                                             "when there is any.")
+    doctor.set_defaults(run=_doctor)
     return parser
 
 
@@ -187,5 +198,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
-        print(f"gradbridge: error: {ex}", file=sys.stderr)
+        print(f"{CLI_ERROR_PREFIX}{ex}", file=sys.stderr)
         return 1

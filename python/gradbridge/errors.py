@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: How the `gradbridge` command starts every error line on stderr.
+CLI_ERROR_PREFIX = "gradbridge: error: "
+
 
 class GradbridgeError(Exception):
     """Base class of every gradbridge error.
@@ -20,8 +23,15 @@ class InvalidInputError(GradbridgeError):
     """Data does not match what the training module expects (shape, dtype, name)."""
 
 
-class JavaBuildMissingError(GradbridgeError):
-    """The Java library has not been built, so the JVM cannot be started."""
+class SetupError(GradbridgeError):
+    """The installation cannot run Java: the JDK, torch or the Java library does not fit.
+
+    The message says what to install or set; ``gradbridge doctor`` lists every such problem.
+    """
+
+
+class JavaBuildMissingError(SetupError):
+    """The Java library's jars are missing (not built, not bundled, or a classpath names missing files)."""
 
 
 class JavaError(GradbridgeError):

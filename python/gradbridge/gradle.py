@@ -1,15 +1,14 @@
-"""Run the project's Gradle build from Python (the demo and the subprocess tests use it)."""
+"""Run a checkout's Gradle build from Python (development only: the benchmark and the tests use it)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from .errors import GradbridgeError
-from .jvm import REPO_ROOT
+from . import _devtree
 
 
 def program_args(words: Sequence[str]) -> str:
@@ -36,4 +35,4 @@ def run_task(tasks: str | Sequence[str], args: Sequence[str] = (), *, capture: b
     command = [gradle_command(), "--no-daemon", "-q", *tasks, f"-Ppython={sys.executable}"]
     if args:
         command.append(f"-Pargs={program_args(args)}")
-    return subprocess.run(command, cwd=Path(REPO_ROOT), text=True, capture_output=capture, check=False)
+    return subprocess.run(command, cwd=_devtree.require_root("gradle " + " ".join(tasks)), text=True, capture_output=capture, check=False)

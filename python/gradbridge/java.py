@@ -1,4 +1,5 @@
-"""Java training from Python, in this process: the Java Trainer and the seed driver via JPype.
+"""Java training from Python: the Java Trainer and the seed driver in this process (JPype), and
+the Trainer's CLI in a JVM of its own (``train_subprocess``).
 
 Numpy arrays reach Java as direct ByteBuffers over their own memory (no copy in Python, no
 per-element conversion); libtorch tensors are built on that memory, so the arrays must stay
@@ -8,15 +9,14 @@ alive and unchanged during the call, which these functions guarantee by holding 
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Optional, Tuple
 
 import numpy as np
 
-from . import gradle
-from .errors import GradbridgeError, InvalidInputError
+from . import launcher
+from .errors import InvalidInputError
 from .history import History
-from .jvm import REPO_ROOT, dtype_name, java_errors, jclass, load_module, to_java_floats
+from .jvm import dtype_name, java_errors, jclass, load_module, to_java_floats
 
 MODES = ("full", "step", "fused")
 
@@ -99,22 +99,12 @@ def train_linear_regression(model_path: str | os.PathLike, x: np.ndarray, y: np.
         module.close()
 
 
-#: `gradle installDist` puts the Trainer's CLI here.
-TRAIN_SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
-
-
 def train_subprocess(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
                      seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
                      history: str | os.PathLike) -> History:
-    """Run the Trainer in a separate JVM (DJL's own libtorch): ``gradbridge-train`` from
-    ``gradle installDist`` when present, else ``gradle train``. Returns the History it wrote."""
+    """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
+    History it wrote. GradbridgeError carries the program's own error line."""
     args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
             "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
-    if TRAIN_SCRIPT.exists():
-        result = subprocess.run([str(TRAIN_SCRIPT), *map(str, args)], capture_output=True, text=True)
-    else:
-        result = gradle.run_task("train", args)
-    if result.returncode != 0:
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        raise GradbridgeError(f"Java trainer (subprocess) failed: {errors[-1][7:] if errors else result.stderr.strip()}")
+    launcher.run(launcher.TRAIN_MAIN, args)
     return History.load(history)

@@ -1,31 +1,23 @@
 """The in-process JVM: Java's gradbridge library called from Python through JPype.
 
-One JVM per process, started with the classpath that the Gradle build wrote
-(``build/gradbridge-classpath.txt``), and with DJL pointed at the libtorch that ``import torch``
-already loaded: one libtorch per process, so both languages share one allocator, one thread
-pool and one random generator.
+One JVM per process, started on the classpath that ``gradbridge.classpath`` resolves (the
+checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``), and
+with DJL pointed at the libtorch that ``import torch`` already loaded: one libtorch per process,
+so both languages share one allocator, one thread pool and one random generator.
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, List, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import errors
+from . import classpath, errors, jdk, libtorch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CLASSPATH_FILE = REPO_ROOT / "build" / "gradbridge-classpath.txt"
-BUILD_COMMAND = "gradle assemble"
-#: Overrides the classpath file: entries separated by os.pathsep.
-CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
 #: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". A JVM that rejects one exits the process.
 JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
-#: The libjvm.so to load instead of the one JPype finds (JAVA_HOME, then the system's).
-JVM_PATH_ENV = "GRADBRIDGE_JVM"
 
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
@@ -35,56 +27,30 @@ _PY_ERRORS = {
 }
 
 
-def classpath() -> List[str]:
-    """The Java library's runtime classpath, as the Gradle build wrote it."""
-    text = os.environ.get(CLASSPATH_ENV)
-    if not text:
-        if not CLASSPATH_FILE.is_file():
-            raise errors.JavaBuildMissingError(
-                f"the Java library is not built: {CLASSPATH_FILE} is missing. "
-                f"Build it with `{BUILD_COMMAND}` in {REPO_ROOT} (or run the README's set-up)."
-            )
-        text = CLASSPATH_FILE.read_text(encoding="utf-8")
-    entries = [e for e in text.strip().split(os.pathsep) if e]
-    missing = [e for e in entries if not Path(e).exists()]
-    if missing:
-        raise errors.JavaBuildMissingError(
-            f"the Java classpath names files that do not exist: {missing[:3]}. "
-            f"Rebuild with `{BUILD_COMMAND}` in {REPO_ROOT}."
-        )
-    return entries
-
-
-def jvm_options() -> List[str]:
-    """System properties that make DJL use this process's libtorch and never download."""
-    import torch  # libtorch must be loaded by Python first; DJL then reuses it.
-
-    return [
-        "-Dai.djl.offline=true",
-        f"-DPYTORCH_LIBRARY_PATH={Path(torch.__file__).parent / 'lib'}",
-        f"-DPYTORCH_VERSION={torch.__version__.split('+')[0]}",
-        "-DPYTORCH_FLAVOR=cpu",
-    ]
-
-
 def start(extra_options: Sequence[str] = ()) -> None:
     """Start the JVM once for this process; later calls return at once.
 
-    Raises JavaBuildMissingError when the Java build is missing, GradbridgeError when the JVM
-    cannot start.
+    Raises JavaBuildMissingError when the Java library is missing, SetupError when the JDK or
+    torch does not fit it, GradbridgeError when the JVM cannot start.
     """
     import jpype
 
     if jpype.isJVMStarted():
         return
-    entries = classpath()
+    path = classpath.resolve()
+    libtorch.require(path.versions()["torch"])
+    libjvm = jdk.libjvm_path()
+    version = jdk.libjvm_version(libjvm)
+    if version is not None:
+        jdk.require(version, libjvm)
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
-    jvm_path = os.environ.get(JVM_PATH_ENV) or None
     try:
-        jpype.startJVM(*jvm_options(), *extra, jvmpath=jvm_path, classpath=entries, convertStrings=False)
+        jpype.startJVM(*libtorch.djl_options(), *extra, jvmpath=libjvm, classpath=path.entries,
+                       convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
-        raise errors.GradbridgeError(
-            f"cannot start the JVM ({jvm_path or 'found by JPype'}, extra options: {extra or 'none'}): {ex}") from ex
+        raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
+    jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)
+    jpype.JClass("dev.gradbridge.cli.ConsoleLogging").applyDefaults()
 
 
 def jclass(name: str):

@@ -4,17 +4,16 @@ compare every epoch, and say plainly whether the runs agree."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
 from . import data, java, protocol, reference, report
-from .parity import compare_histories
+from .errors import CLI_ERROR_PREFIX, GradbridgeError
+from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")
-#: A separate JVM runs DJL's own libtorch build, not pip's: float32-level differences may appear.
-SUBPROCESS_RTOL = 1e-5
-SUBPROCESS_ATOL = 1e-6
 
 
 def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str | os.PathLike | None = None,
@@ -24,7 +23,10 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     """Returns the exit code: 0 only when every comparison is within tolerance.
 
     Tolerances: in-process Java shares this process's libtorch and is compared exactly unless
-    ``rtol``/``atol`` are given; a subprocess defaults to SUBPROCESS_RTOL/ATOL.
+    ``rtol``/``atol`` are given; a subprocess defaults to parity.SEPARATE_JVM_RTOL/ATOL.
+    A Java variant that fails does not discard the other: its table and report are kept, the
+    failure is one error line on stderr, exit code 1. When every variant fails, the first
+    failure is raised.
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
@@ -38,18 +40,26 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     settings = dict(epochs=epochs, batch_size=batch_size, seed=seed, mode=mode)
 
     python = reference.train(model, x, y, val=val, **settings)
-    others, reports = {}, []
+    others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
-        others["java"] = java.train(model, x, y, val=val, **settings)
-        reports.append(compare_histories(python, others["java"], rtol=rtol or 0.0, atol=atol or 0.0,
-                                         labels=("python", "java")))
+        try:
+            others["java"] = java.train(model, x, y, val=val, **settings)
+            reports.append(compare_histories(python, others["java"], rtol=rtol or 0.0, atol=atol or 0.0,
+                                             labels=("python", "java")))
+        except GradbridgeError as ex:
+            failures["java"] = ex
     if java_mode in ("subprocess", "both"):
-        with tempfile.TemporaryDirectory() as folder:
-            others["java-subprocess"] = java.train_subprocess(model, data_path, val=val_path,
-                                                              history=Path(folder) / "history.jsonl", **settings)
-        reports.append(compare_histories(
-            python, others["java-subprocess"], labels=("python", "java-subprocess"),
-            rtol=SUBPROCESS_RTOL if rtol is None else rtol, atol=SUBPROCESS_ATOL if atol is None else atol))
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                others["java-subprocess"] = java.train_subprocess(model, data_path, val=val_path,
+                                                                  history=Path(folder) / "history.jsonl", **settings)
+            reports.append(compare_histories(
+                python, others["java-subprocess"], labels=("python", "java-subprocess"),
+                rtol=SEPARATE_JVM_RTOL if rtol is None else rtol, atol=SEPARATE_JVM_ATOL if atol is None else atol))
+        except GradbridgeError as ex:
+            failures["java-subprocess"] = ex
+    if failures and not reports:
+        raise next(iter(failures.values()))
 
     out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
         f"{len(x)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
@@ -59,9 +69,12 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
               "java": java_mode, **settings}
     if report_path is not None:
-        out(f"report: {report.write_json(report_path, config, reports)}")
-    if plot_path is not None:
+        failed = {label: str(ex) for label, ex in failures.items()}
+        out(f"report: {report.write_json(report_path, config, reports, failed)}")
+    if plot_path is not None and others:
         title = f"{Path(model).name}: python vs {' and '.join(others)} ({mode}, {epochs} epochs)"
         out(f"plot: {report.write_plot(plot_path, title, python, others, reports)}")
-    return 0 if all(parity.within_tolerance for parity in reports) else 1
+    for label, ex in failures.items():
+        print(f"{CLI_ERROR_PREFIX}{label}: {ex}", file=sys.stderr)
+    return 0 if not failures and all(parity.within_tolerance for parity in reports) else 1
 

@@ -7,16 +7,24 @@ Helper:
     assert_histories_match(python, java, rtol=0, atol=0)  fails naming the first diverging epoch,
                                                           the parameter, both values and the difference
 
-Run pytest with ``-p no:faulthandler``: the JVM's signal handling looks like a crash to it.
+Importing this plugin loads neither torch nor numpy nor JPype: a test run that does not use the
+fixtures pays nothing. Run pytest with ``-p no:faulthandler``: the JVM's signal handling looks
+like a crash to it.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .parity import assert_histories_match
-
 __all__ = ["assert_histories_match", "gradbridge_jvm", "java_trainer"]
+
+
+def assert_histories_match(python, java, *, rtol: float = 0.0, atol: float = 0.0,
+                           labels: tuple = ("python", "java")):
+    """``gradbridge.parity.assert_histories_match``, imported when first called."""
+    from .parity import assert_histories_match as check
+
+    return check(python, java, rtol=rtol, atol=atol, labels=labels)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from .history import History
 from .parity import ParityReport
@@ -14,10 +14,13 @@ from .parity import ParityReport
 _ZERO_FLOOR = 1e-18
 
 
-def write_json(path: str | os.PathLike, config: Dict, reports: Sequence[ParityReport]) -> Path:
+def write_json(path: str | os.PathLike, config: Dict, reports: Sequence[ParityReport],
+               failures: Optional[Dict[str, str]] = None) -> Path:
+    """Every comparison's figures, and the error line of each Java variant that failed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"config": config, "comparisons": [report.to_json() for report in reports]}
+    document = {"config": config, "comparisons": [report.to_json() for report in reports],
+                "failures": dict(failures or {})}
     path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     return path
 

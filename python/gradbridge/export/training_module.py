@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import __version__, protocol
+from .. import __version__, protocol  # __version__ is set before any submodule loads
 from ..errors import GradbridgeError
 from ..models import BUILTIN_MODELS
 from . import losses, optim

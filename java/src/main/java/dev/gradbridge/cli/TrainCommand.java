@@ -127,6 +127,7 @@ public final class TrainCommand implements Callable<Integer> {
      * @param args see {@code --help}
      */
     public static void main(String[] args) {
+        ConsoleLogging.applyDefaults();
         System.exit(execute(args));
     }
 

@@ -7,6 +7,7 @@ import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.cli.ConsoleLogging;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Path;
@@ -177,6 +178,7 @@ public final class LinearRegressionTraining implements Callable<History> {
      * @param args see {@code --help}
      */
     public static void main(String[] args) {
+        ConsoleLogging.applyDefaults();
         CommandLine cli = new CommandLine(new LinearRegressionTraining());
         cli.setExecutionExceptionHandler(
                 (ex, commandLine, parseResult) -> {

@@ -1,0 +1,86 @@
+"""Where the Java library's jars come from, and which versions they were built with.
+
+In order: ``GRADBRIDGE_CLASSPATH`` (entries separated by os.pathsep), the Gradle build of a
+source checkout (``build/gradbridge-classpath.txt``), the jars inside an installed wheel
+(``gradbridge/jars``, listed in order by ``classpath.txt``). Every problem is one
+JavaBuildMissingError line that names the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List
+
+from . import _devtree
+from .errors import JavaBuildMissingError
+
+#: Overrides every other source: entries separated by os.pathsep.
+CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
+#: The jars a wheel carries (`make dist` fills it; absent in a checkout).
+BUNDLED_JARS = Path(__file__).resolve().parent / "jars"
+BUNDLE_INDEX = "classpath.txt"
+#: Written into the library jar by the build (Java: dev.gradbridge.Versions).
+VERSIONS_RESOURCE = "dev/gradbridge/versions.properties"
+#: A jar holding DJL's own libtorch; without one, DJL must be pointed at torch's libtorch.
+NATIVE_JAR_PREFIX = "pytorch-native-"
+
+
+@dataclass(frozen=True)
+class Classpath:
+    entries: List[str]
+    #: where the entries came from, in words (for errors and `gradbridge doctor`)
+    source: str
+
+    @property
+    def has_native_libtorch(self) -> bool:
+        return any(Path(e).name.startswith(NATIVE_JAR_PREFIX) for e in self.entries)
+
+    def library_jar(self) -> Path:
+        """The gradbridge jar on this classpath (the one holding the versions resource)."""
+        for entry in self.entries:
+            path = Path(entry)
+            if path.is_file() and path.suffix == ".jar":
+                with zipfile.ZipFile(path) as jar:
+                    if VERSIONS_RESOURCE in jar.namelist():
+                        return path
+        raise JavaBuildMissingError(f"the classpath from {self.source} holds no gradbridge jar "
+                                    f"(none contains {VERSIONS_RESOURCE})")
+
+    def versions(self) -> Dict[str, str]:
+        """``{"gradbridge": ..., "djl": ..., "torch": ...}`` as the library jar was built."""
+        with zipfile.ZipFile(self.library_jar()) as jar:
+            text = jar.read(VERSIONS_RESOURCE).decode("utf-8")
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def resolve() -> Classpath:
+    """The classpath the JVM gets; JavaBuildMissingError when it is missing or incomplete."""
+    text = os.environ.get(CLASSPATH_ENV)
+    if text:
+        source, fix = f"${CLASSPATH_ENV}", f"correct or unset {CLASSPATH_ENV}"
+        entries = [e for e in text.strip().split(os.pathsep) if e]
+    elif _devtree.root() is not None:
+        checkout = _devtree.root()
+        listing = checkout / _devtree.CLASSPATH_FILE
+        source, fix = str(listing), f"build it with `{_devtree.BUILD_COMMAND}` in {checkout}"
+        if not listing.is_file():
+            raise JavaBuildMissingError(f"the Java library is not built: {listing} is missing; {fix}")
+        entries = [e for e in listing.read_text(encoding="utf-8").strip().split(os.pathsep) if e]
+    else:
+        index = BUNDLED_JARS / BUNDLE_INDEX
+        source = f"the jars of the installed package ({BUNDLED_JARS})"
+        fix = ("reinstall gradbridge from a wheel built with `make dist`, "
+               f"or point {CLASSPATH_ENV} at the jars")
+        if not index.is_file():
+            raise JavaBuildMissingError(f"this gradbridge install has no Java library: {index} is missing; {fix}")
+        entries = [str(BUNDLED_JARS / name) for name in index.read_text(encoding="utf-8").split()]
+    if not entries:
+        raise JavaBuildMissingError(f"the classpath from {source} is empty; {fix}")
+    missing = [e for e in entries if not Path(e).exists()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise JavaBuildMissingError(f"the classpath from {source} names files that do not exist: {shown}; {fix}")
+    return Classpath(entries, source)

@@ -1,0 +1,79 @@
+"""`gradbridge doctor`: what this installation runs on, and one line per problem.
+
+Checks, without starting a JVM: the Python package, torch against the libtorch the Java library
+was built for, where the Java library's jars come from and their versions, the JVM that would
+start in this process, and the `java` a separate JVM would run. Exit code 1 when any is off.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from . import __version__, _devtree, classpath, jdk, libtorch
+from .errors import GradbridgeError
+
+
+def run(out: Callable[[str], None] = print) -> int:
+    problems: List[str] = []
+
+    def check(label: str, probe: Callable[[], str]) -> Optional[str]:
+        try:
+            value = probe()
+        except (GradbridgeError, ImportError, OSError) as ex:
+            problems.append(f"{label}: {ex}")
+            value = "PROBLEM (below)"
+        out(f"{label:<22} {value}")
+        return None if value == "PROBLEM (below)" else value
+
+    checkout = _devtree.root()
+    out(f"{'gradbridge':<22} {__version__} ({Path(__file__).resolve().parent}"
+        f"{', source checkout ' + str(checkout) if checkout else ', installed package'})")
+    out(f"{'python':<22} {sys.version.split()[0]} ({sys.executable})")
+
+    built: dict = {}
+
+    def java_library() -> str:
+        path = classpath.resolve()
+        built.update(path.versions())
+        if built.get("gradbridge") != __version__:
+            raise GradbridgeError(f"the Java library is gradbridge {built.get('gradbridge')}, the Python package "
+                                  f"{__version__}: rebuild or reinstall so that they match")
+        native = "DJL's own libtorch (pytorch-native jar)" if path.has_native_libtorch else "this Python's libtorch"
+        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} jars; DJL {built['djl']}, "
+                f"for libtorch {built['torch']}; a separate JVM runs {native})")
+
+    check("java library", java_library)
+
+    def torch() -> str:
+        version = libtorch.torch_version()
+        if "torch" in built:
+            libtorch.require(built["torch"])
+        return f"{version} (libtorch: {libtorch.lib_dir()})"
+
+    check("torch", torch)
+
+    def in_process_jvm() -> str:
+        libjvm = jdk.libjvm_path()
+        version = jdk.libjvm_version(libjvm)
+        if version is None:
+            return f"{libjvm} (version unknown until it starts)"
+        jdk.require(version, libjvm)
+        return f"{libjvm} (Java {version})"
+
+    check("JVM in this process", in_process_jvm)
+
+    def separate_jvm() -> str:
+        java = jdk.java_executable()
+        version = jdk.java_version(java)
+        jdk.require(version, java)
+        return f"{java} (Java {version})"
+
+    check("java (separate JVM)", separate_jvm)
+
+    for problem in problems:
+        out(f"problem: {problem}")
+    if not problems:
+        out("no problems found")
+    return 1 if problems else 0
