@@ -18,6 +18,9 @@ from . import classpath, errors, jdk, libtorch
 
 #: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". A JVM that rejects one exits the process.
 JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
+#: Inside Python, Java logs warnings only (the CLIs log progress at info); an option in
+#: GRADBRIDGE_JVM_OPTIONS comes later and wins.
+_QUIET_LOGGING = "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"
 
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
@@ -45,7 +48,7 @@ def start(extra_options: Sequence[str] = ()) -> None:
         jdk.require(version, libjvm)
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
     try:
-        jpype.startJVM(*libtorch.djl_options(), *extra, jvmpath=libjvm, classpath=path.entries,
+        jpype.startJVM(*libtorch.djl_options(), _QUIET_LOGGING, *extra, jvmpath=libjvm, classpath=path.entries,
                        convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
