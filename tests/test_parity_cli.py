@@ -76,7 +76,7 @@ def test_a_divergence_is_reported_with_epoch_parameter_and_values(jvm, custom, m
     ("no_protocol", {}, r"no_protocol\.pt: TorchScript archive without gradbridge\.json"),
     ("bad_data", {}, r"x must be float32 of shape \[-1, 3\] .*got float32 of shape \[10, 2\]"),
     ("no_java_build", {"GRADBRIDGE_CLASSPATH": "/nonexistent/gradbridge.jar"}, r"names files that do not exist: /nonexistent/gradbridge\.jar; correct or unset GRADBRIDGE_CLASSPATH"),
-    ("jvm_cannot_start", {"GRADBRIDGE_JVM": "/nonexistent/libjvm.so"}, r"cannot start the JVM \(/nonexistent/libjvm\.so"),
+    ("jvm_missing", {"GRADBRIDGE_JVM": "/nonexistent/libjvm.so"}, r"GRADBRIDGE_JVM=/nonexistent/libjvm\.so: no such file"),
 ])
 def test_bad_input_is_one_line(custom, models, tmp_path, case, env, message):
     model = models["no_protocol.pt"] if case == "no_protocol" else custom / "regressor.pt"

@@ -289,3 +289,21 @@ def test_readme_names_the_project_version():
     text = (REPO_ROOT / "README.md").read_text()
     assert set(re.findall(r"gradbridge-(\d+\.\d+\.\d+)-py3", text)) == {VERSION}
     assert set(re.findall(r"dev\.gradbridge:gradbridge:(\d+\.\d+\.\d+)", text)) == {VERSION}
+
+
+def test_separate_jvm_runs_offline_on_the_wheels_jars_and_the_override_wins(user_env, outside):
+    bin_dir, env = user_env
+    probe = ("from gradbridge import classpath, launcher\n"
+             "print(classpath.resolve().source)\n"
+             "print(' '.join(launcher.command(launcher.TRAIN_MAIN, ['--help'])))\n")
+    result = _run([bin_dir / "python", "-c", probe], cwd=outside, env=env)
+    assert result.returncode == 0, result.stderr
+    source, command = result.stdout.splitlines()
+    assert source.startswith("the jars of the installed package")
+    assert "-Dai.djl.offline=true" in command and "-DPYTORCH_LIBRARY_PATH=" in command
+    assert "pytorch-native" not in command
+    jars = command.split(" -cp ")[1].split()[0]
+    assert all(Path(jar).parent.parent.parent.name == "site-packages" and Path(bin_dir.parent) in Path(jar).parents
+               for jar in jars.split(os.pathsep)), jars
+    overridden = _run([bin_dir / "python", "-c", probe], cwd=outside, env={**env, "GRADBRIDGE_CLASSPATH": jars})
+    assert overridden.stdout.splitlines()[0] == "$GRADBRIDGE_CLASSPATH", overridden.stdout + overridden.stderr

@@ -22,7 +22,6 @@ import copy
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,13 +34,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import java, jvm
+from . import _devtree, classpath, java, jdk, jvm, libtorch
 from .export import export_training_module, losses, optim
 from .gradle import run_task
 from .models import LinearRegression, mlp
 from .torchscript import plain_graph_executor
 
-NATIVE_SOURCE = jvm.REPO_ROOT / "benchmarks" / "native" / "train_loop.cpp"
+#: The native loop's source lives in the checkout (benchmarks/native): `gradbridge bench` is a
+#: development command.
+NATIVE_SOURCE = Path("benchmarks") / "native" / "train_loop.cpp"
 VARIANTS = {
     "a": "eager PyTorch + torch.optim",
     "b": "Python -> scripted train_step",
@@ -143,13 +144,14 @@ def native_binary(out_dir: Path) -> Path:
     """
     from torch.utils import cpp_extension
 
+    source = _devtree.require_root("gradbridge bench") / NATIVE_SOURCE
     binary = out_dir / "train_loop"
-    if binary.exists() and binary.stat().st_mtime > NATIVE_SOURCE.stat().st_mtime:
+    if binary.exists() and binary.stat().st_mtime > source.stat().st_mtime:
         return binary
     out_dir.mkdir(parents=True, exist_ok=True)
     libs = cpp_extension.library_paths()
     command = ["g++", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               str(NATIVE_SOURCE), *[f"-I{p}" for p in cpp_extension.include_paths()],
+               str(source), *[f"-I{p}" for p in cpp_extension.include_paths()],
                *[f"-L{p}" for p in libs], "-ltorch", "-ltorch_cpu", "-lc10",
                *[f"-Wl,-rpath,{p}" for p in libs], "-o", str(binary)]
     subprocess.run(command, check=True)
@@ -168,10 +170,10 @@ def _write_native_data(path: Path, x: np.ndarray, y: np.ndarray) -> None:
 def _java(model: Path, data: Path, mode: str, warmup: int, repeats: int, calls: int, batch: int,
           threads: int) -> List[float]:
     """StepBenchmark in a JVM of its own, on the wheel's libtorch (no Python in that process)."""
-    command = [shutil.which("java") or "java", *jvm.jvm_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+    command = [jdk.checked_java(), *libtorch.djl_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                f"-Dai.djl.pytorch.num_threads={threads}",
                f"-Dai.djl.pytorch.num_interop_threads={torch.get_num_interop_threads()}",
-               "-cp", os.pathsep.join(jvm.classpath()), "dev.gradbridge.bench.StepBenchmark",
+               "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
                str(model), str(data), mode, str(warmup), str(repeats), str(calls), str(batch)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["repeat_seconds"]
