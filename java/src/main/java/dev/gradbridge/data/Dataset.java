@@ -17,7 +17,10 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Enumeration;
 import java.util.Locale;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipFile;
 
 /**
  * Inputs {@code x} and targets {@code y} for training or validation, as NDArrays of the PyTorch
@@ -86,6 +89,7 @@ public final class Dataset implements AutoCloseable {
     public static Dataset loadNpz(Path file, NDManager manager) {
         NDManager scope = manager.newSubManager();
         try (InputStream in = Files.newInputStream(file)) {
+            checkNpzHeaders(file);
             NDList arrays = NDList.decode(scope, in);
             NDArray x = arrays.get("x");
             NDArray y = arrays.get("y");
@@ -129,8 +133,28 @@ public final class Dataset implements AutoCloseable {
         }
     }
 
+    /** Every array's header, before DJL decodes (see {@link NpyHeader}). */
+    private static void checkNpzHeaders(Path file) throws IOException {
+        try (ZipFile archive = new ZipFile(file.toFile())) {
+            Enumeration<? extends ZipEntry> entries = archive.entries();
+            while (entries.hasMoreElements()) {
+                ZipEntry entry = entries.nextElement();
+                String name = entry.getName();
+                if (name.endsWith(".npy")) {
+                    try (InputStream in = archive.getInputStream(entry)) {
+                        NpyHeader.check(in, entry.getSize(), file.toString(), name.substring(0, name.length() - 4));
+                    }
+                }
+            }
+        }
+    }
+
     private static NDArray readNpy(Path file, NDManager manager) {
         try (InputStream in = Files.newInputStream(file)) {
+            String name = String.valueOf(file.getFileName()).replaceFirst("\\.npy$", "");
+            try (InputStream header = Files.newInputStream(file)) {
+                NpyHeader.check(header, Files.size(file), file.toString(), name);
+            }
             NDList arrays = NDList.decode(manager, in);
             return arrays.singletonOrThrow();
         } catch (NoSuchFileException e) {

@@ -1,0 +1,63 @@
+package dev.gradbridge;
+
+import java.util.Arrays;
+
+/**
+ * The wording of gradbridge's error lines that both languages print, in one place. {@code
+ * python/gradbridge/messages.py} holds the same sentences; tests compare the two, so a user sees
+ * the same line whichever side refused the input. Every line names the file, key, array or
+ * argument at fault and says what was expected and what was found.
+ */
+public final class Messages {
+
+    private Messages() {}
+
+    // ---- data files (.npz / .npy) ----
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param descr numpy's dtype descriptor, e.g. {@code >f4}
+     * @return the line for a big-endian array (DJL would read its bytes swapped)
+     */
+    public static String bigEndian(String source, String array, String descr) {
+        String little = "<" + descr.substring(1);
+        return source + ": array " + array + " has dtype " + descr + " (big-endian); expected little-endian "
+                + little + ": save it with " + array + ".astype('" + little + "')";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @return the line for an array stored in Fortran (column-major) order
+     */
+    public static String fortranOrder(String source, String array) {
+        return source + ": array " + array + " is stored in Fortran order; expected C order: save"
+                + " numpy.ascontiguousarray(" + array + ")";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param shape the shape the header claims
+     * @param descr numpy's dtype descriptor
+     * @param claimed bytes the header implies, or -1 when that overflows 64 bits
+     * @param available bytes of data the file actually holds
+     * @return the line for a header that does not match the data that follows it
+     */
+    public static String npySize(String source, String array, long[] shape, String descr, long claimed, long available) {
+        return source + ": array " + array + " header claims shape " + Arrays.toString(shape) + " of " + descr + " ("
+                + (claimed < 0 ? "more than " + Long.MAX_VALUE : String.valueOf(claimed)) + " bytes) but the file holds "
+                + available + " bytes";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param reason what is wrong with the header
+     * @return the line for an unreadable .npy header
+     */
+    public static String npyHeader(String source, String array, String reason) {
+        return source + ": array " + array + " has no valid .npy header: " + reason;
+    }
+}
