@@ -193,6 +193,15 @@ public final class Trainer {
      * @throws IOException when the checkpoint cannot be written
      */
     public History fit(TrainingModule module, Dataset train) throws IOException {
+        // Hold the module for the whole run, before anything else: a refused second caller must
+        // not reseed libtorch's generator (the first run's dropout draws from it) nor interleave
+        // its steps with the first run's.
+        try (TrainingModule.Use use = module.use()) {
+            return fitHeld(module, train);
+        }
+    }
+
+    private History fitHeld(TrainingModule module, Dataset train) throws IOException {
         Metadata metadata = module.getMetadata();
         train.check(metadata);
         if (validation != null) {
