@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import gradle
-from .errors import GradbridgeError, InvalidInputError
+from .errors import DivergenceError, GradbridgeError, InvalidInputError
 from .history import History
 from .jvm import REPO_ROOT, dtype_name, java_errors, jclass, load_module, to_java_floats
 
@@ -71,6 +71,10 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
             history = builder.build().fit(module, train_data)
             return History.from_jsonl(str(history.toJsonLines()), where="java history")
+    except DivergenceError as error:
+        # The epochs completed before the divergent one travel on the error.
+        error.history = History.from_jsonl(str(error.__cause__.getHistory().toJsonLines()), where="java history")
+        raise
     finally:
         module.close()
         del arrays  # only now may the memory go

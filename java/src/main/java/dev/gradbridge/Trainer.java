@@ -69,6 +69,7 @@ public final class Trainer {
     private final Mode mode;
     private final Dataset validation;
     private final Path checkpoint;
+    private final Path historyFile;
     private final boolean recordValues;
     private final boolean progressBar;
 
@@ -79,6 +80,7 @@ public final class Trainer {
         this.mode = builder.mode;
         this.validation = builder.validation;
         this.checkpoint = builder.checkpoint;
+        this.historyFile = builder.historyFile;
         this.recordValues = builder.recordValues;
         this.progressBar = builder.progressBar;
     }
@@ -96,6 +98,7 @@ public final class Trainer {
         private Mode mode = Mode.STEP;
         private Dataset validation;
         private Path checkpoint;
+        private Path historyFile;
         private boolean recordValues = true;
         private boolean progressBar;
 
@@ -152,6 +155,16 @@ public final class Trainer {
          */
         public Builder optCheckpoint(Path checkpoint) {
             this.checkpoint = checkpoint;
+            return this;
+        }
+
+        /**
+         * @param historyFile written atomically after every epoch (after the checkpoint), so a
+         *     run that stops for any reason leaves every completed epoch in it
+         * @return this builder
+         */
+        public Builder optHistory(Path historyFile) {
+            this.historyFile = historyFile;
             return this;
         }
 
@@ -231,7 +244,7 @@ public final class Trainer {
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
-                double[] losses = runEpoch(module, train, runSeed, epoch, batch);
+                double[] losses = runEpoch(module, train, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =
                         validation == null ? null : module.evaluate(validation.getX(), validation.getY());
@@ -240,6 +253,9 @@ public final class Trainer {
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
                 if (checkpoint != null) {
                     module.saveCheckpoint(checkpoint, epoch + 1, runSeed);
+                }
+                if (historyFile != null) {
+                    history.save(historyFile);
                 }
                 if (bar != null) {
                     bar.step();
@@ -258,20 +274,21 @@ public final class Trainer {
                 .build();
     }
 
-    private double[] runEpoch(TrainingModule module, Dataset train, long runSeed, int epoch, int batch) {
+    private double[] runEpoch(
+            TrainingModule module, Dataset train, long runSeed, int epoch, int batch, History done) {
         NDArray x = train.getX();
         NDArray y = train.getY();
         int n = train.size();
         if (mode == Mode.FULL) {
             double[] losses = {module.trainStep(x, y)};
-            checkFinite(losses, epoch, n, n);
+            checkFinite(losses, epoch, n, n, done);
             return losses;
         }
         long[] perm = Shuffle.permutation(runSeed, epoch, n);
         try (NDManager scope = module.getManager().newSubManager()) {
             if (mode == Mode.FUSED) {
                 double[] losses = module.trainEpoch(x, y, scope.create(perm), batch);
-                checkFinite(losses, epoch, batch, n);
+                checkFinite(losses, epoch, batch, n, done);
                 return losses;
             }
             // Gather the epoch's order once, then step through contiguous row slices: the same
@@ -287,32 +304,40 @@ public final class Trainer {
                             NDArray yb = ys.get(rows)) {
                         losses[b] = module.trainStep(xb, yb);
                     }
-                    checkFinite(losses[b], epoch, b, batch, n);
+                    checkFinite(losses[b], epoch, b, batch, n, done);
                 }
             }
             return losses;
         }
     }
 
-    private void checkFinite(double[] losses, int epoch, int batch, int n) {
+    private void checkFinite(double[] losses, int epoch, int batch, int n, History done) {
         for (int b = 0; b < losses.length; b++) {
-            checkFinite(losses[b], epoch, b, batch, n);
+            checkFinite(losses[b], epoch, b, batch, n, done);
         }
     }
 
-    private void checkFinite(double loss, int epoch, int index, int batch, int n) {
+    private void checkFinite(double loss, int epoch, int index, int batch, int n, History done) {
         if (Double.isNaN(loss) || Double.isInfinite(loss)) {
             int from = index * batch;
             throw new DivergenceException(
                     String.format(
                             Locale.ROOT,
                             "loss is %s at epoch %d, batch %d (samples %d..%d of the epoch's order);"
-                                    + " training stopped%s",
-                            loss, epoch, index, from, Math.min(n, from + batch) - 1,
-                            checkpoint == null
-                                    ? ""
-                                    : "; " + checkpoint + " holds the last good epoch, if one finished"),
-                    epoch, index);
+                                    + " training stopped; %s",
+                            loss, epoch, index, from, Math.min(n, from + batch) - 1, kept(done)),
+                    epoch, index, done);
         }
+    }
+
+    /** What a stopped run kept: its completed epochs, where they are. */
+    private String kept(History done) {
+        int completed = done.getRecords().size();
+        if (completed == 0) {
+            return "no epoch completed in this run";
+        }
+        return completed + " completed epoch(s) kept"
+                + (historyFile == null ? "" : " in " + historyFile)
+                + (checkpoint == null ? "" : "; " + checkpoint + " holds the last of them");
     }
 }

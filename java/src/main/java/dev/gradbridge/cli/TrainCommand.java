@@ -1,5 +1,6 @@
 package dev.gradbridge.cli;
 
+import dev.gradbridge.DivergenceException;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
@@ -99,19 +100,21 @@ public final class TrainCommand implements Callable<Integer> {
                             .optMode(trainingMode)
                             .optValidation(val)
                             .optCheckpoint(checkpoint)
+                            .optHistory(history)
                             .optRecordValues(!digestsOnly)
                             .optProgressBar(progress != null ? progress : System.console() != null);
             if (seed != null) {
                 builder.optSeed(seed);
             }
-            History result = builder.build().fit(module, train);
-            for (History.EpochRecord record : result.getRecords()) {
-                System.out.printf(
-                        Locale.ROOT, "epoch %d: loss %.6g%s%n", record.getEpoch(), record.getLoss(),
-                        record.getValLoss() == null ? "" : String.format(Locale.ROOT, ", validation %.6g", record.getValLoss()));
+            History result;
+            try {
+                result = builder.build().fit(module, train);
+            } catch (DivergenceException e) {
+                printEpochs(e.getHistory()); // the epochs before the divergent one are kept
+                throw e;
             }
+            printEpochs(result);
             if (history != null) {
-                result.save(history);
                 System.out.println("history: " + history.toAbsolutePath());
             }
             if (checkpoint != null) {
@@ -119,6 +122,14 @@ public final class TrainCommand implements Callable<Integer> {
             }
         }
         return 0;
+    }
+
+    private static void printEpochs(History result) {
+        for (History.EpochRecord record : result.getRecords()) {
+            System.out.printf(
+                    Locale.ROOT, "epoch %d: loss %.6g%s%n", record.getEpoch(), record.getLoss(),
+                    record.getValLoss() == null ? "" : String.format(Locale.ROOT, ", validation %.6g", record.getValLoss()));
+        }
     }
 
     /**
