@@ -46,3 +46,19 @@ def one_error_line(result: subprocess.CompletedProcess, prefix: str = "error: ")
 def stray_files(folder: Path, keep=()) -> list:
     """Files in ``folder`` other than ``keep`` (names)."""
     return sorted(p.name for p in Path(folder).iterdir() if p.name not in set(keep))
+
+
+def rewrite_metadata(source: Path, target: Path, edit) -> Path:
+    """Copy a .pt with its gradbridge.json replaced by ``edit(document)`` (which returns the new
+    document, or a string to store verbatim). Every other record is copied as it is."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as copy:
+        for info in original.infolist():
+            content = original.read(info)
+            if info.filename.endswith("/extra/gradbridge.json"):
+                document = edit(json.loads(content))
+                content = (document if isinstance(document, str) else json.dumps(document)).encode()
+            copy.writestr(info.filename, content)
+    return Path(target)

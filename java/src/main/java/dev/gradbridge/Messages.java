@@ -60,4 +60,41 @@ public final class Messages {
     public static String npyHeader(String source, String array, String reason) {
         return source + ": array " + array + " has no valid .npy header: " + reason;
     }
+
+    // ---- resuming a run ----
+
+    /**
+     * @param checkpoint the checkpoint resumed from
+     * @param what the setting
+     * @param saved the checkpoint's value
+     * @param given the caller's value
+     * @return the line for a resume that would change the run
+     */
+    public static String resumeConflict(String checkpoint, String what, Object saved, Object given) {
+        return checkpoint + " was trained with " + what + " " + saved + "; resume with the same " + what
+                + " (or none) to continue the same run, not " + given;
+    }
+
+    /**
+     * @param data the data given
+     * @param checkpoint the checkpoint resumed from
+     * @param expected the checkpoint's data (shapes, digest)
+     * @param actual the given data (shapes, digest)
+     * @return the line for resuming on other data
+     */
+    public static String differentData(String data, String checkpoint, String expected, String actual) {
+        return data + ": not the data " + checkpoint + " was trained on: expected " + expected + ", got " + actual
+                + "; pass --allow-different-data to continue on it anyway";
+    }
+
+    /**
+     * @param checkpoint the checkpoint resumed from
+     * @param completed the epochs it claims
+     * @param epochs the epochs asked for
+     * @param max the largest epoch count
+     * @return the line for an epoch count that cannot be trained
+     */
+    public static String epochCount(String checkpoint, long completed, long epochs, long max) {
+        return checkpoint + ": epochs_completed " + completed + " + epochs " + epochs + " must be in 0.." + max;
+    }
 }

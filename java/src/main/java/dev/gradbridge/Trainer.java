@@ -7,6 +7,7 @@ import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.Locale;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
@@ -64,9 +65,10 @@ public final class Trainer {
     }
 
     private final int epochs;
-    private final int batchSize;
+    private final Integer batchSize;
     private final Long seed;
     private final Mode mode;
+    private final boolean allowDifferentData;
     private final Dataset validation;
     private final Path checkpoint;
     private final Path historyFile;
@@ -78,6 +80,7 @@ public final class Trainer {
         this.batchSize = builder.batchSize;
         this.seed = builder.seed;
         this.mode = builder.mode;
+        this.allowDifferentData = builder.allowDifferentData;
         this.validation = builder.validation;
         this.checkpoint = builder.checkpoint;
         this.historyFile = builder.historyFile;
@@ -93,9 +96,10 @@ public final class Trainer {
     /** Settings of a {@link Trainer}. */
     public static final class Builder {
         private int epochs = 1;
-        private int batchSize = 32;
+        private Integer batchSize;
         private Long seed;
-        private Mode mode = Mode.STEP;
+        private Mode mode;
+        private boolean allowDifferentData;
         private Dataset validation;
         private Path checkpoint;
         private Path historyFile;
@@ -114,7 +118,8 @@ public final class Trainer {
         }
 
         /**
-         * @param batchSize samples per mini-batch, 1..n (ignored in full mode)
+         * @param batchSize samples per mini-batch, 1..n (ignored in full mode); default 32, or the
+         *     checkpoint's when resuming (a different value is refused)
          * @return this builder
          */
         public Builder optBatchSize(int batchSize) {
@@ -123,7 +128,8 @@ public final class Trainer {
         }
 
         /**
-         * @param seed the run's seed (default 0, or the checkpoint's when resuming)
+         * @param seed the run's seed (default 0, or the checkpoint's when resuming; a different
+         *     value is refused)
          * @return this builder
          */
         public Builder optSeed(long seed) {
@@ -132,11 +138,22 @@ public final class Trainer {
         }
 
         /**
-         * @param mode full, step or fused
+         * @param mode full, step or fused; default step, or the checkpoint's when resuming (a
+         *     different value is refused)
          * @return this builder
          */
         public Builder optMode(Mode mode) {
             this.mode = mode;
+            return this;
+        }
+
+        /**
+         * @param allowDifferentData resume on data other than the checkpoint's run started with
+         *     (refused by default: shapes and SHA-256 are compared)
+         * @return this builder
+         */
+        public Builder optAllowDifferentData(boolean allowDifferentData) {
+            this.allowDifferentData = allowDifferentData;
             return this;
         }
 
@@ -220,31 +237,46 @@ public final class Trainer {
         if (validation != null) {
             validation.check(metadata);
         }
+        Metadata.Checkpoint resumed = metadata.getCheckpoint();
+        Path from = module.getPath();
+        long runSeed = resolve(from, resumed, "seed", seed, resumed == null ? null : resumed.getSeed(), 0L);
+        String modeName =
+                resolve(from, resumed, "mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
+                        resumed == null ? null : resumed.getMode(), "step");
+        Mode runMode = Mode.parse(modeName);
         int n = train.size();
-        int batch = mode == Mode.FULL ? n : batchSize;
+        int batch;
+        if (runMode == Mode.FULL) {
+            batch = n;
+        } else {
+            batch = resolve(from, resumed, "batch size", batchSize, resumed == null ? null : resumed.getBatchSize(), 32);
+        }
         if (batch < 1 || batch > n) {
             throw new InvalidInputException(
                     "batch size must be in 1.." + n + " (the number of samples in " + train.getSource()
                             + "), got " + batch);
         }
-        Metadata.Checkpoint resumed = metadata.getCheckpoint();
-        long runSeed = seed != null ? seed : resumed != null ? resumed.getSeed() : 0L;
-        if (resumed != null && runSeed != resumed.getSeed()) {
-            throw new InvalidInputException(
-                    module.getPath() + " was trained with seed " + resumed.getSeed()
-                            + "; resume with the same seed (or none) to continue the same run, not " + runSeed);
-        }
         int first = resumed == null ? 0 : resumed.getEpochsCompleted();
+        if (first < 0 || (long) first + epochs > Integer.MAX_VALUE) {
+            throw new InvalidInputException(
+                    Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
+        }
+        long[] xShape = train.getX().getShape().getShape();
+        long[] yShape = train.getY().getShape().getShape();
+        String fingerprint = resumed != null || checkpoint != null ? train.fingerprint() : null;
+        if (resumed != null && !allowDifferentData) {
+            checkSameData(from, resumed, train, xShape, yShape, fingerprint);
+        }
         logger.info(
                 "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
-                module.getPath().getFileName(), epochs, first, n, mode, batch, runSeed);
+                from.getFileName(), epochs, first, n, runMode, batch, runSeed);
 
         History history = new History();
         long started = System.nanoTime();
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
-                double[] losses = runEpoch(module, train, runSeed, epoch, batch, history);
+                double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =
                         validation == null ? null : module.evaluate(validation.getX(), validation.getY());
@@ -252,7 +284,9 @@ public final class Trainer {
                 history.add(History.record(module, epoch, loss, valLoss, elapsed, recordValues));
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
                 if (checkpoint != null) {
-                    module.saveCheckpoint(checkpoint, epoch + 1, runSeed);
+                    module.saveCheckpoint(
+                            checkpoint,
+                            new Metadata.Checkpoint(epoch + 1, runSeed, batch, modeName, xShape, yShape, fingerprint));
                 }
                 if (historyFile != null) {
                     history.save(historyFile);
@@ -266,6 +300,39 @@ public final class Trainer {
         return history;
     }
 
+    /**
+     * A run setting: the caller's value, else the checkpoint's, else the default. A caller's
+     * value that differs from the checkpoint's is refused: the resumed run would not be the run.
+     */
+    private static <T> T resolve(Path from, Metadata.Checkpoint resumed, String what, T given, T saved, T fallback) {
+        if (given != null && saved != null && !given.equals(saved)) {
+            throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
+        }
+        return given != null ? given : saved != null ? saved : fallback;
+    }
+
+    /** A resumed run must see the data it started with (shapes and SHA-256 of the bytes). */
+    private static void checkSameData(
+            Path from, Metadata.Checkpoint resumed, Dataset train, long[] xShape, long[] yShape, String fingerprint) {
+        boolean sameShapes =
+                (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), xShape))
+                        && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), yShape));
+        boolean sameBytes = resumed.getDataSha256() == null || resumed.getDataSha256().equals(fingerprint);
+        if (!sameShapes || !sameBytes) {
+            throw new InvalidInputException(
+                    Messages.differentData(
+                            train.getSource(), from.toString(),
+                            "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
+                                    + " sha256 " + shortHash(resumed.getDataSha256()),
+                            "x " + Arrays.toString(xShape) + " y " + Arrays.toString(yShape)
+                                    + " sha256 " + shortHash(fingerprint)));
+        }
+    }
+
+    private static String shortHash(String hash) {
+        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
+    }
+
     private ProgressBar newProgressBar() {
         return new ProgressBarBuilder()
                 .setTaskName("epochs")
@@ -275,7 +342,7 @@ public final class Trainer {
     }
 
     private double[] runEpoch(
-            TrainingModule module, Dataset train, long runSeed, int epoch, int batch, History done) {
+            TrainingModule module, Dataset train, Mode mode, long runSeed, int epoch, int batch, History done) {
         NDArray x = train.getX();
         NDArray y = train.getY();
         int n = train.size();

@@ -60,14 +60,18 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
     private int epochs;
 
-    @Option(names = "--batch-size", defaultValue = "32", description = "mini-batch size (default: ${DEFAULT-VALUE})")
-    private int batchSize;
+    @Option(names = "--batch-size", description = "mini-batch size (default 32, or the checkpoint's)")
+    private Integer batchSize;
 
     @Option(names = "--seed", description = "run seed: shuffle and torch seed per epoch (default 0, or the checkpoint's)")
     private Long seed;
 
-    @Option(names = "--mode", defaultValue = "step", description = "full, step or fused (default: ${DEFAULT-VALUE})")
+    @Option(names = "--mode", description = "full, step or fused (default step, or the checkpoint's)")
     private String mode;
+
+    @Option(names = "--allow-different-data",
+            description = "resume on data other than the checkpoint's run was trained on")
+    private boolean allowDifferentData;
 
     @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
     private Path history;
@@ -87,7 +91,7 @@ public final class TrainCommand implements Callable<Integer> {
         if ((model == null) == (resume == null)) {
             throw new InvalidInputException("give exactly one of --model and --resume");
         }
-        Trainer.Mode trainingMode = Trainer.Mode.parse(mode);
+        Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model);
                 Dataset train = data.npz != null
                         ? Dataset.loadNpz(data.npz, module.getManager())
@@ -96,8 +100,7 @@ public final class TrainCommand implements Callable<Integer> {
             Trainer.Builder builder =
                     Trainer.builder()
                             .optEpochs(epochs)
-                            .optBatchSize(batchSize)
-                            .optMode(trainingMode)
+                            .optAllowDifferentData(allowDifferentData)
                             .optValidation(val)
                             .optCheckpoint(checkpoint)
                             .optHistory(history)
@@ -105,6 +108,12 @@ public final class TrainCommand implements Callable<Integer> {
                             .optProgressBar(progress != null ? progress : System.console() != null);
             if (seed != null) {
                 builder.optSeed(seed);
+            }
+            if (batchSize != null) {
+                builder.optBatchSize(batchSize);
+            }
+            if (trainingMode != null) {
+                builder.optMode(trainingMode);
             }
             History result;
             try {

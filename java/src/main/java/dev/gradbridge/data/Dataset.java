@@ -14,6 +14,8 @@ import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -237,6 +239,26 @@ public final class Dataset implements AutoCloseable {
                             source + ": " + name + " holds NaN or infinite values; clean the data first");
                 }
             }
+        }
+    }
+
+    /**
+     * Identifies the data a run trains on, for checkpoints: SHA-256 of x's bytes, then y's.
+     *
+     * @return lowercase hex digest
+     */
+    public String fingerprint() {
+        try {
+            MessageDigest sha = MessageDigest.getInstance("SHA-256");
+            sha.update(x.toByteArray());
+            sha.update(y.toByteArray());
+            StringBuilder hex = new StringBuilder();
+            for (byte b : sha.digest()) {
+                hex.append(String.format("%02x", b));
+            }
+            return hex.toString();
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
         }
     }
 
