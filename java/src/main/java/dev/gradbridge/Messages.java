@@ -97,4 +97,15 @@ public final class Messages {
     public static String epochCount(String checkpoint, long completed, long epochs, long max) {
         return checkpoint + ": epochs_completed " + completed + " + epochs " + epochs + " must be in 0.." + max;
     }
+
+    // ---- files gradbridge writes ----
+
+    /**
+     * @param path the file the user asked for (never a temp file)
+     * @param reason the operating system's reason, e.g. {@code No space left on device}
+     * @return the line for a file that cannot be written
+     */
+    public static String cannotWrite(String path, String reason) {
+        return "cannot write " + path + ": " + reason;
+    }
 }

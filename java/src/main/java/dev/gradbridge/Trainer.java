@@ -74,6 +74,8 @@ public final class Trainer {
     private final Path historyFile;
     private final boolean recordValues;
     private final boolean progressBar;
+    private volatile boolean stopRequested;
+    private volatile boolean stopped;
 
     private Trainer(Builder builder) {
         this.epochs = builder.epochs;
@@ -213,6 +215,19 @@ public final class Trainer {
     }
 
     /**
+     * Asks a running {@link #fit} to stop after the epoch in progress, once that epoch's
+     * checkpoint and history are written (e.g. from a SIGTERM handler). Safe from any thread.
+     */
+    public void requestStop() {
+        stopRequested = true;
+    }
+
+    /** @return whether the last {@link #fit} ended early because of {@link #requestStop} */
+    public boolean wasStopped() {
+        return stopped;
+    }
+
+    /**
      * Trains {@code module} on {@code train}.
      *
      * @param module the module; resumes after its checkpoint's epochs if it was loaded from one
@@ -267,6 +282,11 @@ public final class Trainer {
         if (resumed != null && !allowDifferentData) {
             checkSameData(from, resumed, train, xShape, yShape, fingerprint);
         }
+        for (Path output : new Path[] {checkpoint, historyFile}) {
+            if (output != null) {
+                AtomicFiles.prepare(output);
+            }
+        }
         logger.info(
                 "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
                 from.getFileName(), epochs, first, n, runMode, batch, runSeed);
@@ -294,6 +314,12 @@ public final class Trainer {
                 if (bar != null) {
                     bar.step();
                     bar.setExtraMessage(String.format(Locale.ROOT, "loss %.4g", loss));
+                }
+                if (stopRequested) {
+                    // A consistent point: the epoch, its checkpoint and its history are written.
+                    logger.info("stop requested: stopping after epoch {}", epoch);
+                    stopped = true;
+                    break;
                 }
             }
         }

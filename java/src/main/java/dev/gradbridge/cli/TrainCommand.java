@@ -10,6 +10,7 @@ import dev.gradbridge.data.Dataset;
 import java.io.IOException;
 import java.io.PrintWriter;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.Callable;
 import picocli.CommandLine;
@@ -115,9 +116,11 @@ public final class TrainCommand implements Callable<Integer> {
             if (trainingMode != null) {
                 builder.optMode(trainingMode);
             }
+            Trainer trainer = builder.build();
+            StopSignals.install(trainer);
             History result;
             try {
-                result = builder.build().fit(module, train);
+                result = trainer.fit(module, train);
             } catch (DivergenceException e) {
                 printEpochs(e.getHistory()); // the epochs before the divergent one are kept
                 throw e;
@@ -126,11 +129,22 @@ public final class TrainCommand implements Callable<Integer> {
             if (history != null) {
                 System.out.println("history: " + history.toAbsolutePath());
             }
-            if (checkpoint != null) {
+            if (checkpoint != null && !result.getRecords().isEmpty()) {
                 System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
+            }
+            if (trainer.wasStopped()) {
+                System.err.println(
+                        "error: " + StopSignals.received() + " received: stopped after epoch "
+                                + last(result) + (checkpoint == null ? "" : "; resume with --resume " + checkpoint));
+                return StopSignals.exitCode();
             }
         }
         return 0;
+    }
+
+    private static String last(History result) {
+        List<History.EpochRecord> records = result.getRecords();
+        return records.isEmpty() ? "none" : String.valueOf(records.get(records.size() - 1).getEpoch());
     }
 
     private static void printEpochs(History result) {
