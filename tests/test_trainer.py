@@ -90,7 +90,11 @@ def test_checkpoint_loads_in_python_and_predicts_what_java_predicts(jvm, mlp_ada
     loaded = torch.jit.load(str(checkpoint))
     assert np.array_equal(loaded.forward(torch.from_numpy(x)).detach().numpy(), java_predictions)
     metadata = protocol.read_metadata(checkpoint)
-    assert metadata["checkpoint"] == {"epochs_completed": 3, "seed": 3}
+    # The checkpoint records what the run depends on (see tests/test_faults_resume.py).
+    saved = metadata["checkpoint"]
+    assert {key: saved[key] for key in ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape")} == {
+        "epochs_completed": 3, "seed": 3, "batch_size": 16, "mode": "step", "x_shape": [100, 6], "y_shape": [100]}
+    assert len(saved["data_sha256"]) == 64
     assert float(loaded.optimizer_state()["step"][0]) == 3 * 7  # 7 batches of 16 per epoch
 
 

@@ -13,7 +13,38 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from . import messages
 from .errors import InvalidInputError
+
+
+def check_npy_header(fp, total_bytes: int, source: str, array: str) -> None:
+    """The .npy header of one array against the bytes that follow it, before numpy reads the data:
+    the same checks and messages as Java's ``NpyHeader`` (byte order, C order, a shape that fits
+    the data), so both languages refuse the same files with the same line."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(fp, max_header_size=1 << 20)
+    except ValueError as ex:
+        raise InvalidInputError(messages.npy_header(source, array, str(ex).splitlines()[0])) from ex
+    descr = dtype.str
+    if descr.startswith(">") and dtype.itemsize > 1:
+        raise InvalidInputError(messages.big_endian(source, array, descr))
+    if fortran:
+        raise InvalidInputError(messages.fortran_order(source, array))
+    claimed = dtype.itemsize * int(np.prod(shape, dtype=object))
+    available = total_bytes - fp.tell()
+    if dtype.itemsize and claimed != available:
+        raise InvalidInputError(messages.npy_size(source, array, shape, descr, claimed, available))
+
+
+def _check_npz_headers(path: Path) -> None:
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.filename.endswith(".npy"):
+                with archive.open(info) as fp:
+                    check_npy_header(fp, info.file_size, str(path), info.filename[:-4])
 
 
 def load_npz(path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
@@ -22,6 +53,7 @@ def load_npz(path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
         raise InvalidInputError(f"{path}: no such data file")
     try:
+        _check_npz_headers(path)
         with np.load(path, allow_pickle=False) as arrays:
             names = list(arrays.keys())
             for name in ("x", "y"):

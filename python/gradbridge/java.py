@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import launcher
-from .errors import InvalidInputError
+from .errors import DivergenceError, InvalidInputError
 from .history import History
 from .jvm import dtype_name, java_errors, jclass, load_module, to_java_floats
 
@@ -44,15 +44,19 @@ def dataset(manager, x: np.ndarray, y: np.ndarray, source: str):
             _direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
 
 
-def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,
-          seed: int = 0, mode: str = "step", val: Optional[Tuple[np.ndarray, np.ndarray]] = None,
-          checkpoint: str | os.PathLike | None = None, record_values: bool = True) -> History:
+def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,
+          batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
+          val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
+          record_values: bool = True, allow_different_data: bool = False) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train``; ``checkpoint`` is written
     after every epoch (a module loaded from a checkpoint resumes after its epochs).
+    ``batch_size``, ``seed`` and ``mode`` default to 32, 0 and ``step``, or to the checkpoint's
+    values when ``model_path`` is a checkpoint (a different value is refused, and so is other
+    data unless ``allow_different_data``).
     """
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise InvalidInputError(f"unknown mode {mode!r}; expected one of {MODES}")
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
@@ -62,15 +66,24 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         with java_errors():
             manager = module.getManager()
             train_data = dataset(manager, arrays[0], arrays[1], "training data")
-            builder = (Trainer.builder().optEpochs(int(epochs)).optBatchSize(int(batch_size))
-                       .optSeed(_as_java_long(seed)).optMode(Trainer.Mode.parse(mode))
-                       .optRecordValues(bool(record_values)))
+            builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
+                       .optAllowDifferentData(bool(allow_different_data)))
+            if batch_size is not None:
+                builder.optBatchSize(int(batch_size))
+            if seed is not None:
+                builder.optSeed(_as_java_long(seed))
+            if mode is not None:
+                builder.optMode(Trainer.Mode.parse(mode))
             if val is not None:
                 builder.optValidation(dataset(manager, arrays[2], arrays[3], "validation data"))
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
             history = builder.build().fit(module, train_data)
             return History.from_jsonl(str(history.toJsonLines()), where="java history")
+    except DivergenceError as error:
+        # The epochs completed before the divergent one travel on the error.
+        error.history = History.from_jsonl(str(error.__cause__.getHistory().toJsonLines()), where="java history")
+        raise
     finally:
         module.close()
         del arrays  # only now may the memory go

@@ -171,7 +171,10 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
-                raise DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}")
+                error = DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}; training stopped; "
+                                        f"{len(history)} completed epoch(s) kept in error.history")
+                error.history = history  # every epoch before the divergent one
+                raise error
         val_loss = None if val is None else float(reference.evaluate(torch.from_numpy(np.ascontiguousarray(val[0])),
                                                                      torch.from_numpy(np.ascontiguousarray(val[1]))))
         history.append(reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started,

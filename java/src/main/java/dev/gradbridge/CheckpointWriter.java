@@ -30,7 +30,7 @@ final class CheckpointWriter {
         AtomicFiles.write(
                 target,
                 tmp -> {
-                    Path raw = Files.createTempFile(tmp.getParent(), "." + target.getFileName(), ".raw");
+                    Path raw = AtomicFiles.createTemp(target.toAbsolutePath(), ".raw");
                     try {
                         try (OutputStream out = Files.newOutputStream(raw)) {
                             JniUtils.writeModule(block, out, false);

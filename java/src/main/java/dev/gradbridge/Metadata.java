@@ -55,6 +55,37 @@ public final class Metadata {
     public static final class Checkpoint {
         private int epochsCompleted;
         private long seed;
+        // What the run depends on (absent in checkpoints of older versions: then not checked).
+        private Integer batchSize;
+        private String mode;
+        private long[] xShape;
+        private long[] yShape;
+        private String dataSha256;
+
+        private Checkpoint() {}
+
+        /**
+         * Describes where a run stands.
+         *
+         * @param epochsCompleted epochs trained so far
+         * @param seed the run's seed
+         * @param batchSize the run's batch size
+         * @param mode the run's mode ({@code full}, {@code step}, {@code fused})
+         * @param xShape the training inputs' shape
+         * @param yShape the training targets' shape
+         * @param dataSha256 SHA-256 of the training data's bytes (x, then y)
+         */
+        public Checkpoint(
+                int epochsCompleted, long seed, int batchSize, String mode, long[] xShape, long[] yShape,
+                String dataSha256) {
+            this.epochsCompleted = epochsCompleted;
+            this.seed = seed;
+            this.batchSize = batchSize;
+            this.mode = mode;
+            this.xShape = xShape.clone();
+            this.yShape = yShape.clone();
+            this.dataSha256 = dataSha256;
+        }
 
         /** @return epochs trained before the checkpoint was written */
         public int getEpochsCompleted() {
@@ -64,6 +95,31 @@ public final class Metadata {
         /** @return the run's seed */
         public long getSeed() {
             return seed;
+        }
+
+        /** @return the run's batch size, or {@code null} when the checkpoint does not say */
+        public Integer getBatchSize() {
+            return batchSize;
+        }
+
+        /** @return the run's mode name, or {@code null} when the checkpoint does not say */
+        public String getMode() {
+            return mode;
+        }
+
+        /** @return the training inputs' shape, or {@code null} */
+        public long[] getXShape() {
+            return xShape == null ? null : xShape.clone();
+        }
+
+        /** @return the training targets' shape, or {@code null} */
+        public long[] getYShape() {
+            return yShape == null ? null : yShape.clone();
+        }
+
+        /** @return SHA-256 of the training data (x bytes, then y bytes), or {@code null} */
+        public String getDataSha256() {
+            return dataSha256;
         }
     }
 
@@ -257,16 +313,12 @@ public final class Metadata {
     /**
      * The document with a {@code checkpoint} entry, for the metadata of a saved checkpoint.
      *
-     * @param epochsCompleted epochs trained so far
-     * @param seed the run's seed
+     * @param checkpoint where the run stands and what it depends on
      * @return gradbridge.json text
      */
-    String withCheckpoint(int epochsCompleted, long seed) {
+    String withCheckpoint(Checkpoint checkpoint) {
         JsonObject copy = document.deepCopy();
-        JsonObject entry = new JsonObject();
-        entry.addProperty("epochs_completed", epochsCompleted);
-        entry.addProperty("seed", seed);
-        copy.add("checkpoint", entry);
+        copy.add("checkpoint", GSON.toJsonTree(checkpoint));
         return new GsonBuilder().setPrettyPrinting().create().toJson(copy);
     }
 

@@ -7,6 +7,7 @@ import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.Locale;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
@@ -64,21 +65,27 @@ public final class Trainer {
     }
 
     private final int epochs;
-    private final int batchSize;
+    private final Integer batchSize;
     private final Long seed;
     private final Mode mode;
+    private final boolean allowDifferentData;
     private final Dataset validation;
     private final Path checkpoint;
+    private final Path historyFile;
     private final boolean recordValues;
     private final boolean progressBar;
+    private volatile boolean stopRequested;
+    private volatile boolean stopped;
 
     private Trainer(Builder builder) {
         this.epochs = builder.epochs;
         this.batchSize = builder.batchSize;
         this.seed = builder.seed;
         this.mode = builder.mode;
+        this.allowDifferentData = builder.allowDifferentData;
         this.validation = builder.validation;
         this.checkpoint = builder.checkpoint;
+        this.historyFile = builder.historyFile;
         this.recordValues = builder.recordValues;
         this.progressBar = builder.progressBar;
     }
@@ -91,11 +98,13 @@ public final class Trainer {
     /** Settings of a {@link Trainer}. */
     public static final class Builder {
         private int epochs = 1;
-        private int batchSize = 32;
+        private Integer batchSize;
         private Long seed;
-        private Mode mode = Mode.STEP;
+        private Mode mode;
+        private boolean allowDifferentData;
         private Dataset validation;
         private Path checkpoint;
+        private Path historyFile;
         private boolean recordValues = true;
         private boolean progressBar;
 
@@ -111,7 +120,8 @@ public final class Trainer {
         }
 
         /**
-         * @param batchSize samples per mini-batch, 1..n (ignored in full mode)
+         * @param batchSize samples per mini-batch, 1..n (ignored in full mode); default 32, or the
+         *     checkpoint's when resuming (a different value is refused)
          * @return this builder
          */
         public Builder optBatchSize(int batchSize) {
@@ -120,7 +130,8 @@ public final class Trainer {
         }
 
         /**
-         * @param seed the run's seed (default 0, or the checkpoint's when resuming)
+         * @param seed the run's seed (default 0, or the checkpoint's when resuming; a different
+         *     value is refused)
          * @return this builder
          */
         public Builder optSeed(long seed) {
@@ -129,11 +140,22 @@ public final class Trainer {
         }
 
         /**
-         * @param mode full, step or fused
+         * @param mode full, step or fused; default step, or the checkpoint's when resuming (a
+         *     different value is refused)
          * @return this builder
          */
         public Builder optMode(Mode mode) {
             this.mode = mode;
+            return this;
+        }
+
+        /**
+         * @param allowDifferentData resume on data other than the checkpoint's run started with
+         *     (refused by default: shapes and SHA-256 are compared)
+         * @return this builder
+         */
+        public Builder optAllowDifferentData(boolean allowDifferentData) {
+            this.allowDifferentData = allowDifferentData;
             return this;
         }
 
@@ -152,6 +174,16 @@ public final class Trainer {
          */
         public Builder optCheckpoint(Path checkpoint) {
             this.checkpoint = checkpoint;
+            return this;
+        }
+
+        /**
+         * @param historyFile written atomically after every epoch (after the checkpoint), so a
+         *     run that stops for any reason leaves every completed epoch in it
+         * @return this builder
+         */
+        public Builder optHistory(Path historyFile) {
+            this.historyFile = historyFile;
             return this;
         }
 
@@ -183,6 +215,19 @@ public final class Trainer {
     }
 
     /**
+     * Asks a running {@link #fit} to stop after the epoch in progress, once that epoch's
+     * checkpoint and history are written (e.g. from a SIGTERM handler). Safe from any thread.
+     */
+    public void requestStop() {
+        stopRequested = true;
+    }
+
+    /** @return whether the last {@link #fit} ended early because of {@link #requestStop} */
+    public boolean wasStopped() {
+        return stopped;
+    }
+
+    /**
      * Trains {@code module} on {@code train}.
      *
      * @param module the module; resumes after its checkpoint's epochs if it was loaded from one
@@ -193,36 +238,65 @@ public final class Trainer {
      * @throws IOException when the checkpoint cannot be written
      */
     public History fit(TrainingModule module, Dataset train) throws IOException {
+        // Hold the module for the whole run, before anything else: a refused second caller must
+        // not reseed libtorch's generator (the first run's dropout draws from it) nor interleave
+        // its steps with the first run's.
+        try (TrainingModule.Use use = module.use()) {
+            return fitHeld(module, train);
+        }
+    }
+
+    private History fitHeld(TrainingModule module, Dataset train) throws IOException {
         Metadata metadata = module.getMetadata();
         train.check(metadata);
         if (validation != null) {
             validation.check(metadata);
         }
+        Metadata.Checkpoint resumed = metadata.getCheckpoint();
+        Path from = module.getPath();
+        long runSeed = resolve(from, resumed, "seed", seed, resumed == null ? null : resumed.getSeed(), 0L);
+        String modeName =
+                resolve(from, resumed, "mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
+                        resumed == null ? null : resumed.getMode(), "step");
+        Mode runMode = Mode.parse(modeName);
         int n = train.size();
-        int batch = mode == Mode.FULL ? n : batchSize;
+        int batch;
+        if (runMode == Mode.FULL) {
+            batch = n;
+        } else {
+            batch = resolve(from, resumed, "batch size", batchSize, resumed == null ? null : resumed.getBatchSize(), 32);
+        }
         if (batch < 1 || batch > n) {
             throw new InvalidInputException(
                     "batch size must be in 1.." + n + " (the number of samples in " + train.getSource()
                             + "), got " + batch);
         }
-        Metadata.Checkpoint resumed = metadata.getCheckpoint();
-        long runSeed = seed != null ? seed : resumed != null ? resumed.getSeed() : 0L;
-        if (resumed != null && runSeed != resumed.getSeed()) {
-            throw new InvalidInputException(
-                    module.getPath() + " was trained with seed " + resumed.getSeed()
-                            + "; resume with the same seed (or none) to continue the same run, not " + runSeed);
-        }
         int first = resumed == null ? 0 : resumed.getEpochsCompleted();
+        if (first < 0 || (long) first + epochs > Integer.MAX_VALUE) {
+            throw new InvalidInputException(
+                    Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
+        }
+        long[] xShape = train.getX().getShape().getShape();
+        long[] yShape = train.getY().getShape().getShape();
+        String fingerprint = resumed != null || checkpoint != null ? train.fingerprint() : null;
+        if (resumed != null && !allowDifferentData) {
+            checkSameData(from, resumed, train, xShape, yShape, fingerprint);
+        }
+        for (Path output : new Path[] {checkpoint, historyFile}) {
+            if (output != null) {
+                AtomicFiles.prepare(output);
+            }
+        }
         logger.info(
                 "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
-                module.getPath().getFileName(), epochs, first, n, mode, batch, runSeed);
+                from.getFileName(), epochs, first, n, runMode, batch, runSeed);
 
         History history = new History();
         long started = System.nanoTime();
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
-                double[] losses = runEpoch(module, train, runSeed, epoch, batch);
+                double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =
                         validation == null ? null : module.evaluate(validation.getX(), validation.getY());
@@ -230,15 +304,59 @@ public final class Trainer {
                 history.add(History.record(module, epoch, loss, valLoss, elapsed, recordValues));
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
                 if (checkpoint != null) {
-                    module.saveCheckpoint(checkpoint, epoch + 1, runSeed);
+                    module.saveCheckpoint(
+                            checkpoint,
+                            new Metadata.Checkpoint(epoch + 1, runSeed, batch, modeName, xShape, yShape, fingerprint));
+                }
+                if (historyFile != null) {
+                    history.save(historyFile);
                 }
                 if (bar != null) {
                     bar.step();
                     bar.setExtraMessage(String.format(Locale.ROOT, "loss %.4g", loss));
                 }
+                if (stopRequested) {
+                    // A consistent point: the epoch, its checkpoint and its history are written.
+                    logger.info("stop requested: stopping after epoch {}", epoch);
+                    stopped = true;
+                    break;
+                }
             }
         }
         return history;
+    }
+
+    /**
+     * A run setting: the caller's value, else the checkpoint's, else the default. A caller's
+     * value that differs from the checkpoint's is refused: the resumed run would not be the run.
+     */
+    private static <T> T resolve(Path from, Metadata.Checkpoint resumed, String what, T given, T saved, T fallback) {
+        if (given != null && saved != null && !given.equals(saved)) {
+            throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
+        }
+        return given != null ? given : saved != null ? saved : fallback;
+    }
+
+    /** A resumed run must see the data it started with (shapes and SHA-256 of the bytes). */
+    private static void checkSameData(
+            Path from, Metadata.Checkpoint resumed, Dataset train, long[] xShape, long[] yShape, String fingerprint) {
+        boolean sameShapes =
+                (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), xShape))
+                        && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), yShape));
+        boolean sameBytes = resumed.getDataSha256() == null || resumed.getDataSha256().equals(fingerprint);
+        if (!sameShapes || !sameBytes) {
+            throw new InvalidInputException(
+                    Messages.differentData(
+                            train.getSource(), from.toString(),
+                            "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
+                                    + " sha256 " + shortHash(resumed.getDataSha256()),
+                            "x " + Arrays.toString(xShape) + " y " + Arrays.toString(yShape)
+                                    + " sha256 " + shortHash(fingerprint)));
+        }
+    }
+
+    private static String shortHash(String hash) {
+        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
     }
 
     private ProgressBar newProgressBar() {
@@ -249,20 +367,21 @@ public final class Trainer {
                 .build();
     }
 
-    private double[] runEpoch(TrainingModule module, Dataset train, long runSeed, int epoch, int batch) {
+    private double[] runEpoch(
+            TrainingModule module, Dataset train, Mode mode, long runSeed, int epoch, int batch, History done) {
         NDArray x = train.getX();
         NDArray y = train.getY();
         int n = train.size();
         if (mode == Mode.FULL) {
             double[] losses = {module.trainStep(x, y)};
-            checkFinite(losses, epoch, n, n);
+            checkFinite(losses, epoch, n, n, done);
             return losses;
         }
         long[] perm = Shuffle.permutation(runSeed, epoch, n);
         try (NDManager scope = module.getManager().newSubManager()) {
             if (mode == Mode.FUSED) {
                 double[] losses = module.trainEpoch(x, y, scope.create(perm), batch);
-                checkFinite(losses, epoch, batch, n);
+                checkFinite(losses, epoch, batch, n, done);
                 return losses;
             }
             // Gather the epoch's order once, then step through contiguous row slices: the same
@@ -278,32 +397,40 @@ public final class Trainer {
                             NDArray yb = ys.get(rows)) {
                         losses[b] = module.trainStep(xb, yb);
                     }
-                    checkFinite(losses[b], epoch, b, batch, n);
+                    checkFinite(losses[b], epoch, b, batch, n, done);
                 }
             }
             return losses;
         }
     }
 
-    private void checkFinite(double[] losses, int epoch, int batch, int n) {
+    private void checkFinite(double[] losses, int epoch, int batch, int n, History done) {
         for (int b = 0; b < losses.length; b++) {
-            checkFinite(losses[b], epoch, b, batch, n);
+            checkFinite(losses[b], epoch, b, batch, n, done);
         }
     }
 
-    private void checkFinite(double loss, int epoch, int index, int batch, int n) {
+    private void checkFinite(double loss, int epoch, int index, int batch, int n, History done) {
         if (Double.isNaN(loss) || Double.isInfinite(loss)) {
             int from = index * batch;
             throw new DivergenceException(
                     String.format(
                             Locale.ROOT,
                             "loss is %s at epoch %d, batch %d (samples %d..%d of the epoch's order);"
-                                    + " training stopped%s",
-                            loss, epoch, index, from, Math.min(n, from + batch) - 1,
-                            checkpoint == null
-                                    ? ""
-                                    : "; " + checkpoint + " holds the last good epoch, if one finished"),
-                    epoch, index);
+                                    + " training stopped; %s",
+                            loss, epoch, index, from, Math.min(n, from + batch) - 1, kept(done)),
+                    epoch, index, done);
         }
+    }
+
+    /** What a stopped run kept: its completed epochs, where they are. */
+    private String kept(History done) {
+        int completed = done.getRecords().size();
+        if (completed == 0) {
+            return "no epoch completed in this run";
+        }
+        return completed + " completed epoch(s) kept"
+                + (historyFile == null ? "" : " in " + historyFile)
+                + (checkpoint == null ? "" : "; " + checkpoint + " holds the last of them");
     }
 }

@@ -438,13 +438,12 @@ public final class TrainingModule implements AutoCloseable {
      * {@link Trainer} resume the run. The file loads with {@code torch.jit.load} too.
      *
      * @param target the .pt to write; replaced only once the new file is complete
-     * @param epochsCompleted epochs trained so far in this run
-     * @param seed the run's seed
+     * @param checkpoint epochs trained so far, and the run's settings and data
      * @throws IOException when the folder cannot be written
      */
-    public void saveCheckpoint(Path target, int epochsCompleted, long seed) throws IOException {
+    public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
         try (Use use = use()) {
-            CheckpointWriter.write(block, metadata.withCheckpoint(epochsCompleted, seed), target);
+            CheckpointWriter.write(block, metadata.withCheckpoint(checkpoint), target);
         }
     }
 

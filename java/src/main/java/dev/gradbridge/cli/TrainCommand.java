@@ -1,5 +1,6 @@
 package dev.gradbridge.cli;
 
+import dev.gradbridge.DivergenceException;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
@@ -9,6 +10,7 @@ import dev.gradbridge.data.Dataset;
 import java.io.IOException;
 import java.io.PrintWriter;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.Callable;
 import picocli.CommandLine;
@@ -59,14 +61,18 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
     private int epochs;
 
-    @Option(names = "--batch-size", defaultValue = "32", description = "mini-batch size (default: ${DEFAULT-VALUE})")
-    private int batchSize;
+    @Option(names = "--batch-size", description = "mini-batch size (default 32, or the checkpoint's)")
+    private Integer batchSize;
 
     @Option(names = "--seed", description = "run seed: shuffle and torch seed per epoch (default 0, or the checkpoint's)")
     private Long seed;
 
-    @Option(names = "--mode", defaultValue = "step", description = "full, step or fused (default: ${DEFAULT-VALUE})")
+    @Option(names = "--mode", description = "full, step or fused (default step, or the checkpoint's)")
     private String mode;
+
+    @Option(names = "--allow-different-data",
+            description = "resume on data other than the checkpoint's run was trained on")
+    private boolean allowDifferentData;
 
     @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
     private Path history;
@@ -86,7 +92,7 @@ public final class TrainCommand implements Callable<Integer> {
         if ((model == null) == (resume == null)) {
             throw new InvalidInputException("give exactly one of --model and --resume");
         }
-        Trainer.Mode trainingMode = Trainer.Mode.parse(mode);
+        Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model);
                 Dataset train = data.npz != null
                         ? Dataset.loadNpz(data.npz, module.getManager())
@@ -95,30 +101,58 @@ public final class TrainCommand implements Callable<Integer> {
             Trainer.Builder builder =
                     Trainer.builder()
                             .optEpochs(epochs)
-                            .optBatchSize(batchSize)
-                            .optMode(trainingMode)
+                            .optAllowDifferentData(allowDifferentData)
                             .optValidation(val)
                             .optCheckpoint(checkpoint)
+                            .optHistory(history)
                             .optRecordValues(!digestsOnly)
                             .optProgressBar(progress != null ? progress : System.console() != null);
             if (seed != null) {
                 builder.optSeed(seed);
             }
-            History result = builder.build().fit(module, train);
-            for (History.EpochRecord record : result.getRecords()) {
-                System.out.printf(
-                        Locale.ROOT, "epoch %d: loss %.6g%s%n", record.getEpoch(), record.getLoss(),
-                        record.getValLoss() == null ? "" : String.format(Locale.ROOT, ", validation %.6g", record.getValLoss()));
+            if (batchSize != null) {
+                builder.optBatchSize(batchSize);
             }
+            if (trainingMode != null) {
+                builder.optMode(trainingMode);
+            }
+            Trainer trainer = builder.build();
+            StopSignals.install(trainer);
+            History result;
+            try {
+                result = trainer.fit(module, train);
+            } catch (DivergenceException e) {
+                printEpochs(e.getHistory()); // the epochs before the divergent one are kept
+                throw e;
+            }
+            printEpochs(result);
             if (history != null) {
-                result.save(history);
                 System.out.println("history: " + history.toAbsolutePath());
             }
-            if (checkpoint != null) {
+            if (checkpoint != null && !result.getRecords().isEmpty()) {
                 System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
+            }
+            if (trainer.wasStopped()) {
+                System.err.println(
+                        "error: " + StopSignals.received() + " received: stopped after epoch "
+                                + last(result) + (checkpoint == null ? "" : "; resume with --resume " + checkpoint));
+                return StopSignals.exitCode();
             }
         }
         return 0;
+    }
+
+    private static String last(History result) {
+        List<History.EpochRecord> records = result.getRecords();
+        return records.isEmpty() ? "none" : String.valueOf(records.get(records.size() - 1).getEpoch());
+    }
+
+    private static void printEpochs(History result) {
+        for (History.EpochRecord record : result.getRecords()) {
+            System.out.printf(
+                    Locale.ROOT, "epoch %d: loss %.6g%s%n", record.getEpoch(), record.getLoss(),
+                    record.getValLoss() == null ? "" : String.format(Locale.ROOT, ", validation %.6g", record.getValLoss()));
+        }
     }
 
     /**

@@ -14,10 +14,15 @@ import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Enumeration;
 import java.util.Locale;
+import java.util.zip.ZipEntry;
+import java.util.zip.ZipFile;
 
 /**
  * Inputs {@code x} and targets {@code y} for training or validation, as NDArrays of the PyTorch
@@ -86,6 +91,7 @@ public final class Dataset implements AutoCloseable {
     public static Dataset loadNpz(Path file, NDManager manager) {
         NDManager scope = manager.newSubManager();
         try (InputStream in = Files.newInputStream(file)) {
+            checkNpzHeaders(file);
             NDList arrays = NDList.decode(scope, in);
             NDArray x = arrays.get("x");
             NDArray y = arrays.get("y");
@@ -129,8 +135,28 @@ public final class Dataset implements AutoCloseable {
         }
     }
 
+    /** Every array's header, before DJL decodes (see {@link NpyHeader}). */
+    private static void checkNpzHeaders(Path file) throws IOException {
+        try (ZipFile archive = new ZipFile(file.toFile())) {
+            Enumeration<? extends ZipEntry> entries = archive.entries();
+            while (entries.hasMoreElements()) {
+                ZipEntry entry = entries.nextElement();
+                String name = entry.getName();
+                if (name.endsWith(".npy")) {
+                    try (InputStream in = archive.getInputStream(entry)) {
+                        NpyHeader.check(in, entry.getSize(), file.toString(), name.substring(0, name.length() - 4));
+                    }
+                }
+            }
+        }
+    }
+
     private static NDArray readNpy(Path file, NDManager manager) {
         try (InputStream in = Files.newInputStream(file)) {
+            String name = String.valueOf(file.getFileName()).replaceFirst("\\.npy$", "");
+            try (InputStream header = Files.newInputStream(file)) {
+                NpyHeader.check(header, Files.size(file), file.toString(), name);
+            }
             NDList arrays = NDList.decode(manager, in);
             return arrays.singletonOrThrow();
         } catch (NoSuchFileException e) {
@@ -213,6 +239,26 @@ public final class Dataset implements AutoCloseable {
                             source + ": " + name + " holds NaN or infinite values; clean the data first");
                 }
             }
+        }
+    }
+
+    /**
+     * Identifies the data a run trains on, for checkpoints: SHA-256 of x's bytes, then y's.
+     *
+     * @return lowercase hex digest
+     */
+    public String fingerprint() {
+        try {
+            MessageDigest sha = MessageDigest.getInstance("SHA-256");
+            sha.update(x.toByteArray());
+            sha.update(y.toByteArray());
+            StringBuilder hex = new StringBuilder();
+            for (byte b : sha.digest()) {
+                hex.append(String.format("%02x", b));
+            }
+            return hex.toString();
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
         }
     }
 

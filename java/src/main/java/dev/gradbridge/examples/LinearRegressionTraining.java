@@ -3,6 +3,7 @@ package dev.gradbridge.examples;
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.Shape;
+import dev.gradbridge.DivergenceException;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
@@ -11,6 +12,7 @@ import dev.gradbridge.cli.ConsoleLogging;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Path;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.Callable;
@@ -127,8 +129,17 @@ public final class LinearRegressionTraining implements Callable<History> {
                 module.sgdStep(lr);
                 History.EpochRecord record =
                         History.record(module, epoch, loss, null, (System.nanoTime() - started) / 1e9, true);
-                history.add(record);
                 Map<String, double[]> params = record.getParameters();
+                if (!finite(loss, params)) {
+                    throw new DivergenceException(
+                            String.format(
+                                    Locale.ROOT,
+                                    "training diverged at epoch %d (loss %s, weight %s, bias %s) with learning rate"
+                                            + " %s: try a smaller --lr; %d completed epoch(s) kept",
+                                    epoch, loss, params.get("weight")[0], params.get("bias")[0], lr, epoch),
+                            epoch, 0, history);
+                }
+                history.add(record);
                 if (log != null && (epoch % logEvery == 0 || epoch == epochs - 1)) {
                     log.printf(
                             "Epoch [%3d], Loss: %.4f, Weight: %.4f, Bias: %.4f%n",
@@ -139,6 +150,21 @@ public final class LinearRegressionTraining implements Callable<History> {
         return history;
     }
 
+    /** An epoch completed when its loss and the parameters it produced are all finite. */
+    private static boolean finite(double loss, Map<String, double[]> params) {
+        if (Double.isNaN(loss) || Double.isInfinite(loss)) {
+            return false;
+        }
+        for (double[] values : params.values()) {
+            for (double value : values) {
+                if (Double.isNaN(value) || Double.isInfinite(value)) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
     /** Runs with the parsed options; returns the history. */
     @Override
     public History call() throws IOException {
@@ -146,7 +172,16 @@ public final class LinearRegressionTraining implements Callable<History> {
         History result;
         try (TrainingModule module = TrainingModule.load(model)) {
             System.out.println("Model loaded: " + module.getPath());
-            result = train(module, dataset.x, dataset.y, epochs, lr, System.out, logEvery);
+            try {
+                result = train(module, dataset.x, dataset.y, epochs, lr, System.out, logEvery);
+            } catch (DivergenceException e) {
+                if (history == null) {
+                    throw e;
+                }
+                e.getHistory().save(history); // every completed epoch survives the divergence
+                throw new DivergenceException(
+                        e.getMessage() + " in " + history.toAbsolutePath(), e.getEpoch(), e.getBatch(), e.getHistory());
+            }
             System.out.println("Training finished.");
             Map<String, double[]> last = module.getParameters();
             System.out.printf(

@@ -1,0 +1,111 @@
+package dev.gradbridge;
+
+import java.util.Arrays;
+
+/**
+ * The wording of gradbridge's error lines that both languages print, in one place. {@code
+ * python/gradbridge/messages.py} holds the same sentences; tests compare the two, so a user sees
+ * the same line whichever side refused the input. Every line names the file, key, array or
+ * argument at fault and says what was expected and what was found.
+ */
+public final class Messages {
+
+    private Messages() {}
+
+    // ---- data files (.npz / .npy) ----
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param descr numpy's dtype descriptor, e.g. {@code >f4}
+     * @return the line for a big-endian array (DJL would read its bytes swapped)
+     */
+    public static String bigEndian(String source, String array, String descr) {
+        String little = "<" + descr.substring(1);
+        return source + ": array " + array + " has dtype " + descr + " (big-endian); expected little-endian "
+                + little + ": save it with " + array + ".astype('" + little + "')";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @return the line for an array stored in Fortran (column-major) order
+     */
+    public static String fortranOrder(String source, String array) {
+        return source + ": array " + array + " is stored in Fortran order; expected C order: save"
+                + " numpy.ascontiguousarray(" + array + ")";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param shape the shape the header claims
+     * @param descr numpy's dtype descriptor
+     * @param claimed bytes the header implies, or -1 when that overflows 64 bits
+     * @param available bytes of data the file actually holds
+     * @return the line for a header that does not match the data that follows it
+     */
+    public static String npySize(String source, String array, long[] shape, String descr, long claimed, long available) {
+        return source + ": array " + array + " header claims shape " + Arrays.toString(shape) + " of " + descr + " ("
+                + (claimed < 0 ? "more than " + Long.MAX_VALUE : String.valueOf(claimed)) + " bytes) but the file holds "
+                + available + " bytes";
+    }
+
+    /**
+     * @param source the data file
+     * @param array the array's name
+     * @param reason what is wrong with the header
+     * @return the line for an unreadable .npy header
+     */
+    public static String npyHeader(String source, String array, String reason) {
+        return source + ": array " + array + " has no valid .npy header: " + reason;
+    }
+
+    // ---- resuming a run ----
+
+    /**
+     * @param checkpoint the checkpoint resumed from
+     * @param what the setting
+     * @param saved the checkpoint's value
+     * @param given the caller's value
+     * @return the line for a resume that would change the run
+     */
+    public static String resumeConflict(String checkpoint, String what, Object saved, Object given) {
+        return checkpoint + " was trained with " + what + " " + saved + "; resume with the same " + what
+                + " (or none) to continue the same run, not " + given;
+    }
+
+    /**
+     * @param data the data given
+     * @param checkpoint the checkpoint resumed from
+     * @param expected the checkpoint's data (shapes, digest)
+     * @param actual the given data (shapes, digest)
+     * @return the line for resuming on other data
+     */
+    public static String differentData(String data, String checkpoint, String expected, String actual) {
+        return data + ": not the data " + checkpoint + " was trained on: expected " + expected + ", got " + actual
+                + "; pass --allow-different-data to continue on it anyway";
+    }
+
+    /**
+     * @param checkpoint the checkpoint resumed from
+     * @param completed the epochs it claims
+     * @param epochs the epochs asked for
+     * @param max the largest epoch count
+     * @return the line for an epoch count that cannot be trained
+     */
+    public static String epochCount(String checkpoint, long completed, long epochs, long max) {
+        return checkpoint + ": epochs_completed " + completed + " + epochs " + epochs + " must be in 0.." + max;
+    }
+
+    // ---- files gradbridge writes ----
+
+    /**
+     * @param path the file the user asked for (never a temp file)
+     * @param reason the operating system's reason, e.g. {@code No space left on device}
+     * @return the line for a file that cannot be written
+     */
+    public static String cannotWrite(String path, String reason) {
+        return "cannot write " + path + ": " + reason;
+    }
+}

@@ -1,0 +1,58 @@
+"""The wording of error lines that both languages print, in one place.
+
+``dev.gradbridge.Messages`` holds the same sentences for Java; ``tests/test_faults_data_files.py``
+and ``tests/test_faults_metadata.py`` check that both sides print the same line for the same
+bad input. Every line names the file, key, array or argument at fault, and what was expected
+versus what was found.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+LONG_MAX = (1 << 63) - 1
+
+
+# ---- data files (.npz / .npy) ----
+
+def big_endian(source: str, array: str, descr: str) -> str:
+    little = "<" + descr[1:]
+    return (f"{source}: array {array} has dtype {descr} (big-endian); expected little-endian {little}: "
+            f"save it with {array}.astype('{little}')")
+
+
+def fortran_order(source: str, array: str) -> str:
+    return f"{source}: array {array} is stored in Fortran order; expected C order: save numpy.ascontiguousarray({array})"
+
+
+def npy_size(source: str, array: str, shape: Sequence[int], descr: str, claimed: int, available: int) -> str:
+    claimed_text = f"more than {LONG_MAX}" if claimed > LONG_MAX else str(claimed)
+    return (f"{source}: array {array} header claims shape [{', '.join(map(str, shape))}] of {descr} "
+            f"({claimed_text} bytes) but the file holds {available} bytes")
+
+
+def npy_header(source: str, array: str, reason: str) -> str:
+    return f"{source}: array {array} has no valid .npy header: {reason}"
+
+
+# ---- metadata (gradbridge.json) ----
+
+def json_text(value: Any, limit: int = 60) -> str:
+    """A JSON value as compact JSON text (Gson's toString prints the same), shortened."""
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def metadata_key(path: str, key: str, expected: str, actual: str) -> str:
+    return f"{path}: gradbridge.json key '{key}' must be {expected}, got {actual}"
+
+
+def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
+    return f"{path}: parameter {name} is {actual} in the module but gradbridge.json declares {declared}"
+
+
+# ---- arguments ----
+
+def argument(name: str, expected: str, actual: Any) -> str:
+    return f"{name} must be {expected}, got {actual!r}"
