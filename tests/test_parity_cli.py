@@ -13,8 +13,9 @@ import pytest
 
 from gradbridge import EpochRecord, History, paritycheck
 from gradbridge.parity import assert_histories_match, compare_histories
+from gradbridge._devtree import root
 
-from .test_cli import REPO_ROOT
+REPO_ROOT = root()
 
 
 def _gradbridge(*args, env=None):

@@ -126,9 +126,13 @@ def test_divergence_is_named_and_the_checkpoint_stays(jvm, tmp_path):
         java.train(path, x, y, epochs=50, batch_size=8, checkpoint=checkpoint)
     with pytest.raises(DivergenceError, match=r"loss is (nan|inf) at epoch \d+, batch \d+"):
         reference.train(path, x, y, epochs=50, batch_size=8)
-    if checkpoint.exists():  # written only if an epoch finished before the divergence
-        done = protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"]
-        assert f"at epoch {done}," in str(info.value)
+    # The checkpoint holds exactly the epochs completed before the divergence (none: no file).
+    done = len(info.value.history)
+    assert f"at epoch {done}," in str(info.value)
+    if done == 0:
+        assert not checkpoint.exists()
+    else:
+        assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == done
 
 
 def test_bad_data_from_python_is_named(jvm, mlp_adam):

@@ -1,7 +1,7 @@
 """The training-module protocol: method names and the ``gradbridge.json`` metadata schema.
 
 This module is the one source of truth for both languages. The Java side keeps the same
-names in ``dev.gradbridge.Protocol``; ``tests/test_protocol_pins.py`` reads that class through
+names in ``dev.gradbridge.Protocol``; ``tests/test_pins.py`` reads that class through
 JPype and fails when the two drift apart.
 """
 

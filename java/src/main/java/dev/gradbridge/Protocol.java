@@ -6,7 +6,7 @@ import java.util.List;
 
 /**
  * The training-module protocol, Java side. The source of truth is {@code
- * python/gradbridge/protocol.py}; {@code tests/test_protocol_pins.py} reads these constants
+ * python/gradbridge/protocol.py}; {@code tests/test_pins.py} reads these constants
  * through JPype and fails when the two languages disagree.
  */
 public final class Protocol {
