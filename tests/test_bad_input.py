@@ -103,3 +103,22 @@ def test_stale_java_build_names_the_missing_jar(monkeypatch, tmp_path):
     with pytest.raises(JavaBuildMissingError, match=r"GRADBRIDGE_CLASSPATH names files that do not exist: .*gone\.jar; "
                                                     r"correct or unset GRADBRIDGE_CLASSPATH"):
         classpath.resolve()
+
+
+def test_classpath_with_a_corrupt_jar_names_it(monkeypatch, tmp_path):
+    bad = tmp_path / "gradbridge.jar"
+    bad.write_text("not a zip")
+    monkeypatch.setenv(classpath.CLASSPATH_ENV, str(bad))
+    with pytest.raises(JavaBuildMissingError, match=r"names .*gradbridge\.jar, which is not a readable jar"):
+        classpath.resolve().versions()
+
+
+def test_classpath_without_the_library_says_so(monkeypatch, tmp_path):
+    other = tmp_path / "other.jar"
+    import zipfile
+
+    with zipfile.ZipFile(other, "w") as jar:
+        jar.writestr("a/B.class", b"")
+    monkeypatch.setenv(classpath.CLASSPATH_ENV, str(other))
+    with pytest.raises(JavaBuildMissingError, match=r"holds no gradbridge jar \(none contains dev/gradbridge/versions"):
+        classpath.resolve().versions()

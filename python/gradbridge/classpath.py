@@ -12,7 +12,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from . import _devtree
 from .errors import JavaBuildMissingError
@@ -39,21 +39,32 @@ class Classpath:
         return any(Path(e).name.startswith(NATIVE_JAR_PREFIX) for e in self.entries)
 
     def library_jar(self) -> Path:
-        """The gradbridge jar on this classpath (the one holding the versions resource)."""
-        for entry in self.entries:
-            path = Path(entry)
-            if path.is_file() and path.suffix == ".jar":
-                with zipfile.ZipFile(path) as jar:
-                    if VERSIONS_RESOURCE in jar.namelist():
-                        return path
-        raise JavaBuildMissingError(f"the classpath from {self.source} holds no gradbridge jar "
-                                    f"(none contains {VERSIONS_RESOURCE})")
+        """The gradbridge jar (or classes folder) on this classpath: the entry holding the versions resource."""
+        return self._library()[0]
 
     def versions(self) -> Dict[str, str]:
-        """``{"gradbridge": ..., "djl": ..., "torch": ...}`` as the library jar was built."""
-        with zipfile.ZipFile(self.library_jar()) as jar:
-            text = jar.read(VERSIONS_RESOURCE).decode("utf-8")
-        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        """``{"gradbridge": ..., "djl": ..., "torch": ...}`` as the library was built."""
+        entry, text = self._library()
+        versions = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        missing = [key for key in ("gradbridge", "djl", "torch") if not versions.get(key)]
+        if missing:
+            raise JavaBuildMissingError(f"{entry}: {VERSIONS_RESOURCE} lacks {', '.join(missing)}; rebuild the Java library")
+        return versions
+
+    def _library(self) -> Tuple[Path, str]:
+        for entry in map(Path, self.entries):
+            if entry.is_dir() and (entry / VERSIONS_RESOURCE).is_file():
+                return entry, (entry / VERSIONS_RESOURCE).read_text(encoding="utf-8")
+            if entry.is_file() and entry.suffix == ".jar":
+                try:
+                    with zipfile.ZipFile(entry) as jar:
+                        if VERSIONS_RESOURCE in jar.namelist():
+                            return entry, jar.read(VERSIONS_RESOURCE).decode("utf-8")
+                except (zipfile.BadZipFile, OSError) as ex:
+                    raise JavaBuildMissingError(f"the classpath from {self.source} names {entry}, which is not a "
+                                                f"readable jar ({ex})") from ex
+        raise JavaBuildMissingError(f"the classpath from {self.source} holds no gradbridge jar "
+                                    f"(none contains {VERSIONS_RESOURCE})")
 
 
 def resolve() -> Classpath:

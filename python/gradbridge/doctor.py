@@ -41,7 +41,7 @@ def run(out: Callable[[str], None] = print) -> int:
             raise GradbridgeError(f"the Java library is gradbridge {built.get('gradbridge')}, the Python package "
                                   f"{__version__}: rebuild or reinstall so that they match")
         native = "DJL's own libtorch (pytorch-native jar)" if path.has_native_libtorch else "this Python's libtorch"
-        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} jars; DJL {built['djl']}, "
+        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} entries; DJL {built['djl']}, "
                 f"for libtorch {built['torch']}; a separate JVM runs {native})")
 
     check("java library", java_library)
