@@ -51,9 +51,10 @@ def load_factory(reference: str):
 def _export(args: argparse.Namespace) -> int:
     import torch
 
-    from . import protocol
+    from . import ops, protocol
     from .export import export_builtin, export_training_module
 
+    ops.load(args.op_library)  # the model's custom operators must exist to script it
     optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
     loss = {"name": args.loss or "mse", **_given(args, _LOSS_FLAGS)}
     if "class_weights" in loss:
@@ -89,7 +90,26 @@ def _parity(args: argparse.Namespace) -> int:
 
     return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
                seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
-               report_path=args.report, plot_path=args.plot)
+               report_path=args.report, plot_path=args.plot, op_libraries=args.op_library)
+
+
+def _build_op(args: argparse.Namespace) -> int:
+    from . import ops
+
+    print(f"wrote {ops.build(args.sources, args.output)}")
+    return 0
+
+
+def _gradcheck(args: argparse.Namespace) -> int:
+    from .gradcheck import run
+
+    return run(args.model, args.data, batch_size=args.batch_size, op_libraries=args.op_library,
+               max_elements=args.max_elements, report_path=args.report)
+
+
+def _op_library_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--op-library", action="append", default=[], metavar="FILE",
+                        help="custom-operator library to load first (repeatable); never taken from the .pt")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -152,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--centered", action="store_true", default=None)
     opt.add_argument("--lr-decay", type=float)
     opt.add_argument("--initial-accumulator-value", type=float)
+    _op_library_option(export)
     export.set_defaults(run=_export)
 
     parity = commands.add_parser(
@@ -171,7 +192,30 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--atol", type=float, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
+    _op_library_option(parity)
     parity.set_defaults(run=_parity)
+
+    build_op = commands.add_parser(
+        "build-op", help="compile C++ custom operators into a library (g++, CPU, this torch)",
+        description="Compile C++ sources that register operators with TORCH_LIBRARY into a shared library, "
+                    "against this Python's libtorch (torch.utils.cpp_extension, no CUDA toolkit).")
+    build_op.add_argument("sources", nargs="+", help="C++ source files")
+    build_op.add_argument("-o", "--output", required=True, help="the library to write, e.g. build/ops/libmyops.so")
+    build_op.set_defaults(run=_build_op)
+
+    gradcheck = commands.add_parser(
+        "gradcheck", help="check the gradients Java computes, and the model's gradients by finite differences",
+        description="On one batch: the gradients Java computes (calculate_loss_and_backward, get_gradients) "
+                    "against Python autograd on the same module (bitwise), and every parameter's analytic "
+                    "gradient against float64 central finite differences. Exit code 0 only when both pass.")
+    gradcheck.add_argument("model", help="exported training module (.pt)")
+    gradcheck.add_argument("--data", required=True, help=".npz with arrays x and y (the first batch is used)")
+    gradcheck.add_argument("--batch-size", type=int, default=8, help="samples in the checked batch (default 8)")
+    gradcheck.add_argument("--max-elements", type=int, default=64,
+                           help="finite differences for at most this many elements per parameter (default 64)")
+    gradcheck.add_argument("--report", help="write every figure as JSON here")
+    _op_library_option(gradcheck)
+    gradcheck.set_defaults(run=_gradcheck)
 
     bench = commands.add_parser("bench", help="time Java-driven training against eager Python and native libtorch")
     bench.add_argument("--quick", action="store_true", help="few repeats, small sizes, no gradle run (for tests)")

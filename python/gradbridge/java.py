@@ -9,7 +9,7 @@ alive and unchanged during the call, which these functions guarantee by holding 
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,21 +47,22 @@ def dataset(manager, x: np.ndarray, y: np.ndarray, source: str):
 def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,
           batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
-          record_values: bool = True, allow_different_data: bool = False) -> History:
+          record_values: bool = True, allow_different_data: bool = False,
+          op_libraries: Sequence[str | os.PathLike] = ()) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train``; ``checkpoint`` is written
     after every epoch (a module loaded from a checkpoint resumes after its epochs).
     ``batch_size``, ``seed`` and ``mode`` default to 32, 0 and ``step``, or to the checkpoint's
     values when ``model_path`` is a checkpoint (a different value is refused, and so is other
-    data unless ``allow_different_data``).
+    data unless ``allow_different_data``). ``op_libraries``: custom-operator libraries to load first.
     """
     if mode is not None and mode not in MODES:
         raise InvalidInputError(f"unknown mode {mode!r}; expected one of {MODES}")
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
     arrays = [np.ascontiguousarray(a) for a in (x, y, *(val or ()))]
-    module = load_module(model_path)
+    module = load_module(model_path, op_libraries)
     try:
         with java_errors():
             manager = module.getManager()
@@ -114,10 +115,12 @@ def train_linear_regression(model_path: str | os.PathLike, x: np.ndarray, y: np.
 
 def train_subprocess(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
                      seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
-                     history: str | os.PathLike) -> History:
+                     history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
     """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
     History it wrote. GradbridgeError carries the program's own error line."""
     args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
             "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
+    for library in op_libraries:
+        args += ["--op-library", library]
     launcher.run(launcher.TRAIN_MAIN, args)
     return History.load(history)

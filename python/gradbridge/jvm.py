@@ -110,9 +110,15 @@ def to_ndarray(manager, values: np.ndarray):
         return manager.create(flat, Shape(*[int(d) for d in values.shape]))
 
 
-def load_module(path: str | os.PathLike):
-    """Load an exported module with the Java library; returns the Java TrainingModule (close it)."""
+def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()):
+    """Load an exported module with the Java library; returns the Java TrainingModule (close it).
+
+    ``op_libraries``: custom-operator libraries Java loads first (``TrainingModule.load(path, libraries)``).
+    """
     TrainingModule = jclass("dev.gradbridge.TrainingModule")
     Paths = jclass("java.nio.file.Paths")
+    libraries = jclass("java.util.ArrayList")()
+    for library in op_libraries:
+        libraries.add(Paths.get(str(library)))
     with java_errors():
-        return TrainingModule.load(Paths.get(str(path)))
+        return TrainingModule.load(Paths.get(str(path)), libraries)

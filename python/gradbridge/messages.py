@@ -56,3 +56,14 @@ def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
 
 def argument(name: str, expected: str, actual: Any) -> str:
     return f"{name} must be {expected}, got {actual!r}"
+
+
+# ---- custom operators ----
+
+def missing_custom_op(module: str, operator: str) -> str:
+    return (f"{module} uses the custom operator {operator}, which no loaded library provides: "
+            f"load its library first with --op-library FILE")
+
+
+def op_library_unloadable(library: str, reason: str) -> str:
+    return f"--op-library {library}: cannot load it: {reason}"

@@ -7,9 +7,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from . import data, java, protocol, reference, report
+from . import data, java, ops, protocol, reference, report
 from .errors import CLI_ERROR_PREFIX, GradbridgeError
 from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
@@ -19,18 +19,21 @@ JAVA_MODES = ("inprocess", "subprocess", "both")
 def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str | os.PathLike | None = None,
         epochs: int = 5, batch_size: int = 32, seed: int = 0, mode: str = "step", java_mode: str = "inprocess",
         rtol: Optional[float] = None, atol: Optional[float] = None, report_path: str | os.PathLike | None = None,
-        plot_path: str | os.PathLike | None = None, out: Callable[[str], None] = print) -> int:
+        plot_path: str | os.PathLike | None = None, op_libraries: Sequence[str | os.PathLike] = (),
+        out: Callable[[str], None] = print) -> int:
     """Returns the exit code: 0 only when every comparison is within tolerance.
 
     Tolerances: in-process Java shares this process's libtorch and is compared exactly unless
     ``rtol``/``atol`` are given; a subprocess defaults to parity.SEPARATE_JVM_RTOL/ATOL.
     A Java variant that fails does not discard the other: its table and report are kept, the
     failure is one error line on stderr, exit code 1. When every variant fails, the first
-    failure is raised.
+    failure is raised. ``op_libraries`` are loaded into this process and into every JVM first.
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
     metadata = protocol.read_metadata(model)
+    ops.load(op_libraries)
+    ops.require(metadata.get("custom_ops", ()), str(model))
     x, y = data.load_npz(data_path)
     data.check(metadata, x, y, str(data_path))
     val = None
@@ -40,6 +43,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     settings = dict(epochs=epochs, batch_size=batch_size, seed=seed, mode=mode)
 
     python = reference.train(model, x, y, val=val, **settings)
+    settings["op_libraries"] = op_libraries
     others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
         try:
@@ -67,7 +71,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         out("")
         out(parity.table())
     config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
-              "java": java_mode, **settings}
+              "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries]}
     if report_path is not None:
         failed = {label: str(ex) for label, ex in failures.items()}
         out(f"report: {report.write_json(report_path, config, reports, failed)}")

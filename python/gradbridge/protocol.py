@@ -73,6 +73,7 @@ METADATA_KEYS: tuple[str, ...] = (
     "loss",
     "optimizer",
     "inputs",
+    "custom_ops",
 )
 
 #: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
@@ -96,6 +97,7 @@ def build_metadata(
     inputs: List[Dict[str, Any]],
     torch_version: str,
     gradbridge_version: str,
+    custom_ops: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
     document = {
@@ -110,6 +112,8 @@ def build_metadata(
         "loss": loss,
         "optimizer": optimizer,
         "inputs": inputs,
+        # Custom operators ("NS::NAME") the module calls; their libraries are loaded by the user.
+        "custom_ops": list(custom_ops),
     }
     assert tuple(document) == METADATA_KEYS
     return document

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import __version__, protocol  # __version__ is set before any submodule loads
+from .. import __version__, ops, protocol  # __version__ is set before any submodule loads
 from ..errors import GradbridgeError
 from ..models import BUILTIN_MODELS
 from . import losses, optim
@@ -325,6 +325,7 @@ def export_training_module(
         inputs=specs,
         torch_version=torch.__version__.split("+")[0],
         gradbridge_version=__version__,
+        custom_ops=ops.used_by(scripted),
     )
     return _save_atomically(scripted, metadata, Path(path))
 

@@ -108,4 +108,25 @@ public final class Messages {
     public static String cannotWrite(String path, String reason) {
         return "cannot write " + path + ": " + reason;
     }
+
+    // ---- custom operators ----
+
+    /**
+     * @param module the training module file
+     * @param operator the custom operator ({@code NS::NAME}) that no loaded library provides
+     * @return the line for a module whose operator library was not loaded
+     */
+    public static String missingCustomOp(String module, String operator) {
+        return module + " uses the custom operator " + operator + ", which no loaded library provides: "
+                + "load its library first with --op-library FILE";
+    }
+
+    /**
+     * @param library the operator library as the user named it
+     * @param reason why the dynamic linker refused it
+     * @return the line for an operator library that cannot be loaded
+     */
+    public static String opLibraryUnloadable(String library, String reason) {
+        return "--op-library " + library + ": cannot load it: " + reason;
+    }
 }

@@ -43,6 +43,7 @@ public final class Metadata {
     private Map<String, Object> loss;
     private Map<String, Object> optimizer;
     private List<TensorSpec> inputs;
+    private List<String> customOps;
     private Checkpoint checkpoint;
     private transient JsonObject document;
 
@@ -303,6 +304,14 @@ public final class Metadata {
     /** @return the input ({@code x}) and target ({@code y}) specs */
     public List<TensorSpec> getInputs() {
         return Collections.unmodifiableList(inputs);
+    }
+
+    /**
+     * @return the custom operators ({@code NS::NAME}) the module calls, whose libraries must be
+     *     loaded before it (empty for modules of libtorch's operators only, or older exports)
+     */
+    public List<String> getCustomOps() {
+        return customOps == null ? Collections.emptyList() : Collections.unmodifiableList(customOps);
     }
 
     /** @return where a checkpoint's training stopped, or {@code null} for a fresh export */

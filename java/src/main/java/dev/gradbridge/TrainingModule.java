@@ -104,6 +104,21 @@ public final class TrainingModule implements AutoCloseable {
      * @throws ProtocolException when it is TorchScript but not a gradbridge training module
      */
     public static TrainingModule load(Path path) {
+        return load(path, Collections.emptyList());
+    }
+
+    /**
+     * Loads an exported training module that calls custom operators, after loading the shared
+     * libraries that register them. Library paths come only from the caller, never from the file.
+     *
+     * @param path the .pt written by {@code gradbridge export}
+     * @param opLibraries operator libraries (built against the libtorch this JVM runs) to load
+     *     first; loading one twice is harmless
+     * @return the module, in training mode
+     * @throws ModuleLoadException when a library cannot be loaded, or the module needs an operator
+     *     that no loaded library provides (the message names it)
+     */
+    public static TrainingModule load(Path path, List<Path> opLibraries) {
         Path file = path.toAbsolutePath();
         if (!Files.isRegularFile(file)) {
             throw new ModuleLoadException(
@@ -117,6 +132,7 @@ public final class TrainingModule implements AutoCloseable {
                     "{} was exported with torch {} but libtorch here is {}; results may differ",
                     file, metadata.getTorchVersion(), engineVersion);
         }
+        OperatorLibraries.load(opLibraries);
         PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch");
         try {
             PtSymbolBlock block =
@@ -126,6 +142,10 @@ public final class TrainingModule implements AutoCloseable {
             return new TrainingModule(file, metadata, manager, block);
         } catch (EngineException e) {
             manager.close();
+            String operator = OperatorLibraries.missingOperator(metadata, e);
+            if (operator != null) {
+                throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
+            }
             throw new ModuleLoadException("libtorch cannot load " + file + ": " + libtorchSummary(e), e);
         } catch (RuntimeException e) {
             manager.close();

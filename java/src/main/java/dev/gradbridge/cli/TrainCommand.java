@@ -10,6 +10,7 @@ import dev.gradbridge.data.Dataset;
 import java.io.IOException;
 import java.io.PrintWriter;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.Callable;
@@ -32,6 +33,10 @@ public final class TrainCommand implements Callable<Integer> {
 
     @Option(names = "--model", description = "exported training module (.pt)")
     private Path model;
+
+    @Option(names = "--op-library", paramLabel = "FILE",
+            description = "load this custom-operator library before the module (repeatable)")
+    private List<Path> opLibraries = new ArrayList<>();
 
     @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
     private Path resume;
@@ -93,7 +98,7 @@ public final class TrainCommand implements Callable<Integer> {
             throw new InvalidInputException("give exactly one of --model and --resume");
         }
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
-        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model);
+        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model, opLibraries);
                 Dataset train = data.npz != null
                         ? Dataset.loadNpz(data.npz, module.getManager())
                         : Dataset.loadNpy(data.npy.x, data.npy.y, module.getManager());

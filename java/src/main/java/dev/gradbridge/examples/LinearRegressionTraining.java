@@ -12,6 +12,8 @@ import dev.gradbridge.cli.ConsoleLogging;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Random;
@@ -35,6 +37,10 @@ public final class LinearRegressionTraining implements Callable<History> {
 
     @Option(names = "--model", required = true, description = "exported training module (.pt)")
     private Path model;
+
+    @Option(names = "--op-library", paramLabel = "FILE",
+            description = "load this custom-operator library before the module (repeatable)")
+    private List<Path> opLibraries = new ArrayList<>();
 
     @Option(names = "--epochs", defaultValue = "100", description = "epochs (default: ${DEFAULT-VALUE})")
     private int epochs;
@@ -170,7 +176,7 @@ public final class LinearRegressionTraining implements Callable<History> {
     public History call() throws IOException {
         Dataset dataset = generateData(dataSeed, samples);
         History result;
-        try (TrainingModule module = TrainingModule.load(model)) {
+        try (TrainingModule module = TrainingModule.load(model, opLibraries)) {
             System.out.println("Model loaded: " + module.getPath());
             try {
                 result = train(module, dataset.x, dataset.y, epochs, lr, System.out, logEvery);
