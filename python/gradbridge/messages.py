@@ -40,12 +40,19 @@ def npy_header(source: str, array: str, reason: str) -> str:
 
 def json_text(value: Any, limit: int = 60) -> str:
     """A JSON value as compact JSON text (Gson's toString prints the same), shortened."""
-    text = json.dumps(value, separators=(",", ":"))
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+MISSING = "nothing (the key is missing)"
 
 
 def metadata_key(path: str, key: str, expected: str, actual: str) -> str:
     return f"{path}: gradbridge.json key '{key}' must be {expected}, got {actual}"
+
+
+def metadata_document(path: str, actual: str) -> str:
+    return f"{path}: gradbridge.json must be a JSON object, got {actual}"
 
 
 def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:

@@ -55,10 +55,13 @@ class Reference:
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
                  optimizer: Optional[Dict[str, Any]] = None):
         self.metadata = protocol.read_metadata(model_path)
+        scripted = torch.jit.load(str(model_path))
+        protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
+                                  scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
         if model is None:
-            self.model: nn.Module = torch.jit.load(str(model_path)).model
+            self.model: nn.Module = scripted.model
         else:
             self.model = copy.deepcopy(model)
             state = initial_state(model_path)
