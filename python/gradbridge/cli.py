@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -74,7 +75,13 @@ def _export(args: argparse.Namespace) -> int:
     else:
         factory = load_factory(args.model)
         torch.manual_seed(args.seed)
-        model = factory()
+        try:
+            model = factory()
+        except Exception as ex:  # the user's code: any error, reported in one line
+            raise GradbridgeError(f"model {args.model!r}: the factory raised {type(ex).__name__}: {ex}") from ex
+        if not isinstance(model, torch.nn.Module):
+            raise GradbridgeError(f"model {args.model!r}: the factory must return a torch.nn.Module, "
+                                  f"got {type(model).__name__}")
         # A zero batch of the declared shapes: checks model and loss fit, and allows tracing.
         example = (torch.zeros(2, *x_shape, dtype=getattr(torch, args.input_dtype)),
                    torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
@@ -187,5 +194,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
-        print(f"gradbridge: error: {ex}", file=sys.stderr)
+        print(f"gradbridge: error: {_one_line(ex)}", file=sys.stderr)
         return 1
+    except Exception as ex:  # never a traceback for the user; TRACEBACK_ENV shows it for a bug report
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"gradbridge: error: unexpected {type(ex).__name__}: {_one_line(ex)} "
+              f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+#: Set to show the traceback of an unexpected error.
+TRACEBACK_ENV = "GRADBRIDGE_TRACEBACK"
+
+
+def _one_line(ex: BaseException) -> str:
+    """The error's message on one line (torch's messages can span several)."""
+    return " ".join(str(ex).split()) or type(ex).__name__

@@ -61,5 +61,22 @@ def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
 
 # ---- arguments ----
 
+INT_MAX = (1 << 31) - 1
+
+
 def argument(name: str, expected: str, actual: Any) -> str:
     return f"{name} must be {expected}, got {actual!r}"
+
+
+def check_integer(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int in ``low..high``, else InvalidInputError naming the argument.
+
+    A float (``epochs=2.7``) or a bool is refused rather than truncated; numpy integers pass.
+    """
+    import numbers
+
+    from .errors import InvalidInputError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
+        raise InvalidInputError(argument(name, f"an integer in {low}..{high}", value))
+    return int(value)
