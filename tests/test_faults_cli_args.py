@@ -45,3 +45,18 @@ def test_parity_with_labels_outside_the_classes(factories):
     result = gradbridge_cli("parity", model, "--data", factories / "d.npz", "--epochs", 1, "--batch-size", 5)
     line = one_error_line(result, PREFIX)
     assert line.startswith(f"{model}: training step failed at epoch 0: ") and "out of bounds" in line, line
+
+
+@pytest.mark.parametrize("option, value", [("--rtol", "-1"), ("--atol", "nan"), ("--rtol", "inf")])
+def test_negative_or_non_finite_tolerance_is_refused(model_path, tmp_path, option, value):
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 1), np.float32), y=np.zeros((4, 1), np.float32))
+    result = gradbridge_cli("parity", model_path, "--data", tmp_path / "d.npz", option, value)
+    assert one_error_line(result, PREFIX) == (f"argument {option}: invalid tolerance (a finite number >= 0) value: "
+                                              f"'{value}' (see gradbridge parity --help)")
+
+
+def test_paritycheck_run_refuses_a_negative_tolerance(model_path, tmp_path):
+    from gradbridge import paritycheck
+
+    with pytest.raises(ValueError, match=r"^rtol must be a finite number >= 0, got -1"):
+        paritycheck.run(model_path, tmp_path / "unused.npz", rtol=-1)

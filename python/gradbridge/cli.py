@@ -24,6 +24,17 @@ def _floats(text: str) -> List[float]:
     return [float(v) for v in text.split(",") if v.strip()]
 
 
+def _tolerance(text: str) -> float:
+    """A tolerance: a finite number >= 0 (argparse turns ValueError into one usage line)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_tolerance.__name__ = "tolerance (a finite number >= 0)"
+
+
 def _shape(text: str) -> List[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
@@ -112,8 +123,15 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(epochs=args.epochs, out_dir=args.out_dir)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with gradbridge's convention for bad input: one line, exit code 1 (not usage + 2)."""
+
+    def error(self, message: str):
+        self.exit(1, f"gradbridge: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
+    parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     export = commands.add_parser(
@@ -168,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
-    parity.add_argument("--rtol", type=float, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
-    parity.add_argument("--atol", type=float, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
+    parity.add_argument("--rtol", type=_tolerance, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
+    parity.add_argument("--atol", type=_tolerance, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
     parity.set_defaults(run=_parity)
