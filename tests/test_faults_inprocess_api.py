@@ -68,3 +68,18 @@ def test_classpath_without_the_classes(jvm):
 
 def test_the_jvm_still_trains_afterwards(jvm, model_path):
     assert len(java.train(model_path, X, Y, epochs=2, batch_size=4)) == 2
+
+
+def test_classpath_without_the_trainer_classes(jvm, model_path, monkeypatch):
+    real = java.jclass
+
+    def without_library(name):
+        if name.startswith("dev.gradbridge."):
+            raise TypeError(f"Class {name} is not found")
+        return real(name)
+
+    monkeypatch.setattr(java, "jclass", without_library)
+    for call in (lambda: java.train(model_path, X, Y, epochs=1), lambda: java.seed_data(n=4),
+                 lambda: java.train_linear_regression(model_path, X, Y, epochs=1, lr=0.1)):
+        with pytest.raises(JavaBuildMissingError, match=r"^the Java classpath lacks dev\.gradbridge\."):
+            call()

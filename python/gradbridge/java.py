@@ -80,6 +80,7 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     if val is not None:
         check_data(metadata, arrays[2], arrays[3], "validation data")
     Trainer = _java_class("dev.gradbridge.Trainer")
+    _java_class("dev.gradbridge.TrainingModule")  # load_module below would raise TypeError without it
     Paths = _java_class("java.nio.file.Paths")
     module = load_module(model_path)
     try:
@@ -130,6 +131,7 @@ def train_linear_regression(model_path: str | os.PathLike, x: np.ndarray, y: np.
     if len(x) == 0 or len(x) != len(y):
         raise InvalidInputError(f"x and y must be non-empty and equally long, got {len(x)} and {len(y)}")
     example = _java_class("dev.gradbridge.examples.LinearRegressionTraining")
+    _java_class("dev.gradbridge.TrainingModule")
     module = load_module(model_path)
     try:
         with java_errors():
