@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradbridge.jvm import REPO_ROOT
+from gradbridge._devtree import root
+
+REPO_ROOT = root()
 
 TRAIN_SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
 PYTHON_SRC = REPO_ROOT / "python"

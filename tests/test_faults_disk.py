@@ -7,7 +7,6 @@ the error named the temp file; a full disk named no file; every file came out 06
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -15,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gradbridge import History, protocol
+from gradbridge import protocol
 from tests.faults import one_error_line, stray_files, train_cli
 
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from gradbridge import DivergenceError, History, java, protocol, reference
-from gradbridge.jvm import REPO_ROOT
+from gradbridge._devtree import root
+
+REPO_ROOT = root()
 from tests.faults import one_error_line, stray_files, train_cli
 
 SEED_SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -21,6 +22,17 @@ _CLASS_TARGET_LOSSES = ("cross_entropy", "nll")
 
 def _floats(text: str) -> List[float]:
     return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _tolerance(text: str) -> float:
+    """A tolerance: a finite number >= 0 (argparse turns ValueError into one usage line)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_tolerance.__name__ = "tolerance (a finite number >= 0)"
 
 
 def _shape(text: str) -> List[int]:
@@ -75,7 +87,13 @@ def _export(args: argparse.Namespace) -> int:
     else:
         factory = load_factory(args.model)
         torch.manual_seed(args.seed)
-        model = factory()
+        try:
+            model = factory()
+        except Exception as ex:  # the user's code: any error, reported in one line
+            raise GradbridgeError(f"model {args.model!r}: the factory raised {type(ex).__name__}: {ex}") from ex
+        if not isinstance(model, torch.nn.Module):
+            raise GradbridgeError(f"model {args.model!r}: the factory must return a torch.nn.Module, "
+                                  f"got {type(model).__name__}")
         # A zero batch of the declared shapes: checks model and loss fit, and allows tracing.
         example = (torch.zeros(2, *x_shape, dtype=getattr(torch, args.input_dtype)),
                    torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
@@ -131,8 +149,15 @@ def _doctor(args: argparse.Namespace) -> int:
     return run()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with gradbridge's convention for bad input: one line, exit code 1 (not usage + 2)."""
+
+    def error(self, message: str):
+        self.exit(1, f"gradbridge: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
+    parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     export = commands.add_parser(
@@ -188,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
-    parity.add_argument("--rtol", type=float, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
-    parity.add_argument("--atol", type=float, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
+    parity.add_argument("--rtol", type=_tolerance, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
+    parity.add_argument("--atol", type=_tolerance, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
     _op_library_option(parity)
@@ -242,5 +267,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
-        print(f"{CLI_ERROR_PREFIX}{ex}", file=sys.stderr)
+        print(f"{CLI_ERROR_PREFIX}{_one_line(ex)}", file=sys.stderr)
         return 1
+    except Exception as ex:  # never a traceback for the user; TRACEBACK_ENV shows it for a bug report
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"gradbridge: error: unexpected {type(ex).__name__}: {_one_line(ex)} "
+              f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+#: Set to show the traceback of an unexpected error.
+TRACEBACK_ENV = "GRADBRIDGE_TRACEBACK"
+
+
+def _one_line(ex: BaseException) -> str:
+    """The error's message on one line (torch's messages can span several)."""
+    return " ".join(str(ex).split()) or type(ex).__name__

@@ -44,3 +44,8 @@ class ModuleLoadError(GradbridgeError):
 
 class DivergenceError(GradbridgeError):
     """A training loss became NaN or infinite; the message names the epoch and batch."""
+
+
+class TrainingError(GradbridgeError):
+    """A training step failed inside PyTorch (e.g. a class label outside the model's classes);
+    the message names the module, the epoch and torch's own reason."""

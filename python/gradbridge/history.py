@@ -26,12 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from .files import atomic_path
 
 #: The keys of one history line, in order.
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
@@ -125,15 +126,8 @@ class History:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically: a temporary file in the same folder, then a rename."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(self.to_jsonl())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path) as tmp:
+            tmp.write_text(self.to_jsonl(), encoding="utf-8")
         return path
 
     @classmethod

@@ -57,11 +57,16 @@ def start(extra_options: Sequence[str] = ()) -> None:
 
 
 def jclass(name: str):
-    """A Java class by name, starting the JVM if needed."""
+    """A Java class by name, starting the JVM if needed; JavaBuildMissingError when the classpath lacks it."""
     import jpype
 
     start()
-    return jpype.JClass(name)
+    try:
+        return jpype.JClass(name)
+    except TypeError as ex:  # JPype: "Class ... is not found"
+        raise errors.JavaBuildMissingError(
+            f"the Java classpath ({classpath.resolve().source}) lacks {name}: rebuild the Java library "
+            f"(`gradle assemble` in a checkout, `make dist` for a wheel)") from ex
 
 
 @contextmanager

@@ -40,12 +40,19 @@ def npy_header(source: str, array: str, reason: str) -> str:
 
 def json_text(value: Any, limit: int = 60) -> str:
     """A JSON value as compact JSON text (Gson's toString prints the same), shortened."""
-    text = json.dumps(value, separators=(",", ":"))
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+MISSING = "nothing (the key is missing)"
 
 
 def metadata_key(path: str, key: str, expected: str, actual: str) -> str:
     return f"{path}: gradbridge.json key '{key}' must be {expected}, got {actual}"
+
+
+def metadata_document(path: str, actual: str) -> str:
+    return f"{path}: gradbridge.json must be a JSON object, got {actual}"
 
 
 def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
@@ -54,8 +61,25 @@ def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
 
 # ---- arguments ----
 
+INT_MAX = (1 << 31) - 1
+
+
 def argument(name: str, expected: str, actual: Any) -> str:
     return f"{name} must be {expected}, got {actual!r}"
+
+
+def check_integer(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int in ``low..high``, else InvalidInputError naming the argument.
+
+    A float (``epochs=2.7``) or a bool is refused rather than truncated; numpy integers pass.
+    """
+    import numbers
+
+    from .errors import InvalidInputError
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
+        raise InvalidInputError(argument(name, f"an integer in {low}..{high}", value))
+    return int(value)
 
 
 # ---- custom operators ----

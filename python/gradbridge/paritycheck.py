@@ -31,6 +31,9 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     metadata = protocol.read_metadata(model)
     ops.load(op_libraries)
     ops.require(metadata.get("custom_ops", ()), str(model))

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from . import messages
 from .errors import ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -139,10 +140,80 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
             document = json.loads(archive.read(entries[0]).decode("utf-8"))
     except zipfile.BadZipFile as ex:
         raise ProtocolError(f"{path}: not a TorchScript archive (not a zip file)") from ex
-    if document.get("format") != METADATA_FORMAT:
-        raise ProtocolError(f"{path}: {METADATA_FILE} has format {document.get('format')!r}, "
-                            f"expected {METADATA_FORMAT!r}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+        raise ProtocolError(f"{path}: {METADATA_FILE} is not valid JSON: {ex}") from ex
+    check_schema(str(path), document)
     if document.get("protocol_version") != PROTOCOL_VERSION:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
                             f"this gradbridge reads {PROTOCOL_VERSION}")
     return document
+
+
+def check_schema(path: str, document: Any) -> None:
+    """The shape of gradbridge.json: every key present with the right type, one line naming the
+    first that is not. Java's ``MetadataSchema`` makes the same checks in the same order."""
+
+    def fail(key: str, expected: str, value: Any = ...) -> ProtocolError:
+        return ProtocolError(messages.metadata_key(path, key, expected,
+                                                   messages.MISSING if value is ... else messages.json_text(value)))
+
+    def string(obj: Dict[str, Any], key: str, where: str) -> str:
+        if not isinstance(obj.get(key, ...), str):
+            raise fail(where, "a string", obj.get(key, ...))
+        return obj[key]
+
+    def is_integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
+
+    def array(obj: Dict[str, Any], key: str, where: str, expected: str) -> list:
+        if not isinstance(obj.get(key, ...), list):
+            raise fail(where, expected, obj.get(key, ...))
+        return obj[key]
+
+    def specs(key: str) -> list:
+        items = array(document, key, key, "a list of tensor specs")
+        for i, spec in enumerate(items):
+            where = f"{key}[{i}]"
+            if not isinstance(spec, dict):
+                raise fail(where, "an object with name, shape and dtype", spec)
+            string(spec, "name", f"{where}.name")
+            shape = array(spec, "shape", f"{where}.shape", "a list of integers")
+            if not all(is_integer(d) for d in shape):
+                raise fail(f"{where}.shape", "a list of integers", shape)
+            if string(spec, "dtype", f"{where}.dtype") not in DTYPES:
+                raise fail(f"{where}.dtype", f"one of {', '.join(DTYPES)}", spec["dtype"])
+        return items
+
+    def named(key: str) -> None:
+        if not isinstance(document.get(key, ...), dict):
+            raise fail(key, "an object with a name", document.get(key, ...))
+        string(document[key], "name", f"{key}.name")
+
+    if not isinstance(document, dict):
+        raise ProtocolError(messages.metadata_document(path, messages.json_text(document)))
+    if string(document, "format", "format") != METADATA_FORMAT:
+        raise ProtocolError(f"{path}: {METADATA_FILE} has format '{document['format']}', expected '{METADATA_FORMAT}'")
+    if not is_integer(document.get("protocol_version", ...)):
+        raise fail("protocol_version", "an integer", document.get("protocol_version", ...))
+    for i, method in enumerate(array(document, "methods", "methods", "a list of strings")):
+        if not isinstance(method, str):
+            raise fail(f"methods[{i}]", "a string", method)
+    specs("parameters")
+    specs("buffers")
+    named("loss")
+    named("optimizer")
+    names = [spec["name"] for spec in specs("inputs")]
+    if not (len(names) == 2 and set(names) == {"x", "y"}):
+        raise fail("inputs", "the specs of x and y", names)
+
+
+def check_parameters(path: str, metadata: Dict[str, Any], names: Sequence[str], values: Sequence[Any]) -> None:
+    """The module's parameters (names, dtypes, shapes) against what gradbridge.json declares."""
+    declared = [spec["name"] for spec in metadata["parameters"]]
+    if list(names) != declared:
+        raise ProtocolError(f"{path}: parameter_names() returns {list(names)} but the metadata lists {declared}")
+    for spec, value in zip(metadata["parameters"], values):
+        dtype, shape = str(value.dtype).replace("torch.", ""), [int(d) for d in value.shape]
+        if dtype != spec["dtype"] or shape != spec["shape"]:
+            raise ProtocolError(messages.parameter_mismatch(path, spec["name"], f"{spec['dtype']} {spec['shape']}",
+                                                            f"{dtype} {shape}"))

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import protocol, shuffle
-from .errors import DivergenceError
+from . import messages, protocol, shuffle
+from .errors import DivergenceError, TrainingError
 from .export import losses, optim
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -55,10 +55,13 @@ class Reference:
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
                  optimizer: Optional[Dict[str, Any]] = None):
         self.metadata = protocol.read_metadata(model_path)
+        scripted = torch.jit.load(str(model_path))
+        protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
+                                  scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
         if model is None:
-            self.model: nn.Module = torch.jit.load(str(model_path)).model
+            self.model: nn.Module = scripted.model
         else:
             self.model = copy.deepcopy(model)
             state = initial_state(model_path)
@@ -153,6 +156,9 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     """
     if mode not in ("full", "step", "fused"):
         raise ValueError(f"unknown mode {mode!r}; expected full, step or fused")
+    epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
+    start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
+    seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     n = len(xs)
     batch = n if mode == "full" else batch_size
@@ -163,11 +169,16 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     started = time.perf_counter()
     for epoch in range(start_epoch, start_epoch + epochs):
         torch.manual_seed(shuffle.torch_seed(seed, epoch))
-        if mode == "full":
-            losses = [reference.train_step(xs, ys)]
-        else:
-            perm = torch.tensor(shuffle.permutation(seed, epoch, n), dtype=torch.int64)
-            losses = reference.train_epoch(xs, ys, perm, batch)
+        try:
+            if mode == "full":
+                losses = [reference.train_step(xs, ys)]
+            else:
+                perm = torch.tensor(shuffle.permutation(seed, epoch, n), dtype=torch.int64)
+                losses = reference.train_epoch(xs, ys, perm, batch)
+        except (RuntimeError, IndexError, ValueError) as ex:
+            # e.g. "Target 5 is out of bounds." for a label outside the model's classes
+            reason = str(ex).strip().splitlines()[-1] if str(ex).strip() else type(ex).__name__
+            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {reason}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):

@@ -375,6 +375,19 @@ def build(spec: Dict[str, Any], params: Sequence[Tensor]) -> nn.Module:
         raise ValueError(f"optimizer {name}: {ex}") from ex
 
 
+def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether any parameter's state shows a step. Adagrad creates its state (step 0, sum) when
+    it is constructed, so state alone does not mean a step; a state without ``step`` (SGD's
+    momentum buffer) appears only with the first step."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            if float(state["step"]) > 0:
+                return True
+        elif state:
+            return True
+    return False
+
+
 def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     """The spec of a fresh torch.optim optimizer (one parameter group, no state yet)."""
     by_torch_name = {cls.torch_name: name for name, cls in OPTIMIZERS.items()}
@@ -383,7 +396,7 @@ def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
         raise ValueError(f"Unknown optimizer {torch_name}; supported: {', '.join(by_torch_name)}")
     if len(optimizer.param_groups) != 1:
         raise GradbridgeError(f"{torch_name} has {len(optimizer.param_groups)} parameter groups; gradbridge exports one")
-    if any(optimizer.state.values()):
+    if _has_stepped(optimizer):
         raise GradbridgeError(f"{torch_name} has already stepped; export a fresh optimizer (state travels with "
                               "optimizer_state/load_optimizer_state)")
     name = by_torch_name[torch_name]

@@ -15,7 +15,6 @@ import copy
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import __version__, ops, protocol  # __version__ is set before any submodule loads
 from ..errors import GradbridgeError
+from ..files import atomic_path
 from ..models import BUILTIN_MODELS
 from . import losses, optim
 
@@ -306,6 +306,8 @@ def export_training_module(
                 loss_module(model(example_inputs[0]), example_inputs[1])
         except Exception as ex:
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
+    else:
+        _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
 
     scripted_model = _script_model(model, example_inputs)
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
@@ -330,16 +332,24 @@ def export_training_module(
     return _save_atomically(scripted, metadata, Path(path))
 
 
-def _save_atomically(scripted: torch.jit.ScriptModule, metadata: Dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, specs: Sequence[Dict[str, Any]],
+                     name: str) -> None:
+    """Run a zero batch of the declared shapes through a throwaway copy (eval mode, no grad), so
+    a module that could never take a step is refused at export, not on its first step."""
+    batch = [torch.zeros([2 if d == -1 else d for d in spec["shape"]], dtype=getattr(torch, spec["dtype"]))
+             for spec in specs]
     try:
-        torch.jit.save(scripted, tmp, _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with torch.no_grad():
+            loss_module(copy.deepcopy(model).eval()(batch[0]), batch[1])
+    except Exception as ex:  # torch raises RuntimeError, IndexError, ValueError...
+        reason = " ".join(str(ex).split())
+        raise ValueError(f"inputs x {specs[0]['shape']} {specs[0]['dtype']}, y {specs[1]['shape']} {specs[1]['dtype']} "
+                         f"do not fit model {name} with loss {loss_name}: {reason}") from ex
+
+
+def _save_atomically(scripted: torch.jit.ScriptModule, metadata: Dict[str, Any], path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        torch.jit.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
     log.info("wrote %s", path)
     return path
 

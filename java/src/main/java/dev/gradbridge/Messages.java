@@ -109,6 +109,48 @@ public final class Messages {
         return "cannot write " + path + ": " + reason;
     }
 
+    // ---- metadata (gradbridge.json) ----
+
+    /**
+     * @param path the module
+     * @param key the key, e.g. {@code parameters[0].shape}
+     * @param expected what the key must hold
+     * @param actual what it holds, as compact JSON ({@link #jsonText}), or a description
+     * @return the line for a malformed metadata key
+     */
+    public static String metadataKey(String path, String key, String expected, String actual) {
+        return path + ": " + Protocol.METADATA_FILE + " key '" + key + "' must be " + expected + ", got " + actual;
+    }
+
+    /**
+     * @param path the module
+     * @param actual the document, as compact JSON
+     * @return the line for a metadata document that is not a JSON object
+     */
+    public static String metadataDocument(String path, String actual) {
+        return path + ": " + Protocol.METADATA_FILE + " must be a JSON object, got " + actual;
+    }
+
+    /**
+     * @param path the module
+     * @param name the parameter
+     * @param declared dtype and shape in gradbridge.json
+     * @param actual dtype and shape in the module
+     * @return the line for metadata that does not describe the module
+     */
+    public static String parameterMismatch(String path, String name, String declared, String actual) {
+        return path + ": parameter " + name + " is " + actual + " in the module but " + Protocol.METADATA_FILE
+                + " declares " + declared;
+    }
+
+    /**
+     * @param json a JSON value's compact text
+     * @return it, shortened to 60 characters as Python's {@code messages.json_text} does
+     */
+    public static String jsonText(String json) {
+        return json.length() <= 60 ? json : json.substring(0, 57) + "...";
+    }
+
     // ---- custom operators ----
 
     /**

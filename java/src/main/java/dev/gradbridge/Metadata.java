@@ -3,6 +3,7 @@ package dev.gradbridge;
 import com.google.gson.FieldNamingPolicy;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
+import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.JsonParser;
@@ -197,7 +198,9 @@ public final class Metadata {
             Metadata metadata;
             try (Reader reader =
                     new InputStreamReader(archive.getInputStream(entry), StandardCharsets.UTF_8)) {
-                JsonObject document = JsonParser.parseReader(reader).getAsJsonObject();
+                JsonElement root = JsonParser.parseReader(reader);
+                MetadataSchema.check(path, root);
+                JsonObject document = root.getAsJsonObject();
                 metadata = GSON.fromJson(document, Metadata.class);
                 metadata.document = document;
             } catch (JsonParseException | IllegalStateException e) {

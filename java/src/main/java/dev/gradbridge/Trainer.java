@@ -426,11 +426,9 @@ public final class Trainer {
     /** What a stopped run kept: its completed epochs, where they are. */
     private String kept(History done) {
         int completed = done.getRecords().size();
-        if (completed == 0) {
-            return "no epoch completed in this run";
-        }
-        return completed + " completed epoch(s) kept"
-                + (historyFile == null ? "" : " in " + historyFile)
-                + (checkpoint == null ? "" : "; " + checkpoint + " holds the last of them");
+        String epochs = completed == 0
+                ? "no epoch completed in this run"
+                : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);
+        return epochs + (checkpoint == null ? "" : "; " + checkpoint + " holds the last good epoch, if one finished");
     }
 }

@@ -93,6 +93,28 @@ public final class TrainingModule implements AutoCloseable {
                     path + ": parameter_names() returns " + parameterNames
                             + " but the metadata lists " + declared);
         }
+        checkParameterSpecs();
+    }
+
+    /** The metadata's shapes and dtypes are trusted by every check after this: verify them once. */
+    private void checkParameterSpecs() {
+        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            List<?> values = (List<?>) invoke(Protocol.GET_PARAMETERS, scope);
+            List<Metadata.TensorSpec> specs = metadata.getParameters();
+            for (int i = 0; i < specs.size(); i++) {
+                Metadata.TensorSpec spec = specs.get(i);
+                NDArray value = (NDArray) values.get(i);
+                String dtype = value.getDataType().name().toLowerCase(Locale.ROOT);
+                long[] shape = value.getShape().getShape();
+                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape)) {
+                    throw new ProtocolException(
+                            Messages.parameterMismatch(
+                                    path.toString(), spec.getName(),
+                                    spec.getDtype() + " " + Arrays.toString(spec.getShape()),
+                                    dtype + " " + Arrays.toString(shape)));
+                }
+            }
+        }
     }
 
     /**

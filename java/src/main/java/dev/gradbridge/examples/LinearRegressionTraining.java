@@ -221,6 +221,11 @@ public final class LinearRegressionTraining implements Callable<History> {
     public static void main(String[] args) {
         ConsoleLogging.applyDefaults();
         CommandLine cli = new CommandLine(new LinearRegressionTraining());
+        cli.setParameterExceptionHandler(
+                (ex, arguments) -> {
+                    ex.getCommandLine().getErr().println("error: " + ex.getMessage() + " (see --help)");
+                    return 1;
+                });
         cli.setExecutionExceptionHandler(
                 (ex, commandLine, parseResult) -> {
                     if (ex instanceof GradbridgeException || ex instanceof IOException) {

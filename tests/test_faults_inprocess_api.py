@@ -1,0 +1,87 @@
+"""Fault suite, surface "in-process API": bad arguments raise gradbridge's documented errors
+(InvalidInputError, JavaBuildMissingError) naming the argument, never TypeError/OverflowError
+from JPype or a Java NegativeArraySizeException, and never a silent truncation (epochs=2.7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradbridge import InvalidInputError, JavaBuildMissingError, java, reference
+
+X = np.linspace(0, 1, 16, dtype=np.float32).reshape(16, 1)
+Y = 2 * X + 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(epochs=2**40), "epochs must be an integer in 1..2147483647, got 1099511627776"),
+    (dict(epochs=2.7), "epochs must be an integer in 1..2147483647, got 2.7"),
+    (dict(epochs=0), "epochs must be an integer in 1..2147483647, got 0"),
+    (dict(epochs=True), "epochs must be an integer in 1..2147483647, got True"),
+    (dict(epochs=1, batch_size=2**40), "batch_size must be an integer in 1..2147483647, got 1099511627776"),
+    (dict(epochs=1, seed=1.5), "seed must be an integer in -9223372036854775808..18446744073709551615, got 1.5"),
+])
+def test_java_train_arguments(jvm, model_path, kwargs, message):
+    with pytest.raises(InvalidInputError) as info:
+        java.train(model_path, X, Y, **kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("kwargs", [dict(epochs=2.7), dict(epochs=2**40)])
+def test_reference_train_arguments(model_path, kwargs):
+    with pytest.raises(InvalidInputError, match=r"^epochs must be an integer in 1\.\.2147483647, got "):
+        reference.train(model_path, X, Y, **kwargs)
+
+
+def test_zero_samples(jvm, model_path):
+    empty = np.zeros((0, 1), np.float32)
+    with pytest.raises(InvalidInputError) as info:
+        java.train(model_path, empty, empty, epochs=1)
+    assert str(info.value) == "training data: the dataset is empty (0 samples)"
+    with pytest.raises(InvalidInputError, match=r"^x and y must be non-empty and equally long, got 0 and 0$"):
+        java.train_linear_regression(model_path, empty, empty, epochs=1, lr=0.01)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n=-1), "n must be an integer in 1..2147483647, got -1"),
+    (dict(n=2**31), "n must be an integer in 1..2147483647, got 2147483648"),
+    (dict(seed=0.5), "seed must be an integer in -9223372036854775808..9223372036854775807, got 0.5"),
+])
+def test_seed_data_arguments(jvm, kwargs, message):
+    with pytest.raises(InvalidInputError) as info:
+        java.seed_data(**kwargs)
+    assert str(info.value) == message
+
+
+def test_seed_driver_arguments(jvm, model_path):
+    with pytest.raises(InvalidInputError, match=r"^lr must be a positive finite number, got nan$"):
+        java.train_linear_regression(model_path, X, Y, epochs=1, lr=float("nan"))
+    with pytest.raises(InvalidInputError, match=r"^epochs must be an integer"):
+        java.train_linear_regression(model_path, X, Y, epochs=2.5, lr=0.1)
+
+
+def test_classpath_without_the_classes(jvm):
+    with pytest.raises(JavaBuildMissingError, match=r"^the Java classpath \(.*\) lacks dev\.gradbridge\.Missing: rebuild"):
+        jvm.jclass("dev.gradbridge.Missing")
+
+
+def test_the_jvm_still_trains_afterwards(jvm, model_path):
+    assert len(java.train(model_path, X, Y, epochs=2, batch_size=4)) == 2
+
+
+def test_classpath_without_the_trainer_classes(jvm, model_path, monkeypatch):
+    import jpype
+
+    real = jpype.JClass
+
+    def without_library(name, *args, **kwargs):
+        if isinstance(name, str) and name.startswith("dev.gradbridge."):
+            raise TypeError(f"Class {name} is not found")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(jpype, "JClass", without_library)
+    for call in (lambda: java.train(model_path, X, Y, epochs=1), lambda: java.seed_data(n=4),
+                 lambda: java.train_linear_regression(model_path, X, Y, epochs=1, lr=0.1)):
+        with pytest.raises(JavaBuildMissingError, match=r"^the Java classpath \(.*\) lacks dev\.gradbridge\."):
+            call()
