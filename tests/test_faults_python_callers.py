@@ -19,6 +19,17 @@ STEPS = 25
 
 @pytest.mark.parametrize("optimizer", [{"name": "adam", "lr": 0.01}, {"name": "rmsprop", "lr": 0.01}])
 def test_load_for_python_steps_like_torch_optim(tmp_path, optimizer):
+    # The setting is thread-local, and in-process Java turns it off on this thread: start from
+    # torch's default (on) to see that load_for_python gives it back.
+    previous = torch._C._get_graph_executor_optimize()
+    torch._C._set_graph_executor_optimize(True)
+    try:
+        _steps_like_torch_optim(tmp_path, optimizer)
+    finally:
+        torch._C._set_graph_executor_optimize(previous)
+
+
+def _steps_like_torch_optim(tmp_path, optimizer):
     torch.manual_seed(0)
     model = mlp(6, (32, 32), 3)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt",
