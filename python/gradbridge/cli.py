@@ -111,6 +111,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return run()
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import run
+
+    return run(args.log, args.model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")
     demo.add_argument("--out-dir", default="build/demo", help="where models and histories go")
     demo.set_defaults(run=_demo)
+
+    replay = commands.add_parser(
+        "replay", help="replay an online learner's feedback log with eager PyTorch, check every version",
+        description="Apply the micro-batches logged by dev.gradbridge.online.OnlineLearner to MODEL's initial "
+                    "tensors with eager torch.optim and compare every published version bit for bit. Exit code 0 "
+                    "only when all match.")
+    replay.add_argument("--log", required=True, help="the learner's log folder (holds feedback.log)")
+    replay.add_argument("--model", required=True, help="the exported training module the learner started from")
+    replay.set_defaults(run=_replay)
 
     doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "
