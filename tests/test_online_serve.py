@@ -189,3 +189,61 @@ def test_bad_requests_get_one_line_and_a_full_queue_gets_429(serve_script, model
     log = replay_mod.read_log(log_dir)
     assert sorted(log.events) == list(range(16)) and [(b.first_seq, b.count) for b in log.batches] == [(0, 16)]
     assert replay_mod.replay(log_dir, model).bitwise
+
+
+def test_sigkill_mid_stream_loses_no_acknowledged_event_and_restart_matches_the_replay(serve_script, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    log_dir = tmp_path / "log"
+    options = ("--max-batch", 4, "--max-wait-ms", 2, "--publish-every", 3, "--checkpoint-every", 4,
+               "--fsync", "always", "--predictors", 1)
+    x, y = _data(2000, 2)
+    acknowledged = {}  # event seq -> row of x
+    lock = threading.Lock()
+    service = Service(serve_script, model, log_dir, *options)
+    try:
+        def feedback_client(rows):
+            for start in rows:
+                try:
+                    status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(),
+                                                              "y": y[start:start + 2].tolist()}, timeout=5)
+                except (OSError, urllib.error.URLError):
+                    return  # the service is gone
+                if status == 200:
+                    answer = json.loads(body)
+                    with lock:
+                        for i in range(answer["accepted"]):
+                            acknowledged[answer["first_seq"] + i] = start + i
+
+        starts = list(range(0, len(x), 2))
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(feedback_client, starts[i::3]) for i in range(3)]
+            deadline = time.monotonic() + 10
+            while len(acknowledged) < 300 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            service.process.kill()  # SIGKILL mid-stream: no drain, no final checkpoint
+            service.process.wait(timeout=30)
+            for future in futures:
+                future.result(timeout=30)
+    finally:
+        service.kill()
+    assert 300 <= len(acknowledged) < 1000, len(acknowledged)
+    before = replay_mod.read_log(log_dir)
+    assert set(acknowledged) <= set(before.events), "an acknowledged event is missing after SIGKILL"
+
+    restarted = Service(serve_script, model, log_dir, *options)
+    try:
+        health = json.loads(restarted.get("/healthz")[1])
+        assert health["status"] == "ok"
+        code, out, err = restarted.terminate()
+    finally:
+        restarted.kill()
+    assert code == 0, err
+    log = replay_mod.read_log(log_dir)
+    assert set(acknowledged) <= set(log.events)
+    for seq, row in acknowledged.items():
+        assert log.events[seq] == (x[row].astype("<f4").tobytes(), y[row].astype("<i8").tobytes())
+    report = replay_mod.replay(log_dir, model)
+    assert report.unapplied_events == 0 and report.events == len(log.events)
+    assert report.bitwise, report.table()
+    checkpoint = json.loads((log_dir / "checkpoint.json").read_text())
+    assert checkpoint["version"] == report.rows[-1].version  # the final checkpoint is the last version

@@ -85,6 +85,12 @@ public final class ServeCommand implements Callable<Integer> {
 
     private static final Gson GSON = new Gson();
 
+    /**
+     * Runs the service until SIGTERM or SIGINT; exit code 0 after a clean drain, 1 with one
+     * {@code gradbridge-serve: error:} line otherwise.
+     *
+     * @param args the options above
+     */
     public static void main(String[] args) {
         System.setProperty("org.slf4j.simpleLogger.defaultLogLevel",
                 System.getProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn"));
