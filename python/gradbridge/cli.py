@@ -117,6 +117,12 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args.log, args.model)
 
 
+def _online_demo(args: argparse.Namespace) -> int:
+    from .online_demo import run
+
+    return run(rounds=args.rounds, batch=args.batch, out_dir=args.out_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -197,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--log", required=True, help="the learner's log folder (holds feedback.log)")
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.set_defaults(run=_replay)
+
+    online_demo = commands.add_parser(
+        "online-demo", help="a recommender learning online in Java from simulated clicks; AUC per version; replay")
+    online_demo.add_argument("--rounds", type=int, default=300, help="rounds of impressions (default 300)")
+    online_demo.add_argument("--batch", type=int, default=64, help="impressions per round (default 64)")
+    online_demo.add_argument("--out-dir", default="build/online-demo", help="model, log and plot go here")
+    online_demo.set_defaults(run=_online_demo)
 
     doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "
