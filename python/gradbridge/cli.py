@@ -123,6 +123,13 @@ def _online_demo(args: argparse.Namespace) -> int:
     return run(rounds=args.rounds, batch=args.batch, out_dir=args.out_dir)
 
 
+def _online_bench(args: argparse.Namespace) -> int:
+    from .online_bench import run
+
+    return run(events=args.events, batch=args.batch, predictions=args.predictions, publish_every=args.publish_every,
+               out_dir=args.out_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -210,6 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
     online_demo.add_argument("--batch", type=int, default=64, help="impressions per round (default 64)")
     online_demo.add_argument("--out-dir", default="build/online-demo", help="model, log and plot go here")
     online_demo.set_defaults(run=_online_demo)
+
+    online_bench = commands.add_parser(
+        "online-bench", help="online learner: predict latency with/without training, learning throughput; vs Python")
+    online_bench.add_argument("--events", type=int, default=8192, help="feedback events (default 8192)")
+    online_bench.add_argument("--batch", type=int, default=32, help="micro-batch size (default 32)")
+    online_bench.add_argument("--predictions", type=int, default=2000, help="predictions per measurement (default 2000)")
+    online_bench.add_argument("--publish-every", type=int, default=1, help="java: a version every N updates (default 1)")
+    online_bench.add_argument("--out-dir", default="build/online-bench", help="where the JSON goes")
+    online_bench.set_defaults(run=_online_bench)
 
     doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "
