@@ -108,7 +108,7 @@ public final class OnlineLearner implements AutoCloseable {
     private Throwable failure; // guarded by lock
 
     // Training-thread state (also read after the thread ends).
-    private long updates;
+    private volatile long updates; // written by the training thread only
     private double lastLoss = Double.NaN;
     private long lastCheckpointVersion = -1;
     private volatile ModelVersion current;
