@@ -86,9 +86,9 @@ public final class OnlineBenchmark {
                 Thread feeder = new Thread(() -> {
                     for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
                         try {
-                            learner.learn(chunks.get(i)[0], chunks.get(i)[1]);
+                            learner.learn(chunks.get(i)[0], chunks.get(i)[1], 10, TimeUnit.MILLISECONDS);
                         } catch (QueueFullException e) {
-                            Thread.yield();
+                            // no room within 10 ms: try again (blocking, not spinning)
                         }
                     }
                 });
@@ -113,14 +113,7 @@ public final class OnlineBenchmark {
         try (OnlineLearner learner = open(model, work.resolve("throughput"), batch, 1, publishEvery)) {
             long started = System.nanoTime();
             for (HostTensor[] chunk : chunks) {
-                while (true) {
-                    try {
-                        learner.learn(chunk[0], chunk[1]);
-                        break;
-                    } catch (QueueFullException e) {
-                        Thread.yield();
-                    }
-                }
+                learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
             }
             learner.awaitIdle(300, TimeUnit.SECONDS);
             double seconds = (System.nanoTime() - started) / 1e9;

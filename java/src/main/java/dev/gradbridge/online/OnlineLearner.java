@@ -99,6 +99,7 @@ public final class OnlineLearner implements AutoCloseable {
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition notEmpty = lock.newCondition();
     private final Condition progress = lock.newCondition();
+    private final Condition notFull = lock.newCondition();
     private final ArrayDeque<QueuedEvent> queue = new ArrayDeque<>(); // guarded by lock
     private long nextSeq; // guarded by lock
     private long appliedEvents; // guarded by lock: events applied, in seq order
@@ -461,6 +462,23 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws UncheckedIOException when the log cannot be written
      */
     public long learn(HostTensor x, HostTensor y) {
+        return learn(x, y, 0, TimeUnit.NANOSECONDS);
+    }
+
+    /**
+     * Like {@link #learn(HostTensor, HostTensor)}, but waits up to {@code timeout} for room in the
+     * queue before refusing: back-pressure that blocks a producer inside the process instead of
+     * making it spin.
+     *
+     * @param x inputs, batch dimension first, matching the module's {@code x} spec
+     * @param y targets, as many rows as {@code x}, matching the module's {@code y} spec
+     * @param timeout the longest wait for room (0: do not wait)
+     * @param unit its unit
+     * @return the sequence number of the first event
+     * @throws QueueFullException when there was no room in time; nothing was logged
+     * @throws InvalidInputException when x or y do not fit the module; nothing was logged
+     */
+    public long learn(HostTensor x, HostTensor y, long timeout, TimeUnit unit) {
         long rows = check("x", xSpec, x);
         if (check("y", ySpec, y) != rows) {
             throw new InvalidInputException("x has " + rows + " rows but y has " + y.rows());
@@ -482,6 +500,16 @@ public final class OnlineLearner implements AutoCloseable {
         lock.lock();
         try {
             checkOpen();
+            long deadline = System.nanoTime() + unit.toNanos(timeout);
+            while (queue.size() + rows > options.queueCapacity && deadline - System.nanoTime() > 0) {
+                try {
+                    notFull.awaitNanos(deadline - System.nanoTime());
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    break;
+                }
+                checkOpen();
+            }
             if (queue.size() + rows > options.queueCapacity) {
                 refusedEvents.addAndGet(rows);
                 throw new QueueFullException(
@@ -662,6 +690,7 @@ public final class OnlineLearner implements AutoCloseable {
                 batch.add(queue.poll());
             }
             busy = true;
+            notFull.signalAll();
             return batch;
         } finally {
             lock.unlock();
@@ -903,6 +932,7 @@ public final class OnlineLearner implements AutoCloseable {
                 closing = true;
             }
             notEmpty.signalAll();
+            notFull.signalAll();
         } finally {
             lock.unlock();
         }

@@ -91,7 +91,12 @@ public final class OnlineLoad {
                             break;
                         } catch (QueueFullException e) {
                             refusals.incrementAndGet();
-                            Thread.yield();
+                            try {
+                                Thread.sleep(1); // a client backing off, not spinning
+                            } catch (InterruptedException interrupted) {
+                                Thread.currentThread().interrupt();
+                                return;
+                            }
                         }
                     }
                 }

@@ -71,6 +71,25 @@ public class OnlineLearnerTest {
     }
 
     @Test
+    public void learnWithATimeoutWaitsForRoomInsteadOfRefusing() throws Exception {
+        Path log = folder.newFolder().toPath();
+        try (OnlineLearner learner = OnlineLearner.builder().optMaxBatch(1000).optMaxWaitMillis(300)
+                .optQueueCapacity(4).optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .open(fixture("linear_regression.pt"), log)) {
+            long started = System.nanoTime();
+            learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)); // full; the trainer waits 300 ms for more
+            assertThrows(QueueFullException.class,
+                    () -> learner.learn(column(5), column(10), 10, TimeUnit.MILLISECONDS));
+            assertEquals(4, learner.learn(column(5, 6), column(10, 12), 10, TimeUnit.SECONDS));
+            long waitedMillis = (System.nanoTime() - started) / 1_000_000;
+            assertTrue("waited " + waitedMillis + " ms for the trainer to take the first 4", waitedMillis >= 250);
+            assertTrue(learner.awaitIdle(10, TimeUnit.SECONDS));
+            assertEquals(2, learner.updates());
+            assertEquals(1, learner.refusedEvents());
+        }
+    }
+
+    @Test
     public void badFeedbackIsRefusedBeforeAnythingIsLogged() throws IOException {
         Path log = folder.newFolder().toPath();
         try (OnlineLearner learner = OnlineLearner.builder().optPredictors(1).optFsync(FsyncPolicy.NEVER)
