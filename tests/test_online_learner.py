@@ -237,3 +237,23 @@ def test_replay_cli_table_exit_codes_and_bad_logs(jvm, models, tmp_path, capsys)
     assert cli_main(["replay", "--log", str(tmp_path / "log"), "--model", str(models["mlp_classifier.pt"])]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is this the model it was written for?" in err[0]
+
+
+def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_path):
+    import jpype
+
+    from gradbridge import export_builtin
+
+    model = models["linear_regression.pt"]
+    learner = _open(model, tmp_path / "log", batch=4, wait_ms=0, publish=1, checkpoint=1000)
+    try:
+        learner.learn(_host(np.ones((4, 1), np.float32)), _host(np.full((4, 1), 2, np.float32)))
+        assert learner.awaitIdle(10, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
+    finally:
+        learner.halt()  # no final checkpoint: a resume replays the log from the module
+    other = export_builtin("linear-regression", tmp_path / "other.pt", seed=1)  # same shapes, other initial values
+    with pytest.raises(jpype.JClass("dev.gradbridge.online.LogCorruptException"),
+                       match="does not reproduce version 1"):
+        _open(other, tmp_path / "log", publish=1)
+    assert not replay_mod.replay(tmp_path / "log", other).bitwise
+    assert replay_mod.replay(tmp_path / "log", model).bitwise
