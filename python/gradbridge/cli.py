@@ -149,6 +149,25 @@ def _doctor(args: argparse.Namespace) -> int:
     return run()
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import run
+
+    return run(args.log, args.model)
+
+
+def _online_demo(args: argparse.Namespace) -> int:
+    from .online_demo import run
+
+    return run(rounds=args.rounds, batch=args.batch, out_dir=args.out_dir)
+
+
+def _online_bench(args: argparse.Namespace) -> int:
+    from .online_bench import run
+
+    return run(events=args.events, batch=args.batch, predictions=args.predictions, publish_every=args.publish_every,
+               out_dir=args.out_dir)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with gradbridge's convention for bad input: one line, exit code 1 (not usage + 2)."""
 
@@ -251,6 +270,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")
     demo.add_argument("--out-dir", default="build/demo", help="where models and histories go")
     demo.set_defaults(run=_demo)
+
+    replay = commands.add_parser(
+        "replay", help="replay an online learner's feedback log with eager PyTorch, check every version",
+        description="Apply the micro-batches logged by dev.gradbridge.online.OnlineLearner to MODEL's initial "
+                    "tensors with eager torch.optim and compare every published version bit for bit. Exit code 0 "
+                    "only when all match.")
+    replay.add_argument("--log", required=True, help="the learner's log folder (holds feedback.log)")
+    replay.add_argument("--model", required=True, help="the exported training module the learner started from")
+    replay.set_defaults(run=_replay)
+
+    online_demo = commands.add_parser(
+        "online-demo", help="a recommender learning online in Java from simulated clicks; AUC per version; replay")
+    online_demo.add_argument("--rounds", type=int, default=300, help="rounds of impressions (default 300)")
+    online_demo.add_argument("--batch", type=int, default=64, help="impressions per round (default 64)")
+    online_demo.add_argument("--out-dir", default="build/online-demo", help="model, log and plot go here")
+    online_demo.set_defaults(run=_online_demo)
+
+    online_bench = commands.add_parser(
+        "online-bench", help="online learner: predict latency with/without training, learning throughput; vs Python")
+    online_bench.add_argument("--events", type=int, default=8192, help="feedback events (default 8192)")
+    online_bench.add_argument("--batch", type=int, default=32, help="micro-batch size (default 32)")
+    online_bench.add_argument("--predictions", type=int, default=2000, help="predictions per measurement (default 2000)")
+    online_bench.add_argument("--publish-every", type=int, default=1, help="java: a version every N updates (default 1)")
+    online_bench.add_argument("--out-dir", default="build/online-bench", help="where the JSON goes")
+    online_bench.set_defaults(run=_online_bench)
 
     doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "

@@ -1,0 +1,67 @@
+package dev.gradbridge.online;
+
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * A published model version: an immutable snapshot of every parameter after {@code updates}
+ * micro-batches. Predictions run on exactly one version and report its id.
+ */
+public final class ModelVersion {
+
+    private final long id;
+    private final long updates;
+    private final double loss;
+    private final Map<String, double[]> parameters;
+    private final Map<String, String> digests;
+
+    ModelVersion(long id, long updates, double loss, Map<String, double[]> parameters, Map<String, String> digests) {
+        this.id = id;
+        this.updates = updates;
+        this.loss = loss;
+        this.parameters = Collections.unmodifiableMap(new LinkedHashMap<>(parameters));
+        this.digests = Collections.unmodifiableMap(new LinkedHashMap<>(digests));
+    }
+
+    /** @return the version id: 0 for the loaded model, then 1, 2, ... */
+    public long getId() {
+        return id;
+    }
+
+    /** @return micro-batches (optimizer steps) applied in this version */
+    public long getUpdates() {
+        return updates;
+    }
+
+    /** @return the loss of the last micro-batch before it (NaN for version 0) */
+    public double getLoss() {
+        return loss;
+    }
+
+    /**
+     * A parameter's values.
+     *
+     * @param name a parameter name
+     * @return a copy of its flattened values (float32 widened to double exactly)
+     */
+    public double[] getParameter(String name) {
+        double[] values = parameters.get(name);
+        return values == null ? null : values.clone();
+    }
+
+    /** The snapshot itself, for this package (never modified). */
+    Map<String, double[]> parameters() {
+        return parameters;
+    }
+
+    /** @return SHA-256 digests of the parameters by name ({@code dev.gradbridge.History#digest}) */
+    public Map<String, String> getDigests() {
+        return digests;
+    }
+
+    @Override
+    public String toString() {
+        return "version " + id + " (" + updates + " updates)";
+    }
+}

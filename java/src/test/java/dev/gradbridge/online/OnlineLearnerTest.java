@@ -1,0 +1,190 @@
+package dev.gradbridge.online;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNotEquals;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.TrainingModule;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import org.junit.Rule;
+import org.junit.Test;
+import org.junit.rules.TemporaryFolder;
+
+/** OnlineLearner on the modules the build exported (task exportTestModels). */
+public class OnlineLearnerTest {
+
+    @Rule public TemporaryFolder folder = new TemporaryFolder();
+
+    static Path fixture(String name) {
+        String dir = System.getProperty("gradbridge.testModels");
+        if (dir == null) {
+            throw new IllegalStateException("run through Gradle: -Dgradbridge.testModels is not set");
+        }
+        return Paths.get(dir, name);
+    }
+
+    private static HostTensor column(float... values) {
+        return HostTensor.ofFloats(values, values.length, 1);
+    }
+
+    private static float[] ramp(int n, float scale, float shift) {
+        float[] values = new float[n];
+        for (int i = 0; i < n; i++) {
+            values[i] = scale * (i % 17) / 17f + shift;
+        }
+        return values;
+    }
+
+    @Test
+    public void aFullQueueRefusesFeedbackVisiblyAndCloseDrainsIt() throws IOException {
+        Path log = folder.newFolder().toPath();
+        OnlineLearner learner = OnlineLearner.builder().optMaxBatch(1000).optMaxWaitMillis(60_000)
+                .optQueueCapacity(6).optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .open(fixture("linear_regression.pt"), log);
+        try {
+            assertEquals(0, learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)));
+            QueueFullException full =
+                    assertThrows(QueueFullException.class, () -> learner.learn(column(5, 6, 7), column(1, 1, 1)));
+            assertEquals("the feedback queue is full (4 of 6 events waiting); retry later", full.getMessage());
+            assertEquals(4, learner.learn(column(5, 6), column(10, 12)));
+            assertEquals(6, learner.queueDepth());
+            assertEquals(3, learner.refusedEvents());
+            assertEquals(0, learner.currentVersion().getId());
+        } finally {
+            learner.close();
+        }
+        FeedbackLog.Contents contents = FeedbackLog.read(log, 0);
+        long events = contents.getRecords().stream().filter(r -> r instanceof FeedbackLog.Event).count();
+        assertEquals("refused events are not logged", 6, events);
+        FeedbackLog.Batch batch = (FeedbackLog.Batch) contents.getRecords().stream()
+                .filter(r -> r instanceof FeedbackLog.Batch).findFirst().get();
+        assertEquals(6, batch.getCount());
+        assertTrue(Files.isRegularFile(log.resolve(OnlineLearner.CHECKPOINT_FILE)));
+    }
+
+    @Test
+    public void learnWithATimeoutWaitsForRoomInsteadOfRefusing() throws Exception {
+        Path log = folder.newFolder().toPath();
+        try (OnlineLearner learner = OnlineLearner.builder().optMaxBatch(1000).optMaxWaitMillis(300)
+                .optQueueCapacity(4).optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .open(fixture("linear_regression.pt"), log)) {
+            long started = System.nanoTime();
+            learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)); // full; the trainer waits 300 ms for more
+            assertThrows(QueueFullException.class,
+                    () -> learner.learn(column(5), column(10), 10, TimeUnit.MILLISECONDS));
+            assertEquals(4, learner.learn(column(5, 6), column(10, 12), 10, TimeUnit.SECONDS));
+            long waitedMillis = (System.nanoTime() - started) / 1_000_000;
+            assertTrue("waited " + waitedMillis + " ms for the trainer to take the first 4", waitedMillis >= 250);
+            assertTrue(learner.awaitIdle(10, TimeUnit.SECONDS));
+            assertEquals(2, learner.updates());
+            assertEquals(1, learner.refusedEvents());
+        }
+    }
+
+    @Test
+    public void badFeedbackIsRefusedBeforeAnythingIsLogged() throws IOException {
+        Path log = folder.newFolder().toPath();
+        try (OnlineLearner learner = OnlineLearner.builder().optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .open(fixture("linear_regression.pt"), log)) {
+            InvalidInputException shape = assertThrows(InvalidInputException.class,
+                    () -> learner.learn(HostTensor.ofFloats(new float[] {1, 2}, 1, 2), column(1)));
+            assertEquals("input x must be float32 of shape [-1, 1] (-1: any number of rows >= 1),"
+                    + " got float32 of shape [1, 2]", shape.getMessage());
+            assertThrows(InvalidInputException.class,
+                    () -> learner.learn(HostTensor.ofDoubles(new double[] {1}, 1, 1), column(1)));
+            assertThrows(InvalidInputException.class, () -> learner.learn(column(Float.NaN), column(1)));
+            assertThrows(InvalidInputException.class, () -> learner.predict(HostTensor.ofLongs(new long[] {1}, 1, 1)));
+            assertEquals(0, learner.acceptedEvents());
+        }
+        assertEquals(0, FeedbackLog.read(log, 0).getRecords().stream()
+                .filter(r -> r instanceof FeedbackLog.Event).count());
+    }
+
+    @Test
+    public void modulesWithBuffersAreRefused() {
+        InvalidInputException refused = assertThrows(InvalidInputException.class,
+                () -> OnlineLearner.builder().open(fixture("cnn_classifier.pt"), folder.newFolder().toPath()));
+        assertTrue(refused.getMessage(), refused.getMessage().contains("supports modules without buffers"));
+    }
+
+    @Test
+    public void predictionsRunOnTheReportedVersion() throws Exception {
+        Path log = folder.newFolder().toPath();
+        try (OnlineLearner learner = OnlineLearner.builder().optMaxBatch(4).optMaxWaitMillis(0).optPublishEvery(1)
+                .optPredictors(2).optFsync(FsyncPolicy.NEVER).open(fixture("linear_regression.pt"), log);
+                TrainingModule check = TrainingModule.load(fixture("linear_regression.pt"))) {
+            Prediction before = learner.predict(column(2f));
+            assertEquals(0, before.getVersion());
+            learner.learn(column(1, 2, 3, 4), column(3, 5, 7, 9));
+            assertTrue(learner.awaitIdle(10, TimeUnit.SECONDS));
+            ModelVersion version = learner.currentVersion();
+            assertEquals(1, version.getId());
+            Prediction after = learner.predict(column(2f));
+            assertEquals(1, after.getVersion());
+            assertNotEquals(before.getOutput().toFloatArray()[0], after.getOutput().toFloatArray()[0], 0f);
+            // The same parameters in another module give the same bits.
+            java.util.Map<String, double[]> params = new java.util.LinkedHashMap<>();
+            for (String name : check.getParameterNames()) {
+                params.put(name, version.getParameter(name));
+            }
+            check.setParameters(params);
+            try (ai.djl.ndarray.NDManager scope = check.getManager().newSubManager()) {
+                float[] expected = check.forward(scope.create(new float[] {2f}, new ai.djl.ndarray.types.Shape(1, 1)))
+                        .toFloatArray();
+                assertArrayEquals(expected, after.getOutput().toFloatArray(), 0f);
+            }
+        }
+    }
+
+    @Test
+    public void checkpointPlusLogTailEqualsReplayingTheWholeLog() throws Exception {
+        Path log = folder.newFolder().toPath();
+        float[] xs = ramp(48, 2f, -1f);
+        float[] ys = ramp(48, 6f, -2.5f);
+        OnlineLearner.Builder options = OnlineLearner.builder().optMaxBatch(3).optMaxWaitMillis(0).optPublishEvery(2)
+                .optCheckpointEvery(3).optPredictors(1).optFsync(FsyncPolicy.ALWAYS);
+        OnlineLearner first = options.open(fixture("linear_regression.pt"), log);
+        for (int i = 0; i < 36; i += 3) {
+            first.learn(column(xs[i], xs[i + 1], xs[i + 2]), column(ys[i], ys[i + 1], ys[i + 2]));
+            assertTrue(first.awaitIdle(10, TimeUnit.SECONDS));
+        }
+        first.halt(); // 12 micro-batches, versions 1..6, checkpoint at version 6
+        assertTrue(new String(Files.readAllBytes(log.resolve(OnlineLearner.CHECKPOINT_FILE)), "UTF-8")
+                .contains("\"version\":6"));
+        ModelVersion atHalt = first.currentVersion();
+
+        OnlineLearner second = options.open(fixture("linear_regression.pt"), log);
+        assertEquals(atHalt.getDigests(), second.currentVersion().getDigests());
+        assertEquals(atHalt.getId(), second.currentVersion().getId());
+        for (int i = 36; i < 48; i += 3) {
+            second.learn(column(xs[i], xs[i + 1], xs[i + 2]), column(ys[i], ys[i + 1], ys[i + 2]));
+            assertTrue(second.awaitIdle(10, TimeUnit.SECONDS));
+        }
+        second.halt(); // 16 micro-batches, version 8: after the checkpoint at version 6
+        ModelVersion resumedRun = second.currentVersion();
+        assertEquals(8, resumedRun.getId());
+
+        // Without checkpoint.json the learner replays the whole log from the exported module.
+        Path copy = folder.newFolder().toPath();
+        Files.copy(log.resolve(FeedbackLog.FILE_NAME), copy.resolve(FeedbackLog.FILE_NAME));
+        try (OnlineLearner fromScratch = options.open(fixture("linear_regression.pt"), copy)) {
+            assertEquals(resumedRun.getId(), fromScratch.currentVersion().getId());
+            assertEquals(resumedRun.getDigests(), fromScratch.currentVersion().getDigests());
+            assertEquals(16, fromScratch.updates());
+        }
+        // And from the checkpoint: the logged versions after it are reproduced (else opening fails).
+        try (OnlineLearner fromCheckpoint = options.open(fixture("linear_regression.pt"), log)) {
+            assertEquals(resumedRun.getDigests(), fromCheckpoint.currentVersion().getDigests());
+        }
+        List<FeedbackLog.Record> records = FeedbackLog.read(log, 0).getRecords();
+        assertEquals(16, records.stream().filter(r -> r instanceof FeedbackLog.Batch).count());
+    }
+}

@@ -1,0 +1,67 @@
+"""The Java OnlineLearner from Python (in-process JPype): open one, numpy <-> HostTensor.
+
+    learner = online.open_learner("model.pt", "log", max_batch=32, publish_every=1)
+    version, y = online.predict(learner, x)
+    learner.learn(online.host_tensor(x), online.host_tensor(y))
+    learner.close()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import numpy as np
+
+from .jvm import java_errors, jclass
+
+_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}
+_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+
+
+def host_tensor(values: np.ndarray):
+    """A ``dev.gradbridge.online.HostTensor`` holding ``values`` (float32, float64 or int64)."""
+    import jpype
+
+    values = np.asarray(values)
+    if values.dtype not in _DTYPES:
+        from .errors import InvalidInputError
+
+        raise InvalidInputError(f"array has dtype {values.dtype}; expected float32, float64 or int64")
+    HostTensor = jclass("dev.gradbridge.online.HostTensor")
+    raw = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
+    return HostTensor.of(_DTYPES[values.dtype], jpype.JArray(jpype.JLong)([int(d) for d in values.shape]),
+                         jpype.JArray(jpype.JByte)(raw))
+
+
+def to_numpy(tensor) -> np.ndarray:
+    """A HostTensor's values as a numpy array of its dtype and shape."""
+    dtype = str(tensor.getDtype())
+    return np.frombuffer(bytes(tensor.toBytes()), dtype=_NUMPY[dtype]).reshape([int(d) for d in tensor.getShape()])
+
+
+def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, max_batch: int = 32,
+                 max_wait_ms: int = 10, publish_every: int = 1, checkpoint_every: int = 100,
+                 queue_capacity: int = 10_000, predictors: int = 2, fsync: str = "always"):
+    """Open (or resume) a Java OnlineLearner in this process; close it when done."""
+    OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
+    FsyncPolicy = jclass("dev.gradbridge.online.FsyncPolicy")
+    Paths = jclass("java.nio.file.Paths")
+    with java_errors():
+        return (OnlineLearner.builder().optMaxBatch(max_batch).optMaxWaitMillis(max_wait_ms)
+                .optPublishEvery(publish_every).optCheckpointEvery(checkpoint_every).optQueueCapacity(queue_capacity)
+                .optPredictors(predictors).optFsync(FsyncPolicy.parse(fsync))
+                .open(Paths.get(str(model_path)), Paths.get(str(log_dir))))
+
+
+def predict(learner, x: np.ndarray) -> Tuple[int, np.ndarray]:
+    """(version id, output) of ``learner.predict(x)``."""
+    with java_errors():
+        prediction = learner.predict(host_tensor(x))
+    return int(prediction.getVersion()), to_numpy(prediction.getOutput())
+
+
+def learn(learner, x: np.ndarray, y: np.ndarray) -> int:
+    """``learner.learn(x, y)``; returns the first event's sequence number."""
+    with java_errors():
+        return int(learner.learn(host_tensor(x), host_tensor(y)))

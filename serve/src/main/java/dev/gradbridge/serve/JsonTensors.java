@@ -1,0 +1,113 @@
+package dev.gradbridge.serve;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonPrimitive;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.online.HostTensor;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.ArrayList;
+import java.util.List;
+
+/** JSON nested arrays <-> {@link HostTensor}, with one-line errors that name the field. */
+final class JsonTensors {
+
+    private JsonTensors() {}
+
+    /** A rectangular nested array of numbers as a tensor of {@code dtype}. */
+    static HostTensor parse(String field, JsonElement json, String dtype) {
+        if (json == null || json.isJsonNull()) {
+            throw new InvalidInputException("field '" + field + "' is missing");
+        }
+        List<Long> shape = new ArrayList<>();
+        for (JsonElement probe = json; probe.isJsonArray(); ) {
+            JsonArray array = probe.getAsJsonArray();
+            shape.add((long) array.size());
+            if (array.size() == 0) {
+                break;
+            }
+            probe = array.get(0);
+        }
+        List<JsonPrimitive> values = new ArrayList<>();
+        flatten(field, json, shape, 0, values);
+        int width = HostTensor.elementSize(dtype);
+        ByteBuffer bytes = ByteBuffer.allocate(values.size() * width).order(ByteOrder.LITTLE_ENDIAN);
+        for (JsonPrimitive value : values) {
+            double number = value.getAsDouble();
+            switch (dtype) {
+                case "float32":
+                    bytes.putFloat((float) number);
+                    break;
+                case "float64":
+                    bytes.putDouble(number);
+                    break;
+                default:
+                    long integer = value.getAsLong();
+                    if (integer != number) {
+                        throw new InvalidInputException(
+                                "field '" + field + "' must hold integers (int64), got " + value);
+                    }
+                    bytes.putLong(integer);
+            }
+        }
+        long[] dims = new long[shape.size()];
+        for (int i = 0; i < dims.length; i++) {
+            dims[i] = shape.get(i);
+        }
+        return HostTensor.of(dtype, dims, bytes.array());
+    }
+
+    private static void flatten(String field, JsonElement json, List<Long> shape, int depth, List<JsonPrimitive> out) {
+        if (depth == shape.size()) {
+            if (!json.isJsonPrimitive() || !json.getAsJsonPrimitive().isNumber()) {
+                throw new InvalidInputException("field '" + field + "' must be a nested array of numbers, found " + json);
+            }
+            out.add(json.getAsJsonPrimitive());
+            return;
+        }
+        if (!json.isJsonArray() || json.getAsJsonArray().size() != shape.get(depth)) {
+            throw new InvalidInputException(
+                    "field '" + field + "' is not rectangular: expected " + shape.get(depth) + " items at depth "
+                            + depth + ", found " + json);
+        }
+        for (JsonElement item : json.getAsJsonArray()) {
+            flatten(field, item, shape, depth + 1, out);
+        }
+    }
+
+    /** A tensor as nested JSON arrays (float32 written with Float.toString, which round-trips exactly). */
+    static JsonElement write(HostTensor tensor) {
+        long[] shape = tensor.getShape();
+        List<JsonPrimitive> flat = new ArrayList<>();
+        switch (tensor.getDtype()) {
+            case "float32":
+                for (float v : tensor.toFloatArray()) {
+                    flat.add(new JsonPrimitive(v));
+                }
+                break;
+            case "float64":
+                for (double v : tensor.toDoubleArray()) {
+                    flat.add(new JsonPrimitive(v));
+                }
+                break;
+            default:
+                for (long v : tensor.toLongArray()) {
+                    flat.add(new JsonPrimitive(v));
+                }
+        }
+        int[] next = {0};
+        return nest(shape, 0, flat, next);
+    }
+
+    private static JsonElement nest(long[] shape, int depth, List<JsonPrimitive> flat, int[] next) {
+        if (depth == shape.length) {
+            return flat.get(next[0]++);
+        }
+        JsonArray array = new JsonArray();
+        for (long i = 0; i < shape[depth]; i++) {
+            array.add(nest(shape, depth + 1, flat, next));
+        }
+        return array;
+    }
+}

@@ -1,0 +1,21 @@
+"""`gradbridge online-bench` runs end to end on small sizes and reports both sides' figures."""
+
+from __future__ import annotations
+
+import json
+
+from gradbridge.cli import main as cli_main
+
+
+def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
+    assert cli_main(["online-bench", "--events", "512", "--batch", "16", "--predictions", "200",
+                     "--publish-every", "4", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "java OnlineLearner" in out and "python lock + thread" in out and "goals (java):" in out
+    figures = json.loads((tmp_path / "online-bench.json").read_text())
+    for side in ("java", "python"):
+        for key in ("predict_idle_p50_us", "predict_idle_p99_us", "predict_training_p50_us",
+                    "predict_training_p99_us", "online_events_per_s", "fused_events_per_s"):
+            assert figures[side][key] > 0, (side, key)
+    assert figures["java"]["online_updates"] == 512 // 16  # every event applied: 16-row calls, micro-batches of 16
+    assert figures["java"]["publish_every"] == 4
