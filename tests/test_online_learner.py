@@ -188,11 +188,10 @@ def test_back_pressure_and_bad_feedback_are_refused_with_nothing_logged(jvm, mod
 def _rewrite_version_digest(log_file):
     """Change the last version record's first digest and re-frame it with a valid CRC."""
     data = bytearray(log_file.read_bytes())
-    offset, last = 0, None
+    last = None
     for off, payload in replay_mod._frames(bytes(data)):
         if payload[:1] == b"V":
             last = (off, payload)
-        offset = off + 8 + len(payload)
     off, payload = last
     digests = json.loads(payload[25:].decode())
     name = next(iter(digests))

@@ -9,7 +9,6 @@ reported version computes."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading

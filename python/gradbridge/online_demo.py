@@ -9,11 +9,10 @@ version that answered never saw those clicks), then the clicks go back as feedba
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import torch

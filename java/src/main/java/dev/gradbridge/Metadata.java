@@ -67,6 +67,21 @@ public final class Metadata {
         private Checkpoint() {}
 
         /**
+         * A checkpoint written outside a Trainer run (the online learner's): progress only, no run
+         * settings, so a resume checks none.
+         *
+         * @param epochsCompleted epochs (or, for the online learner, versions) completed
+         * @param seed the seed, 0 when there is none
+         * @return the checkpoint entry
+         */
+        public static Checkpoint progress(int epochsCompleted, long seed) {
+            Checkpoint checkpoint = new Checkpoint();
+            checkpoint.epochsCompleted = epochsCompleted;
+            checkpoint.seed = seed;
+            return checkpoint;
+        }
+
+        /**
          * Describes where a run stands.
          *
          * @param epochsCompleted epochs trained so far

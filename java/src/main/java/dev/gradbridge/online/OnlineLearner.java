@@ -770,7 +770,9 @@ public final class OnlineLearner implements AutoCloseable {
      */
     private void checkpoint(ModelVersion version, long versionEnd) throws IOException {
         String name = String.format(Locale.ROOT, "checkpoint-v%08d.pt", version.getId());
-        training.saveCheckpoint(logDir.resolve(name), (int) Math.min(Integer.MAX_VALUE, version.getId()), 0L);
+        training.saveCheckpoint(
+                logDir.resolve(name),
+                Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, version.getId()), 0L));
         long nextEvent;
         long scanOffset;
         lock.lock();
