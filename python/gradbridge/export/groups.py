@@ -60,7 +60,8 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
     torch_name = type(optimizer).__name__
     if torch_name not in by_torch_name:
         raise ValueError(f"Unknown optimizer {torch_name}; supported: {', '.join(by_torch_name)}")
-    if any(optimizer.state.values()):
+    # Adagrad fills its state (step 0, sum) at construction; any other state means it stepped.
+    if any(state and float(state.get("step", 1)) != 0 for state in optimizer.state.values()):
         raise GradbridgeError(f"{torch_name} has already stepped; export a fresh optimizer")
     name = by_torch_name[torch_name]
     keys = _hyper_keys(name)
@@ -83,6 +84,9 @@ def resolve(spec: Dict[str, Any], names: Sequence[str], trainable: Sequence[bool
     explicit = False
     for number, group in enumerate(spec["groups"]):
         options = {**defaults, **{k: v for k, v in group.items() if k not in ("params", "prefix")}}
+        if spec["name"] == "adagrad" and "initial_accumulator_value" in options:
+            # torch.optim.Adagrad fills every group's `sum` from the constructor's value, not the group's
+            options["initial_accumulator_value"] = defaults.get("initial_accumulator_value", 0.0)
         if "params" in group:
             explicit = True
             indices = []

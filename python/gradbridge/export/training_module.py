@@ -139,16 +139,20 @@ class _TrainingModule(nn.Module):
                 grads.append(self.grads[i])
         if len(grads) == 0:
             return
+        # TorchScript runs the in-place _foreach_*_ ops on copies (measured: the grads stay as they
+        # were), so the in-place steps go tensor by tensor: on CPU the foreach kernels are these
+        # same element-wise ops one tensor at a time (the "slow" path), so the bits agree.
         if self.clip_kind == "value":
-            torch._foreach_clamp_min_(grads, -self.clip_max)
-            torch._foreach_clamp_max_(grads, self.clip_max)
+            for g in grads:
+                g.clamp_min_(-self.clip_max).clamp_max_(self.clip_max)
             return
         norms = torch._foreach_norm(grads, self.clip_norm_type)
         total_norm = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
         # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
         clip_coef = (total_norm + 1e-6).reciprocal() * self.clip_max
         clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-        torch._foreach_mul_(grads, clip_coef_clamped)
+        for g in grads:
+            g.mul_(clip_coef_clamped)
 
     @torch.jit.export
     def schedule_epoch(self, metric: float) -> None:
