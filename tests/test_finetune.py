@@ -226,3 +226,12 @@ def test_reference_without_a_model_reads_frozen_flags_from_the_metadata(tmp_path
     ref.train_step(x, y)
     assert torch.equal(ref.parameters()["2.weight"], model[2].weight.detach())
     assert not torch.equal(ref.parameters()["4.weight"], model[4].weight.detach())
+
+
+def test_java_protocol_names_the_same_fine_tuning_methods(jvm):
+    import jpype
+
+    Protocol = jpype.JClass("dev.gradbridge.Protocol")
+    assert [str(m) for m in Protocol.OPTIONAL_METHODS] == list(protocol.OPTIONAL_METHODS)
+    assert (str(Protocol.GET_LRS), str(Protocol.SET_GROUP_LR), str(Protocol.SCHEDULE_EPOCH)) == (
+        protocol.GET_LRS, protocol.SET_GROUP_LR, protocol.SCHEDULE_EPOCH)

@@ -461,11 +461,18 @@ def export_training_module(
         finetune.load_weights(model, init_weights)
 
     if example_inputs is not None:
+        # The check must not move BatchNorm statistics: the export holds the model's (or the
+        # init weights') buffers exactly.
+        saved_buffers = [(b, b.clone()) for b in model.buffers()]
         try:
             with torch.no_grad():
                 loss_module(model(example_inputs[0]), example_inputs[1])
         except Exception as ex:
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
+        finally:
+            with torch.no_grad():
+                for buffer, value in saved_buffers:
+                    buffer.copy_(value)
 
     scripted_model = _script_model(model, example_inputs)
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
@@ -518,11 +525,13 @@ BUILTIN_DEFAULTS: Dict[str, Dict[str, Any]] = {
 
 def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, lr: float = 0.01,
                    optimizer: Optional[Dict[str, Any]] = None, loss: Optional[Dict[str, Any]] = None,
-                   inputs: Optional[Sequence[Dict[str, Any]]] = None, **model_options: Any) -> Path:
+                   inputs: Optional[Sequence[Dict[str, Any]]] = None, fine_tuning: Optional[Dict[str, Any]] = None,
+                   **model_options: Any) -> Path:
     """Export a model of ``models.BUILTIN_MODELS`` with initial parameters drawn under ``seed``.
 
     The linear regression defaults to MSE, SGD with ``lr`` and x, y of shape [-1, 1]; other
     built-ins need ``loss`` and ``inputs``. ``optimizer`` defaults to ``{"name": "sgd", "lr": lr}``.
+    ``fine_tuning``: keyword arguments of ``export_training_module`` (freeze, scheduler, ...).
     """
     if name not in BUILTIN_MODELS:
         raise ValueError(f"Unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
@@ -535,7 +544,7 @@ def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, l
     optimizer = optimizer or {"name": "sgd", "lr": lr}
     # Validate before drawing parameters so bad options never touch torch's RNG or the file.
     losses.build(loss)
-    optim.build(optimizer, [])
+    optim.build({k: v for k, v in optimizer.items() if k != "groups"}, [])
     torch.manual_seed(seed)
     model = BUILTIN_MODELS[name](**model_options)
-    return export_training_module(model, loss, optimizer, path, inputs=inputs, model_name=name)
+    return export_training_module(model, loss, optimizer, path, inputs=inputs, model_name=name, **(fine_tuning or {}))
