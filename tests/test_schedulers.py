@@ -30,6 +30,11 @@ def _data(n=96, seed=0):
     return x, y
 
 
+def _groups(scripted):
+    """The loaded module's per-group optimizers (a loaded ModuleList is not iterable)."""
+    return [module for _, module in scripted.optimizers.named_children()]
+
+
 def _optimizer(model, cls=torch.optim.SGD):
     return cls([{"params": model[0].parameters(), "lr": 0.03}, {"params": model[2].parameters()}], lr=0.1)
 
@@ -41,6 +46,7 @@ SCHEDULES = {
     "cosine": lambda o: ls.CosineAnnealingLR(o, T_max=150, eta_min=1e-5),  # restarts: 1200 > 2 * T_max
     "linear": lambda o: ls.LinearLR(o, start_factor=0.1, end_factor=0.9, total_iters=50),
     "onecycle": lambda o: ls.OneCycleLR(o, max_lr=[0.1, 0.01], total_steps=STEPS, cycle_momentum=False),
+    "onecycle-momentum": lambda o: ls.OneCycleLR(o, max_lr=[0.1, 0.01], total_steps=STEPS, base_momentum=0.8),
     "onecycle-3-linear": lambda o: ls.OneCycleLR(o, max_lr=0.05, total_steps=STEPS, pct_start=0.25, three_phase=True,
                                                   anneal_strategy="linear", cycle_momentum=False),
     "warmup-cosine": lambda o: ls.SequentialLR(o, [ls.LinearLR(o, start_factor=0.01, total_iters=100),
@@ -67,8 +73,23 @@ def test_lr_sequence_equals_torch_over_1200_steps(tmp_path, name):
         scripted.optimizer_step()
         optimizer.step()
         scheduler.step()
-        # Then every lr is the same double
+        # Then every lr (and OneCycleLR's momentum) is the same double
         assert scripted.get_lrs() == [g["lr"] for g in optimizer.param_groups], step
+        assert [m.momentum for m in _groups(scripted)] == [g["momentum"] for g in optimizer.param_groups], step
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_one_cycle_cycles_adams_beta1_from_java(jvm, tmp_path, cls):
+    model = _model()
+    optimizer = cls(model.parameters(), lr=0.01)
+    scheduler = ls.OneCycleLR(optimizer, max_lr=0.05, total_steps=6 * 6, pct_start=0.4)
+    x, y = _data()
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
+                                  scheduler=scheduler)
+    scripted = torch.jit.load(str(path))
+    assert [m.beta1 for m in _groups(scripted)] == [g["betas"][0] for g in optimizer.param_groups] == [0.95]
+    history = _train_both(path, model, x, y)
+    assert history[-1].lrs != history[0].lrs
 
 
 def test_plateau_lr_sequence_equals_torch_over_1200_epochs(tmp_path):

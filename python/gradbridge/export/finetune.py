@@ -106,6 +106,10 @@ def plan(optimizer_spec: Dict[str, Any], hyper: List[Dict[str, Any]], scheduler:
         except (TypeError, ValueError, KeyError) as ex:
             raise FineTuneError(f"scheduler {spec['name']}: {ex}") from ex
         module = schedulers.build(spec, torch_opt)
+        if spec["name"] == "onecycle" and spec.get("cycle_momentum", True):
+            # torch's construction already set each group's momentum (or beta1) to the cycle's start
+            module.last_momenta = [float(g["betas"][0] if "betas" in g else g["momentum"])
+                                   for g in torch_opt.param_groups]
         lrs = [float(g["lr"]) for g in torch_opt.param_groups]
         metadata["scheduler"] = spec
         metadata["scheduler_interval"] = interval

@@ -60,6 +60,11 @@ class _Base(nn.Module):
     def closed_form(self, lrs: List[float]) -> List[float]:
         return lrs
 
+    @torch.jit.export
+    def momenta(self) -> List[float]:
+        """Momentum (SGD, RMSprop) or beta1 (Adam) per group after the last step; empty: unchanged."""
+        return []
+
 
 class NoSchedule(_Base):
     """No scheduler: the lrs stay as they are."""
@@ -215,15 +220,24 @@ class LinearLR(_Base):
 
 
 class OneCycleLR(_Base):
-    """OneCycleLR.get_lr (cos or linear annealing, two or three phases; momentum not cycled)."""
+    """OneCycleLR.get_lr (cos or linear annealing, two or three phases), cycling the momentum (or
+    Adam's beta1) between max_momentum and base_momentum when cycle_momentum is set."""
 
     end_steps: List[float]
     start_keys: List[int]
     end_keys: List[int]
+    max_momenta: List[float]
+    base_momenta: List[float]
+    last_momenta: List[float]
 
     def __init__(self, base_lrs: List[float], max_lrs: List[float], total_steps: int, pct_start: float,
-                 div_factor: float, final_div_factor: float, three_phase: bool, anneal_strategy: str):
+                 div_factor: float, final_div_factor: float, three_phase: bool, anneal_strategy: str,
+                 cycle_momentum: bool = False, max_momenta: List[float] = (), base_momenta: List[float] = ()):
         super().__init__(base_lrs)
+        self.cycle_momentum = bool(cycle_momentum)
+        self.max_momenta = [float(m) for m in max_momenta]
+        self.base_momenta = [float(m) for m in base_momenta]
+        self.last_momenta = []
         self.total_steps = int(total_steps)
         # per group: 0 initial_lr, 1 max_lr, 2 min_lr, computed as torch does at construction
         self.initial = [m / div_factor for m in max_lrs]
@@ -236,7 +250,20 @@ class OneCycleLR(_Base):
         else:
             self.end_steps = [float(pct_start * total_steps) - 1, float(total_steps - 1)]
             self.start_keys, self.end_keys = [0, 1], [1, 2]
+        # momentum phases: 3 = max_momentum, 4 = base_momentum (torch's start/end_momentum keys)
+        self.start_momentum_keys = [3, 4, 3] if three_phase else [3, 4]
+        self.end_momentum_keys = [4, 3, 3] if three_phase else [4, 3]
         self.cos = anneal_strategy == "cos"
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.cos:
+            cos_out = math.cos(math.pi * pct) + 1
+            return end + (start - end) / 2.0 * cos_out
+        return (end - start) * pct + start
+
+    @torch.jit.export
+    def momenta(self) -> List[float]:
+        return self.last_momenta
 
     def forward(self, lrs: List[float]) -> List[float]:
         return self.step(lrs)
@@ -246,7 +273,11 @@ class OneCycleLR(_Base):
             return self.initial[group]
         if key == 1:
             return self.max_lrs[group]
-        return self.min_lrs[group]
+        if key == 2:
+            return self.min_lrs[group]
+        if key == 3:
+            return self.max_momenta[group]
+        return self.base_momenta[group]
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
@@ -256,23 +287,25 @@ class OneCycleLR(_Base):
             raise RuntimeError("Tried to step " + str(step_num) + " times. The specified number of total steps is "
                                + str(self.total_steps))
         out: List[float] = []
+        momenta: List[float] = []
         for g in range(len(lrs)):
             start_step = 0.0
             computed = 0.0
+            momentum = 0.0
             for i in range(len(self.end_steps)):
                 end_step = self.end_steps[i]
                 if step_num <= end_step or i == len(self.end_steps) - 1:
                     pct = (step_num - start_step) / (end_step - start_step)
-                    start = self._value(self.start_keys[i], g)
-                    end = self._value(self.end_keys[i], g)
-                    if self.cos:
-                        cos_out = math.cos(math.pi * pct) + 1
-                        computed = end + (start - end) / 2.0 * cos_out
-                    else:
-                        computed = (end - start) * pct + start
+                    computed = self._anneal(self._value(self.start_keys[i], g), self._value(self.end_keys[i], g), pct)
+                    if self.cycle_momentum:
+                        momentum = self._anneal(self._value(self.start_momentum_keys[i], g),
+                                                self._value(self.end_momentum_keys[i], g), pct)
                     break
                 start_step = self.end_steps[i]
             out.append(computed)
+            momenta.append(momentum)
+        if self.cycle_momentum:
+            self.last_momenta = momenta
         return out
 
 
@@ -407,9 +440,10 @@ def _child_spec(s: Any) -> Dict[str, Any]:
         return {"name": "linear", "start_factor": s.start_factor, "end_factor": s.end_factor,
                 "total_iters": s.total_iters}
     if isinstance(s, ls.OneCycleLR):
-        if s.cycle_momentum:
-            raise GradbridgeError("OneCycleLR with cycle_momentum=True cannot be exported; pass cycle_momentum=False")
         group = s.optimizer.param_groups[0]
+        momentum = ({"cycle_momentum": True, "max_momentum": [g["max_momentum"] for g in s.optimizer.param_groups],
+                     "base_momentum": [g["base_momentum"] for g in s.optimizer.param_groups]}
+                    if s.cycle_momentum else {"cycle_momentum": False})
         phases = s._schedule_phases
         total = s.total_steps
         # torch keeps only derived values; recover options that reproduce them exactly.
@@ -418,7 +452,7 @@ def _child_spec(s: Any) -> Dict[str, Any]:
         final = _invert(lambda d: group["initial_lr"] / d, group["min_lr"], group["initial_lr"] / group["min_lr"])
         return {"name": "onecycle", "max_lr": [g["max_lr"] for g in s.optimizer.param_groups],
                 "total_steps": total, "pct_start": pct, "div_factor": div, "final_div_factor": final,
-                "three_phase": len(phases) == 3, "anneal_strategy": s._anneal_func_type}
+                "three_phase": len(phases) == 3, "anneal_strategy": s._anneal_func_type, **momentum}
     raise GradbridgeError(unsupported_message(name))
 
 
@@ -477,7 +511,7 @@ def torch_scheduler(spec: Dict[str, Any], optimizer: torch.optim.Optimizer):
     if name == "plateau":
         return ls.ReduceLROnPlateau(optimizer, **options)
     if name == "onecycle":
-        return ls.OneCycleLR(optimizer, cycle_momentum=False, **options)
+        return ls.OneCycleLR(optimizer, **options)
     cls = {v: k for k, v in SUPPORTED.items()}[name]
     return getattr(ls, cls)(optimizer, **options)
 
@@ -508,7 +542,14 @@ def build(spec: Dict[str, Any], optimizer: torch.optim.Optimizer) -> nn.Module:
         options.setdefault("final_div_factor", 1e4)
         options.setdefault("three_phase", False)
         options.setdefault("anneal_strategy", "cos")
-        return OneCycleLR(base_lrs, max_lrs, **options)
+        cycle = bool(options.pop("cycle_momentum", True))
+        options.pop("max_momentum", None)
+        options.pop("base_momentum", None)
+        # torch wrote each group's max/base momentum into the groups at construction
+        return OneCycleLR(base_lrs, max_lrs, cycle_momentum=cycle,
+                          max_momenta=[g["max_momentum"] for g in optimizer.param_groups] if cycle else [],
+                          base_momenta=[g["base_momentum"] for g in optimizer.param_groups] if cycle else [],
+                          **options)
     if name == "sequential":
         return SequentialLR(base_lrs, [build(c, optimizer) for c in spec["schedulers"]], spec["milestones"])
     if name == "plateau":

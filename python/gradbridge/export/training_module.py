@@ -78,6 +78,7 @@ class _TrainingModule(nn.Module):
         self.accumulate = int(accumulate)
         with torch.no_grad():
             self._set_lrs(lrs)
+            self._set_momenta(scheduler.momenta())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -127,7 +128,18 @@ class _TrainingModule(nn.Module):
                 opt.step([params[i] for i in index], [self.grads[i] for i in index], [self.has_grad[i] for i in index])
             if self.scheduler_interval == "step":
                 self._set_lrs(self.scheduler.step(self.get_lrs()))
+                self._set_momenta(self.scheduler.momenta())
         self.zero_grad()
+
+    def _set_momenta(self, momenta: List[float]) -> None:
+        """OneCycleLR's cycled momentum: SGD/RMSprop ``momentum``, Adam/AdamW ``beta1`` (torch's betas[0])."""
+        if len(momenta) == 0:
+            return
+        for g, opt in enumerate(self.optimizers):
+            if hasattr(opt, "beta1"):
+                opt.beta1 = momenta[g]
+            elif hasattr(opt, "momentum"):
+                opt.momentum = momenta[g]
 
     def _clip(self) -> None:
         """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on CPU: their foreach path (the default)."""
