@@ -235,3 +235,28 @@ def test_java_protocol_names_the_same_fine_tuning_methods(jvm):
     assert [str(m) for m in Protocol.OPTIONAL_METHODS] == list(protocol.OPTIONAL_METHODS)
     assert (str(Protocol.GET_LRS), str(Protocol.SET_GROUP_LR), str(Protocol.SCHEDULE_EPOCH)) == (
         protocol.GET_LRS, protocol.SET_GROUP_LR, protocol.SCHEDULE_EPOCH)
+
+
+def test_one_group_in_its_own_order_keeps_that_order_for_the_optimizer_state(tmp_path):
+    # torch numbers optimizer state in the group's order; the export and the reference follow it
+    model = _model()
+    x, y = _data()
+    optimizer = torch.optim.Adam(list(reversed(list(model.parameters()))), lr=0.01)
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y))
+    assert protocol.read_metadata(path)["optimizer"]["groups"][0]["params"][0] == "4.bias"
+    scripted, ref = torch.jit.load(str(path)), Reference(path, model)
+    with plain_graph_executor():
+        scripted.train_step(x, y)
+        ref.train_step(x, y)
+    mine, theirs = scripted.optimizer_state(), ref.optimizer_state()
+    assert [t.shape for t in mine["exp_avg"]] == [t.shape for t in theirs["exp_avg"]]
+    assert all(torch.equal(a, b) for key in theirs for a, b in zip(mine[key], theirs[key]))
+
+
+def test_seed_driver_reference_records_no_lrs(tmp_path):
+    # train_full_batch steps with its own lr (the seed's sgd_step), not the module's optimizer
+    x, y = _data()
+    path = export_training_module(_model(), "cross_entropy", {"name": "sgd", "lr": 0.01}, tmp_path / "m.pt",
+                                  example_inputs=(x, y))
+    history = reference.train_full_batch(path, x.numpy(), y.numpy(), epochs=1, lr=0.05)
+    assert history[0].lrs is None and history[0].loss > 0

@@ -78,6 +78,8 @@ class Reference:
         spec = optimizer or self.metadata["optimizer"]
         self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
                                                groups.torch_param_groups(spec, list(self.model.named_parameters())))
+        # An optimizer override (the seed's sgd_step lr) is not the module's: no lrs recorded then.
+        self._records_lrs = optimizer is None
         tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
         self.scheduler = (schedulers.torch_scheduler(tuning["scheduler"], self.optimizer)
                           if "scheduler" in tuning else None)
@@ -154,7 +156,7 @@ class Reference:
         return EpochRecord(epoch, loss, _as_numpy(parameters) if with_values else {}, val_loss=val_loss,
                            elapsed_s=elapsed_s,
                            digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()},
-                           lrs=self.lrs())
+                           lrs=self.lrs() if self._records_lrs else None)
 
     def optimizer_state(self) -> Dict[str, List[Tensor]]:
         """torch.optim's per-parameter state as ``{key: [tensor per parameter]}`` (absent keys skipped)."""

@@ -122,7 +122,8 @@ def metadata_spec(name: str, groups: List[Tuple[List[int], Dict[str, Any]]], nam
     """The optimizer entry of gradbridge.json: first group's options at the top (as before),
     plus ``groups`` with explicit names when there is more than one group."""
     spec: Dict[str, Any] = {"name": name, **hyperparameters[0]}
-    if len(groups) > 1:
+    # one group in another order than the model's keeps its names: the optimizer state follows it
+    if len(groups) > 1 or groups[0][0] != sorted(groups[0][0]):
         spec["groups"] = [{"params": [names[i] for i in indices], **hyper}
                           for (indices, _), hyper in zip(groups, hyperparameters)]
     return spec
