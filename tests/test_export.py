@@ -21,7 +21,9 @@ def scripted(model_path):
 def test_every_protocol_method_is_scripted(scripted, model_path):
     for method in protocol.REQUIRED_METHODS:
         assert hasattr(scripted, method), method
-    assert protocol.read_metadata(model_path)["methods"] == list(protocol.REQUIRED_METHODS)
+    for method in protocol.OPTIONAL_METHODS:
+        assert hasattr(scripted, method), method
+    assert protocol.read_metadata(model_path)["methods"] == list(protocol.REQUIRED_METHODS + protocol.OPTIONAL_METHODS)
 
 
 def test_metadata_describes_the_module(model_path):
@@ -29,8 +31,8 @@ def test_metadata_describes_the_module(model_path):
     assert tuple(metadata) == protocol.METADATA_KEYS
     assert metadata["torch_version"] == torch.__version__.split("+")[0]
     assert metadata["parameters"] == [
-        {"name": "weight", "shape": [1], "dtype": "float32"},
-        {"name": "bias", "shape": [1], "dtype": "float32"},
+        {"name": "weight", "shape": [1], "dtype": "float32", "trainable": True},
+        {"name": "bias", "shape": [1], "dtype": "float32", "trainable": True},
     ]
     assert metadata["loss"] == {"name": "mse", "reduction": "mean"}
     assert metadata["optimizer"] == {"name": "sgd", "lr": 0.01, "momentum": 0.0, "dampening": 0.0,
@@ -205,7 +207,8 @@ def test_metadata_is_complete_for_a_general_model(tmp_path):
                                   {"name": "y", "shape": [-1], "dtype": "int64"}]
     assert {"name": "features.1.running_mean", "shape": [8], "dtype": "float32"} in metadata["buffers"]
     assert {"name": "features.1.num_batches_tracked", "shape": [], "dtype": "int64"} in metadata["buffers"]
-    assert metadata["parameters"][0] == {"name": "features.0.weight", "shape": [8, 1, 3, 3], "dtype": "float32"}
+    assert metadata["parameters"][0] == {"name": "features.0.weight", "shape": [8, 1, 3, 3], "dtype": "float32",
+                                      "trainable": True}
     assert metadata["optimizer"] == {"name": "adamw", "lr": 0.002, "betas": [0.9, 0.999], "eps": 1e-8,
                                      "weight_decay": 0.01, "amsgrad": False, "maximize": False}
     assert metadata["loss"]["label_smoothing"] == 0.1

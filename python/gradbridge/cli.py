@@ -60,6 +60,63 @@ def load_factory(reference: str):
     return getattr(module, attribute)
 
 
+def _value(text: str) -> Any:
+    """A CLI option value: int, float, true/false, a |-separated list, else the text."""
+    if "|" in text:
+        return [_value(v) for v in text.split("|") if v]
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _options(text: str, what: str) -> Dict[str, Any]:
+    """``k=v,k=v`` -> dict (values through ``_value``)."""
+    options: Dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise GradbridgeError(f"{what}: expected KEY=VALUE, got {item!r}")
+        options[key.strip()] = _value(value.strip())
+    return options
+
+
+def _group(text: str) -> Dict[str, Any]:
+    """``--group PREFIX:lr=1e-4,weight_decay=0`` -> a prefix group of the optimizer spec."""
+    prefix, sep, rest = text.partition(":")
+    if not sep or not prefix:
+        raise GradbridgeError(f"--group {text!r}: expected PREFIX:KEY=VALUE[,KEY=VALUE...]")
+    return {"prefix": prefix, **_options(rest, f"--group {text!r}")}
+
+
+def _scheduler(specs: List[str], milestones: Optional[str]) -> Optional[Dict[str, Any]]:
+    """``--scheduler NAME:k=v,...`` (repeat it with --milestones for a SequentialLR)."""
+    if not specs:
+        return None
+    parsed = []
+    for text in specs:
+        name, _, rest = text.partition(":")
+        parsed.append({"name": name, **_options(rest, f"--scheduler {text!r}")})
+    if len(parsed) == 1 and milestones is None:
+        return parsed[0]
+    if milestones is None:
+        raise GradbridgeError("several --scheduler options need --milestones (a SequentialLR)")
+    return {"name": "sequential", "schedulers": parsed, "milestones": _shape(milestones)}
+
+
+def _fine_tuning(args: argparse.Namespace) -> Dict[str, Any]:
+    options: Dict[str, Any] = {"freeze": args.freeze or (), "accumulate": args.accumulate,
+                               "scheduler": _scheduler(args.scheduler or [], args.milestones),
+                               "scheduler_interval": args.scheduler_interval,
+                               "clip_grad_norm": args.clip_norm, "clip_norm_type": args.clip_norm_type,
+                               "clip_grad_value": args.clip_value, "init_weights": args.init_weights}
+    return options
+
+
 def _export(args: argparse.Namespace) -> int:
     import torch
 
@@ -68,11 +125,14 @@ def _export(args: argparse.Namespace) -> int:
 
     ops.load(args.op_library)  # the model's custom operators must exist to script it
     optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
+    if args.group:
+        optimizer["groups"] = [_group(text) for text in args.group]
+    fine_tuning = _fine_tuning(args)
     loss = {"name": args.loss or "mse", **_given(args, _LOSS_FLAGS)}
     if "class_weights" in loss:
         loss["weight"] = loss.pop("class_weights")
     if args.model == "linear-regression" and args.loss is None and args.input_shape is None:
-        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer)
+        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, fine_tuning=fine_tuning)
         print(f"wrote {path}")
         return 0
 
@@ -83,7 +143,8 @@ def _export(args: argparse.Namespace) -> int:
     inputs = [protocol.tensor_spec("x", [-1, *x_shape], args.input_dtype),
               protocol.tensor_spec("y", [-1, *y_shape], y_dtype)]
     if args.model in BUILTIN_MODELS:
-        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, loss=loss, inputs=inputs)
+        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, loss=loss, inputs=inputs,
+                              fine_tuning=fine_tuning)
     else:
         factory = load_factory(args.model)
         torch.manual_seed(args.seed)
@@ -98,8 +159,15 @@ def _export(args: argparse.Namespace) -> int:
         example = (torch.zeros(2, *x_shape, dtype=getattr(torch, args.input_dtype)),
                    torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
         path = export_training_module(model, loss, optimizer, args.output, example_inputs=example,
-                                      model_name=args.model)
+                                      model_name=args.model, **fine_tuning)
     print(f"wrote {path}")
+    return 0
+
+
+def _state_dict(args: argparse.Namespace) -> int:
+    from .export import save_state_dict
+
+    print(f"wrote {save_state_dict(args.module, args.output)}")
     return 0
 
 
@@ -188,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
     shapes = export.add_argument_group("inputs (per sample; the batch dimension is implied)")
     shapes.add_argument("--input-shape", help="e.g. 4 or 1,8,8 (default 1)")
-    shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64"))
+    shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64", "int64"),
+                        help="int64 for index inputs (embeddings); default float32")
     shapes.add_argument("--target-shape", help="default: none for class-index losses, else 1")
     shapes.add_argument("--target-dtype", choices=("float32", "float64", "int64"),
                         help="default: int64 for cross_entropy/nll, else float32")
@@ -216,8 +285,38 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--centered", action="store_true", default=None)
     opt.add_argument("--lr-decay", type=float)
     opt.add_argument("--initial-accumulator-value", type=float)
+    opt.add_argument("--group", action="append", metavar="PREFIX:KEY=VALUE,...",
+                     help="a parameter group: parameters whose names start with PREFIX, with their own options "
+                          "(e.g. backbone.:lr=1e-4,weight_decay=0; betas as 0.9|0.99); repeatable; the other "
+                          "trainable parameters form the first group with the options above")
+    tuning = export.add_argument_group("fine-tuning")
+    tuning.add_argument("--freeze", action="append", metavar="PREFIX",
+                        help="freeze parameters whose names start with PREFIX (requires_grad=False); repeatable")
+    tuning.add_argument("--init-weights", metavar="FILE",
+                        help="start from this state_dict (torch.save file, read with weights_only=True)")
+    tuning.add_argument("--scheduler", action="append", metavar="NAME:KEY=VALUE,...",
+                        help="lr schedule: step, multistep, exponential, cosine, linear, onecycle, plateau with "
+                             "torch's argument names (e.g. cosine:T_max=1000; milestones as 30|80); repeat it with "
+                             "--milestones for a SequentialLR")
+    tuning.add_argument("--milestones", help="SequentialLR milestones, comma-separated (e.g. 100)")
+    tuning.add_argument("--scheduler-interval", choices=("step", "epoch"), default="step",
+                        help="step the schedule after every optimizer step (default) or every epoch")
+    tuning.add_argument("--clip-norm", type=float, help="clip_grad_norm_ max norm before each step")
+    tuning.add_argument("--clip-norm-type", type=float, default=2.0, help="2 (default) or inf")
+    tuning.add_argument("--clip-value", type=float, help="clip_grad_value_ before each step")
+    tuning.add_argument("--accumulate", type=int, default=1, metavar="K",
+                        help="gradient accumulation: K micro-batches per optimizer step")
     _op_library_option(export)
     export.set_defaults(run=_export)
+
+    state = commands.add_parser(
+        "state-dict", help="turn an exported module or a Java checkpoint into a state_dict file",
+        description="Write the model's state_dict held by MODULE (an export or a Java checkpoint: its current, "
+                    "trained values) with torch.save; model.load_state_dict(torch.load(FILE, weights_only=True)) "
+                    "takes it.")
+    state.add_argument("module", help="exported module or checkpoint (.pt)")
+    state.add_argument("-o", "--output", required=True, help="state_dict file to write")
+    state.set_defaults(run=_state_dict)
 
     parity = commands.add_parser(
         "parity", help="train with the Python reference and with Java, compare every epoch",

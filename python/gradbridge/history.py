@@ -15,7 +15,9 @@ One line per epoch, keys in this order (``FIELDS``)::
   ``parameter_names()`` order; float32 values widened to float64, so the text round-trips every
   bit; empty when the run recorded digests only;
 - ``digests`` are SHA-256 hex digests of each parameter's little-endian bytes in its own dtype
-  (``digest``): equal digests mean bitwise equal parameters.
+  (``digest``): equal digests mean bitwise equal parameters;
+- ``lrs`` (optional, last; absent in histories written before it existed) is each parameter
+  group's learning rate after the epoch, after the epoch-end schedule step if there is one.
 
 The Java writer (``dev.gradbridge.History``) emits exactly these keys; ``tests/test_history.py``
 reads a Java-written file with this strict reader and recomputes the digests.
@@ -36,6 +38,9 @@ from .files import atomic_path
 
 #: The keys of one history line, in order.
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
+
+#: Optional keys that may follow FIELDS, in this order.
+OPTIONAL_FIELDS = ("lrs",)
 
 _LITTLE_ENDIAN = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
@@ -61,9 +66,10 @@ class EpochRecord:
     val_loss: Optional[float] = None
     elapsed_s: float = 0.0
     digests: Dict[str, str] = field(default_factory=dict)
+    lrs: Optional[List[float]] = None
 
     def to_json(self) -> Dict:
-        return {
+        document = {
             "epoch": int(self.epoch),
             "loss": float(self.loss),
             "val_loss": None if self.val_loss is None else float(self.val_loss),
@@ -71,10 +77,15 @@ class EpochRecord:
             "parameters": {name: [float(v) for v in np.asarray(values).ravel()] for name, values in self.parameters.items()},
             "digests": dict(self.digests),
         }
+        if self.lrs is not None:
+            document["lrs"] = [float(lr) for lr in self.lrs]
+        return document
 
     @classmethod
     def from_json(cls, document: Dict, *, where: str = "history") -> "EpochRecord":
-        if not isinstance(document, dict) or tuple(document) != FIELDS:
+        keys = tuple(document) if isinstance(document, dict) else ()
+        extra = keys[len(FIELDS):]
+        if not isinstance(document, dict) or keys[:len(FIELDS)] != FIELDS or extra != OPTIONAL_FIELDS[:len(extra)]:
             keys = list(document) if isinstance(document, dict) else type(document).__name__
             raise ValueError(f"{where}: expected keys {list(FIELDS)}, got {keys}")
         return cls(
@@ -84,6 +95,7 @@ class EpochRecord:
             val_loss=None if document["val_loss"] is None else float(document["val_loss"]),
             elapsed_s=float(document["elapsed_s"]),
             digests=dict(document["digests"]),
+            lrs=None if document.get("lrs") is None else [float(v) for v in document["lrs"]],
         )
 
 

@@ -30,6 +30,8 @@ class EpochDelta:
     param_b: float = 0.0
     val_loss_a: Optional[float] = None
     val_loss_b: Optional[float] = None
+    #: the largest |a - b| over the parameter groups' learning rates (when both recorded them)
+    lr_delta: float = 0.0
 
 
 @dataclass
@@ -44,7 +46,7 @@ class ParityReport:
 
     @property
     def bitwise(self) -> bool:
-        return all(r.loss_delta == 0.0 and r.param_delta == 0.0 for r in self.rows)
+        return all(r.loss_delta == 0.0 and r.param_delta == 0.0 and r.lr_delta == 0.0 for r in self.rows)
 
     @property
     def within_tolerance(self) -> bool:
@@ -134,6 +136,11 @@ def compare_histories(a: History, b: History, *, rtol: float = 0.0, atol: float 
                 if ra.digests.get(name) != rb.digests.get(name):
                     within = False
                     row.param_delta, row.param_name = float("inf"), name
+        if ra.lrs is not None and rb.lrs is not None:  # schedules: the same lr sequence
+            if len(ra.lrs) != len(rb.lrs):
+                raise ValueError(f"epoch {ra.epoch}: {len(ra.lrs)} parameter groups vs {len(rb.lrs)}")
+            row.lr_delta = max(abs(x - y) for x, y in zip(ra.lrs, rb.lrs))
+            within = within and all(_close(x, y, rtol, atol) for x, y in zip(ra.lrs, rb.lrs))
         report.rows.append(row)
         if not within and report.first_divergence is None:
             report.first_divergence = index

@@ -38,6 +38,10 @@ GET_LR = "get_lr"
 SET_LR = "set_lr"
 OPTIMIZER_STATE = "optimizer_state"
 LOAD_OPTIMIZER_STATE = "load_optimizer_state"
+# Fine-tuning methods (parameter groups, schedules); modules exported before them lack them.
+GET_LRS = "get_lrs"
+SET_GROUP_LR = "set_group_lr"
+SCHEDULE_EPOCH = "schedule_epoch"
 
 #: Methods that every protocol-v1 module has; a loader rejects a module that lacks one.
 REQUIRED_METHODS: tuple[str, ...] = (
@@ -60,6 +64,9 @@ REQUIRED_METHODS: tuple[str, ...] = (
     OPTIMIZER_STATE,
     LOAD_OPTIMIZER_STATE,
 )
+
+#: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
+OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
 
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
 METADATA_KEYS: tuple[str, ...] = (
@@ -107,7 +114,7 @@ def build_metadata(
         "gradbridge_version": gradbridge_version,
         "torch_version": torch_version,
         "model": model,
-        "methods": list(REQUIRED_METHODS),
+        "methods": list(REQUIRED_METHODS) + list(OPTIONAL_METHODS),
         "parameters": parameters,
         "buffers": buffers,
         "loss": loss,

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from . import messages, protocol, shuffle
 from .errors import DivergenceError, TrainingError
-from .export import losses, optim
+from .export import finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
 from .torchscript import plain_graph_executor
@@ -74,16 +74,62 @@ class Reference:
                     tensor.copy_(state[name])
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
-        self.optimizer = optim.torch_optimizer(optimizer or self.metadata["optimizer"], self.model.parameters())
+        # Frozen parameters as exported (a scripted model does not keep requires_grad=False).
+        frozen = {spec["name"] for spec in self.metadata["parameters"] if not spec.get("trainable", True)}
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(name not in frozen)
+        spec = optimizer or self.metadata["optimizer"]
+        self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
+                                               groups.torch_param_groups(spec, list(self.model.named_parameters())))
+        # An optimizer override (the seed's sgd_step lr) is not the module's: no lrs recorded then.
+        self._records_lrs = optimizer is None
+        tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
+        self.scheduler = (schedulers.torch_scheduler(tuning["scheduler"], self.optimizer)
+                          if "scheduler" in tuning else None)
+        self.scheduler_interval = tuning.get("scheduler_interval", "none")
+        self.clip = finetune.clip_of({finetune.METADATA_KEY: tuning})
+        self.accumulate = int(tuning.get("accumulate", 1))
+
+    def _clip(self) -> None:
+        """torch.nn.utils' clipping on the parameters, as the exported module does before a step."""
+        if self.clip["kind"] == "norm":
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip["max"], self.clip["norm_type"])
+        elif self.clip["kind"] == "value":
+            torch.nn.utils.clip_grad_value_(self.model.parameters(), self.clip["max"])
+
+    def lrs(self) -> List[float]:
+        """Each parameter group's learning rate."""
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def end_epoch(self, metric: float) -> None:
+        """The per-epoch schedule step (ReduceLROnPlateau with ``metric``), as ``schedule_epoch``."""
+        if self.scheduler is None or self.scheduler_interval != "epoch":
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(metric)
+        else:
+            self.scheduler.step()
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         """One torch.optim step on (x, y); returns the loss (detached)."""
         with plain_graph_executor():
             self.optimizer.zero_grad()
-            loss = self.loss(self.model(x), y)
-            loss.backward()
+            if self.accumulate == 1:
+                loss = self.loss(self.model(x), y)
+                loss.backward()
+                loss = loss.detach()
+            else:  # the eager accumulation loop: (loss / k).backward() per micro-batch, one step
+                size = (len(x) + self.accumulate - 1) // self.accumulate
+                loss = None
+                for xm, ym in zip(x.split(size), y.split(size)):
+                    scaled = self.loss(self.model(xm), ym) / self.accumulate
+                    scaled.backward()
+                    loss = scaled.detach() if loss is None else loss + scaled.detach()
+            self._clip()
             self.optimizer.step()
-        return loss.detach()
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.scheduler.step()
+        return loss
 
     def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
         """``train_step`` on ``index_select(0, perm[i:i + batch_size])`` batches, as ``train_epoch`` does."""
@@ -112,12 +158,14 @@ class Reference:
         parameters = self.parameters()
         return EpochRecord(epoch, loss, _as_numpy(parameters) if with_values else {}, val_loss=val_loss,
                            elapsed_s=elapsed_s,
-                           digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()})
+                           digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()},
+                           lrs=self.lrs() if self._records_lrs else None)
 
     def optimizer_state(self) -> Dict[str, List[Tensor]]:
         """torch.optim's per-parameter state as ``{key: [tensor per parameter]}`` (absent keys skipped)."""
         state: Dict[str, List[Tensor]] = {}
-        params = list(self.model.parameters())
+        # group order, as torch.optim's state_dict numbers them (frozen parameters have none)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         for p in params:
             for key, value in self.optimizer.state[p].items():
                 if torch.is_tensor(value):
@@ -188,6 +236,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
                 raise error
         val_loss = None if val is None else float(reference.evaluate(torch.from_numpy(np.ascontiguousarray(val[0])),
                                                                      torch.from_numpy(np.ascontiguousarray(val[1]))))
+        # per-epoch schedules step here (ReduceLROnPlateau on the validation loss, else the training loss)
+        reference.end_epoch(val_loss if val_loss is not None else epoch_loss(values))
         history.append(reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started,
                                         record_values))
     return history

@@ -11,6 +11,7 @@ test lets through, and gives the gradients a fixed order, that of ``parameter_na
 """
 
 
+import contextlib
 import copy
 import json
 import logging
@@ -25,7 +26,7 @@ from .. import __version__, ops, protocol  # __version__ is set before any submo
 from ..errors import GradbridgeError
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS
-from . import losses, optim
+from . import finetune, groups as param_groups, losses, optim
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +47,38 @@ class _TrainingModule(nn.Module):
     has_grad: List[bool]
     buffer_list: List[Tensor]
     buffer_name_list: List[str]
+    trainable_index: List[int]
+    group_index: List[List[int]]
 
-    def __init__(self, model: nn.Module, loss: nn.Module, optimizer: nn.Module,
+    def __init__(self, model: nn.Module, loss: nn.Module, optimizers: List[nn.Module],
                  parameter_names: List[str], parameters: List[nn.Parameter],
-                 buffer_names: List[str], buffers: List[Tensor]):
+                 buffer_names: List[str], buffers: List[Tensor], *,
+                 trainable_index: List[int], group_index: List[List[int]],
+                 scheduler: nn.Module, scheduler_interval: str, lrs: List[float],
+                 clip: Dict[str, Any], accumulate: int):
         super().__init__()
         self.model = model
         self.loss = loss
-        self.optimizer = optimizer
+        # One scripted optimizer per parameter group (torch.optim steps groups independently).
+        self.optimizers = nn.ModuleList(optimizers)
         self.params = nn.ParameterList(parameters)
         self.names = parameter_names
         self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in parameters]
         self.has_grad = [False for _ in parameters]
         self.buffer_list = buffers
         self.buffer_name_list = buffer_names
+        # Frozen parameters are not inputs of autograd.grad (it refuses tensors without grad).
+        self.trainable_index = trainable_index
+        self.group_index = group_index
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval  # "none", "step" or "epoch"
+        self.clip_kind = str(clip.get("kind", "none"))  # "none", "norm" or "value"
+        self.clip_max = float(clip.get("max", 0.0))
+        self.clip_norm_type = float(clip.get("norm_type", 2.0))
+        self.accumulate = int(accumulate)
+        with torch.no_grad():
+            self._set_lrs(lrs)
+            self._set_momenta(scheduler.momenta())
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -67,19 +86,28 @@ class _TrainingModule(nn.Module):
     def _parameters_list(self) -> List[Tensor]:
         return [p for p in self.params]
 
+    def _trainable_list(self) -> List[Tensor]:
+        params = self._parameters_list()
+        return [params[i] for i in self.trainable_index]
+
     @torch.jit.export
     def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
         """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
         loss = self.loss(self.model(x), y)
-        grads = torch.autograd.grad([loss], self._parameters_list(), allow_unused=True)
-        for i, grad in enumerate(grads):
+        self._backward(loss)
+        return loss.detach()
+
+    def _backward(self, loss: Tensor) -> None:
+        """Add d(loss)/d(p) to the gradient buffers of the trainable parameters."""
+        grads = torch.autograd.grad([loss], self._trainable_list(), allow_unused=True)
+        for k, grad in enumerate(grads):
+            i = self.trainable_index[k]
             if grad is not None:
                 if self.has_grad[i]:
                     self.grads[i].add_(grad)
                 else:
                     self.grads[i].copy_(grad)
                     self.has_grad[i] = True
-        return loss.detach()
 
     @torch.jit.export
     def zero_grad(self) -> None:
@@ -90,10 +118,84 @@ class _TrainingModule(nn.Module):
 
     @torch.jit.export
     def optimizer_step(self) -> None:
-        """One step of the exported optimizer; consumes (zeroes) the gradients."""
+        """Clip (if exported), one step of each group's optimizer, the per-step schedule (if any);
+        consumes (zeroes) the gradients. torch's order: clip_grad_*_, optimizer.step(), scheduler.step()."""
         with torch.no_grad():
-            self.optimizer.step(self._parameters_list(), self.grads, self.has_grad)
+            self._clip()
+            params = self._parameters_list()
+            for g, opt in enumerate(self.optimizers):
+                index = self.group_index[g]
+                opt.step([params[i] for i in index], [self.grads[i] for i in index], [self.has_grad[i] for i in index])
+            if self.scheduler_interval == "step":
+                self._set_lrs(self.scheduler.step(self.get_lrs()))
+                self._set_momenta(self.scheduler.momenta())
         self.zero_grad()
+
+    def _set_momenta(self, momenta: List[float]) -> None:
+        """OneCycleLR's cycled momentum: SGD/RMSprop ``momentum``, Adam/AdamW ``beta1`` (torch's betas[0])."""
+        if len(momenta) == 0:
+            return
+        for g, opt in enumerate(self.optimizers):
+            if hasattr(opt, "beta1"):
+                opt.beta1 = momenta[g]
+            elif hasattr(opt, "momentum"):
+                opt.momentum = momenta[g]
+
+    def _clip(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on CPU: their foreach path (the default)."""
+        if self.clip_kind == "none":
+            return
+        grads: List[Tensor] = []
+        for i in range(len(self.grads)):
+            if self.has_grad[i]:
+                grads.append(self.grads[i])
+        if len(grads) == 0:
+            return
+        # TorchScript runs the in-place _foreach_*_ ops on copies (measured: the grads stay as they
+        # were), so the in-place steps go tensor by tensor: on CPU the foreach kernels are these
+        # same element-wise ops one tensor at a time (the "slow" path), so the bits agree.
+        if self.clip_kind == "value":
+            for g in grads:
+                g.clamp_min_(-self.clip_max).clamp_max_(self.clip_max)
+            return
+        norms = torch._foreach_norm(grads, self.clip_norm_type)
+        total_norm = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
+        # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
+        clip_coef = (total_norm + 1e-6).reciprocal() * self.clip_max
+        clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+        for g in grads:
+            g.mul_(clip_coef_clamped)
+
+    @torch.jit.export
+    def schedule_epoch(self, metric: float) -> None:
+        """The per-epoch schedule step, after an epoch: ReduceLROnPlateau gets ``metric`` (the
+        validation loss, else the training loss); the others step; nothing for per-step schedules."""
+        if self.scheduler_interval == "epoch":
+            self._set_lrs(self.scheduler.step_metric(self.get_lrs(), metric))
+
+    @torch.jit.export
+    def get_lrs(self) -> List[float]:
+        """Each parameter group's learning rate, in group order."""
+        lrs: List[float] = []
+        for opt in self.optimizers:
+            lrs.append(opt.lr)
+        return lrs
+
+    def _set_lrs(self, lrs: List[float]) -> None:
+        for g, opt in enumerate(self.optimizers):
+            opt.lr = lrs[g]
+
+    @torch.jit.export
+    def set_group_lr(self, group: int, lr: float) -> None:
+        """Set one parameter group's learning rate."""
+        if group < 0 or group >= len(self.group_index):
+            raise RuntimeError("set_group_lr: no parameter group " + str(group) + "; there are "
+                               + str(len(self.group_index)))
+        if not lr >= 0.0:
+            raise RuntimeError("set_group_lr: invalid learning rate " + str(lr))
+        for g, opt in enumerate(self.optimizers):
+            if g == group:
+                opt.lr = lr
 
     @torch.jit.export
     def sgd_step(self, lr: float) -> None:
@@ -106,9 +208,28 @@ class _TrainingModule(nn.Module):
 
     @torch.jit.export
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
-        """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss."""
+        """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss.
+
+        With gradient accumulation k > 1: the batch is split into micro-batches of
+        ceil(n / k) rows (``x.split``), each adds the gradients of ``loss / k`` (the eager
+        ``(loss / k).backward()`` loop), then one optimizer step; returns the sum of the
+        ``loss / k`` values, in order.
+        """
         self.zero_grad()
-        loss = self.calculate_loss_and_backward(x, y)
+        if self.accumulate == 1:
+            loss = self.calculate_loss_and_backward(x, y)
+        else:
+            size = (x.size(0) + self.accumulate - 1) // self.accumulate
+            xs = x.split(size)
+            ys = y.split(size)
+            loss = torch.zeros([], dtype=x.dtype)
+            for m in range(len(xs)):
+                scaled = self.loss(self.model(xs[m]), ys[m]) / self.accumulate
+                self._backward(scaled)
+                if m == 0:
+                    loss = scaled.detach()
+                else:
+                    loss = loss + scaled.detach()
         self.optimizer_step()
         return loss
 
@@ -163,27 +284,40 @@ class _TrainingModule(nn.Module):
 
     @torch.jit.export
     def get_lr(self) -> float:
-        return self.optimizer.lr
+        """The first parameter group's learning rate (``get_lrs()`` has every group's)."""
+        return self.get_lrs()[0]
 
     @torch.jit.export
     def set_lr(self, lr: float) -> None:
+        """Set every parameter group's learning rate."""
         if not lr >= 0.0:
             raise RuntimeError("set_lr: invalid learning rate " + str(lr))
-        self.optimizer.lr = lr
+        for opt in self.optimizers:
+            opt.lr = lr
 
     @torch.jit.export
     def optimizer_state(self) -> Dict[str, List[Tensor]]:
         """The optimizer's per-parameter state, by torch.optim's key; copies."""
-        state = self.optimizer.state()
+        state = self._optimizer_state()
         copied: Dict[str, List[Tensor]] = {}
         for key, values in state.items():
             copied[key] = [v.clone() for v in values]
         return copied
 
+    def _optimizer_state(self) -> Dict[str, List[Tensor]]:
+        """Every group's state lists, concatenated in group order (torch.optim's state_dict order)."""
+        merged: Dict[str, List[Tensor]] = {}
+        for opt in self.optimizers:
+            for key, values in opt.state().items():
+                if key not in merged:
+                    merged[key] = []
+                merged[key].extend(values)
+        return merged
+
     @torch.jit.export
     def load_optimizer_state(self, state: Dict[str, List[Tensor]]) -> None:
         """Restore what ``optimizer_state()`` returned (keys, counts and shapes must match)."""
-        own = self.optimizer.state()
+        own = self._optimizer_state()
         for key, values in own.items():
             if key not in state:
                 raise RuntimeError("load_optimizer_state: missing key " + key)
@@ -250,6 +384,14 @@ def export_training_module(
     example_inputs: Optional[Tuple[Tensor, Tensor]] = None,
     inputs: Optional[Sequence[Dict[str, Any]]] = None,
     model_name: Optional[str] = None,
+    freeze: Sequence[str] = (),
+    scheduler: Any = None,
+    scheduler_interval: str = "step",
+    clip_grad_norm: Optional[float] = None,
+    clip_norm_type: float = 2.0,
+    clip_grad_value: Optional[float] = None,
+    accumulate: int = 1,
+    init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
 ) -> Path:
     """Script ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
@@ -266,6 +408,18 @@ def export_training_module(
             model and loss to check them, and is used to trace the model when it cannot be scripted.
         inputs: the specs of ``x`` and ``y`` (``protocol.tensor_spec``) when no example is given.
         model_name: recorded in the metadata; defaults to the model's class name.
+        freeze: parameter-name prefixes to freeze (``requires_grad=False``) in the export, as
+            well as any parameter already frozen in ``model``. Frozen parameters are exported but
+            have no gradient, no optimizer state and never change.
+        scheduler: a fresh ``torch.optim.lr_scheduler`` instance over ``optimizer`` (see
+            ``schedulers.SUPPORTED``) or a spec ``{"name": "cosine", "T_max": 100}``.
+        scheduler_interval: ``"step"`` (after every optimizer step) or ``"epoch"`` (at each epoch's
+            end; ReduceLROnPlateau is always per epoch).
+        clip_grad_norm, clip_norm_type: ``clip_grad_norm_(params, max_norm, norm_type)`` before
+            every step (norm types 2 and inf); clip_grad_value: ``clip_grad_value_`` instead.
+        accumulate: gradient accumulation, k micro-batches per optimizer step (see ``train_step``).
+        init_weights: a ``state_dict`` (or a file saved with ``torch.save``, read with
+            ``weights_only=True``) loaded into the copy of the model before export.
 
     Returns the path written.
 
@@ -275,7 +429,6 @@ def export_training_module(
         ExportError: the model cannot be scripted and no example_inputs were given to trace it.
     """
     loss_spec = _loss_spec(loss)
-    optimizer_spec = _optimizer_spec(optimizer)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
 
@@ -294,18 +447,44 @@ def export_training_module(
         raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
                          f"got {target_dtype}")
 
+    names_by_id = {id(p): n for n, p in model.named_parameters()}
     model = copy.deepcopy(model)
     named_parameters = list(model.named_parameters())
     parameters = [p for _, p in named_parameters]
-    optimizer_module = optim.build(optimizer_spec, parameters)
-    optimizer_spec = {"name": optimizer_spec["name"], **optimizer_module.hyperparameters()}
+    names = [n for n, _ in named_parameters]
+    finetune.freeze(named_parameters, freeze)
+    trainable = [p.requires_grad for p in parameters]
+    if isinstance(optimizer, torch.optim.Optimizer):
+        # A scheduler's construction already moved the lrs; the spec holds the base lrs.
+        with finetune.initial_lrs(optimizer) if scheduler is not None else contextlib.nullcontext():
+            optimizer_spec = param_groups.spec_of_instance(optimizer, names_by_id, dict(zip(names, trainable)))
+    else:
+        optimizer_spec = _optimizer_spec(optimizer)
+    resolved = param_groups.resolve(optimizer_spec, names, trainable)
+    if not any(trainable):
+        raise ValueError("every parameter is frozen: nothing to train")
+    group_modules = [optim.build({"name": optimizer_spec["name"], **options}, [parameters[i] for i in indices])
+                     for indices, options in resolved]
+    hyper = [m.hyperparameters() for m in group_modules]
+    optimizer_spec = param_groups.metadata_spec(optimizer_spec["name"], resolved, names, hyper)
+    plan = finetune.plan(optimizer_spec, hyper, scheduler, scheduler_interval, clip_grad_norm, clip_norm_type,
+                         clip_grad_value, accumulate)
+    if init_weights is not None:
+        finetune.load_weights(model, init_weights)
 
     if example_inputs is not None:
+        # The check must not move BatchNorm statistics: the export holds the model's (or the
+        # init weights') buffers exactly.
+        saved_buffers = [(b, b.clone()) for b in model.buffers()]
         try:
             with torch.no_grad():
                 loss_module(model(example_inputs[0]), example_inputs[1])
         except Exception as ex:
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
+        finally:
+            with torch.no_grad():
+                for buffer, value in saved_buffers:
+                    buffer.copy_(value)
     else:
         _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
 
@@ -313,14 +492,19 @@ def export_training_module(
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
     named_buffers = list(scripted_model.named_buffers())
     wrapper = _TrainingModule(
-        scripted_model, loss_module, optimizer_module,
+        scripted_model, loss_module, group_modules,
         [name for name, _ in named_parameters], parameters,
         [name for name, _ in named_buffers], [b for _, b in named_buffers],
+        trainable_index=[i for i, t in enumerate(trainable) if t],
+        group_index=[indices for indices, _ in resolved],
+        scheduler=plan.scheduler_module, scheduler_interval=plan.interval, lrs=plan.lrs,
+        clip=plan.clip, accumulate=plan.accumulate,
     )
     scripted = torch.jit.script(wrapper)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)) for n, p in named_parameters],
+        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)), "trainable": p.requires_grad}
+                    for n, p in named_parameters],
         buffers=[protocol.tensor_spec(n, b.shape, _dtype_name(b.dtype)) for n, b in named_buffers],
         loss=loss_spec,
         optimizer=optimizer_spec,
@@ -329,6 +513,8 @@ def export_training_module(
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
     )
+    if plan.metadata:
+        metadata[finetune.METADATA_KEY] = plan.metadata
     return _save_atomically(scripted, metadata, Path(path))
 
 
@@ -362,11 +548,13 @@ BUILTIN_DEFAULTS: Dict[str, Dict[str, Any]] = {
 
 def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, lr: float = 0.01,
                    optimizer: Optional[Dict[str, Any]] = None, loss: Optional[Dict[str, Any]] = None,
-                   inputs: Optional[Sequence[Dict[str, Any]]] = None, **model_options: Any) -> Path:
+                   inputs: Optional[Sequence[Dict[str, Any]]] = None, fine_tuning: Optional[Dict[str, Any]] = None,
+                   **model_options: Any) -> Path:
     """Export a model of ``models.BUILTIN_MODELS`` with initial parameters drawn under ``seed``.
 
     The linear regression defaults to MSE, SGD with ``lr`` and x, y of shape [-1, 1]; other
     built-ins need ``loss`` and ``inputs``. ``optimizer`` defaults to ``{"name": "sgd", "lr": lr}``.
+    ``fine_tuning``: keyword arguments of ``export_training_module`` (freeze, scheduler, ...).
     """
     if name not in BUILTIN_MODELS:
         raise ValueError(f"Unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
@@ -379,7 +567,7 @@ def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, l
     optimizer = optimizer or {"name": "sgd", "lr": lr}
     # Validate before drawing parameters so bad options never touch torch's RNG or the file.
     losses.build(loss)
-    optim.build(optimizer, [])
+    optim.build({k: v for k, v in optimizer.items() if k != "groups"}, [])
     torch.manual_seed(seed)
     model = BUILTIN_MODELS[name](**model_options)
-    return export_training_module(model, loss, optimizer, path, inputs=inputs, model_name=name)
+    return export_training_module(model, loss, optimizer, path, inputs=inputs, model_name=name, **(fine_tuning or {}))

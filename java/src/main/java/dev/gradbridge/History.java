@@ -2,6 +2,7 @@ package dev.gradbridge;
 
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
+import com.google.gson.JsonObject;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -18,7 +19,8 @@ import java.util.Map;
 /**
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
- * "elapsed_s", "parameters", "digests"}}.
+ * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
+ * parameter group after the epoch), which is left out when unknown.
  */
 public final class History {
 
@@ -36,6 +38,7 @@ public final class History {
         private final double elapsed_s; // NOPMD: the schema's key
         private final Map<String, double[]> parameters;
         private final Map<String, String> digests;
+        private final double[] lrs; // optional key of the schema: null is not written
 
         /**
          * Creates a record.
@@ -50,6 +53,24 @@ public final class History {
         public EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests) {
+            this(epoch, loss, valLoss, elapsedSeconds, parameters, digests, null);
+        }
+
+        /**
+         * Creates a record with each parameter group's learning rate.
+         *
+         * @param epoch epoch index over the whole run, from 0
+         * @param loss the epoch's training loss (mean of its batch losses)
+         * @param valLoss the validation loss after the epoch, or {@code null}
+         * @param elapsedSeconds wall time since the run started
+         * @param parameters values after the epoch, by name, flattened; empty for digests only
+         * @param digests SHA-256 of each parameter's bytes ({@link #digest})
+         * @param lrs learning rate per parameter group after the epoch, or {@code null}
+         */
+        public EpochRecord(
+                int epoch, double loss, Double valLoss, double elapsedSeconds,
+                Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
+            this.lrs = lrs == null ? null : lrs.clone();
             this.epoch = epoch;
             this.loss = loss;
             this.val_loss = valLoss;
@@ -86,6 +107,11 @@ public final class History {
         /** @return parameter digests by name */
         public Map<String, String> getDigests() {
             return digests;
+        }
+
+        /** @return learning rate per parameter group after the epoch, or {@code null} */
+        public double[] getLrs() {
+            return lrs == null ? null : lrs.clone();
         }
     }
 
@@ -148,7 +174,7 @@ public final class History {
         }
         return new EpochRecord(
                 epoch, loss, valLoss, elapsedSeconds,
-                withValues ? values : Collections.<String, double[]>emptyMap(), digests);
+                withValues ? values : Collections.<String, double[]>emptyMap(), digests, module.getLrs());
     }
 
     /**
@@ -183,7 +209,11 @@ public final class History {
     public String toJsonLines() {
         StringBuilder out = new StringBuilder();
         for (EpochRecord record : records) {
-            out.append(GSON.toJson(record)).append('\n');
+            JsonObject line = GSON.toJsonTree(record).getAsJsonObject();
+            if (line.get("lrs").isJsonNull()) {
+                line.remove("lrs"); // optional key: absent, as the Python writer does
+            }
+            out.append(GSON.toJson(line)).append('\n');
         }
         return out.toString();
     }

@@ -46,6 +46,7 @@ public final class Metadata {
     private List<TensorSpec> inputs;
     private List<String> customOps;
     private Checkpoint checkpoint;
+    private Map<String, Object> fineTuning;
     private transient JsonObject document;
 
     private Metadata() {}
@@ -145,6 +146,7 @@ public final class Metadata {
         private String name;
         private long[] shape;
         private String dtype;
+        private Boolean trainable; // absent in modules exported before frozen parameters
 
         /** @return the tensor's name */
         public String getName() {
@@ -159,6 +161,14 @@ public final class Metadata {
         /** @return torch's dtype name, e.g. {@code float32} */
         public String getDtype() {
             return dtype;
+        }
+
+        /**
+         * @return whether the parameter trains ({@code false}: frozen, {@code requires_grad=False}:
+         *     no gradient, no optimizer state, never changes); {@code true} for buffers and inputs
+         */
+        public boolean isTrainable() {
+            return trainable == null || trainable;
         }
 
         /**
@@ -330,6 +340,27 @@ public final class Metadata {
      */
     public List<String> getCustomOps() {
         return customOps == null ? Collections.emptyList() : Collections.unmodifiableList(customOps);
+    }
+
+    /**
+     * The export's fine-tuning options: {@code scheduler}, {@code scheduler_interval}, {@code clip},
+     * {@code accumulate} (each only when set).
+     *
+     * @return the options, empty when none were set
+     */
+    public Map<String, Object> getFineTuning() {
+        return fineTuning == null ? Collections.<String, Object>emptyMap() : Collections.unmodifiableMap(fineTuning);
+    }
+
+    /** @return the names of the parameters that train, in protocol order */
+    public List<String> getTrainableParameterNames() {
+        List<String> names = new java.util.ArrayList<>();
+        for (TensorSpec spec : parameters) {
+            if (spec.isTrainable()) {
+                names.add(spec.getName());
+            }
+        }
+        return Collections.unmodifiableList(names);
     }
 
     /** @return where a checkpoint's training stopped, or {@code null} for a fresh export */

@@ -56,6 +56,19 @@ public final class Protocol {
     /** {@code load_optimizer_state(Dict[str, List[Tensor]])}. */
     public static final String LOAD_OPTIMIZER_STATE = "load_optimizer_state";
 
+    /** {@code get_lrs()}: every parameter group's learning rate (optional method). */
+    public static final String GET_LRS = "get_lrs";
+
+    /** {@code set_group_lr(group, lr)} (optional method). */
+    public static final String SET_GROUP_LR = "set_group_lr";
+
+    /** {@code schedule_epoch(metric)}: the per-epoch schedule step (optional method). */
+    public static final String SCHEDULE_EPOCH = "schedule_epoch";
+
+    /** Methods modules exported with fine-tuning support have; older modules lack them. */
+    public static final List<String> OPTIONAL_METHODS =
+            Collections.unmodifiableList(Arrays.asList(GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH));
+
     /** Methods every protocol-v1 module has. */
     public static final List<String> REQUIRED_METHODS =
             Collections.unmodifiableList(

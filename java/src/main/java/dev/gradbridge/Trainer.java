@@ -300,6 +300,9 @@ public final class Trainer {
                 double loss = History.epochLoss(losses);
                 Double valLoss =
                         validation == null ? null : module.evaluate(validation.getX(), validation.getY());
+                // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau
+                // on the validation loss, else on the training loss).
+                module.scheduleEpoch(valLoss != null ? valLoss : loss);
                 double elapsed = (System.nanoTime() - started) / 1e9;
                 history.add(History.record(module, epoch, loss, valLoss, elapsed, recordValues));
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);

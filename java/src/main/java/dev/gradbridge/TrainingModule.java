@@ -401,6 +401,64 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
+    /**
+     * Every parameter group's learning rate, in group order (one group unless the export has
+     * parameter groups); a module exported without {@code get_lrs} gives {@code [getLr()]}.
+     *
+     * @return the learning rates
+     */
+    public double[] getLrs() {
+        try (Use use = use()) {
+            if (!methodNames.contains(Protocol.GET_LRS)) {
+                return new double[] {(Double) invoke(Protocol.GET_LR, manager)};
+            }
+            List<?> values = (List<?>) invoke(Protocol.GET_LRS, manager);
+            double[] lrs = new double[values.size()];
+            for (int i = 0; i < lrs.length; i++) {
+                lrs[i] = (Double) values.get(i);
+            }
+            return lrs;
+        }
+    }
+
+    /**
+     * Sets one parameter group's learning rate ({@link #setLr(double)} sets every group's).
+     *
+     * @param group the group's index, in the order of {@link #getLrs()}
+     * @param lr the new rate, non-negative and finite
+     */
+    public void setLr(int group, double lr) {
+        try (Use use = use()) {
+            if (!(lr >= 0) || Double.isInfinite(lr)) {
+                throw new InvalidInputException(Protocol.SET_GROUP_LR + ": invalid learning rate " + lr);
+            }
+            int groups = getLrs().length;
+            if (group < 0 || group >= groups) {
+                throw new InvalidInputException(
+                        Protocol.SET_GROUP_LR + ": no parameter group " + group + "; the module has " + groups);
+            }
+            if (!methodNames.contains(Protocol.SET_GROUP_LR)) {
+                invoke(Protocol.SET_LR, manager, lr);
+                return;
+            }
+            invoke(Protocol.SET_GROUP_LR, manager, (long) group, lr);
+        }
+    }
+
+    /**
+     * The end-of-epoch schedule step ({@code schedule_epoch}): a per-epoch schedule steps,
+     * ReduceLROnPlateau steps on {@code metric}; nothing for per-step or no schedule.
+     *
+     * @param metric the epoch's validation loss, or its training loss without validation data
+     */
+    public void scheduleEpoch(double metric) {
+        try (Use use = use()) {
+            if (methodNames.contains(Protocol.SCHEDULE_EPOCH)) {
+                invoke(Protocol.SCHEDULE_EPOCH, manager, metric);
+            }
+        }
+    }
+
     /** @return current parameter values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getParameters() {
         try (Use use = use()) {

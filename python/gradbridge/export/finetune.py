@@ -1,0 +1,190 @@
+"""Fine-tuning options of an export: frozen parameters, schedule, clipping, accumulation, weights.
+
+``plan`` checks the options and turns them into what the scripted module holds; the metadata
+entry ``fine_tuning`` (only written when an option is set) records them for the Python
+reference and for Java::
+
+    "fine_tuning": {"scheduler": {"name": "cosine", "T_max": 100, "eta_min": 0.0},
+                    "scheduler_interval": "step",
+                    "clip": {"kind": "norm", "max": 1.0, "norm_type": 2.0},
+                    "accumulate": 4}
+
+Pretrained weights travel both ways: ``load_weights`` starts an export from a ``state_dict``
+(read with ``torch.load(weights_only=True)``), ``state_dict_of`` turns an exported module or a
+Java checkpoint back into one that ``model.load_state_dict`` takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import GradbridgeError
+from . import schedulers
+
+METADATA_KEY = "fine_tuning"
+
+
+class FineTuneError(GradbridgeError, ValueError):
+    """A fine-tuning option that does not fit the model (one line naming it)."""
+
+
+@dataclass
+class Plan:
+    scheduler_module: nn.Module
+    interval: str
+    lrs: List[float]
+    clip: Dict[str, Any]
+    accumulate: int
+    metadata: Dict[str, Any] = field(default_factory=dict)
+
+
+def freeze(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Sequence[str]) -> None:
+    """requires_grad_(False) on every parameter whose name starts with one of ``prefixes``."""
+    for prefix in prefixes:
+        matched = [p for n, p in named_parameters if n.startswith(prefix)]
+        if not matched:
+            raise FineTuneError(f"freeze {prefix!r}: no parameter of the model starts with it")
+        for p in matched:
+            p.requires_grad_(False)
+
+
+@contextlib.contextmanager
+def initial_lrs(optimizer: torch.optim.Optimizer):
+    """While a scheduler has moved the groups' lr (its initial step), show the base lrs: the spec
+    must hold what a fresh optimizer starts from, so the reference can rebuild the pair."""
+    saved = [g["lr"] for g in optimizer.param_groups]
+    try:
+        for g in optimizer.param_groups:
+            if "initial_lr" in g:
+                g["lr"] = g["initial_lr"]
+        yield optimizer
+    finally:
+        for g, lr in zip(optimizer.param_groups, saved):
+            g["lr"] = lr
+
+
+def _torch_optimizer_like(name: str, hyper: List[Dict[str, Any]]) -> torch.optim.Optimizer:
+    """A torch optimizer over one dummy tensor per group with the groups' options: lets the real
+    torch scheduler compute its starting state (initial lrs, first step)."""
+    from . import optim
+
+    cls = getattr(torch.optim, optim.OPTIMIZERS[name].torch_name)
+    groups = []
+    for options in hyper:
+        options = {k: (tuple(v) if k == "betas" else v) for k, v in options.items()}
+        groups.append({"params": [torch.zeros(1, requires_grad=True)], **options})
+    return cls(groups)
+
+
+def plan(optimizer_spec: Dict[str, Any], hyper: List[Dict[str, Any]], scheduler: Any, interval: str,
+         clip_grad_norm: Optional[float], clip_norm_type: float, clip_grad_value: Optional[float],
+         accumulate: int) -> Plan:
+    """Check the options; build the scripted schedule in a fresh torch scheduler's state."""
+    metadata: Dict[str, Any] = {}
+    if interval not in schedulers.INTERVALS:
+        raise FineTuneError(f"scheduler_interval must be one of {schedulers.INTERVALS}, got {interval!r}")
+    lrs = [float(h["lr"]) for h in hyper]
+    if scheduler is None:
+        module: nn.Module = schedulers.NoSchedule(lrs)
+        interval = "none"
+    else:
+        spec = dict(scheduler) if isinstance(scheduler, dict) else schedulers.spec_of(scheduler)
+        schedulers.validate(spec, len(hyper))
+        if spec["name"] == "plateau":
+            interval = "epoch"  # it needs the epoch's loss
+        torch_opt = _torch_optimizer_like(optimizer_spec["name"], hyper)
+        try:
+            schedulers.torch_scheduler(spec, torch_opt)
+        except (TypeError, ValueError, KeyError) as ex:
+            raise FineTuneError(f"scheduler {spec['name']}: {ex}") from ex
+        module = schedulers.build(spec, torch_opt)
+        if spec["name"] == "onecycle" and spec.get("cycle_momentum", True):
+            # torch's construction already set each group's momentum (or beta1) to the cycle's start
+            module.last_momenta = [float(g["betas"][0] if "betas" in g else g["momentum"])
+                                   for g in torch_opt.param_groups]
+        lrs = [float(g["lr"]) for g in torch_opt.param_groups]
+        metadata["scheduler"] = spec
+        metadata["scheduler_interval"] = interval
+    clip: Dict[str, Any] = {"kind": "none"}
+    if clip_grad_norm is not None and clip_grad_value is not None:
+        raise FineTuneError("clip by norm or by value, not both")
+    if clip_grad_norm is not None:
+        norm_type = float(clip_norm_type)
+        if not (clip_grad_norm >= 0 and math.isfinite(clip_grad_norm)):
+            raise FineTuneError(f"clip_grad_norm must be a finite number >= 0, got {clip_grad_norm}")
+        if not (norm_type > 0):
+            raise FineTuneError(f"clip_norm_type must be positive or inf, got {clip_norm_type}")
+        clip = {"kind": "norm", "max": float(clip_grad_norm), "norm_type": norm_type}
+    elif clip_grad_value is not None:
+        if not (clip_grad_value >= 0 and math.isfinite(clip_grad_value)):
+            raise FineTuneError(f"clip_grad_value must be a finite number >= 0, got {clip_grad_value}")
+        clip = {"kind": "value", "max": float(clip_grad_value)}
+    if clip["kind"] != "none":
+        metadata["clip"] = {k: (str(v) if isinstance(v, float) and math.isinf(v) else v) for k, v in clip.items()}
+    if not (isinstance(accumulate, int) and accumulate >= 1):
+        raise FineTuneError(f"accumulate must be an integer >= 1, got {accumulate!r}")
+    if accumulate > 1:
+        metadata["accumulate"] = accumulate
+    return Plan(module, interval, lrs, clip, accumulate, metadata)
+
+
+def clip_of(metadata: Dict[str, Any]) -> Dict[str, Any]:
+    """The clip entry of a module's metadata, with ``"inf"`` back as a float."""
+    clip = dict(metadata.get(METADATA_KEY, {}).get("clip", {"kind": "none"}))
+    if "norm_type" in clip:
+        clip["norm_type"] = float(clip["norm_type"])
+    return clip
+
+
+def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Tensor]]) -> None:
+    """Load a state_dict (or a torch.save file of one, read with weights_only=True) into ``model``,
+    strictly: every name the model has, no other, each with the model's shape."""
+    where = "init weights"
+    if not isinstance(weights, dict):
+        where = f"init weights {weights}"
+        try:
+            weights = torch.load(str(weights), map_location="cpu", weights_only=True)
+        except FileNotFoundError as ex:
+            raise FineTuneError(f"{where}: no such file") from ex
+        except Exception as ex:  # pickle or zip errors of many types
+            raise FineTuneError(f"{where}: not a state_dict saved with torch.save ({str(ex).splitlines()[0]})") from ex
+        if not isinstance(weights, dict):
+            raise FineTuneError(f"{where}: holds a {type(weights).__name__}, not a state_dict")
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    if missing:
+        raise FineTuneError(f"{where}: no value for {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        raise FineTuneError(f"{where}: {unexpected[0]} is not in the model")
+    for key, value in weights.items():
+        if not torch.is_tensor(value) or tuple(value.shape) != tuple(own[key].shape):
+            shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise FineTuneError(f"{where}: {key} has shape {shape}, the model's has {list(own[key].shape)}")
+    model.load_state_dict(weights, strict=True)
+
+
+def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
+    """The model's state_dict inside an exported module or a Java checkpoint (its current values:
+    a checkpoint holds the trained ones), for ``model.load_state_dict``."""
+    path = Path(module_path)
+    if not path.is_file():
+        raise FineTuneError(f"{path}: no such file")
+    module = torch.jit.load(str(path), map_location="cpu")
+    return {key: value.detach().clone() for key, value in module.model.state_dict().items()}
+
+
+def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
+    """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state_dict_of(module_path), str(out))
+    return out
