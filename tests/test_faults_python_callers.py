@@ -35,6 +35,7 @@ def _steps_like_torch_optim(tmp_path, optimizer):
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt",
                                   inputs=[protocol.tensor_spec("x", [-1, 6], "float32"),
                                           protocol.tensor_spec("y", [-1], "int64")])
+    before = torch._C._get_graph_executor_optimize()  # thread-local; Java calls on this thread turn it off
     module = load_for_python(path)
     eager = reference.Reference(path, model)
     g = torch.Generator().manual_seed(2)
@@ -42,7 +43,7 @@ def _steps_like_torch_optim(tmp_path, optimizer):
         x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
         assert torch.equal(module.train_step(x, y), eager.train_step(x, y))
     assert all(torch.equal(a, b) for a, b in zip(module.get_parameters(), eager.parameters().values()))
-    # Attributes and submodules pass through; the optimizing executor is back on afterwards.
+    # Attributes and submodules pass through; the thread's setting is restored afterwards.
     assert module.parameter_names() == [name for name, _ in model.named_parameters()]
     assert isinstance(module.model, torch.nn.Module)
-    assert torch._C._get_graph_executor_optimize()
+    assert torch._C._get_graph_executor_optimize() == before

@@ -36,12 +36,21 @@ def dropout_model(tmp_path_factory):
                                           {"name": "y", "shape": [-1], "dtype": "int64"}])
 
 
-def _fit(module, x, y, epochs=EPOCHS):
+def _fit(module, x, y, epochs=EPOCHS, inside=None, done=None):
+    """Trainer.fit on ``module``; ``inside``/``done`` (Events) are set right before and after the Java call."""
     Trainer = jclass("dev.gradbridge.Trainer")
     with java_errors():
         train = java.dataset(module.getManager(), x, y, "training data")
         trainer = Trainer.builder().optEpochs(epochs).optBatchSize(8).optSeed(5).optRecordValues(False).build()
-        return [str(line) for line in str(trainer.fit(module, train).toJsonLines()).splitlines()]
+        if inside is not None:
+            inside.set()
+        try:
+            history = trainer.fit(module, train)
+        finally:
+            if done is not None:
+                done.ended = time.monotonic()
+                done.set()
+        return [str(line) for line in str(history.toJsonLines()).splitlines()]
 
 
 def _losses(lines):
@@ -53,40 +62,37 @@ def test_refused_second_fit_changes_nothing(jvm, dropout_model):
     x, y = _data()
     alone_module = load_module(dropout_model)
     try:
-        started = time.time()
+        started = time.monotonic()
         alone = _losses(_fit(alone_module, x, y))
-        assert time.time() - started > 1.5, "the run is too short to overlap reliably"
+        assert time.monotonic() - started > 2, "the run is too short to overlap reliably"
     finally:
         alone_module.close()
 
     module = load_module(dropout_model)
-    results, refusals = {}, []
+    results, attempts = {}, []
+    inside, done = threading.Event(), threading.Event()
     try:
-        first = threading.Thread(target=lambda: results.setdefault("first", _fit(module, x, y)))
+        first = threading.Thread(target=lambda: results.setdefault("first", _fit(module, x, y, inside=inside,
+                                                                                 done=done)))
         first.start()
-        # Wait, without changing the module, until the first run holds it: a read is refused then.
-        deadline = time.time() + 30
-        while time.time() < deadline:
+        assert inside.wait(30)
+        time.sleep(1.0)  # the first run takes the module as it enters fit; it then runs for seconds
+        while not done.is_set():
+            began = time.monotonic()
             try:
-                module.getParameters()
-            except Exception:  # noqa: BLE001 - ConcurrentUseException: the first run has the module
-                break
-            time.sleep(0.005)
-        deadline = time.time() + 30
-        while first.is_alive() and time.time() < deadline:
-            try:
-                # Succeeds only once the first run has let go of the module (its Java call returned
-                # while its Python thread still parses the history): harmless then.
                 _fit(module, x, y, epochs=1)
+                attempts.append((began, time.monotonic(), None))
             except Exception as ex:  # noqa: BLE001 - the refusal is what the test looks for
-                refusals.append(ex)
+                attempts.append((began, time.monotonic(), ex))
             time.sleep(0.01)
         first.join()
     finally:
         module.close()
-    # A second fit that ran while the first held the module would show in the first run's numbers.
+    refusals = [ex for _, _, ex in attempts if ex is not None]
     assert refusals, "no overlapping call was made"
     assert all(getattr(ex, "java_class", "") == "dev.gradbridge.ConcurrentUseException" for ex in refusals), refusals
     assert "is in use by thread" in str(refusals[0])
+    # A second fit may only have run once the first had finished.
+    assert all(ended > done.ended for _, ended, ex in attempts if ex is None), attempts
     # The first run is the run it would have been alone, bit for bit (dropout masks included).
     assert _losses(results["first"]) == alone

@@ -20,6 +20,7 @@ final class NpyHeader {
     private static final Pattern DESCR = Pattern.compile("'descr'\\s*:\\s*'([^']*)'");
     private static final Pattern FORTRAN = Pattern.compile("'fortran_order'\\s*:\\s*(True|False)");
     private static final Pattern SHAPE = Pattern.compile("'shape'\\s*:\\s*\\(([^)]*)\\)");
+    private static final Pattern ITEM_SIZE = Pattern.compile("^[<>|=]?[a-zA-Z](\\d+)$");
 
     private NpyHeader() {}
 
@@ -96,7 +97,7 @@ final class NpyHeader {
 
     /** Bytes per element from a descriptor such as {@code <f4}; 0 when it names no size. */
     private static long itemSize(String descr) {
-        Matcher size = Pattern.compile("^[<>|=]?[a-zA-Z](\\d+)$").matcher(descr);
+        Matcher size = ITEM_SIZE.matcher(descr);
         return size.find() ? Long.parseLong(size.group(1)) : 0;
     }
 
