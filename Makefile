@@ -46,4 +46,4 @@ test: java
 	$(PY) -m pytest
 
 clean:
-	rm -rf build .gradle dist python/gradbridge/jars
+	rm -rf build serve/build .gradle dist python/gradbridge/jars
