@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from .errors import CLI_ERROR_PREFIX, GradbridgeError
 from .models import BUILTIN_MODELS
+from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
 # Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
 _OPTIMIZER_FLAGS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize", "betas", "eps",
@@ -331,8 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
-    parity.add_argument("--rtol", type=_tolerance, help="relative tolerance (default: 0 in-process, 1e-5 subprocess)")
-    parity.add_argument("--atol", type=_tolerance, help="absolute tolerance (default: 0 in-process, 1e-6 subprocess)")
+    parity.add_argument("--rtol", type=_tolerance,
+                        help=f"relative tolerance (default: 0 in-process, {SEPARATE_JVM_RTOL:g} subprocess)")
+    parity.add_argument("--atol", type=_tolerance,
+                        help=f"absolute tolerance (default: 0 in-process, {SEPARATE_JVM_ATOL:g} subprocess)")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
     _op_library_option(parity)

@@ -65,6 +65,13 @@ def load_npz(path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
         raise InvalidInputError(f"{path}: not a readable .npz file: {ex}") from ex
 
 
+def load_checked(metadata: Dict[str, Any], path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
+    """``load_npz`` then ``check`` against the module's metadata, naming the file."""
+    x, y = load_npz(path)
+    check(metadata, x, y, str(path))
+    return x, y
+
+
 def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -> None:
     """Dtypes and shapes (all but the batch dimension) against the metadata, equal sample
     counts, at least one sample, only finite values."""

@@ -134,10 +134,8 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: i
     if max_elements < 1:
         raise ValueError(f"--max-elements must be at least 1, got {max_elements}")
     metadata = protocol.read_metadata(model)
-    ops.load(op_libraries)
-    ops.require(metadata.get("custom_ops", ()), str(model))
-    x, y = data.load_npz(data_path)
-    data.check(metadata, x, y, str(data_path))
+    ops.prepare(metadata, op_libraries, str(model))
+    x, y = data.load_checked(metadata, data_path)
     x, y = np.ascontiguousarray(x[:batch_size]), np.ascontiguousarray(y[:batch_size])
     names = [spec["name"] for spec in metadata["parameters"]]
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Any, Dict, Iterable, List, Sequence
 
 from . import messages
 from .errors import GradbridgeError, ModuleLoadError
@@ -91,6 +91,12 @@ def used_by(scripted) -> List[str]:
         torch._C._jit_pass_inline(graph)  # calls into submodules become their nodes
         visit(graph)
     return sorted(found)
+
+
+def prepare(metadata: Dict[str, Any], libraries: Iterable[str | os.PathLike], where: str) -> None:
+    """Load ``libraries``, then check that they provide every custom operator the module calls."""
+    load(libraries)
+    require(metadata.get("custom_ops", ()), where)
 
 
 def require(operators: Iterable[str], where: str) -> None:

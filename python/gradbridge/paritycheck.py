@@ -35,14 +35,9 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         if value is not None and not 0 <= value < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     metadata = protocol.read_metadata(model)
-    ops.load(op_libraries)
-    ops.require(metadata.get("custom_ops", ()), str(model))
-    x, y = data.load_npz(data_path)
-    data.check(metadata, x, y, str(data_path))
-    val = None
-    if val_path is not None:
-        val = data.load_npz(val_path)
-        data.check(metadata, *val, str(val_path))
+    ops.prepare(metadata, op_libraries, str(model))
+    x, y = data.load_checked(metadata, data_path)
+    val = None if val_path is None else data.load_checked(metadata, val_path)
     settings = dict(epochs=epochs, batch_size=batch_size, seed=seed, mode=mode)
 
     python = reference.train(model, x, y, val=val, **settings)

@@ -45,6 +45,11 @@ class _Base(nn.Module):
         self.last_epoch = 0  # a fresh torch scheduler has made its initial step
         self.base_lrs = [float(v) for v in base_lrs]
 
+    def forward(self, lrs: List[float]) -> List[float]:
+        # Every schedule's forward is its `step`, which each subclass defines (TorchScript
+        # compiles this on the concrete class).
+        return self.step(lrs)
+
     @torch.jit.export
     def step_metric(self, lrs: List[float], metric: float) -> List[float]:
         return self.step(lrs)
@@ -68,9 +73,6 @@ class _Base(nn.Module):
 class NoSchedule(_Base):
     """No scheduler: the lrs stay as they are."""
 
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
-
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
         return lrs
@@ -83,9 +85,6 @@ class StepLR(_Base):
         super().__init__(base_lrs)
         self.step_size = int(step_size)
         self.gamma = float(gamma)
-
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
@@ -108,9 +107,6 @@ class MultiStepLR(_Base):
         super().__init__(base_lrs)
         self.milestones = sorted(int(m) for m in milestones)
         self.gamma = float(gamma)
-
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
@@ -139,9 +135,6 @@ class ExponentialLR(_Base):
         super().__init__(base_lrs)
         self.gamma = float(gamma)
 
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
-
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
         self.last_epoch += 1
@@ -161,9 +154,6 @@ class CosineAnnealingLR(_Base):
         super().__init__(base_lrs)
         self.T_max = int(T_max)
         self.eta_min = float(eta_min)
-
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
@@ -196,9 +186,6 @@ class LinearLR(_Base):
         self.start_factor = float(start_factor)
         self.end_factor = float(end_factor)
         self.total_iters = int(total_iters)
-
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
@@ -264,9 +251,6 @@ class OneCycleLR(_Base):
     def momenta(self) -> List[float]:
         return self.last_momenta
 
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
-
     def _value(self, key: int, group: int) -> float:
         if key == 0:
             return self.initial[group]
@@ -318,9 +302,6 @@ class SequentialLR(_Base):
         self.children_list = nn.ModuleList(children)
         self.milestones = [int(m) for m in milestones]
 
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
-
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
         self.last_epoch += 1
@@ -356,9 +337,6 @@ class ReduceLROnPlateau(_Base):
         self.eps = float(eps)
         self.best = math.inf if self.minimize else -math.inf
         self.num_bad_epochs = 0
-
-    def forward(self, lrs: List[float]) -> List[float]:
-        return self.step(lrs)
 
     @torch.jit.export
     def step(self, lrs: List[float]) -> List[float]:
