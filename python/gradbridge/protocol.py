@@ -15,7 +15,10 @@ from typing import Any, Dict, List, Sequence
 from . import messages
 from .errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+#: The version new exports write. Version 2 ("v-next") adds ``DATA_PARALLEL_METHODS``; nothing was
+#: removed or changed, so modules of every version in ``SUPPORTED_VERSIONS`` load and train.
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
 METADATA_FILE = "gradbridge.json"
 METADATA_FORMAT = "gradbridge.training-module"
 
@@ -42,6 +45,11 @@ LOAD_OPTIMIZER_STATE = "load_optimizer_state"
 GET_LRS = "get_lrs"
 SET_GROUP_LR = "set_group_lr"
 SCHEDULE_EPOCH = "schedule_epoch"
+# Data-parallel methods (protocol 2): a worker computes gradients without stepping
+# (zero_grad, calculate_loss_and_backward, get_gradients, gradient_flags); the driver writes the
+# combined gradients (set_gradients) and steps (optimizer_step).
+GRADIENT_FLAGS = "gradient_flags"
+SET_GRADIENTS = "set_gradients"
 
 #: Methods that every protocol-v1 module has; a loader rejects a module that lacks one.
 REQUIRED_METHODS: tuple[str, ...] = (
@@ -67,6 +75,9 @@ REQUIRED_METHODS: tuple[str, ...] = (
 
 #: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
 OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
+
+#: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
+DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)
 
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
 METADATA_KEYS: tuple[str, ...] = (
@@ -114,7 +125,7 @@ def build_metadata(
         "gradbridge_version": gradbridge_version,
         "torch_version": torch_version,
         "model": model,
-        "methods": list(REQUIRED_METHODS) + list(OPTIONAL_METHODS),
+        "methods": list(REQUIRED_METHODS) + list(OPTIONAL_METHODS) + list(DATA_PARALLEL_METHODS),
         "parameters": parameters,
         "buffers": buffers,
         "loss": loss,
@@ -150,9 +161,9 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as ex:
         raise ProtocolError(f"{path}: {METADATA_FILE} is not valid JSON: {ex}") from ex
     check_schema(str(path), document)
-    if document.get("protocol_version") != PROTOCOL_VERSION:
+    if document.get("protocol_version") not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
-                            f"this gradbridge reads {PROTOCOL_VERSION}")
+                            f"this gradbridge reads {' and '.join(map(str, SUPPORTED_VERSIONS))}")
     return document
 
 

@@ -263,6 +263,40 @@ class _TrainingModule(nn.Module):
         return [g.clone() for g in self.grads]
 
     @torch.jit.export
+    def gradient_flags(self) -> Tensor:
+        """Which parameters hold a gradient (``p.grad is not None``), a bool tensor in
+        ``parameter_names()`` order (protocol 2)."""
+        return torch.tensor(self.has_grad, dtype=torch.bool)
+
+    @torch.jit.export
+    def set_gradients(self, values: List[Tensor], flags: Tensor) -> None:
+        """Replace the gradient buffers with ``values`` (``parameter_names()`` order) and which of
+        them hold a gradient with ``flags`` (bool); a following ``optimizer_step()`` steps with them,
+        as ``p.grad = value`` (or ``None``) then ``optimizer.step()`` would (protocol 2)."""
+        if len(values) != len(self.names) or flags.dim() != 1 or flags.size(0) != len(self.names):
+            raise RuntimeError("set_gradients: expected " + str(len(self.names)) + " tensors and "
+                               + str(len(self.names)) + " flags, got " + str(len(values)) + " and "
+                               + str(flags.numel()))
+        present: List[bool] = [bool(flags[i].item()) for i in range(len(self.names))]
+        trainable = [False for _ in self.names]
+        for i in self.trainable_index:
+            trainable[i] = True
+        for i, g in enumerate(self.grads):
+            if values[i].shape != g.shape or values[i].dtype != g.dtype:
+                raise RuntimeError("set_gradients: " + self.names[i] + " must have shape " + str(g.shape)
+                                   + " and dtype " + str(g.dtype))
+            if present[i] and not trainable[i]:
+                raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
+        with torch.no_grad():
+            for i, g in enumerate(self.grads):
+                if present[i]:
+                    g.copy_(values[i])
+                    self.has_grad[i] = True
+                else:
+                    g.zero_()
+                    self.has_grad[i] = False
+
+    @torch.jit.export
     def set_parameters(self, values: List[Tensor]) -> None:
         if len(values) != len(self.names):
             raise RuntimeError("set_parameters: expected " + str(len(self.names)) + " tensors, got " + str(len(values)))

@@ -269,13 +269,13 @@ public final class Metadata {
                             + Protocol.METADATA_FORMAT
                             + "'");
         }
-        if (protocolVersion != Protocol.VERSION) {
+        if (!Protocol.SUPPORTED_VERSIONS.contains(protocolVersion)) {
             throw new ProtocolException(
                     path
                             + ": protocol version "
                             + protocolVersion
-                            + ", this gradbridge reads version "
-                            + Protocol.VERSION
+                            + ", this gradbridge reads versions "
+                            + Protocol.SUPPORTED_VERSIONS
                             + ". Re-export the module with a matching gradbridge.");
         }
         if (parameters == null || inputs == null || methods == null) {

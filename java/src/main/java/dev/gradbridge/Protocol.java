@@ -11,8 +11,14 @@ import java.util.List;
  */
 public final class Protocol {
 
-    /** Protocol version this library reads. */
-    public static final int VERSION = 1;
+    /**
+     * Protocol version that new exports write. Version 2 adds {@link #DATA_PARALLEL_METHODS} and
+     * changes nothing else, so every version in {@link #SUPPORTED_VERSIONS} loads and trains.
+     */
+    public static final int VERSION = 2;
+    /** Protocol versions this library reads. */
+    public static final List<Integer> SUPPORTED_VERSIONS =
+            Collections.unmodifiableList(Arrays.asList(1, 2));
     /** Name of the metadata file stored inside the .pt archive. */
     public static final String METADATA_FILE = "gradbridge.json";
     /** Value of the metadata's {@code format} key. */
@@ -64,6 +70,19 @@ public final class Protocol {
 
     /** {@code schedule_epoch(metric)}: the per-epoch schedule step (optional method). */
     public static final String SCHEDULE_EPOCH = "schedule_epoch";
+
+    /** {@code gradient_flags() -> Tensor} (bool): which parameters hold a gradient (protocol 2). */
+    public static final String GRADIENT_FLAGS = "gradient_flags";
+
+    /**
+     * {@code set_gradients(List[Tensor], flags)}: replace the gradient buffers and which of them
+     * hold a gradient, e.g. with gradients combined over data-parallel workers (protocol 2).
+     */
+    public static final String SET_GRADIENTS = "set_gradients";
+
+    /** Methods of protocol 2 that data-parallel training needs; version-1 modules lack them. */
+    public static final List<String> DATA_PARALLEL_METHODS =
+            Collections.unmodifiableList(Arrays.asList(GRADIENT_FLAGS, SET_GRADIENTS));
 
     /** Methods modules exported with fine-tuning support have; older modules lack them. */
     public static final List<String> OPTIONAL_METHODS =
