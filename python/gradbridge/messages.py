@@ -36,6 +36,15 @@ def npy_header(source: str, array: str, reason: str) -> str:
     return f"{source}: array {array} has no valid .npy header: {reason}"
 
 
+# ---- tensors against the metadata ----
+
+def tensor_spec(source: str, name: str, dtype: str, shape: Sequence[int], actual_dtype: str,
+                actual_shape: Sequence[int]) -> str:
+    where = f"{source}: " if source else ""
+    return (f"{where}{name} must be {dtype} of shape {list(shape)} (-1: any number of samples), "
+            f"got {actual_dtype} of shape {list(actual_shape)}")
+
+
 # ---- metadata (gradbridge.json) ----
 
 def json_text(value: Any, limit: int = 60) -> str:

@@ -98,6 +98,24 @@ public final class Messages {
         return checkpoint + ": epochs_completed " + completed + " + epochs " + epochs + " must be in 0.." + max;
     }
 
+    // ---- tensors against the metadata ----
+
+    /**
+     * @param source the file or module the tensor came from, or empty
+     * @param name the tensor, e.g. {@code x} or {@code input x}
+     * @param dtype the dtype the metadata declares
+     * @param shape the shape it declares (-1: any number of samples)
+     * @param actualDtype the tensor's dtype
+     * @param actualShape the tensor's shape
+     * @return the line for a tensor that does not match its spec
+     */
+    public static String tensorSpec(
+            String source, String name, String dtype, long[] shape, String actualDtype, long[] actualShape) {
+        return (source.isEmpty() ? "" : source + ": ") + name + " must be " + dtype + " of shape "
+                + Arrays.toString(shape) + " (-1: any number of samples), got " + actualDtype + " of shape "
+                + Arrays.toString(actualShape);
+    }
+
     // ---- files gradbridge writes ----
 
     /**

@@ -241,7 +241,7 @@ public final class Trainer {
         // Hold the module for the whole run, before anything else: a refused second caller must
         // not reseed libtorch's generator (the first run's dropout draws from it) nor interleave
         // its steps with the first run's.
-        try (TrainingModule.Use use = module.use()) {
+        try (ThreadGuard.Use use = module.use()) {
             return fitHeld(module, train);
         }
     }
@@ -295,7 +295,7 @@ public final class Trainer {
         long started = System.nanoTime();
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
-                TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
+                ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
                 double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =

@@ -12,6 +12,7 @@ import com.google.gson.reflect.TypeToken;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
@@ -555,9 +556,7 @@ public final class OnlineLearner implements AutoCloseable {
         long[] shape = tensor.getShape();
         if (!spec.accepts(tensor.getDtype(), shape) || shape.length == 0 || shape[0] == 0) {
             throw new InvalidInputException(
-                    "input " + name + " must be " + spec.getDtype() + " of shape " + Arrays.toString(spec.getShape())
-                            + " (-1: any number of rows >= 1), got " + tensor.getDtype() + " of shape "
-                            + Arrays.toString(shape));
+                    Messages.tensorSpec("", "input " + name, spec.getDtype(), spec.getShape(), tensor.getDtype(), shape));
         }
         return shape[0];
     }
