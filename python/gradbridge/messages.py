@@ -100,3 +100,20 @@ def missing_custom_op(module: str, operator: str) -> str:
 
 def op_library_unloadable(library: str, reason: str) -> str:
     return f"--op-library {library}: cannot load it: {reason}"
+
+
+# ---- data-parallel training (gradbridge-spark, reference shards) ----
+
+def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> str:
+    return (f"{module}: protocol {version} module without {', '.join(missing)}, which data-parallel training "
+            f"needs (protocol 2); re-export it with this gradbridge version")
+
+
+def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
+    return (f"{module}: has buffers [{', '.join(buffers)}] (e.g. BatchNorm statistics), which data-parallel "
+            f"training cannot keep equal across partitions; export the model without them")
+
+
+def data_parallel_accumulate(module: str, accumulate: int) -> str:
+    return (f"{module}: exported with accumulate={accumulate}; data-parallel training splits each mini-batch "
+            f"over partitions instead: export it with accumulate=1")

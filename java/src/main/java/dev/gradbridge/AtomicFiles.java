@@ -21,7 +21,7 @@ import java.util.regex.Pattern;
  * A process killed while writing can leave one behind: {@link #prepare} removes them before the
  * next run writes the same target. Errors name the target the user asked for, not a temp file.
  */
-final class AtomicFiles {
+public final class AtomicFiles {
 
     /** Fills a temporary file. */
     interface Writer {
@@ -84,9 +84,10 @@ final class AtomicFiles {
      * Before a run writes {@code path}: removes temp files a killed run left beside it, and checks
      * that it can be written, so a bad path fails before training instead of after an epoch.
      *
+     * @param path a file the run will write (checkpoint, history); gradbridge-spark calls this too
      * @throws InvalidInputException naming {@code path} when it cannot be written
      */
-    static void prepare(Path path) {
+    public static void prepare(Path path) {
         Path target = path.toAbsolutePath();
         try {
             removeLeftovers(target);

@@ -189,4 +189,37 @@ public final class Messages {
     public static String opLibraryUnloadable(String library, String reason) {
         return "--op-library " + library + ": cannot load it: " + reason;
     }
+
+    // ---- data-parallel training (gradbridge-spark, reference shards) ----
+
+    /**
+     * @param module the training module file
+     * @param version its protocol version
+     * @param missing the data-parallel methods it lacks
+     * @return the line for a module that cannot train data-parallel
+     */
+    public static String dataParallelMethods(String module, int version, java.util.List<String> missing) {
+        return module + ": protocol " + version + " module without " + String.join(", ", missing)
+                + ", which data-parallel training needs (protocol 2); re-export it with this gradbridge version";
+    }
+
+    /**
+     * @param module the training module file
+     * @param buffers the module's buffers
+     * @return the line for a module with buffers (they would differ between partitions)
+     */
+    public static String dataParallelBuffers(String module, java.util.List<String> buffers) {
+        return module + ": has buffers " + buffers + " (e.g. BatchNorm statistics), which data-parallel training"
+                + " cannot keep equal across partitions; export the model without them";
+    }
+
+    /**
+     * @param module the training module file
+     * @param accumulate its gradient-accumulation factor
+     * @return the line for a module exported with gradient accumulation
+     */
+    public static String dataParallelAccumulate(String module, long accumulate) {
+        return module + ": exported with accumulate=" + accumulate + "; data-parallel training splits each"
+                + " mini-batch over partitions instead: export it with accumulate=1";
+    }
 }

@@ -8,7 +8,8 @@ public class ProtocolException extends GradbridgeException {
 
     private static final long serialVersionUID = 1L;
 
-    ProtocolException(String message) {
+    /** @param message one line naming the file and what it lacks */
+    public ProtocolException(String message) {
         super(message);
     }
 }

@@ -1,0 +1,194 @@
+package dev.gradbridge.spark;
+
+import dev.gradbridge.DivergenceException;
+import dev.gradbridge.GradbridgeException;
+import dev.gradbridge.History;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.TrainingModule;
+import java.io.IOException;
+import java.io.PrintWriter;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Locale;
+import java.util.concurrent.Callable;
+import org.apache.spark.SparkConf;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.sql.SparkSession;
+import picocli.CommandLine;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/**
+ * {@code gradle sparkTrain} / {@code spark-submit}: synchronous data-parallel training of an
+ * exported module on Spark ({@link SparkTrainer}). Every input is checked before the first step;
+ * bad input ends the program with exit code 1 and one {@code error:} line, and writes nothing.
+ */
+@Command(
+        name = "gradbridge-spark-train",
+        mixinStandardHelpOptions = true,
+        description = "Data-parallel training of an exported gradbridge module on Apache Spark.")
+public final class SparkTrainCommand implements Callable<Integer> {
+
+    @Option(names = "--model", description = "exported training module (.pt, protocol 2)")
+    private Path model;
+
+    @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
+    private Path resume;
+
+    @Option(names = "--data", required = true,
+            description = "training data: Parquet (file or folder, columns x and y) or .npz (arrays x and y)")
+    private Path data;
+
+    @Option(names = "--master",
+            description = "Spark master, e.g. local[2] (default: spark-submit's --master, else local[2]); "
+                    + "local[K,F] lets a failed task be retried F-1 times")
+    private String master;
+
+    @Option(names = "--partitions",
+            description = "partitions (shards) of the data (default: Spark's default parallelism)")
+    private Integer partitions;
+
+    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
+    private int epochs;
+
+    @Option(names = "--batch-size", description = "global mini-batch size over all partitions (default 32, or the checkpoint's)")
+    private Integer batchSize;
+
+    @Option(names = "--seed", description = "run seed: the batch order per epoch (default 0, or the checkpoint's)")
+    private Long seed;
+
+    @Option(names = "--shuffle", negatable = true,
+            description = "shuffle each epoch (default, or the checkpoint's); --no-shuffle takes rows in order")
+    private Boolean shuffle;
+
+    @Option(names = "--allow-different-data",
+            description = "resume on data other than the checkpoint's run was trained on")
+    private boolean allowDifferentData;
+
+    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
+    private Path history;
+
+    @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
+    private Path checkpoint;
+
+    @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
+    private boolean digestsOnly;
+
+    @Option(names = "--stats", description = "write the run's counters and timings here (JSON)")
+    private Path stats;
+
+    @Option(names = "--inject-fault", hidden = true, description = "test only: task@E:S:P or executor@E:S:P")
+    private String fault;
+
+    @Override
+    public Integer call() throws IOException {
+        if ((model == null) == (resume == null)) {
+            throw new InvalidInputException("give exactly one of --model and --resume");
+        }
+        if (!Files.exists(data)) {
+            throw new InvalidInputException(data + ": no such file or folder");
+        }
+        SparkTrainer.Builder builder =
+                SparkTrainer.builder()
+                        .optEpochs(epochs)
+                        .optCheckpoint(checkpoint)
+                        .optHistory(history)
+                        .optRecordValues(!digestsOnly)
+                        .optAllowDifferentData(allowDifferentData)
+                        .optFault(fault);
+        if (batchSize != null) {
+            builder.optBatchSize(batchSize);
+        }
+        if (seed != null) {
+            builder.optSeed(seed);
+        }
+        if (shuffle != null) {
+            builder.optShuffle(shuffle);
+        }
+        SparkTrainer trainer = builder.build();
+        if (stats != null) {
+            dev.gradbridge.AtomicFiles.prepare(stats);
+        }
+        // The module first: a module that cannot train data-parallel is refused before Spark starts.
+        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model)) {
+            SparkTrainer.checkModule(module);
+            SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
+            if (master != null) {
+                conf.setMaster(master);
+            } else if (!conf.contains("spark.master")) {
+                conf.setMaster("local[2]");
+            }
+            conf.setIfMissing("spark.ui.enabled", "false");
+            SparkSession spark = SparkSession.builder().config(conf).getOrCreate();
+            try {
+                JavaSparkContext jsc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+                int k = partitions != null ? partitions : jsc.defaultParallelism();
+                String name = data.getFileName() == null ? "" : data.getFileName().toString().toLowerCase(Locale.ROOT);
+                ShardedData shards = name.endsWith(".npz")
+                        ? ShardedData.fromNpz(jsc, data, k, module.getMetadata())
+                        : ShardedData.fromParquet(spark, data, k, module.getMetadata());
+                History result;
+                try {
+                    result = trainer.fit(jsc, module, shards);
+                } catch (DivergenceException e) {
+                    printEpochs(e.getHistory());
+                    throw e;
+                } finally {
+                    shards.unpersist();
+                }
+                printEpochs(result);
+                SparkTrainer.Stats counters = trainer.getStats();
+                System.out.println(String.format(Locale.ROOT,
+                        "spark: %d partitions, %d steps, %d module loads, %d failed task attempts retried",
+                        counters.partitions, counters.steps, counters.moduleLoads, counters.failedTasks));
+                if (stats != null) {
+                    Files.write(stats, (counters.toJson() + "\n").getBytes(StandardCharsets.UTF_8));
+                }
+                if (history != null) {
+                    System.out.println("history: " + history.toAbsolutePath());
+                }
+                if (checkpoint != null && !result.getRecords().isEmpty()) {
+                    System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
+                }
+            } finally {
+                spark.stop();
+            }
+        }
+        return 0;
+    }
+
+    private static void printEpochs(History result) {
+        for (History.EpochRecord record : result.getRecords()) {
+            System.out.printf(Locale.ROOT, "epoch %d: loss %.6g%n", record.getEpoch(), record.getLoss());
+        }
+    }
+
+    /**
+     * Runs the command; exit code 0 on success, 1 with one line on stderr on bad input.
+     *
+     * @param args see {@code --help}
+     */
+    public static void main(String[] args) {
+        System.exit(execute(args));
+    }
+
+    static int execute(String... args) {
+        CommandLine cli = new CommandLine(new SparkTrainCommand());
+        cli.setParameterExceptionHandler(
+                (ex, arguments) -> {
+                    PrintWriter err = ex.getCommandLine().getErr();
+                    err.println("error: " + ex.getMessage() + " (see --help)");
+                    return 1;
+                });
+        cli.setExecutionExceptionHandler(
+                (ex, commandLine, parseResult) -> {
+                    if (ex instanceof GradbridgeException || ex instanceof IOException) {
+                        commandLine.getErr().println("error: " + ex.getMessage());
+                        return 1;
+                    }
+                    throw ex;
+                });
+        return cli.execute(args);
+    }
+}
