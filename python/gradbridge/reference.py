@@ -17,14 +17,15 @@ import copy
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from . import messages, protocol, shuffle
-from .errors import DivergenceError, TrainingError
+from . import shuffle as shuffle_module
+from .errors import DivergenceError, ProtocolError, TrainingError
 from .export import finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -131,6 +132,37 @@ class Reference:
                 self.scheduler.step()
         return loss
 
+    def sharded_step(self, x: Tensor, y: Tensor, rows: Sequence[int], shards: int) -> float:
+        """One synchronous data-parallel step on the global mini-batch ``rows`` (indices into x, y),
+        as gradbridge-spark takes it on ``shards`` partitions; returns the step loss.
+
+        Partition k holds the rows with ``i % shards == k``; its shard is the batch's rows it
+        holds, in batch order. Each non-empty shard's mean loss is back-propagated from the same
+        parameters; then ``combine_shards`` (the sample-weighted sum in partition order) gives
+        each ``p.grad``, and torch.optim steps once (after clipping, as ``optimizer_step`` does).
+        """
+        parameters = [p for _, p in self.model.named_parameters()]
+        shard_results = []
+        with plain_graph_executor():
+            for k in range(shards):
+                index = [i for i in rows if i % shards == k]
+                if not index:
+                    continue
+                self.optimizer.zero_grad()  # set_to_none: an unused parameter keeps no gradient
+                selected = torch.tensor(index, dtype=torch.int64)
+                loss = self.loss(self.model(x.index_select(0, selected)), y.index_select(0, selected))
+                loss.backward()
+                shard_results.append((len(index), float(loss.detach()),
+                                      [None if p.grad is None else p.grad.clone() for p in parameters]))
+            step_loss, combined = combine_shards(shard_results)
+            for p, g in zip(parameters, combined):
+                p.grad = g
+            self._clip()
+            self.optimizer.step()
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.scheduler.step()
+        return step_loss
+
     def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
         """``train_step`` on ``index_select(0, perm[i:i + batch_size])`` batches, as ``train_epoch`` does."""
         return [self.train_step(x.index_select(0, perm[i:i + batch_size]), y.index_select(0, perm[i:i + batch_size]))
@@ -171,6 +203,78 @@ class Reference:
                 if torch.is_tensor(value):
                     state.setdefault(key, []).append(value.clone())
         return {key: values for key, values in state.items() if len(values) == len(params)}
+
+
+def combine_shards(results: Sequence[tuple]) -> tuple:
+    """The step gradient of data-parallel training: the sample-weighted sum of the shard
+    gradients in partition order (Java: ``dev.gradbridge.spark.GradientCombiner``).
+
+    ``results``: ``(rows, loss, gradients)`` per non-empty shard in partition order, each gradient
+    a tensor or None (no gradient). With N the rows of all shards and ``w = rows / N`` (a Python
+    float; torch rounds it to a float32 tensor's dtype): per parameter, over the shards that have a
+    gradient for it, ``G = g * w`` for the first and ``G = G + g * w`` after, each op rounded to the
+    dtype; None when no shard has one. The step loss is ``sum(w * loss)`` in float64, in order.
+    """
+    total = sum(rows for rows, _, _ in results)
+    loss = None
+    combined: List[Optional[Tensor]] = [None] * (len(results[0][2]) if results else 0)
+    for rows, shard_loss, gradients in results:
+        w = rows / total
+        loss = w * shard_loss if loss is None else loss + w * shard_loss
+        for i, g in enumerate(gradients):
+            if g is not None:
+                term = g.mul(w)
+                combined[i] = term if combined[i] is None else combined[i].add(term)
+    return loss, combined
+
+
+def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any]) -> None:
+    """What gradbridge-spark refuses (same lines): a protocol-1 module, buffers, accumulation."""
+    missing = [m for m in protocol.DATA_PARALLEL_METHODS if m not in metadata["methods"]]
+    if missing:
+        raise ProtocolError(messages.data_parallel_methods(str(model_path), metadata["protocol_version"], missing))
+    if metadata["buffers"]:
+        raise ValueError(messages.data_parallel_buffers(str(model_path), [b["name"] for b in metadata["buffers"]]))
+    accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
+    if accumulate != 1:
+        raise ValueError(messages.data_parallel_accumulate(str(model_path), accumulate))
+
+
+def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, shards: int,
+                  batch_size: int = 32, seed: int = 0, shuffle: bool = True, model: Optional[nn.Module] = None,
+                  start_epoch: int = 0, record_values: bool = True) -> History:
+    """The Python replay of a gradbridge-spark run on ``shards`` partitions (``Reference.sharded_step``).
+
+    Each epoch takes ``shuffle.permutation(seed, epoch, n)`` (or ``0..n-1`` without shuffling) in
+    global mini-batches of ``batch_size``; the epoch loss is the mean of the step losses, as in ``train``.
+    """
+    epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
+    shards = messages.check_integer("shards", shards, 1, messages.INT_MAX)
+    start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
+    seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    n = len(xs)
+    if not 1 <= batch_size <= n:
+        raise ValueError(f"batch size must be in 1..{n}, got {batch_size}")
+    if shards > n:
+        raise ValueError(f"{n} rows cannot fill {shards} partitions")
+    reference = Reference(model_path, model)
+    check_data_parallel(model_path, reference.metadata)
+    history = History()
+    started = time.perf_counter()
+    for epoch in range(start_epoch, start_epoch + epochs):
+        order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
+        values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards) for i in range(0, n, batch_size)]
+        for index, value in enumerate(values):
+            if math.isnan(value) or math.isinf(value):
+                error = DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}; training stopped; "
+                                        f"{len(history)} completed epoch(s) kept in error.history")
+                error.history = history
+                raise error
+        reference.end_epoch(epoch_loss(values))
+        history.append(reference.record(epoch, epoch_loss(values), None, time.perf_counter() - started,
+                                        record_values))
+    return history
 
 
 def train_full_batch(

@@ -444,7 +444,10 @@ public final class SparkTrainer {
 
         @Override
         public Iterator<ShardResult> call(Integer partition, Iterator<Shard> shards) {
-            Shard shard = shards.next();
+            Shard shard = shards.next(); // one per partition; read to the end so Spark releases the block
+            while (shards.hasNext()) {
+                shards.next();
+            }
             int k = shard.partitions;
             int count = 0;
             for (long row : rows) {

@@ -1,0 +1,52 @@
+"""gradbridge-spark in a JVM of its own: ``java`` on the Spark subproject's classpath.
+
+``gradle assemble`` writes ``spark/build/gradbridge-spark-classpath.txt`` (gradbridge-spark,
+gradbridge, DJL and Spark's jars) and ``spark/build/gradbridge-spark-jvm-args.txt`` (the
+``--add-opens`` flags Spark needs on Java 17). Spark never runs inside the JPype JVM of a Python
+process: it starts here, in a separate ``java`` process pointed at this Python's libtorch, so the
+Java run and the eager replay (``reference.train_sharded``) run the same kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import List, Sequence
+
+from . import _devtree, jdk, libtorch
+from .errors import GradbridgeError, JavaBuildMissingError
+from .launcher import error_line
+
+SPARK_MAIN = "dev.gradbridge.spark.SparkTrainCommand"
+CLASSPATH_FILE = "spark/build/gradbridge-spark-classpath.txt"
+JVM_ARGS_FILE = "spark/build/gradbridge-spark-jvm-args.txt"
+
+
+def _build_file(name: str) -> Path:
+    root = _devtree.require_root("gradbridge-spark")
+    path = root / name
+    if not path.is_file():
+        raise JavaBuildMissingError(f"{path} is missing: run `gradle assemble` in {root}")
+    return path
+
+
+def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = ()) -> List[str]:
+    """The command line that runs ``SparkTrainCommand`` with ``args`` in a new JVM."""
+    entries = _build_file(CLASSPATH_FILE).read_text().strip().split(os.pathsep)
+    missing = [e for e in entries if not Path(e).exists()]
+    if missing:
+        raise JavaBuildMissingError(f"{CLASSPATH_FILE} names missing files ({missing[0]}): run `gradle assemble`")
+    jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
+    return [jdk.checked_java(), *jvm_args, *libtorch.djl_options(use_torch_lib=True), *jvm_options,
+            "-cp", os.pathsep.join(entries), SPARK_MAIN, *map(str, args)]
+
+
+def run(args: Sequence[object], *, check: bool = True, timeout: float = 600,
+        jvm_options: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run the Spark trainer; with ``check``, GradbridgeError carrying its error line when it fails."""
+    result = subprocess.run(command(args, jvm_options=jvm_options), capture_output=True, text=True,
+                            check=False, timeout=timeout)
+    if check and result.returncode != 0:
+        raise GradbridgeError(f"SparkTrainCommand failed: {error_line(result.stderr, result.returncode)}")
+    return result
