@@ -19,6 +19,7 @@ from .errors import GradbridgeError, JavaBuildMissingError
 from .launcher import error_line
 
 SPARK_MAIN = "dev.gradbridge.spark.SparkTrainCommand"
+PARQUET_MAIN = "dev.gradbridge.spark.NpzToParquet"
 CLASSPATH_FILE = "spark/build/gradbridge-spark-classpath.txt"
 JVM_ARGS_FILE = "spark/build/gradbridge-spark-jvm-args.txt"
 
@@ -31,15 +32,15 @@ def _build_file(name: str) -> Path:
     return path
 
 
-def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = ()) -> List[str]:
-    """The command line that runs ``SparkTrainCommand`` with ``args`` in a new JVM."""
+def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), main: str = SPARK_MAIN) -> List[str]:
+    """The command line that runs ``main`` (``SparkTrainCommand``) with ``args`` in a new JVM."""
     entries = _build_file(CLASSPATH_FILE).read_text().strip().split(os.pathsep)
     missing = [e for e in entries if not Path(e).exists()]
     if missing:
         raise JavaBuildMissingError(f"{CLASSPATH_FILE} names missing files ({missing[0]}): run `gradle assemble`")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
     return [jdk.checked_java(), *jvm_args, *libtorch.djl_options(use_torch_lib=True), *jvm_options,
-            "-cp", os.pathsep.join(entries), SPARK_MAIN, *map(str, args)]
+            "-cp", os.pathsep.join(entries), main, *map(str, args)]
 
 
 def run(args: Sequence[object], *, check: bool = True, timeout: float = 600,
@@ -50,3 +51,12 @@ def run(args: Sequence[object], *, check: bool = True, timeout: float = 600,
     if check and result.returncode != 0:
         raise GradbridgeError(f"SparkTrainCommand failed: {error_line(result.stderr, result.returncode)}")
     return result
+
+
+def to_parquet(pairs: Sequence[tuple], *, timeout: float = 300) -> None:
+    """Write each ``(npz, parquet_folder)`` as Parquet (columns x, y; ``NpzToParquet``), one JVM for all."""
+    args = [str(part) for pair in pairs for part in pair]
+    result = subprocess.run(command(args, main=PARQUET_MAIN), capture_output=True, text=True, check=False,
+                            timeout=timeout)
+    if result.returncode != 0:
+        raise GradbridgeError(f"NpzToParquet failed: {error_line(result.stderr, result.returncode)}")

@@ -1,0 +1,120 @@
+package dev.gradbridge.spark;
+
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import dev.gradbridge.data.Dataset;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * Writes .npz files (arrays x and y) as Parquet in the layout {@link ShardedData} reads: columns
+ * x and y, one row per sample in the file's order (one Parquet file), a sample flattened into an
+ * array column, or a plain column when the array is one-dimensional. No checks against any model:
+ * the examples and tests use it to make good and bad Parquet data.
+ *
+ * <p>Usage: {@code NpzToParquet IN.npz OUT.parquet [IN2.npz OUT2.parquet ...]} (one Spark start).
+ */
+public final class NpzToParquet {
+
+    private NpzToParquet() {}
+
+    /**
+     * @param args pairs of input .npz and output Parquet folder (must not exist)
+     */
+    public static void main(String[] args) {
+        if (args.length == 0 || args.length % 2 != 0) {
+            System.err.println("error: usage: NpzToParquet IN.npz OUT.parquet [IN2.npz OUT2.parquet ...]");
+            System.exit(1);
+        }
+        for (int i = 1; i < args.length; i += 2) {
+            if (Files.exists(Paths.get(args[i]))) {
+                System.err.println("error: " + args[i] + " exists; give a new folder");
+                System.exit(1);
+            }
+        }
+        SparkSession spark = SparkSession.builder().master("local[1]").appName("npz-to-parquet")
+                .config("spark.ui.enabled", "false").getOrCreate();
+        try (NDManager manager = NDManager.newBaseManager(null, "PyTorch")) {
+            for (int i = 0; i < args.length; i += 2) {
+                Path in = Paths.get(args[i]);
+                try (Dataset data = Dataset.loadNpz(in, manager)) {
+                    int n = data.size();
+                    Column x = new Column(data.getX(), n);
+                    Column y = new Column(data.getY(), n);
+                    List<Row> rows = new ArrayList<>(n);
+                    for (int r = 0; r < n; r++) {
+                        rows.add(RowFactory.create(x.value(r), y.value(r)));
+                    }
+                    StructType schema = new StructType().add("x", x.type, false).add("y", y.type, false);
+                    spark.createDataFrame(rows, schema).coalesce(1).write().parquet(args[i + 1]);
+                    System.out.println("wrote " + args[i + 1] + " (" + n + " rows)");
+                }
+            }
+        } finally {
+            spark.stop();
+        }
+    }
+
+    private static final class Column {
+        final DataType type;
+        final String dtype;
+        final boolean array;
+        final int perRow;
+        final ByteBuffer bytes;
+
+        Column(NDArray values, int n) {
+            dtype = values.getDataType().name().toLowerCase(java.util.Locale.ROOT);
+            DataType element;
+            switch (dtype) {
+                case "float32":
+                    element = DataTypes.FloatType;
+                    break;
+                case "float64":
+                    element = DataTypes.DoubleType;
+                    break;
+                case "int64":
+                    element = DataTypes.LongType;
+                    break;
+                default:
+                    throw new IllegalArgumentException("unsupported dtype " + dtype);
+            }
+            array = values.getShape().dimension() > 1;
+            type = array ? DataTypes.createArrayType(element, false) : element;
+            perRow = n == 0 ? 0 : (int) (values.getShape().size() / n);
+            bytes = ByteBuffer.wrap(values.toByteArray()).order(ByteOrder.LITTLE_ENDIAN);
+        }
+
+        Object value(int row) {
+            if (!array) {
+                return element(row);
+            }
+            Object[] items = new Object[perRow];
+            for (int j = 0; j < perRow; j++) {
+                items[j] = element(row * perRow + j);
+            }
+            return items;
+        }
+
+        private Object element(int index) {
+            switch (dtype) {
+                case "float32":
+                    return bytes.getFloat(index * 4);
+                case "float64":
+                    return bytes.getDouble(index * 8);
+                default:
+                    return bytes.getLong(index * 8);
+            }
+        }
+    }
+}
