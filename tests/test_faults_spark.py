@@ -17,18 +17,27 @@ from tests.faults import one_error_line, rewrite_metadata, stray_files, train_cl
 INPUTS = [protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")]
 
 
+class _ProtocolOne(training_module._TrainingModule):
+    """The wrapper as it was before protocol 2: the two methods exist in Python but are not
+    exported, so the scripted module lacks them (a subclass: TorchScript caches compiled classes)."""
+
+    def gradient_flags(self):
+        raise NotImplementedError
+
+    def set_gradients(self, values, flags):
+        raise NotImplementedError
+
+
 def _export_protocol_one(path):
     """An export as gradbridge wrote it before protocol 2: no gradient_flags, no set_gradients."""
-    saved = {name: training_module._TrainingModule.__dict__[name] for name in protocol.DATA_PARALLEL_METHODS}
-    for name in saved:
-        delattr(training_module._TrainingModule, name)
+    original = training_module._TrainingModule
+    training_module._TrainingModule = _ProtocolOne
     try:
         raw = export_builtin("mlp", path.with_name("raw_" + path.name), seed=0, in_features=4, hidden=(8,),
                              out_features=3, loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
                              inputs=INPUTS)
     finally:
-        for name, method in saved.items():
-            setattr(training_module._TrainingModule, name, method)
+        training_module._TrainingModule = original
 
     def as_version_one(document):
         document["protocol_version"] = 1
