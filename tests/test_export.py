@@ -21,9 +21,10 @@ def scripted(model_path):
 def test_every_protocol_method_is_scripted(scripted, model_path):
     for method in protocol.REQUIRED_METHODS:
         assert hasattr(scripted, method), method
-    for method in protocol.OPTIONAL_METHODS:
+    for method in protocol.OPTIONAL_METHODS + protocol.DATA_PARALLEL_METHODS:
         assert hasattr(scripted, method), method
-    assert protocol.read_metadata(model_path)["methods"] == list(protocol.REQUIRED_METHODS + protocol.OPTIONAL_METHODS)
+    assert protocol.read_metadata(model_path)["methods"] == list(
+        protocol.REQUIRED_METHODS + protocol.OPTIONAL_METHODS + protocol.DATA_PARALLEL_METHODS)
 
 
 def test_metadata_describes_the_module(model_path):

@@ -116,3 +116,13 @@ def test_empty_partition(files, tmp_path):
     data = files["folder"] / "three_rows.npz"
     line = refused(files, tmp_path, "--model", files["good"], "--data", data, "--partitions", "4")
     assert line == f"{data}: 3 rows cannot fill 4 partitions (partition 3 would be empty); use at most 3 partitions"
+
+
+def test_a_newer_protocol_version_is_refused_by_both_languages(files, tmp_path):
+    future = rewrite_metadata(files["good"], files["folder"] / "protocol3.pt",
+                              lambda document: {**document, "protocol_version": 3})
+    with pytest.raises(ProtocolError, match=r"protocol version 3, this gradbridge reads 1 and 2$"):
+        protocol.read_metadata(future)
+    line = refused(files, tmp_path, "--model", future, "--data", files["folder"] / "data.npz")
+    assert line == (f"{future}: protocol version 3, this gradbridge reads versions [1, 2]. "
+                    "Re-export the module with a matching gradbridge.")

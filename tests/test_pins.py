@@ -42,9 +42,13 @@ def test_java_protocol_constants_match_python(jvm):
     assert str(Protocol.METADATA_FILE) == protocol.METADATA_FILE
     assert str(Protocol.METADATA_FORMAT) == protocol.METADATA_FORMAT
     assert [str(m) for m in Protocol.REQUIRED_METHODS] == list(protocol.REQUIRED_METHODS)
+    # protocol 2 ("v-next"): what data-parallel training needs, and the versions both languages read
+    assert [int(v) for v in Protocol.SUPPORTED_VERSIONS] == list(protocol.SUPPORTED_VERSIONS)
+    assert [str(m) for m in Protocol.DATA_PARALLEL_METHODS] == list(protocol.DATA_PARALLEL_METHODS)
     java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
+    methods = protocol.REQUIRED_METHODS + protocol.DATA_PARALLEL_METHODS
     python_names = {name for name, value in vars(protocol).items()
-                    if name.isupper() and isinstance(value, str) and value in protocol.REQUIRED_METHODS}
+                    if name.isupper() and isinstance(value, str) and value in methods}
     assert python_names <= java_names, python_names - java_names
     for name in python_names:
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name

@@ -181,3 +181,40 @@ def test_combine_shards_is_the_weighted_sum_in_partition_order():
     assert combined[0][0].item() == float(np.float32(expected))
     assert torch.equal(combined[1], g[1].mul(2 / 3))  # only shard 1 has a gradient for it
     assert loss == (1 / 3) * 0.5 + (2 / 3) * 0.25
+
+
+def test_set_gradients_checks_its_arguments(work):
+    """set_gradients (protocol 2) refuses a wrong count, shape or dtype, and a gradient for a frozen
+    parameter, changing nothing; gradient_flags reports what it set."""
+    import torch
+
+    from gradbridge.torchscript import load_for_python
+
+    module = load_for_python(work["models"]["sgd"])
+    grads = [torch.ones_like(p) for p in module.get_parameters()]
+    flags = torch.tensor([True, False, True, True])
+    module.set_gradients(grads, flags)
+    assert module.gradient_flags().tolist() == [True, False, True, True]
+    assert torch.equal(module.get_gradients()[1], torch.zeros_like(grads[1]))
+    with pytest.raises(torch.jit.Error, match="expected 4 tensors and 4 flags, got 3 and 4"):
+        module.set_gradients(grads[:3], flags)
+    with pytest.raises(torch.jit.Error, match="must have shape"):
+        module.set_gradients([g.double() for g in grads], flags)
+    assert module.gradient_flags().tolist() == [True, False, True, True]
+
+
+def test_set_gradients_refuses_a_gradient_for_a_frozen_parameter(tmp_path):
+    import torch
+
+    from gradbridge.torchscript import load_for_python
+
+    path = export_builtin("mlp", tmp_path / "frozen.pt", seed=0, in_features=4, hidden=(8,), out_features=3,
+                          loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
+                          inputs=[protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")],
+                          fine_tuning={"freeze": ["0."]})
+    module = load_for_python(path)
+    grads = [torch.ones_like(p) for p in module.get_parameters()]
+    with pytest.raises(torch.jit.Error, match="0.weight is frozen and cannot hold a gradient"):
+        module.set_gradients(grads, torch.tensor([True] * 4))
+    module.set_gradients(grads, torch.tensor([False, False, True, True]))
+    assert module.gradient_flags().tolist() == [False, False, True, True]

@@ -63,6 +63,7 @@ public class TrainingModuleTest {
         assertTrue(module.getMethodNames().containsAll(Protocol.REQUIRED_METHODS));
         List<String> methods = new ArrayList<>(Protocol.REQUIRED_METHODS);
         methods.addAll(Protocol.OPTIONAL_METHODS); // written by exports with fine-tuning support
+        methods.addAll(Protocol.DATA_PARALLEL_METHODS); // protocol 2
         assertEquals(methods, metadata.getMethods());
     }
 
