@@ -6,7 +6,6 @@ import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -196,18 +195,18 @@ public final class ShardedData {
         }
     }
 
-    /** Reads Parquet (a file or a folder of them), checks it, and deals it into cached shards. */
-    public static ShardedData fromParquet(SparkSession spark, Path parquet, int partitions, Metadata metadata) {
-        if (!Files.exists(parquet)) {
-            throw new InvalidInputException(parquet + ": no such file or folder");
-        }
+    /**
+     * Reads Parquet (a file, a folder of them, or any path Spark reads, e.g. {@code hdfs://...}),
+     * checks it, and deals it into cached shards.
+     */
+    public static ShardedData fromParquet(SparkSession spark, String parquet, int partitions, Metadata metadata) {
         org.apache.spark.sql.Dataset<Row> frame;
         try {
-            frame = spark.read().parquet(parquet.toString());
+            frame = spark.read().parquet(parquet);
         } catch (RuntimeException e) {
             throw new InvalidInputException(parquet + ": not a Parquet dataset: " + firstLine(e.getMessage()));
         }
-        return fromRows(parquet.toString(), frame, partitions, metadata);
+        return fromRows(parquet, frame, partitions, metadata);
     }
 
     private static String firstLine(String message) {

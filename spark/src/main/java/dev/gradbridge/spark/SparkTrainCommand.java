@@ -10,6 +10,7 @@ import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.Paths;
 import java.util.Locale;
 import java.util.concurrent.Callable;
 import org.apache.spark.SparkConf;
@@ -37,8 +38,9 @@ public final class SparkTrainCommand implements Callable<Integer> {
     private Path resume;
 
     @Option(names = "--data", required = true,
-            description = "training data: Parquet (file or folder, columns x and y) or .npz (arrays x and y)")
-    private Path data;
+            description = "training data: Parquet (file, folder or Hadoop URI such as hdfs://...; columns x and y)"
+                    + " or a local .npz (arrays x and y)")
+    private String data;
 
     @Option(names = "--master",
             description = "Spark master, e.g. local[2] (default: spark-submit's --master, else local[2]); "
@@ -86,7 +88,9 @@ public final class SparkTrainCommand implements Callable<Integer> {
         if ((model == null) == (resume == null)) {
             throw new InvalidInputException("give exactly one of --model and --resume");
         }
-        if (!Files.exists(data)) {
+        boolean npz = data.toLowerCase(Locale.ROOT).endsWith(".npz");
+        boolean uri = data.matches("[A-Za-z][A-Za-z0-9+.-]*://.*");
+        if ((npz || !uri) && !Files.exists(Paths.get(data))) {
             throw new InvalidInputException(data + ": no such file or folder");
         }
         SparkTrainer.Builder builder =
@@ -124,9 +128,8 @@ public final class SparkTrainCommand implements Callable<Integer> {
             try {
                 JavaSparkContext jsc = JavaSparkContext.fromSparkContext(spark.sparkContext());
                 int k = partitions != null ? partitions : jsc.defaultParallelism();
-                String name = data.getFileName() == null ? "" : data.getFileName().toString().toLowerCase(Locale.ROOT);
-                ShardedData shards = name.endsWith(".npz")
-                        ? ShardedData.fromNpz(jsc, data, k, module.getMetadata())
+                ShardedData shards = npz
+                        ? ShardedData.fromNpz(jsc, Paths.get(data), k, module.getMetadata())
                         : ShardedData.fromParquet(spark, data, k, module.getMetadata());
                 History result;
                 try {
