@@ -218,3 +218,53 @@ def test_set_gradients_refuses_a_gradient_for_a_frozen_parameter(tmp_path):
         module.set_gradients(grads, torch.tensor([True] * 4))
     module.set_gradients(grads, torch.tensor([False, False, True, True]))
     assert module.gradient_flags().tolist() == [False, False, True, True]
+
+
+# ---- how it runs outside pytest: gradle sparkTrain, and the jar spark-submit takes (--full: ~2 minutes) ----
+
+@pytest.fixture
+def full_only(request):
+    if not request.config.getoption("--full"):
+        pytest.skip("packaging: runs with --full (builds a 120 MB jar)")
+
+
+def test_gradle_spark_train(work, tmp_path, full_only):
+    from gradbridge.gradle import run_task
+
+    history = tmp_path / "h.jsonl"
+    result = run_task(":spark:sparkTrain", ["--model", str(work["models"]["sgd"]), "--data", str(work["parquet"]),
+                                            "--master", "local[2]", "--epochs", "1", "--history", str(history)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "spark: 2 partitions, 7 steps" in result.stdout
+    # gradle's JVM runs DJL's own libtorch build, not this Python's: compared within float rounding
+    replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=2, batch_size=BATCH)
+    java = History.load(history)
+    assert abs(java[0].loss - replay[0].loss) <= 1e-6
+
+
+def test_spark_submit_jar_runs_on_sparks_own_classpath(work, tmp_path, full_only):
+    """The jar holds gradbridge-spark, gradbridge, DJL and libtorch but no Spark: beside Spark's jars
+    (what spark-submit provides) it trains; the run equals the replay within float rounding."""
+    import subprocess
+    import zipfile
+
+    from gradbridge import _devtree, jdk
+    from gradbridge.gradle import run_task
+
+    root = _devtree.require_root("the spark-submit jar")
+    built = run_task(":spark:sparkSubmitJar")
+    assert built.returncode == 0, built.stderr[-3000:]
+    jar = next((root / "spark" / "build" / "libs").glob("gradbridge-spark-submit-*.jar"))
+    names = zipfile.ZipFile(jar).namelist()
+    assert "dev/gradbridge/spark/SparkTrainCommand.class" in names and "dev/gradbridge/TrainingModule.class" in names
+    assert not any(n.startswith("org/apache/spark/") for n in names)
+    provided = (root / sparkrun.CLASSPATH_FILE).with_name("gradbridge-spark-provided-classpath.txt").read_text().strip()
+    flags = [f for f in (root / sparkrun.JVM_ARGS_FILE).read_text().split() if "log4j2" not in f]
+    history = tmp_path / "h.jsonl"
+    result = subprocess.run([jdk.checked_java(), *flags, "-cp", f"{jar}:{provided}", sparkrun.SPARK_MAIN,
+                             "--model", str(work["models"]["adam"]), "--data", str(work["parquet"]),
+                             "--master", "local[2]", "--epochs", "1", "--history", str(history)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    replay = reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=1, shards=2, batch_size=BATCH)
+    assert abs(History.load(history)[0].loss - replay[0].loss) <= 1e-6
