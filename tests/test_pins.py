@@ -53,3 +53,22 @@ def test_java_protocol_constants_match_python(jvm):
 def test_djl_engine_reports_the_pinned_libtorch(jvm):
     engine = jpype.JClass("ai.djl.engine.Engine").getEngine("PyTorch")
     assert str(engine.getVersion()) == _gradle_properties()["torchVersion"]
+
+
+def test_training_modes_match(jvm):
+    Mode = jpype.JClass("dev.gradbridge.Trainer$Mode")
+    assert tuple(str(m.name()).lower() for m in Mode.values()) == protocol.MODES
+
+
+def test_shared_wording_matches(jvm):
+    """Lines both languages print, built by each side's one definition from the same values."""
+    from gradbridge import messages
+
+    Messages = jpype.JClass("dev.gradbridge.Messages")
+    longs = jpype.JArray(jpype.JLong)
+    assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
+    for loss in (float("nan"), float("inf"), float("-inf")):
+        assert str(Messages.divergence(loss, 3, 1, 8, 15)) == messages.divergence(loss, 3, 1, 8, 15)
+    for source in ("data.npz", ""):
+        assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
+            == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .errors import CLI_ERROR_PREFIX, GradbridgeError
+from . import protocol
 from .models import BUILTIN_MODELS
 from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -329,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--epochs", type=int, default=5)
     parity.add_argument("--batch-size", type=int, default=32)
     parity.add_argument("--seed", type=int, default=0)
-    parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
+    parity.add_argument("--mode", choices=protocol.MODES, default="step")
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
     parity.add_argument("--rtol", type=_tolerance,

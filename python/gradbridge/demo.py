@@ -36,10 +36,10 @@ def run_demo(*, epochs: int, out_dir: str | Path) -> int:
     print(f"      the separate JVM took {time.perf_counter() - started:.1f} s")
 
     x, y = java.seed_data()
-    java_inprocess = java.train_linear_regression(model, x, y, epochs=epochs, lr=LR)
+    java_inprocess = java.train(model, x, y, epochs=epochs, mode="full", lr=LR)
     print(f"[3/4] trained in this process from Java (JPype): final weight {java_inprocess[-1].parameters['weight'][0]:.4f}, "
           f"bias {java_inprocess[-1].parameters['bias'][0]:.4f}")
-    python = reference.train_full_batch(model, x, y, epochs=epochs, lr=LR)
+    python = reference.train(model, x, y, epochs=epochs, mode="full", lr=LR)
     print("[4/4] trained in eager PyTorch (torch.optim.SGD) on the same data\n")
 
     every = max(epochs // 10, 1)

@@ -83,13 +83,6 @@ def java_errors() -> Iterator[None]:
         raise error from ex
 
 
-def to_java_floats(values: np.ndarray):
-    """A Java float[] holding ``values`` (one bulk copy through the buffer protocol)."""
-    import jpype
-
-    return jpype.JArray(jpype.JFloat)(np.ascontiguousarray(values, dtype=np.float32).ravel())
-
-
 #: numpy dtypes that cross to Java -> (torch's dtype name, JPype's primitive type)
 _DTYPES = {np.dtype(np.float32): ("float32", "JFloat"), np.dtype(np.float64): ("float64", "JDouble"),
            np.dtype(np.int64): ("int64", "JLong")}

@@ -19,6 +19,10 @@ PROTOCOL_VERSION = 1
 METADATA_FILE = "gradbridge.json"
 METADATA_FORMAT = "gradbridge.training-module"
 
+# How a Trainer walks an epoch (Java: dev.gradbridge.Trainer.Mode; tests/test_pins.py pins the two):
+# full = one step on all data, step = one train_step call per batch, fused = one train_epoch call.
+MODES = ("full", "step", "fused")
+
 # Method names, as scripted on every exported training module.
 FORWARD = "forward"
 CALCULATE_LOSS_AND_BACKWARD = "calculate_loss_and_backward"
