@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge import java, reference
+from gradbridge import java, launcher, reference
 from gradbridge.parity import assert_histories_match
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 from tests import matrix
@@ -75,7 +75,7 @@ def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
     data = matrix.MODELS[model_name].data
     settings = dict(epochs=_epochs(request), batch_size=matrix.BATCH, seed=1, mode=mode)
     if request.config.getoption("--full"):
-        history = java.train_subprocess(path, npz_files[data], history=tmp_path / "h.jsonl", **settings)
+        history = launcher.train(path, npz_files[data], history=tmp_path / "h.jsonl", **settings)
     else:  # through Gradle, as a user would: `gradle train -Pargs="..."`
         from gradbridge import History
         from gradbridge.gradle import run_task

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as ls
 
-from gradbridge import export_training_module, java, reference
+from gradbridge import export_training_module, java, launcher, reference
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests import matrix
@@ -201,7 +201,7 @@ def test_fine_tuning_in_a_jvm_of_its_own(built, tmp_path, name):
     path, model, (x, y), val = built(name)
     np.savez(tmp_path / "data.npz", x=x, y=y)
     settings = _settings("step")
-    history = java.train_subprocess(path, tmp_path / "data.npz", history=tmp_path / "h.jsonl", **settings)
+    history = launcher.train(path, tmp_path / "data.npz", history=tmp_path / "h.jsonl", **settings)
     in_python = reference.train(path, x, y, model=model, **settings)
     report = assert_histories_match(in_python, history, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
     matrix.RESULTS.append((f"finetune {name}", "step", "subprocess", report))

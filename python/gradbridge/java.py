@@ -1,5 +1,5 @@
-"""Java training from Python: the Java Trainer and the seed driver in this process (JPype), and
-the Trainer's CLI in a JVM of its own (``train_subprocess``).
+"""Java training in this process (JPype): the Java ``Trainer`` on numpy data, and the seed
+example's data generator. (Java in a JVM of its own: ``gradbridge.launcher``.)
 
 Numpy arrays reach Java as direct ByteBuffers over their own memory (no copy in Python, no
 per-element conversion); libtorch tensors are built on that memory, so the arrays must stay
@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import launcher, messages, protocol
+from . import messages, protocol
 from .data import check as check_data
 from .errors import DivergenceError, InvalidInputError
 from .history import History
@@ -113,16 +113,3 @@ def seed_data(seed: int = 42, n: int = 100) -> Tuple[np.ndarray, np.ndarray]:
         x = np.array(data.getX(), dtype=np.float32).reshape(n, 1)
         y = np.array(data.getY(), dtype=np.float32).reshape(n, 1)
     return x, y
-
-
-def train_subprocess(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
-                     seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
-                     history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
-    """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
-    History it wrote. GradbridgeError carries the program's own error line."""
-    args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
-            "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
-    for library in op_libraries:
-        args += ["--op-library", library]
-    launcher.run(launcher.TRAIN_MAIN, args)
-    return History.load(history)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import java, launcher, reference
-from .export import export_builtin
-from .history import History
-from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
+from .. import java, launcher, reference
+from ..export import export_builtin
+from ..history import History
+from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 LR = 0.01
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from . import __version__, _devtree, classpath, jdk, libtorch
-from .errors import GradbridgeError
+from .. import __version__, _devtree, classpath, jdk, libtorch
+from ..errors import GradbridgeError
 
 
 def run(out: Callable[[str], None] = print) -> int:
