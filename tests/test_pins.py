@@ -72,3 +72,29 @@ def test_shared_wording_matches(jvm):
     for source in ("data.npz", ""):
         assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
             == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])
+
+
+def test_metadata_keys_match_java(jvm):
+    """Every key Java's Metadata (and its Checkpoint) reads or writes is a key Python names."""
+    Modifier = jpype.JClass("java.lang.reflect.Modifier")
+
+    def snake_fields(class_name):
+        fields = jpype.JClass(class_name).class_.getDeclaredFields()
+        names = [str(f.getName()) for f in fields
+                 if not Modifier.isStatic(f.getModifiers()) and not Modifier.isTransient(f.getModifiers())]
+        return tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for n in names)
+
+    java_keys = snake_fields("dev.gradbridge.Metadata")
+    required = len(protocol.METADATA_KEYS)
+    assert java_keys[:required] == protocol.METADATA_KEYS
+    assert sorted(java_keys[required:]) == sorted(protocol.OPTIONAL_METADATA_KEYS)
+    assert snake_fields("dev.gradbridge.Metadata$Checkpoint") == protocol.CHECKPOINT_KEYS
+
+
+def test_java_leaves_python_autograd_on(jvm):
+    """Starting DJL's engine (done by jvm.start) and calling Java leave this thread's grad mode as it was."""
+    Engine = jpype.JClass("ai.djl.engine.Engine")
+    Engine.getEngine("PyTorch")
+    w = torch.ones(2, requires_grad=True)
+    (w * 3).sum().backward()
+    assert torch.is_grad_enabled() and w.grad.tolist() == [3.0, 3.0]

@@ -54,6 +54,25 @@ def start(extra_options: Sequence[str] = ()) -> None:
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)
     jpype.JClass("dev.gradbridge.cli.ConsoleLogging").applyDefaults()
+    _start_engine()
+
+
+def _start_engine() -> None:
+    """Start DJL's PyTorch engine now, from this thread, and give the thread back as it was.
+
+    DJL turns libtorch's (thread-local) grad mode off on the thread that starts its engine. In
+    this process that thread is Python's, so whatever Java call happened to start the engine
+    would silently disable autograd for the Python code after it.
+    """
+    import torch
+
+    enabled = torch.is_grad_enabled()
+    try:
+        jpype_engine = jclass("ai.djl.engine.Engine")
+        with java_errors():
+            jpype_engine.getEngine("PyTorch")
+    finally:
+        torch.set_grad_enabled(enabled)
 
 
 def jclass(name: str):

@@ -88,6 +88,17 @@ METADATA_KEYS: tuple[str, ...] = (
     "custom_ops",
 )
 
+#: Keys that follow METADATA_KEYS only when they apply: ``fine_tuning`` (export, when set up: see
+#: ``export.finetune.METADATA_KEY``) and ``checkpoint`` (written by Java's checkpoints, below).
+FINE_TUNING_KEY = "fine_tuning"
+CHECKPOINT_KEY = "checkpoint"
+OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY)
+
+#: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
+#: seed, then what the run depends on, checked on resume (absent in older checkpoints).
+CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
+                                    "data_sha256")
+
 #: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
 DTYPES = ("float32", "float64", "int64")
 

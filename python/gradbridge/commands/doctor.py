@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .. import __version__, _devtree, classpath, jdk, libtorch
+from .. import _devtree, classpath, jdk, libtorch
+from .._version import __version__
 from ..errors import GradbridgeError
 
 
