@@ -46,4 +46,4 @@ test: java
 	$(PY) -m pytest
 
 clean:
-	rm -rf build serve/build .gradle dist python/gradbridge/jars
+	rm -rf build serve/build spark/build .gradle dist python/gradbridge/jars

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gradbridge import bench, launcher, sparkrun
+from gradbridge import launcher, sparkrun
+from gradbridge.commands import bench
 from gradbridge.export import export_training_module
 from gradbridge.history import History
 

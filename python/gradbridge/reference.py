@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from . import messages, protocol, shuffle
 from . import shuffle as shuffle_module
-from .errors import DivergenceError, ProtocolError, TrainingError
+from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
 from .export import finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -255,9 +255,9 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     n = len(xs)
     if not 1 <= batch_size <= n:
-        raise ValueError(f"batch size must be in 1..{n}, got {batch_size}")
+        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch_size}")
     if shards > n:
-        raise ValueError(f"{n} rows cannot fill {shards} partitions")
+        raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
     reference = Reference(model_path, model)
     check_data_parallel(model_path, reference.metadata)
     history = History()
@@ -267,7 +267,8 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
         values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards) for i in range(0, n, batch_size)]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
-                error = DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}; training stopped; "
+                first = index * batch_size
+                error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch_size) - 1)}; "
                                         f"{len(history)} completed epoch(s) kept in error.history")
                 error.history = history
                 raise error
@@ -277,37 +278,20 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     return history
 
 
-def train_full_batch(
-    model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float
-) -> History:
-    """The seed's training: full-batch SGD with ``lr`` on (x, y), recording every epoch.
-
-    Same order as the Java seed driver: loss and gradients from the current parameters, then one
-    ``torch.optim.SGD`` step; the record holds that loss and the stepped parameters.
-    """
-    reference = Reference(model_path, optimizer={"name": "sgd", "lr": lr})
-    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
-    history = History()
-    started = time.perf_counter()
-    for epoch in range(epochs):
-        loss = float(reference.train_step(xs, ys))
-        history.append(reference.record(epoch, loss, None, time.perf_counter() - started))
-    return history
-
-
 def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,
           seed: int = 0, mode: str = "step", val: Optional[tuple] = None, model: Optional[nn.Module] = None,
-          start_epoch: int = 0, record_values: bool = True) -> History:
+          start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None) -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 
     Each epoch seeds torch with ``shuffle.torch_seed(seed, epoch)``; ``full`` mode takes one step
     on all data, ``step`` and ``fused`` (the same arithmetic here) step through
     ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
     the validation loss after each epoch. ``start_epoch`` numbers the epochs of a continued run.
+    ``lr`` sets every parameter group's learning rate first (Java: ``TrainingModule.setLr``).
     Raises DivergenceError at the first NaN or infinite batch loss.
     """
-    if mode not in ("full", "step", "fused"):
-        raise ValueError(f"unknown mode {mode!r}; expected full, step or fused")
+    if mode not in protocol.MODES:
+        raise InvalidInputError(messages.unknown_mode(mode))
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
@@ -315,8 +299,11 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     n = len(xs)
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
-        raise ValueError(f"batch size must be in 1..{n}, got {batch}")
+        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")
     reference = Reference(model_path, model)
+    if lr is not None:
+        for group in reference.optimizer.param_groups:
+            group["lr"] = lr
     history = History()
     started = time.perf_counter()
     for epoch in range(start_epoch, start_epoch + epochs):
@@ -334,7 +321,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
-                error = DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}; training stopped; "
+                first = index * batch
+                error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch) - 1)}; "
                                         f"{len(history)} completed epoch(s) kept in error.history")
                 error.history = history  # every epoch before the divergent one
                 raise error

@@ -323,10 +323,8 @@ public final class SparkTrainer {
                     double loss = step(jsc, module, data, broadcast, key, dtypes, sizes, rows, epoch, step);
                     if (Double.isNaN(loss) || Double.isInfinite(loss)) {
                         throw new DivergenceException(
-                                String.format(Locale.ROOT,
-                                        "loss is %s at epoch %d, batch %d (samples %d..%d of the epoch's order);"
-                                                + " training stopped; %d completed epoch(s) kept",
-                                        loss, epoch, step, start, end - 1, history.getRecords().size()),
+                                Messages.divergence(loss, epoch, step, start, end - 1) + "; "
+                                        + history.getRecords().size() + " completed epoch(s) kept",
                                 epoch, step, history);
                     }
                     losses.add(loss);
