@@ -373,10 +373,17 @@ public final class SparkTrainer {
             }
         }
         long t1 = System.nanoTime();
-        List<ShardResult> results =
-                new ArrayList<>(data.shards()
-                        .mapPartitionsWithIndex(new StepTask(broadcast, key, parameters, rows, epoch, step, fault), true)
-                        .collect());
+        // The parameters as a broadcast of their own: serialized once, fetched once per executor, and
+        // freed after the step (in the closure, Spark would serialize them for its closure check too).
+        Broadcast<List<byte[]>> shipped = jsc.broadcast(parameters);
+        List<ShardResult> results;
+        try {
+            results = new ArrayList<>(data.shards()
+                    .mapPartitionsWithIndex(new StepTask(broadcast, key, shipped, rows, epoch, step, fault), true)
+                    .collect());
+        } finally {
+            shipped.destroy();
+        }
         long t2 = System.nanoTime();
         results.sort((a, b) -> Integer.compare(a.partition, b.partition));
         if (results.size() != data.getPartitions()) {
@@ -423,17 +430,17 @@ public final class SparkTrainer {
         private static final long serialVersionUID = 1L;
         private final Broadcast<byte[]> moduleBytes;
         private final String key;
-        private final List<byte[]> parameters;
+        private final Broadcast<List<byte[]>> shippedParameters;
         private final long[] rows;
         private final int epoch;
         private final int step;
         private final String fault;
 
-        StepTask(Broadcast<byte[]> moduleBytes, String key, List<byte[]> parameters, long[] rows, int epoch, int step,
-                String fault) {
+        StepTask(Broadcast<byte[]> moduleBytes, String key, Broadcast<List<byte[]>> parameters, long[] rows, int epoch,
+                int step, String fault) {
             this.moduleBytes = moduleBytes;
             this.key = key;
-            this.parameters = parameters;
+            this.shippedParameters = parameters;
             this.rows = rows;
             this.epoch = epoch;
             this.step = step;
@@ -467,6 +474,7 @@ public final class SparkTrainer {
                     i++;
                 }
             }
+            List<byte[]> parameters = shippedParameters.value();
             try (ExecutorModules.Lease lease = ExecutorModules.borrow(key, moduleBytes)) {
                 long t0 = System.nanoTime();
                 TrainingModule module = lease.module;
