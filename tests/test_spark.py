@@ -111,8 +111,9 @@ def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_pa
     assert [r.epoch for r in resumed] == [1]
     assert_bitwise(resumed, [replay[1]])
     assert stats["failed_tasks"] == 1
-    # every module of the "lost" executor is closed; the retry and later tasks load new ones
-    assert stats["modules_discarded"] >= 1 and stats["module_loads"] >= 2, stats
+    # every module of the "lost" executor is closed; the retry loads a new one from the broadcast bytes
+    assert stats["modules_discarded"] >= 1, stats
+    assert stats["load_steps"][0] == "1:0" and "1:3" in stats["load_steps"], stats
 
 
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):

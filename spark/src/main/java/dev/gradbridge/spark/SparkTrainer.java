@@ -193,6 +193,8 @@ public final class SparkTrainer {
         public long parameterBytes;
         /** Tasks that loaded their module from the broadcast bytes. */
         public long moduleLoads;
+        /** The steps ({@code "epoch:step"}) in which a task loaded its module, in order. */
+        public final List<String> loadSteps = new ArrayList<>();
         /** Task attempts that failed (and were retried by Spark). */
         public int failedTasks;
         /** Modules closed because their task failed or their executor was lost (this JVM). */
@@ -206,9 +208,11 @@ public final class SparkTrainer {
                     Locale.ROOT,
                     "{\"steps\": %d, \"step_s\": %.6f, \"job_s\": %.6f, \"compute_s\": %.6f, \"combine_s\": %.6f,"
                             + " \"bytes_down\": %d, \"bytes_up\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
-                            + " \"failed_tasks\": %d, \"modules_discarded\": %d, \"partitions\": %d}",
+                            + " \"failed_tasks\": %d, \"modules_discarded\": %d, \"partitions\": %d,"
+                            + " \"load_steps\": [%s]}",
                     steps, stepNanos / 1e9, jobNanos / 1e9, computeNanos / 1e9, combineNanos / 1e9, bytesDown,
-                    bytesUp, parameterBytes, moduleLoads, failedTasks, modulesDiscarded, partitions);
+                    bytesUp, parameterBytes, moduleLoads, failedTasks, modulesDiscarded, partitions,
+                    loadSteps.isEmpty() ? "" : "\"" + String.join("\", \"", loadSteps) + "\"");
         }
     }
 
@@ -403,10 +407,15 @@ public final class SparkTrainer {
         }
         long t3 = System.nanoTime();
         long slowest = 0;
+        boolean loaded = false;
         for (ShardResult r : results) {
             slowest = Math.max(slowest, r.computeNanos);
             stats.bytesUp += r.bytes();
             stats.moduleLoads += r.loadedModule ? 1 : 0;
+            loaded |= r.loadedModule;
+        }
+        if (loaded) {
+            stats.loadSteps.add(epoch + ":" + step);
         }
         stats.steps++;
         stats.parameterBytes = parameterBytes;
