@@ -29,6 +29,7 @@ from gradbridge.history import History
 # (bench case, samples, epochs): the first epoch is warm-up, steps/s come from the later ones
 CASES = [(bench.CASES[1], 2048, 3), (bench.CASES[2], 4096, 3)]
 BANDWIDTHS = {"1 Gb/s": 1e9 / 8, "10 Gb/s": 10e9 / 8}
+ROUNDS = 2  # every run twice, the faster one kept: the machine is shared
 EXECUTORS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -52,15 +53,20 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
     for k in (1, 2):
         history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
-        started = time.perf_counter()
-        sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
-                      "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
-                     timeout=1800)
-        s = json.loads(stats.read_text())
+        best = None
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
+                          "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
+                         timeout=1800)
+            run = (_steady_steps_per_s(History.load(history), steps_per_epoch), time.perf_counter() - started,
+                   json.loads(stats.read_text()))
+            best = run if best is None or run[0] > best[0] else best
+        s = best[2]
         steps = s["steps"]
         out[f"local[{k}]"] = {
-            "steps_per_s": _steady_steps_per_s(History.load(history), steps_per_epoch),
-            "wall_s": time.perf_counter() - started,
+            "steps_per_s": best[0],
+            "wall_s": best[1],
             "per_step_ms": {"total": 1e3 * s["step_s"] / steps, "spark_job": 1e3 * s["job_s"] / steps,
                             "compute_slowest_partition": 1e3 * s["compute_s"] / steps,
                             "combine_and_step_driver": 1e3 * s["combine_s"] / steps},
@@ -68,25 +74,31 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
             "module_loads": s["module_loads"],
         }
     history = folder / "trainer.jsonl"
-    subprocess.run(launcher.command(launcher.TRAIN_MAIN, ["--model", path, "--data", data, "--epochs", epochs,
-                                                          "--batch-size", case.batch, "--history", history,
-                                                          "--digests-only", "--no-progress"]),
-                   check=True, capture_output=True, text=True, timeout=1800)
-    out["trainer"] = {"steps_per_s": _steady_steps_per_s(History.load(history), steps_per_epoch)}
+    rates = []
+    for _ in range(ROUNDS):
+        # the same JVM options, classpath and libtorch (this Python's) as the Spark runs
+        subprocess.run(sparkrun.command(["--model", path, "--data", data, "--epochs", epochs, "--batch-size", case.batch,
+                                         "--history", history, "--digests-only", "--no-progress"],
+                                        main=launcher.TRAIN_MAIN),
+                       check=True, capture_output=True, text=True, timeout=1800)
+        rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
+    out["trainer"] = {"steps_per_s": max(rates)}
     out["model"] = _scaling_model(out)
     return out
 
 
 def _scaling_model(out: dict) -> dict:
-    """Per step on N executors (the driver collects; no tree):
+    """Per step on N executors, each on its own machine (the driver collects; no tree):
         T(N) = C1 / N + S + N * c + 2 * N * P / BW
-    C1: compute of the whole batch on one partition (local[1]); S: Spark's per-step job overhead
-    (job time minus the slowest partition's compute, local[2]); c: driver combine + step per partition
-    (local[2] combine time / 2); P: parameter bytes (down) = gradient bytes (up) per executor."""
-    one, two = out["local[1]"]["per_step_ms"], out["local[2]"]["per_step_ms"]
+    all measured on local[1]: C1 the compute of the whole batch in one partition; S Spark's per-step
+    job overhead there (job time minus compute: scheduling, broadcast, (de)serialization, in-process
+    transfer); c the driver's combine + optimizer step for one partition's gradients; P the
+    parameter bytes sent to each executor = the gradient bytes each sends back. Ideal compute
+    scaling and a per-step overhead that does not grow with N are assumptions (optimistic)."""
+    one = out["local[1]"]["per_step_ms"]
     compute = one["compute_slowest_partition"] / 1e3
-    overhead = (two["spark_job"] - two["compute_slowest_partition"]) / 1e3
-    combine = two["combine_and_step_driver"] / 1e3 / 2
+    overhead = (one["spark_job"] - one["compute_slowest_partition"]) / 1e3
+    combine = one["combine_and_step_driver"] / 1e3
     p = out["local[1]"]["bytes_per_step"]["parameters_down"]
     model = {"C1_ms": compute * 1e3, "S_ms": overhead * 1e3, "c_ms_per_partition": combine * 1e3, "P_bytes": p,
              "steps_per_s": {}}
