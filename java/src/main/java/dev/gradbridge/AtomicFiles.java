@@ -32,7 +32,14 @@ public final class AtomicFiles {
 
     private AtomicFiles() {}
 
-    static void write(Path path, byte[] content) throws IOException {
+    /**
+     * Writes {@code content} to {@code path} through a temporary file and a rename.
+     *
+     * @param path the file to (re)place
+     * @param content its new bytes
+     * @throws IOException naming {@code path} when it cannot be written
+     */
+    public static void write(Path path, byte[] content) throws IOException {
         write(path, tmp -> Files.write(tmp, content));
     }
 

@@ -1,5 +1,6 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
@@ -112,7 +113,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
         }
         SparkTrainer trainer = builder.build();
         if (stats != null) {
-            dev.gradbridge.AtomicFiles.prepare(stats);
+            AtomicFiles.prepare(stats);
         }
         // The module first: a module that cannot train data-parallel is refused before Spark starts.
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model)) {
@@ -146,7 +147,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
                         "spark: %d partitions, %d steps, %d module loads, %d failed task attempts retried",
                         counters.partitions, counters.steps, counters.moduleLoads, counters.failedTasks));
                 if (stats != null) {
-                    Files.write(stats, (counters.toJson() + "\n").getBytes(StandardCharsets.UTF_8));
+                    AtomicFiles.write(stats, (counters.toJson() + "\n").getBytes(StandardCharsets.UTF_8));
                 }
                 if (history != null) {
                     System.out.println("history: " + history.toAbsolutePath());
