@@ -216,7 +216,14 @@ class Worker:
         self.env = dict(os.environ if env is None else env)
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=self.env)
-        self.info = self._reply()
+        self._info: Dict[str, Any] | None = None
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The settings line the worker prints once loaded (workers start in parallel)."""
+        if self._info is None:
+            self._info = self._reply()
+        return self._info
 
     def _reply(self) -> Dict[str, Any]:
         while True:
@@ -423,16 +430,16 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
             variants.append(Variant("b", _python_block(lambda: scripted.train_step(txb, tyb)), calls, 1, None, here))
         # (c), (d): a JVM of their own; (e), (e'): the native loop; each a worker process
         own_jvm = f"a JVM of its own{' on CPUs ' + java.cpus if java.cpus else ''}"
+        started = []  # all workers load at once; each is asked for its settings line afterwards
         for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls)):
             if wanted(key):
                 workers.append(_java_worker(path, data, mode, case.batch, threads, java))
-                variants.append(_worker_variant(key, workers[-1], n, 1 if mode == "step" else batches, own_jvm,
-                                                java.env))
+                started.append((key, workers[-1], n, 1 if mode == "step" else batches, own_jvm, java.env))
         for key, data, mode, n in (("e", step_bin, "step", calls), ("e'", epoch_bin, "fused", fused_calls)):
             if wanted(key):
                 workers.append(_native_worker(binary, path, data, mode, threads, case.batch))
-                variants.append(_worker_variant(key, workers[-1], n, 1 if mode == "step" else batches,
-                                                "a native process"))
+                started.append((key, workers[-1], n, 1 if mode == "step" else batches, "a native process", None))
+        variants += [_worker_variant(*worker) for worker in started]
         if wanted("c*") or wanted("d*"):  # loops and clock inside the JVM, in this process (JPype)
             Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
             module = jvm.load_module(path)
@@ -472,6 +479,11 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
         for base, name in (("a", "vs_a"), ("e", "vs_e"), ("e'", "vs_e_fused")):
             if base in results:
                 value[name] = ratio_ci(timings[key]["step_seconds"], timings[base]["step_seconds"])
+                # The same ratio in CPU time (all threads): what a step costs, less sensitive to
+                # other processes than wall time (evidence when the machine is busy).
+                cpu, base_cpu = timings[key].get("cpu_seconds_per_step"), timings[base].get("cpu_seconds_per_step")
+                if cpu and base_cpu and min(base_cpu) > 0:
+                    value["cpu_" + name] = ratio_ci(cpu, base_cpu)
     return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
             "batch": case.batch, "rounds": rounds, "load_average": load,
             "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results}}
@@ -623,15 +635,18 @@ def _cpu_model() -> str | None:
 
 def run(*, quick: bool, out_dir: str | os.PathLike, rounds: int | None = None, cases: Sequence[str] = (),
         only: Sequence[str] = (), steps_only: bool = False, java_settings: JavaSettings | None = None,
-        out: Callable[[str], None] = print) -> Dict:
+        threads: int | None = None, out: Callable[[str], None] = print) -> Dict:
     """Run every benchmark; print the tables; write bench.json and bench.png into ``out_dir``.
 
     ``cases``/``only`` narrow the step benchmark to some models / variants (keys of CASES and
     VARIANTS); ``steps_only`` skips transfer, memory and start-up; ``java_settings`` changes how
-    the own-JVM variants start (options, environment, CPUs).
+    the own-JVM variants start (options, environment, CPUs); ``threads`` sets every variant's
+    intra-op threads (default: torch's).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if threads:
+        torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     rounds = rounds or (3 if quick else 15)
     java_settings = java_settings or JavaSettings()
@@ -749,6 +764,13 @@ def format_tables(results: Dict) -> List[str]:
                          f"{per.get('minor_faults', float('nan')):>7.1f} {switches:>6.1f} {cpu:>5.2f}")
         lines.append("  (faults: minor page faults per step; ctxsw: context switches per step; cpu: CPU seconds "
                      "per wall second, all threads of the process)")
+        lines.append("  CPU time per step (all threads of the process), ratios as above:")
+        for key, label in {**VARIANTS, **IN_PROCESS}.items():
+            v = case["variants"].get(key)
+            if v is None or "cpu_seconds" not in v["per_step"]:
+                continue
+            lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['per_step']['cpu_seconds']):>10} {'':>10}  "
+                         f"{_ci(v.get('cpu_vs_a')):<20} {_ci(v.get('cpu_vs_e')):<20} {_ci(v.get('cpu_vs_e_fused')):<20}")
     if "breakdown" in results:
         parts = results["breakdown"]
         lines += ["", f"one Java train_step on the seed model, layer by layer ({parts['calls_per_block']} calls per "

@@ -205,7 +205,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
     run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
-        steps_only=args.steps_only, java_settings=java)
+        steps_only=args.steps_only, java_settings=java, threads=args.threads)
     return 0
 
 
@@ -223,6 +223,16 @@ def _bench_rounds(text: str) -> int:
 
 
 _bench_rounds.__name__ = messages.BENCH_ROUNDS
+
+
+def _bench_threads(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1024:
+        raise ValueError(text)
+    return value
+
+
+_bench_threads.__name__ = messages.BENCH_THREADS
 
 
 def _choices(allowed, what: str):
@@ -412,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "big (512-1024-512-10)")
     bench.add_argument("--only", type=_choices(BENCH_VARIANTS, "variants"), default=[],
                        help="variants, comma-separated: " + ", ".join(BENCH_VARIANTS) + " (see benchmarks/README.md)")
+    bench.add_argument("--threads", type=_bench_threads,
+                       help="intra-op threads of every variant (default: torch's, one per core)")
     bench.add_argument("--steps-only", action="store_true", help="only the training-step table (no call "
                                                                   "breakdown, transfer, memory, start-up)")
     own = bench.add_argument_group("the own-JVM variants (c), (d): one factor at a time")

@@ -94,6 +94,7 @@ def check_integer(name: str, value: Any, low: int, high: int) -> int:
 # ---- gradbridge bench ----
 
 BENCH_ROUNDS = "rounds (an integer from 2 to 10000)"
+BENCH_THREADS = "threads (an integer from 1 to 1024)"
 ENV_ASSIGNMENT = "environment assignment (NAME=VALUE)"
 
 

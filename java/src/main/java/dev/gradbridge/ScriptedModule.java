@@ -190,7 +190,7 @@ final class ScriptedModule implements AutoCloseable {
                 inputs[3] = TrainingMethodInvoker.longIValue(batch);
             }
             prepareCallingThread();
-            return TrainingMethodInvoker.runToDoubles(block, method, inputs, manager);
+            return TrainingMethodInvoker.runToDoubles(block, method, inputs, perm == null, manager);
         } catch (EngineException | IllegalStateException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
         } finally {
@@ -201,12 +201,16 @@ final class ScriptedModule implements AutoCloseable {
     }
 
     /**
-     * The smallest and largest index in a non-empty 1-d int64 array, computed in libtorch.
+     * The smallest and largest index in a non-empty 1-d int64 array.
      *
      * @return {min, max}
      */
     static long[] minMax(NDArray indices) {
-        return TrainingMethodInvoker.minMax((PtNDArray) indices);
+        if (Device.cpu().equals(indices.getDevice())) {
+            return TrainingMethodInvoker.minMax((PtNDArray) indices);
+        }
+        long[] values = indices.toLongArray();
+        return new long[] {Arrays.stream(values).min().getAsLong(), Arrays.stream(values).max().getAsLong()};
     }
 
     /** Whether an array belongs to DJL's PyTorch engine (the only kind a method accepts). */

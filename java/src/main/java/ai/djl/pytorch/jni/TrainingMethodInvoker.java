@@ -88,60 +88,81 @@ public final class TrainingMethodInvoker {
      * @param block the loaded module
      * @param method the method name
      * @param inputs IValue handles from {@link #tensorIValue}/{@link #longIValue}; the caller frees them
+     * @param scalar whether a one-element result is expected (its layout needs no check)
      * @param manager where a tensor of another dtype is converted
      * @return the result's values in order
      * @throws IllegalStateException when the method returns no tensor (nothing is leaked)
      */
-    public static double[] runToDoubles(PtSymbolBlock block, String method, long[] inputs, PtNDManager manager) {
+    public static double[] runToDoubles(
+            PtSymbolBlock block, String method, long[] inputs, boolean scalar, PtNDManager manager) {
         long result = PyTorchLibrary.LIB.moduleRunMethod(block.getHandle(), method, inputs, true, false);
         try {
-            if (!PyTorchLibrary.LIB.iValueIsTensor(result)) {
-                throw new IllegalStateException(
-                        method + "() returned " + PyTorchLibrary.LIB.iValueGetType(result) + ", not a tensor");
-            }
-            long tensor = PyTorchLibrary.LIB.iValueToTensor(result);
-            DataType type = DATA_TYPES[PyTorchLibrary.LIB.torchDType(tensor)];
-            if ((type != DataType.FLOAT32 && type != DataType.FLOAT64)
-                    || !PyTorchLibrary.LIB.torchIsContiguous(tensor)) {
-                // Rare (half precision, a strided result): DJL's general conversion, which owns the tensor.
-                try (PtNDArray array = new PtNDArray(manager, tensor);
-                        PtNDArray wide = array.toType(DataType.FLOAT64, true)) {
-                    return wide.toDoubleArray();
-                }
-            }
+            long tensor;
             try {
-                ByteBuffer bytes = ByteBuffer.wrap(PyTorchLibrary.LIB.torchDataPtr(tensor)).order(ByteOrder.nativeOrder());
-                double[] values;
-                if (type == DataType.FLOAT32) {
-                    values = new double[bytes.remaining() / 4];
-                    for (int i = 0; i < values.length; i++) {
-                        values[i] = bytes.getFloat(4 * i);
-                    }
-                } else {
-                    values = new double[bytes.remaining() / 8];
-                    for (int i = 0; i < values.length; i++) {
-                        values[i] = bytes.getDouble(8 * i);
-                    }
-                }
-                return values;
-            } finally {
+                tensor = PyTorchLibrary.LIB.iValueToTensor(result); // libtorch checks that it is one
+            } catch (RuntimeException e) {
+                throw new IllegalStateException(
+                        method + "() returned " + PyTorchLibrary.LIB.iValueGetType(result) + ", not a tensor", e);
+            }
+            double[] values = floatValues(tensor, scalar);
+            if (values != null) {
                 PyTorchLibrary.LIB.torchDeleteTensor(tensor);
+                return values;
+            }
+            // Rare (half precision, a strided result): DJL's general conversion, which owns the tensor.
+            try (PtNDArray array = new PtNDArray(manager, tensor);
+                    PtNDArray wide = array.toType(DataType.FLOAT64, true)) {
+                return wide.toDoubleArray();
             }
         } finally {
             PyTorchLibrary.LIB.torchDeleteIValue(result);
         }
     }
 
+    /** A float32/float64 tensor's values read from its bytes; null for other dtypes or strided layouts. */
+    private static double[] floatValues(long tensor, boolean scalar) {
+        DataType type = DATA_TYPES[PyTorchLibrary.LIB.torchDType(tensor)];
+        if (type != DataType.FLOAT32 && type != DataType.FLOAT64) {
+            return null;
+        }
+        int size = type == DataType.FLOAT32 ? 4 : 8;
+        // One element is always contiguous; only longer results need the layout check.
+        if (!scalar && !PyTorchLibrary.LIB.torchIsContiguous(tensor)) {
+            return null;
+        }
+        ByteBuffer bytes = ByteBuffer.wrap(PyTorchLibrary.LIB.torchDataPtr(tensor)).order(ByteOrder.nativeOrder());
+        if (scalar && bytes.capacity() != size && !PyTorchLibrary.LIB.torchIsContiguous(tensor)) {
+            return null;
+        }
+        double[] values = new double[bytes.capacity() / size];
+        for (int i = 0; i < values.length; i++) {
+            values[i] = size == 4 ? bytes.getFloat(4 * i) : bytes.getDouble(8 * i);
+        }
+        return values;
+    }
+
     /**
-     * The smallest and largest value of a non-empty int64 tensor, computed in libtorch (no copy
-     * of the tensor into Java).
+     * The smallest and largest value of a non-empty int64 CPU tensor: one copy of its bytes
+     * scanned in Java (cheaper than two libtorch reductions for the index arrays of an epoch),
+     * or libtorch's min and max when the tensor is not contiguous.
      *
      * @param tensor a 1-d int64 CPU tensor with at least one element
      * @return {min, max}
      */
     public static long[] minMax(PtNDArray tensor) {
         long handle = tensor.getHandle();
-        return new long[] {scalarLong(PyTorchLibrary.LIB.torchMin(handle)), scalarLong(PyTorchLibrary.LIB.torchMax(handle))};
+        if (!PyTorchLibrary.LIB.torchIsContiguous(handle)) {
+            return new long[] {scalarLong(PyTorchLibrary.LIB.torchMin(handle)), scalarLong(PyTorchLibrary.LIB.torchMax(handle))};
+        }
+        ByteBuffer bytes = ByteBuffer.wrap(PyTorchLibrary.LIB.torchDataPtr(handle)).order(ByteOrder.nativeOrder());
+        long min = Long.MAX_VALUE;
+        long max = Long.MIN_VALUE;
+        for (int i = 0; i < bytes.capacity(); i += 8) {
+            long value = bytes.getLong(i);
+            min = Math.min(min, value);
+            max = Math.max(max, value);
+        }
+        return new long[] {min, max};
     }
 
     private static long scalarLong(long tensor) {
