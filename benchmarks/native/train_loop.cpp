@@ -12,8 +12,11 @@
 #include <torch/script.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -39,6 +42,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[3];
+  // The allocator settings gradbridge's Java library applies (dev.gradbridge.NativeMemory): freed
+  // tensor memory stays in the process instead of being trimmed and faulted in again every step.
+  if (!std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS")) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
   at::set_num_threads(std::stoi(argv[4]));
   // Same settings as gradbridge's Java and Python drivers: autograd on, no optimizing executor.
   torch::jit::setGraphExecutorOptimize(false);
@@ -69,7 +78,11 @@ int main(int argc, char** argv) {
     }
   };
   std::cout << "{\"ready\": true, \"intra_op_threads\": " << at::get_num_threads()
-            << ", \"interop_threads\": " << at::get_num_interop_threads() << "}" << std::endl;
+            << ", \"interop_threads\": " << at::get_num_interop_threads() << ", \"native_memory\": \""
+            << (std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS") ? "glibc defaults"
+                                                                 : "glibc mallopt M_MMAP_THRESHOLD=33554432 "
+                                                                   "M_TRIM_THRESHOLD=268435456")
+            << "\"}" << std::endl;
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {
     const long calls = std::stol(line.substr(4));  // "run N"

@@ -200,7 +200,8 @@ def _process_facts(pid: int | None = None) -> Dict[str, Any]:
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
                "KMP_AFFINITY", "OMP_PROC_BIND", "LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
-               "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "JAVA_TOOL_OPTIONS", "JAVA_OPTS")
+               "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES", "GRADBRIDGE_NATIVE_MALLOC_DEFAULTS",
+               "JAVA_TOOL_OPTIONS", "JAVA_OPTS")
 
 
 def _thread_env(env: Dict[str, str]) -> Dict[str, str]:
@@ -447,6 +448,8 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
             jxb, jyb = jvm.to_ndarray(manager, xb), jvm.to_ndarray(manager, yb)
             jx, jy = jvm.to_ndarray(manager, x), jvm.to_ndarray(manager, y)
             perm = jvm.to_ndarray(manager, np.arange(case.samples, dtype=np.int64))
+            # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
+            here["native_memory"] = str(jvm.jclass("dev.gradbridge.NativeMemory").describe())
             in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
             if wanted("c*"):
                 variants.append(Variant("c*", lambda n: float(Bench.trainStep(module, jxb, jyb, 0, 1, n)[0]),

@@ -63,7 +63,9 @@ final class ScriptedModule implements AutoCloseable {
             System.setProperty(GRAPH_OPTIMIZER, "false"); // see prepareCallingThread
         }
         try {
-            return Engine.getEngine("PyTorch");
+            Engine engine = Engine.getEngine("PyTorch");
+            NativeMemory.tune(); // once: freed tensor memory stays in the process (see NativeMemory)
+            return engine;
         } catch (RuntimeException e) {
             throw new GradbridgeException(
                     "cannot start DJL's PyTorch engine: "

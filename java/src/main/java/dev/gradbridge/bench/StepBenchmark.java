@@ -8,6 +8,7 @@ import ai.djl.pytorch.engine.PtSymbolBlock;
 import ai.djl.pytorch.jni.IValue;
 import ai.djl.pytorch.jni.JniUtils;
 import ai.djl.pytorch.jni.TrainingMethodInvoker;
+import dev.gradbridge.NativeMemory;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
 import java.io.BufferedReader;
@@ -94,6 +95,7 @@ public final class StepBenchmark {
                 + ", \"java\": " + quote(System.getProperty("java.vm.name") + " " + System.getProperty("java.version"))
                 + ", \"available_processors\": " + Runtime.getRuntime().availableProcessors()
                 + ", \"max_heap_bytes\": " + Runtime.getRuntime().maxMemory()
+                + ", \"native_memory\": " + quote(NativeMemory.describe())
                 + ", \"gc\": " + gcs + ", \"jvm_options\": " + options + "}";
     }
 
