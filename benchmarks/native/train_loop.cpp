@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   if (!std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS")) {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TOP_PAD, 64 << 20);
   }
   at::set_num_threads(std::stoi(argv[4]));
   // Same settings as gradbridge's Java and Python drivers: autograd on, no optimizing executor.
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
             << ", \"interop_threads\": " << at::get_num_interop_threads() << ", \"native_memory\": \""
             << (std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS") ? "glibc defaults"
                                                                  : "glibc mallopt M_MMAP_THRESHOLD=33554432 "
-                                                                   "M_TRIM_THRESHOLD=268435456")
+                                                                   "M_TRIM_THRESHOLD=268435456 M_TOP_PAD=67108864")
             << "\"}" << std::endl;
   std::string line;
   while (std::getline(std::cin, line) && line != "quit") {

@@ -673,7 +673,7 @@ def run(*, quick: bool, out_dir: str | os.PathLike, rounds: int | None = None, c
         xb, yb = _data(CASES[0], CASES[0].batch)
         np.savez(out_dir / "breakdown.npz", x=xb, y=yb)
         results["breakdown"] = breakdown(path, out_dir / "breakdown.npz", rounds, 200 if quick else 2000)
-        results["transfer"] = bench_transfer(rounds, 16 if quick else 256)
+        results["transfer"] = bench_transfer(min(rounds, 7), 16 if quick else 256)  # 256 MiB copies: few rounds
         results["memory"] = bench_memory(2_000 if quick else 20_000)
         results["startup"] = bench_startup(_export(CASES[0], out_dir)[1], with_gradle=not quick)
     results["machine"]["load_average_at_end"] = os.getloadavg()

@@ -21,9 +21,12 @@ import org.slf4j.LoggerFactory;
  *
  * <p>What: on Linux with glibc, {@code mallopt(M_MMAP_THRESHOLD, 32 MiB)} (blocks up to 32 MiB
  * come from the heap, not from a fresh mmap each time; 32 MiB is glibc's own ceiling for its
- * adaptive threshold) and {@code mallopt(M_TRIM_THRESHOLD, 256 MiB)} (the heap is given back only
- * when more than 256 MiB at its top are free). A process keeps up to 256 MiB of freed memory for
- * reuse. Applied once, when gradbridge starts the engine; nothing happens elsewhere (other C
+ * adaptive threshold), {@code mallopt(M_TRIM_THRESHOLD, 256 MiB)} (a heap is given back only when
+ * more than 256 MiB at its top are free) and {@code mallopt(M_TOP_PAD, 64 MiB)} (a thread arena
+ * keeps an emptied extra heap instead of unmapping it: without it, a step whose temporaries
+ * overflow the arena's first 64 MiB heap maps a new heap and unmaps it again every step, which
+ * the trim threshold does not prevent). A process keeps up to a few hundred MiB of freed memory
+ * for reuse; the address space it reserves grows in 64 MiB steps (untouched pages cost nothing). Applied once, when gradbridge starts the engine; nothing happens elsewhere (other C
  * libraries, other systems), when the environment already sets glibc's malloc tunables ({@code
  * MALLOC_MMAP_THRESHOLD_}, {@code MALLOC_TRIM_THRESHOLD_}, {@code MALLOC_TOP_PAD_}, {@code
  * GLIBC_TUNABLES} with {@code malloc}), or with {@code -Dgradbridge.mallocTuning=false}.
@@ -37,7 +40,14 @@ public final class NativeMemory {
     /** {@code M_TRIM_THRESHOLD}'s value. */
     public static final int TRIM_THRESHOLD = 256 << 20;
 
+    /** {@code M_TOP_PAD}'s value: a thread arena's largest heap (64-bit glibc). */
+    public static final int TOP_PAD = 64 << 20;
+    /** What {@link #tune} reports when it applied the settings. */
+    public static final String SETTINGS = "glibc mallopt M_MMAP_THRESHOLD=" + MMAP_THRESHOLD
+            + " M_TRIM_THRESHOLD=" + TRIM_THRESHOLD + " M_TOP_PAD=" + TOP_PAD;
+
     private static final int M_TRIM_THRESHOLD = -1;
+    private static final int M_TOP_PAD = -2;
     private static final int M_MMAP_THRESHOLD = -3;
     private static final Logger logger = LoggerFactory.getLogger(NativeMemory.class);
     private static String state;
@@ -84,10 +94,12 @@ public final class NativeMemory {
             Function mallopt = libc.getFunction("mallopt");
             boolean mmap = mallopt.invokeInt(new Object[] {M_MMAP_THRESHOLD, MMAP_THRESHOLD}) == 1;
             boolean trim = mallopt.invokeInt(new Object[] {M_TRIM_THRESHOLD, TRIM_THRESHOLD}) == 1;
-            if (!mmap || !trim) {
-                return "glibc refused mallopt (mmap threshold " + mmap + ", trim threshold " + trim + ")";
+            boolean pad = mallopt.invokeInt(new Object[] {M_TOP_PAD, TOP_PAD}) == 1;
+            if (!mmap || !trim || !pad) {
+                return "glibc refused mallopt (mmap threshold " + mmap + ", trim threshold " + trim + ", top pad "
+                        + pad + ")";
             }
-            return "glibc mallopt M_MMAP_THRESHOLD=" + MMAP_THRESHOLD + " M_TRIM_THRESHOLD=" + TRIM_THRESHOLD;
+            return SETTINGS;
         } catch (RuntimeException | LinkageError e) {
             return "not applicable (" + e.getClass().getSimpleName() + ": " + e.getMessage() + ")";
         }
