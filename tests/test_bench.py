@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from gradbridge import bench, cli
-from gradbridge.bench import CANNOT_TELL, MET, MISSED, compare, ratio_ci, verdict
+from gradbridge.commands import bench
+from gradbridge.commands import main as cli
+from gradbridge.commands.bench import CANNOT_TELL, MET, MISSED, compare, ratio_ci, verdict
 from gradbridge._devtree import root
 
 REPO_ROOT = root()
