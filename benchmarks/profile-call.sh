@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-build/profile-call}
 PYTHON=${PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"
-NATIVE=${NATIVE:-build/bench/native/train_loop}
+NATIVE=${NATIVE:-build/bench-native/train_loop}
 [ -x "$NATIVE" ] || { echo "no native loop at $NATIVE: run gradbridge bench first" >&2; exit 1; }
 "$PYTHON" - "$OUT" <<'EOF'
 import sys

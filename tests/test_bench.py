@@ -152,6 +152,7 @@ def test_tiny_run_writes_rounds_intervals_environment_and_verdicts(tmp_path):
                              "Java train_step (c) <= 0.7x eager Python (a)"}
     assert set(verdicts.values()) <= {MET, MISSED, CANNOT_TELL}
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (REPO_ROOT / "build" / "bench-native" / "train_loop").exists()
 
 
 @pytest.mark.gradle

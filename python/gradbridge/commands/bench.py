@@ -654,7 +654,8 @@ def run(*, quick: bool, out_dir: str | os.PathLike, rounds: int | None = None, c
     rounds = rounds or (3 if quick else 15)
     java_settings = java_settings or JavaSettings()
     jvm.start()
-    binary = native_binary(out_dir / "native")
+    # compiled once per checkout (rebuilt when the source is newer), whatever --out-dir says
+    binary = native_binary(_devtree.require_root("gradbridge bench") / "build" / "bench-native")
     started = time.perf_counter()
     results: Dict[str, Any] = {"machine": _machine(quick, rounds, threads)}
     if java_settings.options or java_settings.env or java_settings.cpus:

@@ -417,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="few rounds, small sizes, no gradle run (for tests)")
     bench.add_argument("--rounds", type=_bench_rounds,
                        help="interleaved rounds per model (default 15, --quick 3): more rounds, narrower intervals")
-    bench.add_argument("--out-dir", default="build/bench", help="where bench.json, bench.png and the native loop go")
+    bench.add_argument("--out-dir", default="build/bench",
+                       help="where bench.json, bench.png and the exported modules go (the native loop: build/bench-native)")
     bench.add_argument("--cases", type=_choices(BENCH_CASES, "models"), default=[],
                        help="models, comma-separated: seed (linear regression), mlp (32-64-64-10), "
                             "big (512-1024-512-10)")
