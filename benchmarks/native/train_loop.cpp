@@ -1,18 +1,22 @@
 // The native limit for gradbridge's benchmark: the same exported training module, the same
 // loop, driven from C++ against the pip wheel's libtorch (no JVM, no Python).
 //
-// Usage: train_loop MODEL.pt DATA.bin MODE WARMUP REPEATS STEPS THREADS
+// Usage: train_loop MODEL.pt DATA.bin MODE THREADS [BATCH]
 //   DATA.bin: int64 n, int64 rank_x, dims_x..., int64 rank_y, dims_y..., int64 y_is_int,
 //             then x as float32 and y as float32 or int64 (little endian), as bench.py writes it.
-//   MODE: step  -> STEPS calls of train_step(x, y) per repeat (one batch = all of x)
-//         fused -> STEPS calls of train_epoch(x, y, perm, batch) per repeat, batch from argv[8]
-// Prints one JSON object: {"repeat_seconds": [...], "calls_per_repeat": STEPS}.
+//   MODE: step  -> a call is train_step(x, y) (one batch = all of x)
+//         fused -> a call is train_epoch(x, y, perm, BATCH), perm = 0..n-1
+// A benchmark worker: prints one JSON line with its settings, then answers each line "run N" on
+// stdin with {"seconds": S}, the wall time of N calls, until "quit" or end of input.
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -33,13 +37,19 @@ static torch::Tensor read_tensor(std::ifstream& in, const std::vector<int64_t>& 
 }
 
 int main(int argc, char** argv) {
-  if (argc < 8) {
-    std::cerr << "usage: train_loop MODEL.pt DATA.bin step|fused WARMUP REPEATS STEPS THREADS [BATCH]\n";
+  if (argc < 5) {
+    std::cerr << "usage: train_loop MODEL.pt DATA.bin step|fused THREADS [BATCH]\n";
     return 2;
   }
   const std::string mode = argv[3];
-  const int warmup = std::stoi(argv[4]), repeats = std::stoi(argv[5]), steps = std::stoi(argv[6]);
-  at::set_num_threads(std::stoi(argv[7]));
+  // The allocator settings gradbridge's Java library applies (dev.gradbridge.NativeMemory): freed
+  // tensor memory stays in the process instead of being trimmed and faulted in again every step.
+  if (!std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS")) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TOP_PAD, 64 << 20);
+  }
+  at::set_num_threads(std::stoi(argv[4]));
   // Same settings as gradbridge's Java and Python drivers: autograd on, no optimizing executor.
   torch::jit::setGraphExecutorOptimize(false);
   torch::autograd::GradMode::set_enabled(true);
@@ -58,7 +68,7 @@ int main(int argc, char** argv) {
   module.train(true);
   torch::jit::Method train_step = module.get_method("train_step");
   torch::jit::Method train_epoch = module.get_method("train_epoch");
-  const int64_t batch = argc > 8 ? std::stoll(argv[8]) : n;
+  const int64_t batch = argc > 5 ? std::stoll(argv[5]) : n;
   torch::Tensor perm = torch::arange(n, torch::kInt64);
 
   auto call = [&]() {
@@ -68,14 +78,20 @@ int main(int argc, char** argv) {
       train_step({x, y});
     }
   };
-  for (int i = 0; i < warmup; ++i) call();
-  std::cout << "{\"calls_per_repeat\": " << steps << ", \"repeat_seconds\": [";
-  for (int r = 0; r < repeats; ++r) {
+  std::cout << "{\"ready\": true, \"intra_op_threads\": " << at::get_num_threads()
+            << ", \"interop_threads\": " << at::get_num_interop_threads() << ", \"native_memory\": \""
+            << (std::getenv("GRADBRIDGE_NATIVE_MALLOC_DEFAULTS") ? "glibc defaults"
+                                                                 : "glibc mallopt M_MMAP_THRESHOLD=33554432 "
+                                                                   "M_TRIM_THRESHOLD=268435456 M_TOP_PAD=67108864")
+            << "\"}" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+    const long calls = std::stol(line.substr(4));  // "run N"
     auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < steps; ++i) call();
+    for (long i = 0; i < calls; ++i) call();
     std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    std::cout << (r ? ", " : "") << elapsed.count();
+    std::cout.precision(9);
+    std::cout << "{\"seconds\": " << std::fixed << elapsed.count() << "}" << std::endl;
   }
-  std::cout << "]}" << std::endl;
   return 0;
 }

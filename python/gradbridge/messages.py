@@ -108,6 +108,18 @@ def check_integer(name: str, value: Any, low: int, high: int) -> int:
     return int(value)
 
 
+# ---- gradbridge bench ----
+
+BENCH_ROUNDS = "rounds (an integer from 2 to 10000)"
+BENCH_THREADS = "threads (an integer from 1 to 1024)"
+ENV_ASSIGNMENT = "environment assignment (NAME=VALUE)"
+
+
+def bench_choice(what: str, allowed: Sequence[str]) -> str:
+    """argparse's name for a comma-separated choice ("invalid <this> value: 'x'")."""
+    return f"{what} (comma-separated, from {', '.join(allowed)})"
+
+
 # ---- custom operators ----
 
 def missing_custom_op(module: str, operator: str) -> str:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
-from .. import protocol
 from ..models import BUILTIN_MODELS
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -202,10 +202,58 @@ def _op_library_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run
+    from .bench import JavaSettings, run
 
-    run(quick=args.quick, out_dir=args.out_dir)
+    java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
+    run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
+        steps_only=args.steps_only, java_settings=java, threads=args.threads)
     return 0
+
+
+#: `gradbridge bench --cases/--only` names (bench.CASES keys, bench.VARIANTS + IN_PROCESS keys; a test
+#: checks they agree), here so that the parser does not import torch.
+BENCH_CASES = ("seed", "mlp", "big")
+BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "c*", "d*")
+
+
+def _bench_rounds(text: str) -> int:
+    value = int(text)
+    if not 2 <= value <= 10_000:
+        raise ValueError(text)
+    return value
+
+
+_bench_rounds.__name__ = messages.BENCH_ROUNDS
+
+
+def _bench_threads(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1024:
+        raise ValueError(text)
+    return value
+
+
+_bench_threads.__name__ = messages.BENCH_THREADS
+
+
+def _choices(allowed, what: str):
+    def parse(text: str) -> List[str]:
+        chosen = [item.strip() for item in text.split(",") if item.strip()]
+        if not chosen or any(item not in allowed for item in chosen):
+            raise ValueError(text)
+        return chosen
+    parse.__name__ = messages.bench_choice(what, allowed)
+    return parse
+
+
+def _env_assignment(text: str):
+    name, equals, value = text.partition("=")
+    if not equals or not name or not name.replace("_", "a").isalnum():
+        raise ValueError(text)
+    return name, value
+
+
+_env_assignment.__name__ = messages.ENV_ASSIGNMENT
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -366,8 +414,26 @@ def build_parser() -> argparse.ArgumentParser:
     gradcheck.set_defaults(run=_gradcheck)
 
     bench = commands.add_parser("bench", help="time Java-driven training against eager Python and native libtorch")
-    bench.add_argument("--quick", action="store_true", help="few repeats, small sizes, no gradle run (for tests)")
-    bench.add_argument("--out-dir", default="build/bench", help="where bench.json, bench.png and the native loop go")
+    bench.add_argument("--quick", action="store_true", help="few rounds, small sizes, no gradle run (for tests)")
+    bench.add_argument("--rounds", type=_bench_rounds,
+                       help="interleaved rounds per model (default 15, --quick 3): more rounds, narrower intervals")
+    bench.add_argument("--out-dir", default="build/bench",
+                       help="where bench.json, bench.png and the exported modules go (the native loop: build/bench-native)")
+    bench.add_argument("--cases", type=_choices(BENCH_CASES, "models"), default=[],
+                       help="models, comma-separated: seed (linear regression), mlp (32-64-64-10), "
+                            "big (512-1024-512-10)")
+    bench.add_argument("--only", type=_choices(BENCH_VARIANTS, "variants"), default=[],
+                       help="variants, comma-separated: " + ", ".join(BENCH_VARIANTS) + " (see benchmarks/README.md)")
+    bench.add_argument("--threads", type=_bench_threads,
+                       help="intra-op threads of every variant (default: torch's, one per core)")
+    bench.add_argument("--steps-only", action="store_true", help="only the training-step table (no call "
+                                                                  "breakdown, transfer, memory, start-up)")
+    own = bench.add_argument_group("the own-JVM variants (c), (d): one factor at a time")
+    own.add_argument("--java-option", action="append", default=[], metavar="OPTION",
+                     help="extra JVM option, e.g. -XX:+UseSerialGC (repeatable)")
+    own.add_argument("--java-env", action="append", type=_env_assignment, default=[], metavar="NAME=VALUE",
+                     help="environment variable for the JVM, e.g. OMP_WAIT_POLICY=passive (repeatable)")
+    own.add_argument("--java-cpus", metavar="LIST", help="run the JVM on these CPUs (taskset -c LIST)")
     bench.set_defaults(run=_bench)
 
     demo = commands.add_parser("demo", help="export, train from Java (gradle run and in-process), check parity")

@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import ai.djl.Device;
 import ai.djl.engine.Engine;
 import ai.djl.engine.EngineException;
 import ai.djl.ndarray.NDArray;
@@ -38,11 +39,14 @@ final class ScriptedModule implements AutoCloseable {
     private final PtNDManager manager;
     private final PtSymbolBlock block;
     private final Set<String> methodNames;
+    /** Results are CPU tensors, whose bytes {@link #invokeToDoubles} reads directly. */
+    private final boolean onCpu;
 
     private ScriptedModule(Path path, PtNDManager manager, PtSymbolBlock block) {
         this.path = path;
         this.manager = manager;
         this.block = block;
+        this.onCpu = Device.cpu().equals(manager.getDevice());
         this.methodNames =
                 Collections.unmodifiableSet(new LinkedHashSet<>(Arrays.asList(JniUtils.getMethodNames(block))));
     }
@@ -59,7 +63,9 @@ final class ScriptedModule implements AutoCloseable {
             System.setProperty(GRAPH_OPTIMIZER, "false"); // see prepareCallingThread
         }
         try {
-            return Engine.getEngine("PyTorch");
+            Engine engine = Engine.getEngine("PyTorch");
+            NativeMemory.tune(); // once: freed tensor memory stays in the process (see NativeMemory)
+            return engine;
         } catch (RuntimeException e) {
             throw new GradbridgeException(
                     "cannot start DJL's PyTorch engine: "
@@ -160,6 +166,53 @@ final class ScriptedModule implements AutoCloseable {
                 input.close();
             }
         }
+    }
+
+    /**
+     * The hot path of training ({@code train_step}, {@code train_epoch}, ...): runs {@code
+     * method(x, y)}, or {@code method(x, y, perm, batch)} when {@code perm} is given, whose result
+     * is a tensor, and returns the result's values as exact doubles (float32 widens without
+     * rounding). It does what the native call does and no more: the inputs' tensor handles go to
+     * libtorch in IValues made and freed here, and only the result's bytes come back; no DJL
+     * wrapper object is made per argument or result. The caller has checked the arguments.
+     */
+    double[] invokeToDoubles(String method, NDArray x, NDArray y, NDArray perm, long batch) {
+        if (!onCpu || !methodNames.contains(method)) { // the general path handles, or words the error
+            Object result = perm == null ? invoke(method, manager, x, y) : invoke(method, manager, x, y, perm, batch);
+            try (NDArray values = (NDArray) result) {
+                return Tensors.exactDoubles(values);
+            }
+        }
+        long[] inputs = new long[perm == null ? 2 : 4];
+        try {
+            inputs[0] = TrainingMethodInvoker.tensorIValue((PtNDArray) x);
+            inputs[1] = TrainingMethodInvoker.tensorIValue((PtNDArray) y);
+            if (perm != null) {
+                inputs[2] = TrainingMethodInvoker.tensorIValue((PtNDArray) perm);
+                inputs[3] = TrainingMethodInvoker.longIValue(batch);
+            }
+            prepareCallingThread();
+            return TrainingMethodInvoker.runToDoubles(block, method, inputs, perm == null, manager);
+        } catch (EngineException | IllegalStateException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        } finally {
+            for (long input : inputs) {
+                TrainingMethodInvoker.freeIValue(input);
+            }
+        }
+    }
+
+    /**
+     * The smallest and largest index in a non-empty 1-d int64 array.
+     *
+     * @return {min, max}
+     */
+    static long[] minMax(NDArray indices) {
+        if (Device.cpu().equals(indices.getDevice())) {
+            return TrainingMethodInvoker.minMax((PtNDArray) indices);
+        }
+        long[] values = indices.toLongArray();
+        return new long[] {Arrays.stream(values).min().getAsLong(), Arrays.stream(values).max().getAsLong()};
     }
 
     /** Whether an array belongs to DJL's PyTorch engine (the only kind a method accepts). */

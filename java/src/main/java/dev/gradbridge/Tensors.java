@@ -2,12 +2,51 @@ package dev.gradbridge;
 
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
 import java.util.Locale;
 
 /** Tensors against their metadata specs, and tensor values as exact Java doubles. */
 final class Tensors {
 
     private Tensors() {}
+
+    private static final DataType[] TYPES = DataType.values();
+    private static final String[] TYPE_NAMES = new String[TYPES.length];
+
+    static {
+        for (DataType type : TYPES) {
+            TYPE_NAMES[type.ordinal()] = type.name().toLowerCase(Locale.ROOT);
+        }
+    }
+
+    /**
+     * {@link #checkSpec}'s test without allocating, for checks on every training call (the
+     * spec's dtype and shape are copied once).
+     */
+    static final class SpecCheck {
+        private final String dtype;
+        private final long[] shape;
+
+        SpecCheck(Metadata.TensorSpec spec) {
+            this.dtype = spec.getDtype();
+            this.shape = spec.getShape();
+        }
+
+        /** Whether {@link #checkSpec} would pass {@code array} (with {@code nonEmpty}). */
+        boolean fits(NDArray array) {
+            Shape arrayShape = array.getShape();
+            if (!dtype.equals(TYPE_NAMES[array.getDataType().ordinal()])
+                    || arrayShape.dimension() != shape.length || shape.length == 0 || arrayShape.get(0) == 0) {
+                return false;
+            }
+            for (int i = 1; i < shape.length; i++) {
+                if (shape[i] != arrayShape.get(i)) {
+                    return false;
+                }
+            }
+            return true;
+        }
+    }
 
     /** @return the dtype as the metadata writes it ({@code float32}, {@code int64}, ...) */
     static String dtypeName(NDArray array) {

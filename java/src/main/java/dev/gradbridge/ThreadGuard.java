@@ -20,6 +20,8 @@ final class ThreadGuard {
 
     private final String owner;
     private final AtomicReference<Thread> user = new AtomicReference<>();
+    /** One release for every call: no object per call on the training hot path. */
+    private final Use release = () -> user.set(null);
     private volatile boolean closed;
 
     /** @param owner what is guarded, for messages (the module's path) */
@@ -48,7 +50,7 @@ final class ThreadGuard {
             user.set(null);
             throw new IllegalStateException("training module " + owner + " is closed");
         }
-        return () -> user.set(null);
+        return release;
     }
 
     boolean isClosed() {

@@ -54,6 +54,8 @@ public final class TrainingModule implements AutoCloseable {
     private final List<String> parameterNames;
     private final List<String> bufferNames;
     private final ThreadGuard guard;
+    private final Tensors.SpecCheck xCheck;
+    private final Tensors.SpecCheck yCheck;
 
     private TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
         this.path = path;
@@ -62,6 +64,8 @@ public final class TrainingModule implements AutoCloseable {
         this.manager = scripted.manager();
         this.methodNames = scripted.methodNames();
         this.guard = new ThreadGuard(path.toString());
+        this.xCheck = specCheck(metadata, "x");
+        this.yCheck = specCheck(metadata, "y");
         List<String> missing = new ArrayList<>();
         for (String method : Protocol.REQUIRED_METHODS) {
             if (!methodNames.contains(method)) {
@@ -84,6 +88,16 @@ public final class TrainingModule implements AutoCloseable {
                             + " but the metadata lists " + declared);
         }
         checkParameterSpecs();
+    }
+
+    /** The allocation-free check of an input, or null when the metadata lacks it (then every call fails). */
+    private static Tensors.SpecCheck specCheck(Metadata metadata, String name) {
+        for (Metadata.TensorSpec spec : metadata.getInputs()) {
+            if (spec.getName().equals(name)) {
+                return new Tensors.SpecCheck(spec);
+            }
+        }
+        return null;
     }
 
     /** The metadata's shapes and dtypes are trusted by every check after this: verify them once. */
@@ -261,15 +275,20 @@ public final class TrainingModule implements AutoCloseable {
                 throw new InvalidInputException(
                         Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
             }
-            for (long index : perm.toLongArray()) {
-                if (index < 0 || index >= n) {
+            if (!ScriptedModule.isTorchArray(perm)) {
+                throw new InvalidInputException(
+                        Protocol.TRAIN_EPOCH + ": perm: expected an NDArray of DJL's PyTorch engine, got "
+                                + perm.getClass().getName());
+            }
+            if (perm.getShape().get(0) > 0) { // range checked in libtorch: no copy of perm into Java
+                long[] range = ScriptedModule.minMax(perm);
+                if (range[0] < 0 || range[1] >= n) {
                     throw new InvalidInputException(
-                            Protocol.TRAIN_EPOCH + ": perm holds index " + index + ", outside 0.." + (n - 1));
+                            Protocol.TRAIN_EPOCH + ": perm holds index " + (range[0] < 0 ? range[0] : range[1])
+                                    + ", outside 0.." + (n - 1));
                 }
             }
-            try (NDArray losses = (NDArray) invoke(Protocol.TRAIN_EPOCH, manager, x, y, perm, (long) batchSize)) {
-                return Tensors.exactDoubles(losses);
-            }
+            return scripted.invokeToDoubles(Protocol.TRAIN_EPOCH, x, y, perm, batchSize);
         }
     }
 
@@ -294,10 +313,13 @@ public final class TrainingModule implements AutoCloseable {
 
     private double scalarLoss(String method, NDArray x, NDArray y) {
         checkBatch(method, x, y);
-        // The hot path of training: one result tensor, closed here, no per-call sub-manager.
-        try (NDArray loss = (NDArray) invoke(method, manager, x, y)) {
-            return Tensors.exactDouble(loss);
+        // The hot path of training: see ScriptedModule.invokeToDoubles.
+        double[] loss = scripted.invokeToDoubles(method, x, y, null, 0);
+        if (loss.length != 1) {
+            throw new MethodCallException(
+                    path + ": " + method + "() returned " + loss.length + " values, not one loss", null);
         }
+        return loss[0];
     }
 
     /** Checks x and y against the metadata and each other; returns the number of samples. */
@@ -559,6 +581,10 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private void checkTensor(String name, NDArray array) {
+        Tensors.SpecCheck fast = "x".equals(name) ? xCheck : "y".equals(name) ? yCheck : null;
+        if (fast != null && ScriptedModule.isTorchArray(array) && fast.fits(array)) {
+            return; // the per-call path: no allocation; anything else gets the full check's message
+        }
         if (!ScriptedModule.isTorchArray(array)) {
             throw new InvalidInputException(
                     name + ": expected an NDArray of DJL's PyTorch engine, got "

@@ -1,56 +1,106 @@
 package dev.gradbridge.bench;
 
 import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDManager;
+import ai.djl.pytorch.engine.PtNDArray;
+import ai.djl.pytorch.engine.PtNDManager;
+import ai.djl.pytorch.engine.PtSymbolBlock;
+import ai.djl.pytorch.jni.IValue;
+import ai.djl.pytorch.jni.JniUtils;
+import ai.djl.pytorch.jni.TrainingMethodInvoker;
+import dev.gradbridge.NativeMemory;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.lang.management.GarbageCollectorMXBean;
+import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Paths;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Locale;
 
 /**
  * Java-side timing loops for {@code gradbridge bench}: the loop and the clock live in Java, so
- * the figures carry no JPype call overhead. Each method runs {@code warmup} untimed calls, then
- * {@code repeats} timed blocks of {@code calls} calls, and returns the seconds of each block.
+ * the figures carry no JPype call overhead.
+ *
+ * <p>As a program it is one of the benchmark's <em>workers</em> (the protocol of
+ * benchmarks/native/train_loop.cpp): it loads the module and the data, prints one JSON line
+ * describing its settings, then answers each {@code run N} line on stdin with {@code
+ * {"seconds": S}}, the wall time of N calls, until {@code quit} or end of input. The harness
+ * interleaves the blocks of every variant in rounds.
+ *
+ * <p>{@code breakdown} mode (bench only) times, interleaved in one JVM, what a training call is
+ * made of: the bare native method call, the call through DJL's wrapper objects (gradbridge's path
+ * before issue 16), and {@link TrainingModule#trainStep} as it is now.
  */
 public final class StepBenchmark {
 
     private StepBenchmark() {}
 
     /**
-     * Times one variant in this JVM and prints {@code {"calls_per_repeat": N, "repeat_seconds":
-     * [...]}}, the format of benchmarks/native/train_loop.cpp.
-     *
-     * <p>Arguments: {@code MODEL.pt DATA.npz step|fused WARMUP REPEATS CALLS BATCH}; in step mode
-     * every call is one train_step on all of DATA, in fused mode one train_epoch in order.
+     * {@code MODEL.pt DATA.npz step|fused BATCH}: a worker (see above); {@code breakdown MODEL.pt
+     * DATA.npz ROUNDS CALLS}: the per-call breakdown, one JSON line.
      *
      * @param args see above
+     * @throws IOException when stdin fails
      */
-    public static void main(String[] args) {
-        if (args.length != 7) {
-            System.err.println("usage: StepBenchmark MODEL.pt DATA.npz step|fused WARMUP REPEATS CALLS BATCH");
+    public static void main(String[] args) throws IOException {
+        if (args.length == 5 && "breakdown".equals(args[0])) {
+            System.out.println(breakdown(args[1], args[2], Integer.parseInt(args[3]), Integer.parseInt(args[4])));
+            return;
+        }
+        if (args.length != 4 || !("step".equals(args[2]) || "fused".equals(args[2]))) {
+            System.err.println("usage: StepBenchmark MODEL.pt DATA.npz step|fused BATCH"
+                    + " | StepBenchmark breakdown MODEL.pt DATA.npz ROUNDS CALLS");
             System.exit(2);
         }
-        int warmup = Integer.parseInt(args[3]);
-        int repeats = Integer.parseInt(args[4]);
-        int calls = Integer.parseInt(args[5]);
-        int batch = Integer.parseInt(args[6]);
+        boolean fused = "fused".equals(args[2]);
+        int batch = Integer.parseInt(args[3]);
         try (TrainingModule module = TrainingModule.load(Paths.get(args[0]));
                 Dataset data = Dataset.loadNpz(Paths.get(args[1]), module.getManager())) {
-            double[] seconds;
-            if ("fused".equals(args[2])) {
+            NDArray perm = null;
+            if (fused) {
                 long[] order = new long[data.size()];
                 Arrays.setAll(order, i -> i);
-                NDArray perm = module.getManager().create(order);
-                seconds = trainEpoch(module, data.getX(), data.getY(), perm, batch, warmup, repeats, calls);
-            } else {
-                seconds = trainStep(module, data.getX(), data.getY(), warmup, repeats, calls);
+                perm = module.getManager().create(order);
             }
-            StringBuilder json = new StringBuilder("{\"calls_per_repeat\": " + calls + ", \"repeat_seconds\": [");
-            for (int i = 0; i < seconds.length; i++) {
-                json.append(i == 0 ? "" : ", ").append(String.format(Locale.ROOT, "%.9f", seconds[i]));
+            System.out.println(environment());
+            BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+            for (String line = in.readLine(); line != null && !"quit".equals(line.trim()); line = in.readLine()) {
+                int calls = Integer.parseInt(line.trim().substring("run ".length()));
+                double seconds = fused
+                        ? trainEpoch(module, data.getX(), data.getY(), perm, batch, 0, 1, calls)[0]
+                        : trainStep(module, data.getX(), data.getY(), 0, 1, calls)[0];
+                System.out.println(String.format(Locale.ROOT, "{\"seconds\": %.9f}", seconds));
             }
-            System.out.println(json.append("]}"));
         }
+    }
+
+    /** This JVM's settings as one JSON line: what the harness records for the variant. */
+    static String environment() {
+        List<String> gcs = new ArrayList<>();
+        for (GarbageCollectorMXBean gc : ManagementFactory.getGarbageCollectorMXBeans()) {
+            gcs.add(quote(gc.getName()));
+        }
+        List<String> options = new ArrayList<>();
+        for (String option : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
+            options.add(quote(option));
+        }
+        return "{\"ready\": true, \"intra_op_threads\": " + JniUtils.getNumThreads()
+                + ", \"interop_threads\": " + JniUtils.getNumInteropThreads()
+                + ", \"java\": " + quote(System.getProperty("java.vm.name") + " " + System.getProperty("java.version"))
+                + ", \"available_processors\": " + Runtime.getRuntime().availableProcessors()
+                + ", \"max_heap_bytes\": " + Runtime.getRuntime().maxMemory()
+                + ", \"native_memory\": " + quote(NativeMemory.describe())
+                + ", \"gc\": " + gcs + ", \"jvm_options\": " + options + "}";
+    }
+
+    private static String quote(String text) {
+        return "\"" + text.replace("\\", "\\\\").replace("\"", "\\\"") + "\"";
     }
 
     /**
@@ -107,5 +157,73 @@ public final class StepBenchmark {
             seconds[r] = (System.nanoTime() - start) / 1e9;
         }
         return seconds;
+    }
+
+    /**
+     * What one {@code train_step} call costs, layer by layer, in rounds that interleave the three
+     * ways of calling it (so that load on the machine hits all alike): {@code bare}, the native
+     * method call on IValues made once (what the native loop does, plus one JNI crossing);
+     * {@code djl_wrappers}, the same call with DJL's IValue and NDArray objects made per call and
+     * the loss read with {@code getFloat} (gradbridge's path before issue 16); {@code
+     * train_step}, {@link TrainingModule#trainStep} now (checks, thread guard, exact loss).
+     *
+     * @return JSON: per-call seconds of each way in each round
+     */
+    static String breakdown(String model, String data, int rounds, int calls) {
+        try (TrainingModule module = TrainingModule.load(Paths.get(model));
+                Dataset batch = Dataset.loadNpz(Paths.get(data), module.getManager());
+                PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch")) {
+            // A second copy of the module for the lower layers: TrainingModule keeps its own private.
+            PtSymbolBlock block = JniUtils.loadModule(manager, Paths.get(model).toAbsolutePath(), true,
+                    new String[0], new String[0], true);
+            JniUtils.enableTrainingMode(block);
+            JniUtils.setGradMode(true);
+            JniUtils.setGraphExecutorOptimize(false);
+            PtNDArray x = (PtNDArray) batch.getX();
+            PtNDArray y = (PtNDArray) batch.getY();
+            Runnable bare;
+            try (IValue ix = IValue.from(x); IValue iy = IValue.from(y)) {
+                bare = () -> TrainingMethodInvoker.runWithAutograd(block, "train_step", ix, iy).close();
+                Runnable wrappers = () -> {
+                    try (IValue wx = IValue.from(x); IValue wy = IValue.from(y);
+                            IValue result = TrainingMethodInvoker.runWithAutograd(block, "train_step", wx, wy);
+                            NDArray loss = result.toTensor(manager)) {
+                        if (Float.isNaN(loss.getFloat())) {
+                            throw new IllegalStateException("NaN loss");
+                        }
+                    }
+                };
+                Runnable trainStep = () -> module.trainStep(x, y);
+                String[] names = {"bare", "djl_wrappers", "train_step"};
+                Runnable[] ways = {bare, wrappers, trainStep};
+                for (Runnable way : ways) { // warm-up: JIT, allocator
+                    for (int i = 0; i < Math.max(calls, 2000); i++) {
+                        way.run();
+                    }
+                }
+                double[][] seconds = new double[ways.length][rounds];
+                for (int r = 0; r < rounds; r++) {
+                    for (int k = 0; k < ways.length; k++) {
+                        int w = (k + r) % ways.length; // rotate the order
+                        long start = System.nanoTime();
+                        for (int i = 0; i < calls; i++) {
+                            ways[w].run();
+                        }
+                        seconds[w][r] = (System.nanoTime() - start) / 1e9 / calls;
+                    }
+                }
+                StringBuilder json = new StringBuilder("{\"calls_per_block\": " + calls + ", \"per_call_seconds\": {");
+                for (int k = 0; k < ways.length; k++) {
+                    json.append(k == 0 ? "" : ", ").append(quote(names[k])).append(": [");
+                    for (int r = 0; r < rounds; r++) {
+                        json.append(r == 0 ? "" : ", ").append(String.format(Locale.ROOT, "%.9g", seconds[k][r]));
+                    }
+                    json.append("]");
+                }
+                return json.append("}}").toString();
+            } finally {
+                block.close();
+            }
+        }
     }
 }
