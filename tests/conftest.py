@@ -50,7 +50,7 @@ def pytest_terminal_summary(terminalreporter):
     """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|."""
     import sys
 
-    matrix_tests = sys.modules.get("tests.test_matrix") or sys.modules.get("test_matrix")
+    matrix_tests = sys.modules.get("tests.matrix")
     if matrix_tests is None or not matrix_tests.RESULTS:
         return
     lines = [f"{'case':<42} {'mode':<6} {'java':<11} result"]

@@ -31,7 +31,7 @@ def _array(module, values, shape, dtype=np.float32):
 
 def _still_trains(jvm, model_path):
     x, y = java.seed_data(n=8)
-    history = java.train_linear_regression(model_path, x, y, epochs=2, lr=0.01)
+    history = java.train(model_path, x, y, epochs=2, mode="full", lr=0.01)
     assert len(history) == 2
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gradbridge.bench import IN_PROCESS, VARIANTS
+from gradbridge.commands.bench import IN_PROCESS, VARIANTS
 from gradbridge._devtree import root
 
 REPO_ROOT = root()

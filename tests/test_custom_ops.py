@@ -89,7 +89,7 @@ def test_missing_library_names_the_operator_and_the_option(op_models):
     in_process = subprocess.run([sys.executable, "-c", probe, str(model)], capture_output=True, text=True)
     assert in_process.stdout.startswith(expected_java), in_process.stdout + in_process.stderr
     with pytest.raises(GradbridgeError) as separate:
-        java.train_subprocess(model, op_models / "train.npz", epochs=1, history=op_models / "h.jsonl")
+        launcher.train(model, op_models / "train.npz", epochs=1, history=op_models / "h.jsonl")
     assert str(separate.value).endswith(expected_java)
     assert not (op_models / "h.jsonl").exists()
 

@@ -56,7 +56,7 @@ def test_negative_or_non_finite_tolerance_is_refused(model_path, tmp_path, optio
 
 
 def test_paritycheck_run_refuses_a_negative_tolerance(model_path, tmp_path):
-    from gradbridge import paritycheck
+    from gradbridge.commands import parity as paritycheck
 
     with pytest.raises(ValueError, match=r"^rtol must be a finite number >= 0, got -1"):
         paritycheck.run(model_path, tmp_path / "unused.npz", rtol=-1)

@@ -97,6 +97,22 @@ def test_huge_header_npy_pair(models, tmp_path):
     assert one_error_line(result) == messages.npy_size(str(x), "x", [10**12, 1], "<f4", 4 * 10**12, 160)
 
 
+def test_wrong_dtype_same_line_in_both_languages(models, tmp_path):
+    """A float64 x: Python's data.check and Java's Dataset word the refusal the same way."""
+    path = tmp_path / "float64.npz"
+    np.savez(path, x=X.astype(np.float64), y=Y)
+    expected = messages.tensor_spec(str(path), "x", "float32", [-1, 1], "float64", [40, 1])
+    metadata = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 1]},
+                           {"name": "y", "dtype": "float32", "shape": [-1, 1]}]}
+    with pytest.raises(InvalidInputError) as info:
+        data.load_checked(metadata, path)
+    assert str(info.value) == expected
+    result = train_cli("--model", models["linear_regression.pt"], "--data", path, "--epochs", 1,
+                       "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt")
+    assert one_error_line(result) == expected
+    assert stray_files(tmp_path, keep=[path.name]) == []
+
+
 def test_little_endian_still_trains(models, tmp_path):
     good = tmp_path / "good.npz"
     np.savez(good, x=X.astype("<f4"), y=Y)

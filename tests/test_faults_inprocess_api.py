@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge import InvalidInputError, JavaBuildMissingError, java, reference
+from gradbridge import InvalidInputError, JavaBuildMissingError, java, messages, reference
 
 X = np.linspace(0, 1, 16, dtype=np.float32).reshape(16, 1)
 Y = 2 * X + 1
@@ -39,8 +39,6 @@ def test_zero_samples(jvm, model_path):
     with pytest.raises(InvalidInputError) as info:
         java.train(model_path, empty, empty, epochs=1)
     assert str(info.value) == "training data: the dataset is empty (0 samples)"
-    with pytest.raises(InvalidInputError, match=r"^x and y must be non-empty and equally long, got 0 and 0$"):
-        java.train_linear_regression(model_path, empty, empty, epochs=1, lr=0.01)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -54,11 +52,17 @@ def test_seed_data_arguments(jvm, kwargs, message):
     assert str(info.value) == message
 
 
-def test_seed_driver_arguments(jvm, model_path):
-    with pytest.raises(InvalidInputError, match=r"^lr must be a positive finite number, got nan$"):
-        java.train_linear_regression(model_path, X, Y, epochs=1, lr=float("nan"))
-    with pytest.raises(InvalidInputError, match=r"^epochs must be an integer"):
-        java.train_linear_regression(model_path, X, Y, epochs=2.5, lr=0.1)
+@pytest.mark.parametrize("lr", [float("nan"), -0.1, float("inf"), True, "0.1"])
+def test_lr_argument(jvm, model_path, lr):
+    with pytest.raises(InvalidInputError, match=r"^lr must be a finite number >= 0, got "):
+        java.train(model_path, X, Y, epochs=1, mode="full", lr=lr)
+
+
+def test_unknown_mode_same_line_on_both_sides(jvm, model_path):
+    for train in (java.train, reference.train):
+        with pytest.raises(InvalidInputError) as info:
+            train(model_path, X, Y, epochs=1, mode="turbo")
+        assert str(info.value) == messages.unknown_mode("turbo")
 
 
 def test_classpath_without_the_classes(jvm):
@@ -82,6 +86,6 @@ def test_classpath_without_the_trainer_classes(jvm, model_path, monkeypatch):
 
     monkeypatch.setattr(jpype, "JClass", without_library)
     for call in (lambda: java.train(model_path, X, Y, epochs=1), lambda: java.seed_data(n=4),
-                 lambda: java.train_linear_regression(model_path, X, Y, epochs=1, lr=0.1)):
+                 lambda: java.train(model_path, X, Y, epochs=1, mode="full", lr=0.1)):
         with pytest.raises(JavaBuildMissingError, match=r"^the Java classpath \(.*\) lacks dev\.gradbridge\."):
             call()

@@ -253,10 +253,10 @@ def test_one_group_in_its_own_order_keeps_that_order_for_the_optimizer_state(tmp
     assert all(torch.equal(a, b) for key in theirs for a, b in zip(mine[key], theirs[key]))
 
 
-def test_seed_driver_reference_records_no_lrs(tmp_path):
-    # train_full_batch steps with its own lr (the seed's sgd_step), not the module's optimizer
+def test_lr_override_sets_every_group_and_is_recorded(tmp_path):
+    # The seed's --lr: the exported optimizer at another rate, recorded as the module's lrs
     x, y = _data()
     path = export_training_module(_model(), "cross_entropy", {"name": "sgd", "lr": 0.01}, tmp_path / "m.pt",
                                   example_inputs=(x, y))
-    history = reference.train_full_batch(path, x.numpy(), y.numpy(), epochs=1, lr=0.05)
-    assert history[0].lrs is None and history[0].loss > 0
+    history = reference.train(path, x.numpy(), y.numpy(), epochs=1, mode="full", lr=0.05)
+    assert history[0].lrs == [0.05] and history[0].loss > 0

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as ls
 
-from gradbridge import cli, export_training_module, java, protocol, reference
+from gradbridge.commands import main as cli
+from gradbridge import export_training_module, java, protocol, reference
 from gradbridge.errors import CLI_ERROR_PREFIX
 from gradbridge.export import state_dict_of
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge import java, reference
+from gradbridge import java, launcher, reference
 from gradbridge.parity import assert_histories_match
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 from tests import matrix
 
-RESULTS = []  # (case, mode, side, verdict) for the report printed at the end of the session
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +54,7 @@ def test_in_process(jvm, request, exported, model_name, optimizer, mode):
     in_java = java.train(path, x, y, **settings)
     in_python = reference.train(path, x, y, **settings)
     report = assert_histories_match(in_python, in_java)
-    RESULTS.append((f"{model_name} / {optimizer}", mode, "in-process", report))
+    matrix.RESULTS.append((f"{model_name} / {optimizer}", mode, "in-process", report))
     assert report.bitwise
 
 
@@ -76,7 +75,7 @@ def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
     data = matrix.MODELS[model_name].data
     settings = dict(epochs=_epochs(request), batch_size=matrix.BATCH, seed=1, mode=mode)
     if request.config.getoption("--full"):
-        history = java.train_subprocess(path, npz_files[data], history=tmp_path / "h.jsonl", **settings)
+        history = launcher.train(path, npz_files[data], history=tmp_path / "h.jsonl", **settings)
     else:  # through Gradle, as a user would: `gradle train -Pargs="..."`
         from gradbridge import History
         from gradbridge.gradle import run_task
@@ -88,4 +87,4 @@ def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
     x, y = matrix.dataset(data)
     in_python = reference.train(path, x, y, **settings)
     report = assert_histories_match(in_python, history, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
-    RESULTS.append((f"{model_name} / {optimizer}", mode, "subprocess", report))
+    matrix.RESULTS.append((f"{model_name} / {optimizer}", mode, "subprocess", report))

@@ -25,15 +25,14 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as ls
 
-from gradbridge import export_training_module, java, reference
+from gradbridge import export_training_module, java, launcher, reference
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests import matrix
-from tests.test_matrix import RESULTS
 
 EPOCHS = 4
 BATCH = 32
-MODES = ("step", "fused", "full")
+MODES = matrix.MODES
 USERS = 40  # digit images of the recommender (users); its items are the 64 pixels
 PRETRAIN = 900  # digits used to pre-train the CNN in Python; Java fine-tunes on the rest
 
@@ -192,7 +191,7 @@ def test_fine_tuning_in_process(jvm, built, name, mode):
     in_java = java.train(path, x, y, val=val, **settings)
     in_python = reference.train(path, x, y, model=model, val=val, **settings)
     report = assert_histories_match(in_python, in_java)
-    RESULTS.append((f"finetune {name}", mode, "in-process", report))
+    matrix.RESULTS.append((f"finetune {name}", mode, "in-process", report))
     assert report.bitwise
     assert all(r.lrs is not None for r in in_java) and [r.lrs for r in in_java] == [r.lrs for r in in_python]
 
@@ -202,8 +201,8 @@ def test_fine_tuning_in_a_jvm_of_its_own(built, tmp_path, name):
     path, model, (x, y), val = built(name)
     np.savez(tmp_path / "data.npz", x=x, y=y)
     settings = _settings("step")
-    history = java.train_subprocess(path, tmp_path / "data.npz", history=tmp_path / "h.jsonl", **settings)
+    history = launcher.train(path, tmp_path / "data.npz", history=tmp_path / "h.jsonl", **settings)
     in_python = reference.train(path, x, y, model=model, **settings)
     report = assert_histories_match(in_python, history, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
-    RESULTS.append((f"finetune {name}", "step", "subprocess", report))
+    matrix.RESULTS.append((f"finetune {name}", "step", "subprocess", report))
     assert report.within_tolerance

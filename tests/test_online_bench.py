@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gradbridge.cli import main as cli_main
+from gradbridge.commands.main import main as cli_main
 
 
 def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):

@@ -3,8 +3,8 @@ replay of its log is bitwise, and the plot is written."""
 
 from __future__ import annotations
 
-from gradbridge.cli import main as cli_main
-from gradbridge.online_demo import auc
+from gradbridge.commands.main import main as cli_main
+from gradbridge.commands.online_demo import auc
 
 
 def test_auc_matches_the_pairwise_definition():

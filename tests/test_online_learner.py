@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gradbridge import replay as replay_mod
-from gradbridge.cli import main as cli_main
+from gradbridge.commands.main import main as cli_main
 from gradbridge.reference import Reference
 
 

@@ -16,24 +16,11 @@ from gradbridge.export import optim
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
 from gradbridge.torchscript import plain_graph_executor
+from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZERS
 
 STEPS = 50
 BATCH = 16
 
-OPTIMIZERS = {
-    "sgd": {"name": "sgd", "lr": 0.05},
-    "sgd-momentum-dampening": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.1},
-    "sgd-nesterov-wd": {"name": "sgd", "lr": 0.01, "momentum": 0.8, "nesterov": True,
-                                 "weight_decay": 1e-3},
-    "adam": {"name": "adam", "lr": 1e-2},
-    "adam-amsgrad-wd": {"name": "adam", "lr": 1e-2, "betas": [0.8, 0.99], "weight_decay": 1e-2, "amsgrad": True},
-    "adamw": {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-    "rmsprop-centered-momentum": {"name": "rmsprop", "lr": 1e-3, "momentum": 0.5, "centered": True,
-                                  "weight_decay": 1e-3},
-    "adagrad": {"name": "adagrad", "lr": 5e-2, "lr_decay": 1e-3, "weight_decay": 1e-3,
-                "initial_accumulator_value": 0.1},
-    "sgd-maximize": {"name": "sgd", "lr": 1e-3, "maximize": True},
-}
 
 MODELS = {
     "mlp": (lambda: mlp(in_features=6, hidden=(16, 16), out_features=3), (6,)),

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from gradbridge import EpochRecord, History, paritycheck
+from gradbridge import EpochRecord, History
+from gradbridge.commands import parity as paritycheck
 from gradbridge.parity import assert_histories_match, compare_histories
 from gradbridge._devtree import root
 

@@ -17,8 +17,8 @@ def test_java_in_process_equals_eager_pytorch_bit_for_bit(jvm, model_path):
     # Given the Java generator's data and the same exported initial parameters
     x, y = java.seed_data(seed=42, n=100)
     # When Java and eager torch.optim.SGD each train for EPOCHS full-batch epochs
-    in_java = java.train_linear_regression(model_path, x, y, epochs=EPOCHS, lr=LR)
-    python = reference.train_full_batch(model_path, x, y, epochs=EPOCHS, lr=LR)
+    in_java = java.train(model_path, x, y, epochs=EPOCHS, mode="full", lr=LR)
+    python = reference.train(model_path, x, y, epochs=EPOCHS, mode="full", lr=LR)
     # Then loss and every parameter agree to the last bit at every epoch
     report = compare_histories(python, in_java)
     assert len(report.rows) == EPOCHS

@@ -14,7 +14,7 @@ import torch
 from gradbridge import export_training_module
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
-from tests.test_optim import OPTIMIZERS as OPTIMIZER_CONFIGS
+from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZER_CONFIGS
 
 EPOCHS = 10
 #: every optimizer configuration of the Python-side parity tests, here trained through Java

@@ -43,7 +43,7 @@ def test_gradle_run_prints_the_seed_log_with_falling_loss(gradle_run):
 def test_gradle_run_history_matches_eager_pytorch(jvm, model_path, gradle_run):
     _, from_gradle = gradle_run
     x, y = java.seed_data(seed=42, n=100)
-    python = reference.train_full_batch(model_path, x, y, epochs=EPOCHS, lr=LR)
+    python = reference.train(model_path, x, y, epochs=EPOCHS, mode="full", lr=LR)
     report = compare_histories(python, from_gradle, rtol=RTOL, atol=ATOL, labels=("python", "gradle"))
     print(report.verdict())  # the measured bound, shown with -s or on failure
     assert report.within_tolerance, report.table(every=10)

@@ -53,3 +53,48 @@ def test_java_protocol_constants_match_python(jvm):
 def test_djl_engine_reports_the_pinned_libtorch(jvm):
     engine = jpype.JClass("ai.djl.engine.Engine").getEngine("PyTorch")
     assert str(engine.getVersion()) == _gradle_properties()["torchVersion"]
+
+
+def test_training_modes_match(jvm):
+    Mode = jpype.JClass("dev.gradbridge.Trainer$Mode")
+    assert tuple(str(m.name()).lower() for m in Mode.values()) == protocol.MODES
+
+
+def test_shared_wording_matches(jvm):
+    """Lines both languages print, built by each side's one definition from the same values."""
+    from gradbridge import messages
+
+    Messages = jpype.JClass("dev.gradbridge.Messages")
+    longs = jpype.JArray(jpype.JLong)
+    assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
+    for loss in (float("nan"), float("inf"), float("-inf")):
+        assert str(Messages.divergence(loss, 3, 1, 8, 15)) == messages.divergence(loss, 3, 1, 8, 15)
+    for source in ("data.npz", ""):
+        assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
+            == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])
+
+
+def test_metadata_keys_match_java(jvm):
+    """Every key Java's Metadata (and its Checkpoint) reads or writes is a key Python names."""
+    Modifier = jpype.JClass("java.lang.reflect.Modifier")
+
+    def snake_fields(class_name):
+        fields = jpype.JClass(class_name).class_.getDeclaredFields()
+        names = [str(f.getName()) for f in fields
+                 if not Modifier.isStatic(f.getModifiers()) and not Modifier.isTransient(f.getModifiers())]
+        return tuple(re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", n).lower() for n in names)
+
+    java_keys = snake_fields("dev.gradbridge.Metadata")
+    required = len(protocol.METADATA_KEYS)
+    assert java_keys[:required] == protocol.METADATA_KEYS
+    assert sorted(java_keys[required:]) == sorted(protocol.OPTIONAL_METADATA_KEYS)
+    assert snake_fields("dev.gradbridge.Metadata$Checkpoint") == protocol.CHECKPOINT_KEYS
+
+
+def test_java_leaves_python_autograd_on(jvm):
+    """Starting DJL's engine (done by jvm.start) and calling Java leave this thread's grad mode as it was."""
+    Engine = jpype.JClass("ai.djl.engine.Engine")
+    Engine.getEngine("PyTorch")
+    w = torch.ones(2, requires_grad=True)
+    (w * 3).sum().backward()
+    assert torch.is_grad_enabled() and w.grad.tolist() == [3.0, 3.0]

@@ -124,7 +124,7 @@ def test_divergence_is_named_and_the_checkpoint_stays(jvm, tmp_path):
     checkpoint = tmp_path / "wild-checkpoint.pt"
     with pytest.raises(DivergenceError, match=r"loss is (NaN|Infinity) at epoch \d+, batch \d+") as info:
         java.train(path, x, y, epochs=50, batch_size=8, checkpoint=checkpoint)
-    with pytest.raises(DivergenceError, match=r"loss is (nan|inf) at epoch \d+, batch \d+"):
+    with pytest.raises(DivergenceError, match=r"loss is (NaN|Infinity) at epoch \d+, batch \d+"):
         reference.train(path, x, y, epochs=50, batch_size=8)
     # The checkpoint holds exactly the epochs completed before the divergence (none: no file).
     done = len(info.value.history)

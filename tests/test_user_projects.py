@@ -229,7 +229,7 @@ def test_bad_installation_is_one_line(user_env, outside, case):
         expected = r"is Java 11\.0\.2; gradbridge needs Java 17 or newer: install a JDK 17\+ and set JAVA_HOME"
     else:                       # torch's version seen as another release
         command = [bin_dir / "python", "-c", "import sys, torch; torch.__version__ = '2.6.0+cpu'; "
-                   "from gradbridge.cli import main; sys.exit(main(sys.argv[1:]))", *command[1:]]
+                   "from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))", *command[1:]]
         expected = r"torch 2\.6\.0 is installed, but this gradbridge's Java library \(DJL\) runs libtorch 2\.7\.1: " \
                    r"pip install torch==2\.7\.1"
     result = _run(command, cwd=outside, env=env)

@@ -12,8 +12,6 @@ Public API:
 pytest plugin costs nothing in a test run that does not use its fixtures).
 """
 
-from importlib import resources as _resources
-
 from .errors import (
     DivergenceError,
     GradbridgeError,
@@ -25,8 +23,7 @@ from .errors import (
     SetupError,
 )
 
-#: The project version: python/gradbridge/VERSION is its only definition (wheel, jar and POM read it).
-__version__ = _resources.files(__name__).joinpath("VERSION").read_text(encoding="utf-8").strip()
+from ._version import __version__
 
 # name -> submodule that defines it, imported on first use (PEP 562).
 _LAZY = {

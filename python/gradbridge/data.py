@@ -80,9 +80,8 @@ def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -
         spec = specs[name]
         shape_ok = array.ndim == len(spec["shape"]) and list(array.shape[1:]) == spec["shape"][1:]
         if str(array.dtype) != spec["dtype"] or not shape_ok:
-            raise InvalidInputError(
-                f"{source}: {name} must be {spec['dtype']} of shape {spec['shape']} (-1: any number of samples), "
-                f"got {array.dtype} of shape {list(array.shape)}")
+            raise InvalidInputError(messages.tensor_spec(source, name, spec["dtype"], spec["shape"], str(array.dtype),
+                                                         array.shape))
         if np.issubdtype(array.dtype, np.floating) and array.size and not np.isfinite(array).all():
             raise InvalidInputError(f"{source}: {name} holds NaN or infinite values; clean the data first")
     if len(x) == 0:

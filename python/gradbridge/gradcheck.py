@@ -1,4 +1,4 @@
-"""`gradbridge gradcheck`: are the gradients right?
+"""Are the gradients right? (`gradbridge gradcheck` prints these checks.)
 
 Two checks on one batch of the user's data:
 
@@ -15,15 +15,14 @@ Exit code 0 only when both pass.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
 
 import numpy as np
 
-from . import data, ops, protocol
+from . import data, messages, ops, protocol
+from .errors import InvalidInputError
 
 #: Finite-difference step and tolerances: torch.autograd.gradcheck's defaults for float64.
 EPS = 1e-6
@@ -125,50 +124,35 @@ def finite_differences(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
     return checks
 
 
-def run(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: int = 8,
-        op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64,
-        report_path: str | os.PathLike | None = None, out: Callable[[str], None] = print) -> int:
-    """Print both checks and a verdict; returns the exit code (0: both pass)."""
+@dataclass
+class GradcheckResult:
+    """Both checks on one batch: Java vs Python autograd, and analytic vs finite differences."""
+
+    samples: int
+    parameters: List[str]
+    #: parameter -> max |Java - Python| for those that are not bitwise equal
+    differing: Dict[str, float]
+    checks: List[ParameterCheck]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differing and all(c.ok for c in self.checks)
+
+
+def check(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: int = 8,
+          op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64) -> GradcheckResult:
+    """Both checks on the first ``batch_size`` samples of ``data_path``."""
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+        raise InvalidInputError(messages.argument("batch_size", "at least 1", batch_size))
     if max_elements < 1:
-        raise ValueError(f"--max-elements must be at least 1, got {max_elements}")
+        raise InvalidInputError(messages.argument("max_elements", "at least 1", max_elements))
     metadata = protocol.read_metadata(model)
     ops.prepare(metadata, op_libraries, str(model))
     x, y = data.load_checked(metadata, data_path)
     x, y = np.ascontiguousarray(x[:batch_size]), np.ascontiguousarray(y[:batch_size])
     names = [spec["name"] for spec in metadata["parameters"]]
-
     in_java = java_gradients(model, x, y, op_libraries)
     in_python = python_gradients(model, x, y, names)
     differing = {name: float(np.max(np.abs(in_java[name] - in_python[name]))) for name in names
                  if not np.array_equal(in_java[name], in_python[name])}
-    checks = finite_differences(model, x, y, names, max_elements)
-
-    out(f"gradcheck {Path(model).name}: {len(x)} samples from {Path(data_path).name}")
-    if differing:
-        out("Java vs Python autograd (float32, same module): DIFFER: " +
-            ", ".join(f"{n} max |difference| {d:.3e}" for n, d in differing.items()))
-    else:
-        out(f"Java vs Python autograd (float32, same module): bitwise identical for {len(names)} parameters")
-    out(f"finite differences (float64, eps {EPS:g}; pass: |analytic - numeric| <= {ATOL:g} + {RTOL:g} * |numeric|):")
-    out(f" {'parameter':<24} {'checked':>9} {'max abs err':>12} {'max rel err':>12} {'worst elem':>10}  verdict")
-    for c in checks:
-        out(f" {c.name:<24} {f'{c.elements_checked}/{c.elements}':>9} {c.max_abs_error:>12.3e} "
-            f"{c.max_rel_error:>12.3e} {c.worst_element:>10}  {'ok' if c.ok else 'WRONG'}")
-    wrong = [c for c in checks if not c.ok]
-    if not wrong and not differing:
-        out("verdict: gradients check out")
-    else:
-        reasons = [f"{c.name} element {c.worst_element}: analytic {c.analytic:.6g}, numeric {c.numeric:.6g}"
-                   for c in wrong] + [f"Java and Python differ on {n}" for n in differing]
-        out("verdict: WRONG GRADIENTS: " + "; ".join(reasons))
-    if report_path is not None:
-        report = {"model": str(model), "data": str(data_path), "samples": len(x), "eps": EPS, "atol": ATOL,
-                  "rtol": RTOL, "java_vs_python": {"bitwise": not differing, "differing": differing},
-                  "finite_differences": [asdict(c) for c in checks], "ok": not wrong and not differing}
-        path = Path(report_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        out(f"report: {path}")
-    return 0 if not wrong and not differing else 1
+    return GradcheckResult(len(x), names, differing, finite_differences(model, x, y, names, max_elements))

@@ -1,5 +1,5 @@
-"""Java training from Python: the Java Trainer and the seed driver in this process (JPype), and
-the Trainer's CLI in a JVM of its own (``train_subprocess``).
+"""Java training in this process (JPype): the Java ``Trainer`` on numpy data, and the seed
+example's data generator. (Java in a JVM of its own: ``gradbridge.launcher``.)
 
 Numpy arrays reach Java as direct ByteBuffers over their own memory (no copy in Python, no
 per-element conversion); libtorch tensors are built on that memory, so the arrays must stay
@@ -13,14 +13,11 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import launcher, messages, protocol
+from . import messages, protocol
 from .data import check as check_data
 from .errors import DivergenceError, InvalidInputError
 from .history import History
-from .jvm import dtype_name, java_errors, jclass, load_module, to_java_floats
-
-MODES = ("full", "step", "fused")
-
+from .jvm import dtype_name, java_errors, jclass, load_module
 
 def _direct_buffer(array: np.ndarray, name: str):
     import jpype.nio
@@ -49,7 +46,7 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
           batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
           record_values: bool = True, allow_different_data: bool = False,
-          op_libraries: Sequence[str | os.PathLike] = ()) -> History:
+          op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train``; ``checkpoint`` is written
@@ -57,9 +54,12 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     ``batch_size``, ``seed`` and ``mode`` default to 32, 0 and ``step``, or to the checkpoint's
     values when ``model_path`` is a checkpoint (a different value is refused, and so is other
     data unless ``allow_different_data``). ``op_libraries``: custom-operator libraries to load first.
+    ``lr``: every parameter group's learning rate, set before the first epoch.
     """
-    if mode is not None and mode not in MODES:
-        raise InvalidInputError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if mode is not None and mode not in protocol.MODES:
+        raise InvalidInputError(messages.unknown_mode(mode))
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf")):
+        raise InvalidInputError(messages.argument("lr", "a finite number >= 0", lr))
     # Arguments first, in Python: JPype would raise TypeError/OverflowError, or truncate 2.7.
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     if batch_size is not None:
@@ -76,6 +76,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     module = load_module(model_path, op_libraries)
     try:
         with java_errors():
+            if lr is not None:
+                module.setLr(float(lr))
             manager = module.getManager()
             train_data = dataset(manager, arrays[0], arrays[1], "training data")
             builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
@@ -111,34 +113,3 @@ def seed_data(seed: int = 42, n: int = 100) -> Tuple[np.ndarray, np.ndarray]:
         x = np.array(data.getX(), dtype=np.float32).reshape(n, 1)
         y = np.array(data.getY(), dtype=np.float32).reshape(n, 1)
     return x, y
-
-
-def train_linear_regression(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *,
-                            epochs: int, lr: float) -> History:
-    """Run the Java seed driver in this process on (x, y); returns its per-epoch History."""
-    epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < float("inf"):
-        raise InvalidInputError(messages.argument("lr", "a positive finite number", lr))
-    if len(x) == 0 or len(x) != len(y):
-        raise InvalidInputError(f"x and y must be non-empty and equally long, got {len(x)} and {len(y)}")
-    example = jclass("dev.gradbridge.examples.LinearRegressionTraining")
-    module = load_module(model_path)
-    try:
-        with java_errors():
-            history = example.train(module, to_java_floats(x), to_java_floats(y), int(epochs), float(lr), None, 1)
-            return History.from_jsonl(str(history.toJsonLines()), where="java history")
-    finally:
-        module.close()
-
-
-def train_subprocess(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
-                     seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
-                     history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
-    """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
-    History it wrote. GradbridgeError carries the program's own error line."""
-    args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
-            "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
-    for library in op_libraries:
-        args += ["--op-library", library]
-    launcher.run(launcher.TRAIN_MAIN, args)
-    return History.load(history)

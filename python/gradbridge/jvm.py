@@ -54,6 +54,25 @@ def start(extra_options: Sequence[str] = ()) -> None:
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)
     jpype.JClass("dev.gradbridge.cli.ConsoleLogging").applyDefaults()
+    _start_engine()
+
+
+def _start_engine() -> None:
+    """Start DJL's PyTorch engine now, from this thread, and give the thread back as it was.
+
+    DJL turns libtorch's (thread-local) grad mode off on the thread that starts its engine. In
+    this process that thread is Python's, so whatever Java call happened to start the engine
+    would silently disable autograd for the Python code after it.
+    """
+    import torch
+
+    enabled = torch.is_grad_enabled()
+    try:
+        jpype_engine = jclass("ai.djl.engine.Engine")
+        with java_errors():
+            jpype_engine.getEngine("PyTorch")
+    finally:
+        torch.set_grad_enabled(enabled)
 
 
 def jclass(name: str):
@@ -81,13 +100,6 @@ def java_errors() -> Iterator[None]:
         error = _PY_ERRORS.get(java_class, errors.JavaError)(f"{ex.getMessage()} [{java_class}]")
         error.java_class = java_class
         raise error from ex
-
-
-def to_java_floats(values: np.ndarray):
-    """A Java float[] holding ``values`` (one bulk copy through the buffer protocol)."""
-    import jpype
-
-    return jpype.JArray(jpype.JFloat)(np.ascontiguousarray(values, dtype=np.float32).ravel())
 
 
 #: numpy dtypes that cross to Java -> (torch's dtype name, JPype's primitive type)

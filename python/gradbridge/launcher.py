@@ -1,4 +1,4 @@
-"""Java programs in a JVM of their own: the Trainer's CLI and the seed driver.
+"""Java programs in a JVM of their own: the Trainer's CLI (``train``) and the seed driver.
 
 The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge.classpath``
 resolves, with DJL offline and on the libtorch that ``gradbridge.libtorch`` chooses. No Gradle,
@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import List, Sequence
+from typing import TYPE_CHECKING, List, Sequence
 
 from . import classpath, jdk, libtorch
 from .errors import GradbridgeError
+
+if TYPE_CHECKING:  # numpy only when a history is read
+    from .history import History
 
 TRAIN_MAIN = "dev.gradbridge.cli.TrainCommand"
 SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
@@ -47,3 +50,18 @@ def run(main_class: str, args: Sequence[object] = (), *, capture: bool = True) -
         detail = error_line(result.stderr, result.returncode) if capture else f"exit code {result.returncode}"
         raise GradbridgeError(f"{main_class.rsplit('.', 1)[-1]} (separate JVM) failed: {detail}")
     return result
+
+
+def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
+          seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
+          history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
+    """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
+    History it wrote. GradbridgeError carries the program's own error line."""
+    from .history import History
+
+    args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
+            "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
+    for library in op_libraries:
+        args += ["--op-library", library]
+    run(TRAIN_MAIN, args)
+    return History.load(history)

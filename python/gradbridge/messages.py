@@ -36,6 +36,32 @@ def npy_header(source: str, array: str, reason: str) -> str:
     return f"{source}: array {array} has no valid .npy header: {reason}"
 
 
+# ---- training runs ----
+
+def java_double(value: float) -> str:
+    """A non-finite float as Java's Double.toString writes it (NaN, Infinity, -Infinity)."""
+    return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(repr(float(value)), repr(float(value)))
+
+
+def unknown_mode(mode: Any) -> str:
+    return f"unknown mode '{mode}'; expected full, step or fused"
+
+
+def divergence(loss: float, epoch: int, batch: int, first: int, last: int) -> str:
+    """A diverged run, before what was kept (Java adds its files, Python ``error.history``)."""
+    return (f"loss is {java_double(loss)} at epoch {epoch}, batch {batch} (samples {first}..{last} "
+            f"of the epoch's order); training stopped")
+
+
+# ---- tensors against the metadata ----
+
+def tensor_spec(source: str, name: str, dtype: str, shape: Sequence[int], actual_dtype: str,
+                actual_shape: Sequence[int]) -> str:
+    where = f"{source}: " if source else ""
+    return (f"{where}{name} must be {dtype} of shape {list(shape)} (-1: any number of samples), "
+            f"got {actual_dtype} of shape {list(actual_shape)}")
+
+
 # ---- metadata (gradbridge.json) ----
 
 def json_text(value: Any, limit: int = 60) -> str:

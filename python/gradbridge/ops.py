@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
 from . import messages
+from .files import atomic_path
 from .errors import GradbridgeError, ModuleLoadError
 
 #: Namespaces of libtorch's own operators: anything else in a scripted graph is a custom operator.
@@ -44,10 +45,8 @@ def build(sources: Sequence[str | os.PathLike], output: str | os.PathLike, *, na
                                        build_directory=build_dir, extra_cflags=["-O2"], verbose=False)
         except (RuntimeError, OSError, ValueError) as ex:
             raise GradbridgeError(f"cannot build {', '.join(map(str, sources))}: {str(ex).strip().splitlines()[-1]}") from ex
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(f".{output.name}.tmp")
-        shutil.copyfile(built, tmp)
-        os.replace(tmp, output)
+        with atomic_path(output) as tmp:
+            shutil.copyfile(built, tmp)
     return output
 
 

@@ -19,6 +19,10 @@ PROTOCOL_VERSION = 1
 METADATA_FILE = "gradbridge.json"
 METADATA_FORMAT = "gradbridge.training-module"
 
+# How a Trainer walks an epoch (Java: dev.gradbridge.Trainer.Mode; tests/test_pins.py pins the two):
+# full = one step on all data, step = one train_step call per batch, fused = one train_epoch call.
+MODES = ("full", "step", "fused")
+
 # Method names, as scripted on every exported training module.
 FORWARD = "forward"
 CALCULATE_LOSS_AND_BACKWARD = "calculate_loss_and_backward"
@@ -83,6 +87,17 @@ METADATA_KEYS: tuple[str, ...] = (
     "inputs",
     "custom_ops",
 )
+
+#: Keys that follow METADATA_KEYS only when they apply: ``fine_tuning`` (export, when set up: see
+#: ``export.finetune.METADATA_KEY``) and ``checkpoint`` (written by Java's checkpoints, below).
+FINE_TUNING_KEY = "fine_tuning"
+CHECKPOINT_KEY = "checkpoint"
+OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY)
+
+#: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
+#: seed, then what the run depends on, checked on resume (absent in older checkpoints).
+CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
+                                    "data_sha256")
 
 #: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
 DTYPES = ("float32", "float64", "int64")

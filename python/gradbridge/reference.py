@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from . import messages, protocol, shuffle
-from .errors import DivergenceError, TrainingError
+from .errors import DivergenceError, InvalidInputError, TrainingError
 from .export import finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -173,37 +173,20 @@ class Reference:
         return {key: values for key, values in state.items() if len(values) == len(params)}
 
 
-def train_full_batch(
-    model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float
-) -> History:
-    """The seed's training: full-batch SGD with ``lr`` on (x, y), recording every epoch.
-
-    Same order as the Java seed driver: loss and gradients from the current parameters, then one
-    ``torch.optim.SGD`` step; the record holds that loss and the stepped parameters.
-    """
-    reference = Reference(model_path, optimizer={"name": "sgd", "lr": lr})
-    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
-    history = History()
-    started = time.perf_counter()
-    for epoch in range(epochs):
-        loss = float(reference.train_step(xs, ys))
-        history.append(reference.record(epoch, loss, None, time.perf_counter() - started))
-    return history
-
-
 def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,
           seed: int = 0, mode: str = "step", val: Optional[tuple] = None, model: Optional[nn.Module] = None,
-          start_epoch: int = 0, record_values: bool = True) -> History:
+          start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None) -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 
     Each epoch seeds torch with ``shuffle.torch_seed(seed, epoch)``; ``full`` mode takes one step
     on all data, ``step`` and ``fused`` (the same arithmetic here) step through
     ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
     the validation loss after each epoch. ``start_epoch`` numbers the epochs of a continued run.
+    ``lr`` sets every parameter group's learning rate first (Java: ``TrainingModule.setLr``).
     Raises DivergenceError at the first NaN or infinite batch loss.
     """
-    if mode not in ("full", "step", "fused"):
-        raise ValueError(f"unknown mode {mode!r}; expected full, step or fused")
+    if mode not in protocol.MODES:
+        raise InvalidInputError(messages.unknown_mode(mode))
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
@@ -211,8 +194,11 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     n = len(xs)
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
-        raise ValueError(f"batch size must be in 1..{n}, got {batch}")
+        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")
     reference = Reference(model_path, model)
+    if lr is not None:
+        for group in reference.optimizer.param_groups:
+            group["lr"] = lr
     history = History()
     started = time.perf_counter()
     for epoch in range(start_epoch, start_epoch + epochs):
@@ -230,7 +216,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
-                error = DivergenceError(f"loss is {value} at epoch {epoch}, batch {index}; training stopped; "
+                first = index * batch
+                error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch) - 1)}; "
                                         f"{len(history)} completed epoch(s) kept in error.history")
                 error.history = history  # every epoch before the divergent one
                 raise error

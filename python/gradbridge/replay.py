@@ -253,13 +253,3 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         check_version()
     unapplied = sum(1 for seq in log.events if seq >= next_seq)
     return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept)
-
-
-def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) -> int:
-    """``gradbridge replay``: print the table and verdict; 0 when every version matches bit for bit."""
-    report = replay(log_dir, model_path)
-    out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
-        f"{report.unapplied_events} logged but not yet applied" + (f", torn tail of {report.torn_bytes} bytes ignored"
-                                                                   if report.torn_bytes else ""))
-    out(report.table())
-    return 0 if report.bitwise else 1

@@ -26,10 +26,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from .. import protocol
 from ..errors import GradbridgeError
 from . import schedulers
 
-METADATA_KEY = "fine_tuning"
+METADATA_KEY = protocol.FINE_TUNING_KEY
 
 
 class FineTuneError(GradbridgeError, ValueError):

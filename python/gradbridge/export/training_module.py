@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import __version__, ops, protocol  # __version__ is set before any submodule loads
+from .. import ops, protocol
+from .._version import __version__
 from ..errors import GradbridgeError
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS

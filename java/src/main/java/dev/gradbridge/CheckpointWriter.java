@@ -1,7 +1,5 @@
 package dev.gradbridge;
 
-import ai.djl.pytorch.engine.PtSymbolBlock;
-import ai.djl.pytorch.jni.JniUtils;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
@@ -26,14 +24,14 @@ final class CheckpointWriter {
 
     private CheckpointWriter() {}
 
-    static void write(PtSymbolBlock block, String metadataJson, Path target) throws IOException {
+    static void write(ScriptedModule module, String metadataJson, Path target) throws IOException {
         AtomicFiles.write(
                 target,
                 tmp -> {
                     Path raw = AtomicFiles.createTemp(target.toAbsolutePath(), ".raw");
                     try {
                         try (OutputStream out = Files.newOutputStream(raw)) {
-                            JniUtils.writeModule(block, out, false);
+                            module.write(out);
                         }
                         addMetadata(raw, tmp, metadataJson);
                     } finally {

@@ -98,6 +98,47 @@ public final class Messages {
         return checkpoint + ": epochs_completed " + completed + " + epochs " + epochs + " must be in 0.." + max;
     }
 
+    // ---- training runs ----
+
+    /**
+     * @param mode the mode asked for
+     * @return the line for a mode that is not one of {@link Trainer.Mode}
+     */
+    public static String unknownMode(String mode) {
+        return "unknown mode '" + mode + "'; expected full, step or fused";
+    }
+
+    /**
+     * @param loss the NaN or infinite loss
+     * @param epoch the epoch it happened in
+     * @param batch the batch's index in the epoch
+     * @param first the batch's first sample, in the epoch's order
+     * @param last its last sample
+     * @return the line for a diverged run, before what was kept
+     */
+    public static String divergence(double loss, int epoch, int batch, long first, long last) {
+        return "loss is " + loss + " at epoch " + epoch + ", batch " + batch + " (samples " + first + ".." + last
+                + " of the epoch's order); training stopped";
+    }
+
+    // ---- tensors against the metadata ----
+
+    /**
+     * @param source the file or module the tensor came from, or empty
+     * @param name the tensor, e.g. {@code x} or {@code input x}
+     * @param dtype the dtype the metadata declares
+     * @param shape the shape it declares (-1: any number of samples)
+     * @param actualDtype the tensor's dtype
+     * @param actualShape the tensor's shape
+     * @return the line for a tensor that does not match its spec
+     */
+    public static String tensorSpec(
+            String source, String name, String dtype, long[] shape, String actualDtype, long[] actualShape) {
+        return (source.isEmpty() ? "" : source + ": ") + name + " must be " + dtype + " of shape "
+                + Arrays.toString(shape) + " (-1: any number of samples), got " + actualDtype + " of shape "
+                + Arrays.toString(actualShape);
+    }
+
     // ---- files gradbridge writes ----
 
     /**

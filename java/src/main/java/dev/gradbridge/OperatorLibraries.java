@@ -20,7 +20,7 @@ final class OperatorLibraries {
         if (libraries.isEmpty()) {
             return;
         }
-        TorchRuntime.engine();
+        ScriptedModule.engine();
         for (Path library : libraries) {
             Path file = library.toAbsolutePath();
             if (!Files.isRegularFile(file)) {

@@ -9,6 +9,7 @@ import java.io.IOException;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.Locale;
+import java.util.function.Consumer;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
 import me.tongfei.progressbar.ProgressBarStyle;
@@ -59,7 +60,7 @@ public final class Trainer {
             try {
                 return valueOf(name.toUpperCase(Locale.ROOT));
             } catch (IllegalArgumentException e) {
-                throw new InvalidInputException("unknown mode '" + name + "'; expected full, step or fused");
+                throw new InvalidInputException(Messages.unknownMode(name));
             }
         }
     }
@@ -74,6 +75,7 @@ public final class Trainer {
     private final Path historyFile;
     private final boolean recordValues;
     private final boolean progressBar;
+    private final Consumer<History.EpochRecord> epochListener;
     private volatile boolean stopRequested;
     private volatile boolean stopped;
 
@@ -88,6 +90,7 @@ public final class Trainer {
         this.historyFile = builder.historyFile;
         this.recordValues = builder.recordValues;
         this.progressBar = builder.progressBar;
+        this.epochListener = builder.epochListener;
     }
 
     /** @return a builder with defaults: 1 epoch, step mode, batch size 32, seed 0 */
@@ -107,6 +110,7 @@ public final class Trainer {
         private Path historyFile;
         private boolean recordValues = true;
         private boolean progressBar;
+        private Consumer<History.EpochRecord> epochListener;
 
         private Builder() {}
 
@@ -205,6 +209,16 @@ public final class Trainer {
             return this;
         }
 
+        /**
+         * @param epochListener called on the training thread with each epoch's record, once the
+         *     epoch's checkpoint and history are written (e.g. to print progress)
+         * @return this builder
+         */
+        public Builder optEpochListener(Consumer<History.EpochRecord> epochListener) {
+            this.epochListener = epochListener;
+            return this;
+        }
+
         /** @return the trainer */
         public Trainer build() {
             if (epochs < 1) {
@@ -241,7 +255,7 @@ public final class Trainer {
         // Hold the module for the whole run, before anything else: a refused second caller must
         // not reseed libtorch's generator (the first run's dropout draws from it) nor interleave
         // its steps with the first run's.
-        try (TrainingModule.Use use = module.use()) {
+        try (ThreadGuard.Use use = module.use()) {
             return fitHeld(module, train);
         }
     }
@@ -295,7 +309,7 @@ public final class Trainer {
         long started = System.nanoTime();
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
-                TorchRuntime.seed(Shuffle.torchSeed(runSeed, epoch));
+                ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
                 double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =
@@ -304,7 +318,8 @@ public final class Trainer {
                 // on the validation loss, else on the training loss).
                 module.scheduleEpoch(valLoss != null ? valLoss : loss);
                 double elapsed = (System.nanoTime() - started) / 1e9;
-                history.add(History.record(module, epoch, loss, valLoss, elapsed, recordValues));
+                History.EpochRecord record = History.record(module, epoch, loss, valLoss, elapsed, recordValues);
+                history.add(record);
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
                 if (checkpoint != null) {
                     module.saveCheckpoint(
@@ -313,6 +328,9 @@ public final class Trainer {
                 }
                 if (historyFile != null) {
                     history.save(historyFile);
+                }
+                if (epochListener != null) {
+                    epochListener.accept(record);
                 }
                 if (bar != null) {
                     bar.step();
@@ -417,11 +435,7 @@ public final class Trainer {
         if (Double.isNaN(loss) || Double.isInfinite(loss)) {
             int from = index * batch;
             throw new DivergenceException(
-                    String.format(
-                            Locale.ROOT,
-                            "loss is %s at epoch %d, batch %d (samples %d..%d of the epoch's order);"
-                                    + " training stopped; %s",
-                            loss, epoch, index, from, Math.min(n, from + batch) - 1, kept(done)),
+                    Messages.divergence(loss, epoch, index, from, Math.min(n, from + batch) - 1) + "; " + kept(done),
                     epoch, index, done);
         }
     }

@@ -5,12 +5,6 @@ import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
-import ai.djl.pytorch.engine.PtNDArray;
-import ai.djl.pytorch.engine.PtNDManager;
-import ai.djl.pytorch.engine.PtSymbolBlock;
-import ai.djl.pytorch.jni.IValue;
-import ai.djl.pytorch.jni.JniUtils;
-import ai.djl.pytorch.jni.TrainingMethodInvoker;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -24,8 +18,6 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
-import java.util.TreeSet;
-import java.util.concurrent.atomic.AtomicReference;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -56,22 +48,20 @@ public final class TrainingModule implements AutoCloseable {
 
     private final Path path;
     private final Metadata metadata;
-    private final PtNDManager manager;
-    private final PtSymbolBlock block;
+    private final ScriptedModule scripted;
+    private final NDManager manager;
     private final Set<String> methodNames;
     private final List<String> parameterNames;
     private final List<String> bufferNames;
-    private final AtomicReference<Thread> user = new AtomicReference<>();
-    private volatile boolean closed;
+    private final ThreadGuard guard;
 
-    private TrainingModule(Path path, Metadata metadata, PtNDManager manager, PtSymbolBlock block) {
+    private TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
         this.path = path;
         this.metadata = metadata;
-        this.manager = manager;
-        this.block = block;
-        this.methodNames =
-                Collections.unmodifiableSet(
-                        new LinkedHashSet<>(Arrays.asList(JniUtils.getMethodNames(block))));
+        this.scripted = scripted;
+        this.manager = scripted.manager();
+        this.methodNames = scripted.methodNames();
+        this.guard = new ThreadGuard(path.toString());
         List<String> missing = new ArrayList<>();
         for (String method : Protocol.REQUIRED_METHODS) {
             if (!methodNames.contains(method)) {
@@ -98,13 +88,13 @@ public final class TrainingModule implements AutoCloseable {
 
     /** The metadata's shapes and dtypes are trusted by every check after this: verify them once. */
     private void checkParameterSpecs() {
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+        try (NDManager scope = manager.newSubManager()) {
             List<?> values = (List<?>) invoke(Protocol.GET_PARAMETERS, scope);
             List<Metadata.TensorSpec> specs = metadata.getParameters();
             for (int i = 0; i < specs.size(); i++) {
                 Metadata.TensorSpec spec = specs.get(i);
                 NDArray value = (NDArray) values.get(i);
-                String dtype = value.getDataType().name().toLowerCase(Locale.ROOT);
+                String dtype = Tensors.dtypeName(value);
                 long[] shape = value.getShape().getShape();
                 if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape)) {
                     throw new ProtocolException(
@@ -148,29 +138,28 @@ public final class TrainingModule implements AutoCloseable {
                             + " `gradbridge export linear-regression -o " + path + "`.");
         }
         Metadata metadata = Metadata.read(file);
-        String engineVersion = TorchRuntime.engine().getVersion();
+        String engineVersion = ScriptedModule.engine().getVersion();
         if (!engineVersion.equals(metadata.getTorchVersion())) {
             logger.warn(
                     "{} was exported with torch {} but libtorch here is {}; results may differ",
                     file, metadata.getTorchVersion(), engineVersion);
         }
         OperatorLibraries.load(opLibraries);
-        PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch");
+        ScriptedModule scripted;
         try {
-            PtSymbolBlock block =
-                    JniUtils.loadModule(manager, file, true, new String[0], new String[0], true);
-            JniUtils.enableTrainingMode(block);
-            TorchRuntime.prepareCallingThread();
-            return new TrainingModule(file, metadata, manager, block);
+            scripted = ScriptedModule.load(file);
         } catch (EngineException e) {
-            manager.close();
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
                 throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
             }
-            throw new ModuleLoadException("libtorch cannot load " + file + ": " + libtorchSummary(e), e);
+            throw new ModuleLoadException(
+                    "libtorch cannot load " + file + ": " + ScriptedModule.libtorchSummary(e), e);
+        }
+        try {
+            return new TrainingModule(file, metadata, scripted);
         } catch (RuntimeException e) {
-            manager.close();
+            scripted.close();
             throw e;
         }
     }
@@ -216,9 +205,9 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, attached to {@code x}'s manager
      */
     public NDArray forward(NDArray x) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            return (NDArray) invoke(Protocol.FORWARD, (PtNDManager) x.getManager(), x);
+            return (NDArray) invoke(Protocol.FORWARD, x.getManager(), x);
         }
     }
 
@@ -231,7 +220,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double calculateLossAndBackward(NDArray x, NDArray y) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
         }
     }
@@ -245,7 +234,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double trainStep(NDArray x, NDArray y) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.TRAIN_STEP, x, y);
         }
     }
@@ -261,7 +250,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss of each batch
      */
     public double[] trainEpoch(NDArray x, NDArray y, NDArray perm, int batchSize) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
             if (perm.getDataType() != DataType.INT64 || perm.getShape().dimension() != 1) {
                 throw new InvalidInputException(
@@ -279,7 +268,7 @@ public final class TrainingModule implements AutoCloseable {
                 }
             }
             try (NDArray losses = (NDArray) invoke(Protocol.TRAIN_EPOCH, manager, x, y, perm, (long) batchSize)) {
-                return exactDoubles(losses);
+                return Tensors.exactDoubles(losses);
             }
         }
     }
@@ -293,12 +282,12 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss, without gradients
      */
     public double evaluate(NDArray x, NDArray y) {
-        try (Use use = use()) {
-            JniUtils.enableInferenceMode(block);
+        try (ThreadGuard.Use use = use()) {
+            scripted.setTraining(false);
             try {
                 return scalarLoss(Protocol.EVALUATE, x, y);
             } finally {
-                JniUtils.enableTrainingMode(block);
+                scripted.setTraining(true);
             }
         }
     }
@@ -307,36 +296,7 @@ public final class TrainingModule implements AutoCloseable {
         checkBatch(method, x, y);
         // The hot path of training: one result tensor, closed here, no per-call sub-manager.
         try (NDArray loss = (NDArray) invoke(method, manager, x, y)) {
-            return exactDouble(loss);
-        }
-    }
-
-    /** A tensor's values as doubles, exactly (float32 widens without rounding). */
-    private static double[] exactDoubles(NDArray values) {
-        if (values.getDataType() == DataType.FLOAT32) {
-            float[] floats = values.toFloatArray();
-            double[] widened = new double[floats.length];
-            for (int i = 0; i < floats.length; i++) {
-                widened[i] = floats[i];
-            }
-            return widened;
-        }
-        try (NDArray converted = values.toType(DataType.FLOAT64, false)) {
-            return converted.toDoubleArray();
-        }
-    }
-
-    /** A scalar tensor's value as a double, exactly (float32 widens without rounding). */
-    private static double exactDouble(NDArray scalar) {
-        switch (scalar.getDataType()) {
-            case FLOAT32:
-                return scalar.getFloat();
-            case FLOAT64:
-                return scalar.getDouble();
-            default:
-                try (NDArray widened = scalar.toType(DataType.FLOAT64, false)) {
-                    return widened.getDouble();
-                }
+            return Tensors.exactDouble(loss);
         }
     }
 
@@ -354,7 +314,7 @@ public final class TrainingModule implements AutoCloseable {
 
     /** Runs {@code zero_grad()}. */
     public void zeroGrad() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             invoke(Protocol.ZERO_GRAD, manager);
         }
     }
@@ -365,7 +325,7 @@ public final class TrainingModule implements AutoCloseable {
      * @param lr learning rate, positive and finite
      */
     public void sgdStep(double lr) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (!(lr > 0) || Double.isInfinite(lr)) {
                 throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
             }
@@ -375,14 +335,14 @@ public final class TrainingModule implements AutoCloseable {
 
     /** Runs {@code optimizer_step()}: one step of the exported optimizer; consumes the gradients. */
     public void optimizerStep() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             invoke(Protocol.OPTIMIZER_STEP, manager);
         }
     }
 
     /** @return the exported optimizer's current learning rate */
     public double getLr() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return (Double) invoke(Protocol.GET_LR, manager);
         }
     }
@@ -393,7 +353,7 @@ public final class TrainingModule implements AutoCloseable {
      * @param lr the new rate, non-negative and finite
      */
     public void setLr(double lr) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (!(lr >= 0) || Double.isInfinite(lr)) {
                 throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
             }
@@ -408,7 +368,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return the learning rates
      */
     public double[] getLrs() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (!methodNames.contains(Protocol.GET_LRS)) {
                 return new double[] {(Double) invoke(Protocol.GET_LR, manager)};
             }
@@ -428,7 +388,7 @@ public final class TrainingModule implements AutoCloseable {
      * @param lr the new rate, non-negative and finite
      */
     public void setLr(int group, double lr) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (!(lr >= 0) || Double.isInfinite(lr)) {
                 throw new InvalidInputException(Protocol.SET_GROUP_LR + ": invalid learning rate " + lr);
             }
@@ -452,7 +412,7 @@ public final class TrainingModule implements AutoCloseable {
      * @param metric the epoch's validation loss, or its training loss without validation data
      */
     public void scheduleEpoch(double metric) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (methodNames.contains(Protocol.SCHEDULE_EPOCH)) {
                 invoke(Protocol.SCHEDULE_EPOCH, manager, metric);
             }
@@ -461,21 +421,21 @@ public final class TrainingModule implements AutoCloseable {
 
     /** @return current parameter values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getParameters() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return namedValues(Protocol.GET_PARAMETERS, parameterNames);
         }
     }
 
     /** @return accumulated gradients by name (flattened, exact), in protocol order */
     public Map<String, double[]> getGradients() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return namedValues(Protocol.GET_GRADIENTS, parameterNames);
         }
     }
 
     /** @return buffer values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getBuffers() {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return namedValues(Protocol.GET_BUFFERS, bufferNames);
         }
     }
@@ -488,13 +448,13 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
      */
     public void setParameters(Map<String, double[]> values) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
                 throw new InvalidInputException(
                         Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
                                 + values.keySet());
             }
-            try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+            try (NDManager scope = manager.newSubManager()) {
                 List<NDArray> tensors = new ArrayList<>();
                 for (Metadata.TensorSpec spec : metadata.getParameters()) {
                     double[] data = values.get(spec.getName());
@@ -518,13 +478,14 @@ public final class TrainingModule implements AutoCloseable {
      * @return state key to one flattened array per parameter, in protocol order
      */
     public Map<String, List<double[]>> getOptimizerState() {
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+        try (ThreadGuard.Use use = use();
+                NDManager scope = manager.newSubManager()) {
             Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE, scope);
             Map<String, List<double[]>> converted = new TreeMap<>();
             for (Map.Entry<?, ?> entry : state.entrySet()) {
                 List<double[]> arrays = new ArrayList<>();
                 for (Object tensor : (List<?>) entry.getValue()) {
-                    arrays.add(exactDoubles((NDArray) tensor));
+                    arrays.add(Tensors.exactDoubles((NDArray) tensor));
                 }
                 converted.put((String) entry.getKey(), arrays);
             }
@@ -542,8 +503,8 @@ public final class TrainingModule implements AutoCloseable {
      * @throws IOException when the folder cannot be written
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
-        try (Use use = use()) {
-            CheckpointWriter.write(block, metadata.withCheckpoint(checkpoint), target);
+        try (ThreadGuard.Use use = use()) {
+            CheckpointWriter.write(scripted, metadata.withCheckpoint(checkpoint), target);
         }
     }
 
@@ -562,75 +523,27 @@ public final class TrainingModule implements AutoCloseable {
      * @throws MethodCallException when the method fails inside libtorch
      */
     public Object call(String method, Object... args) {
-        try (Use use = use()) {
+        try (ThreadGuard.Use use = use()) {
             return invoke(method, manager, args);
         }
     }
 
-    /** Marks the calling thread as the module's user until closed; nested calls pass. */
-    interface Use extends AutoCloseable {
-        @Override
-        void close();
+    /** The thread guard every public call holds; {@link Trainer} holds it for a whole run. */
+    ThreadGuard.Use use() {
+        return guard.enter();
     }
 
-    private static final Use NESTED = () -> {};
-
-    Use use() {
-        Thread me = Thread.currentThread();
-        if (user.get() == me) {
-            return NESTED;
-        }
-        if (!user.compareAndSet(null, me)) {
-            Thread other = user.get();
-            throw new ConcurrentUseException(
-                    path + " is in use by thread '" + (other == null ? "?" : other.getName())
-                            + "'; a TrainingModule serves one thread at a time: load one module per thread");
-        }
-        if (closed) {
-            user.set(null);
-            throw new IllegalStateException("training module " + path + " is closed");
-        }
-        return () -> user.set(null);
-    }
-
-    private Object invoke(String method, PtNDManager resultManager, Object... args) {
-        if (!methodNames.contains(method)) {
-            Set<String> publicMethods = new TreeSet<>();
-            for (String name : methodNames) {
-                if (!name.startsWith("_")) {
-                    publicMethods.add(name);
-                }
-            }
-            throw new ProtocolException(
-                    path + " has no method '" + method + "'; its methods: " + publicMethods);
-        }
-        List<IValue> inputs = new ArrayList<>(args.length);
-        try {
-            for (int i = 0; i < args.length; i++) {
-                inputs.add(toIValue(method, i, args[i]));
-            }
-            TorchRuntime.prepareCallingThread();
-            try (IValue result =
-                    TrainingMethodInvoker.runWithAutograd(
-                            block, method, inputs.toArray(new IValue[0]))) {
-                return fromIValue(result, resultManager);
-            }
-        } catch (EngineException e) {
-            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
-        } finally {
-            for (IValue input : inputs) {
-                input.close();
-            }
-        }
+    private Object invoke(String method, NDManager resultManager, Object... args) {
+        return scripted.invoke(method, resultManager, args);
     }
 
     private Map<String, double[]> namedValues(String method, List<String> names) {
-        try (PtNDManager scope = (PtNDManager) manager.newSubManager()) {
+        try (NDManager scope = manager.newSubManager()) {
             List<?> values = (List<?>) invoke(method, scope);
             Map<String, double[]> named = new LinkedHashMap<>();
             for (int i = 0; i < names.size(); i++) {
                 NDArray value = (NDArray) values.get(i);
-                named.put(names.get(i), exactDoubles(value));
+                named.put(names.get(i), Tensors.exactDoubles(value));
             }
             return named;
         }
@@ -646,103 +559,23 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private void checkTensor(String name, NDArray array) {
-        Metadata.TensorSpec spec = metadata.getInput(name);
-        if (!(array instanceof PtNDArray)) {
+        if (!ScriptedModule.isTorchArray(array)) {
             throw new InvalidInputException(
                     name + ": expected an NDArray of DJL's PyTorch engine, got "
                             + (array == null ? "null" : array.getClass().getName()));
         }
-        String dtype = array.getDataType().name().toLowerCase(Locale.ROOT);
-        long[] shape = array.getShape().getShape();
-        if (!spec.accepts(dtype, shape) || shape.length == 0 || shape[0] == 0) {
-            throw new InvalidInputException(
-                    path.getFileName() + ": input " + name + " must be " + spec.getDtype()
-                            + " of shape " + Arrays.toString(spec.getShape()) + " (-1: any batch size),"
-                            + " got " + dtype + " of shape " + Arrays.toString(shape));
-        }
-    }
-
-    private static IValue toIValue(String method, int index, Object arg) {
-        if (arg instanceof PtNDArray) {
-            return IValue.from((PtNDArray) arg);
-        } else if (arg instanceof Double || arg instanceof Float) {
-            return IValue.from(((Number) arg).doubleValue());
-        } else if (arg instanceof Long || arg instanceof Integer) {
-            return IValue.from(((Number) arg).longValue());
-        } else if (arg instanceof Boolean) {
-            return IValue.from((Boolean) arg);
-        } else if (arg instanceof String) {
-            return IValue.from((String) arg);
-        } else if (arg instanceof List && allPtArrays((List<?>) arg)) {
-            return IValue.listFrom(((List<?>) arg).toArray(new PtNDArray[0]));
-        }
-        throw new InvalidInputException(
-                method + "(): argument " + index + " has unsupported type "
-                        + (arg == null ? "null" : arg.getClass().getName())
-                        + "; expected a PyTorch NDArray, number, boolean, string or list of NDArrays");
-    }
-
-    private static boolean allPtArrays(List<?> list) {
-        for (Object item : list) {
-            if (!(item instanceof PtNDArray)) {
-                return false;
-            }
-        }
-        return true;
-    }
-
-    private static Object fromIValue(IValue value, PtNDManager resultManager) {
-        if (value.isTensor()) {
-            return value.toTensor(resultManager);
-        } else if (value.isTensorList()) {
-            return Arrays.asList((NDArray[]) value.toTensorArray(resultManager));
-        } else if (value.isDouble()) {
-            return value.toDouble();
-        } else if (value.isLong()) {
-            return value.toLong();
-        } else if (value.isBoolean()) {
-            return value.toBoolean();
-        } else if (value.isString()) {
-            return value.toStringValue();
-        } else if (value.isList() || value.isTuple()) {
-            IValue[] items = value.isList() ? value.toIValueArray() : value.toIValueTuple();
-            List<Object> converted = new ArrayList<>(items.length);
-            for (IValue item : items) {
-                try (IValue owned = item) {
-                    converted.add(fromIValue(owned, resultManager));
-                }
-            }
-            return converted;
-        } else if (value.isMap()) {
-            Map<String, Object> converted = new LinkedHashMap<>();
-            for (Map.Entry<String, IValue> entry : value.toIValueMap().entrySet()) {
-                try (IValue owned = entry.getValue()) {
-                    converted.put(entry.getKey(), fromIValue(owned, resultManager));
-                }
-            }
-            return converted;
-        } else if ("None".equals(value.getType()) || "NoneType".equals(value.getType())) {
-            return null;
-        }
-        throw new UnsupportedOperationException("unsupported result type " + value.getType());
-    }
-
-    /** libtorch's messages put the TorchScript traceback first and the actual error last. */
-    private static String libtorchSummary(Throwable e) {
-        String message = String.valueOf(e.getMessage()).trim();
-        return message.substring(message.lastIndexOf('\n') + 1).trim();
+        Tensors.checkSpec(path.getFileName().toString(), "input " + name, array, metadata.getInput(name), true);
     }
 
     /** Frees the module and every tensor attached to its manager. Idempotent. */
     @Override
     public void close() {
-        if (closed) {
+        if (guard.isClosed()) {
             return;
         }
-        try (Use use = use()) {
-            closed = true;
-            block.close();
-            manager.close();
+        try (ThreadGuard.Use use = use()) {
+            guard.markClosed();
+            scripted.close();
         }
     }
 }

@@ -138,7 +138,7 @@ public class FaultTest {
         bytes.order(ByteOrder.BIG_ENDIAN).putFloat(0.805f).putFloat(1.5f);
         Files.write(file, bytes.array());
         try (NDManager manager = NDManager.newBaseManager(null, "PyTorch")) {
-            TorchRuntime.engine();
+            ScriptedModule.engine();
             InvalidInputException e =
                     assertThrows(InvalidInputException.class, () -> Dataset.loadNpy(file, file, manager));
             assertEquals(Messages.bigEndian(file.toString(), "x", ">f4"), e.getMessage());

@@ -129,7 +129,7 @@ public class TrainerTest {
             CountDownLatch inside = new CountDownLatch(1);
             CountDownLatch release = new CountDownLatch(1);
             Thread holder = new Thread(() -> {
-                try (TrainingModule.Use use = module.use()) {
+                try (ThreadGuard.Use use = module.use()) {
                     inside.countDown();
                     release.await();
                 } catch (InterruptedException e) {

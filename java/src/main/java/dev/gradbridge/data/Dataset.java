@@ -6,6 +6,7 @@ import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import java.io.IOException;
 import java.io.InputStream;
@@ -225,9 +226,7 @@ public final class Dataset implements AutoCloseable {
         long[] shape = array.getShape().getShape();
         if (!spec.accepts(dtype, shape)) {
             throw new InvalidInputException(
-                    source + ": " + name + " must be " + spec.getDtype() + " of shape "
-                            + Arrays.toString(spec.getShape()) + " (-1: any number of samples), got " + dtype
-                            + " of shape " + Arrays.toString(shape));
+                    Messages.tensorSpec(source, name, spec.getDtype(), spec.getShape(), dtype, shape));
         }
         if (array.getDataType().isFloating() && shape.length > 0 && shape[0] > 0) {
             try (NDArray infinite = array.isInfinite();

@@ -7,14 +7,15 @@ import dev.gradbridge.DivergenceException;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.data.Dataset;
 import dev.gradbridge.cli.ConsoleLogging;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.Callable;
@@ -26,8 +27,8 @@ import picocli.CommandLine.Option;
  * The seed's driver: fit {@code y = w*x + b} from Java on an exported training module.
  *
  * <p>Data: {@code java.util.Random(42)}, x uniform in [0, 10), y = 2x + 1 + uniform noise in
- * [-1, 1). Each epoch runs {@code calculate_loss_and_backward} on the full batch, then {@code
- * sgd_step(lr)}; a line every {@code --log-every} epochs and the final weight and bias.
+ * [-1, 1). A thin use of the general {@link Trainer}: full-batch mode, the exported optimizer at
+ * {@code --lr}; a line every {@code --log-every} epochs and the final weight and bias.
  */
 @Command(
         name = "LinearRegressionTraining",
@@ -61,11 +62,11 @@ public final class LinearRegressionTraining implements Callable<History> {
     private int logEvery;
 
     /** The generated data set: x and y, each {@code n} floats (a column of shape [n, 1]). */
-    public static final class Dataset {
+    public static final class SeedData {
         private final float[] x;
         private final float[] y;
 
-        Dataset(float[] x, float[] y) {
+        SeedData(float[] x, float[] y) {
             this.x = x;
             this.y = y;
         }
@@ -88,7 +89,10 @@ public final class LinearRegressionTraining implements Callable<History> {
      * @param n the number of samples
      * @return x in [0, 10) and y = 2x + 1 + noise in [-1, 1)
      */
-    public static Dataset generateData(long seed, int n) {
+    public static SeedData generateData(long seed, int n) {
+        if (n < 1) {
+            throw new InvalidInputException("the number of samples must be at least 1, got " + n);
+        }
         Random rand = new Random(seed);
         float[] x = new float[n];
         float[] y = new float[n];
@@ -96,23 +100,27 @@ public final class LinearRegressionTraining implements Callable<History> {
             x[i] = rand.nextFloat() * 10.0f;
             y[i] = 2.0f * x[i] + 1.0f + (rand.nextFloat() - 0.5f) * 2.0f;
         }
-        return new Dataset(x, y);
+        return new SeedData(x, y);
     }
 
     /**
-     * Trains {@code module} on (x, y), full batch, for {@code epochs} epochs.
+     * Trains {@code module} on (x, y) with the general {@link Trainer} in full-batch mode: each
+     * epoch is one {@code train_step} of the exported optimizer, at learning rate {@code lr}.
      *
      * @param module a linear-regression training module (parameters {@code weight}, {@code bias})
      * @param x inputs
      * @param y targets, as many as inputs
      * @param epochs number of epochs, at least 1
-     * @param lr learning rate
+     * @param lr learning rate (set on the exported optimizer first)
      * @param log where the seed-style lines go, or {@code null} for none
      * @param logEvery log every this many epochs
+     * @param historyFile written after every epoch, or {@code null}
      * @return the per-epoch history
+     * @throws IOException when the history file cannot be written
      */
     public static History train(
-            TrainingModule module, float[] x, float[] y, int epochs, double lr, PrintStream log, int logEvery) {
+            TrainingModule module, float[] x, float[] y, int epochs, double lr, PrintStream log, int logEvery,
+            Path historyFile) throws IOException {
         if (!module.getParameterNames().contains("weight") || !module.getParameterNames().contains("bias")) {
             throw new InvalidInputException(
                     module.getPath() + " is not the seed's linear regression: parameters "
@@ -125,76 +133,46 @@ public final class LinearRegressionTraining implements Callable<History> {
         if (epochs < 1 || logEvery < 1) {
             throw new InvalidInputException("epochs and log-every must be at least 1");
         }
-        History history = new History();
-        long started = System.nanoTime();
-        try (NDManager data = module.getManager().newSubManager()) {
-            NDArray xs = data.create(x, new Shape(x.length, 1));
-            NDArray ys = data.create(y, new Shape(y.length, 1));
-            for (int epoch = 0; epoch < epochs; epoch++) {
-                double loss = module.calculateLossAndBackward(xs, ys);
-                module.sgdStep(lr);
-                History.EpochRecord record =
-                        History.record(module, epoch, loss, null, (System.nanoTime() - started) / 1e9, true);
-                Map<String, double[]> params = record.getParameters();
-                if (!finite(loss, params)) {
-                    throw new DivergenceException(
-                            String.format(
-                                    Locale.ROOT,
-                                    "training diverged at epoch %d (loss %s, weight %s, bias %s) with learning rate"
-                                            + " %s: try a smaller --lr; %d completed epoch(s) kept",
-                                    epoch, loss, params.get("weight")[0], params.get("bias")[0], lr, epoch),
-                            epoch, 0, history);
-                }
-                history.add(record);
-                if (log != null && (epoch % logEvery == 0 || epoch == epochs - 1)) {
-                    log.printf(
-                            "Epoch [%3d], Loss: %.4f, Weight: %.4f, Bias: %.4f%n",
-                            epoch, loss, params.get("weight")[0], params.get("bias")[0]);
-                }
-            }
+        module.setLr(lr);
+        Trainer trainer = Trainer.builder()
+                .optEpochs(epochs)
+                .optMode(Trainer.Mode.FULL)
+                .optHistory(historyFile)
+                .optEpochListener(record -> {
+                    int epoch = record.getEpoch();
+                    if (log != null && (epoch % logEvery == 0 || epoch == epochs - 1)) {
+                        Map<String, double[]> params = record.getParameters();
+                        log.printf(
+                                "Epoch [%3d], Loss: %.4f, Weight: %.4f, Bias: %.4f%n",
+                                epoch, record.getLoss(), params.get("weight")[0], params.get("bias")[0]);
+                    }
+                })
+                .build();
+        try (NDManager data = module.getManager().newSubManager();
+                Dataset dataset = Dataset.of(
+                        "seed data", data.create(x, new Shape(x.length, 1)), data.create(y, new Shape(y.length, 1)))) {
+            return trainer.fit(module, dataset);
+        } catch (DivergenceException e) {
+            throw new DivergenceException(
+                    e.getMessage() + "; learning rate " + lr + ": try a smaller --lr", e.getEpoch(), e.getBatch(),
+                    e.getHistory());
         }
-        return history;
-    }
-
-    /** An epoch completed when its loss and the parameters it produced are all finite. */
-    private static boolean finite(double loss, Map<String, double[]> params) {
-        if (Double.isNaN(loss) || Double.isInfinite(loss)) {
-            return false;
-        }
-        for (double[] values : params.values()) {
-            for (double value : values) {
-                if (Double.isNaN(value) || Double.isInfinite(value)) {
-                    return false;
-                }
-            }
-        }
-        return true;
     }
 
     /** Runs with the parsed options; returns the history. */
     @Override
     public History call() throws IOException {
-        Dataset dataset = generateData(dataSeed, samples);
+        SeedData dataset = generateData(dataSeed, samples);
         History result;
         try (TrainingModule module = TrainingModule.load(model, opLibraries)) {
             System.out.println("Model loaded: " + module.getPath());
-            try {
-                result = train(module, dataset.x, dataset.y, epochs, lr, System.out, logEvery);
-            } catch (DivergenceException e) {
-                if (history == null) {
-                    throw e;
-                }
-                e.getHistory().save(history); // every completed epoch survives the divergence
-                throw new DivergenceException(
-                        e.getMessage() + " in " + history.toAbsolutePath(), e.getEpoch(), e.getBatch(), e.getHistory());
-            }
+            result = train(module, dataset.x, dataset.y, epochs, lr, System.out, logEvery, history);
             System.out.println("Training finished.");
             Map<String, double[]> last = module.getParameters();
             System.out.printf(
                     "Final parameters -> Weight: %.4f, Bias: %.4f%n", last.get("weight")[0], last.get("bias")[0]);
         }
         if (history != null) {
-            result.save(history);
             System.out.println("History written: " + history.toAbsolutePath());
         }
         return result;

@@ -11,6 +11,7 @@ import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
@@ -614,9 +615,7 @@ public final class OnlineLearner implements AutoCloseable {
         long[] shape = tensor.getShape();
         if (!spec.accepts(tensor.getDtype(), shape) || shape.length == 0 || shape[0] == 0) {
             throw new InvalidInputException(
-                    "input " + name + " must be " + spec.getDtype() + " of shape " + Arrays.toString(spec.getShape())
-                            + " (-1: any number of rows >= 1), got " + tensor.getDtype() + " of shape "
-                            + Arrays.toString(shape));
+                    Messages.tensorSpec("", "input " + name, spec.getDtype(), spec.getShape(), tensor.getDtype(), shape));
         }
         return shape[0];
     }

@@ -24,7 +24,7 @@ public class LinearRegressionTrainingTest {
 
     @Test
     public void dataFollowTheSeedsGenerator() {
-        LinearRegressionTraining.Dataset a = LinearRegressionTraining.generateData(42, 100);
+        LinearRegressionTraining.SeedData a = LinearRegressionTraining.generateData(42, 100);
         // java.util.Random's sequence is specified (a 48-bit LCG), so seed 42 gives these on any JVM.
         assertArrayEquals(
                 new float[] {7.2756367f, 6.8322344f, 3.087194f},

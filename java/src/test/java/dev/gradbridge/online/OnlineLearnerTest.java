@@ -7,6 +7,7 @@ import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.nio.file.Files;
@@ -96,8 +97,8 @@ public class OnlineLearnerTest {
                 .open(fixture("linear_regression.pt"), log)) {
             InvalidInputException shape = assertThrows(InvalidInputException.class,
                     () -> learner.learn(HostTensor.ofFloats(new float[] {1, 2}, 1, 2), column(1)));
-            assertEquals("input x must be float32 of shape [-1, 1] (-1: any number of rows >= 1),"
-                    + " got float32 of shape [1, 2]", shape.getMessage());
+            assertEquals(Messages.tensorSpec("", "input x", "float32", new long[] {-1, 1}, "float32", new long[] {1, 2}),
+                    shape.getMessage());
             assertThrows(InvalidInputException.class,
                     () -> learner.learn(HostTensor.ofDoubles(new double[] {1}, 1, 1), column(1)));
             assertThrows(InvalidInputException.class, () -> learner.learn(column(Float.NaN), column(1)));

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import online, protocol
-from .export import export_training_module
-from .replay import replay
+from .. import online, protocol
+from ..export import export_training_module
+from ..replay import replay
 
 
 class Recommender(nn.Module):

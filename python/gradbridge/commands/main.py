@@ -1,4 +1,5 @@
-"""The `gradbridge` command line (also `python -m gradbridge`)."""
+"""The `gradbridge` command line (also `python -m gradbridge`): parses arguments and hands each
+command to its module in this package; errors become one ``error:`` line and exit 1."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import CLI_ERROR_PREFIX, GradbridgeError
-from .models import BUILTIN_MODELS
-from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
+from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from .. import protocol
+from ..models import BUILTIN_MODELS
+from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
 # Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
 _OPTIMIZER_FLAGS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize", "betas", "eps",
@@ -121,8 +123,8 @@ def _fine_tuning(args: argparse.Namespace) -> Dict[str, Any]:
 def _export(args: argparse.Namespace) -> int:
     import torch
 
-    from . import ops, protocol
-    from .export import export_builtin, export_training_module
+    from .. import ops, protocol
+    from ..export import export_builtin, export_training_module
 
     ops.load(args.op_library)  # the model's custom operators must exist to script it
     optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
@@ -166,14 +168,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _state_dict(args: argparse.Namespace) -> int:
-    from .export import save_state_dict
+    from ..export import save_state_dict
 
     print(f"wrote {save_state_dict(args.module, args.output)}")
     return 0
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from .paritycheck import run
+    from .parity import run
 
     return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
                seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
@@ -181,7 +183,7 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def _build_op(args: argparse.Namespace) -> int:
-    from . import ops
+    from .. import ops
 
     print(f"wrote {ops.build(args.sources, args.output)}")
     return 0
@@ -329,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--epochs", type=int, default=5)
     parity.add_argument("--batch-size", type=int, default=32)
     parity.add_argument("--seed", type=int, default=0)
-    parity.add_argument("--mode", choices=("step", "fused", "full"), default="step")
+    parity.add_argument("--mode", choices=protocol.MODES, default="step")
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
     parity.add_argument("--rtol", type=_tolerance,

@@ -25,9 +25,9 @@ from typing import Dict
 import numpy as np
 import torch
 
-from . import launcher, protocol
-from .export import export_builtin
-from .reference import Reference
+from .. import launcher, protocol
+from ..export import export_builtin
+from ..reference import Reference
 
 CLASSES = 4
 FEATURES = 16

@@ -34,11 +34,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _devtree, classpath, java, jdk, jvm, libtorch
-from .export import export_training_module, losses, optim
-from .gradle import run_task
-from .models import LinearRegression, mlp
-from .torchscript import plain_graph_executor
+from .. import _devtree, classpath, java, jdk, jvm, libtorch
+from ..export import export_training_module, losses, optim
+from ..gradle import run_task
+from ..models import LinearRegression, mlp
+from ..torchscript import plain_graph_executor
 
 #: The native loop's source lives in the checkout (benchmarks/native): `gradbridge bench` is a
 #: development command.

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from . import __version__, _devtree, classpath, jdk, libtorch
-from .errors import GradbridgeError
+from .. import _devtree, classpath, jdk, libtorch
+from .._version import __version__
+from ..errors import GradbridgeError
 
 
 def run(out: Callable[[str], None] = print) -> int:

@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from . import data, java, ops, protocol, reference, report
-from .errors import CLI_ERROR_PREFIX, GradbridgeError
-from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
+from .. import data, java, launcher, ops, parity_report, protocol, reference
+from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")
 
@@ -53,7 +53,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     if java_mode in ("subprocess", "both"):
         try:
             with tempfile.TemporaryDirectory() as folder:
-                others["java-subprocess"] = java.train_subprocess(model, data_path, val=val_path,
+                others["java-subprocess"] = launcher.train(model, data_path, val=val_path,
                                                                   history=Path(folder) / "history.jsonl", **settings)
             reports.append(compare_histories(
                 python, others["java-subprocess"], labels=("python", "java-subprocess"),
@@ -72,10 +72,10 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
               "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries]}
     if report_path is not None:
         failed = {label: str(ex) for label, ex in failures.items()}
-        out(f"report: {report.write_json(report_path, config, reports, failed)}")
+        out(f"report: {parity_report.write_json(report_path, config, reports, failed)}")
     if plot_path is not None and others:
         title = f"{Path(model).name}: python vs {' and '.join(others)} ({mode}, {epochs} epochs)"
-        out(f"plot: {report.write_plot(plot_path, title, python, others, reports)}")
+        out(f"plot: {parity_report.write_plot(plot_path, title, python, others, reports)}")
     for label, ex in failures.items():
         print(f"{CLI_ERROR_PREFIX}{label}: {ex}", file=sys.stderr)
     return 0 if not failures and all(parity.within_tolerance for parity in reports) else 1

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import java, launcher, reference
-from .export import export_builtin
-from .history import History
-from .parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
+from .. import java, launcher, reference
+from ..export import export_builtin
+from ..history import History
+from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 LR = 0.01
 
@@ -36,10 +36,10 @@ def run_demo(*, epochs: int, out_dir: str | Path) -> int:
     print(f"      the separate JVM took {time.perf_counter() - started:.1f} s")
 
     x, y = java.seed_data()
-    java_inprocess = java.train_linear_regression(model, x, y, epochs=epochs, lr=LR)
+    java_inprocess = java.train(model, x, y, epochs=epochs, mode="full", lr=LR)
     print(f"[3/4] trained in this process from Java (JPype): final weight {java_inprocess[-1].parameters['weight'][0]:.4f}, "
           f"bias {java_inprocess[-1].parameters['bias'][0]:.4f}")
-    python = reference.train_full_batch(model, x, y, epochs=epochs, lr=LR)
+    python = reference.train(model, x, y, epochs=epochs, mode="full", lr=LR)
     print("[4/4] trained in eager PyTorch (torch.optim.SGD) on the same data\n")
 
     every = max(epochs // 10, 1)

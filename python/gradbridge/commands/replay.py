@@ -1,0 +1,17 @@
+"""`gradbridge replay`: replay an online learner's log in eager PyTorch and print every version's check."""
+
+from __future__ import annotations
+
+import os
+
+from ..replay import replay
+
+
+def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) -> int:
+    """``gradbridge replay``: print the table and verdict; 0 when every version matches bit for bit."""
+    report = replay(log_dir, model_path)
+    out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
+        f"{report.unapplied_events} logged but not yet applied" + (f", torn tail of {report.torn_bytes} bytes ignored"
+                                                                   if report.torn_bytes else ""))
+    out(report.table())
+    return 0 if report.bitwise else 1
