@@ -23,17 +23,28 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * The online learner's figures in a JVM of its own (for {@code gradbridge online-bench}): predict
- * latency (p50, p99) with training off and with feedback clients keeping the trainer busy, and
- * learning throughput (events applied per second, log and validation included) against the fused
- * {@code train_epoch} at the same micro-batch size. Prints one JSON object.
+ * latency (p50, p99) with training off and with feedback clients keeping the trainer busy; and
+ * learning throughput (events applied per second) in interleaved rounds on the same events and
+ * micro-batch size: the {@link OnlineLearner} fed B-row {@code learn} calls from one thread (log
+ * written; fsync never, and always; loss validation off), {@link Trainer} in step mode (one {@code
+ * train_step} call per micro-batch) and the fused {@code train_epoch} (one call for all), plus
+ * the learner's time per phase per micro-batch ({@link dev.gradbridge.online.PhaseTimes}). The
+ * batch loops run on a thread of their own, as the learner's training does. Prints one JSON object.
  *
  * <p>Usage: {@code OnlineBenchmark MODEL.pt WORK_DIR CLASSES EVENTS BATCH PREDICTIONS PREDICT_THREADS
- * FEEDBACK_THREADS PUBLISH_EVERY}; x is float32 (standard normal), y int64 in {@code 0..CLASSES-1}.
+ * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS]]}; x is float32 (standard normal), y int64 in
+ * {@code 0..CLASSES-1}; PREDICTIONS 0 skips the latency part; VARIANTS is a comma-separated subset
+ * of {@code online_never,online_always,trainer_step,fused_epoch,host_step} ({@code host_step}: a
+ * {@code train_step} per B-row host chunk, no queue or log).
  */
 public final class OnlineBenchmark {
 
@@ -154,10 +165,16 @@ public final class OnlineBenchmark {
         Map<String, Map<String, Long>> phaseNanos = new LinkedHashMap<>();
         Map<String, Long> phaseBatches = new LinkedHashMap<>();
         Map<String, Long> wallNanos = new LinkedHashMap<>();
+        Map<String, Long> trainCalls = new LinkedHashMap<>();
+        Map<String, long[]> cpuNanos = new LinkedHashMap<>(); // the batch loops' thread CPU time
+        Map<String, Map<String, Long>> phaseCpu = new LinkedHashMap<>();
         for (String variant : variants) {
             perRound.put(variant, new ArrayList<>());
         }
         long onlineUpdates = 0;
+        // The batch loops run on a thread of their own, as the online learner's training does (a
+        // thread that is not the one that started the engine): the same conditions for both.
+        ExecutorService baseline = Executors.newSingleThreadExecutor(r -> new Thread(r, "bench-batch-trainer"));
         try (TrainingModule stepModule = TrainingModule.load(model);
                 TrainingModule fusedModule = TrainingModule.load(model);
                 NDManager data = stepModule.getManager().newSubManager();
@@ -171,26 +188,26 @@ public final class OnlineBenchmark {
             NDArray fy = fusedData.create(Arrays.copyOf(ys, n), new Shape(n));
             NDArray perm = fusedData.arange(0L, (long) n, 1L, DataType.INT64);
             for (int i = 0; i < 3; i++) { // warm-up: JIT, and the graph executor's profiling runs
-                step.fit(stepModule, dataset);
-                fusedModule.trainEpoch(fx, fy, perm, batch);
+                onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
+                onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
             }
             for (int round = 0; round < rounds; round++) {
                 for (int k = 0; k < variants.size(); k++) {
                     String variant = variants.get((k + round) % variants.size());
                     double seconds;
                     switch (variant) {
-                        case "trainer_step": {
-                            long started = System.nanoTime();
-                            step.fit(stepModule, dataset);
-                            seconds = (System.nanoTime() - started) / 1e9;
+                        case "trainer_step":
+                            seconds = onTrainingThread(baseline, () -> step.fit(stepModule, dataset),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
-                        }
-                        case "fused_epoch": {
-                            long started = System.nanoTime();
-                            fusedModule.trainEpoch(fx, fy, perm, batch);
-                            seconds = (System.nanoTime() - started) / 1e9;
+                        case "host_step":
+                            seconds = onTrainingThread(baseline, () -> hostSteps(stepModule, chunks),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
-                        }
+                        case "fused_epoch":
+                            seconds = onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                            break;
                         default: {
                             FsyncPolicy policy = variant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
@@ -200,6 +217,8 @@ public final class OnlineBenchmark {
                                 }
                                 learner.awaitIdle(60, TimeUnit.SECONDS);
                                 Map<String, Long> before = learner.phaseTimes().nanos();
+                                Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
+                                long callsBefore = learner.phaseTimes().counts().get("train_step");
                                 long updatesBefore = learner.updates();
                                 long started = System.nanoTime();
                                 for (HostTensor[] chunk : chunks) {
@@ -214,6 +233,12 @@ public final class OnlineBenchmark {
                                     sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
                                 }
                                 phaseBatches.merge(variant, onlineUpdates, Long::sum);
+                                Map<String, Long> cpuSum = phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+                                for (Map.Entry<String, Long> e : learner.phaseTimes().cpuNanos().entrySet()) {
+                                    cpuSum.merge(e.getKey(), e.getValue() - cpuBefore.get(e.getKey()), Long::sum);
+                                }
+                                trainCalls.merge(variant,
+                                        learner.phaseTimes().counts().get("train_step") - callsBefore, Long::sum);
                                 wallNanos.merge(variant, elapsed, Long::sum);
                             }
                             deleteTree(dir);
@@ -222,6 +247,8 @@ public final class OnlineBenchmark {
                     perRound.get(variant).add(n / seconds);
                 }
             }
+        } finally {
+            baseline.shutdownNow();
         }
         Map<String, Object> rates = new LinkedHashMap<>();
         for (String variant : variants) {
@@ -257,12 +284,77 @@ public final class OnlineBenchmark {
             long batches = Math.max(1, phaseBatches.get(e.getKey()));
             Map<String, Object> perBatch = new LinkedHashMap<>();
             perBatch.put("wall", wallNanos.get(e.getKey()) / 1e3 / batches);
+            perBatch.put("micro_batches_per_call", batches / (double) Math.max(1, trainCalls.get(e.getKey())));
             for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
                 perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
             }
             phases.put(e.getKey(), perBatch);
         }
         out.put("phase_us_per_micro_batch", phases);
+        // CPU time per micro-batch: robust to a loaded machine (descheduled time is not counted).
+        // Online: the training thread's phases plus the feeding thread's learn_* phases.
+        Map<String, Object> cpuPhases = new LinkedHashMap<>();
+        Map<String, Double> cpuPerBatch = new LinkedHashMap<>();
+        long microBatches = (long) rounds * chunks.size();
+        for (Map.Entry<String, Map<String, Long>> e : phaseCpu.entrySet()) {
+            long batches = Math.max(1, phaseBatches.get(e.getKey()));
+            Map<String, Object> perBatch = new LinkedHashMap<>();
+            long total = 0;
+            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
+                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
+                total += phase.getValue();
+            }
+            cpuPhases.put(e.getKey(), perBatch);
+            cpuPerBatch.put(e.getKey(), total / 1e3 / batches);
+        }
+        for (Map.Entry<String, long[]> e : cpuNanos.entrySet()) {
+            cpuPerBatch.put(e.getKey(), e.getValue()[0] / 1e3 / microBatches);
+        }
+        out.put("phase_cpu_us_per_micro_batch", cpuPhases);
+        out.put("cpu_us_per_micro_batch", cpuPerBatch);
+    }
+
+    /** One {@code train_step} per chunk, each made from its host bytes: the online step without queue or log. */
+    private static Object hostSteps(TrainingModule module, List<HostTensor[]> chunks) {
+        for (HostTensor[] chunk : chunks) {
+            try (NDArray x = toArray(module.getManager(), chunk[0]);
+                    NDArray y = toArray(module.getManager(), chunk[1])) {
+                module.trainStep(x, y);
+            }
+        }
+        return null;
+    }
+
+    private static NDArray toArray(NDManager manager, HostTensor tensor) {
+        byte[] bytes = tensor.toBytes();
+        java.nio.ByteBuffer buffer = java.nio.ByteBuffer.allocateDirect(bytes.length).order(java.nio.ByteOrder.nativeOrder());
+        buffer.put(bytes).flip();
+        return manager.create(buffer, new Shape(tensor.getShape()),
+                DataType.valueOf(tensor.getDtype().toUpperCase(java.util.Locale.ROOT)));
+    }
+
+    /** Runs {@code work} on {@code thread} and returns the seconds it took there. */
+    private static double onTrainingThread(ExecutorService thread, Callable<?> work) throws Exception {
+        return onTrainingThread(thread, work, null);
+    }
+
+    /** The same, adding the thread's CPU time in ns to {@code cpu[0]} when given. */
+    private static double onTrainingThread(ExecutorService thread, Callable<?> work, long[] cpu) throws Exception {
+        java.lang.management.ThreadMXBean threads = java.lang.management.ManagementFactory.getThreadMXBean();
+        try {
+            return thread.submit(() -> {
+                long cpuStarted = threads.getCurrentThreadCpuTime();
+                long started = System.nanoTime();
+                work.call();
+                double seconds = (System.nanoTime() - started) / 1e9;
+                if (cpu != null) {
+                    cpu[0] += threads.getCurrentThreadCpuTime() - cpuStarted;
+                }
+                return seconds;
+            }).get();
+        } catch (ExecutionException e) {
+            throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+        }
     }
 
     private static double median(List<Double> values) {

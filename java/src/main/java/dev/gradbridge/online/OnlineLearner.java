@@ -584,7 +584,11 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     private long clock() {
-        return phases == null ? 0 : System.nanoTime();
+        if (phases == null) {
+            return 0;
+        }
+        phases.start();
+        return System.nanoTime();
     }
 
     /** Adds the time since {@code since} to {@code phase}; returns now (0 when not timing). */

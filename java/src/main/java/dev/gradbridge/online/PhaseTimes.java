@@ -1,13 +1,16 @@
 package dev.gradbridge.online;
 
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.concurrent.atomic.LongAdder;
 
 /**
  * Where an {@link OnlineLearner}'s time goes, for benchmarks and debugging ({@link
- * OnlineLearner.Builder#optTimePhases}): cumulative {@code System.nanoTime} per phase and how
- * often each ran. Training-thread phases are one micro-batch's path; {@code learn_*} phases run on
+ * OnlineLearner.Builder#optTimePhases}): cumulative {@code System.nanoTime} per phase, the
+ * thread's CPU time in it (which, unlike wall time, does not count time the thread was
+ * descheduled or waiting on a lock) and how often each ran. Training-thread phases are one micro-batch's path; {@code learn_*} phases run on
  * the callers' threads and overlap training.
  */
 public final class PhaseTimes {
@@ -42,19 +45,47 @@ public final class PhaseTimes {
         FINISH
     }
 
+    private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
+    private final boolean cpu = THREADS.isCurrentThreadCpuTimeSupported();
+    private final ThreadLocal<long[]> lastCpu = ThreadLocal.withInitial(() -> new long[1]);
     private final LongAdder[] nanos = new LongAdder[Phase.values().length];
+    private final LongAdder[] cpuNanos = new LongAdder[Phase.values().length];
     private final LongAdder[] counts = new LongAdder[Phase.values().length];
 
     PhaseTimes() {
         for (int i = 0; i < nanos.length; i++) {
             nanos[i] = new LongAdder();
+            cpuNanos[i] = new LongAdder();
             counts[i] = new LongAdder();
         }
     }
 
+    /** Starts a phase on this thread: notes its CPU time. */
+    void start() {
+        if (cpu) {
+            lastCpu.get()[0] = THREADS.getCurrentThreadCpuTime();
+        }
+    }
+
+    /** Ends a phase on this thread, which started at {@link #start} or at the previous add. */
     void add(Phase phase, long elapsedNanos) {
         nanos[phase.ordinal()].add(elapsedNanos);
         counts[phase.ordinal()].increment();
+        if (cpu) {
+            long[] last = lastCpu.get();
+            long now = THREADS.getCurrentThreadCpuTime();
+            cpuNanos[phase.ordinal()].add(now - last[0]);
+            last[0] = now;
+        }
+    }
+
+    /** @return the calling thread's CPU time per phase (lower-case names), in phase order; zeros when unsupported */
+    public Map<String, Long> cpuNanos() {
+        Map<String, Long> out = new LinkedHashMap<>();
+        for (Phase phase : Phase.values()) {
+            out.put(phase.name().toLowerCase(java.util.Locale.ROOT), cpuNanos[phase.ordinal()].sum());
+        }
+        return out;
     }
 
     /** @return total nanoseconds per phase (lower-case names), in phase order */
