@@ -284,7 +284,7 @@ def _online_bench(args: argparse.Namespace) -> int:
     from .online_bench import run
 
     return run(events=args.events, batch=args.batch, predictions=args.predictions, publish_every=args.publish_every,
-               out_dir=args.out_dir)
+               rounds=args.rounds, out_dir=args.out_dir)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -463,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     online_bench.add_argument("--batch", type=int, default=32, help="micro-batch size (default 32)")
     online_bench.add_argument("--predictions", type=int, default=2000, help="predictions per measurement (default 2000)")
     online_bench.add_argument("--publish-every", type=int, default=1, help="java: a version every N updates (default 1)")
+    online_bench.add_argument("--rounds", type=int, default=5,
+                              help="interleaved throughput rounds, java (default 5)")
     online_bench.add_argument("--out-dir", default="build/online-bench", help="where the JSON goes")
     online_bench.set_defaults(run=_online_bench)
 

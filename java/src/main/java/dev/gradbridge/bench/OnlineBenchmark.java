@@ -2,10 +2,13 @@ package dev.gradbridge.bench;
 
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import com.google.gson.GsonBuilder;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.data.Dataset;
 import dev.gradbridge.online.FsyncPolicy;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.OnlineLearner;
@@ -20,17 +23,28 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * The online learner's figures in a JVM of its own (for {@code gradbridge online-bench}): predict
- * latency (p50, p99) with training off and with feedback clients keeping the trainer busy, and
- * learning throughput (events applied per second, log and validation included) against the fused
- * {@code train_epoch} at the same micro-batch size. Prints one JSON object.
+ * latency (p50, p99) with training off and with feedback clients keeping the trainer busy; and
+ * learning throughput (events applied per second) in interleaved rounds on the same events and
+ * micro-batch size: the {@link OnlineLearner} fed B-row {@code learn} calls from one thread (log
+ * written; fsync never, and always; loss validation off), {@link Trainer} in step mode (one {@code
+ * train_step} call per micro-batch) and the fused {@code train_epoch} (one call for all), plus
+ * the learner's time per phase per micro-batch ({@link dev.gradbridge.online.PhaseTimes}). The
+ * batch loops run on a thread of their own, as the learner's training does. Prints one JSON object.
  *
  * <p>Usage: {@code OnlineBenchmark MODEL.pt WORK_DIR CLASSES EVENTS BATCH PREDICTIONS PREDICT_THREADS
- * FEEDBACK_THREADS PUBLISH_EVERY}; x is float32 (standard normal), y int64 in {@code 0..CLASSES-1}.
+ * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS]]}; x is float32 (standard normal), y int64 in
+ * {@code 0..CLASSES-1}; PREDICTIONS 0 skips the latency part; VARIANTS is a comma-separated subset
+ * of {@code online_never,online_always,trainer_step,fused_epoch,host_step} ({@code host_step}: a
+ * {@code train_step} per B-row host chunk, no queue or log).
  */
 public final class OnlineBenchmark {
 
@@ -52,6 +66,8 @@ public final class OnlineBenchmark {
         int predictThreads = Integer.parseInt(args[6]);
         int feedbackThreads = Integer.parseInt(args[7]);
         int publishEvery = Integer.parseInt(args[8]);
+        int rounds = args.length > 9 ? Integer.parseInt(args[9]) : 5;
+        List<String> variants = Arrays.asList(args.length > 10 ? args[10].split(",") : VARIANTS);
 
         Metadata metadata = Metadata.read(model);
         int features = (int) metadata.getInput("x").getShape()[1];
@@ -74,7 +90,28 @@ public final class OnlineBenchmark {
 
         Map<String, Object> out = new LinkedHashMap<>();
         Files.createDirectories(work);
-        try (OnlineLearner learner = open(model, work.resolve("latency"), batch, predictThreads, publishEvery)) {
+        if (predictions > 0) {
+            latency(out, model, work, chunks, one, batch, predictions, predictThreads, feedbackThreads, publishEvery);
+        }
+        throughput(out, model, work, xs, ys, features, chunks, batch, publishEvery, rounds, variants);
+        out.put("batch", batch);
+        out.put("publish_every", publishEvery);
+        out.put("events", chunks.size() * batch);
+        System.out.println(new GsonBuilder().serializeSpecialFloatingPointValues().create().toJson(out));
+    }
+
+    private static OnlineLearner open(
+            Path model, Path log, int batch, int predictors, int publishEvery, FsyncPolicy fsync) throws IOException {
+        return OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(1).optPublishEvery(publishEvery)
+                .optCheckpointEvery(1_000_000).optQueueCapacity(batch * 8).optPredictors(predictors)
+                .optFsync(fsync).optValidateTargets(false).optTimePhases(true).open(model, log);
+    }
+
+    private static void latency(Map<String, Object> out, Path model, Path work, List<HostTensor[]> chunks,
+            HostTensor one, int batch, int predictions, int predictThreads, int feedbackThreads, int publishEvery)
+            throws Exception {
+        try (OnlineLearner learner = open(model, work.resolve("latency"), batch, predictThreads, publishEvery,
+                FsyncPolicy.NEVER)) {
             learner.learn(chunks.get(0)[0], chunks.get(0)[1]);
             learner.awaitIdle(60, TimeUnit.SECONDS);
             predictLatencies(learner, one, predictions / 4, predictThreads); // warm-up
@@ -109,41 +146,230 @@ public final class OnlineBenchmark {
             out.put("predict_training_p99_us", percentile(busy, 0.99) / 1e3);
             out.put("updates_during_predictions", updatesDuring);
         }
+    }
+    /** The learning-throughput variants, timed in interleaved rounds (the order rotates each round). */
+    private static final String[] VARIANTS = {"online_never", "online_always", "trainer_step", "fused_epoch"};
 
-        try (OnlineLearner learner = open(model, work.resolve("throughput"), batch, 1, publishEvery)) {
-            long started = System.nanoTime();
-            for (HostTensor[] chunk : chunks) {
-                learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
-            }
-            learner.awaitIdle(300, TimeUnit.SECONDS);
-            double seconds = (System.nanoTime() - started) / 1e9;
-            out.put("online_events_per_s", chunks.size() * batch / seconds);
-            out.put("online_updates", learner.updates());
+    /**
+     * Learning throughput, in {@code rounds} interleaved rounds on the same events: the online
+     * learner (log written, fsync never, and fsync always: the default policy), {@link Trainer} in
+     * step mode (one {@code train_step} call per micro-batch, the like-for-like), and the fused
+     * {@code train_epoch} (one native call for all micro-batches). Medians, per-round ratios with
+     * their spread, and the online learner's time per phase per micro-batch.
+     */
+    private static void throughput(Map<String, Object> out, Path model, Path work, float[] xs, long[] ys,
+            int features, List<HostTensor[]> chunks, int batch, int publishEvery, int rounds, List<String> variants)
+            throws Exception {
+        int n = chunks.size() * batch;
+        Map<String, List<Double>> perRound = new LinkedHashMap<>();
+        Map<String, Map<String, Long>> phaseNanos = new LinkedHashMap<>();
+        Map<String, Long> phaseBatches = new LinkedHashMap<>();
+        Map<String, Long> wallNanos = new LinkedHashMap<>();
+        Map<String, Long> trainCalls = new LinkedHashMap<>();
+        Map<String, long[]> cpuNanos = new LinkedHashMap<>(); // the batch loops' thread CPU time
+        Map<String, Map<String, Long>> phaseCpu = new LinkedHashMap<>();
+        for (String variant : variants) {
+            perRound.put(variant, new ArrayList<>());
         }
-
-        try (TrainingModule module = TrainingModule.load(model);
-                NDManager data = module.getManager().newSubManager()) {
-            int n = chunks.size() * batch;
+        long onlineUpdates = 0;
+        // The batch loops run on a thread of their own, as the online learner's training does (a
+        // thread that is not the one that started the engine): the same conditions for both.
+        ExecutorService baseline = Executors.newSingleThreadExecutor(r -> new Thread(r, "bench-batch-trainer"));
+        try (TrainingModule stepModule = TrainingModule.load(model);
+                TrainingModule fusedModule = TrainingModule.load(model);
+                NDManager data = stepModule.getManager().newSubManager();
+                NDManager fusedData = fusedModule.getManager().newSubManager()) {
             NDArray x = data.create(Arrays.copyOf(xs, n * features), new Shape(n, features));
             NDArray y = data.create(Arrays.copyOf(ys, n), new Shape(n));
-            NDArray perm = data.arange(0L, (long) n, 1L, ai.djl.ndarray.types.DataType.INT64);
-            module.trainEpoch(x, y, perm, batch); // warm-up
-            long started = System.nanoTime();
-            module.trainEpoch(x, y, perm, batch);
-            double seconds = (System.nanoTime() - started) / 1e9;
-            out.put("fused_events_per_s", n / seconds);
+            Dataset dataset = Dataset.of("online-bench events", x, y);
+            Trainer step = Trainer.builder().optEpochs(1).optBatchSize(batch).optMode(Trainer.Mode.STEP)
+                    .optProgressBar(false).build();
+            NDArray fx = fusedData.create(Arrays.copyOf(xs, n * features), new Shape(n, features));
+            NDArray fy = fusedData.create(Arrays.copyOf(ys, n), new Shape(n));
+            NDArray perm = fusedData.arange(0L, (long) n, 1L, DataType.INT64);
+            for (int i = 0; i < 3; i++) { // warm-up: JIT, and the graph executor's profiling runs
+                onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
+                onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
+            }
+            for (int round = 0; round < rounds; round++) {
+                for (int k = 0; k < variants.size(); k++) {
+                    String variant = variants.get((k + round) % variants.size());
+                    double seconds;
+                    switch (variant) {
+                        case "trainer_step":
+                            seconds = onTrainingThread(baseline, () -> step.fit(stepModule, dataset),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                            break;
+                        case "host_step":
+                            seconds = onTrainingThread(baseline, () -> hostSteps(stepModule, chunks),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                            break;
+                        case "fused_epoch":
+                            seconds = onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch),
+                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                            break;
+                        default: {
+                            FsyncPolicy policy = variant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
+                            Path dir = work.resolve("throughput-" + variant + "-" + round);
+                            try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
+                                for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
+                                    learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
+                                }
+                                learner.awaitIdle(60, TimeUnit.SECONDS);
+                                Map<String, Long> before = learner.phaseTimes().nanos();
+                                Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
+                                long callsBefore = learner.phaseTimes().counts().get("train_step");
+                                long updatesBefore = learner.updates();
+                                long started = System.nanoTime();
+                                for (HostTensor[] chunk : chunks) {
+                                    learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
+                                }
+                                learner.awaitIdle(300, TimeUnit.SECONDS);
+                                long elapsed = System.nanoTime() - started;
+                                seconds = elapsed / 1e9;
+                                onlineUpdates = learner.updates() - updatesBefore;
+                                Map<String, Long> sum = phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+                                for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
+                                    sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
+                                }
+                                phaseBatches.merge(variant, onlineUpdates, Long::sum);
+                                Map<String, Long> cpuSum = phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+                                for (Map.Entry<String, Long> e : learner.phaseTimes().cpuNanos().entrySet()) {
+                                    cpuSum.merge(e.getKey(), e.getValue() - cpuBefore.get(e.getKey()), Long::sum);
+                                }
+                                trainCalls.merge(variant,
+                                        learner.phaseTimes().counts().get("train_step") - callsBefore, Long::sum);
+                                wallNanos.merge(variant, elapsed, Long::sum);
+                            }
+                            deleteTree(dir);
+                        }
+                    }
+                    perRound.get(variant).add(n / seconds);
+                }
+            }
+        } finally {
+            baseline.shutdownNow();
         }
-        out.put("batch", batch);
-        out.put("publish_every", publishEvery);
-        out.put("events", chunks.size() * batch);
-        System.out.println(new GsonBuilder().create().toJson(out));
+        Map<String, Object> rates = new LinkedHashMap<>();
+        for (String variant : variants) {
+            rates.put(variant, perRound.get(variant));
+        }
+        out.put("rounds", rounds);
+        out.put("events_per_s_by_round", rates);
+        out.put("online_events_per_s", median(perRound.getOrDefault("online_never", new ArrayList<>())));
+        out.put("online_always_events_per_s", median(perRound.getOrDefault("online_always", new ArrayList<>())));
+        out.put("step_events_per_s", median(perRound.getOrDefault("trainer_step", new ArrayList<>())));
+        out.put("fused_events_per_s", median(perRound.getOrDefault("fused_epoch", new ArrayList<>())));
+        out.put("online_updates", onlineUpdates);
+        Map<String, Object> ratios = new LinkedHashMap<>();
+        for (String online : new String[] {"online_never", "online_always"}) {
+            for (String base : new String[] {"fused_epoch", "trainer_step"}) {
+                if (!perRound.containsKey(online) || !perRound.containsKey(base)) {
+                    continue;
+                }
+                List<Double> values = new ArrayList<>();
+                for (int r = 0; r < rounds; r++) {
+                    values.add(perRound.get(online).get(r) / perRound.get(base).get(r));
+                }
+                Map<String, Object> spread = new LinkedHashMap<>();
+                spread.put("median", median(values));
+                spread.put("min", values.stream().mapToDouble(Double::doubleValue).min().orElse(Double.NaN));
+                spread.put("max", values.stream().mapToDouble(Double::doubleValue).max().orElse(Double.NaN));
+                ratios.put(online + "/" + base, spread);
+            }
+        }
+        out.put("throughput_ratios", ratios);
+        Map<String, Object> phases = new LinkedHashMap<>();
+        for (Map.Entry<String, Map<String, Long>> e : phaseNanos.entrySet()) {
+            long batches = Math.max(1, phaseBatches.get(e.getKey()));
+            Map<String, Object> perBatch = new LinkedHashMap<>();
+            perBatch.put("wall", wallNanos.get(e.getKey()) / 1e3 / batches);
+            perBatch.put("micro_batches_per_call", batches / (double) Math.max(1, trainCalls.get(e.getKey())));
+            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
+                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
+            }
+            phases.put(e.getKey(), perBatch);
+        }
+        out.put("phase_us_per_micro_batch", phases);
+        // CPU time per micro-batch: robust to a loaded machine (descheduled time is not counted).
+        // Online: the training thread's phases plus the feeding thread's learn_* phases.
+        Map<String, Object> cpuPhases = new LinkedHashMap<>();
+        Map<String, Double> cpuPerBatch = new LinkedHashMap<>();
+        long microBatches = (long) rounds * chunks.size();
+        for (Map.Entry<String, Map<String, Long>> e : phaseCpu.entrySet()) {
+            long batches = Math.max(1, phaseBatches.get(e.getKey()));
+            Map<String, Object> perBatch = new LinkedHashMap<>();
+            long total = 0;
+            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
+                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
+                total += phase.getValue();
+            }
+            cpuPhases.put(e.getKey(), perBatch);
+            cpuPerBatch.put(e.getKey(), total / 1e3 / batches);
+        }
+        for (Map.Entry<String, long[]> e : cpuNanos.entrySet()) {
+            cpuPerBatch.put(e.getKey(), e.getValue()[0] / 1e3 / microBatches);
+        }
+        out.put("phase_cpu_us_per_micro_batch", cpuPhases);
+        out.put("cpu_us_per_micro_batch", cpuPerBatch);
     }
 
-    private static OnlineLearner open(Path model, Path log, int batch, int predictors, int publishEvery)
-            throws IOException {
-        return OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(1).optPublishEvery(publishEvery)
-                .optCheckpointEvery(1_000_000).optQueueCapacity(batch * 8).optPredictors(predictors)
-                .optFsync(FsyncPolicy.NEVER).optValidateTargets(false).open(model, log);
+    /** One {@code train_step} per chunk, each made from its host bytes: the online step without queue or log. */
+    private static Object hostSteps(TrainingModule module, List<HostTensor[]> chunks) {
+        for (HostTensor[] chunk : chunks) {
+            try (NDArray x = toArray(module.getManager(), chunk[0]);
+                    NDArray y = toArray(module.getManager(), chunk[1])) {
+                module.trainStep(x, y);
+            }
+        }
+        return null;
+    }
+
+    private static NDArray toArray(NDManager manager, HostTensor tensor) {
+        byte[] bytes = tensor.toBytes();
+        java.nio.ByteBuffer buffer = java.nio.ByteBuffer.allocateDirect(bytes.length).order(java.nio.ByteOrder.nativeOrder());
+        buffer.put(bytes).flip();
+        return manager.create(buffer, new Shape(tensor.getShape()),
+                DataType.valueOf(tensor.getDtype().toUpperCase(java.util.Locale.ROOT)));
+    }
+
+    /** Runs {@code work} on {@code thread} and returns the seconds it took there. */
+    private static double onTrainingThread(ExecutorService thread, Callable<?> work) throws Exception {
+        return onTrainingThread(thread, work, null);
+    }
+
+    /** The same, adding the thread's CPU time in ns to {@code cpu[0]} when given. */
+    private static double onTrainingThread(ExecutorService thread, Callable<?> work, long[] cpu) throws Exception {
+        java.lang.management.ThreadMXBean threads = java.lang.management.ManagementFactory.getThreadMXBean();
+        try {
+            return thread.submit(() -> {
+                long cpuStarted = threads.getCurrentThreadCpuTime();
+                long started = System.nanoTime();
+                work.call();
+                double seconds = (System.nanoTime() - started) / 1e9;
+                if (cpu != null) {
+                    cpu[0] += threads.getCurrentThreadCpuTime() - cpuStarted;
+                }
+                return seconds;
+            }).get();
+        } catch (ExecutionException e) {
+            throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+        }
+    }
+
+    private static double median(List<Double> values) {
+        List<Double> sorted = new ArrayList<>(values);
+        sorted.sort(null);
+        int m = sorted.size();
+        return m == 0 ? Double.NaN : m % 2 == 1 ? sorted.get(m / 2) : (sorted.get(m / 2 - 1) + sorted.get(m / 2)) / 2;
+    }
+
+    private static void deleteTree(Path dir) throws IOException {
+        try (java.util.stream.Stream<Path> walk = Files.walk(dir)) {
+            for (Path p : (Iterable<Path>) walk.sorted(java.util.Comparator.reverseOrder())::iterator) {
+                Files.deleteIfExists(p);
+            }
+        }
     }
 
     private static long[] predictLatencies(OnlineLearner learner, HostTensor x, int total, int threads)

@@ -182,9 +182,30 @@ public final class FeedbackLog implements AutoCloseable {
      * @throws IOException when the write fails
      */
     synchronized long appendBatch(long index, long firstSeq, int count) throws IOException {
-        ByteBuffer payload = ByteBuffer.allocate(1 + 8 + 8 + 4).order(ByteOrder.LITTLE_ENDIAN);
-        payload.put(BATCH).putLong(index).putLong(firstSeq).putInt(count);
-        return append(frame(payload.array()));
+        return appendBatches(index, firstSeq, count, 1);
+    }
+
+    /**
+     * Appends consecutive micro-batch boundaries of {@code count} events each, in one write.
+     *
+     * @param firstIndex the first micro-batch's number
+     * @param firstSeq its first event
+     * @param count events per micro-batch
+     * @param batches how many micro-batches
+     * @return the end offset
+     * @throws IOException when the write fails
+     */
+    synchronized long appendBatches(long firstIndex, long firstSeq, int count, int batches) throws IOException {
+        int payloadSize = 1 + 8 + 8 + 4;
+        ByteBuffer frames = ByteBuffer.allocate(batches * (8 + payloadSize)).order(ByteOrder.LITTLE_ENDIAN);
+        ByteBuffer payload = ByteBuffer.allocate(payloadSize).order(ByteOrder.LITTLE_ENDIAN);
+        for (int i = 0; i < batches; i++) {
+            payload.clear();
+            payload.put(BATCH).putLong(firstIndex + i).putLong(firstSeq + (long) i * count).putInt(count);
+            putFrame(frames, payload.array());
+        }
+        frames.flip();
+        return append(frames);
     }
 
     /**

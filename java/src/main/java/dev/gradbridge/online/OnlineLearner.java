@@ -10,10 +10,10 @@ import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
 import dev.gradbridge.GradbridgeException;
-import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -81,6 +81,10 @@ public final class OnlineLearner implements AutoCloseable {
     /** The online checkpoint's descriptor in the log folder. */
     public static final String CHECKPOINT_FILE = "checkpoint.json";
 
+    /** Most micro-batches applied in one native call (a backlog before the next version). */
+    static final int MAX_FUSED = 64;
+    private static final long MAX_FUSED_BYTES = 16L << 20;
+
     private static final Logger logger = LoggerFactory.getLogger(OnlineLearner.class);
     private static final Gson GSON = new GsonBuilder().serializeSpecialFloatingPointValues().create();
 
@@ -119,6 +123,14 @@ public final class OnlineLearner implements AutoCloseable {
     private final AtomicLong acceptedEvents = new AtomicLong();
     private final AtomicLong refusedEvents = new AtomicLong();
     private final AtomicLong predictions = new AtomicLong();
+    private final PhaseTimes phases; // null unless optTimePhases(true)
+    // Used by one thread at a time (see snapshot and step): opening, training, closing.
+    private final ParameterDigests digester = new ParameterDigests();
+    private final int maxFused; // micro-batches applied in one train_epoch call, at most
+    private final ByteBuffer xBatch; // the x rows of maxFused micro-batches, reused (see step)
+    private final ByteBuffer yBatch;
+    private final DataType xType;
+    private final DataType yType;
 
     private static final class QueuedEvent {
         final long seq;
@@ -158,8 +170,19 @@ public final class OnlineLearner implements AutoCloseable {
         private int predictors = Math.max(1, Math.min(4, Runtime.getRuntime().availableProcessors()));
         private FsyncPolicy fsync = FsyncPolicy.ALWAYS;
         private boolean validateTargets = true;
+        private boolean timePhases;
 
         private Builder() {}
+
+        /**
+         * @param time record where the time goes, per phase ({@link OnlineLearner#phaseTimes}),
+         *     for benchmarks and debugging; default false
+         * @return this
+         */
+        public Builder optTimePhases(boolean time) {
+            this.timePhases = time;
+            return this;
+        }
 
         /**
          * @param events largest micro-batch (B), default 32
@@ -263,6 +286,7 @@ public final class OnlineLearner implements AutoCloseable {
         this.modelPath = modelPath.toAbsolutePath();
         this.logDir = logDir.toAbsolutePath();
         this.options = options;
+        this.phases = options.timePhases ? new PhaseTimes() : null;
         List<AutoCloseable> opened = new ArrayList<>();
         try {
             TrainingModule original = TrainingModule.load(this.modelPath);
@@ -277,6 +301,17 @@ public final class OnlineLearner implements AutoCloseable {
             this.ySpec = metadata.getInput("y");
             this.xRowBytes = rowBytes(xSpec);
             this.yRowBytes = rowBytes(ySpec);
+            this.xType = DataType.valueOf(xSpec.getDtype().toUpperCase(Locale.ROOT));
+            this.yType = DataType.valueOf(ySpec.getDtype().toUpperCase(Locale.ROOT));
+            long rowBytes = (long) xRowBytes + yRowBytes;
+            this.maxFused = original.getMethodNames().contains(Protocol.TRAIN_EPOCH)
+                    ? (int) Math.max(1, Math.min(Math.min(options.publishEvery, MAX_FUSED),
+                            MAX_FUSED_BYTES / Math.max(1, options.maxBatch * rowBytes)))
+                    : 1;
+            this.xBatch = ByteBuffer.allocateDirect(Math.multiplyExact(options.maxBatch * maxFused, xRowBytes))
+                    .order(ByteOrder.nativeOrder());
+            this.yBatch = ByteBuffer.allocateDirect(Math.multiplyExact(options.maxBatch * maxFused, yRowBytes))
+                    .order(ByteOrder.nativeOrder());
             FeedbackLog.Header header =
                     new FeedbackLog.Header(metadata.getModel(), options.publishEvery, xSpec.getDtype(),
                             sampleShape(xSpec), ySpec.getDtype(), sampleShape(ySpec));
@@ -480,6 +515,7 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws InvalidInputException when x or y do not fit the module; nothing was logged
      */
     public long learn(HostTensor x, HostTensor y, long timeout, TimeUnit unit) {
+        long t = clock();
         long rows = check("x", xSpec, x);
         if (check("y", ySpec, y) != rows) {
             throw new InvalidInputException("x has " + rows + " rows but y has " + y.rows());
@@ -496,6 +532,7 @@ public final class OnlineLearner implements AutoCloseable {
         }
         List<byte[]> xRows = split(x.bytes(), xRowBytes);
         List<byte[]> yRows = split(y.bytes(), yRowBytes);
+        t = lap(PhaseTimes.Phase.LEARN_VALIDATE, t);
         long first;
         long end;
         lock.lock();
@@ -517,6 +554,7 @@ public final class OnlineLearner implements AutoCloseable {
                         "the feedback queue is full (" + queue.size() + " of " + options.queueCapacity
                                 + " events waiting); retry later");
             }
+            t = lap(PhaseTimes.Phase.LEARN_LOCK, t);
             first = nextSeq;
             long[] offsets;
             try {
@@ -534,13 +572,38 @@ public final class OnlineLearner implements AutoCloseable {
         } finally {
             lock.unlock();
         }
+        t = lap(PhaseTimes.Phase.LEARN_APPEND, t);
         try {
             log.sync(end); // outside the lock: concurrent callers share one fsync
+            lap(PhaseTimes.Phase.LEARN_SYNC, t);
         } catch (IOException e) {
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
         }
         acceptedEvents.addAndGet(rows);
         return first;
+    }
+
+    private long clock() {
+        if (phases == null) {
+            return 0;
+        }
+        phases.start();
+        return System.nanoTime();
+    }
+
+    /** Adds the time since {@code since} to {@code phase}; returns now (0 when not timing). */
+    private long lap(PhaseTimes.Phase phase, long since) {
+        if (phases == null) {
+            return 0;
+        }
+        long now = System.nanoTime();
+        phases.add(phase, now - since);
+        return now;
+    }
+
+    /** @return where the time went per phase, or null unless {@link Builder#optTimePhases} was on */
+    public PhaseTimes phaseTimes() {
+        return phases;
     }
 
     private void checkOpen() {
@@ -643,7 +706,8 @@ public final class OnlineLearner implements AutoCloseable {
     private void trainLoop() {
         try {
             while (true) {
-                List<QueuedEvent> batch = nextBatch();
+                long t = clock();
+                List<QueuedEvent> batch = nextBatch(t);
                 if (batch == null) {
                     break;
                 }
@@ -663,7 +727,7 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     /** The next micro-batch (up to B events, or what arrived T ms after the first), or null to stop. */
-    private List<QueuedEvent> nextBatch() throws InterruptedException {
+    private List<QueuedEvent> nextBatch(long t) throws InterruptedException {
         lock.lock();
         try {
             while (queue.isEmpty() && !closing && !halting) {
@@ -683,7 +747,14 @@ public final class OnlineLearner implements AutoCloseable {
             if (halting) {
                 return null;
             }
+            t = lap(PhaseTimes.Phase.WAIT, t);
             int count = Math.min(options.maxBatch, queue.size());
+            if (count == options.maxBatch) {
+                // A backlog of whole micro-batches before the next version is due: take up to
+                // that many at once; apply() runs them in one native call (train_epoch).
+                int due = (int) (options.publishEvery - updates % options.publishEvery);
+                count *= Math.max(1, Math.min(Math.min(due, maxFused), queue.size() / options.maxBatch));
+            }
             List<QueuedEvent> batch = new ArrayList<>(count);
             for (int i = 0; i < count; i++) {
                 batch.add(queue.poll());
@@ -693,21 +764,38 @@ public final class OnlineLearner implements AutoCloseable {
             return batch;
         } finally {
             lock.unlock();
+            lap(PhaseTimes.Phase.DEQUEUE, t);
         }
     }
 
+    /**
+     * Applies the events taken by {@link #nextBatch}: one micro-batch, or several whole
+     * micro-batches of {@code maxBatch} events that all come before the next version.
+     */
     private void apply(List<QueuedEvent> batch) throws IOException {
+        long t = clock();
         long first = batch.get(0).seq;
-        log.sync(log.appendBatch(updates, first, batch.size())); // the boundary is logged before it is applied
+        int micro = batch.size() > options.maxBatch ? batch.size() / options.maxBatch : 1;
+        // The boundaries are written before the batches are applied (one write for all), and
+        // forced (under ALWAYS) by the sync before the next version is published: nothing that
+        // depends on these micro-batches leaves the training thread (a version, a checkpoint)
+        // before they are durable. A crash before that loses only boundaries: their events are
+        // in the log, are queued again on resume and go into micro-batches that no one has seen.
+        log.appendBatches(updates, first, batch.size() / micro, micro);
+        t = lap(PhaseTimes.Phase.LOG_BATCH, t);
         List<byte[]> xs = new ArrayList<>(batch.size());
         List<byte[]> ys = new ArrayList<>(batch.size());
         for (QueuedEvent event : batch) {
             xs.add(event.x);
             ys.add(event.y);
         }
-        double loss = step(xs, ys);
+        double loss = micro == 1 ? step(xs, ys) : stepFused(xs, ys, micro);
+        t = clock();
         if (updates % options.publishEvery == 0) {
-            publish(snapshot(current.getId() + 1, updates, loss));
+            ModelVersion version = snapshot(current.getId() + 1, updates, loss);
+            t = lap(PhaseTimes.Phase.SNAPSHOT, t);
+            publish(version);
+            t = clock();
         }
         lock.lock();
         try {
@@ -717,48 +805,95 @@ public final class OnlineLearner implements AutoCloseable {
         } finally {
             lock.unlock();
         }
+        lap(PhaseTimes.Phase.FINISH, t);
     }
 
     /** One {@code train_step} on the rows, in order; counts the update. */
     private double step(List<byte[]> xs, List<byte[]> ys) {
-        try (NDManager scope = training.getManager().newSubManager()) {
-            NDArray x = rowsToArray(scope, xs, xSpec);
-            NDArray y = rowsToArray(scope, ys, ySpec);
-            double loss = training.trainStep(x, y);
-            updates++;
-            lastLoss = loss;
-            return loss;
+        long t = clock();
+        double loss;
+        // The rows go into one reused native-order buffer per input and become one tensor each,
+        // created in the module's manager and closed right after the step: no per-micro-batch
+        // buffer allocation or sub-manager. The tensors may share the buffers' memory, so they
+        // are closed before the buffers are filled again (one thread, one micro-batch at a time).
+        // A logged micro-batch holds at most maxBatch events (resume checks the header's shapes,
+        // not B, so a larger logged one gets buffers of its own).
+        try (NDArray x = rowsToArray(xs, xSpec, xType, xBatch);
+                NDArray y = rowsToArray(ys, ySpec, yType, yBatch)) {
+            t = lap(PhaseTimes.Phase.ASSEMBLE, t);
+            loss = training.trainStep(x, y);
+            t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
         }
+        lap(PhaseTimes.Phase.ASSEMBLE, t); // freeing the inputs counts with making them
+        updates++;
+        lastLoss = loss;
+        return loss;
     }
 
-    private static NDArray rowsToArray(NDManager manager, List<byte[]> rows, Metadata.TensorSpec spec) {
-        int rowBytes = rows.get(0).length;
-        ByteBuffer buffer = ByteBuffer.allocateDirect(rowBytes * rows.size()).order(ByteOrder.nativeOrder());
+    /**
+     * {@code micro} micro-batches of {@code maxBatch} rows each, in order, in one {@code
+     * train_epoch} call (which runs {@code train_step} on each slice: the same steps, bit for bit,
+     * as {@code micro} calls of {@link #step}); counts the updates.
+     *
+     * @return the last micro-batch's loss
+     */
+    private double stepFused(List<byte[]> xs, List<byte[]> ys, int micro) {
+        long t = clock();
+        double[] losses;
+        try (NDArray x = rowsToArray(xs, xSpec, xType, xBatch);
+                NDArray y = rowsToArray(ys, ySpec, yType, yBatch);
+                NDArray order = training.getManager().arange(0L, (long) xs.size(), 1L, DataType.INT64)) {
+            t = lap(PhaseTimes.Phase.ASSEMBLE, t);
+            losses = training.trainEpoch(x, y, order, options.maxBatch);
+            t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
+        }
+        lap(PhaseTimes.Phase.ASSEMBLE, t);
+        if (losses.length != micro) {
+            throw new GradbridgeException("train_epoch ran " + losses.length + " micro-batches, expected " + micro);
+        }
+        updates += micro;
+        lastLoss = losses[micro - 1];
+        return lastLoss;
+    }
+
+    private NDArray rowsToArray(List<byte[]> rows, Metadata.TensorSpec spec, DataType type, ByteBuffer reused) {
+        int bytes = rows.get(0).length * rows.size();
+        ByteBuffer buffer = bytes <= reused.capacity()
+                ? reused
+                : ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());
+        buffer.clear();
         for (byte[] row : rows) {
             buffer.put(row);
         }
         buffer.flip();
         long[] shape = spec.getShape().clone();
         shape[0] = rows.size();
-        return manager.create(buffer, new Shape(shape), DataType.valueOf(spec.getDtype().toUpperCase(Locale.ROOT)));
+        return training.getManager().create(buffer, new Shape(shape), type);
     }
 
+    /**
+     * The parameters now, whole, with their digests. Runs on one thread at a time: the opening
+     * thread (recovery), then the training thread, then the closing thread after it ended.
+     */
     private ModelVersion snapshot(long id, long atUpdates, double loss) {
         Map<String, double[]> parameters = training.getParameters();
         Map<String, String> digests = new LinkedHashMap<>();
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
-            digests.put(spec.getName(), History.digest(parameters.get(spec.getName()), spec.getDtype()));
+            digests.put(spec.getName(), digester.digest(parameters.get(spec.getName()), spec.getDtype()));
         }
         return new ModelVersion(id, atUpdates, loss, parameters, digests);
     }
 
     /** Logs the version, then makes it the one predictions use; checkpoints every K versions. */
     private void publish(ModelVersion version) throws IOException {
+        long t = clock();
         long end = log.appendVersion(version);
         log.sync(end);
         current = version; // one volatile write: predictors see the old or the new snapshot, whole
+        t = lap(PhaseTimes.Phase.PUBLISH, t);
         if (version.getId() % options.checkpointEvery == 0) {
             checkpoint(version, end);
+            lap(PhaseTimes.Phase.CHECKPOINT, t);
         }
     }
 

@@ -188,4 +188,85 @@ public class OnlineLearnerTest {
         List<FeedbackLog.Record> records = FeedbackLog.read(log, 0).getRecords();
         assertEquals(16, records.stream().filter(r -> r instanceof FeedbackLog.Batch).count());
     }
+
+    @Test
+    public void aBacklogOfWholeMicroBatchesIsAppliedInOneCallWithTheSameResultAsOneByOne() throws Exception {
+        float[] xs = ramp(40, 2f, -1f);
+        float[] ys = ramp(40, 6f, -2.5f);
+        // The learner whose queue holds the 40 events at once (maxWait 0 keeps the trainer from
+        // waiting): micro-batches of 2, a version every 4, so up to 4 micro-batches per
+        // train_epoch call; and a learner fed 2 events at a time, one train_step each.
+        Path fusedLog = folder.newFolder().toPath();
+        Path stepLog = folder.newFolder().toPath();
+        OnlineLearner.Builder fusedOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0)
+                .optPublishEvery(4).optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .optTimePhases(true);
+        java.util.List<ModelVersion> fusedVersions = new java.util.ArrayList<>();
+        try (OnlineLearner fused = fusedOptions.open(fixture("linear_regression.pt"), fusedLog)) {
+            fused.learn(column(xs), column(ys));
+            assertTrue(fused.awaitIdle(30, TimeUnit.SECONDS));
+            assertEquals(20, fused.updates());
+            assertEquals(5, fused.currentVersion().getId());
+            assertEquals("4 micro-batches per call", 5L, (long) fused.phaseTimes().counts().get("train_step"));
+            fusedVersions.add(fused.currentVersion());
+            fused.halt();
+        }
+        java.util.Map<Long, ModelVersion> stepVersions = new java.util.HashMap<>();
+        try (OnlineLearner stepwise = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(1)
+                .optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER)
+                .open(fixture("linear_regression.pt"), stepLog)) {
+            for (int i = 0; i < 40; i += 2) {
+                stepwise.learn(column(xs[i], xs[i + 1]), column(ys[i], ys[i + 1]));
+                assertTrue(stepwise.awaitIdle(30, TimeUnit.SECONDS));
+                stepVersions.put(stepwise.updates(), stepwise.currentVersion());
+            }
+        }
+        ModelVersion last = fusedVersions.get(0);
+        assertEquals(20, last.getUpdates());
+        assertEquals(stepVersions.get(20L).getDigests(), last.getDigests());
+        for (String name : last.getDigests().keySet()) {
+            assertArrayEquals(stepVersions.get(20L).getParameter(name), last.getParameter(name), 0.0);
+        }
+        // The log holds 20 micro-batches of 2 and a version every 4 updates whose digests are
+        // those of the one-by-one run.
+        List<FeedbackLog.Record> records = FeedbackLog.read(fusedLog, 0).getRecords();
+        long index = 0;
+        for (FeedbackLog.Record record : records) {
+            if (record instanceof FeedbackLog.Batch) {
+                FeedbackLog.Batch batch = (FeedbackLog.Batch) record;
+                assertEquals(index, batch.getIndex());
+                assertEquals(2 * index, batch.getFirstSeq());
+                assertEquals(2, batch.getCount());
+                index++;
+            } else if (record instanceof FeedbackLog.Version && ((FeedbackLog.Version) record).getUpdates() > 0) {
+                FeedbackLog.Version version = (FeedbackLog.Version) record;
+                assertEquals(0, version.getUpdates() % 4);
+                assertEquals(stepVersions.get(version.getUpdates()).getDigests(), version.getDigests());
+            }
+        }
+        assertEquals(20, index);
+        // Resuming applies the logged micro-batches one by one and checks every logged version.
+        try (OnlineLearner resumed = fusedOptions.open(fixture("linear_regression.pt"), fusedLog)) {
+            assertEquals(last.getDigests(), resumed.currentVersion().getDigests());
+        }
+    }
+
+    @Test
+    public void versionDigestsAreHistoryDigests() {
+        ParameterDigests digests = new ParameterDigests();
+        java.util.Random random = new java.util.Random(3);
+        for (int n : new int[] {0, 1, 7, 1000, 3}) {
+            double[] floats = new double[n];
+            double[] doubles = new double[n];
+            double[] longs = new double[n];
+            for (int i = 0; i < n; i++) {
+                floats[i] = (float) random.nextGaussian();
+                doubles[i] = random.nextGaussian();
+                longs[i] = random.nextInt(1000) - 500;
+            }
+            assertEquals(dev.gradbridge.History.digest(floats, "float32"), digests.digest(floats, "float32"));
+            assertEquals(dev.gradbridge.History.digest(doubles, "float64"), digests.digest(doubles, "float64"));
+            assertEquals(dev.gradbridge.History.digest(longs, "int64"), digests.digest(longs, "int64"));
+        }
+    }
 }
