@@ -18,7 +18,7 @@ from gradbridge import export_training_module, java
 from gradbridge.jvm import java_errors, jclass, load_module
 from gradbridge.models import mlp
 
-EPOCHS = 300
+EPOCHS = 900  # long enough (> 2 s alone) for a second thread to arrive mid-run, even after the per-call speed-ups
 
 
 def _data(n=64, seed=0):
