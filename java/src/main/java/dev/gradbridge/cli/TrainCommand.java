@@ -1,14 +1,12 @@
 package dev.gradbridge.cli;
 
 import dev.gradbridge.DivergenceException;
-import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
 import java.io.IOException;
-import java.io.PrintWriter;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -171,21 +169,7 @@ public final class TrainCommand implements Callable<Integer> {
     }
 
     static int execute(String... args) {
-        CommandLine cli = new CommandLine(new TrainCommand());
-        cli.setParameterExceptionHandler(
-                (ex, arguments) -> {
-                    PrintWriter err = ex.getCommandLine().getErr();
-                    err.println("error: " + ex.getMessage() + " (see --help)");
-                    return 1;
-                });
-        cli.setExecutionExceptionHandler(
-                (ex, commandLine, parseResult) -> {
-                    if (ex instanceof GradbridgeException || ex instanceof IOException) {
-                        commandLine.getErr().println("error: " + ex.getMessage());
-                        return 1;
-                    }
-                    throw ex;
-                });
+        CommandLine cli = OneLineErrors.install(new CommandLine(new TrainCommand()));
         return cli.execute(args);
     }
 }

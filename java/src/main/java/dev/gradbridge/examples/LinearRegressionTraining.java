@@ -4,7 +4,6 @@ import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.DivergenceException;
-import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Trainer;
@@ -19,6 +18,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.Callable;
+import dev.gradbridge.cli.OneLineErrors;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -198,20 +198,7 @@ public final class LinearRegressionTraining implements Callable<History> {
      */
     public static void main(String[] args) {
         ConsoleLogging.applyDefaults();
-        CommandLine cli = new CommandLine(new LinearRegressionTraining());
-        cli.setParameterExceptionHandler(
-                (ex, arguments) -> {
-                    ex.getCommandLine().getErr().println("error: " + ex.getMessage() + " (see --help)");
-                    return 1;
-                });
-        cli.setExecutionExceptionHandler(
-                (ex, commandLine, parseResult) -> {
-                    if (ex instanceof GradbridgeException || ex instanceof IOException) {
-                        commandLine.getErr().println("error: " + ex.getMessage());
-                        return 1;
-                    }
-                    throw ex;
-                });
+        CommandLine cli = OneLineErrors.install(new CommandLine(new LinearRegressionTraining()));
         System.exit(cli.execute(args));
     }
 }

@@ -2,12 +2,10 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
-import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
-import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -17,6 +15,7 @@ import java.util.concurrent.Callable;
 import org.apache.spark.SparkConf;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
+import dev.gradbridge.cli.OneLineErrors;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -178,21 +177,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
     }
 
     static int execute(String... args) {
-        CommandLine cli = new CommandLine(new SparkTrainCommand());
-        cli.setParameterExceptionHandler(
-                (ex, arguments) -> {
-                    PrintWriter err = ex.getCommandLine().getErr();
-                    err.println("error: " + ex.getMessage() + " (see --help)");
-                    return 1;
-                });
-        cli.setExecutionExceptionHandler(
-                (ex, commandLine, parseResult) -> {
-                    if (ex instanceof GradbridgeException || ex instanceof IOException) {
-                        commandLine.getErr().println("error: " + ex.getMessage());
-                        return 1;
-                    }
-                    throw ex;
-                });
+        CommandLine cli = OneLineErrors.install(new CommandLine(new SparkTrainCommand()));
         return cli.execute(args);
     }
 }
