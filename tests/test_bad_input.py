@@ -21,12 +21,8 @@ def module(jvm, model_path):
 
 
 def _array(module, values, shape, dtype=np.float32):
-    """A DJL NDArray in a sub-manager of the module's manager (closed with the module)."""
-    Shape = jpype.JClass("ai.djl.ndarray.types.Shape")
-    manager = module.getManager().newSubManager()
-    data = np.asarray(values, dtype=dtype).ravel()
-    java_values = jpype.JArray(jpype.JDouble if dtype == np.float64 else jpype.JFloat)(data)
-    return manager.create(java_values, Shape(*shape))
+    """A Java Tensor (freed by the JVM when unreachable)."""
+    return gradbridge_jvm.to_tensor(np.asarray(values, dtype=dtype).reshape(shape))
 
 
 def _still_trains(jvm, model_path):

@@ -40,7 +40,7 @@ def _fit(module, x, y, epochs=EPOCHS, inside=None, done=None):
     """Trainer.fit on ``module``; ``inside``/``done`` (Events) are set right before and after the Java call."""
     Trainer = jclass("dev.gradbridge.Trainer")
     with java_errors():
-        train = java.dataset(module.getManager(), x, y, "training data")
+        train = java.dataset(x, y, "training data")
         trainer = Trainer.builder().optEpochs(epochs).optBatchSize(8).optSeed(5).optRecordValues(False).build()
         if inside is not None:
             inside.set()

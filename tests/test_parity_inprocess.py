@@ -1,4 +1,4 @@
-"""Java (DJL, in this process through JPype) and eager PyTorch train the seed model identically."""
+"""Java (gradbridge's native layer, in this process through JPype) and eager PyTorch train the seed model identically."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_seed_data_is_the_seeds_generator(jvm):
     assert -1.0001 <= noise.min() and noise.max() < 1.0001
 
 
-def test_djl_runs_on_the_libtorch_that_python_loaded(jvm, model_path):
+def test_java_runs_on_the_libtorch_that_python_loaded(jvm, model_path):
     # One libtorch per process: every mapped libtorch_cpu.so is the one inside the torch package.
     jvm.load_module(model_path).close()
     torch_lib = (Path(torch.__file__).parent / "lib").resolve()

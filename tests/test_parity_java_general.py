@@ -1,4 +1,4 @@
-"""Any exported module trained from Java (DJL, in this process) equals the eager reference.
+"""Any exported module trained from Java (gradbridge's native layer, in this process) equals the eager reference.
 
 MLP classifiers, 10 epochs driven through the Java TrainingModule: full-batch `trainStep` with
 every optimizer configuration of tests/test_optim.py, and fused mini-batch `trainEpoch` (with
@@ -57,8 +57,7 @@ def test_full_batch_train_step_from_java_equals_reference(jvm, export, optimizer
     reference = Reference(path, model)
     module = jvm.load_module(path)
     try:
-        data = module.getManager().newSubManager()
-        jx, jy = jvm.to_ndarray(data, x.numpy()), jvm.to_ndarray(data, y.numpy())
+        jx, jy = jvm.to_tensor(x.numpy()), jvm.to_tensor(y.numpy())
         # When Java trains EPOCHS full-batch epochs and the reference does the same
         for epoch in range(EPOCHS):
             with jvm.java_errors():
@@ -81,14 +80,13 @@ def test_fused_mini_batch_epochs_from_java_equal_reference(jvm, export, optimize
     reference = Reference(path, model)
     module = jvm.load_module(path)
     try:
-        data = module.getManager().newSubManager()
-        jx, jy = jvm.to_ndarray(data, x.numpy()), jvm.to_ndarray(data, y.numpy())
+        jx, jy = jvm.to_tensor(x.numpy()), jvm.to_tensor(y.numpy())
         for epoch in range(EPOCHS):
             perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
             # the same generator state on both sides: dropout masks are drawn identically
             torch.manual_seed(100 + epoch)
             with jvm.java_errors():
-                java_losses = np.asarray(module.trainEpoch(jx, jy, jvm.to_ndarray(data, perm.numpy()), 32))
+                java_losses = np.asarray(module.trainEpoch(jx, jy, jvm.to_tensor(perm.numpy()), 32))
             torch.manual_seed(100 + epoch)
             python_losses = np.array([float(v) for v in reference.train_epoch(x, y, perm, 32)])
             assert np.array_equal(java_losses, python_losses), f"epoch {epoch}"
@@ -107,8 +105,7 @@ def test_batchnorm_buffers_and_eval_mode_from_java(jvm, tmp_path):
     reference = Reference(path, model)
     module = jvm.load_module(path)
     try:
-        data = module.getManager().newSubManager()
-        jx, jy = jvm.to_ndarray(data, x.numpy()), jvm.to_ndarray(data, y.numpy())
+        jx, jy = jvm.to_tensor(x.numpy()), jvm.to_tensor(y.numpy())
         for _ in range(5):
             assert float(module.trainStep(jx, jy)) == float(reference.train_step(x, y))
         # eval mode uses the running statistics: the same validation loss on both sides

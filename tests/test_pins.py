@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import jpype
+import numpy as np
 import torch
 
 from gradbridge import protocol
@@ -20,7 +21,7 @@ def _gradle_properties() -> dict:
     return dict(re.findall(r"^(\w+)=(\S+)$", text, flags=re.MULTILINE))
 
 
-def test_torch_pin_matches_djl_pins():
+def test_torch_pin_matches_the_java_pins():
     props = _gradle_properties()
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_pin = next(d for d in dependencies if d.startswith("torch=="))
@@ -31,8 +32,8 @@ def test_torch_pin_matches_djl_pins():
 def test_built_classpath_uses_the_pinned_artifacts():
     props = _gradle_properties()
     jars = {Path(entry).name for entry in classpath.resolve().entries}
-    assert f"pytorch-engine-{props['djlVersion']}.jar" in jars
-    assert f"pytorch-jni-{props['torchVersion']}-{props['djlVersion']}.jar" in jars
+    # DJL's libtorch distribution only: no DJL code (engine, JNI, API) is on the classpath
+    assert not [j for j in jars if j.startswith(("pytorch-engine-", "pytorch-jni-", "api-0.", "jna-"))], jars
     assert f"pytorch-native-cpu-{props['torchVersion']}-{props['pytorchNativeClassifier']}.jar" in jars
 
 
@@ -54,9 +55,10 @@ def test_java_protocol_constants_match_python(jvm):
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name
 
 
-def test_djl_engine_reports_the_pinned_libtorch(jvm):
-    engine = jpype.JClass("ai.djl.engine.Engine").getEngine("PyTorch")
-    assert str(engine.getVersion()) == _gradle_properties()["torchVersion"]
+def test_native_library_runs_the_torch_python_loaded(jvm):
+    Versions = jpype.JClass("dev.gradbridge.Versions")
+    assert str(Versions.libtorch()) == torch.__version__.split("+")[0]
+    assert str(Versions.libtorch()) in str(Versions.nativeLibrary())
 
 
 def test_training_modes_match(jvm):
@@ -95,10 +97,17 @@ def test_metadata_keys_match_java(jvm):
     assert snake_fields("dev.gradbridge.Metadata$Checkpoint") == protocol.CHECKPOINT_KEYS
 
 
-def test_java_leaves_python_autograd_on(jvm):
-    """Starting DJL's engine (done by jvm.start) and calling Java leave this thread's grad mode as it was."""
-    Engine = jpype.JClass("ai.djl.engine.Engine")
-    Engine.getEngine("PyTorch")
+def test_java_leaves_python_autograd_on(jvm, model_path):
+    """Java calls set grad mode for their own duration only: a Java backward works under Python's
+    no_grad, and this thread's grad mode stays as it was."""
+    module = jvm.load_module(model_path)
+    try:
+        with torch.no_grad():
+            x = jvm.to_tensor(np.ones((4, 1), dtype=np.float32))
+            assert float(module.trainStep(x, x)) >= 0.0
+            assert not torch.is_grad_enabled()
+    finally:
+        module.close()
     w = torch.ones(2, requires_grad=True)
     (w * 3).sum().backward()
     assert torch.is_grad_enabled() and w.grad.tolist() == [3.0, 3.0]

@@ -77,12 +77,11 @@ def test_checkpoint_loads_in_python_and_predicts_what_java_predicts(jvm, mlp_ada
     module = jvm.load_module(mlp_adam)
     try:
         with jvm.java_errors():
-            data = module.getManager().newSubManager()
-            training = java.dataset(data, x, y, "training data")
+            training = java.dataset(x, y, "training data")
             trainer = (jpype.JClass("dev.gradbridge.Trainer").builder().optEpochs(3).optBatchSize(16).optSeed(3)
                        .optCheckpoint(jpype.JClass("java.nio.file.Paths").get(str(checkpoint))).build())
             trainer.fit(module, training)
-            predicted = module.forward(jvm.to_ndarray(data, x))
+            predicted = module.forward(jvm.to_tensor(x))
             java_predictions = np.array(predicted.toFloatArray(), dtype=np.float32).reshape(len(x), 3)
     finally:
         module.close()

@@ -24,7 +24,7 @@ BUNDLED_JARS = Path(__file__).resolve().parent / "jars"
 BUNDLE_INDEX = "classpath.txt"
 #: Written into the library jar by the build (Java: dev.gradbridge.Versions).
 VERSIONS_RESOURCE = "dev/gradbridge/versions.properties"
-#: A jar holding DJL's own libtorch; without one, DJL must be pointed at torch's libtorch.
+#: DJL's jar of libtorch's shared libraries; without one, a separate JVM runs this Python's libtorch.
 NATIVE_JAR_PREFIX = "pytorch-native-"
 
 
@@ -43,10 +43,10 @@ class Classpath:
         return self._library()[0]
 
     def versions(self) -> Dict[str, str]:
-        """``{"gradbridge": ..., "djl": ..., "torch": ...}`` as the library was built."""
+        """``{"gradbridge": ..., "torch": ...}`` as the library was built (torch: what the jar's native library is for)."""
         entry, text = self._library()
         versions = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-        missing = [key for key in ("gradbridge", "djl", "torch") if not versions.get(key)]
+        missing = [key for key in ("gradbridge", "torch") if not versions.get(key)]
         if missing:
             raise JavaBuildMissingError(f"{entry}: {VERSIONS_RESOURCE} lacks {', '.join(missing)}; rebuild the Java library")
         return versions

@@ -55,13 +55,14 @@ def java_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray,
     module = jvm.load_module(model, op_libraries)
     try:
         with jvm.java_errors():
-            manager = module.getManager().newSubManager()
+            jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
             try:
                 torch.manual_seed(SEED)  # one process, one generator: Java's dropout draws from it
-                module.calculateLossAndBackward(jvm.to_ndarray(manager, x), jvm.to_ndarray(manager, y))
+                module.calculateLossAndBackward(jx, jy)
                 return {str(k): np.asarray(v, dtype=np.float64) for k, v in module.getGradients().items()}
             finally:
-                manager.close()
+                jx.close()
+                jy.close()
     finally:
         module.close()
 

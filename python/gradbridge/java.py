@@ -32,12 +32,12 @@ def _as_java_long(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def dataset(manager, x: np.ndarray, y: np.ndarray, source: str):
-    """A Java ``Dataset`` over the memory of ``x`` and ``y`` (keep them alive while it is used)."""
+def dataset(x: np.ndarray, y: np.ndarray, source: str):
+    """A Java ``Dataset`` over the memory of ``x`` and ``y`` (keep them alive while it is used; close it)."""
     Dataset = jclass("dev.gradbridge.data.Dataset")
     with java_errors():
         return Dataset.fromBuffers(
-            manager, source,
+            source,
             _direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], dtype_name(x),
             _direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
 
@@ -74,12 +74,13 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
     module = load_module(model_path, op_libraries)
+    datasets = []  # closed before the arrays go: their tensors use the arrays' memory
     try:
         with java_errors():
             if lr is not None:
                 module.setLr(float(lr))
-            manager = module.getManager()
-            train_data = dataset(manager, arrays[0], arrays[1], "training data")
+            train_data = dataset(arrays[0], arrays[1], "training data")
+            datasets.append(train_data)
             builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
                        .optAllowDifferentData(bool(allow_different_data)))
             if batch_size is not None:
@@ -89,7 +90,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
             if mode is not None:
                 builder.optMode(Trainer.Mode.parse(mode))
             if val is not None:
-                builder.optValidation(dataset(manager, arrays[2], arrays[3], "validation data"))
+                datasets.append(dataset(arrays[2], arrays[3], "validation data"))
+                builder.optValidation(datasets[-1])
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
             history = builder.build().fit(module, train_data)
@@ -99,6 +101,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         error.history = History.from_jsonl(str(error.__cause__.getHistory().toJsonLines()), where="java history")
         raise
     finally:
+        for data in datasets:
+            data.close()
         module.close()
         del arrays  # only now may the memory go
 

@@ -2,8 +2,9 @@
 
 One JVM per process, started on the classpath that ``gradbridge.classpath`` resolves (the
 checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``), and
-with DJL pointed at the libtorch that ``import torch`` already loaded: one libtorch per process,
-so both languages share one allocator, one thread pool and one random generator.
+with gradbridge's native library (built for the torch that ``import torch`` loaded, see
+``gradbridge.native``) on that same libtorch: one libtorch per process, so both languages share one
+allocator, one thread pool and one random generator.
 """
 
 from __future__ import annotations
@@ -41,38 +42,19 @@ def start(extra_options: Sequence[str] = ()) -> None:
     if jpype.isJVMStarted():
         return
     path = classpath.resolve()
-    libtorch.require(path.versions()["torch"])
+    options = libtorch.java_options()  # builds the native library for this torch once, when needed
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)
     if version is not None:
         jdk.require(version, libjvm)
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
     try:
-        jpype.startJVM(*libtorch.djl_options(), _QUIET_LOGGING, *extra, jvmpath=libjvm, classpath=path.entries,
+        jpype.startJVM(*options, _QUIET_LOGGING, *extra, jvmpath=libjvm, classpath=path.entries,
                        convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)
     jpype.JClass("dev.gradbridge.cli.ConsoleLogging").applyDefaults()
-    _start_engine()
-
-
-def _start_engine() -> None:
-    """Start DJL's PyTorch engine now, from this thread, and give the thread back as it was.
-
-    DJL turns libtorch's (thread-local) grad mode off on the thread that starts its engine. In
-    this process that thread is Python's, so whatever Java call happened to start the engine
-    would silently disable autograd for the Python code after it.
-    """
-    import torch
-
-    enabled = torch.is_grad_enabled()
-    try:
-        jpype_engine = jclass("ai.djl.engine.Engine")
-        with java_errors():
-            jpype_engine.getEngine("PyTorch")
-    finally:
-        torch.set_grad_enabled(enabled)
 
 
 def jclass(name: str):
@@ -114,17 +96,19 @@ def dtype_name(values: np.ndarray, what: str = "array") -> str:
     return _DTYPES[values.dtype][0]
 
 
-def to_ndarray(manager, values: np.ndarray):
-    """A DJL NDArray on ``manager`` holding ``values`` (float32, float64 or int64), same shape."""
+def to_tensor(values: np.ndarray):
+    """A Java ``dev.gradbridge.Tensor`` holding a copy of ``values`` (float32, float64 or int64), same shape.
+
+    The caller owns it: close it (or let it go with the module's run; the JVM frees it eventually)."""
     import jpype
 
     values = np.asarray(values)
     dtype_name(values)
     java_type = getattr(jpype, _DTYPES[values.dtype][1])
-    Shape = jclass("ai.djl.ndarray.types.Shape")
+    Tensor = jclass("dev.gradbridge.Tensor")
     flat = jpype.JArray(java_type)(np.ascontiguousarray(values).ravel())
     with java_errors():
-        return manager.create(flat, Shape(*[int(d) for d in values.shape]))
+        return Tensor.of(flat, jpype.JArray(jpype.JLong)([int(d) for d in values.shape]))
 
 
 def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()):

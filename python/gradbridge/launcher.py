@@ -1,7 +1,7 @@
 """Java programs in a JVM of their own: the Trainer's CLI (``train``) and the seed driver.
 
 The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge.classpath``
-resolves, with DJL offline and on the libtorch that ``gradbridge.libtorch`` chooses. No Gradle,
+resolves, on the libtorch that ``gradbridge.libtorch`` chooses. No Gradle,
 no checkout: this is what an installed wheel runs.
 """
 
@@ -26,8 +26,7 @@ ERROR_PREFIX = "error: "
 def command(main_class: str, args: Sequence[object] = ()) -> List[str]:
     """The full command line that runs ``main_class`` with ``args`` in a new JVM."""
     path = classpath.resolve()
-    libtorch.require(path.versions()["torch"])
-    return [jdk.checked_java(), *libtorch.djl_options(use_torch_lib=not path.has_native_libtorch),
+    return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
             "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
 
 

@@ -1,17 +1,15 @@
-"""The libtorch that Java runs on, and the DJL settings that select it.
+"""The libtorch that Java runs on, and the system properties that select it.
 
-In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per
-process). A separate JVM uses DJL's own build when a ``pytorch-native-*`` jar is on its
-classpath (a checkout's Gradle build), else the same pip libtorch (an installed wheel).
-Either way DJL runs offline: a missing native library is an error, never a download.
+In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
+through gradbridge's native library built for that torch (``gradbridge.native``). A separate JVM uses
+the libtorch of DJL's ``pytorch-native-cpu`` jar when its classpath has one (a checkout's Gradle build;
+the jar's own native library is built for it), else this Python's libtorch (an installed wheel).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List
-
-from .errors import SetupError
 
 
 def torch_version() -> str:
@@ -27,18 +25,11 @@ def lib_dir() -> Path:
     return Path(torch.__file__).resolve().parent / "lib"
 
 
-def require(pinned: str) -> None:
-    """SetupError when the installed torch is not the version the Java library runs."""
-    installed = torch_version()
-    if installed != pinned:
-        raise SetupError(f"torch {installed} is installed, but this gradbridge's Java library (DJL) runs "
-                         f"libtorch {pinned}: pip install torch=={pinned}")
+def java_options(use_torch_lib: bool = True) -> List[str]:
+    """System properties for Java: this Python's libtorch and the native library built for it (by default),
+    else none (Java then takes libtorch from the pytorch-native jar on its classpath)."""
+    if not use_torch_lib:
+        return []
+    from . import native
 
-
-def djl_options(use_torch_lib: bool = True) -> List[str]:
-    """System properties for DJL: offline, and (by default) on this Python's libtorch."""
-    options = ["-Dai.djl.offline=true"]
-    if use_torch_lib:
-        options += [f"-DPYTORCH_LIBRARY_PATH={lib_dir()}", f"-DPYTORCH_VERSION={torch_version()}",
-                    "-DPYTORCH_FLAVOR=cpu"]
-    return options
+    return native.jvm_options()

@@ -39,7 +39,7 @@ def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), mai
     if missing:
         raise JavaBuildMissingError(f"{CLASSPATH_FILE} names missing files ({missing[0]}): run `gradle assemble`")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
-    return [jdk.checked_java(), *jvm_args, *libtorch.djl_options(use_torch_lib=True), *jvm_options,
+    return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), *jvm_options,
             "-cp", os.pathsep.join(entries), main, *map(str, args)]
 
 

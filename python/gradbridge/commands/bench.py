@@ -3,7 +3,7 @@
 One run, one machine, one table. Per training step, for each model:
 
   (a) eager PyTorch + torch.optim                 (b) Python calling the scripted module's train_step
-  (c) Java calling train_step per batch (DJL)     (d) Java calling train_epoch (one native call per epoch)
+  (c) Java calling train_step per batch           (d) Java calling train_epoch (one native call per epoch)
   (e) native C++ loop calling train_step          (e') native C++ loop calling train_epoch
 
 (c) and (d) are timed by loops inside a JVM of their own (dev.gradbridge.bench.StepBenchmark),
@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
+import jpype
 import numpy as np
 import torch
 from torch import nn
@@ -56,7 +57,7 @@ NATIVE_SOURCE = Path("benchmarks") / "native" / "train_loop.cpp"
 VARIANTS = {
     "a": "eager PyTorch + torch.optim",
     "b": "Python -> scripted train_step",
-    "c": "Java -> train_step (DJL)",
+    "c": "Java -> train_step",
     "d": "Java -> train_epoch (fused)",
     "e": "native C++ -> train_step",
     "e'": "native C++ -> train_epoch",
@@ -306,9 +307,9 @@ class JavaSettings:
 
 def _java_worker(model: Path, data: Path, mode: str, batch: int, threads: int, settings: JavaSettings) -> Worker:
     """StepBenchmark in a JVM of its own, on the wheel's libtorch (no Python in that process)."""
-    command = [jdk.checked_java(), *libtorch.djl_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-               f"-Dai.djl.pytorch.num_threads={threads}",
-               f"-Dai.djl.pytorch.num_interop_threads={torch.get_num_interop_threads()}",
+    command = [jdk.checked_java(), *libtorch.java_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+               f"-Dgradbridge.numThreads={threads}",
+               f"-Dgradbridge.numInteropThreads={torch.get_num_interop_threads()}",
                *settings.options,
                "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
                str(model), str(data), mode, str(batch)]
@@ -444,10 +445,9 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
         if wanted("c*") or wanted("d*"):  # loops and clock inside the JVM, in this process (JPype)
             Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
             module = jvm.load_module(path)
-            manager = module.getManager().newSubManager()
-            jxb, jyb = jvm.to_ndarray(manager, xb), jvm.to_ndarray(manager, yb)
-            jx, jy = jvm.to_ndarray(manager, x), jvm.to_ndarray(manager, y)
-            perm = jvm.to_ndarray(manager, np.arange(case.samples, dtype=np.int64))
+            jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
+            jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
+            perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
             # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
             here["native_memory"] = str(jvm.jclass("dev.gradbridge.NativeMemory").describe())
             in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
@@ -494,9 +494,9 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
 
 def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:
     """Bench-only: one Java train_step call, layer by layer, interleaved in one JVM (see
-    StepBenchmark.breakdown): the bare native call, DJL's wrappers, TrainingModule.trainStep."""
-    command = [jdk.checked_java(), *libtorch.djl_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-               f"-Dai.djl.pytorch.num_threads={torch.get_num_threads()}",
+    StepBenchmark.breakdown): the bare native call, TrainingModule.trainStep."""
+    command = [jdk.checked_java(), *libtorch.java_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+               f"-Dgradbridge.numThreads={torch.get_num_threads()}",
                "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
                "breakdown", str(model), str(data), str(rounds), str(calls)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -511,20 +511,20 @@ def bench_transfer(rounds: int, megabytes: int) -> Dict:
     x = np.random.default_rng(0).random(megabytes * 1024 * 1024 // 4, dtype=np.float32)
     gigabytes = x.nbytes / 1e9
     out = np.empty_like(x)
-    Shape = jvm.jclass("ai.djl.ndarray.types.Shape")
-    DataType = jvm.jclass("ai.djl.ndarray.types.DataType")
-    manager = jvm.jclass("ai.djl.ndarray.NDManager").newBaseManager("PyTorch")
+    Tensor = jvm.jclass("dev.gradbridge.Tensor")
+    DType = jvm.jclass("dev.gradbridge.DType")
+    shape = jpype.JArray(jpype.JLong)([len(x)])
     try:
         def zero_copy():  # what java.dataset does: a direct ByteBuffer over numpy's memory, from_blob
-            manager.create(java._direct_buffer(x, "x"), Shape(len(x)), DataType.FLOAT32).close()
+            Tensor.fromBuffer(java._direct_buffer(x, "x"), DType.FLOAT32, shape).close()
 
-        def one_copy():  # the same, then duplicated into memory that libtorch owns
-            wrapped = manager.create(java._direct_buffer(x, "x"), Shape(len(x)), DataType.FLOAT32)
-            wrapped.duplicate().close()
+        def one_copy():  # the same, then converted into memory that libtorch owns
+            wrapped = Tensor.fromBuffer(java._direct_buffer(x, "x"), DType.FLOAT32, shape)
+            wrapped.copy().close()
             wrapped.close()
 
-        def java_array():  # Java float[] (copy 1) -> NDManager.create(float[]) (copy 2)
-            jvm.to_ndarray(manager, x).close()
+        def java_array():  # Java float[] (copy 1) -> Tensor.of(float[]) (copy 2)
+            jvm.to_tensor(x).close()
 
         ways = {
             "numpy copyto (into allocated memory)": lambda: np.copyto(out, x),
@@ -537,7 +537,7 @@ def bench_transfer(rounds: int, megabytes: int) -> Dict:
         timed = run_rounds([Variant(name, _python_block(way), 1, 1, None, here) for name, way in ways.items()],
                            rounds, warmup_s=0.0)
     finally:
-        manager.close()
+        pass
     seconds = {name: statistics.median(timed[name]["step_seconds"]) for name in ways}
     gb_per_s = {name: gigabytes / value for name, value in seconds.items() if "no copy" not in name}
     one, numpy_copy = "direct buffer -> tensor + one copy", "numpy copy (allocates, like a new tensor)"
@@ -559,8 +559,7 @@ def bench_memory(steps: int, chunk: int = 500) -> Dict:
     module = jvm.load_module(path)
     rss = []
     try:
-        manager = module.getManager().newSubManager()
-        jxb, jyb = jvm.to_ndarray(manager, xb), jvm.to_ndarray(manager, yb)
+        jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
         for done in range(0, steps + 1, chunk):
             if done:
                 Bench.trainStep(module, jxb, jyb, 0, 1, chunk)
@@ -587,9 +586,9 @@ def _rss_bytes() -> int:
 def bench_startup(model: Path, with_gradle: bool) -> Dict:
     probe = (
         "import json, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter()\n"
-        "from gradbridge import jvm; jvm.start(); jvm.jclass('ai.djl.engine.Engine').getEngine('PyTorch')\n"
+        "from gradbridge import jvm; jvm.start(); jvm.jclass('dev.gradbridge.Tensor').arange(1).close()\n"
         "t2 = time.perf_counter(); jvm.load_module(%r).close(); t3 = time.perf_counter()\n"
-        "print(json.dumps({'import torch': t1 - t0, 'JVM + DJL engine': t2 - t1, 'first module load': t3 - t2}))"
+        "print(json.dumps({'import torch': t1 - t0, 'JVM + native library': t2 - t1, 'first module load': t3 - t2}))"
     ) % str(model)
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     startup = json.loads(result.stdout.strip().splitlines()[-1])
@@ -780,7 +779,6 @@ def format_tables(results: Dict) -> List[str]:
         lines += ["", f"one Java train_step on the seed model, layer by layer ({parts['calls_per_block']} calls per "
                       f"block, interleaved in one JVM; ratios to the bare call [95% interval])"]
         labels = {"bare": "bare native call (IValues made once)",
-                  "djl_wrappers": "DJL IValue/NDArray objects per call (before)",
                   "train_step": "TrainingModule.trainStep (now)"}
         for key, label in labels.items():
             ratio = parts["vs_bare"].get(key)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .. import _devtree, classpath, jdk, libtorch
+from .. import _devtree, classpath, jdk, libtorch, native
 from .._version import __version__
 from ..errors import GradbridgeError
 
@@ -41,19 +41,18 @@ def run(out: Callable[[str], None] = print) -> int:
         if built.get("gradbridge") != __version__:
             raise GradbridgeError(f"the Java library is gradbridge {built.get('gradbridge')}, the Python package "
                                   f"{__version__}: rebuild or reinstall so that they match")
-        native = "DJL's own libtorch (pytorch-native jar)" if path.has_native_libtorch else "this Python's libtorch"
-        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} entries; DJL {built['djl']}, "
-                f"for libtorch {built['torch']}; a separate JVM runs {native})")
+        own = (f"libtorch {built['torch']} from the pytorch-native jar" if path.has_native_libtorch
+               else "this Python's libtorch")
+        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} entries; a separate JVM runs "
+                f"{own})")
 
     check("java library", java_library)
 
     def torch() -> str:
-        version = libtorch.torch_version()
-        if "torch" in built:
-            libtorch.require(built["torch"])
-        return f"{version} (libtorch: {libtorch.lib_dir()})"
+        return f"{libtorch.torch_version()} (libtorch: {libtorch.lib_dir()})"
 
     check("torch", torch)
+    check("native library", native.describe)
 
     def in_process_jvm() -> str:
         libjvm = jdk.libjvm_path()

@@ -1,7 +1,5 @@
 package dev.gradbridge;
 
-import com.sun.jna.Function;
-import com.sun.jna.NativeLibrary;
 import java.util.Locale;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -89,12 +87,13 @@ public final class NativeMemory {
             return "not applicable (not Linux)";
         }
         try {
-            NativeLibrary libc = NativeLibrary.getInstance("c");
-            libc.getFunction("gnu_get_libc_version"); // glibc only: musl has no mallopt thresholds
-            Function mallopt = libc.getFunction("mallopt");
-            boolean mmap = mallopt.invokeInt(new Object[] {M_MMAP_THRESHOLD, MMAP_THRESHOLD}) == 1;
-            boolean trim = mallopt.invokeInt(new Object[] {M_TRIM_THRESHOLD, TRIM_THRESHOLD}) == 1;
-            boolean pad = mallopt.invokeInt(new Object[] {M_TOP_PAD, TOP_PAD}) == 1;
+            int mmapResult = Native.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+            if (mmapResult < 0) {
+                return "not applicable (not glibc)"; // musl has no mallopt thresholds
+            }
+            boolean mmap = mmapResult == 1;
+            boolean trim = Native.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1;
+            boolean pad = Native.mallopt(M_TOP_PAD, TOP_PAD) == 1;
             if (!mmap || !trim || !pad) {
                 return "glibc refused mallopt (mmap threshold " + mmap + ", trim threshold " + trim + ", top pad "
                         + pad + ")";

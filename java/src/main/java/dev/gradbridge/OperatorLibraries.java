@@ -20,7 +20,7 @@ final class OperatorLibraries {
         if (libraries.isEmpty()) {
             return;
         }
-        ScriptedModule.engine();
+        NativeLibrary.load();
         for (Path library : libraries) {
             Path file = library.toAbsolutePath();
             if (!Files.isRegularFile(file)) {
@@ -32,8 +32,8 @@ final class OperatorLibraries {
                         Messages.opLibraryUnloadable(library.toString(), "not a shared library"));
             }
             try {
-                System.load(file.toString());
-            } catch (UnsatisfiedLinkError e) {
+                Native.loadLibrary(file.toString()); // dlopen(RTLD_GLOBAL): its operators register with libtorch
+            } catch (NativeException e) {
                 throw new ModuleLoadException(Messages.opLibraryUnloadable(library.toString(), e.getMessage()));
             }
         }

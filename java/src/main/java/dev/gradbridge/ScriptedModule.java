@@ -1,300 +1,76 @@
 package dev.gradbridge;
 
-import ai.djl.Device;
-import ai.djl.engine.Engine;
-import ai.djl.engine.EngineException;
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.pytorch.engine.PtNDArray;
-import ai.djl.pytorch.engine.PtNDManager;
-import ai.djl.pytorch.engine.PtSymbolBlock;
-import ai.djl.pytorch.jni.IValue;
-import ai.djl.pytorch.jni.JniUtils;
-import ai.djl.pytorch.jni.TrainingMethodInvoker;
-import java.io.OutputStream;
 import java.nio.file.Path;
-import java.util.ArrayList;
-import java.util.Arrays;
-import java.util.Collections;
-import java.util.LinkedHashMap;
-import java.util.LinkedHashSet;
-import java.util.List;
-import java.util.Map;
 import java.util.Set;
-import java.util.TreeSet;
 
 /**
- * The one home of gradbridge's calls into DJL's PyTorch engine internals ({@code JniUtils},
- * {@code Pt*}, {@code IValue}, {@link TrainingMethodInvoker}): starting the engine, preparing
- * calling threads, loading a TorchScript module, running its methods with autograd on and
- * converting arguments and results, saving it. Everything else in gradbridge uses DJL's public
- * {@link NDArray}/{@link NDManager} API and this class; a DJL upgrade is checked here.
+ * The engine boundary: everything gradbridge asks of a loaded training module, and nothing of
+ * how an engine does it. {@link TorchScriptModule} implements it over gradbridge's native layer
+ * (libtorch's TorchScript runtime through JNI); a backend for exported aten graphs
+ * (torch.export) would implement the same methods. {@link TrainingModule} is its only caller.
+ *
+ * <p>Contract for every implementation: methods run with autograd on and without the
+ * optimizing graph executor (its fused subgraphs drift from eager autograd in the last bits),
+ * set per call on the calling thread; one thread at a time per module (the caller's {@link
+ * ThreadGuard}); tensors are {@link Tensor}s, results owned by the caller.
  */
-final class ScriptedModule implements AutoCloseable {
-
-    private static final String OFFLINE = "ai.djl.offline";
-    private static final String GRAPH_OPTIMIZER = "ai.djl.pytorch.graph_optimizer";
-
-    private final Path path;
-    private final PtNDManager manager;
-    private final PtSymbolBlock block;
-    private final Set<String> methodNames;
-    /** Results are CPU tensors, whose bytes {@link #invokeToDoubles} reads directly. */
-    private final boolean onCpu;
-
-    private ScriptedModule(Path path, PtNDManager manager, PtSymbolBlock block) {
-        this.path = path;
-        this.manager = manager;
-        this.block = block;
-        this.onCpu = Device.cpu().equals(manager.getDevice());
-        this.methodNames =
-                Collections.unmodifiableSet(new LinkedHashSet<>(Arrays.asList(JniUtils.getMethodNames(block))));
-    }
+abstract class ScriptedModule implements AutoCloseable {
 
     /**
-     * Returns the PyTorch engine, starting it on first use. Offline unless the caller said
-     * otherwise: a missing native library must be an error, never a download.
-     */
-    static synchronized Engine engine() {
-        if (System.getProperty(OFFLINE) == null && System.getenv("DJL_OFFLINE") == null) {
-            System.setProperty(OFFLINE, "true");
-        }
-        if (System.getProperty(GRAPH_OPTIMIZER) == null) {
-            System.setProperty(GRAPH_OPTIMIZER, "false"); // see prepareCallingThread
-        }
-        try {
-            Engine engine = Engine.getEngine("PyTorch");
-            NativeMemory.tune(); // once: freed tensor memory stays in the process (see NativeMemory)
-            return engine;
-        } catch (RuntimeException e) {
-            throw new GradbridgeException(
-                    "cannot start DJL's PyTorch engine: "
-                            + e.getMessage()
-                            + ". Put ai.djl.pytorch:pytorch-native-cpu and pytorch-jni on the"
-                            + " classpath, or set PYTORCH_LIBRARY_PATH to a libtorch folder.",
-                    e);
-        }
-    }
-
-    /** Seeds libtorch's process-wide CPU generator (what dropout draws from). */
-    static void seed(long seed) {
-        JniUtils.setSeed(seed);
-    }
-
-    /**
-     * Grad mode and the graph-executor setting are thread-local in libtorch, and DJL turns grad
-     * mode off on the thread that starts the engine. Set both before every call, on the calling
-     * thread: autograd on; the optimizing executor off, because its differentiable subgraphs
-     * drift from eager autograd in the last bits after the second call.
-     */
-    static void prepareCallingThread() {
-        JniUtils.setGradMode(true);
-        JniUtils.setGraphExecutorOptimize(false);
-    }
-
-    /**
-     * Loads a TorchScript file in training mode, on a manager of its own.
+     * Loads a module file with the engine that reads it (TorchScript today), in training mode.
      *
-     * @throws EngineException when libtorch cannot load it (nothing stays allocated)
+     * @throws NativeException when the engine cannot load it (nothing stays allocated)
      */
     static ScriptedModule load(Path file) {
-        engine();
-        PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch");
-        try {
-            PtSymbolBlock block = JniUtils.loadModule(manager, file, true, new String[0], new String[0], true);
-            JniUtils.enableTrainingMode(block);
-            prepareCallingThread();
-            return new ScriptedModule(file, manager, block);
-        } catch (RuntimeException e) {
-            manager.close();
-            throw e;
-        }
+        return TorchScriptModule.load(file);
     }
 
-    Set<String> methodNames() {
-        return methodNames;
+    /** Seeds the engine's process-wide CPU generator (what dropout draws from). */
+    static void seed(long seed) {
+        NativeLibrary.load();
+        Native.manualSeed(seed);
     }
 
-    NDManager manager() {
-        return manager;
+    /** @return the libtorch version the engine runs */
+    static String engineVersion() {
+        return NativeLibrary.torchVersion();
     }
+
+    /** @return the module's method names */
+    abstract Set<String> methodNames();
 
     /** Training mode on (BatchNorm updates statistics, dropout drops) or off (eval). */
-    void setTraining(boolean training) {
-        if (training) {
-            JniUtils.enableTrainingMode(block);
-        } else {
-            JniUtils.enableInferenceMode(block);
-        }
-    }
-
-    /** Writes the module with its current attributes as a TorchScript archive (no extra files). */
-    void write(OutputStream out) {
-        JniUtils.writeModule(block, out, false);
-    }
+    abstract void setTraining(boolean training);
 
     /**
-     * Runs a scripted method with autograd on and converts its result (see {@link
-     * TrainingModule#call} for the types).
-     *
-     * @param resultManager the manager result tensors are attached to
+     * The module with its current attributes, plus {@code extra/<metadataName>} holding {@code
+     * metadataJson}, as the bytes of an archive that the Python side loads too.
      */
-    Object invoke(String method, NDManager resultManager, Object... args) {
-        if (!methodNames.contains(method)) {
-            Set<String> publicMethods = new TreeSet<>();
-            for (String name : methodNames) {
-                if (!name.startsWith("_")) {
-                    publicMethods.add(name);
-                }
-            }
-            throw new ProtocolException(path + " has no method '" + method + "'; its methods: " + publicMethods);
-        }
-        List<IValue> inputs = new ArrayList<>(args.length);
-        try {
-            for (int i = 0; i < args.length; i++) {
-                inputs.add(toIValue(method, i, args[i]));
-            }
-            prepareCallingThread();
-            try (IValue result =
-                    TrainingMethodInvoker.runWithAutograd(block, method, inputs.toArray(new IValue[0]))) {
-                return fromIValue(result, (PtNDManager) resultManager);
-            }
-        } catch (EngineException e) {
-            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
-        } finally {
-            for (IValue input : inputs) {
-                input.close();
-            }
-        }
-    }
+    abstract byte[] save(String metadataName, String metadataJson);
+
+    /**
+     * Runs a method by name and converts its result (see {@link TrainingModule#call} for the types).
+     *
+     * @throws ProtocolException when the module has no such method
+     * @throws MethodCallException when the method fails inside the engine
+     */
+    abstract Object invoke(String method, Object... args);
 
     /**
      * The hot path of training ({@code train_step}, {@code train_epoch}, ...): runs {@code
      * method(x, y)}, or {@code method(x, y, perm, batch)} when {@code perm} is given, whose result
-     * is a tensor, and returns the result's values as exact doubles (float32 widens without
-     * rounding). It does what the native call does and no more: the inputs' tensor handles go to
-     * libtorch in IValues made and freed here, and only the result's bytes come back; no DJL
-     * wrapper object is made per argument or result. The caller has checked the arguments.
+     * is a tensor, and returns its values as exact doubles (float32 widens without rounding). The
+     * caller has checked the arguments.
      */
-    double[] invokeToDoubles(String method, NDArray x, NDArray y, NDArray perm, long batch) {
-        if (!onCpu || !methodNames.contains(method)) { // the general path handles, or words the error
-            Object result = perm == null ? invoke(method, manager, x, y) : invoke(method, manager, x, y, perm, batch);
-            try (NDArray values = (NDArray) result) {
-                return Tensors.exactDoubles(values);
-            }
-        }
-        long[] inputs = new long[perm == null ? 2 : 4];
-        try {
-            inputs[0] = TrainingMethodInvoker.tensorIValue((PtNDArray) x);
-            inputs[1] = TrainingMethodInvoker.tensorIValue((PtNDArray) y);
-            if (perm != null) {
-                inputs[2] = TrainingMethodInvoker.tensorIValue((PtNDArray) perm);
-                inputs[3] = TrainingMethodInvoker.longIValue(batch);
-            }
-            prepareCallingThread();
-            return TrainingMethodInvoker.runToDoubles(block, method, inputs, perm == null, manager);
-        } catch (EngineException | IllegalStateException e) {
-            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
-        } finally {
-            for (long input : inputs) {
-                TrainingMethodInvoker.freeIValue(input);
-            }
-        }
-    }
+    abstract double[] invokeToDoubles(String method, Tensor x, Tensor y, Tensor perm, long batch);
 
-    /**
-     * The smallest and largest index in a non-empty 1-d int64 array.
-     *
-     * @return {min, max}
-     */
-    static long[] minMax(NDArray indices) {
-        if (Device.cpu().equals(indices.getDevice())) {
-            return TrainingMethodInvoker.minMax((PtNDArray) indices);
-        }
-        long[] values = indices.toLongArray();
-        return new long[] {Arrays.stream(values).min().getAsLong(), Arrays.stream(values).max().getAsLong()};
-    }
-
-    /** Whether an array belongs to DJL's PyTorch engine (the only kind a method accepts). */
-    static boolean isTorchArray(NDArray array) {
-        return array instanceof PtNDArray;
-    }
+    /** Frees the module. Idempotent. */
+    @Override
+    public abstract void close();
 
     /** libtorch's messages put the TorchScript traceback first and the actual error last. */
     static String libtorchSummary(Throwable e) {
         String message = String.valueOf(e.getMessage()).trim();
         return message.substring(message.lastIndexOf('\n') + 1).trim();
-    }
-
-    private static IValue toIValue(String method, int index, Object arg) {
-        if (arg instanceof PtNDArray) {
-            return IValue.from((PtNDArray) arg);
-        } else if (arg instanceof Double || arg instanceof Float) {
-            return IValue.from(((Number) arg).doubleValue());
-        } else if (arg instanceof Long || arg instanceof Integer) {
-            return IValue.from(((Number) arg).longValue());
-        } else if (arg instanceof Boolean) {
-            return IValue.from((Boolean) arg);
-        } else if (arg instanceof String) {
-            return IValue.from((String) arg);
-        } else if (arg instanceof List && allTorchArrays((List<?>) arg)) {
-            return IValue.listFrom(((List<?>) arg).toArray(new PtNDArray[0]));
-        }
-        throw new InvalidInputException(
-                method + "(): argument " + index + " has unsupported type "
-                        + (arg == null ? "null" : arg.getClass().getName())
-                        + "; expected a PyTorch NDArray, number, boolean, string or list of NDArrays");
-    }
-
-    private static boolean allTorchArrays(List<?> list) {
-        for (Object item : list) {
-            if (!(item instanceof PtNDArray)) {
-                return false;
-            }
-        }
-        return true;
-    }
-
-    private static Object fromIValue(IValue value, PtNDManager resultManager) {
-        if (value.isTensor()) {
-            return value.toTensor(resultManager);
-        } else if (value.isTensorList()) {
-            return Arrays.asList((NDArray[]) value.toTensorArray(resultManager));
-        } else if (value.isDouble()) {
-            return value.toDouble();
-        } else if (value.isLong()) {
-            return value.toLong();
-        } else if (value.isBoolean()) {
-            return value.toBoolean();
-        } else if (value.isString()) {
-            return value.toStringValue();
-        } else if (value.isList() || value.isTuple()) {
-            IValue[] items = value.isList() ? value.toIValueArray() : value.toIValueTuple();
-            List<Object> converted = new ArrayList<>(items.length);
-            for (IValue item : items) {
-                try (IValue owned = item) {
-                    converted.add(fromIValue(owned, resultManager));
-                }
-            }
-            return converted;
-        } else if (value.isMap()) {
-            Map<String, Object> converted = new LinkedHashMap<>();
-            for (Map.Entry<String, IValue> entry : value.toIValueMap().entrySet()) {
-                try (IValue owned = entry.getValue()) {
-                    converted.put(entry.getKey(), fromIValue(owned, resultManager));
-                }
-            }
-            return converted;
-        } else if ("None".equals(value.getType()) || "NoneType".equals(value.getType())) {
-            return null;
-        }
-        throw new UnsupportedOperationException("unsupported result type " + value.getType());
-    }
-
-    /** Frees the module and every tensor attached to its manager. */
-    @Override
-    public void close() {
-        block.close();
-        manager.close();
     }
 }

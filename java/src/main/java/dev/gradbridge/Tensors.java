@@ -1,23 +1,11 @@
 package dev.gradbridge;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
-import java.util.Locale;
+import java.util.List;
 
-/** Tensors against their metadata specs, and tensor values as exact Java doubles. */
+/** Tensors against their metadata specs, and the clean-up of result tensors. */
 final class Tensors {
 
     private Tensors() {}
-
-    private static final DataType[] TYPES = DataType.values();
-    private static final String[] TYPE_NAMES = new String[TYPES.length];
-
-    static {
-        for (DataType type : TYPES) {
-            TYPE_NAMES[type.ordinal()] = type.name().toLowerCase(Locale.ROOT);
-        }
-    }
 
     /**
      * {@link #checkSpec}'s test without allocating, for checks on every training call (the
@@ -32,25 +20,20 @@ final class Tensors {
             this.shape = spec.getShape();
         }
 
-        /** Whether {@link #checkSpec} would pass {@code array} (with {@code nonEmpty}). */
-        boolean fits(NDArray array) {
-            Shape arrayShape = array.getShape();
-            if (!dtype.equals(TYPE_NAMES[array.getDataType().ordinal()])
-                    || arrayShape.dimension() != shape.length || shape.length == 0 || arrayShape.get(0) == 0) {
+        /** Whether {@link #checkSpec} would pass {@code tensor} (with {@code nonEmpty}). */
+        boolean fits(Tensor tensor) {
+            long[] dims = tensor.dims();
+            if (!dtype.equals(tensor.dtype().torchName()) || dims.length != shape.length || shape.length == 0
+                    || dims[0] == 0) {
                 return false;
             }
             for (int i = 1; i < shape.length; i++) {
-                if (shape[i] != arrayShape.get(i)) {
+                if (shape[i] != dims[i]) {
                     return false;
                 }
             }
             return true;
         }
-    }
-
-    /** @return the dtype as the metadata writes it ({@code float32}, {@code int64}, ...) */
-    static String dtypeName(NDArray array) {
-        return array.getDataType().name().toLowerCase(Locale.ROOT);
     }
 
     /**
@@ -60,41 +43,30 @@ final class Tensors {
      * @param name the tensor's name in the message
      * @throws InvalidInputException worded by {@link Messages#tensorSpec}
      */
-    static void checkSpec(String source, String name, NDArray array, Metadata.TensorSpec spec, boolean nonEmpty) {
-        String dtype = dtypeName(array);
-        long[] shape = array.getShape().getShape();
+    static void checkSpec(String source, String name, Tensor tensor, Metadata.TensorSpec spec, boolean nonEmpty) {
+        String dtype = tensor.dtype().torchName();
+        long[] shape = tensor.shape();
         if (!spec.accepts(dtype, shape) || (nonEmpty && (shape.length == 0 || shape[0] == 0))) {
             throw new InvalidInputException(
                     Messages.tensorSpec(source, name, spec.getDtype(), spec.getShape(), dtype, shape));
         }
     }
 
-    /** A tensor's values as doubles, exactly (float32 widens without rounding). */
-    static double[] exactDoubles(NDArray values) {
-        if (values.getDataType() == DataType.FLOAT32) {
-            float[] floats = values.toFloatArray();
-            double[] widened = new double[floats.length];
-            for (int i = 0; i < floats.length; i++) {
-                widened[i] = floats[i];
-            }
-            return widened;
+    /** A shape as messages write it: {@code (2, 3)}. */
+    static String shapeText(long[] shape) {
+        StringBuilder text = new StringBuilder("(");
+        for (int i = 0; i < shape.length; i++) {
+            text.append(i == 0 ? "" : ", ").append(shape[i]);
         }
-        try (NDArray converted = values.toType(DataType.FLOAT64, false)) {
-            return converted.toDoubleArray();
-        }
+        return text.append(')').toString();
     }
 
-    /** A scalar tensor's value as a double, exactly (float32 widens without rounding). */
-    static double exactDouble(NDArray scalar) {
-        switch (scalar.getDataType()) {
-            case FLOAT32:
-                return scalar.getFloat();
-            case FLOAT64:
-                return scalar.getDouble();
-            default:
-                try (NDArray widened = scalar.toType(DataType.FLOAT64, false)) {
-                    return widened.getDouble();
-                }
+    /** Closes every tensor in a method's result list (other items are left alone). */
+    static void closeAll(List<?> values) {
+        for (Object value : values) {
+            if (value instanceof Tensor) {
+                ((Tensor) value).close();
+            }
         }
     }
 }

@@ -1,8 +1,5 @@
 package dev.gradbridge;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.index.NDIndex;
 import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -29,7 +26,7 @@ import org.slf4j.LoggerFactory;
  * <pre>{@code
  * Trainer trainer = Trainer.builder().optEpochs(5).optBatchSize(32).optSeed(7).build();
  * try (TrainingModule module = TrainingModule.load(model);
- *         Dataset data = Dataset.loadNpz(npz, module.getManager())) {
+ *         Dataset data = Dataset.loadNpz(npz)) {
  *     History history = trainer.fit(module, data);
  * }
  * }</pre>
@@ -290,8 +287,8 @@ public final class Trainer {
             throw new InvalidInputException(
                     Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
         }
-        long[] xShape = train.getX().getShape().getShape();
-        long[] yShape = train.getY().getShape().getShape();
+        long[] xShape = train.getX().shape();
+        long[] yShape = train.getY().shape();
         String fingerprint = resumed != null || checkpoint != null ? train.fingerprint() : null;
         if (resumed != null && !allowDifferentData) {
             checkSameData(from, resumed, train, xShape, yShape, fingerprint);
@@ -390,8 +387,8 @@ public final class Trainer {
 
     private double[] runEpoch(
             TrainingModule module, Dataset train, Mode mode, long runSeed, int epoch, int batch, History done) {
-        NDArray x = train.getX();
-        NDArray y = train.getY();
+        Tensor x = train.getX();
+        Tensor y = train.getY();
         int n = train.size();
         if (mode == Mode.FULL) {
             double[] losses = {module.trainStep(x, y)};
@@ -399,9 +396,9 @@ public final class Trainer {
             return losses;
         }
         long[] perm = Shuffle.permutation(runSeed, epoch, n);
-        try (NDManager scope = module.getManager().newSubManager()) {
+        try (Tensor order = Tensor.of(perm, perm.length)) {
             if (mode == Mode.FUSED) {
-                double[] losses = module.trainEpoch(x, y, scope.create(perm), batch);
+                double[] losses = module.trainEpoch(x, y, order, batch);
                 checkFinite(losses, epoch, batch, n, done);
                 return losses;
             }
@@ -409,13 +406,11 @@ public final class Trainer {
             // values as gathering each batch, without a gather between every two steps (which
             // measured about twice as slow per epoch).
             double[] losses = new double[(n + batch - 1) / batch];
-            try (NDArray order = scope.create(perm);
-                    NDArray xs = x.get(order);
-                    NDArray ys = y.get(order)) {
+            try (Tensor xs = x.index(order);
+                    Tensor ys = y.index(order)) {
                 for (int b = 0; b < losses.length; b++) {
-                    NDIndex rows = new NDIndex().addSliceDim(b * batch, Math.min(n, (b + 1) * batch));
-                    try (NDArray xb = xs.get(rows);
-                            NDArray yb = ys.get(rows)) {
+                    try (Tensor xb = xs.rows((long) b * batch, Math.min(n, (long) (b + 1) * batch));
+                            Tensor yb = ys.rows((long) b * batch, Math.min(n, (long) (b + 1) * batch))) {
                         losses[b] = module.trainStep(xb, yb);
                     }
                     checkFinite(losses[b], epoch, b, batch, n, done);

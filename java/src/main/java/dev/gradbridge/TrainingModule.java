@@ -1,11 +1,7 @@
 package dev.gradbridge;
 
-import ai.djl.engine.EngineException;
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
 import java.io.IOException;
+import java.nio.LongBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -14,7 +10,6 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
@@ -22,7 +17,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * An exported gradbridge training module, loaded with DJL's PyTorch engine.
+ * An exported gradbridge training module, loaded into libtorch through gradbridge's native layer.
  *
  * <p>Every method runs with autograd on, so a scripted backward works. Typed calls ({@link
  * #calculateLossAndBackward}, {@link #sgdStep}, ...) check their inputs against the module's
@@ -33,9 +28,8 @@ import org.slf4j.LoggerFactory;
  *
  * <pre>{@code
  * try (TrainingModule module = TrainingModule.load(Paths.get("model.pt"));
- *         NDManager data = module.getManager().newSubManager()) {
- *     NDArray x = data.create(xs, new Shape(n, 1));
- *     NDArray y = data.create(ys, new Shape(n, 1));
+ *         Tensor x = Tensor.of(xs, n, 1);
+ *         Tensor y = Tensor.of(ys, n, 1)) {
  *     double loss = module.calculateLossAndBackward(x, y);
  *     module.sgdStep(0.01);
  *     Map<String, double[]> params = module.getParameters();
@@ -49,7 +43,6 @@ public final class TrainingModule implements AutoCloseable {
     private final Path path;
     private final Metadata metadata;
     private final ScriptedModule scripted;
-    private final NDManager manager;
     private final Set<String> methodNames;
     private final List<String> parameterNames;
     private final List<String> bufferNames;
@@ -61,7 +54,6 @@ public final class TrainingModule implements AutoCloseable {
         this.path = path;
         this.metadata = metadata;
         this.scripted = scripted;
-        this.manager = scripted.manager();
         this.methodNames = scripted.methodNames();
         this.guard = new ThreadGuard(path.toString());
         this.xCheck = specCheck(metadata, "x");
@@ -102,14 +94,14 @@ public final class TrainingModule implements AutoCloseable {
 
     /** The metadata's shapes and dtypes are trusted by every check after this: verify them once. */
     private void checkParameterSpecs() {
-        try (NDManager scope = manager.newSubManager()) {
-            List<?> values = (List<?>) invoke(Protocol.GET_PARAMETERS, scope);
+        List<?> values = (List<?>) invoke(Protocol.GET_PARAMETERS);
+        try {
             List<Metadata.TensorSpec> specs = metadata.getParameters();
             for (int i = 0; i < specs.size(); i++) {
                 Metadata.TensorSpec spec = specs.get(i);
-                NDArray value = (NDArray) values.get(i);
-                String dtype = Tensors.dtypeName(value);
-                long[] shape = value.getShape().getShape();
+                Tensor value = (Tensor) values.get(i);
+                String dtype = value.dtype().torchName();
+                long[] shape = value.shape();
                 if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape)) {
                     throw new ProtocolException(
                             Messages.parameterMismatch(
@@ -118,6 +110,8 @@ public final class TrainingModule implements AutoCloseable {
                                     dtype + " " + Arrays.toString(shape)));
                 }
             }
+        } finally {
+            Tensors.closeAll(values);
         }
     }
 
@@ -152,7 +146,7 @@ public final class TrainingModule implements AutoCloseable {
                             + " `gradbridge export linear-regression -o " + path + "`.");
         }
         Metadata metadata = Metadata.read(file);
-        String engineVersion = ScriptedModule.engine().getVersion();
+        String engineVersion = ScriptedModule.engineVersion();
         if (!engineVersion.equals(metadata.getTorchVersion())) {
             logger.warn(
                     "{} was exported with torch {} but libtorch here is {}; results may differ",
@@ -162,7 +156,7 @@ public final class TrainingModule implements AutoCloseable {
         ScriptedModule scripted;
         try {
             scripted = ScriptedModule.load(file);
-        } catch (EngineException e) {
+        } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
                 throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
@@ -204,24 +198,15 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * The module's NDManager: create inputs in a sub-manager of it and close that when done.
-     *
-     * @return the manager that owns the module
-     */
-    public NDManager getManager() {
-        return manager;
-    }
-
-    /**
      * Runs {@code forward(x)}.
      *
      * @param x input matching the metadata's {@code x} spec
-     * @return predictions, attached to {@code x}'s manager
+     * @return predictions, a new tensor the caller closes
      */
-    public NDArray forward(NDArray x) {
+    public Tensor forward(Tensor x) {
         try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            return (NDArray) invoke(Protocol.FORWARD, x.getManager(), x);
+            return (Tensor) invoke(Protocol.FORWARD, x);
         }
     }
 
@@ -233,7 +218,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss, exactly (float32 widened to double)
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
-    public double calculateLossAndBackward(NDArray x, NDArray y) {
+    public double calculateLossAndBackward(Tensor x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
         }
@@ -247,7 +232,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss computed before the step
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
-    public double trainStep(NDArray x, NDArray y) {
+    public double trainStep(Tensor x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.TRAIN_STEP, x, y);
         }
@@ -263,25 +248,24 @@ public final class TrainingModule implements AutoCloseable {
      * @param batchSize samples per batch, 1..n; the last batch may be smaller
      * @return the loss of each batch
      */
-    public double[] trainEpoch(NDArray x, NDArray y, NDArray perm, int batchSize) {
+    public double[] trainEpoch(Tensor x, Tensor y, Tensor perm, int batchSize) {
         try (ThreadGuard.Use use = use()) {
             long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
-            if (perm.getDataType() != DataType.INT64 || perm.getShape().dimension() != 1) {
+            if (perm == null || perm.isClosed()) {
+                throw new InvalidInputException(Protocol.TRAIN_EPOCH + ": perm: expected a Tensor, got "
+                        + (perm == null ? "null" : "a closed one"));
+            }
+            if (perm.dtype() != DType.INT64 || perm.dim() != 1) {
                 throw new InvalidInputException(
                         Protocol.TRAIN_EPOCH + ": perm must be a 1-d int64 array, got "
-                                + perm.getDataType() + " " + perm.getShape());
+                                + perm.dtype() + " " + Tensors.shapeText(perm.dims()));
             }
             if (batchSize < 1 || batchSize > n) {
                 throw new InvalidInputException(
                         Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
             }
-            if (!ScriptedModule.isTorchArray(perm)) {
-                throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": perm: expected an NDArray of DJL's PyTorch engine, got "
-                                + perm.getClass().getName());
-            }
-            if (perm.getShape().get(0) > 0) { // range checked in libtorch: no copy of perm into Java
-                long[] range = ScriptedModule.minMax(perm);
+            if (perm.size(0) > 0) { // range read from perm's memory: no copy into Java
+                long[] range = minMax(perm);
                 if (range[0] < 0 || range[1] >= n) {
                     throw new InvalidInputException(
                             Protocol.TRAIN_EPOCH + ": perm holds index " + (range[0] < 0 ? range[0] : range[1])
@@ -300,7 +284,7 @@ public final class TrainingModule implements AutoCloseable {
      * @param y targets matching the metadata's {@code y} spec
      * @return the loss, without gradients
      */
-    public double evaluate(NDArray x, NDArray y) {
+    public double evaluate(Tensor x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             scripted.setTraining(false);
             try {
@@ -311,7 +295,7 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    private double scalarLoss(String method, NDArray x, NDArray y) {
+    private double scalarLoss(String method, Tensor x, Tensor y) {
         checkBatch(method, x, y);
         // The hot path of training: see ScriptedModule.invokeToDoubles.
         double[] loss = scripted.invokeToDoubles(method, x, y, null, 0);
@@ -323,13 +307,13 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /** Checks x and y against the metadata and each other; returns the number of samples. */
-    private long checkBatch(String method, NDArray x, NDArray y) {
+    private long checkBatch(String method, Tensor x, Tensor y) {
         checkTensor("x", x);
         checkTensor("y", y);
-        long n = x.getShape().get(0);
-        if (n != y.getShape().get(0)) {
+        long n = x.size(0);
+        if (n != y.size(0)) {
             throw new InvalidInputException(
-                    method + ": x has " + n + " samples but y has " + y.getShape().get(0));
+                    method + ": x has " + n + " samples but y has " + y.size(0));
         }
         return n;
     }
@@ -337,7 +321,7 @@ public final class TrainingModule implements AutoCloseable {
     /** Runs {@code zero_grad()}. */
     public void zeroGrad() {
         try (ThreadGuard.Use use = use()) {
-            invoke(Protocol.ZERO_GRAD, manager);
+            invoke(Protocol.ZERO_GRAD);
         }
     }
 
@@ -351,21 +335,21 @@ public final class TrainingModule implements AutoCloseable {
             if (!(lr > 0) || Double.isInfinite(lr)) {
                 throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
             }
-            invoke(Protocol.SGD_STEP, manager, lr);
+            invoke(Protocol.SGD_STEP, lr);
         }
     }
 
     /** Runs {@code optimizer_step()}: one step of the exported optimizer; consumes the gradients. */
     public void optimizerStep() {
         try (ThreadGuard.Use use = use()) {
-            invoke(Protocol.OPTIMIZER_STEP, manager);
+            invoke(Protocol.OPTIMIZER_STEP);
         }
     }
 
     /** @return the exported optimizer's current learning rate */
     public double getLr() {
         try (ThreadGuard.Use use = use()) {
-            return (Double) invoke(Protocol.GET_LR, manager);
+            return (Double) invoke(Protocol.GET_LR);
         }
     }
 
@@ -379,7 +363,7 @@ public final class TrainingModule implements AutoCloseable {
             if (!(lr >= 0) || Double.isInfinite(lr)) {
                 throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
             }
-            invoke(Protocol.SET_LR, manager, lr);
+            invoke(Protocol.SET_LR, lr);
         }
     }
 
@@ -392,9 +376,9 @@ public final class TrainingModule implements AutoCloseable {
     public double[] getLrs() {
         try (ThreadGuard.Use use = use()) {
             if (!methodNames.contains(Protocol.GET_LRS)) {
-                return new double[] {(Double) invoke(Protocol.GET_LR, manager)};
+                return new double[] {(Double) invoke(Protocol.GET_LR)};
             }
-            List<?> values = (List<?>) invoke(Protocol.GET_LRS, manager);
+            List<?> values = (List<?>) invoke(Protocol.GET_LRS);
             double[] lrs = new double[values.size()];
             for (int i = 0; i < lrs.length; i++) {
                 lrs[i] = (Double) values.get(i);
@@ -420,10 +404,10 @@ public final class TrainingModule implements AutoCloseable {
                         Protocol.SET_GROUP_LR + ": no parameter group " + group + "; the module has " + groups);
             }
             if (!methodNames.contains(Protocol.SET_GROUP_LR)) {
-                invoke(Protocol.SET_LR, manager, lr);
+                invoke(Protocol.SET_LR, lr);
                 return;
             }
-            invoke(Protocol.SET_GROUP_LR, manager, (long) group, lr);
+            invoke(Protocol.SET_GROUP_LR, (long) group, lr);
         }
     }
 
@@ -436,7 +420,7 @@ public final class TrainingModule implements AutoCloseable {
     public void scheduleEpoch(double metric) {
         try (ThreadGuard.Use use = use()) {
             if (methodNames.contains(Protocol.SCHEDULE_EPOCH)) {
-                invoke(Protocol.SCHEDULE_EPOCH, manager, metric);
+                invoke(Protocol.SCHEDULE_EPOCH, metric);
             }
         }
     }
@@ -476,20 +460,25 @@ public final class TrainingModule implements AutoCloseable {
                         Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
                                 + values.keySet());
             }
-            try (NDManager scope = manager.newSubManager()) {
-                List<NDArray> tensors = new ArrayList<>();
+            List<Tensor> tensors = new ArrayList<>();
+            try {
                 for (Metadata.TensorSpec spec : metadata.getParameters()) {
                     double[] data = values.get(spec.getName());
-                    Shape shape = new Shape(spec.getShape());
-                    if (data.length != shape.size()) {
-                        throw new InvalidInputException(
-                                Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + shape.size()
-                                        + " values for shape " + shape + ", got " + data.length);
+                    long[] shape = spec.getShape();
+                    long size = 1;
+                    for (long dim : shape) {
+                        size *= dim;
                     }
-                    DataType dtype = DataType.valueOf(spec.getDtype().toUpperCase(Locale.ROOT));
-                    tensors.add(scope.create(data, shape).toType(dtype, false));
+                    if (data.length != size) {
+                        throw new InvalidInputException(
+                                Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + size
+                                        + " values for shape " + Tensors.shapeText(shape) + ", got " + data.length);
+                    }
+                    tensors.add(Tensor.ofDoubles(DType.of(spec.getDtype()), data, shape));
                 }
-                invoke(Protocol.SET_PARAMETERS, scope, tensors);
+                invoke(Protocol.SET_PARAMETERS, tensors);
+            } finally {
+                Tensors.closeAll(tensors);
             }
         }
     }
@@ -500,18 +489,23 @@ public final class TrainingModule implements AutoCloseable {
      * @return state key to one flattened array per parameter, in protocol order
      */
     public Map<String, List<double[]>> getOptimizerState() {
-        try (ThreadGuard.Use use = use();
-                NDManager scope = manager.newSubManager()) {
-            Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE, scope);
-            Map<String, List<double[]>> converted = new TreeMap<>();
-            for (Map.Entry<?, ?> entry : state.entrySet()) {
-                List<double[]> arrays = new ArrayList<>();
-                for (Object tensor : (List<?>) entry.getValue()) {
-                    arrays.add(Tensors.exactDoubles((NDArray) tensor));
+        try (ThreadGuard.Use use = use()) {
+            Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE);
+            try {
+                Map<String, List<double[]>> converted = new TreeMap<>();
+                for (Map.Entry<?, ?> entry : state.entrySet()) {
+                    List<double[]> arrays = new ArrayList<>();
+                    for (Object tensor : (List<?>) entry.getValue()) {
+                        arrays.add(((Tensor) tensor).toExactDoubles());
+                    }
+                    converted.put((String) entry.getKey(), arrays);
                 }
-                converted.put((String) entry.getKey(), arrays);
+                return converted;
+            } finally {
+                for (Object tensors : state.values()) {
+                    Tensors.closeAll((List<?>) tensors);
+                }
             }
-            return converted;
         }
     }
 
@@ -533,10 +527,11 @@ public final class TrainingModule implements AutoCloseable {
     /**
      * Runs any scripted method by name, with autograd on.
      *
-     * <p>Arguments: {@link NDArray} (PyTorch engine), {@link Double}/{@link Float}, {@link
-     * Long}/{@link Integer}, {@link Boolean}, {@link String}, or a {@link List} of NDArrays.
-     * Results: {@code null}, NDArray (attached to this module's manager: close it), Double, Long,
-     * Boolean, String, or a List or String-keyed Map of these.
+     * <p>Arguments: {@link Tensor}, {@link Double}/{@link Float}, {@link Long}/{@link Integer},
+     * {@link Boolean}, {@link String}, {@code null} (None), a {@link List} of one of these (an
+     * empty list is a tensor list), or a String-keyed {@link Map} of tensor lists (what
+     * {@code load_optimizer_state} takes). Results: {@code null}, Tensor (new: the caller closes
+     * it), Double, Long, Boolean, String, or a List (also for tuples) or String-keyed Map of these.
      *
      * @param method the method name
      * @param args the arguments
@@ -546,7 +541,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public Object call(String method, Object... args) {
         try (ThreadGuard.Use use = use()) {
-            return invoke(method, manager, args);
+            return invoke(method, args);
         }
     }
 
@@ -555,24 +550,38 @@ public final class TrainingModule implements AutoCloseable {
         return guard.enter();
     }
 
-    private Object invoke(String method, NDManager resultManager, Object... args) {
-        return scripted.invoke(method, resultManager, args);
+    private Object invoke(String method, Object... args) {
+        return scripted.invoke(method, args);
     }
 
     private Map<String, double[]> namedValues(String method, List<String> names) {
-        try (NDManager scope = manager.newSubManager()) {
-            List<?> values = (List<?>) invoke(method, scope);
+        List<?> values = (List<?>) invoke(method);
+        try {
             Map<String, double[]> named = new LinkedHashMap<>();
             for (int i = 0; i < names.size(); i++) {
-                NDArray value = (NDArray) values.get(i);
-                named.put(names.get(i), Tensors.exactDoubles(value));
+                named.put(names.get(i), ((Tensor) values.get(i)).toExactDoubles());
             }
             return named;
+        } finally {
+            Tensors.closeAll(values);
         }
     }
 
+    /** The smallest and largest value of a non-empty 1-d int64 tensor, read from its memory. */
+    private static long[] minMax(Tensor indices) {
+        LongBuffer values = indices.buffer().asLongBuffer();
+        long min = Long.MAX_VALUE;
+        long max = Long.MIN_VALUE;
+        for (int i = 0; i < values.limit(); i++) {
+            long value = values.get(i);
+            min = Math.min(min, value);
+            max = Math.max(max, value);
+        }
+        return new long[] {min, max};
+    }
+
     private List<String> stringList(String method) {
-        List<?> values = (List<?>) invoke(method, manager);
+        List<?> values = (List<?>) invoke(method);
         List<String> strings = new ArrayList<>(values.size());
         for (Object value : values) {
             strings.add((String) value);
@@ -580,20 +589,18 @@ public final class TrainingModule implements AutoCloseable {
         return strings;
     }
 
-    private void checkTensor(String name, NDArray array) {
-        Tensors.SpecCheck fast = "x".equals(name) ? xCheck : "y".equals(name) ? yCheck : null;
-        if (fast != null && ScriptedModule.isTorchArray(array) && fast.fits(array)) {
-            return; // the per-call path: no allocation; anything else gets the full check's message
+    private void checkTensor(String name, Tensor array) {
+        if (array == null || array.isClosed()) {
+            throw new InvalidInputException(name + ": expected a Tensor, got " + (array == null ? "null" : "a closed one"));
         }
-        if (!ScriptedModule.isTorchArray(array)) {
-            throw new InvalidInputException(
-                    name + ": expected an NDArray of DJL's PyTorch engine, got "
-                            + (array == null ? "null" : array.getClass().getName()));
+        Tensors.SpecCheck fast = "x".equals(name) ? xCheck : "y".equals(name) ? yCheck : null;
+        if (fast != null && fast.fits(array)) {
+            return; // the per-call path: no allocation; anything else gets the full check's message
         }
         Tensors.checkSpec(path.getFileName().toString(), "input " + name, array, metadata.getInput(name), true);
     }
 
-    /** Frees the module and every tensor attached to its manager. Idempotent. */
+    /** Frees the module (tensors the caller holds stay valid until they are closed). Idempotent. */
     @Override
     public void close() {
         if (guard.isClosed()) {

@@ -12,14 +12,12 @@ import java.util.Properties;
  */
 public final class Versions {
 
-    /** Classpath resource holding {@code gradbridge}, {@code djl} and {@code torch}. */
+    /** Classpath resource holding {@code gradbridge} and {@code torch}. */
     public static final String RESOURCE = "dev/gradbridge/versions.properties";
 
     /** gradbridge's own version, as in the wheel and the POM. */
     public static final String GRADBRIDGE;
-    /** The DJL release the library is built against. */
-    public static final String DJL;
-    /** The libtorch (and Python torch) version that DJL release runs. */
+    /** The libtorch (and Python torch) version the jar's native library was built for. */
     public static final String TORCH;
 
     static {
@@ -33,9 +31,26 @@ public final class Versions {
             throw new UncheckedIOException(e);
         }
         GRADBRIDGE = properties.getProperty("gradbridge");
-        DJL = properties.getProperty("djl");
         TORCH = properties.getProperty("torch");
     }
 
     private Versions() {}
+
+    /**
+     * The libtorch this JVM runs (loads gradbridge's native library first).
+     *
+     * @return e.g. {@code 2.7.1}
+     */
+    public static String libtorch() {
+        return NativeLibrary.torchVersion();
+    }
+
+    /**
+     * Which native library this JVM loaded, built for which libtorch, on which libtorch folder.
+     *
+     * @return one line
+     */
+    public static String nativeLibrary() {
+        return NativeLibrary.describe();
+    }
 }

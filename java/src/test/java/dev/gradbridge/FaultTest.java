@@ -6,9 +6,6 @@ import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.data.Dataset;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -102,15 +99,15 @@ public class FaultTest {
     public void divergenceKeepsTheCompletedEpochs() throws Exception {
         Path history = tmp.getRoot().toPath().resolve("h.jsonl");
         try (TrainingModule module = TrainingModule.load(TrainingModuleTest.fixture("linear_regression.pt"));
-                NDManager scope = module.getManager().newSubManager()) {
+                TensorScope scope = new TensorScope()) {
             float[] xs = new float[50];
             float[] ys = new float[50];
             for (int i = 0; i < xs.length; i++) {
                 xs[i] = i * 2f;
                 ys[i] = 2 * xs[i] + 1;
             }
-            NDArray x = scope.create(xs, new Shape(50, 1));
-            NDArray y = scope.create(ys, new Shape(50, 1));
+            Tensor x = scope.add(Tensor.of(xs, 50, 1));
+            Tensor y = scope.add(Tensor.of(ys, 50, 1));
             DivergenceException e =
                     assertThrows(DivergenceException.class, () -> Trainer.builder().optEpochs(60)
                             .optMode(Trainer.Mode.FULL).optHistory(history).build()
@@ -137,12 +134,8 @@ public class FaultTest {
         bytes.put(padded.toString().getBytes(StandardCharsets.ISO_8859_1));
         bytes.order(ByteOrder.BIG_ENDIAN).putFloat(0.805f).putFloat(1.5f);
         Files.write(file, bytes.array());
-        try (NDManager manager = NDManager.newBaseManager(null, "PyTorch")) {
-            ScriptedModule.engine();
-            InvalidInputException e =
-                    assertThrows(InvalidInputException.class, () -> Dataset.loadNpy(file, file, manager));
-            assertEquals(Messages.bigEndian(file.toString(), "x", ">f4"), e.getMessage());
-        }
+        InvalidInputException e = assertThrows(InvalidInputException.class, () -> Dataset.loadNpy(file, file));
+        assertEquals(Messages.bigEndian(file.toString(), "x", ">f4"), e.getMessage());
         assertFalse(Messages.bigEndian("f", "x", ">f4").contains("\n"));
     }
 }

@@ -6,9 +6,6 @@ import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.data.Dataset;
 import java.util.Arrays;
 import java.util.Map;
@@ -18,7 +15,7 @@ import org.junit.Test;
 /** Fine-tuning from Java: frozen parameters, learning rate per group, per-epoch schedule in the history. */
 public class FineTuneTest {
 
-    private static Dataset randomData(NDManager manager, int n) {
+    private static Dataset randomData(TensorScope manager, int n) {
         Random random = new Random(3);
         float[] xs = new float[n * 4];
         long[] ys = new long[n];
@@ -28,8 +25,8 @@ public class FineTuneTest {
             }
             ys[i] = xs[i * 4] > 0 ? (xs[i * 4 + 1] > 0 ? 2 : 1) : 0;
         }
-        NDArray x = manager.create(xs, new Shape(n, 4));
-        NDArray y = manager.create(ys, new Shape(n));
+        Tensor x = manager.add(Tensor.of(xs, n, 4));
+        Tensor y = manager.add(Tensor.of(ys, n));
         return Dataset.of("random", x, y);
     }
 
@@ -61,7 +58,7 @@ public class FineTuneTest {
     @Test
     public void frozenParametersStayAndTheEpochScheduleIsRecorded() throws Exception {
         try (TrainingModule module = TrainingModule.load(TrainingModuleTest.fixture("mlp_finetune.pt"));
-                NDManager data = module.getManager().newSubManager()) {
+                TensorScope data = new TensorScope()) {
             Map<String, double[]> before = module.getParameters();
             History history =
                     Trainer.builder().optEpochs(3).optBatchSize(16).build().fit(module, randomData(data, 64));

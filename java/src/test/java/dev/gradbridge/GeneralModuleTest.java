@@ -5,9 +5,6 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.Shape;
 import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -23,14 +20,14 @@ public class GeneralModuleTest {
     private static final int N = 24;
 
     private TrainingModule module;
-    private NDManager data;
-    private NDArray x;
-    private NDArray y;
+    private TensorScope data;
+    private Tensor x;
+    private Tensor y;
 
     @Before
     public void load() {
         module = TrainingModule.load(TrainingModuleTest.fixture("mlp_classifier.pt"));
-        data = module.getManager().newSubManager();
+        data = new TensorScope();
         Random random = new Random(3);
         float[] xs = new float[N * 4];
         long[] ys = new long[N];
@@ -40,8 +37,8 @@ public class GeneralModuleTest {
             }
             ys[i] = xs[i * 4] > 0 ? (xs[i * 4 + 1] > 0 ? 2 : 1) : 0;
         }
-        x = data.create(xs, new Shape(N, 4));
-        y = data.create(ys, new Shape(N));
+        x = data.add(Tensor.of(xs, N, 4));
+        y = data.add(Tensor.of(ys, N));
     }
 
     @After
@@ -80,12 +77,12 @@ public class GeneralModuleTest {
         TrainingModule twin = TrainingModule.load(module.getPath());
         try {
             long[] order = {5, 3, 0, 1, 2, 4, 23, 22, 21, 20, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
-            NDArray perm = data.create(order);
+            Tensor perm = data.add(Tensor.of(order, order.length));
             double[] fused = module.trainEpoch(x, y, perm, 10);
             assertEquals(3, fused.length);
             for (int start = 0, b = 0; start < N; start += 10, b++) {
-                NDArray index = data.create(Arrays.copyOfRange(order, start, Math.min(start + 10, N)));
-                double stepped = twin.trainStep(x.get(index), y.get(index));
+                Tensor index = data.add(Tensor.of(Arrays.copyOfRange(order, start, Math.min(start + 10, N)), Math.min(start + 10, N) - start));
+                double stepped = twin.trainStep(data.add(x.index(index)), data.add(y.index(index)));
                 assertEquals("batch " + b, fused[b], stepped, 0.0);
             }
             assertEquals(module.getParameters().keySet(), twin.getParameters().keySet());
@@ -108,15 +105,15 @@ public class GeneralModuleTest {
 
     @Test
     public void badEpochArgumentsAreNamed() {
-        NDArray floats = data.create(new float[N]);
+        Tensor floats = data.add(Tensor.of(new float[N], N));
         InvalidInputException dtype =
                 assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, floats, 4));
         assertTrue(dtype.getMessage(), dtype.getMessage().contains("perm must be a 1-d int64 array"));
-        NDArray outside = data.create(new long[] {0, 1, 99});
+        Tensor outside = data.add(Tensor.of(new long[] {0, 1, 99}, 3));
         InvalidInputException range =
                 assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, outside, 2));
         assertTrue(range.getMessage(), range.getMessage().contains("perm holds index 99, outside 0..23"));
-        NDArray perm = data.create(java.util.stream.LongStream.range(0, N).toArray());
+        Tensor perm = data.add(Tensor.arange(N));
         InvalidInputException size =
                 assertThrows(InvalidInputException.class, () -> module.trainEpoch(x, y, perm, 0));
         assertTrue(size.getMessage(), size.getMessage().contains("batch size must be in 1..24, got 0"));
@@ -124,7 +121,7 @@ public class GeneralModuleTest {
 
     @Test
     public void floatTargetsAreRejectedForCrossEntropy() {
-        NDArray floats = data.create(new float[N], new Shape(N));
+        Tensor floats = data.add(Tensor.of(new float[N], N));
         InvalidInputException e =
                 assertThrows(InvalidInputException.class, () -> module.trainStep(x, floats));
         assertTrue(e.getMessage(), e.getMessage().contains("input y must be int64 of shape [-1]"));

@@ -5,9 +5,6 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.data.Dataset;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -61,31 +58,31 @@ public class TrainerTest {
 
     /** Deterministic random data shaped for the module's metadata. */
     static Dataset data(TrainingModule module, int n) {
-        NDManager manager = module.getManager().newSubManager();
+        TensorScope manager = new TensorScope();
         Random random = new Random(n);
         long[] xShape = module.getMetadata().getInput("x").getShape();
         xShape[0] = n;
-        float[] xs = new float[(int) new Shape(xShape).size()];
+        float[] xs = new float[(int) java.util.Arrays.stream(xShape).reduce(1, (a, b) -> a * b)];
         for (int i = 0; i < xs.length; i++) {
             xs[i] = (float) random.nextGaussian();
         }
-        NDArray x = manager.create(xs, new Shape(xShape));
+        Tensor x = manager.add(Tensor.of(xs, xShape));
         Metadata.TensorSpec ySpec = module.getMetadata().getInput("y");
         long[] yShape = ySpec.getShape();
         yShape[0] = n;
-        NDArray y;
+        Tensor y;
         if ("int64".equals(ySpec.getDtype())) {
             long[] ys = new long[n];
             for (int i = 0; i < n; i++) {
                 ys[i] = random.nextInt(3);
             }
-            y = manager.create(ys, new Shape(yShape));
+            y = manager.add(Tensor.of(ys, yShape));
         } else {
             float[] ys = new float[n];
             for (int i = 0; i < n; i++) {
                 ys[i] = (float) random.nextGaussian();
             }
-            y = manager.create(ys, new Shape(yShape));
+            y = manager.add(Tensor.of(ys, yShape));
         }
         return Dataset.of("random " + module.getPath().getFileName(), x, y);
     }

@@ -6,10 +6,6 @@ import static org.junit.Assert.assertNotEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
@@ -32,12 +28,12 @@ public class TrainingModuleTest {
     }
 
     private TrainingModule module;
-    private NDManager data;
+    private TensorScope data;
 
     @Before
     public void load() {
         module = TrainingModule.load(fixture("linear_regression.pt"));
-        data = module.getManager().newSubManager();
+        data = new TensorScope();
     }
 
     @After
@@ -46,8 +42,8 @@ public class TrainingModuleTest {
         module.close();
     }
 
-    private NDArray column(float... values) {
-        return data.create(values, new Shape(values.length, 1));
+    private Tensor column(float... values) {
+        return data.add(Tensor.of(values, values.length, 1));
     }
 
     @Test
@@ -93,8 +89,8 @@ public class TrainingModuleTest {
 
     @Test
     public void gradientsAccumulateUntilZeroGrad() {
-        NDArray x = column(1f, 2f);
-        NDArray y = column(0f, 1f);
+        Tensor x = column(1f, 2f);
+        Tensor y = column(0f, 1f);
         module.calculateLossAndBackward(x, y);
         double once = module.getGradients().get("weight")[0];
         module.calculateLossAndBackward(x, y);
@@ -116,10 +112,10 @@ public class TrainingModuleTest {
     @Test
     public void forwardPredictsWeightTimesXPlusBias() {
         Map<String, double[]> params = module.getParameters();
-        try (NDArray prediction = module.forward(column(2f))) {
+        try (Tensor prediction = module.forward(column(2f))) {
             assertEquals(
                     params.get("weight")[0] * 2 + params.get("bias")[0],
-                    prediction.toType(DataType.FLOAT64, false).getDouble(0, 0),
+                    prediction.toExactDoubles()[0],
                     1e-6);
         }
     }
@@ -130,8 +126,8 @@ public class TrainingModuleTest {
         assertEquals(Arrays.asList("weight", "bias"), names);
         List<?> params = (List<?>) module.call(Protocol.GET_PARAMETERS);
         assertEquals(2, params.size());
-        ((NDArray) params.get(0)).close();
-        ((NDArray) params.get(1)).close();
+        ((Tensor) params.get(0)).close();
+        ((Tensor) params.get(1)).close();
         assertEquals(null, module.call(Protocol.ZERO_GRAD));
     }
 
@@ -176,7 +172,7 @@ public class TrainingModuleTest {
     @Test
     public void wrongShapeIsRejectedBeforeRunning() {
         Map<String, double[]> before = module.getParameters();
-        NDArray flat = data.create(new float[] {1f, 2f}, new Shape(2));
+        Tensor flat = data.add(Tensor.of(new float[] {1f, 2f}, 2));
         InvalidInputException e =
                 assertThrows(
                         InvalidInputException.class,
@@ -189,7 +185,7 @@ public class TrainingModuleTest {
 
     @Test
     public void wrongDtypeIsRejectedBeforeRunning() {
-        NDArray doubles = data.create(new double[] {1, 2}, new Shape(2, 1));
+        Tensor doubles = data.add(Tensor.of(new double[] {1, 2}, 2, 1));
         InvalidInputException e =
                 assertThrows(
                         InvalidInputException.class,
@@ -210,8 +206,8 @@ public class TrainingModuleTest {
     @Test
     public void libtorchErrorsBecomeMethodCallExceptions() {
         // Through call() no metadata check runs: libtorch itself rejects the broadcast.
-        NDArray x = data.create(new float[] {1f, 2f, 3f}, new Shape(3, 1));
-        NDArray y = data.create(new float[] {1f, 2f}, new Shape(2, 1));
+        Tensor x = data.add(Tensor.of(new float[] {1f, 2f, 3f}, 3, 1));
+        Tensor y = data.add(Tensor.of(new float[] {1f, 2f}, 2, 1));
         MethodCallException e =
                 assertThrows(
                         MethodCallException.class,

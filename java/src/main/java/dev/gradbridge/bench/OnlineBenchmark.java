@@ -1,11 +1,9 @@
 package dev.gradbridge.bench;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
 import com.google.gson.GsonBuilder;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.DType;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -177,16 +175,14 @@ public final class OnlineBenchmark {
         ExecutorService baseline = Executors.newSingleThreadExecutor(r -> new Thread(r, "bench-batch-trainer"));
         try (TrainingModule stepModule = TrainingModule.load(model);
                 TrainingModule fusedModule = TrainingModule.load(model);
-                NDManager data = stepModule.getManager().newSubManager();
-                NDManager fusedData = fusedModule.getManager().newSubManager()) {
-            NDArray x = data.create(Arrays.copyOf(xs, n * features), new Shape(n, features));
-            NDArray y = data.create(Arrays.copyOf(ys, n), new Shape(n));
+                Tensor x = Tensor.of(Arrays.copyOf(xs, n * features), n, features);
+                Tensor y = Tensor.of(Arrays.copyOf(ys, n), n);
+                Tensor fx = Tensor.of(Arrays.copyOf(xs, n * features), n, features);
+                Tensor fy = Tensor.of(Arrays.copyOf(ys, n), n);
+                Tensor perm = Tensor.arange(n)) {
             Dataset dataset = Dataset.of("online-bench events", x, y);
             Trainer step = Trainer.builder().optEpochs(1).optBatchSize(batch).optMode(Trainer.Mode.STEP)
                     .optProgressBar(false).build();
-            NDArray fx = fusedData.create(Arrays.copyOf(xs, n * features), new Shape(n, features));
-            NDArray fy = fusedData.create(Arrays.copyOf(ys, n), new Shape(n));
-            NDArray perm = fusedData.arange(0L, (long) n, 1L, DataType.INT64);
             for (int i = 0; i < 3; i++) { // warm-up: JIT, and the graph executor's profiling runs
                 onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
                 onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
@@ -317,20 +313,19 @@ public final class OnlineBenchmark {
     /** One {@code train_step} per chunk, each made from its host bytes: the online step without queue or log. */
     private static Object hostSteps(TrainingModule module, List<HostTensor[]> chunks) {
         for (HostTensor[] chunk : chunks) {
-            try (NDArray x = toArray(module.getManager(), chunk[0]);
-                    NDArray y = toArray(module.getManager(), chunk[1])) {
+            try (Tensor x = toTensor(chunk[0]);
+                    Tensor y = toTensor(chunk[1])) {
                 module.trainStep(x, y);
             }
         }
         return null;
     }
 
-    private static NDArray toArray(NDManager manager, HostTensor tensor) {
+    private static Tensor toTensor(HostTensor tensor) {
         byte[] bytes = tensor.toBytes();
         java.nio.ByteBuffer buffer = java.nio.ByteBuffer.allocateDirect(bytes.length).order(java.nio.ByteOrder.nativeOrder());
         buffer.put(bytes).flip();
-        return manager.create(buffer, new Shape(tensor.getShape()),
-                DataType.valueOf(tensor.getDtype().toUpperCase(java.util.Locale.ROOT)));
+        return Tensor.fromBuffer(buffer, DType.of(tensor.getDtype()), tensor.getShape());
     }
 
     /** Runs {@code work} on {@code thread} and returns the seconds it took there. */

@@ -1,14 +1,8 @@
 package dev.gradbridge.bench;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.pytorch.engine.PtNDArray;
-import ai.djl.pytorch.engine.PtNDManager;
-import ai.djl.pytorch.engine.PtSymbolBlock;
-import ai.djl.pytorch.jni.IValue;
-import ai.djl.pytorch.jni.JniUtils;
-import ai.djl.pytorch.jni.TrainingMethodInvoker;
+import dev.gradbridge.CallBreakdown;
 import dev.gradbridge.NativeMemory;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
 import java.io.BufferedReader;
@@ -19,7 +13,6 @@ import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Paths;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 
@@ -34,8 +27,7 @@ import java.util.Locale;
  * interleaves the blocks of every variant in rounds.
  *
  * <p>{@code breakdown} mode (bench only) times, interleaved in one JVM, what a training call is
- * made of: the bare native method call, the call through DJL's wrapper objects (gradbridge's path
- * before issue 16), and {@link TrainingModule#trainStep} as it is now.
+ * made of: the bare native method call and {@link TrainingModule#trainStep}.
  */
 public final class StepBenchmark {
 
@@ -61,13 +53,8 @@ public final class StepBenchmark {
         boolean fused = "fused".equals(args[2]);
         int batch = Integer.parseInt(args[3]);
         try (TrainingModule module = TrainingModule.load(Paths.get(args[0]));
-                Dataset data = Dataset.loadNpz(Paths.get(args[1]), module.getManager())) {
-            NDArray perm = null;
-            if (fused) {
-                long[] order = new long[data.size()];
-                Arrays.setAll(order, i -> i);
-                perm = module.getManager().create(order);
-            }
+                Dataset data = Dataset.loadNpz(Paths.get(args[1]));
+                Tensor perm = Tensor.arange(data.size())) {
             System.out.println(environment());
             BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
             for (String line = in.readLine(); line != null && !"quit".equals(line.trim()); line = in.readLine()) {
@@ -90,8 +77,8 @@ public final class StepBenchmark {
         for (String option : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
             options.add(quote(option));
         }
-        return "{\"ready\": true, \"intra_op_threads\": " + JniUtils.getNumThreads()
-                + ", \"interop_threads\": " + JniUtils.getNumInteropThreads()
+        return "{\"ready\": true, \"intra_op_threads\": " + CallBreakdown.intraOpThreads()
+                + ", \"interop_threads\": " + CallBreakdown.interopThreads()
                 + ", \"java\": " + quote(System.getProperty("java.vm.name") + " " + System.getProperty("java.version"))
                 + ", \"available_processors\": " + Runtime.getRuntime().availableProcessors()
                 + ", \"max_heap_bytes\": " + Runtime.getRuntime().maxMemory()
@@ -114,7 +101,7 @@ public final class StepBenchmark {
      * @param calls calls per block
      * @return seconds per block
      */
-    public static double[] trainStep(TrainingModule module, NDArray x, NDArray y, int warmup, int repeats, int calls) {
+    public static double[] trainStep(TrainingModule module, Tensor x, Tensor y, int warmup, int repeats, int calls) {
         for (int i = 0; i < warmup; i++) {
             module.trainStep(x, y);
         }
@@ -143,7 +130,7 @@ public final class StepBenchmark {
      * @return seconds per block
      */
     public static double[] trainEpoch(
-            TrainingModule module, NDArray x, NDArray y, NDArray perm, int batchSize, int warmup, int repeats,
+            TrainingModule module, Tensor x, Tensor y, Tensor perm, int batchSize, int warmup, int repeats,
             int calls) {
         for (int i = 0; i < warmup; i++) {
             module.trainEpoch(x, y, perm, batchSize);
@@ -160,70 +147,48 @@ public final class StepBenchmark {
     }
 
     /**
-     * What one {@code train_step} call costs, layer by layer, in rounds that interleave the three
-     * ways of calling it (so that load on the machine hits all alike): {@code bare}, the native
-     * method call on IValues made once (what the native loop does, plus one JNI crossing);
-     * {@code djl_wrappers}, the same call with DJL's IValue and NDArray objects made per call and
-     * the loss read with {@code getFloat} (gradbridge's path before issue 16); {@code
-     * train_step}, {@link TrainingModule#trainStep} now (checks, thread guard, exact loss).
+     * What one {@code train_step} call costs, layer by layer, in rounds that interleave the ways
+     * of calling it (so that load on the machine hits all alike): {@code bare}, the native method
+     * call alone on a second copy of the module (what the native loop does, plus one JNI
+     * crossing); {@code train_step}, {@link TrainingModule#trainStep} (checks, thread guard, exact
+     * loss).
      *
      * @return JSON: per-call seconds of each way in each round
      */
     static String breakdown(String model, String data, int rounds, int calls) {
         try (TrainingModule module = TrainingModule.load(Paths.get(model));
-                Dataset batch = Dataset.loadNpz(Paths.get(data), module.getManager());
-                PtNDManager manager = (PtNDManager) NDManager.newBaseManager(null, "PyTorch")) {
-            // A second copy of the module for the lower layers: TrainingModule keeps its own private.
-            PtSymbolBlock block = JniUtils.loadModule(manager, Paths.get(model).toAbsolutePath(), true,
-                    new String[0], new String[0], true);
-            JniUtils.enableTrainingMode(block);
-            JniUtils.setGradMode(true);
-            JniUtils.setGraphExecutorOptimize(false);
-            PtNDArray x = (PtNDArray) batch.getX();
-            PtNDArray y = (PtNDArray) batch.getY();
-            Runnable bare;
-            try (IValue ix = IValue.from(x); IValue iy = IValue.from(y)) {
-                bare = () -> TrainingMethodInvoker.runWithAutograd(block, "train_step", ix, iy).close();
-                Runnable wrappers = () -> {
-                    try (IValue wx = IValue.from(x); IValue wy = IValue.from(y);
-                            IValue result = TrainingMethodInvoker.runWithAutograd(block, "train_step", wx, wy);
-                            NDArray loss = result.toTensor(manager)) {
-                        if (Float.isNaN(loss.getFloat())) {
-                            throw new IllegalStateException("NaN loss");
-                        }
-                    }
-                };
-                Runnable trainStep = () -> module.trainStep(x, y);
-                String[] names = {"bare", "djl_wrappers", "train_step"};
-                Runnable[] ways = {bare, wrappers, trainStep};
-                for (Runnable way : ways) { // warm-up: JIT, allocator
-                    for (int i = 0; i < Math.max(calls, 2000); i++) {
-                        way.run();
-                    }
+                Dataset batch = Dataset.loadNpz(Paths.get(data));
+                CallBreakdown.BareCall bare = CallBreakdown.bareTrainStep(Paths.get(model), batch.getX(), batch.getY())) {
+            Tensor x = batch.getX();
+            Tensor y = batch.getY();
+            Runnable trainStep = () -> module.trainStep(x, y);
+            String[] names = {"bare", "train_step"};
+            Runnable[] ways = {bare, trainStep};
+            for (Runnable way : ways) { // warm-up: JIT, allocator
+                for (int i = 0; i < Math.max(calls, 2000); i++) {
+                    way.run();
                 }
-                double[][] seconds = new double[ways.length][rounds];
-                for (int r = 0; r < rounds; r++) {
-                    for (int k = 0; k < ways.length; k++) {
-                        int w = (k + r) % ways.length; // rotate the order
-                        long start = System.nanoTime();
-                        for (int i = 0; i < calls; i++) {
-                            ways[w].run();
-                        }
-                        seconds[w][r] = (System.nanoTime() - start) / 1e9 / calls;
-                    }
-                }
-                StringBuilder json = new StringBuilder("{\"calls_per_block\": " + calls + ", \"per_call_seconds\": {");
-                for (int k = 0; k < ways.length; k++) {
-                    json.append(k == 0 ? "" : ", ").append(quote(names[k])).append(": [");
-                    for (int r = 0; r < rounds; r++) {
-                        json.append(r == 0 ? "" : ", ").append(String.format(Locale.ROOT, "%.9g", seconds[k][r]));
-                    }
-                    json.append("]");
-                }
-                return json.append("}}").toString();
-            } finally {
-                block.close();
             }
+            double[][] seconds = new double[ways.length][rounds];
+            for (int r = 0; r < rounds; r++) {
+                for (int k = 0; k < ways.length; k++) {
+                    int w = (k + r) % ways.length; // rotate the order
+                    long start = System.nanoTime();
+                    for (int i = 0; i < calls; i++) {
+                        ways[w].run();
+                    }
+                    seconds[w][r] = (System.nanoTime() - start) / 1e9 / calls;
+                }
+            }
+            StringBuilder json = new StringBuilder("{\"calls_per_block\": " + calls + ", \"per_call_seconds\": {");
+            for (int k = 0; k < ways.length; k++) {
+                json.append(k == 0 ? "" : ", ").append(quote(names[k])).append(": [");
+                for (int r = 0; r < rounds; r++) {
+                    json.append(r == 0 ? "" : ", ").append(String.format(Locale.ROOT, "%.9g", seconds[k][r]));
+                }
+                json.append("]");
+            }
+            return json.append("}}").toString();
         }
     }
 }

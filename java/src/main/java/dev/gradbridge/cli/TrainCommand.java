@@ -98,9 +98,9 @@ public final class TrainCommand implements Callable<Integer> {
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model, opLibraries);
                 Dataset train = data.npz != null
-                        ? Dataset.loadNpz(data.npz, module.getManager())
-                        : Dataset.loadNpy(data.npy.x, data.npy.y, module.getManager());
-                Dataset val = validation == null ? null : Dataset.loadNpz(validation, module.getManager())) {
+                        ? Dataset.loadNpz(data.npz)
+                        : Dataset.loadNpy(data.npy.x, data.npy.y);
+                Dataset val = validation == null ? null : Dataset.loadNpz(validation)) {
             Trainer.Builder builder =
                     Trainer.builder()
                             .optEpochs(epochs)

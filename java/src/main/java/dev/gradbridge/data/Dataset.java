@@ -1,13 +1,11 @@
 package dev.gradbridge.data;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDList;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
+import dev.gradbridge.DType;
+import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Tensor;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
@@ -16,29 +14,29 @@ import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
-import java.util.Arrays;
-import java.util.List;
 import java.util.Enumeration;
-import java.util.Locale;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
 import java.util.zip.ZipEntry;
+import java.util.zip.ZipException;
 import java.util.zip.ZipFile;
 
 /**
- * Inputs {@code x} and targets {@code y} for training or validation, as NDArrays of the PyTorch
- * engine. Read from {@code .npz} (arrays named {@code x} and {@code y}) or two {@code .npy} files
- * with DJL's numpy reader, or wrapped around existing arrays. {@link #check} compares them with a
- * module's metadata before any training starts.
+ * Inputs {@code x} and targets {@code y} for training or validation, as {@link Tensor}s. Read
+ * from {@code .npz} (arrays named {@code x} and {@code y}) or two {@code .npy} files, or wrapped
+ * around existing tensors or buffers. {@link #check} compares them with a module's metadata
+ * before any training starts.
  */
 public final class Dataset implements AutoCloseable {
 
     private final String source;
-    private final NDArray x;
-    private final NDArray y;
-    private final NDManager owned;
+    private final Tensor x;
+    private final Tensor y;
+    private final boolean owned;
 
-    private Dataset(String source, NDArray x, NDArray y, NDManager owned) {
+    private Dataset(String source, Tensor x, Tensor y, boolean owned) {
         this.source = source;
         this.x = x;
         this.y = y;
@@ -46,22 +44,21 @@ public final class Dataset implements AutoCloseable {
     }
 
     /**
-     * Wraps existing arrays (the caller keeps ownership).
+     * Wraps existing tensors (the caller keeps ownership).
      *
      * @param source a name for error messages
      * @param x inputs, batch dimension first
      * @param y targets, batch dimension first
      * @return the dataset
      */
-    public static Dataset of(String source, NDArray x, NDArray y) {
-        return new Dataset(source, x, y, null);
+    public static Dataset of(String source, Tensor x, Tensor y) {
+        return new Dataset(source, x, y, false);
     }
 
     /**
-     * Wraps native little-endian buffers without copying them (e.g. numpy arrays passed
-     * through JPype); the buffers must outlive the dataset.
+     * Wraps direct buffers in native byte order without copying them (e.g. numpy arrays passed
+     * through JPype); libtorch keeps the buffers referenced while it uses them.
      *
-     * @param manager where the arrays live; closing it releases them
      * @param source a name for error messages
      * @param x the inputs' bytes
      * @param xShape the inputs' shape
@@ -69,52 +66,74 @@ public final class Dataset implements AutoCloseable {
      * @param y the targets' bytes
      * @param yShape the targets' shape
      * @param yType the targets' dtype name
-     * @return the dataset
+     * @return the dataset; closing it frees the tensors, not the buffers
      */
     public static Dataset fromBuffers(
-            NDManager manager, String source,
+            String source,
             ByteBuffer x, long[] xShape, String xType,
             ByteBuffer y, long[] yShape, String yType) {
-        NDManager scope = manager.newSubManager();
-        NDArray xs = scope.create(x.order(ByteOrder.nativeOrder()), new Shape(xShape), dataType(source, "x", xType));
-        NDArray ys = scope.create(y.order(ByteOrder.nativeOrder()), new Shape(yShape), dataType(source, "y", yType));
-        return new Dataset(source, xs, ys, scope);
+        Tensor xs = Tensor.fromBuffer(x, dataType(source, "x", xType), xShape);
+        try {
+            return new Dataset(source, xs, Tensor.fromBuffer(y, dataType(source, "y", yType), yShape), true);
+        } catch (RuntimeException e) {
+            xs.close();
+            throw e;
+        }
     }
 
     /**
      * Reads {@code x} and {@code y} from an {@code .npz} file.
      *
      * @param file the .npz
-     * @param manager where the arrays live (a sub-manager is used; closing the dataset frees it)
-     * @return the dataset
+     * @return the dataset (close it to free the tensors)
      * @throws InvalidInputException when the file is missing, unreadable or lacks x or y
      */
-    public static Dataset loadNpz(Path file, NDManager manager) {
-        NDManager scope = manager.newSubManager();
-        try (InputStream in = Files.newInputStream(file)) {
-            checkNpzHeaders(file);
-            NDList arrays = NDList.decode(scope, in);
-            NDArray x = arrays.get("x");
-            NDArray y = arrays.get("y");
+    public static Dataset loadNpz(Path file) {
+        Map<String, Tensor> arrays = new LinkedHashMap<>();
+        try {
+            if (!Files.exists(file)) {
+                throw new NoSuchFileException(file.toString());
+            }
+            try (ZipFile archive = new ZipFile(file.toFile())) {
+                Enumeration<? extends ZipEntry> entries = archive.entries();
+                while (entries.hasMoreElements()) {
+                    ZipEntry entry = entries.nextElement();
+                    String name = entry.getName();
+                    if (name.endsWith(".npy")) {
+                        String array = name.substring(0, name.length() - 4);
+                        try (InputStream in = archive.getInputStream(entry)) {
+                            arrays.put(array, readArray(in, entry.getSize(), file.toString(), array));
+                        }
+                    }
+                }
+            }
+            Tensor x = arrays.remove("x");
+            Tensor y = arrays.remove("y");
             if (x == null || y == null) {
-                List<String> names = new ArrayList<>();
-                for (NDArray array : arrays) {
-                    names.add(array.getName());
+                List<String> names = new ArrayList<>(arrays.keySet());
+                if (x != null) {
+                    names.add(0, "x");
+                    x.close();
+                }
+                if (y != null) {
+                    names.add(0, "y");
+                    y.close();
                 }
                 throw new InvalidInputException(
                         file + ": missing array '" + (x == null ? "x" : "y") + "'; the file holds " + names
                                 + " (save with numpy.savez(path, x=..., y=...))");
             }
-            return new Dataset(file.toString(), x, y, scope);
+            return new Dataset(file.toString(), x, y, true);
         } catch (NoSuchFileException e) {
-            scope.close();
             throw new InvalidInputException(file + ": no such data file");
-        } catch (IOException | IllegalArgumentException e) {
-            scope.close();
+        } catch (ZipException e) {
             throw new InvalidInputException(file + ": not a readable .npz file: " + e.getMessage());
-        } catch (RuntimeException e) {
-            scope.close();
-            throw e;
+        } catch (IOException | IllegalArgumentException e) {
+            throw new InvalidInputException(file + ": not a readable .npz file: " + e.getMessage());
+        } finally {
+            for (Tensor unused : arrays.values()) {
+                unused.close();
+            }
         }
     }
 
@@ -123,58 +142,60 @@ public final class Dataset implements AutoCloseable {
      *
      * @param xFile inputs
      * @param yFile targets
-     * @param manager where the arrays live
-     * @return the dataset
+     * @return the dataset (close it to free the tensors)
      */
-    public static Dataset loadNpy(Path xFile, Path yFile, NDManager manager) {
-        NDManager scope = manager.newSubManager();
+    public static Dataset loadNpy(Path xFile, Path yFile) {
+        Tensor x = readNpy(xFile);
         try {
-            return new Dataset(xFile + " + " + yFile, readNpy(xFile, scope), readNpy(yFile, scope), scope);
+            return new Dataset(xFile + " + " + yFile, x, readNpy(yFile), true);
         } catch (RuntimeException e) {
-            scope.close();
+            x.close();
             throw e;
         }
     }
 
-    /** Every array's header, before DJL decodes (see {@link NpyHeader}). */
-    private static void checkNpzHeaders(Path file) throws IOException {
-        try (ZipFile archive = new ZipFile(file.toFile())) {
-            Enumeration<? extends ZipEntry> entries = archive.entries();
-            while (entries.hasMoreElements()) {
-                ZipEntry entry = entries.nextElement();
-                String name = entry.getName();
-                if (name.endsWith(".npy")) {
-                    try (InputStream in = archive.getInputStream(entry)) {
-                        NpyHeader.check(in, entry.getSize(), file.toString(), name.substring(0, name.length() - 4));
-                    }
-                }
-            }
-        }
-    }
-
-    private static NDArray readNpy(Path file, NDManager manager) {
+    private static Tensor readNpy(Path file) {
+        String name = String.valueOf(file.getFileName()).replaceFirst("\\.npy$", "");
         try (InputStream in = Files.newInputStream(file)) {
-            String name = String.valueOf(file.getFileName()).replaceFirst("\\.npy$", "");
-            try (InputStream header = Files.newInputStream(file)) {
-                NpyHeader.check(header, Files.size(file), file.toString(), name);
-            }
-            NDList arrays = NDList.decode(manager, in);
-            return arrays.singletonOrThrow();
+            return readArray(in, Files.size(file), file.toString(), name);
         } catch (NoSuchFileException e) {
             throw new InvalidInputException(file + ": no such data file");
-        } catch (IOException | IllegalArgumentException e) {
+        } catch (IOException e) {
             throw new InvalidInputException(file + ": not a readable .npy file: " + e.getMessage());
         }
     }
 
-    private static DataType dataType(String source, String name, String dtype) {
+    /** One array: its header checked ({@link NpyHeader}), then its data read into native memory. */
+    private static Tensor readArray(InputStream in, long totalBytes, String source, String array) throws IOException {
+        NpyHeader header = NpyHeader.check(in, totalBytes, source, array);
+        DType dtype = DType.ofNumpy(header.descr);
+        if (dtype == null) {
+            throw new InvalidInputException(source + ": " + array + " has numpy dtype " + header.descr
+                    + ", which gradbridge does not read; save it as float32, float64 or int64");
+        }
+        long count = 1;
+        for (long dim : header.shape) {
+            count = Math.multiplyExact(count, dim);
+        }
+        ByteBuffer data = ByteBuffer.allocateDirect(Math.toIntExact(count * dtype.size())).order(ByteOrder.nativeOrder());
+        byte[] chunk = new byte[1 << 16];
+        while (data.hasRemaining()) {
+            int read = in.read(chunk, 0, Math.min(chunk.length, data.remaining()));
+            if (read < 0) {
+                throw new IOException(array + " ends early");
+            }
+            data.put(chunk, 0, read);
+        }
+        data.flip();
+        return Tensor.fromBuffer(data, dtype, header.shape);
+    }
+
+    private static DType dataType(String source, String name, String dtype) {
         switch (dtype) {
             case "float32":
-                return DataType.FLOAT32;
             case "float64":
-                return DataType.FLOAT64;
             case "int64":
-                return DataType.INT64;
+                return DType.of(dtype);
             default:
                 throw new InvalidInputException(
                         source + ": " + name + " has dtype " + dtype + "; expected float32, float64 or int64");
@@ -187,18 +208,18 @@ public final class Dataset implements AutoCloseable {
     }
 
     /** @return the inputs */
-    public NDArray getX() {
+    public Tensor getX() {
         return x;
     }
 
     /** @return the targets */
-    public NDArray getY() {
+    public Tensor getY() {
         return y;
     }
 
     /** @return the number of samples */
     public int size() {
-        return Math.toIntExact(x.getShape().get(0));
+        return Math.toIntExact(x.size(0));
     }
 
     /**
@@ -211,33 +232,24 @@ public final class Dataset implements AutoCloseable {
     public void check(Metadata metadata) {
         checkArray("x", x, metadata.getInput("x"));
         checkArray("y", y, metadata.getInput("y"));
-        long n = x.getShape().get(0);
+        long n = x.size(0);
         if (n == 0) {
             throw new InvalidInputException(source + ": the dataset is empty (0 samples)");
         }
-        if (y.getShape().get(0) != n) {
-            throw new InvalidInputException(
-                    source + ": x has " + n + " samples but y has " + y.getShape().get(0));
+        if (y.size(0) != n) {
+            throw new InvalidInputException(source + ": x has " + n + " samples but y has " + y.size(0));
         }
     }
 
-    private void checkArray(String name, NDArray array, Metadata.TensorSpec spec) {
-        String dtype = array.getDataType().name().toLowerCase(Locale.ROOT);
-        long[] shape = array.getShape().getShape();
+    private void checkArray(String name, Tensor array, Metadata.TensorSpec spec) {
+        String dtype = array.dtype().torchName();
+        long[] shape = array.shape();
         if (!spec.accepts(dtype, shape)) {
             throw new InvalidInputException(
                     Messages.tensorSpec(source, name, spec.getDtype(), spec.getShape(), dtype, shape));
         }
-        if (array.getDataType().isFloating() && shape.length > 0 && shape[0] > 0) {
-            try (NDArray infinite = array.isInfinite();
-                    NDArray nan = array.isNaN();
-                    NDArray bad = infinite.logicalOr(nan);
-                    NDArray any = bad.any()) {
-                if (any.getBoolean()) {
-                    throw new InvalidInputException(
-                            source + ": " + name + " holds NaN or infinite values; clean the data first");
-                }
-            }
+        if (!array.allFinite()) {
+            throw new InvalidInputException(source + ": " + name + " holds NaN or infinite values; clean the data first");
         }
     }
 
@@ -247,25 +259,18 @@ public final class Dataset implements AutoCloseable {
      * @return lowercase hex digest
      */
     public String fingerprint() {
-        try {
-            MessageDigest sha = MessageDigest.getInstance("SHA-256");
-            sha.update(x.toByteArray());
-            sha.update(y.toByteArray());
-            StringBuilder hex = new StringBuilder();
-            for (byte b : sha.digest()) {
-                hex.append(String.format("%02x", b));
-            }
-            return hex.toString();
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
-        }
+        MessageDigest sha = Digests.sha256();
+        sha.update(x.buffer());
+        sha.update(y.buffer());
+        return Digests.hex(sha.digest());
     }
 
-    /** Frees arrays this dataset read or wrapped itself; wrapped caller arrays stay. */
+    /** Frees tensors this dataset read or wrapped itself; the caller's tensors stay. */
     @Override
     public void close() {
-        if (owned != null) {
-            owned.close();
+        if (owned) {
+            x.close();
+            y.close();
         }
     }
 }

@@ -10,11 +10,21 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 /**
- * The header of one {@code .npy} array, read before DJL's reader sees the data. DJL ignores the
- * byte order and the Fortran flag and trusts the shape, so a big-endian array would train on
- * byte-swapped values and a crafted shape would overflow; both are refused here with one line.
+ * The header of one {@code .npy} array, checked before its data is read: a big-endian array
+ * would train on byte-swapped values, a Fortran-ordered one on scrambled rows, and a crafted
+ * shape would overflow; each is refused here with one line.
  */
 final class NpyHeader {
+
+    /** numpy's element descriptor, e.g. {@code <f4}. */
+    final String descr;
+    /** The array's shape. */
+    final long[] shape;
+
+    private NpyHeader(String descr, long[] shape) {
+        this.descr = descr;
+        this.shape = shape;
+    }
 
     private static final byte[] MAGIC = {(byte) 0x93, 'N', 'U', 'M', 'P', 'Y'};
     private static final Pattern DESCR = Pattern.compile("'descr'\\s*:\\s*'([^']*)'");
@@ -22,18 +32,18 @@ final class NpyHeader {
     private static final Pattern SHAPE = Pattern.compile("'shape'\\s*:\\s*\\(([^)]*)\\)");
     private static final Pattern ITEM_SIZE = Pattern.compile("^[<>|=]?[a-zA-Z](\\d+)$");
 
-    private NpyHeader() {}
 
     /**
      * Reads the header from {@code in} and checks it against the bytes that follow it.
      *
-     * @param in positioned at the start of the array
+     * @param in positioned at the start of the array; left at the start of the data
      * @param totalBytes the size of the whole .npy (header and data)
      * @param source the file, for messages
      * @param array the array's name, for messages
+     * @return the header
      * @throws InvalidInputException when the array cannot be read as it is meant
      */
-    static void check(InputStream in, long totalBytes, String source, String array) throws IOException {
+    static NpyHeader check(InputStream in, long totalBytes, String source, String array) throws IOException {
         DataInputStream data = new DataInputStream(in);
         byte[] magic = new byte[MAGIC.length + 2];
         data.readFully(magic);
@@ -93,6 +103,7 @@ final class NpyHeader {
         if (itemSize > 0 && claimed != available) {
             throw new InvalidInputException(Messages.npySize(source, array, dims, dtype, claimed, available));
         }
+        return new NpyHeader(dtype, dims);
     }
 
     /** Bytes per element from a descriptor such as {@code <f4}; 0 when it names no size. */

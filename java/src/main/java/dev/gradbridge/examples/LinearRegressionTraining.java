@@ -1,11 +1,9 @@
 package dev.gradbridge.examples;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -148,9 +146,9 @@ public final class LinearRegressionTraining implements Callable<History> {
                     }
                 })
                 .build();
-        try (NDManager data = module.getManager().newSubManager();
-                Dataset dataset = Dataset.of(
-                        "seed data", data.create(x, new Shape(x.length, 1)), data.create(y, new Shape(y.length, 1)))) {
+        try (Tensor xs = Tensor.of(x, x.length, 1);
+                Tensor ys = Tensor.of(y, y.length, 1);
+                Dataset dataset = Dataset.of("seed data", xs, ys)) {
             return trainer.fit(module, dataset);
         } catch (DivergenceException e) {
             throw new DivergenceException(

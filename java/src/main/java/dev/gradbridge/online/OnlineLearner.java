@@ -1,19 +1,17 @@
 package dev.gradbridge.online;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
+import dev.gradbridge.DType;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -129,8 +127,8 @@ public final class OnlineLearner implements AutoCloseable {
     private final int maxFused; // micro-batches applied in one train_epoch call, at most
     private final ByteBuffer xBatch; // the x rows of maxFused micro-batches, reused (see step)
     private final ByteBuffer yBatch;
-    private final DataType xType;
-    private final DataType yType;
+    private final DType xType;
+    private final DType yType;
 
     private static final class QueuedEvent {
         final long seq;
@@ -301,8 +299,8 @@ public final class OnlineLearner implements AutoCloseable {
             this.ySpec = metadata.getInput("y");
             this.xRowBytes = rowBytes(xSpec);
             this.yRowBytes = rowBytes(ySpec);
-            this.xType = DataType.valueOf(xSpec.getDtype().toUpperCase(Locale.ROOT));
-            this.yType = DataType.valueOf(ySpec.getDtype().toUpperCase(Locale.ROOT));
+            this.xType = DType.of(xSpec.getDtype());
+            this.yType = DType.of(ySpec.getDtype());
             long rowBytes = (long) xRowBytes + yRowBytes;
             this.maxFused = original.getMethodNames().contains(Protocol.TRAIN_EPOCH)
                     ? (int) Math.max(1, Math.min(Math.min(options.publishEvery, MAX_FUSED),
@@ -635,8 +633,9 @@ public final class OnlineLearner implements AutoCloseable {
     /** The loss on a predictor, no step: a libtorch error (e.g. class index out of range) refuses the feedback. */
     private void validateLoss(HostTensor x, HostTensor y) {
         Predictor predictor = borrow();
-        try (NDManager scope = predictor.module.getManager().newSubManager()) {
-            predictor.module.evaluate(toArray(scope, x), toArray(scope, y));
+        try (Tensor xs = toTensor(x);
+                Tensor ys = toTensor(y)) {
+            predictor.module.evaluate(xs, ys);
         } catch (GradbridgeException e) {
             throw new InvalidInputException("feedback rejected by the model's loss: " + e.getMessage());
         } finally {
@@ -663,10 +662,10 @@ public final class OnlineLearner implements AutoCloseable {
                 predictor.module.setParameters(version.parameters());
                 predictor.loaded = version;
             }
-            try (NDManager scope = predictor.module.getManager().newSubManager()) {
-                NDArray output = predictor.module.forward(toArray(scope, x));
-                String dtype = output.getDataType().name().toLowerCase(Locale.ROOT);
-                HostTensor result = HostTensor.of(dtype, output.getShape().getShape(), littleEndian(output));
+            try (Tensor input = toTensor(x);
+                    Tensor output = predictor.module.forward(input)) {
+                String dtype = output.dtype().torchName();
+                HostTensor result = HostTensor.of(dtype, output.shape(), littleEndian(output));
                 predictions.incrementAndGet();
                 return new Prediction(version.getId(), result);
             }
@@ -684,21 +683,19 @@ public final class OnlineLearner implements AutoCloseable {
         }
     }
 
-    private static byte[] littleEndian(NDArray array) {
-        ByteBuffer buffer = array.toByteBuffer();
-        byte[] bytes = new byte[buffer.remaining()];
-        buffer.get(bytes);
-        if (buffer.order() != ByteOrder.LITTLE_ENDIAN && array.getDataType().getNumOfBytes() > 1) {
+    private static byte[] littleEndian(Tensor array) {
+        byte[] bytes = array.toBytes();
+        if (ByteOrder.nativeOrder() != ByteOrder.LITTLE_ENDIAN && array.dtype().size() > 1) {
             throw new GradbridgeException("big-endian native tensors are not supported");
         }
         return bytes;
     }
 
-    private static NDArray toArray(NDManager manager, HostTensor tensor) {
+    private static Tensor toTensor(HostTensor tensor) {
         byte[] bytes = tensor.bytes();
         ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
         buffer.put(bytes).flip();
-        return manager.create(buffer, new Shape(tensor.getShape()), DataType.valueOf(tensor.getDtype().toUpperCase(Locale.ROOT)));
+        return Tensor.fromBuffer(buffer, DType.of(tensor.getDtype()), tensor.getShape());
     }
 
     // ---- the training thread ----
@@ -818,8 +815,8 @@ public final class OnlineLearner implements AutoCloseable {
         // are closed before the buffers are filled again (one thread, one micro-batch at a time).
         // A logged micro-batch holds at most maxBatch events (resume checks the header's shapes,
         // not B, so a larger logged one gets buffers of its own).
-        try (NDArray x = rowsToArray(xs, xSpec, xType, xBatch);
-                NDArray y = rowsToArray(ys, ySpec, yType, yBatch)) {
+        try (Tensor x = rowsToArray(xs, xSpec, xType, xBatch);
+                Tensor y = rowsToArray(ys, ySpec, yType, yBatch)) {
             t = lap(PhaseTimes.Phase.ASSEMBLE, t);
             loss = training.trainStep(x, y);
             t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
@@ -840,9 +837,9 @@ public final class OnlineLearner implements AutoCloseable {
     private double stepFused(List<byte[]> xs, List<byte[]> ys, int micro) {
         long t = clock();
         double[] losses;
-        try (NDArray x = rowsToArray(xs, xSpec, xType, xBatch);
-                NDArray y = rowsToArray(ys, ySpec, yType, yBatch);
-                NDArray order = training.getManager().arange(0L, (long) xs.size(), 1L, DataType.INT64)) {
+        try (Tensor x = rowsToArray(xs, xSpec, xType, xBatch);
+                Tensor y = rowsToArray(ys, ySpec, yType, yBatch);
+                Tensor order = Tensor.arange(xs.size())) {
             t = lap(PhaseTimes.Phase.ASSEMBLE, t);
             losses = training.trainEpoch(x, y, order, options.maxBatch);
             t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
@@ -856,7 +853,7 @@ public final class OnlineLearner implements AutoCloseable {
         return lastLoss;
     }
 
-    private NDArray rowsToArray(List<byte[]> rows, Metadata.TensorSpec spec, DataType type, ByteBuffer reused) {
+    private Tensor rowsToArray(List<byte[]> rows, Metadata.TensorSpec spec, DType type, ByteBuffer reused) {
         int bytes = rows.get(0).length * rows.size();
         ByteBuffer buffer = bytes <= reused.capacity()
                 ? reused
@@ -868,7 +865,7 @@ public final class OnlineLearner implements AutoCloseable {
         buffer.flip();
         long[] shape = spec.getShape().clone();
         shape[0] = rows.size();
-        return training.getManager().create(buffer, new Shape(shape), type);
+        return Tensor.fromBuffer(buffer, type, shape);
     }
 
     /**

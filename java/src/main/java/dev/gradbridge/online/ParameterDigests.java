@@ -1,9 +1,9 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.Digests;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 
 /**
  * The digests of a version's parameters, as {@code dev.gradbridge.History#digest} computes them
@@ -14,17 +14,11 @@ import java.security.NoSuchAlgorithmException;
  */
 final class ParameterDigests {
 
-    private static final char[] HEX = "0123456789abcdef".toCharArray();
-
     private final MessageDigest sha256;
     private ByteBuffer bytes = ByteBuffer.allocate(0).order(ByteOrder.LITTLE_ENDIAN);
 
     ParameterDigests() {
-        try {
-            sha256 = MessageDigest.getInstance("SHA-256");
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
-        }
+        sha256 = Digests.sha256();
     }
 
     /**
@@ -65,12 +59,6 @@ final class ParameterDigests {
         }
         sha256.reset();
         sha256.update(bytes.array(), 0, size);
-        byte[] hash = sha256.digest();
-        char[] hex = new char[hash.length * 2];
-        for (int i = 0; i < hash.length; i++) {
-            hex[2 * i] = HEX[(hash[i] >> 4) & 0xf];
-            hex[2 * i + 1] = HEX[hash[i] & 0xf];
-        }
-        return new String(hex);
+        return Digests.hex(sha256.digest());
     }
 }

@@ -137,8 +137,8 @@ public class OnlineLearnerTest {
                 params.put(name, version.getParameter(name));
             }
             check.setParameters(params);
-            try (ai.djl.ndarray.NDManager scope = check.getManager().newSubManager()) {
-                float[] expected = check.forward(scope.create(new float[] {2f}, new ai.djl.ndarray.types.Shape(1, 1)))
+            try (dev.gradbridge.TensorScope scope = new dev.gradbridge.TensorScope()) {
+                float[] expected = scope.add(check.forward(scope.add(dev.gradbridge.Tensor.of(new float[] {2f}, 1, 1))))
                         .toFloatArray();
                 assertArrayEquals(expected, after.getOutput().toFloatArray(), 0f);
             }

@@ -1,7 +1,6 @@
 package dev.gradbridge.spark;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -45,10 +44,10 @@ public final class NpzToParquet {
         }
         SparkSession spark = SparkSession.builder().master("local[1]").appName("npz-to-parquet")
                 .config("spark.ui.enabled", "false").getOrCreate();
-        try (NDManager manager = NDManager.newBaseManager(null, "PyTorch")) {
+        try {
             for (int i = 0; i < args.length; i += 2) {
                 Path in = Paths.get(args[i]);
-                try (Dataset data = Dataset.loadNpz(in, manager)) {
+                try (Dataset data = Dataset.loadNpz(in)) {
                     int n = data.size();
                     Column x = new Column(data.getX(), n);
                     Column y = new Column(data.getY(), n);
@@ -73,8 +72,8 @@ public final class NpzToParquet {
         final int perRow;
         final ByteBuffer bytes;
 
-        Column(NDArray values, int n) {
-            dtype = values.getDataType().name().toLowerCase(java.util.Locale.ROOT);
+        Column(Tensor values, int n) {
+            dtype = values.dtype().torchName();
             DataType element;
             switch (dtype) {
                 case "float32":
@@ -89,10 +88,10 @@ public final class NpzToParquet {
                 default:
                     throw new IllegalArgumentException("unsupported dtype " + dtype);
             }
-            array = values.getShape().dimension() > 1;
+            array = values.dim() > 1;
             type = array ? DataTypes.createArrayType(element, false) : element;
-            perRow = n == 0 ? 0 : (int) (values.getShape().size() / n);
-            bytes = ByteBuffer.wrap(values.toByteArray()).order(ByteOrder.LITTLE_ENDIAN);
+            perRow = n == 0 ? 0 : (int) (values.numel() / n);
+            bytes = ByteBuffer.wrap(values.toBytes()).order(ByteOrder.LITTLE_ENDIAN);
         }
 
         Object value(int row) {

@@ -1,8 +1,8 @@
 package dev.gradbridge.spark;
 
 import java.io.Serializable;
+import dev.gradbridge.Digests;
 import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 
 /**
  * One partition's rows of the training data, as raw little-endian bytes in the dtypes of the
@@ -45,13 +45,9 @@ public final class Shard implements Serializable {
 
     /** @return SHA-256 of this shard's x bytes then y bytes */
     byte[] digest() {
-        try {
-            MessageDigest sha = MessageDigest.getInstance("SHA-256");
-            sha.update(x);
-            sha.update(y);
-            return sha.digest();
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
-        }
+        MessageDigest sha = Digests.sha256();
+        sha.update(x);
+        sha.update(y);
+        return sha.digest();
     }
 }

@@ -1,14 +1,13 @@
 package dev.gradbridge.spark;
 
-import ai.djl.ndarray.NDManager;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Path;
 import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Iterator;
@@ -109,19 +108,11 @@ public final class ShardedData {
                 shards.map(s -> new Tuple2<>(s.partition, s.digest())).collect();
         List<Tuple2<Integer, byte[]>> ordered = new ArrayList<>(digests);
         ordered.sort((a, b) -> Integer.compare(a._1, b._1));
-        try {
-            MessageDigest sha = MessageDigest.getInstance("SHA-256");
-            for (Tuple2<Integer, byte[]> d : ordered) {
-                sha.update(d._2);
-            }
-            StringBuilder hex = new StringBuilder();
-            for (byte b : sha.digest()) {
-                hex.append(String.format("%02x", b));
-            }
-            return hex.toString();
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
+        MessageDigest sha = Digests.sha256();
+        for (Tuple2<Integer, byte[]> d : ordered) {
+            sha.update(d._2);
         }
+        return Digests.hex(sha.digest());
     }
 
     static int bytesOf(String dtype) {
@@ -163,13 +154,12 @@ public final class ShardedData {
      * into {@code partitions} cached shards.
      */
     public static ShardedData fromNpz(JavaSparkContext jsc, Path npz, int partitions, Metadata metadata) {
-        try (NDManager manager = NDManager.newBaseManager(null, "PyTorch");
-                Dataset data = Dataset.loadNpz(npz, manager)) {
+        try (Dataset data = Dataset.loadNpz(npz)) {
             data.check(metadata);
             long n = data.size();
             checkPartitions(npz.toString(), n, partitions);
-            byte[] x = data.getX().toByteArray();
-            byte[] y = data.getY().toByteArray();
+            byte[] x = data.getX().toBytes();
+            byte[] y = data.getY().toBytes();
             int xRow = (int) (x.length / n);
             int yRow = (int) (y.length / n);
             List<Tuple2<Integer, Shard>> shards = new ArrayList<>();

@@ -1,9 +1,5 @@
 package dev.gradbridge.spark;
 
-import ai.djl.ndarray.NDArray;
-import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
-import ai.djl.ndarray.types.Shape;
 import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
@@ -12,6 +8,10 @@ import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
+import dev.gradbridge.DType;
+import dev.gradbridge.Digests;
+import dev.gradbridge.Tensor;
+import dev.gradbridge.TensorScope;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -19,8 +19,6 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -295,7 +293,7 @@ public final class SparkTrainer {
         long[] sizes = new long[specs.size()];
         for (int i = 0; i < specs.size(); i++) {
             dtypes.add(specs.get(i).getDtype());
-            sizes[i] = new Shape(specs.get(i).getShape()).size();
+            sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
         }
         byte[] moduleBytes = Files.readAllBytes(from);
         String key = sha256(moduleBytes);
@@ -370,8 +368,8 @@ public final class SparkTrainer {
         List<byte[]> parameters = new ArrayList<>();
         long parameterBytes = 0;
         for (Object value : (List<?>) module.call(Protocol.GET_PARAMETERS)) {
-            try (NDArray array = (NDArray) value) {
-                byte[] bytes = array.toByteArray();
+            try (Tensor array = (Tensor) value) {
+                byte[] bytes = array.toBytes();
                 parameters.add(bytes);
                 parameterBytes += bytes.length;
             }
@@ -395,13 +393,13 @@ public final class SparkTrainer {
         }
         GradientCombiner.Combined combined = GradientCombiner.combine(results, dtypes, sizes);
         Metadata metadata = module.getMetadata();
-        try (NDManager scope = module.getManager().newSubManager()) {
-            List<NDArray> gradients = new ArrayList<>();
+        try (TensorScope scope = new TensorScope()) {
+            List<Tensor> gradients = new ArrayList<>();
             for (int i = 0; i < combined.gradients.length; i++) {
                 Metadata.TensorSpec spec = metadata.getParameters().get(i);
-                gradients.add(create(scope, combined.gradients[i], new Shape(spec.getShape()), spec.getDtype()));
+                gradients.add(create(scope, combined.gradients[i], spec.getShape(), spec.getDtype()));
             }
-            NDArray flags = scope.create(combined.flags);
+            Tensor flags = scope.add(Tensor.of(combined.flags, combined.flags.length));
             module.call(Protocol.SET_GRADIENTS, gradients, flags);
             module.call(Protocol.OPTIMIZER_STEP);
         }
@@ -427,11 +425,11 @@ public final class SparkTrainer {
         return combined.loss;
     }
 
-    static NDArray create(NDManager manager, byte[] bytes, Shape shape, String dtype) {
+    static Tensor create(TensorScope scope, byte[] bytes, long[] shape, String dtype) {
         ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
         buffer.put(bytes);
         buffer.rewind();
-        return manager.create(buffer, shape, DataType.valueOf(dtype.toUpperCase(Locale.ROOT)));
+        return scope.add(Tensor.fromBuffer(buffer, DType.of(dtype), shape));
     }
 
     /** One partition's part of one step; runs on an executor. */
@@ -491,11 +489,11 @@ public final class SparkTrainer {
                 byte[][] gradients = new byte[parameters.size()][];
                 boolean[] flags;
                 double loss;
-                try (NDManager scope = module.getManager().newSubManager()) {
-                    List<NDArray> values = new ArrayList<>();
+                try (TensorScope scope = new TensorScope()) {
+                    List<Tensor> values = new ArrayList<>();
                     for (int p = 0; p < parameters.size(); p++) {
                         Metadata.TensorSpec spec = metadata.getParameters().get(p);
-                        values.add(create(scope, parameters.get(p), new Shape(spec.getShape()), spec.getDtype()));
+                        values.add(create(scope, parameters.get(p), spec.getShape(), spec.getDtype()));
                     }
                     module.call(Protocol.SET_PARAMETERS, values);
                     module.zeroGrad();
@@ -506,11 +504,11 @@ public final class SparkTrainer {
                             create(scope, y, rowsShape(ys.getShape(), count), ys.getDtype()));
                     List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
                     for (int p = 0; p < grads.size(); p++) {
-                        try (NDArray g = (NDArray) grads.get(p)) {
-                            gradients[p] = g.toByteArray();
+                        try (Tensor g = (Tensor) grads.get(p)) {
+                            gradients[p] = g.toBytes();
                         }
                     }
-                    try (NDArray f = (NDArray) module.call(Protocol.GRADIENT_FLAGS)) {
+                    try (Tensor f = (Tensor) module.call(Protocol.GRADIENT_FLAGS)) {
                         flags = f.toBooleanArray();
                     }
                 }
@@ -540,10 +538,10 @@ public final class SparkTrainer {
             }
         }
 
-        private static Shape rowsShape(long[] spec, int count) {
+        private static long[] rowsShape(long[] spec, int count) {
             long[] shape = spec.clone();
             shape[0] = count;
-            return new Shape(shape);
+            return shape;
         }
     }
 
@@ -572,14 +570,6 @@ public final class SparkTrainer {
     }
 
     static String sha256(byte[] bytes) {
-        try {
-            StringBuilder hex = new StringBuilder();
-            for (byte b : MessageDigest.getInstance("SHA-256").digest(bytes)) {
-                hex.append(String.format("%02x", b));
-            }
-            return hex.toString();
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
-        }
+        return Digests.sha256Hex(bytes);
     }
 }

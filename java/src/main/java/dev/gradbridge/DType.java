@@ -1,0 +1,122 @@
+package dev.gradbridge;
+
+import java.nio.ByteOrder;
+import java.util.Locale;
+
+/**
+ * The element types gradbridge moves between Java, numpy and libtorch: the one definition of
+ * their names (torch's spelling, as {@code gradbridge.json} writes them), sizes, numpy
+ * descriptors and libtorch codes. Values are in the platform's byte order inside tensors and
+ * little-endian in files ({@code .npy}, the feedback log, checkpoints' JSON has no bytes).
+ */
+public enum DType {
+    UINT8("uint8", 1, 0, "|u1"),
+    INT8("int8", 1, 1, "|i1"),
+    INT16("int16", 2, 2, "<i2"),
+    INT32("int32", 4, 3, "<i4"),
+    INT64("int64", 8, 4, "<i8"),
+    FLOAT16("float16", 2, 5, "<f2"),
+    FLOAT32("float32", 4, 6, "<f4"),
+    FLOAT64("float64", 8, 7, "<f8"),
+    BOOL("bool", 1, 11, "|b1"),
+    BFLOAT16("bfloat16", 2, 15, null);
+
+    /** The byte order of values in files: numpy's {@code <} descriptors and the feedback log. */
+    public static final ByteOrder FILE_ORDER = ByteOrder.LITTLE_ENDIAN;
+
+    private static final DType[] BY_CODE = new DType[16];
+
+    static {
+        for (DType type : values()) {
+            BY_CODE[type.code] = type;
+        }
+    }
+
+    private final String torchName;
+    private final int size;
+    private final int code;
+    private final String numpyDescr;
+
+    DType(String torchName, int size, int code, String numpyDescr) {
+        this.torchName = torchName;
+        this.size = size;
+        this.code = code;
+        this.numpyDescr = numpyDescr;
+    }
+
+    /** @return torch's name, e.g. {@code float32} (what {@code gradbridge.json} and HostTensor use) */
+    public String torchName() {
+        return torchName;
+    }
+
+    /** @return bytes per element */
+    public int size() {
+        return size;
+    }
+
+    /** @return whether values are floating point (NaN and infinities possible) */
+    public boolean isFloating() {
+        return this == FLOAT16 || this == FLOAT32 || this == FLOAT64 || this == BFLOAT16;
+    }
+
+    /** @return numpy's little-endian descriptor, e.g. {@code <f4}; null where numpy has none */
+    public String numpyDescr() {
+        return numpyDescr;
+    }
+
+    /** libtorch's {@code c10::ScalarType} code (fixed across libtorch versions). */
+    int code() {
+        return code;
+    }
+
+    /**
+     * The type of a torch name.
+     *
+     * @param name e.g. {@code float32}
+     * @return the type
+     * @throws InvalidInputException for a name that is none of these
+     */
+    public static DType of(String name) {
+        for (DType type : values()) {
+            if (type.torchName.equals(name)) {
+                return type;
+            }
+        }
+        throw new InvalidInputException("dtype " + name + " is not supported; expected one of " + names());
+    }
+
+    /**
+     * The type of a numpy descriptor in the platform's or little-endian byte order ({@code <f4},
+     * {@code =f4}, {@code |b1}, {@code f4}).
+     *
+     * @param descr numpy's descriptor
+     * @return the type, or null when gradbridge has none for it
+     */
+    public static DType ofNumpy(String descr) {
+        String bare = descr.replaceFirst("^[<=|]", "");
+        for (DType type : values()) {
+            if (type.numpyDescr != null && type.numpyDescr.substring(1).equals(bare)) {
+                return type;
+            }
+        }
+        return null;
+    }
+
+    /** The type of a libtorch code; null for types gradbridge does not move (complex, quantized). */
+    static DType ofCode(int code) {
+        return code >= 0 && code < BY_CODE.length ? BY_CODE[code] : null;
+    }
+
+    private static String names() {
+        StringBuilder out = new StringBuilder();
+        for (DType type : values()) {
+            out.append(out.length() == 0 ? "" : ", ").append(type.torchName);
+        }
+        return out.toString();
+    }
+
+    @Override
+    public String toString() {
+        return torchName.toLowerCase(Locale.ROOT);
+    }
+}

@@ -1,0 +1,42 @@
+package dev.gradbridge;
+
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+
+/** SHA-256 and lower-case hex: the one digest helper of gradbridge's Java side (data, parameters, modules). */
+public final class Digests {
+
+    private static final char[] HEX = "0123456789abcdef".toCharArray();
+
+    private Digests() {}
+
+    /** @return a new SHA-256 digest (every JVM has one) */
+    public static MessageDigest sha256() {
+        try {
+            return MessageDigest.getInstance("SHA-256");
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 is missing from this JVM", e);
+        }
+    }
+
+    /**
+     * @param bytes the bytes
+     * @return SHA-256 of the bytes as lower-case hex
+     */
+    public static String sha256Hex(byte[] bytes) {
+        return hex(sha256().digest(bytes));
+    }
+
+    /**
+     * @param bytes e.g. a digest
+     * @return lower-case hex, two characters per byte
+     */
+    public static String hex(byte[] bytes) {
+        char[] out = new char[bytes.length * 2];
+        for (int i = 0; i < bytes.length; i++) {
+            out[2 * i] = HEX[(bytes[i] >> 4) & 0xf];
+            out[2 * i + 1] = HEX[bytes[i] & 0xf];
+        }
+        return new String(out);
+    }
+}

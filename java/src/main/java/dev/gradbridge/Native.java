@@ -1,0 +1,127 @@
+package dev.gradbridge;
+
+import java.nio.ByteBuffer;
+
+/**
+ * The JNI entry points of gradbridge's native library ({@code native/gradbridge_jni.cpp}), over
+ * libtorch's C++ API. {@code javac -h} generates the C++ signatures from this file (see
+ * {@code python/gradbridge/native.py}), so the two cannot drift; it therefore uses only
+ * {@code java.*} types. Callers load the library first ({@link NativeLibrary#load}).
+ *
+ * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one
+ * {@code torch::jit::Module}; each is freed exactly once by its Java owner ({@link Tensor},
+ * {@link TorchScriptModule}). Every entry point turns a libtorch error into a {@link
+ * NativeException} carrying libtorch's message without its C++ backtrace.
+ */
+final class Native {
+
+    private Native() {}
+
+    // ---- the library ----
+
+    /** @return the libtorch version the library was compiled against, e.g. {@code 2.7.1} */
+    static native String torchVersion();
+
+    /** @return 1 when compiled with the C++11 ABI ({@code _GLIBCXX_USE_CXX11_ABI=1}), else 0 */
+    static native int cxx11Abi();
+
+    /** Seeds libtorch's default CPU generator ({@code torch::manual_seed}). */
+    static native void manualSeed(long seed);
+
+    /** Sets libtorch's intra-op thread count ({@code at::set_num_threads}). */
+    static native void setNumThreads(int threads);
+
+    /** @return libtorch's intra-op thread count */
+    static native int getNumThreads();
+
+    /** @return libtorch's inter-op thread count */
+    static native int getNumInteropThreads();
+
+    /** Sets libtorch's inter-op thread count; libtorch allows it once, before any inter-op work. */
+    static native void setNumInteropThreads(int threads);
+
+    /** glibc's {@code mallopt(param, value)}; returns its result (1 on success), -1 off glibc. */
+    static native int mallopt(int param, int value);
+
+    /** {@code dlopen(path, RTLD_NOW | RTLD_GLOBAL)} (custom operators register on load); dlerror() on failure. */
+    static native void loadLibrary(String path);
+
+    // ---- tensors ----
+
+    /**
+     * A tensor over a direct buffer's memory without a copy; the buffer stays referenced until
+     * libtorch frees the tensor's storage (TorchScript may keep it).
+     *
+     * @param offset byte offset into the buffer (the caller checked capacity and alignment)
+     */
+    static native long tensorFromBuffer(ByteBuffer buffer, long offset, int scalarType, long[] shape);
+
+    /** A new uninitialized contiguous CPU tensor. */
+    static native long tensorEmpty(int scalarType, long[] shape);
+
+    static native void tensorFree(long tensor);
+
+    /** @return the tensor's {@code c10::ScalarType} code */
+    static native int tensorScalarType(long tensor);
+
+    static native long[] tensorShape(long tensor);
+
+    /**
+     * The tensor's memory as a direct buffer (native byte order), valid while the tensor lives.
+     * Non-contiguous tensors are refused: call {@link #tensorContiguous} first.
+     */
+    static native ByteBuffer tensorBuffer(long tensor);
+
+    /** Whether the tensor is a contiguous CPU tensor ({@link #tensorBuffer} accepts it). */
+    static native boolean tensorIsContiguous(long tensor);
+
+    /** A new handle: the same tensor if contiguous on the CPU, else a contiguous CPU copy. */
+    static native long tensorContiguous(long tensor);
+
+    /** {@code tensor.index_select(0, index)}: a new tensor. */
+    static native long tensorIndexSelect(long tensor, long index);
+
+    /** {@code tensor.narrow(0, start, length)}: a view sharing memory. */
+    static native long tensorNarrow(long tensor, long start, long length);
+
+    /** {@code tensor.clone()}: a new tensor with memory of its own. */
+    static native long tensorClone(long tensor);
+
+    /** {@code tensor.to(scalarType)}: a new tensor (the same when the type already matches). */
+    static native long tensorTo(long tensor, int scalarType);
+
+    // ---- TorchScript modules ----
+
+    /** {@code torch::jit::load(path)}; the module is put in training mode. */
+    static native long moduleLoad(String path);
+
+    static native void moduleFree(long module);
+
+    /** @return the module's method names */
+    static native String[] moduleMethods(long module);
+
+    /** {@code module.train(on)}: training or eval mode, recursively. */
+    static native void moduleTrain(long module, boolean on);
+
+    /**
+     * {@code module.save(stream, {extraName: extraContent})} into memory: Java writes the bytes, so
+     * a full disk is an {@code IOException} naming the file. No extra file when extraName is null.
+     */
+    static native byte[] moduleSave(long module, String extraName, byte[] extraContent);
+
+    /**
+     * Runs a method with autograd on and the optimizing graph executor off (both thread-local,
+     * set for the call). Arguments and results convert as {@link TrainingModule#call} says:
+     * tensors are {@link Tensor}s, results new ones that the caller owns.
+     */
+    static native Object moduleRun(long module, String method, Object[] args);
+
+    /**
+     * The training hot path: {@code method(tensors..., [integer])} whose result is a tensor,
+     * returned as exact doubles (float32 widens; other dtypes convert in libtorch).
+     *
+     * @param withInteger whether {@code integer} is passed after the tensors
+     */
+    static native double[] moduleRunToDoubles(
+            long module, String method, long[] tensors, boolean withInteger, long integer);
+}

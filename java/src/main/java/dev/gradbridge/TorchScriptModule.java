@@ -1,0 +1,147 @@
+package dev.gradbridge;
+
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * A TorchScript module in libtorch, through gradbridge's native layer ({@link Native}): the
+ * one implementation of the engine boundary today.
+ */
+final class TorchScriptModule extends ScriptedModule {
+
+    static {
+        NativeLibrary.load();
+    }
+
+    private final Path path;
+    private final AtomicLong handle;
+    private final Set<String> methodNames;
+
+    private TorchScriptModule(Path path, long handle) {
+        this.path = path;
+        this.handle = new AtomicLong(handle);
+        this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(Arrays.asList(Native.moduleMethods(handle))));
+    }
+
+    static TorchScriptModule load(Path file) {
+        long handle = Native.moduleLoad(file.toString());
+        try {
+            return new TorchScriptModule(file, handle);
+        } catch (RuntimeException e) {
+            Native.moduleFree(handle);
+            throw e;
+        }
+    }
+
+    private long handle() {
+        long value = handle.get();
+        if (value == 0) {
+            throw new IllegalStateException(path + " is closed");
+        }
+        return value;
+    }
+
+    @Override
+    Set<String> methodNames() {
+        return methodNames;
+    }
+
+    @Override
+    void setTraining(boolean training) {
+        Native.moduleTrain(handle(), training);
+    }
+
+    @Override
+    byte[] save(String metadataName, String metadataJson) {
+        return Native.moduleSave(handle(), metadataName, metadataJson.getBytes(StandardCharsets.UTF_8));
+    }
+
+    @Override
+    Object invoke(String method, Object... args) {
+        requireMethod(method);
+        for (int i = 0; i < args.length; i++) {
+            checkArgument(method, i, args[i]);
+        }
+        try {
+            return Native.moduleRun(handle(), method, args);
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    @Override
+    double[] invokeToDoubles(String method, Tensor x, Tensor y, Tensor perm, long batch) {
+        requireMethod(method);
+        long[] tensors = perm == null ? new long[] {x.handle(), y.handle()} : new long[] {x.handle(), y.handle(), perm.handle()};
+        try {
+            return Native.moduleRunToDoubles(handle(), method, tensors, perm != null, batch);
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    private void requireMethod(String method) {
+        if (!methodNames.contains(method)) {
+            Set<String> publicMethods = new TreeSet<>();
+            for (String name : methodNames) {
+                if (!name.startsWith("_")) {
+                    publicMethods.add(name);
+                }
+            }
+            throw new ProtocolException(path + " has no method '" + method + "'; its methods: " + publicMethods);
+        }
+    }
+
+    /** The types the native conversion takes, refused here with a message naming the argument. */
+    private static void checkArgument(String method, int index, Object arg) {
+        if (arg == null || arg instanceof Tensor || arg instanceof Double || arg instanceof Float
+                || arg instanceof Long || arg instanceof Integer || arg instanceof Boolean || arg instanceof String) {
+            if (arg instanceof Tensor && ((Tensor) arg).isClosed()) {
+                throw new InvalidInputException(method + "(): argument " + index + " is a closed Tensor");
+            }
+            return;
+        }
+        if (arg instanceof List) {
+            for (Object item : (List<?>) arg) {
+                if (item instanceof List || item instanceof Map || item == null) {
+                    throw unsupported(method, index, arg);
+                }
+                checkArgument(method, index, item);
+            }
+            return;
+        }
+        if (arg instanceof Map) {
+            for (Map.Entry<?, ?> entry : ((Map<?, ?>) arg).entrySet()) {
+                if (!(entry.getKey() instanceof String) || !(entry.getValue() instanceof List)) {
+                    throw unsupported(method, index, arg);
+                }
+                checkArgument(method, index, entry.getValue());
+            }
+            return;
+        }
+        throw unsupported(method, index, arg);
+    }
+
+    private static InvalidInputException unsupported(String method, int index, Object arg) {
+        return new InvalidInputException(
+                method + "(): argument " + index + " has unsupported type " + arg.getClass().getName()
+                        + "; expected a Tensor, number, boolean, string, list of these or a String-keyed map of"
+                        + " tensor lists");
+    }
+
+    @Override
+    public void close() {
+        long value = handle.getAndSet(0);
+        if (value != 0) {
+            Native.moduleFree(value);
+        }
+    }
+}

@@ -1,0 +1,639 @@
+// gradbridge's native layer: TorchScript modules and tensors over libtorch's C++ API, for Java
+// through JNI. The signatures come from `javac -h` on dev/gradbridge/Native.java (the generated
+// header is included below), so Java and C++ cannot drift. Built per libtorch build by
+// python/gradbridge/native.py; nothing here depends on a particular libtorch minor version.
+//
+// Rules every entry point follows:
+// - one guard (`guarded`) turns c10::Error, std::exception and anything else into a Java
+//   dev.gradbridge.NativeException carrying what_without_backtrace(); nothing escapes to the JVM;
+// - handles are `new`ed objects passed as jlong; Java frees each once;
+// - grad mode and the graph executor's optimization are thread-local in libtorch: every method
+//   call sets them with RAII guards for its own duration (autograd on, optimizer off) and gives
+//   the calling thread back as it was (in-process, that thread may be Python's).
+
+#include <dlfcn.h>
+#include <jni.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+#include <torch/version.h>
+
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dev_gradbridge_Native.h"
+
+namespace {
+
+JavaVM* g_vm = nullptr;
+
+// Classes and methods cached once in JNI_OnLoad (global references).
+struct JavaTypes {
+  jclass native_exception, illegal_argument;
+  jclass tensor;
+  jmethodID tensor_new, tensor_handle;
+  jclass boxed_double, boxed_long, boxed_integer, boxed_float, boxed_boolean, string;
+  jmethodID double_new, double_value, long_new, long_value, integer_value, float_value;
+  jmethodID boolean_new, boolean_value;
+  jclass list, array_list, map, map_entry, linked_hash_map, set;
+  jmethodID list_to_array, array_list_new, array_list_add;
+  jmethodID map_entry_set, set_to_array, entry_key, entry_value, linked_hash_map_new, map_put;
+} T;
+
+jclass global_class(JNIEnv* env, const char* name) {
+  jclass local = env->FindClass(name);
+  if (local == nullptr) return nullptr;
+  auto global = static_cast<jclass>(env->NewGlobalRef(local));
+  env->DeleteLocalRef(local);
+  return global;
+}
+
+// A Java exception is pending: C++ unwinds to the guard, which leaves it pending.
+struct JavaPending {};
+
+void check_java(JNIEnv* env) {
+  if (env->ExceptionCheck()) throw JavaPending{};
+}
+
+void throw_java(JNIEnv* env, const std::string& message) {
+  if (!env->ExceptionCheck()) env->ThrowNew(T.native_exception, message.c_str());
+}
+
+// The one guard around every entry point's body.
+template <typename R, typename F>
+R guarded(JNIEnv* env, R failed, F&& body) {
+  try {
+    return body();
+  } catch (const JavaPending&) {
+  } catch (const c10::Error& e) {
+    throw_java(env, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw_java(env, e.what());
+  } catch (...) {
+    throw_java(env, "unknown C++ exception in libtorch");
+  }
+  return failed;
+}
+
+// RAII holder for a jstring's UTF-8 characters.
+struct Utf8 {
+  JNIEnv* env;
+  jstring string;
+  const char* chars;
+  Utf8(JNIEnv* e, jstring s) : env(e), string(s), chars(nullptr) {
+    if (s == nullptr) throw std::invalid_argument("a string argument is null");
+    chars = env->GetStringUTFChars(s, nullptr);
+    if (chars == nullptr) throw JavaPending{};
+  }
+  ~Utf8() {
+    if (chars != nullptr) env->ReleaseStringUTFChars(string, chars);
+  }
+  std::string str() const { return std::string(chars); }
+};
+
+// A local reference deleted at scope exit (loops over many results must not pile them up).
+struct Local {
+  JNIEnv* env;
+  jobject ref;
+  Local(JNIEnv* e, jobject r) : env(e), ref(r) {}
+  ~Local() {
+    if (ref != nullptr) env->DeleteLocalRef(ref);
+  }
+  Local(const Local&) = delete;
+  Local& operator=(const Local&) = delete;
+};
+
+at::Tensor& tensor_of(jlong handle) {
+  if (handle == 0) throw std::invalid_argument("the tensor is closed");
+  return *reinterpret_cast<at::Tensor*>(handle);
+}
+
+torch::jit::Module& module_of(jlong handle) {
+  if (handle == 0) throw std::invalid_argument("the module is closed");
+  return *reinterpret_cast<torch::jit::Module*>(handle);
+}
+
+jlong new_handle(at::Tensor tensor) { return reinterpret_cast<jlong>(new at::Tensor(std::move(tensor))); }
+
+std::vector<int64_t> shape_of(JNIEnv* env, jlongArray shape) {
+  if (shape == nullptr) throw std::invalid_argument("the shape is null");
+  jsize n = env->GetArrayLength(shape);
+  std::vector<int64_t> dims(n);
+  env->GetLongArrayRegion(shape, 0, n, reinterpret_cast<jlong*>(dims.data()));
+  check_java(env);
+  for (int64_t d : dims) {
+    if (d < 0) throw std::invalid_argument("a tensor dimension is negative");
+  }
+  return dims;
+}
+
+c10::ScalarType scalar_type(jint code) {
+  if (code < 0 || code >= static_cast<jint>(c10::ScalarType::NumOptions)) {
+    throw std::invalid_argument("unknown scalar type code " + std::to_string(code));
+  }
+  return static_cast<c10::ScalarType>(code);
+}
+
+// ---- IValue conversion (what TrainingModule.call documents) ----
+
+c10::IValue to_ivalue(JNIEnv* env, jobject value);
+
+c10::IValue list_to_ivalue(JNIEnv* env, jobject list) {
+  Local array(env, env->CallObjectMethod(list, T.list_to_array));
+  check_java(env);
+  auto items = static_cast<jobjectArray>(array.ref);
+  jsize n = env->GetArrayLength(items);
+  std::vector<c10::IValue> values;
+  values.reserve(n);
+  for (jsize i = 0; i < n; i++) {
+    Local item(env, env->GetObjectArrayElement(items, i));
+    values.push_back(to_ivalue(env, item.ref));
+  }
+  // TorchScript lists are typed: an empty list or a list of tensors is List[Tensor].
+  bool tensors = true, doubles = true, ints = true, bools = true, strings = true;
+  for (const auto& v : values) {
+    tensors &= v.isTensor();
+    doubles &= v.isDouble();
+    ints &= v.isInt();
+    bools &= v.isBool();
+    strings &= v.isString();
+  }
+  if (tensors) {
+    c10::List<at::Tensor> out;
+    for (auto& v : values) out.push_back(v.toTensor());
+    return out;
+  }
+  if (doubles) {
+    c10::List<double> out;
+    for (auto& v : values) out.push_back(v.toDouble());
+    return out;
+  }
+  if (ints) {
+    c10::List<int64_t> out;
+    for (auto& v : values) out.push_back(v.toInt());
+    return out;
+  }
+  if (bools) {
+    c10::List<bool> out;
+    for (auto& v : values) out.push_back(v.toBool());
+    return out;
+  }
+  if (strings) {
+    c10::List<std::string> out;
+    for (auto& v : values) out.push_back(v.toStringRef());
+    return out;
+  }
+  throw std::invalid_argument("a list argument mixes element types; expected one of Tensor, Double, Long, "
+                              "Boolean, String");
+}
+
+c10::IValue map_to_ivalue(JNIEnv* env, jobject map) {
+  Local entries(env, env->CallObjectMethod(map, T.map_entry_set));
+  check_java(env);
+  Local array(env, env->CallObjectMethod(entries.ref, T.set_to_array));
+  check_java(env);
+  auto items = static_cast<jobjectArray>(array.ref);
+  jsize n = env->GetArrayLength(items);
+  // optimizer_state's shape: {str: List[Tensor]}.
+  c10::Dict<std::string, c10::List<at::Tensor>> dict;
+  for (jsize i = 0; i < n; i++) {
+    Local entry(env, env->GetObjectArrayElement(items, i));
+    Local key(env, env->CallObjectMethod(entry.ref, T.entry_key));
+    check_java(env);
+    Local value(env, env->CallObjectMethod(entry.ref, T.entry_value));
+    check_java(env);
+    if (key.ref == nullptr || !env->IsInstanceOf(key.ref, T.string)) {
+      throw std::invalid_argument("a map argument has a key that is not a String");
+    }
+    c10::IValue converted = value.ref == nullptr ? c10::IValue() : to_ivalue(env, value.ref);
+    if (!converted.isTensorList()) {
+      throw std::invalid_argument("a map argument's values must be lists of tensors (Dict[str, List[Tensor]])");
+    }
+    dict.insert(Utf8(env, static_cast<jstring>(key.ref)).str(), converted.toTensorList());
+  }
+  return dict;
+}
+
+c10::IValue to_ivalue(JNIEnv* env, jobject value) {
+  if (value == nullptr) return c10::IValue();
+  if (env->IsInstanceOf(value, T.tensor)) {
+    jlong handle = env->CallLongMethod(value, T.tensor_handle);
+    check_java(env);
+    return tensor_of(handle);
+  }
+  if (env->IsInstanceOf(value, T.boxed_double)) return env->CallDoubleMethod(value, T.double_value);
+  if (env->IsInstanceOf(value, T.boxed_float)) return static_cast<double>(env->CallFloatMethod(value, T.float_value));
+  if (env->IsInstanceOf(value, T.boxed_long)) return static_cast<int64_t>(env->CallLongMethod(value, T.long_value));
+  if (env->IsInstanceOf(value, T.boxed_integer)) {
+    return static_cast<int64_t>(env->CallIntMethod(value, T.integer_value));
+  }
+  if (env->IsInstanceOf(value, T.boxed_boolean)) return env->CallBooleanMethod(value, T.boolean_value) == JNI_TRUE;
+  if (env->IsInstanceOf(value, T.string)) return Utf8(env, static_cast<jstring>(value)).str();
+  if (env->IsInstanceOf(value, T.list)) return list_to_ivalue(env, value);
+  if (env->IsInstanceOf(value, T.map)) return map_to_ivalue(env, value);
+  throw std::invalid_argument("unsupported argument type");
+}
+
+jobject tensor_object(JNIEnv* env, at::Tensor tensor) {
+  jlong handle = new_handle(std::move(tensor));
+  jobject object = env->NewObject(T.tensor, T.tensor_new, handle);
+  if (object == nullptr) {
+    delete reinterpret_cast<at::Tensor*>(handle);
+    throw JavaPending{};
+  }
+  return object;
+}
+
+jobject from_ivalue(JNIEnv* env, const c10::IValue& value);
+
+jobject list_object(JNIEnv* env, const std::vector<c10::IValue>& items) {
+  jobject list = env->NewObject(T.array_list, T.array_list_new, static_cast<jint>(items.size()));
+  if (list == nullptr) throw JavaPending{};
+  for (const auto& item : items) {
+    Local converted(env, from_ivalue(env, item));
+    env->CallBooleanMethod(list, T.array_list_add, converted.ref);
+    check_java(env);
+  }
+  return list;
+}
+
+jobject from_ivalue(JNIEnv* env, const c10::IValue& value) {
+  if (value.isNone()) return nullptr;
+  if (value.isTensor()) return tensor_object(env, value.toTensor());
+  if (value.isDouble()) return env->NewObject(T.boxed_double, T.double_new, value.toDouble());
+  if (value.isInt()) return env->NewObject(T.boxed_long, T.long_new, static_cast<jlong>(value.toInt()));
+  if (value.isBool()) return env->NewObject(T.boxed_boolean, T.boolean_new, value.toBool() ? JNI_TRUE : JNI_FALSE);
+  if (value.isString()) return env->NewStringUTF(value.toStringRef().c_str());
+  if (value.isList()) {
+    auto list = value.toListRef();
+    return list_object(env, std::vector<c10::IValue>(list.begin(), list.end()));
+  }
+  if (value.isTuple()) {
+    const auto& elements = value.toTupleRef().elements();
+    return list_object(env, std::vector<c10::IValue>(elements.begin(), elements.end()));
+  }
+  if (value.isGenericDict()) {
+    jobject map = env->NewObject(T.linked_hash_map, T.linked_hash_map_new);
+    if (map == nullptr) throw JavaPending{};
+    for (const auto& entry : value.toGenericDict()) {
+      if (!entry.key().isString()) throw std::invalid_argument("a dict result has a key that is not a str");
+      Local key(env, env->NewStringUTF(entry.key().toStringRef().c_str()));
+      Local converted(env, from_ivalue(env, entry.value()));
+      Local previous(env, env->CallObjectMethod(map, T.map_put, key.ref, converted.ref));
+      check_java(env);
+    }
+    return map;
+  }
+  throw std::invalid_argument("unsupported result type " + value.tagKind());
+}
+
+// Grad mode on and the optimizing graph executor off, for one call on this thread.
+struct TrainingCall {
+  c10::AutoGradMode grad{true};
+  torch::jit::GraphOptimizerEnabledGuard optimizer{false};
+};
+
+torch::jit::Method method_of(torch::jit::Module& module, JNIEnv* env, jstring name) {
+  Utf8 method(env, name);
+  auto found = module.find_method(method.chars);
+  if (!found) throw std::invalid_argument(std::string("the module has no method '") + method.chars + "'");
+  return *found;
+}
+
+}  // namespace
+
+extern "C" {
+
+JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM* vm, void*) {
+  g_vm = vm;
+  JNIEnv* env = nullptr;
+  if (vm->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_8) != JNI_OK) return JNI_ERR;
+  T.native_exception = global_class(env, "dev/gradbridge/NativeException");
+  T.illegal_argument = global_class(env, "java/lang/IllegalArgumentException");
+  T.tensor = global_class(env, "dev/gradbridge/Tensor");
+  T.boxed_double = global_class(env, "java/lang/Double");
+  T.boxed_float = global_class(env, "java/lang/Float");
+  T.boxed_long = global_class(env, "java/lang/Long");
+  T.boxed_integer = global_class(env, "java/lang/Integer");
+  T.boxed_boolean = global_class(env, "java/lang/Boolean");
+  T.string = global_class(env, "java/lang/String");
+  T.list = global_class(env, "java/util/List");
+  T.array_list = global_class(env, "java/util/ArrayList");
+  T.map = global_class(env, "java/util/Map");
+  T.map_entry = global_class(env, "java/util/Map$Entry");
+  T.linked_hash_map = global_class(env, "java/util/LinkedHashMap");
+  T.set = global_class(env, "java/util/Set");
+  if (env->ExceptionCheck()) return JNI_ERR;
+  T.tensor_new = env->GetMethodID(T.tensor, "<init>", "(J)V");
+  T.tensor_handle = env->GetMethodID(T.tensor, "handle", "()J");
+  T.double_new = env->GetMethodID(T.boxed_double, "<init>", "(D)V");
+  T.double_value = env->GetMethodID(T.boxed_double, "doubleValue", "()D");
+  T.float_value = env->GetMethodID(T.boxed_float, "floatValue", "()F");
+  T.long_new = env->GetMethodID(T.boxed_long, "<init>", "(J)V");
+  T.long_value = env->GetMethodID(T.boxed_long, "longValue", "()J");
+  T.integer_value = env->GetMethodID(T.boxed_integer, "intValue", "()I");
+  T.boolean_new = env->GetMethodID(T.boxed_boolean, "<init>", "(Z)V");
+  T.boolean_value = env->GetMethodID(T.boxed_boolean, "booleanValue", "()Z");
+  T.list_to_array = env->GetMethodID(T.list, "toArray", "()[Ljava/lang/Object;");
+  T.array_list_new = env->GetMethodID(T.array_list, "<init>", "(I)V");
+  T.array_list_add = env->GetMethodID(T.array_list, "add", "(Ljava/lang/Object;)Z");
+  T.map_entry_set = env->GetMethodID(T.map, "entrySet", "()Ljava/util/Set;");
+  T.set_to_array = env->GetMethodID(T.set, "toArray", "()[Ljava/lang/Object;");
+  T.entry_key = env->GetMethodID(T.map_entry, "getKey", "()Ljava/lang/Object;");
+  T.entry_value = env->GetMethodID(T.map_entry, "getValue", "()Ljava/lang/Object;");
+  T.linked_hash_map_new = env->GetMethodID(T.linked_hash_map, "<init>", "()V");
+  T.map_put = env->GetMethodID(T.map, "put", "(Ljava/lang/Object;Ljava/lang/Object;)Ljava/lang/Object;");
+  if (env->ExceptionCheck()) return JNI_ERR;
+  return JNI_VERSION_1_8;
+}
+
+// ---- the library ----
+
+JNIEXPORT jstring JNICALL Java_dev_gradbridge_Native_torchVersion(JNIEnv* env, jclass) {
+  return env->NewStringUTF(TORCH_VERSION);
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_cxx11Abi(JNIEnv*, jclass) { return _GLIBCXX_USE_CXX11_ABI; }
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_manualSeed(JNIEnv* env, jclass, jlong seed) {
+  guarded(env, 0, [&] {
+    torch::manual_seed(static_cast<uint64_t>(seed));
+    return 0;
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_setNumThreads(JNIEnv* env, jclass, jint threads) {
+  guarded(env, 0, [&] {
+    at::set_num_threads(threads);
+    return 0;
+  });
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_getNumThreads(JNIEnv* env, jclass) {
+  return guarded(env, 0, [&] { return static_cast<jint>(at::get_num_threads()); });
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_getNumInteropThreads(JNIEnv* env, jclass) {
+  return guarded(env, 0, [&] { return static_cast<jint>(at::get_num_interop_threads()); });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_setNumInteropThreads(JNIEnv* env, jclass, jint threads) {
+  guarded(env, 0, [&] {
+    at::set_num_interop_threads(threads);
+    return 0;
+  });
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_mallopt(JNIEnv*, jclass, jint param, jint value) {
+#if defined(__GLIBC__)
+  return mallopt(param, value);
+#else
+  return -1;
+#endif
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_loadLibrary(JNIEnv* env, jclass, jstring path) {
+  guarded(env, 0, [&] {
+    Utf8 file(env, path);
+    if (dlopen(file.chars, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char* error = dlerror();
+      throw std::runtime_error(error != nullptr ? error : "dlopen failed");
+    }
+    return 0;
+  });
+}
+
+// ---- tensors ----
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorFromBuffer(
+    JNIEnv* env, jclass, jobject buffer, jlong offset, jint type, jlongArray shape) {
+  return guarded(env, jlong{0}, [&] {
+    auto* base = static_cast<char*>(env->GetDirectBufferAddress(buffer));
+    if (base == nullptr) throw std::invalid_argument("the buffer is not a direct buffer");
+    auto dims = shape_of(env, shape);
+    // The storage's deleter drops the global reference that keeps the Java buffer alive:
+    // TorchScript may keep the tensor longer than its Java owner.
+    jobject keep = env->NewGlobalRef(buffer);
+    if (keep == nullptr) throw JavaPending{};
+    auto release = [keep](void*) {
+      JNIEnv* e = nullptr;
+      if (g_vm->GetEnv(reinterpret_cast<void**>(&e), JNI_VERSION_1_8) == JNI_OK) {
+        e->DeleteGlobalRef(keep);
+      } else if (g_vm->AttachCurrentThreadAsDaemon(reinterpret_cast<void**>(&e), nullptr) == JNI_OK) {
+        e->DeleteGlobalRef(keep);
+        g_vm->DetachCurrentThread();
+      }
+    };
+    try {
+      return new_handle(torch::from_blob(base + offset, dims, release, at::TensorOptions().dtype(scalar_type(type))));
+    } catch (...) {
+      env->DeleteGlobalRef(keep);
+      throw;
+    }
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorEmpty(JNIEnv* env, jclass, jint type, jlongArray shape) {
+  return guarded(env, jlong{0}, [&] {
+    return new_handle(at::empty(shape_of(env, shape), at::TensorOptions().dtype(scalar_type(type))));
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_tensorFree(JNIEnv* env, jclass, jlong tensor) {
+  guarded(env, 0, [&] {
+    delete reinterpret_cast<at::Tensor*>(tensor);
+    return 0;
+  });
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_tensorScalarType(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, jint{-1}, [&] { return static_cast<jint>(tensor_of(tensor).scalar_type()); });
+}
+
+JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_tensorShape(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, static_cast<jlongArray>(nullptr), [&] {
+    auto sizes = tensor_of(tensor).sizes();
+    jlongArray out = env->NewLongArray(static_cast<jsize>(sizes.size()));
+    if (out == nullptr) throw JavaPending{};
+    env->SetLongArrayRegion(out, 0, static_cast<jsize>(sizes.size()), reinterpret_cast<const jlong*>(sizes.data()));
+    return out;
+  });
+}
+
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_tensorIsContiguous(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, jboolean{JNI_FALSE}, [&] {
+    const at::Tensor& t = tensor_of(tensor);
+    return static_cast<jboolean>(t.device().is_cpu() && t.is_contiguous() ? JNI_TRUE : JNI_FALSE);
+  });
+}
+
+JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_tensorBuffer(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, static_cast<jobject>(nullptr), [&] {
+    const at::Tensor& t = tensor_of(tensor);
+    if (!t.device().is_cpu() || !t.is_contiguous()) throw std::invalid_argument("the tensor is not contiguous");
+    jobject buffer = env->NewDirectByteBuffer(t.data_ptr(), static_cast<jlong>(t.nbytes()));
+    if (buffer == nullptr) throw JavaPending{};
+    return buffer;
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorContiguous(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, jlong{0}, [&] { return new_handle(tensor_of(tensor).to(at::kCPU).contiguous()); });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorIndexSelect(JNIEnv* env, jclass, jlong tensor, jlong index) {
+  return guarded(env, jlong{0}, [&] {
+    at::NoGradGuard no_grad;
+    return new_handle(tensor_of(tensor).index_select(0, tensor_of(index)));
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorNarrow(
+    JNIEnv* env, jclass, jlong tensor, jlong start, jlong length) {
+  return guarded(env, jlong{0}, [&] { return new_handle(tensor_of(tensor).narrow(0, start, length)); });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorClone(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, jlong{0}, [&] {
+    at::NoGradGuard no_grad;
+    return new_handle(tensor_of(tensor).clone());
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorTo(JNIEnv* env, jclass, jlong tensor, jint type) {
+  return guarded(env, jlong{0}, [&] {
+    at::NoGradGuard no_grad;
+    return new_handle(tensor_of(tensor).to(scalar_type(type)));
+  });
+}
+
+// ---- TorchScript modules ----
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleLoad(JNIEnv* env, jclass, jstring path) {
+  return guarded(env, jlong{0}, [&] {
+    Utf8 file(env, path);
+    auto module = std::make_unique<torch::jit::Module>(torch::jit::load(file.str()));
+    module->train(true);
+    return reinterpret_cast<jlong>(module.release());
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleFree(JNIEnv* env, jclass, jlong module) {
+  guarded(env, 0, [&] {
+    delete reinterpret_cast<torch::jit::Module*>(module);
+    return 0;
+  });
+}
+
+JNIEXPORT jobjectArray JNICALL Java_dev_gradbridge_Native_moduleMethods(JNIEnv* env, jclass, jlong module) {
+  return guarded(env, static_cast<jobjectArray>(nullptr), [&] {
+    std::vector<std::string> names;
+    for (const auto& method : module_of(module).get_methods()) names.push_back(method.name());
+    jobjectArray out = env->NewObjectArray(static_cast<jsize>(names.size()), T.string, nullptr);
+    if (out == nullptr) throw JavaPending{};
+    for (size_t i = 0; i < names.size(); i++) {
+      Local name(env, env->NewStringUTF(names[i].c_str()));
+      env->SetObjectArrayElement(out, static_cast<jsize>(i), name.ref);
+    }
+    return out;
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleTrain(JNIEnv* env, jclass, jlong module, jboolean on) {
+  guarded(env, 0, [&] {
+    module_of(module).train(on == JNI_TRUE);
+    return 0;
+  });
+}
+
+JNIEXPORT jbyteArray JNICALL Java_dev_gradbridge_Native_moduleSave(
+    JNIEnv* env, jclass, jlong module, jstring extra_name, jbyteArray extra_content) {
+  return guarded(env, static_cast<jbyteArray>(nullptr), [&] {
+    torch::jit::ExtraFilesMap extra;
+    if (extra_name != nullptr) {
+      // Bytes, not a jstring: JNI's "modified UTF-8" is not UTF-8 for every character.
+      std::string content(static_cast<size_t>(env->GetArrayLength(extra_content)), '\0');
+      env->GetByteArrayRegion(extra_content, 0, static_cast<jsize>(content.size()),
+                              reinterpret_cast<jbyte*>(content.data()));
+      check_java(env);
+      extra[Utf8(env, extra_name).str()] = content;
+    }
+    std::ostringstream out;
+    module_of(module).save(out, extra);
+    const std::string bytes = out.str();
+    if (bytes.size() > static_cast<size_t>(INT32_MAX)) throw std::length_error("the module is over 2 GiB");
+    jbyteArray array = env->NewByteArray(static_cast<jsize>(bytes.size()));
+    if (array == nullptr) throw JavaPending{};
+    env->SetByteArrayRegion(array, 0, static_cast<jsize>(bytes.size()), reinterpret_cast<const jbyte*>(bytes.data()));
+    return array;
+  });
+}
+
+JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_moduleRun(
+    JNIEnv* env, jclass, jlong module, jstring name, jobjectArray args) {
+  return guarded(env, static_cast<jobject>(nullptr), [&] {
+    torch::jit::Method method = method_of(module_of(module), env, name);
+    std::vector<c10::IValue> inputs;
+    jsize n = args == nullptr ? 0 : env->GetArrayLength(args);
+    inputs.reserve(n);
+    for (jsize i = 0; i < n; i++) {
+      Local arg(env, env->GetObjectArrayElement(args, i));
+      try {
+        inputs.push_back(to_ivalue(env, arg.ref));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("argument " + std::to_string(i) + ": " + e.what());
+      }
+    }
+    c10::IValue result;
+    {
+      TrainingCall call;
+      result = method(std::move(inputs));
+    }
+    return from_ivalue(env, result);
+  });
+}
+
+JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_moduleRunToDoubles(
+    JNIEnv* env, jclass, jlong module, jstring name, jlongArray tensors, jboolean with_integer, jlong integer) {
+  return guarded(env, static_cast<jdoubleArray>(nullptr), [&] {
+    torch::jit::Method method = method_of(module_of(module), env, name);
+    jsize n = env->GetArrayLength(tensors);
+    jlong handles[8];
+    if (n > 8) throw std::invalid_argument("too many tensor arguments");
+    env->GetLongArrayRegion(tensors, 0, n, handles);
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(n + 1);
+    for (jsize i = 0; i < n; i++) inputs.emplace_back(tensor_of(handles[i]));
+    if (with_integer == JNI_TRUE) inputs.emplace_back(static_cast<int64_t>(integer));
+    at::Tensor values;
+    {
+      TrainingCall call;
+      c10::IValue result = method(std::move(inputs));
+      if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
+      values = result.toTensor();
+    }
+    jsize count = static_cast<jsize>(values.numel());
+    jdoubleArray out = env->NewDoubleArray(count);
+    if (out == nullptr) throw JavaPending{};
+    if (values.device().is_cpu() && values.is_contiguous() && values.scalar_type() == at::kFloat) {
+      // float32 widens to double exactly, here rather than in a libtorch conversion kernel.
+      const float* data = values.const_data_ptr<float>();
+      std::vector<double> widened(data, data + count);
+      env->SetDoubleArrayRegion(out, 0, count, widened.data());
+    } else {
+      at::NoGradGuard no_grad;
+      at::Tensor wide = values.to(at::kCPU, at::kDouble).contiguous();
+      env->SetDoubleArrayRegion(out, 0, count, wide.const_data_ptr<double>());
+    }
+    return out;
+  });
+}
+
+}  // extern "C"
