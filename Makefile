@@ -25,8 +25,9 @@ gradle:
 java: setup
 	$(GRADLE) assemble installDist exportSeedModel
 
-# A self-contained wheel: the Python package with the Java library and its runtime jars (not
-# DJL's native libtorch jar: Java in Python uses the libtorch that `import torch` loaded).
+# A self-contained wheel: the Python package with the Java library, its runtime jars and the native
+# library for this venv's torch (not DJL's libtorch jar: Java in Python uses the libtorch that
+# `import torch` loaded).
 # setuptools stages under build/lib; clear it so no stale module reaches the wheel.
 dist: setup
 	$(GRADLE) bundleJars
@@ -46,4 +47,4 @@ test: java
 	$(PY) -m pytest
 
 clean:
-	rm -rf build serve/build spark/build .gradle dist python/gradbridge/jars
+	rm -rf build serve/build spark/build .gradle dist python/gradbridge/jars python/gradbridge/native_lib

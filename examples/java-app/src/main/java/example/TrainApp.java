@@ -1,7 +1,7 @@
 package example;
 
-import ai.djl.ndarray.NDArray;
 import dev.gradbridge.History;
+import dev.gradbridge.Tensor;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -27,13 +27,14 @@ public final class TrainApp {
         Trainer trainer = Trainer.builder().optEpochs(epochs).optBatchSize(16).optSeed(1)
                 .optMode(Trainer.Mode.STEP).build();
         try (TrainingModule module = TrainingModule.load(model);
-                Dataset train = Dataset.loadNpz(data, module.getManager())) {
+                Dataset train = Dataset.loadNpz(data)) {
             History history = trainer.fit(module, train);
             history.save(historyFile);
-            NDArray predictions = module.forward(train.getX());   // DJL types from the api dependency
             History.EpochRecord last = history.getRecords().get(history.getRecords().size() - 1);
-            System.out.printf("trained %d epochs, final loss %.6f, predictions %s%n",
-                    epochs, last.getLoss(), Arrays.toString(predictions.getShape().getShape()));
+            try (Tensor predictions = module.forward(train.getX())) { // gradbridge's own tensor type
+                System.out.printf("trained %d epochs, final loss %.6f, predictions %s%n",
+                        epochs, last.getLoss(), Arrays.toString(predictions.shape()));
+            }
         }
     }
 }
