@@ -1,7 +1,8 @@
 """The in-process JVM: Java's gradbridge library called from Python through JPype.
 
 One JVM per process, started on the classpath that ``gradbridge.classpath`` resolves (the
-checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``), and
+checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``; then
+the user's own jars and class folders), and
 with DJL pointed at the libtorch that ``import torch`` already loaded: one libtorch per process,
 so both languages share one allocator, one thread pool and one random generator.
 """
@@ -30,26 +31,33 @@ _PY_ERRORS = {
 }
 
 
-def start(extra_options: Sequence[str] = ()) -> None:
-    """Start the JVM once for this process; later calls return at once.
+def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.PathLike] = (), *,
+          classpath_source: str = "jvm.start(extra_classpath=...)") -> None:
+    """Start the JVM once for this process; later calls only add ``extra_classpath``.
 
-    Raises JavaBuildMissingError when the Java library is missing, SetupError when the JDK or
-    torch does not fit it, GradbridgeError when the JVM cannot start.
+    The classpath is gradbridge's own jars (``gradbridge.classpath.resolve``), then the user's:
+    entries given to ``jpype.addClassPath`` before this call, ``GRADBRIDGE_USER_CLASSPATH``, then
+    ``extra_classpath`` (jars, class folders, ``dir/*``). Raises JavaBuildMissingError when the
+    Java library is missing, SetupError when the JDK or torch does not fit it or a user entry does
+    not exist, GradbridgeError when the JVM cannot start.
     """
     import jpype
 
     if jpype.isJVMStarted():
+        for entry in classpath.check_entries(extra_classpath, classpath_source):
+            jpype.addClassPath(entry)  # JPype's class loader takes paths after start too
         return
     path = classpath.resolve()
-    libtorch.require(path.versions()["torch"])
+    user = classpath.user_entries(extra_classpath, classpath_source)
+    libtorch.require_for_jvm(path.versions()["torch"], on_this_libtorch=True)
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)
     if version is not None:
         jdk.require(version, libjvm)
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
     try:
-        jpype.startJVM(*libtorch.djl_options(), _QUIET_LOGGING, *extra, jvmpath=libjvm, classpath=path.entries,
-                       convertStrings=False)
+        jpype.startJVM(*libtorch.djl_options(), _QUIET_LOGGING, *extra, jvmpath=libjvm,
+                       classpath=[*path.entries, *user], convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)

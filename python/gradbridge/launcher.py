@@ -26,7 +26,7 @@ ERROR_PREFIX = "error: "
 def command(main_class: str, args: Sequence[object] = ()) -> List[str]:
     """The full command line that runs ``main_class`` with ``args`` in a new JVM."""
     path = classpath.resolve()
-    libtorch.require(path.versions()["torch"])
+    libtorch.require_for_jvm(path.versions()["torch"], on_this_libtorch=not path.has_native_libtorch)
     return [jdk.checked_java(), *libtorch.djl_options(use_torch_lib=not path.has_native_libtorch),
             "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
 
