@@ -52,14 +52,15 @@ def run(out: Callable[[str], None] = print) -> int:
         version = libtorch.require_supported()
         return f"{version} (supported: {libtorch.supported()}; libtorch: {libtorch.lib_dir()})"
 
-    if check("torch", torch) is not None:
+    torch_ok = check("torch", torch) is not None
+    if torch_ok:
         from .. import torchscript
 
         check("TorchScript", torchscript.deprecation_status)
 
     def java_on_this_libtorch() -> str:
-        if "torch" not in built:
-            return "unknown (no Java library, above)"
+        if "torch" not in built or not torch_ok:
+            return f"unknown (no {'Java library' if torch_ok else 'supported torch'}, above)"
         libtorch.require_djl_build(built["torch"])
         return f"DJL {built['djl']}'s native library (built for libtorch {built['torch']})"
 
