@@ -2,19 +2,38 @@
 PYTHON3 ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
+# The newest torch of the supported range (python/gradbridge/requirements.txt), for the tests
+# marked every_torch; the default venv holds the oldest, the release DJL's native library runs.
+NEWEST  := .venv-newest
+PY_NEWEST := $(NEWEST)/bin/python
+DJL_TORCH := $(shell sed -n 's/^torchVersion=//p' gradle.properties)
+# The tests that `make test` runs on the newest torch too. In-process Java cases are marked
+# every_torch_java: they join (`every_torch or every_torch_java`) once Java runs on any torch.
+NEWEST_TESTS := every_torch
+# `make test PYTEST_ARGS=--full`: the whole parity matrix, on the oldest and the newest torch.
+PYTEST_ARGS ?=
 GRADLE  := gradle --no-daemon -q
 # apt-get needs root; use sudo when not root.
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup gradle java dist publish demo test clean
+.PHONY: setup newest gradle java dist publish demo test clean
 
 setup: $(VENV)/.installed gradle
 
-# The venv holds torch 2.7.1 (pinned with DJL in gradle.properties), JPype, numpy, pytest.
-$(VENV)/.installed: pyproject.toml python/gradbridge/VERSION
+# The venv holds torch $(DJL_TORCH) (DJL's release, gradle.properties), JPype, numpy, pytest.
+$(VENV)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt gradle.properties
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(DJL_TORCH)'
+	touch $@
+
+# A second venv: the same checkout on the newest torch that the supported range allows (pip picks
+# it; its cache makes a re-creation cheap).
+newest: $(NEWEST)/.installed
+$(NEWEST)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt
+	$(PYTHON3) -m venv $(NEWEST)
+	$(PY_NEWEST) -m pip install --quiet --upgrade pip
+	$(PY_NEWEST) -m pip install --quiet --upgrade -e '.[test]'
 	touch $@
 
 # Debian's gradle (4.4.1) is the Gradle these machines can install.
@@ -42,9 +61,11 @@ demo: java
 	$(PY) -m gradbridge demo --epochs 1000
 
 # Every test: pytest runs the Python tests, the JPype parity tests, `gradle run`, and the JUnit
-# suite through Gradle. pytest exits non-zero (5) when it collects no test, so that fails too.
-test: java
-	$(PY) -m pytest
+# suite through Gradle; then the every_torch tests on the newest torch. pytest exits non-zero (5)
+# when it collects no test, so that fails too.
+test: java newest
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY_NEWEST) -m pytest -m '$(NEWEST_TESTS)' $(PYTEST_ARGS)
 
 clean:
 	rm -rf build serve/build spark/build .gradle dist python/gradbridge/jars python/gradbridge/native_lib

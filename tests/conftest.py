@@ -46,6 +46,15 @@ def pytest_addoption(parser):
                      help="parity matrix: 20 epochs and every case through a subprocess too")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """With --full, the tests marked every_torch_full join every_torch (the newest torch's run)."""
+    if config.getoption("--full"):
+        for item in items:
+            if item.get_closest_marker("every_torch_full"):
+                item.add_marker(pytest.mark.every_torch)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|."""
     import sys

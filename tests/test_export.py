@@ -124,6 +124,8 @@ from gradbridge.models import mlp  # noqa: E402
 from gradbridge.reference import Reference  # noqa: E402
 from tests.models.custom import UNSCRIPTABLE_LINE, Unscriptable  # noqa: E402
 
+pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too
+
 
 def _classification_batch(features=4, classes=3, n=10):
     generator = torch.Generator().manual_seed(5)

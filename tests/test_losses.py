@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from gradbridge.export import losses
 
+pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too
+
 N, C = 12, 5
 
 

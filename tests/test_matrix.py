@@ -46,6 +46,7 @@ def _epochs(request):
     return 20 if request.config.getoption("--full") else 5
 
 
+@pytest.mark.every_torch_java
 @pytest.mark.parametrize("model_name, optimizer, mode", matrix.CASES, ids=["-".join(c) for c in matrix.CASES])
 def test_in_process(jvm, request, exported, model_name, optimizer, mode):
     path = exported(model_name, optimizer)
@@ -69,6 +70,7 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.mark.gradle
+@pytest.mark.every_torch_full
 def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
     model_name, optimizer, mode = subprocess_case
     path = exported(model_name, optimizer)

@@ -18,6 +18,8 @@ from gradbridge.reference import Reference
 from gradbridge.torchscript import plain_graph_executor
 from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZERS
 
+pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too
+
 STEPS = 50
 BATCH = 16
 

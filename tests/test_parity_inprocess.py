@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from gradbridge import java
 from gradbridge import compare_histories, reference
+
+pytestmark = pytest.mark.every_torch_java
 
 EPOCHS = 300
 LR = 0.01

@@ -56,15 +56,14 @@ def wheel():
     return WHEEL
 
 
-@pytest.fixture(scope="session")
-def user_env(wheel, tmp_path_factory):
-    """A fresh venv with the wheel installed by pip; returns (bin folder, environment for commands)."""
-    base = tmp_path_factory.mktemp("user-env")
+def _fresh_env(wheel: Path, base: Path, third_party: Path):
+    """A fresh venv whose third-party packages are those of ``third_party`` (a site-packages), with
+    the wheel installed by pip; returns (bin folder, environment for commands, pip's output)."""
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     deps = base / "third-party"
     deps.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+    for entry in third_party.iterdir():
         if not _NOT_LINKED.search(entry.name):
             (deps / entry.name).symlink_to(entry)
     site = next((venv / "lib").glob("python3*/site-packages"))
@@ -74,7 +73,29 @@ def user_env(wheel, tmp_path_factory):
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     result = _run([venv / "bin" / "python", "-m", "pip", "install", "--no-input", wheel], cwd=base, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    return venv / "bin", env
+    return venv / "bin", env, result.stdout
+
+
+@pytest.fixture(scope="session")
+def user_env(wheel, tmp_path_factory):
+    """A fresh venv (this venv's torch) with the wheel installed by pip; returns (bin folder, environment)."""
+    bin_dir, env, _ = _fresh_env(wheel, tmp_path_factory.mktemp("user-env"), Path(sysconfig.get_paths()["purelib"]))
+    return bin_dir, env
+
+
+@pytest.fixture(scope="session")
+def newest_user_env(wheel, tmp_path_factory):
+    """A fresh venv that already has the newest torch of the range (`make newest`'s), then the wheel:
+    returns (bin folder, environment, pip's output, that torch's version)."""
+    result = _run(["make", "-s", "newest"], cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    probe = _run([REPO_ROOT / ".venv-newest" / "bin" / "python", "-c",
+                  "import sysconfig, torch; print(sysconfig.get_paths()['purelib']); print(torch.__version__)"],
+                 cwd=REPO_ROOT)
+    assert probe.returncode == 0, probe.stderr
+    purelib, torch_version = probe.stdout.split()
+    bin_dir, env, pip_output = _fresh_env(wheel, tmp_path_factory.mktemp("newest-user-env"), Path(purelib))
+    return bin_dir, env, pip_output, torch_version
 
 
 @pytest.fixture
@@ -98,6 +119,13 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry DJL's native libtorch"
     assert any(n.startswith("gradbridge/jars/pytorch-jni-") for n in names)
     assert f"\nVersion: {VERSION}\n" in metadata
+    from packaging.requirements import Requirement
+
+    from gradbridge import libtorch
+
+    required = [Requirement(line.split(": ", 1)[1]) for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    torch_pins = [r for r in required if r.name == "torch"]
+    assert [r.specifier for r in torch_pins] == [Requirement(libtorch.supported()).specifier], torch_pins
     jar_path = wheel.parent / "inspect.jar"
     jar_path.write_bytes(jar_bytes)
     try:
@@ -227,11 +255,11 @@ def test_bad_installation_is_one_line(user_env, outside, case):
         env = {**env, "JAVA_HOME": str(_fake_old_jdk(outside))}
         command[-2:] = ["--java", "subprocess", "--epochs", 1]
         expected = r"is Java 11\.0\.2; gradbridge needs Java 17 or newer: install a JDK 17\+ and set JAVA_HOME"
-    else:                       # torch's version seen as another release
+    else:                       # torch's version seen as a release outside the range
         command = [bin_dir / "python", "-c", "import sys, torch; torch.__version__ = '2.6.0+cpu'; "
                    "from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))", *command[1:]]
-        expected = r"torch 2\.6\.0 is installed, but this gradbridge's Java library \(DJL\) runs libtorch 2\.7\.1: " \
-                   r"pip install torch==2\.7\.1"
+        expected = r"torch 2\.6\.0 is installed, but gradbridge supports torch>=2\.7\.1,<2\.16: " \
+                   r"pip install 'torch>=2\.7\.1,<2\.16'"
     result = _run(command, cwd=outside, env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stdout + result.stderr
@@ -240,6 +268,37 @@ def test_bad_installation_is_one_line(user_env, outside, case):
         doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
         problems = [line for line in doctor.stdout.splitlines() if line.startswith("problem: ")]
         assert doctor.returncode == 1 and len(problems) == 1 and re.search(expected, problems[0]), doctor.stdout
+
+
+# ---- the wheel in a project that already has the newest torch of the range ----
+
+def test_wheel_keeps_the_users_newer_torch_and_doctor_reports_it(newest_user_env, outside):
+    bin_dir, env, pip_output, newest = newest_user_env
+    assert "torch" not in pip_output.split("Successfully installed")[-1].lower(), pip_output
+    version = _run([bin_dir / "python", "-c", "import torch; print(torch.__version__)"], cwd=outside, env=env)
+    assert version.stdout.strip() == newest
+    doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
+    rows = {line[:22].strip(): line[22:].strip() for line in doctor.stdout.splitlines()}
+    assert rows["torch"].startswith(f"{newest.split('+')[0]} (supported: torch>=2.7.1,<2.16; "), doctor.stdout
+    assert rows["TorchScript"].startswith("deprecated (torch.jit.load, torch.jit.save, torch.jit.script warn"), rows
+    # the wheel's prebuilt native library is for the torch it was built with: this one is built on first use
+    assert "native library" in rows, doctor.stdout
+    assert doctor.returncode == 0 and "no problems found" in doctor.stdout, doctor.stdout
+
+
+def test_python_half_runs_on_the_newest_torch_without_deprecation_warnings(newest_user_env, outside):
+    """Export and the reference from the installed wheel, with torch's FutureWarnings made errors."""
+    bin_dir, env, _, _ = newest_user_env
+    _write_regressor(outside, bin_dir, {**env, "PYTHONWARNINGS": "error::FutureWarning,error::DeprecationWarning"})
+    script = ("import numpy as np\nfrom gradbridge import reference\nd = np.load('train.npz')\n"
+              "h = reference.train('m.pt', d['x'], d['y'], epochs=3)\nprint(len(h.records))\n")
+    result = _run([bin_dir / "python", "-W", "error::FutureWarning", "-c", script], cwd=outside, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "3", result.stdout + result.stderr
+    # Java in this process, on this torch: the native library is compiled once for it, then parity is bitwise
+    parity = _run([bin_dir / "gradbridge", "parity", "m.pt", "--data", "train.npz", "--epochs", 2,
+                   "--java", "inprocess"], cwd=outside, env=env)
+    assert parity.returncode == 0, parity.stdout + parity.stderr
+    assert "bitwise" in parity.stdout.lower() or "identical" in parity.stdout.lower(), parity.stdout
 
 
 # ---- the Maven artifact and a Gradle application that uses it ----
@@ -251,15 +310,14 @@ def published():
     return M2
 
 
-def test_published_pom_declares_djl_as_api_and_libtorch_at_run_time(published):
+def test_published_pom_declares_no_djl_code_and_libtorch_at_run_time(published):
     pom = ElementTree.parse(published / f"gradbridge-{VERSION}.pom").getroot()
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     assert pom.findtext("m:version", namespaces=ns) == VERSION
     deps = {(d.findtext("m:artifactId", namespaces=ns), d.findtext("m:classifier", namespaces=ns)):
             d.findtext("m:scope", namespaces=ns) for d in pom.iterfind("m:dependencies/m:dependency", ns)}
-    assert deps[("api", None)] == "compile" and deps[("pytorch-engine", None)] == "compile"
-    assert deps[("pytorch-jni", None)] == "runtime"
-    assert deps[("pytorch-native-cpu", "linux-x86_64")] == "runtime"
+    assert not {"api", "pytorch-engine", "pytorch-jni"} & {artifact for artifact, _ in deps}, deps
+    assert deps[("pytorch-native-cpu", "linux-x86_64")] == "runtime"  # libtorch's shared libraries only
     assert not [artifact for artifact, _ in deps if artifact.startswith("slf4j-simple")]
     for suffix in ("sources", "javadoc"):
         with zipfile.ZipFile(published / f"gradbridge-{VERSION}-{suffix}.jar") as jar:
@@ -300,7 +358,7 @@ def test_separate_jvm_runs_offline_on_the_wheels_jars_and_the_override_wins(user
     assert result.returncode == 0, result.stderr
     source, command = result.stdout.splitlines()
     assert source.startswith("the jars of the installed package")
-    assert "-Dai.djl.offline=true" in command and "-DPYTORCH_LIBRARY_PATH=" in command
+    assert "-Dgradbridge.native.library=" in command and "-Dgradbridge.libtorch.path=" in command
     assert "pytorch-native" not in command
     jars = command.split(" -cp ")[1].split()[0]
     assert all(Path(jar).parent.parent.parent.name == "site-packages" and Path(bin_dir.parent) in Path(jar).parents

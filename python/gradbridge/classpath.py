@@ -4,6 +4,9 @@ In order: ``GRADBRIDGE_CLASSPATH`` (entries separated by os.pathsep), the Gradle
 source checkout (``build/gradbridge-classpath.txt``), the jars inside an installed wheel
 (``gradbridge/jars``, listed in order by ``classpath.txt``). Every problem is one
 JavaBuildMissingError line that names the fix.
+
+The in-process JVM also hosts the user's own Java code: :func:`user_entries` adds their jars and
+class folders after gradbridge's own.
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from . import _devtree
-from .errors import JavaBuildMissingError
+from .errors import JavaBuildMissingError, SetupError
 
-#: Overrides every other source: entries separated by os.pathsep.
+#: Overrides every other source of gradbridge's own jars: entries separated by os.pathsep.
 CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
+#: The user's jars and class folders, added after gradbridge's own: entries separated by os.pathsep.
+USER_CLASSPATH_ENV = "GRADBRIDGE_USER_CLASSPATH"
 #: The jars a wheel carries (`make dist` fills it; absent in a checkout).
 BUNDLED_JARS = Path(__file__).resolve().parent / "jars"
 BUNDLE_INDEX = "classpath.txt"
@@ -95,3 +100,29 @@ def resolve() -> Classpath:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise JavaBuildMissingError(f"the classpath from {source} names files that do not exist: {shown}; {fix}")
     return Classpath(entries, source)
+
+
+def check_entries(entries: Sequence[str | os.PathLike], source: str) -> List[str]:
+    """``entries`` as absolute paths; SetupError naming the first one that does not exist and where it came from.
+
+    ``dir/*`` (every jar in dir, as Java and JPype read it) needs only ``dir``.
+    """
+    checked = []
+    for entry in map(os.fspath, entries):
+        path = Path(entry)
+        if not (path.parent if path.name == "*" else path).exists():
+            raise SetupError(f"the classpath entry {entry} (from {source}) does not exist: build it, "
+                             "or correct the entry")
+        checked.append(os.path.abspath(entry))
+    return checked
+
+
+def user_entries(extra: Sequence[str | os.PathLike] = (), source: str = "jvm.start(extra_classpath=...)") -> List[str]:
+    """The user's classpath for the in-process JVM: what ``jpype.addClassPath`` added, then
+    ``GRADBRIDGE_USER_CLASSPATH``, then ``extra`` (from ``source``). Each is checked to exist."""
+    import jpype
+
+    added = [e for e in jpype.getClassPath(env=False).split(os.pathsep) if e]
+    from_env = [e for e in os.environ.get(USER_CLASSPATH_ENV, "").split(os.pathsep) if e]
+    return (check_entries(added, "jpype.addClassPath") + check_entries(from_env, f"${USER_CLASSPATH_ENV}")
+            + check_entries(extra, source))

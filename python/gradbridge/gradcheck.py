@@ -71,9 +71,9 @@ def python_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, nam
     """The same methods on the same file, called from Python."""
     import torch
 
-    from .torchscript import plain_graph_executor
+    from .torchscript import load, plain_graph_executor
 
-    module = torch.jit.load(str(model))
+    module = load(str(model))
     module.train()
     with plain_graph_executor():
         torch.manual_seed(SEED)
@@ -87,7 +87,9 @@ def finite_differences(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
     """Every parameter's float64 autograd gradient against central differences of the loss."""
     import torch
 
-    module = torch.jit.load(str(model))
+    from .torchscript import load
+
+    module = load(str(model))
     module.train()
     net, loss_fn = module.model.double(), module.loss.double()
     params = list(net.parameters())

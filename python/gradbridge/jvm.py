@@ -1,10 +1,10 @@
 """The in-process JVM: Java's gradbridge library called from Python through JPype.
 
 One JVM per process, started on the classpath that ``gradbridge.classpath`` resolves (the
-checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``), and
-with gradbridge's native library (built for the torch that ``import torch`` loaded, see
-``gradbridge.native``) on that same libtorch: one libtorch per process, so both languages share one
-allocator, one thread pool and one random generator.
+checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``; then
+the user's own jars and class folders), with gradbridge's native library (built for the torch that
+``import torch`` loaded, see ``gradbridge.native``) on that same libtorch: one libtorch per process,
+so both languages share one allocator, one thread pool and one random generator.
 """
 
 from __future__ import annotations
@@ -31,17 +31,25 @@ _PY_ERRORS = {
 }
 
 
-def start(extra_options: Sequence[str] = ()) -> None:
-    """Start the JVM once for this process; later calls return at once.
+def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.PathLike] = (), *,
+          classpath_source: str = "jvm.start(extra_classpath=...)") -> None:
+    """Start the JVM once for this process; later calls only add ``extra_classpath``.
 
-    Raises JavaBuildMissingError when the Java library is missing, SetupError when the JDK or
-    torch does not fit it, GradbridgeError when the JVM cannot start.
+    The classpath is gradbridge's own jars (``gradbridge.classpath.resolve``), then the user's:
+    entries given to ``jpype.addClassPath`` before this call, ``GRADBRIDGE_USER_CLASSPATH``, then
+    ``extra_classpath`` (jars, class folders, ``dir/*``). Raises JavaBuildMissingError when the
+    Java library is missing, SetupError when the JDK or torch does not fit it or a user entry does
+    not exist, GradbridgeError when the JVM cannot start.
     """
     import jpype
 
     if jpype.isJVMStarted():
+        for entry in classpath.check_entries(extra_classpath, classpath_source):
+            jpype.addClassPath(entry)  # JPype's class loader takes paths after start too
         return
     path = classpath.resolve()
+    user = classpath.user_entries(extra_classpath, classpath_source)
+    libtorch.require_supported()
     options = libtorch.java_options()  # builds the native library for this torch once, when needed
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)
@@ -49,8 +57,8 @@ def start(extra_options: Sequence[str] = ()) -> None:
         jdk.require(version, libjvm)
     extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
     try:
-        jpype.startJVM(*options, _QUIET_LOGGING, *extra, jvmpath=libjvm, classpath=path.entries,
-                       convertStrings=False)
+        jpype.startJVM(*options, _QUIET_LOGGING, *extra, jvmpath=libjvm,
+                       classpath=[*path.entries, *user], convertStrings=False)
     except Exception as ex:  # JPype raises OSError, RuntimeError or its own JVMNotFoundException
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)

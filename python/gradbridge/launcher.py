@@ -26,6 +26,7 @@ ERROR_PREFIX = "error: "
 def command(main_class: str, args: Sequence[object] = ()) -> List[str]:
     """The full command line that runs ``main_class`` with ``args`` in a new JVM."""
     path = classpath.resolve()
+    libtorch.require_supported()
     return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
             "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
 

@@ -8,8 +8,41 @@ the jar's own native library is built for it), else this Python's libtorch (an i
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import List
+
+from .errors import SetupError
+
+#: gradbridge's run-time requirements (the wheel's too); its torch line is the supported range.
+REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
+
+
+@lru_cache(maxsize=None)
+def supported() -> str:
+    """The torch releases gradbridge supports, as pip writes them: ``torch>=2.7.1,<2.16``."""
+    from packaging.requirements import Requirement
+
+    for line in REQUIREMENTS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and Requirement(line).name == "torch":
+            return line.strip()
+    raise SetupError(f"{REQUIREMENTS} names no torch requirement; reinstall gradbridge")
+
+
+def in_range(version: str) -> bool:
+    """Whether torch ``version`` (a local suffix such as "+cpu" is ignored) is a supported release."""
+    from packaging.requirements import Requirement
+
+    return Requirement(supported()).specifier.contains(version.split("+")[0], prereleases=True)
+
+
+def require_supported() -> str:
+    """The installed torch's version; SetupError naming the range when it is outside."""
+    installed = torch_version()
+    if not in_range(installed):
+        raise SetupError(f"torch {installed} is installed, but gradbridge supports {supported()}: "
+                         f"pip install '{supported()}'")
+    return installed
 
 
 def torch_version() -> str:

@@ -29,12 +29,13 @@ from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingE
 from .export import finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
+from . import torchscript
 from .torchscript import plain_graph_executor
 
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
     """The parameters and buffers stored in an exported module, by name."""
-    module = torch.jit.load(str(model_path))
+    module = torchscript.load(str(model_path))
     names = module.parameter_names() + module.buffer_names()
     values = module.get_parameters() + module.get_buffers()
     return {name: value.detach().clone() for name, value in zip(names, values)}
@@ -56,7 +57,7 @@ class Reference:
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
                  optimizer: Optional[Dict[str, Any]] = None):
         self.metadata = protocol.read_metadata(model_path)
-        scripted = torch.jit.load(str(model_path))
+        scripted = torchscript.load(str(model_path))
         protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
                                   scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):

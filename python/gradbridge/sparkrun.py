@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
-from . import _devtree, jdk, libtorch
+from . import _devtree, classpath, jdk, libtorch
 from .errors import GradbridgeError, JavaBuildMissingError
 from .launcher import error_line
 
@@ -39,6 +39,7 @@ def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), mai
     if missing:
         raise JavaBuildMissingError(f"{CLASSPATH_FILE} names missing files ({missing[0]}): run `gradle assemble`")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
+    libtorch.require_supported()
     return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), *jvm_options,
             "-cp", os.pathsep.join(entries), main, *map(str, args)]
 

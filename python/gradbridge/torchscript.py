@@ -1,11 +1,77 @@
-"""TorchScript execution settings that exact parity depends on."""
+"""TorchScript as gradbridge uses it: the execution settings exact parity depends on, and the
+scripting, saving and loading calls of gradbridge's own code (export, reference, gradcheck)."""
 
 from __future__ import annotations
 
+import io
+import re
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+
+# torch 2.15 deprecates TorchScript: every torch.jit.script/trace/save/load call warns (FutureWarning;
+# DeprecationWarning for some helpers) "`torch.jit.X` is deprecated. Please switch to ...". gradbridge's
+# calls are intentional (its protocol is TorchScript; docs/architecture.md has the plan for its
+# removal, and `gradbridge doctor` reports the status), so they are silenced here, for these calls
+# only: a user's own torch.jit calls and every other warning still show. (catch_warnings changes
+# the process's filters while it is active; gradbridge makes these calls from one thread.)
+_DEPRECATION = r"`(torch\.jit\.\w+)` is (deprecated|not supported in Python)"
+
+
+@contextmanager
+def _intentional() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", message=_DEPRECATION, category=category)
+        yield
+
+
+def script(obj):
+    """``torch.jit.script(obj)`` without torch's deprecation warning."""
+    with _intentional():
+        return torch.jit.script(obj)
+
+
+def trace(model, example_inputs):
+    """``torch.jit.trace(model, example_inputs)`` without torch's deprecation warning."""
+    with _intentional():
+        return torch.jit.trace(model, example_inputs)
+
+
+def save(module, path, **kwargs) -> None:
+    """``torch.jit.save(module, path, **kwargs)`` without torch's deprecation warning."""
+    with _intentional():
+        torch.jit.save(module, path, **kwargs)
+
+
+def load(path, **kwargs):
+    """``torch.jit.load(path, **kwargs)`` without torch's deprecation warning."""
+    with _intentional():
+        return torch.jit.load(path, **kwargs)
+
+
+def deprecation_status() -> str:
+    """The installed torch's TorchScript status in words, probed by scripting, saving and loading a
+    one-line module (`gradbridge doctor`)."""
+    class _Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        buffer = io.BytesIO()
+        torch.jit.save(torch.jit.script(_Probe()), buffer)
+        buffer.seek(0)
+        torch.jit.load(buffer)
+    warned = sorted({re.search(_DEPRECATION, str(w.message)).group(1) for w in caught
+                     if issubclass(w.category, (FutureWarning, DeprecationWarning))
+                     and re.search(_DEPRECATION, str(w.message))})
+    if not warned:
+        return "supported (torch.jit.script, save and load give no deprecation warning)"
+    return (f"deprecated ({', '.join(warned)} warn: please switch to torch.export); gradbridge silences "
+            "that warning for its own calls only")
 
 
 @contextmanager
@@ -64,4 +130,4 @@ def load_for_python(path, map_location=None) -> PlainExecutorModule:
         with torch.jit.optimized_execution(False):
             loss = module.train_step(x, y)
     """
-    return PlainExecutorModule(torch.jit.load(str(path), map_location=map_location))
+    return PlainExecutorModule(load(str(path), map_location=map_location))

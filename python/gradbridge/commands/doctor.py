@@ -1,8 +1,9 @@
 """`gradbridge doctor`: what this installation runs on, and one line per problem.
 
-Checks, without starting a JVM: the Python package, torch against the libtorch the Java library
-was built for, where the Java library's jars come from and their versions, the JVM that would
-start in this process, and the `java` a separate JVM would run. Exit code 1 when any is off.
+Checks, without starting a JVM: the Python package, where the Java library's jars come from and
+their versions, torch against the supported range and its TorchScript status, the native library
+Java would use on this Python's libtorch, the JVM that would start in this process, and the `java`
+a separate JVM would run. Exit code 1 when any is off.
 """
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ def run(out: Callable[[str], None] = print) -> int:
     check("java library", java_library)
 
     def torch() -> str:
-        return f"{libtorch.torch_version()} (libtorch: {libtorch.lib_dir()})"
+        version = libtorch.require_supported()
+        return f"{version} (supported: {libtorch.supported()}; libtorch: {libtorch.lib_dir()})"
 
-    check("torch", torch)
-    check("native library", native.describe)
+    torch_ok = check("torch", torch) is not None
+    if torch_ok:
+        from .. import torchscript
+
+        check("TorchScript", torchscript.deprecation_status)
+        check("native library", native.describe)
 
     def in_process_jvm() -> str:
         libjvm = jdk.libjvm_path()

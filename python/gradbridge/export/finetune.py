@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import protocol
+from .. import protocol, torchscript
 from ..errors import GradbridgeError
 from . import schedulers
 
@@ -179,7 +179,7 @@ def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
     path = Path(module_path)
     if not path.is_file():
         raise FineTuneError(f"{path}: no such file")
-    module = torch.jit.load(str(path), map_location="cpu")
+    module = torchscript.load(str(path), map_location="cpu")
     return {key: value.detach().clone() for key, value in module.model.state_dict().items()}
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import ops, protocol
+from .. import ops, protocol, torchscript
 from .._version import __version__
 from ..errors import GradbridgeError
 from ..files import atomic_path
@@ -396,7 +396,7 @@ def _optimizer_spec(optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer]
 def _script_model(model: nn.Module, example_inputs: Optional[Tuple[Tensor, Tensor]]) -> nn.Module:
     """Script the model; if that fails, trace it on example_inputs, or say how to."""
     try:
-        return torch.jit.script(model)
+        return torchscript.script(model)
     except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
         reason = str(ex).strip()
         if example_inputs is None:
@@ -407,7 +407,7 @@ def _script_model(model: nn.Module, example_inputs: Optional[Tuple[Tensor, Tenso
             ) from ex
         log.warning("scripting %s failed, tracing it on example_inputs instead: %s",
                     type(model).__name__, reason.splitlines()[0])
-        return torch.jit.trace(model, (example_inputs[0],))
+        return torchscript.trace(model, (example_inputs[0],))
 
 
 def export_training_module(
@@ -535,7 +535,7 @@ def export_training_module(
         scheduler=plan.scheduler_module, scheduler_interval=plan.interval, lrs=plan.lrs,
         clip=plan.clip, accumulate=plan.accumulate,
     )
-    scripted = torch.jit.script(wrapper)
+    scripted = torchscript.script(wrapper)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
         parameters=[{**protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)), "trainable": p.requires_grad}
@@ -570,7 +570,7 @@ def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, s
 
 def _save_atomically(scripted: torch.jit.ScriptModule, metadata: Dict[str, Any], path: Path) -> Path:
     with atomic_path(path) as tmp:
-        torch.jit.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
+        torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
     log.info("wrote %s", path)
     return path
 

@@ -1,0 +1,160 @@
+"""The supported torch range, on whichever torch of it this venv holds (`make test` runs this file on
+the oldest, .venv, and on the newest, .venv-newest).
+
+- The range is defined once (python/gradbridge/requirements.txt) and read by the library; its oldest
+  release is the libtorch of the separate JVM's distribution (gradle.properties), and this venv's
+  torch is one of its ends.
+- A torch outside the range gets one line naming the range before any JVM starts; in range, Java in
+  this process runs on this torch through gradbridge's native library built for it, bit for bit.
+- gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
+- A module exported here trains in a separate JVM on DJL's own libtorch and matches eager torch.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from gradbridge import export_training_module, launcher, libtorch, reference, torchscript
+from gradbridge.commands import doctor
+from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
+
+pytestmark = pytest.mark.every_torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DJL_TORCH = re.search(r"^torchVersion=(\S+)$", (REPO_ROOT / "gradle.properties").read_text(), re.MULTILINE).group(1)
+RANGE_LINE = f"gradbridge supports {libtorch.supported()}: pip install '{libtorch.supported()}'"
+
+
+def _bounds():
+    specifiers = {s.operator: Version(s.version) for s in Requirement(libtorch.supported()).specifier}
+    return specifiers[">="], specifiers["<"]
+
+
+def test_range_is_read_from_the_wheels_requirements():
+    lines = [line.strip() for line in libtorch.REQUIREMENTS.read_text().splitlines()
+             if line.strip().startswith("torch")]
+    assert lines == [libtorch.supported()]
+    assert "dependencies" in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dynamic"]
+
+
+def test_the_range_starts_at_djls_release_and_this_venv_holds_one_of_its_ends():
+    oldest, upper = _bounds()
+    assert oldest == Version(DJL_TORCH)
+    installed = Version(libtorch.torch_version())
+    newest_minor = (upper.major, upper.minor - 1)
+    assert installed == oldest or installed.release[:2] == newest_minor, installed
+    for version, inside in [(DJL_TORCH, True), ("2.15.0+cu132", True), ("2.7.0", False), ("2.16.0", False),
+                            (f"{upper.major}.{upper.minor - 1}.9", True)]:
+        assert libtorch.in_range(version) is inside, version
+
+
+def test_readme_names_the_range():
+    assert f"`{libtorch.supported()}`" in (REPO_ROOT / "README.md").read_text()
+
+
+def _gradbridge(args, cwd, torch_version=None):
+    """`gradbridge ARGS` in a fresh process; with ``torch_version`` torch reports that version."""
+    fake = f"import torch; torch.__version__ = {torch_version!r}; " if torch_version else ""
+    code = f"import sys; {fake}from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def regressor(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("range")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x = np.random.default_rng(0).normal(size=(48, 3)).astype(np.float32)
+    y = x.sum(1, keepdims=True).astype(np.float32)
+    np.savez(folder / "train.npz", x=x, y=y)
+    path = export_training_module(model, "mse", {"name": "adam", "lr": 0.01}, folder / "m.pt",
+                                  example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
+    return path, x, y
+
+
+@pytest.mark.parametrize("outside", ["2.6.0+cpu", "2.16.0"])
+@pytest.mark.parametrize("java", ["inprocess", "subprocess"])
+def test_torch_outside_the_range_is_one_line_before_a_jvm_starts(regressor, tmp_path, outside, java):
+    path, _, _ = regressor
+    result = _gradbridge(["parity", path, "--data", path.parent / "train.npz", "--epochs", 1, "--java", java],
+                         tmp_path, outside)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stdout + result.stderr
+    assert lines[0] == f"gradbridge: error: torch {outside.split('+')[0]} is installed, but {RANGE_LINE}"
+    assert not list(tmp_path.iterdir())
+
+
+def test_doctor_names_the_range_for_a_torch_outside_it(tmp_path):
+    result = _gradbridge(["doctor"], tmp_path, "2.16.0")
+    problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
+    assert result.returncode == 1 and problems == [f"problem: torch: torch 2.16.0 is installed, but {RANGE_LINE}"], \
+        result.stdout
+
+
+def test_in_process_java_runs_on_this_torch_bit_for_bit(regressor, tmp_path):
+    """gradbridge's native library is built for the torch of this venv (either end of the range)."""
+    path, _, _ = regressor
+    result = _gradbridge(["parity", path, "--data", path.parent / "train.npz", "--epochs", 2, "--java", "inprocess"],
+                         tmp_path, None)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_doctor_reports_torch_its_range_and_torchscripts_status():
+    lines = []
+    doctor.run(lines.append)
+    rows = {line[:22].strip(): line[22:].strip() for line in lines if not line.startswith(("problem", "no problems"))}
+    assert rows["torch"].startswith(f"{libtorch.torch_version()} (supported: {libtorch.supported()}; libtorch: ")
+    deprecated = Version(libtorch.torch_version()) >= Version("2.15")
+    if deprecated:
+        assert rows["TorchScript"].startswith("deprecated (torch.jit.load, torch.jit.save, torch.jit.script warn"), rows
+    else:
+        assert rows["TorchScript"] == "supported (torch.jit.script, save and load give no deprecation warning)"
+    assert f"torch{libtorch.torch_version()}" in rows["native library"], rows
+
+
+def _torchscript_warnings(caught):
+    return [f"{w.category.__name__}: {w.message}" for w in caught
+            if issubclass(w.category, (FutureWarning, DeprecationWarning)) and "torch.jit" in str(w.message)]
+
+
+def test_exports_and_the_reference_print_no_torchscript_deprecation_warning(tmp_path, regressor):
+    _, x, y = regressor
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = export_training_module(model, "mse", {"name": "sgd", "lr": 0.05, "momentum": 0.9}, tmp_path / "q.pt",
+                                      example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
+        reference.train(path, x, y, epochs=1)
+        torchscript.load_for_python(path).evaluate(torch.from_numpy(x), torch.from_numpy(y))
+        warnings.warn("the user's own warning", FutureWarning)
+        torch.jit.load(str(path))  # the user's own TorchScript call keeps torch's warning
+    assert [str(w.message) for w in caught if str(w.message) == "the user's own warning"]
+    deprecating = bool(_torchscript_warnings(caught))
+    assert deprecating is (Version(libtorch.torch_version()) >= Version("2.15")), _torchscript_warnings(caught)
+    if deprecating:  # exactly the user's torch.jit.load call, none of gradbridge's
+        assert _torchscript_warnings(caught) == ["FutureWarning: `torch.jit.load` is deprecated. "
+                                                 "Please switch to `torch.export`."]
+
+
+def test_a_module_exported_here_trains_in_a_jvm_on_djls_own_libtorch(regressor, tmp_path):
+    """The separate JVM of a checkout runs DJL's libtorch (2.7.1) whatever this venv's torch is."""
+    path, x, y = regressor
+    java = launcher.train(path, path.parent / "train.npz", epochs=3, batch_size=16, seed=1, mode="step",
+                          history=tmp_path / "h.jsonl")
+    python = reference.train(path, x, y, epochs=3, batch_size=16, seed=1, mode="step")
+    report = assert_histories_match(python, java, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
+    print(f"torch {libtorch.torch_version()} vs DJL's libtorch {DJL_TORCH}: "
+          f"{'bitwise' if report.bitwise else f'max |dloss| {report.max_loss_delta:.2e}'}")

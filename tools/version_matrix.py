@@ -1,0 +1,147 @@
+"""The fast tests on every minor release of torch's supported range, one venv each, as a table.
+
+    .venv/bin/python tools/version_matrix.py                         # every minor of the range
+    .venv/bin/python tools/version_matrix.py --minors 2.7 2.11 2.15 --use .venv --use .venv-newest
+
+For each minor release of the range in python/gradbridge/requirements.txt (2.7 ... 2.15 for
+``torch>=2.7.1,<2.16``) it creates a venv under build/version-matrix/ with this checkout and the
+newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
+marked ``every_torch`` there (the set `make test` runs on the newest torch: the Python-side parity,
+the range's checks, quiet exports, a module exported there trained in a separate JVM on DJL's
+libtorch), and deletes the venv again (``--keep`` keeps it: each is ~5 GB). ``--use VENV`` reuses an
+existing venv for the minor its torch has. Prints a Markdown table (the README shows the last one)
+and writes it with the details to build/version-matrix.json. Needs `make java` (the separate JVM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "python"))
+
+from gradbridge import libtorch  # noqa: E402  (the range's one definition)
+
+OUT = REPO_ROOT / "build" / "version-matrix"
+MARKERS = "every_torch"
+_CROSS = re.compile(r"torch \S+ vs DJL's libtorch \S+: (.+)")
+
+
+def minors() -> List[str]:
+    """Every minor release the supported range includes: ["2.7", ..., "2.15"]."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    bounds = {s.operator: Version(s.version) for s in Requirement(libtorch.supported()).specifier}
+    low, high = bounds[">="], bounds["<"]
+    if low.major != high.major:
+        raise SystemExit(f"{libtorch.supported()}: a range across major releases needs a list of minors (--minors)")
+    return [f"{low.major}.{minor}" for minor in range(low.minor, high.minor)]
+
+
+def _python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def _torch_of(venv: Path) -> Optional[str]:
+    result = subprocess.run([_python(venv), "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                            text=True)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def create(minor: str) -> Path:
+    """A venv with this checkout (editable) and the newest torch ``minor``.* of the range."""
+    venv = OUT / f"torch-{minor}"
+    if venv.exists():
+        shutil.rmtree(venv)
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = [_python(venv), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{REPO_ROOT}[test]", f"{libtorch.supported()},=={minor}.*"], check=True,
+                   cwd=REPO_ROOT)
+    return venv
+
+
+def run_tests(venv: Path) -> Dict[str, object]:
+    """The every_torch tests in ``venv``: counts, seconds, and what the cross-version case printed."""
+    started = time.monotonic()
+    result = subprocess.run([_python(venv), "-m", "pytest", "-m", MARKERS, "-q", "-s", "-p", "no:cacheprovider"],
+                            cwd=REPO_ROOT, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    tail = [line for line in result.stdout.splitlines() if line.strip()][-1:] or ["(no output)"]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[0])}
+    cross = _CROSS.search(result.stdout)
+    status = subprocess.run([_python(venv), "-c", "from gradbridge import torchscript; "
+                             "print(torchscript.deprecation_status().split(' (')[0])"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"returncode": result.returncode, "summary": tail[0], "counts": counts, "seconds": round(seconds),
+            "separate_jvm": cross.group(1) if cross else "not run", "torchscript": status or "unknown"}
+
+
+def table(rows: List[dict]) -> str:
+    lines = ["| torch | every_torch tests | time | TorchScript | exported here, trained on DJL's libtorch 2.7.1 |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['torch']} | not run: {row['error']} | | | |")
+            continue
+        counts = row["counts"]
+        passed = counts.get("passed", 0)
+        failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+        verdict = f"{passed} passed" + (f", {failed} failed" if failed else "")
+        lines.append(f"| {row['torch']} | {verdict} | {row['seconds']} s | {row['torchscript']} | "
+                     f"{row['separate_jvm']} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minors", nargs="+", metavar="X.Y", help="only these minor releases (default: the range's)")
+    parser.add_argument("--use", action="append", default=[], type=Path, metavar="VENV",
+                        help="an existing venv to use for the minor release its torch has")
+    parser.add_argument("--keep", action="store_true", help="keep the venvs this run creates")
+    args = parser.parse_args(argv)
+    wanted = args.minors or minors()
+    outside = [m for m in wanted if m not in minors()]
+    if outside:
+        parser.error(f"{', '.join(outside)} outside the supported range {libtorch.supported()}")
+    existing = {}
+    for venv in args.use:
+        version = _torch_of(venv)
+        if version is None:
+            parser.error(f"--use {venv}: no python with torch there")
+        existing[".".join(version.split("+")[0].split(".")[:2])] = venv
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for minor in wanted:
+        created = None
+        try:
+            venv = existing.get(minor) or (created := create(minor))
+        except subprocess.CalledProcessError as ex:
+            rows.append({"torch": f"{minor}.*", "error": f"venv not created ({ex})"})
+            continue
+        row = {"torch": _torch_of(venv), "venv": str(venv), **run_tests(venv)}
+        rows.append(row)
+        print(f"torch {row['torch']}: {row['summary']} ({row['seconds']} s)", flush=True)
+        if created is not None and not args.keep:
+            shutil.rmtree(created)
+    report = table(rows)
+    command = "tools/version_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    (OUT.parent / "version-matrix.json").write_text(json.dumps(
+        {"date": date, "command": command.strip(), "range": libtorch.supported(), "rows": rows}, indent=2) + "\n")
+    print(f"\n{report}\n\n{date}, `{command.strip()}`")
+    return 0 if all(row.get("returncode") == 0 for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
