@@ -7,9 +7,9 @@ PY      := $(VENV)/bin/python
 NEWEST  := .venv-newest
 PY_NEWEST := $(NEWEST)/bin/python
 DJL_TORCH := $(shell sed -n 's/^torchVersion=//p' gradle.properties)
-# The tests that `make test` runs on the newest torch too. In-process Java cases are marked
-# every_torch_java: they join (`every_torch or every_torch_java`) once Java runs on any torch.
-NEWEST_TESTS := every_torch
+# The tests that `make test` runs on the newest torch too: the range's checks and the fast
+# in-process Java parity cases (every_torch_java).
+NEWEST_TESTS := every_torch or every_torch_java
 # `make test PYTEST_ARGS=--full`: the whole parity matrix, on the oldest and the newest torch.
 PYTEST_ARGS ?=
 GRADLE  := gradle --no-daemon -q
