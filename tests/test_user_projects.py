@@ -116,7 +116,10 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
         metadata = archive.read(f"gradbridge-{VERSION}.dist-info/METADATA").decode()
     assert listed[0] == f"gradbridge-{VERSION}.jar"
     assert {f"gradbridge/jars/{name}" for name in listed} <= set(names)
-    assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry DJL's native libtorch"
+    assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry the libtorch jar"
+    # the native library for the torch the wheel was built with, and its sources for any other torch
+    assert [n for n in names if re.fullmatch(r"gradbridge/native_lib/libgradbridge_jni-torch[\d.]+-cxx11abi1\.so", n)]
+    assert "gradbridge/native_lib/gradbridge_jni.cpp" in names and "gradbridge/native_lib/dev_gradbridge_Native.h" in names
     assert any(n.startswith("gradbridge/jars/pytorch-jni-") for n in names)
     assert f"\nVersion: {VERSION}\n" in metadata
     from packaging.requirements import Requirement

@@ -15,7 +15,7 @@ from typing import Optional
 
 from .errors import SetupError
 
-#: The jars are compiled for Java 17 (DJL 0.36 and Spark 4 need it too).
+#: The jars are compiled for Java 17 (Spark 4 needs it too).
 MIN_JAVA = 17
 #: The libjvm.so to load in this process instead of the one JPype finds.
 JVM_PATH_ENV = "GRADBRIDGE_JVM"

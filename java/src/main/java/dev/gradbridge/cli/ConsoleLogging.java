@@ -18,7 +18,6 @@ public final class ConsoleLogging {
      */
     public static void applyDefaults() {
         setIfAbsent(PREFIX + "defaultLogLevel", "info");
-        setIfAbsent(PREFIX + "log.ai.djl", "warn");
         setIfAbsent(PREFIX + "logFile", "System.err");
     }
 
