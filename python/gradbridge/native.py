@@ -126,7 +126,7 @@ def _cxx_standard(include: Path) -> str:
 
 def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet: bool = False) -> Path:
     """Compile the library for this Python's torch into ``folder`` (atomically: temp file, then rename)."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = shutil.which(os.environ["CXX"]) if os.environ.get("CXX") else shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise SetupError("no C++ compiler to build gradbridge's native library for torch "
                          f"{build.torch_version}: install g++ (e.g. apt-get install g++)")

@@ -65,7 +65,7 @@ final class NativeLibrary {
             throw failure;
         }
         if (loading) {
-            return; // JNI_OnLoad initializes Tensor, whose static initializer comes back here
+            return; // a class initialized from JNI_OnLoad must not load the library again
         }
         loading = true;
         try {
@@ -108,8 +108,8 @@ final class NativeLibrary {
         if (configured != null) {
             library = Paths.get(configured).toAbsolutePath();
             if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException(
-                        "gradbridge's native library " + library + " (" + LIBRARY_PROPERTY + ") does not exist");
+                throw new GradbridgeException("gradbridge's native library " + library + " ("
+                        + source(LIBRARY_PROPERTY, LIBRARY_ENV) + ") does not exist");
             }
             built = readProperties(propertiesBeside(library));
         } else {
@@ -157,6 +157,12 @@ final class NativeLibrary {
         return value == null || value.isEmpty() ? null : value;
     }
 
+    /** Where a setting came from, for messages: {@code -Dproperty} or the environment variable. */
+    private static String source(String property, String env) {
+        String value = System.getProperty(property);
+        return value != null && !value.isEmpty() ? "-D" + property : env;
+    }
+
     /** The cache folder: {@value #CACHE_PROPERTY}, {@value #CACHE_ENV}, else ~/.cache/gradbridge. */
     static Path cacheFolder() {
         String configured = setting(CACHE_PROPERTY, CACHE_ENV);
@@ -171,8 +177,9 @@ final class NativeLibrary {
             Path folder = Paths.get(configured).toAbsolutePath();
             if (!Files.isRegularFile(folder.resolve("libtorch_cpu.so")) || !Files.isRegularFile(folder.resolve("libc10.so"))) {
                 throw new GradbridgeException(
-                        folder + " (" + LIBTORCH_PROPERTY + ") is not a libtorch folder: it lacks libc10.so or"
-                                + " libtorch_cpu.so; name a folder that holds them, e.g. a pip torch's torch/lib");
+                        folder + " (" + source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ") is not a libtorch folder: it"
+                                + " lacks libc10.so or libtorch_cpu.so; name a folder that holds them, e.g. a pip"
+                                + " torch's torch/lib");
             }
             return folder;
         }

@@ -23,10 +23,6 @@ import java.util.Arrays;
  */
 public final class Tensor implements AutoCloseable {
 
-    static {
-        NativeLibrary.load();
-    }
-
     private static final Cleaner CLEANER = Cleaner.create();
 
     /** Frees the native tensor once, from close() or from the cleaner. */
@@ -89,6 +85,7 @@ public final class Tensor implements AutoCloseable {
                     + bytes + " bytes, the buffer has " + buffer.remaining());
         }
         long[] dims = shape.clone();
+        NativeLibrary.load(); // a GradbridgeException naming what is missing, not a class initialization error
         return new Tensor(Native.tensorFromBuffer(buffer, buffer.position(), dtype.code(), dims), dtype, dims);
     }
 
@@ -102,6 +99,7 @@ public final class Tensor implements AutoCloseable {
     public static Tensor empty(DType dtype, long... shape) {
         long[] dims = shape.clone();
         count(dims);
+        NativeLibrary.load();
         return new Tensor(Native.tensorEmpty(dtype.code(), dims), dtype, dims);
     }
 

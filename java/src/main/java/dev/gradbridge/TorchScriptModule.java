@@ -17,10 +17,6 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class TorchScriptModule extends ScriptedModule {
 
-    static {
-        NativeLibrary.load();
-    }
-
     private final Path path;
     private final AtomicLong handle;
     private final Set<String> methodNames;
@@ -32,6 +28,7 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     static TorchScriptModule load(Path file) {
+        NativeLibrary.load();
         long handle = Native.moduleLoad(file.toString());
         try {
             return new TorchScriptModule(file, handle);
