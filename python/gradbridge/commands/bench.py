@@ -49,7 +49,8 @@ from .. import _devtree, classpath, java, jdk, jvm, libtorch
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import LinearRegression, mlp
-from ..torchscript import load, plain_graph_executor
+from .. import torchscript
+from ..torchscript import plain_graph_executor
 
 #: The native loop's source lives in the checkout (benchmarks/native): `gradbridge bench` is a
 #: development command.
@@ -413,7 +414,7 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
         loss_fn(eager(txb), tyb).backward()
         optimizer.step()
 
-    scripted = load(str(path))  # (b) Python calling the scripted module
+    scripted = torchscript.load(str(path))  # (b) Python calling the scripted module
     step_npz, epoch_npz = out_dir / "batch.npz", out_dir / "epoch.npz"
     np.savez(step_npz, x=xb, y=yb)
     np.savez(epoch_npz, x=x, y=y)
