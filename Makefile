@@ -45,11 +45,13 @@ java: setup
 	$(GRADLE) assemble installDist exportSeedModel
 
 # A self-contained wheel: the Python package with the Java library, its runtime jars and the native
-# library for this venv's torch (not DJL's libtorch jar: Java in Python uses the libtorch that
-# `import torch` loaded).
+# library prebuilt for this venv's torch and the newest venv's (not the libtorch jar: Java in Python
+# uses the libtorch that `import torch` loaded; another torch compiles it on first use).
 # setuptools stages under build/lib; clear it so no stale module reaches the wheel.
 dist: setup
 	$(GRADLE) bundleJars
+	@# prebuilt for the newest torch of the range too, when its venv is there (make newest)
+	if [ -x $(PY_NEWEST) ]; then $(PY_NEWEST) -m gradbridge.native build --out python/gradbridge/native_lib; fi
 	rm -rf build/lib build/bdist.* dist/gradbridge-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
