@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 from gradbridge.commands import bench
@@ -152,7 +153,7 @@ def test_tiny_run_writes_rounds_intervals_environment_and_verdicts(tmp_path):
                              "Java train_step (c) <= 0.7x eager Python (a)"}
     assert set(verdicts.values()) <= {MET, MISSED, CANNOT_TELL}
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (REPO_ROOT / "build" / "bench-native" / "train_loop").exists()
+    assert (REPO_ROOT / "build" / "bench-native" / f"torch{torch.__version__}" / "train_loop").exists()
 
 
 @pytest.mark.gradle

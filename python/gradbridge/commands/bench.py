@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import _devtree, classpath, java, jdk, jvm, libtorch
+from .. import _devtree, classpath, java, jdk, jvm, libtorch, native
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import LinearRegression, mlp
@@ -274,12 +274,14 @@ def native_binary(out_dir: Path) -> Path:
     from torch.utils import cpp_extension
 
     source = _devtree.require_root("gradbridge bench") / NATIVE_SOURCE
-    binary = out_dir / "train_loop"
+    # one binary per torch build: the C++ ABI changes between libtorch versions
+    binary = out_dir / f"torch{torch.__version__}" / "train_loop"
     if binary.exists() and binary.stat().st_mtime > source.stat().st_mtime:
         return binary
-    out_dir.mkdir(parents=True, exist_ok=True)
+    binary.parent.mkdir(parents=True, exist_ok=True)
     libs = cpp_extension.library_paths()
-    command = ["g++", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    standard = native._cxx_standard(Path(cpp_extension.include_paths()[0]))
+    command = ["g++", "-O2", standard, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                str(source), *[f"-I{p}" for p in cpp_extension.include_paths()],
                *[f"-L{p}" for p in libs], "-ltorch", "-ltorch_cpu", "-lc10",
                *[f"-Wl,-rpath,{p}" for p in libs], "-o", str(binary)]
