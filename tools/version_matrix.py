@@ -134,13 +134,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"torch {row['torch']}: {row['summary']} ({row['seconds']} s)", flush=True)
         if created is not None and not args.keep:
             shutil.rmtree(created)
-    report = table(rows)
-    command = "tools/version_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        _write(rows, argv)  # after every release: a run stopped early keeps what it measured
+    print(f"\n{table(rows)}\n\n{_write(rows, argv)}")
+    return 0 if all(row.get("returncode") == 0 for row in rows) else 1
+
+
+def _write(rows: List[dict], argv: Optional[List[str]]) -> str:
+    """build/version-matrix.json (rows, table, date, command); returns the date-and-command line."""
+    command = " ".join(["tools/version_matrix.py", *(argv if argv is not None else sys.argv[1:])])
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     (OUT.parent / "version-matrix.json").write_text(json.dumps(
-        {"date": date, "command": command.strip(), "range": libtorch.supported(), "rows": rows}, indent=2) + "\n")
-    print(f"\n{report}\n\n{date}, `{command.strip()}`")
-    return 0 if all(row.get("returncode") == 0 for row in rows) else 1
+        {"date": date, "command": command, "range": libtorch.supported(), "table": table(rows), "rows": rows},
+        indent=2) + "\n")
+    return f"{date}, `{command}`"
 
 
 if __name__ == "__main__":
