@@ -366,16 +366,20 @@ def test_signed_publication_with_a_key_given_as_properties(tmp_path):
                                "--export-secret-keys"], env=env, capture_output=True)
     keyring.write_bytes(exported.stdout)
     repository = tmp_path / "m2"
-    result = _run(["gradle", "--no-daemon", "-q", "publishToMavenLocal", f"-Dmaven.repo.local={repository}",
-                   "-PsignMaven=true", f"-Psigning.keyId={key_id}", "-Psigning.password=",
-                   f"-Psigning.secretKeyRingFile={keyring}"], cwd=REPO_ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    folder = repository / "dev" / "gradbridge" / "gradbridge" / VERSION
-    signed = sorted(p.name for p in folder.glob("*.asc"))
-    assert signed == sorted(f"gradbridge-{VERSION}{part}.asc" for part in (".jar", "-sources.jar", "-javadoc.jar", ".pom"))
-    for signature in folder.glob("*.asc"):
-        verified = _run(["gpg", "--verify", signature, signature.with_suffix("")], cwd=tmp_path, env=env)
-        assert verified.returncode == 0 and "Good signature" in verified.stderr, verified.stderr
+    try:
+        result = _run(["gradle", "--no-daemon", "-q", "publishToMavenLocal", f"-Dmaven.repo.local={repository}",
+                       "-PsignMaven=true", f"-Psigning.keyId={key_id}", "-Psigning.password=",
+                       f"-Psigning.secretKeyRingFile={keyring}"], cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stdout + result.stderr
+        folder = repository / "dev" / "gradbridge" / "gradbridge" / VERSION
+        signed = sorted(p.name for p in folder.glob("*.asc"))
+        assert signed == sorted(f"gradbridge-{VERSION}{part}.asc"
+                                for part in (".jar", "-sources.jar", "-javadoc.jar", ".pom"))
+        for signature in folder.glob("*.asc"):
+            verified = _run(["gpg", "--verify", signature, signature.with_suffix("")], cwd=tmp_path, env=env)
+            assert verified.returncode == 0 and "Good signature" in verified.stderr, verified.stderr
+    finally:  # the agent gpg started for this keyring
+        _run(["gpgconf", "--kill", "gpg-agent"], cwd=tmp_path, env=env)
 
 
 def test_java_app_trains_with_the_published_artifact(published, models, tmp_path):
