@@ -206,6 +206,27 @@ def test_parity_both_keeps_the_in_process_result_when_the_subprocess_fails(user_
     assert "java-subprocess" in (outside / "r.json").read_text()
 
 
+def test_users_own_java_class_runs_beside_the_installed_library(user_env, outside):
+    """A user class compiled against the wheel's gradbridge jar, on GRADBRIDGE_USER_CLASSPATH."""
+    from tests.test_user_classpath import CALL, USER_CLASS
+
+    bin_dir, env = user_env
+    jars = next(Path(bin_dir.parent).glob("lib/python3*/site-packages/gradbridge/jars"))
+    source = outside / "src" / "my" / "project" / "Thing.java"
+    source.parent.mkdir(parents=True)
+    source.write_text(USER_CLASS)
+    from gradbridge import jdk
+
+    javac = Path(jdk.java_executable()).with_name("javac")
+    compiled = _run([javac, "-d", outside / "classes", "-cp", jars / f"gradbridge-{VERSION}.jar", source],
+                    cwd=outside)
+    assert compiled.returncode == 0, compiled.stderr
+    result = _run([bin_dir / "python", "-c", f"from gradbridge import jvm; jvm.start(); {CALL}"], cwd=outside,
+                  env={**env, "GRADBRIDGE_USER_CLASSPATH": str(outside / "classes")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().startswith("hello python, protocol methods: "), result.stdout
+
+
 # ---- bad installations: one line naming the fix, exit code 1 ----
 
 def _fake_old_jdk(where: Path) -> Path:
