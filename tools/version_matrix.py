@@ -83,8 +83,10 @@ def run_tests(venv: Path) -> Dict[str, object]:
     status = subprocess.run([_python(venv), "-c", "from gradbridge import torchscript; "
                              "print(torchscript.deprecation_status().split(' (')[0])"],
                             capture_output=True, text=True).stdout.strip()
+    failed = [line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     return {"returncode": result.returncode, "summary": tail[0], "counts": counts, "seconds": round(seconds),
-            "separate_jvm": cross.group(1) if cross else "not run", "torchscript": status or "unknown"}
+            "failed": failed, "separate_jvm": cross.group(1) if cross else "not run",
+            "torchscript": status or "unknown"}
 
 
 def table(rows: List[dict]) -> str:
@@ -97,7 +99,8 @@ def table(rows: List[dict]) -> str:
         counts = row["counts"]
         passed = counts.get("passed", 0)
         failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-        verdict = f"{passed} passed" + (f", {failed} failed" if failed else "")
+        names = ", ".join(name.split("::")[-1] for name in row.get("failed", []))
+        verdict = f"{passed} passed" + (f", {failed} failed ({names})" if failed else "")
         lines.append(f"| {row['torch']} | {verdict} | {row['seconds']} s | {row['torchscript']} | "
                      f"{row['separate_jvm']} |")
     return "\n".join(lines)
