@@ -36,9 +36,10 @@ $(NEWEST)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge
 	$(PY_NEWEST) -m pip install --quiet --upgrade -e '.[test]'
 	touch $@
 
-# Debian's gradle (4.4.1) is the Gradle these machines can install.
+# Debian's gradle (4.4.1) is the Gradle these machines can install; gpg checks signed publications.
 gradle:
 	@command -v gradle >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q gradle; }
+	@command -v gpg >/dev/null 2>&1 || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q gnupg; }
 
 # The Java library, its runtime classpath file for the in-process JVM, and the seed model.
 java: setup

@@ -74,8 +74,8 @@ def test_user_class_is_called_from_python(user_code, tmp_path, way):
     env = None
     if way == "start-argument-folder":
         code = f"from gradbridge import jvm; jvm.start(extra_classpath=[{str(folder)!r}]); {CALL}"
-    elif way == "start-argument-jar":
-        code = f"from gradbridge import jvm; jvm.start(extra_classpath=[{str(jar)!r}]); {CALL}"
+    elif way == "start-argument-jar":  # one path, not in a list
+        code = f"from gradbridge import jvm; jvm.start(extra_classpath={str(jar)!r}); {CALL}"
     elif way == "environment":
         env = {classpath.USER_CLASSPATH_ENV: f"{tmp_path}{os.pathsep}{jar}"}
         code = f"from gradbridge import jvm; jvm.start(); {CALL}"

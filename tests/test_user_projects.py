@@ -209,6 +209,27 @@ def test_parity_both_keeps_the_in_process_result_when_the_subprocess_fails(user_
     assert "java-subprocess" in (outside / "r.json").read_text()
 
 
+def test_users_own_java_class_runs_beside_the_installed_library(user_env, outside):
+    """A user class compiled against the wheel's gradbridge jar, on GRADBRIDGE_USER_CLASSPATH."""
+    from tests.test_user_classpath import CALL, USER_CLASS
+
+    bin_dir, env = user_env
+    jars = next(Path(bin_dir.parent).glob("lib/python3*/site-packages/gradbridge/jars"))
+    source = outside / "src" / "my" / "project" / "Thing.java"
+    source.parent.mkdir(parents=True)
+    source.write_text(USER_CLASS)
+    from gradbridge import jdk
+
+    javac = Path(jdk.java_executable()).with_name("javac")
+    compiled = _run([javac, "-d", outside / "classes", "-cp", jars / f"gradbridge-{VERSION}.jar", source],
+                    cwd=outside)
+    assert compiled.returncode == 0, compiled.stderr
+    result = _run([bin_dir / "python", "-c", f"from gradbridge import jvm; jvm.start(); {CALL}"], cwd=outside,
+                  env={**env, "GRADBRIDGE_USER_CLASSPATH": str(outside / "classes")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().startswith("hello python, protocol methods: "), result.stdout
+
+
 # ---- bad installations: one line naming the fix, exit code 1 ----
 
 def _fake_old_jdk(where: Path) -> Path:
@@ -322,9 +343,66 @@ def test_published_pom_declares_no_djl_code_and_libtorch_at_run_time(published):
     assert not {"api", "pytorch-engine", "pytorch-jni"} & {artifact for artifact, _ in deps}, deps
     assert deps[("pytorch-native-cpu", "linux-x86_64")] == "runtime"  # libtorch's shared libraries only
     assert not [artifact for artifact, _ in deps if artifact.startswith("slf4j-simple")]
+    assert not list(published.glob("*.asc")), "signing is off unless -PsignMaven=true"
     for suffix in ("sources", "javadoc"):
         with zipfile.ZipFile(published / f"gradbridge-{VERSION}-{suffix}.jar") as jar:
             assert any(n.endswith("TrainingModule." + ("java" if suffix == "sources" else "html")) for n in jar.namelist())
+
+
+def _gradle_properties() -> dict:
+    return dict(re.findall(r"^(\w+)=(.+)$", (REPO_ROOT / "gradle.properties").read_text(), flags=re.MULTILINE))
+
+
+def test_wheel_and_pom_name_the_same_license_url_scm_and_developers(wheel, published):
+    """What Maven Central and a legal review look for, the same in both artifacts."""
+    props = _gradle_properties()
+    pom = ElementTree.parse(published / f"gradbridge-{VERSION}.pom").getroot()
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    assert pom.findtext("m:url", namespaces=ns) == props["projectUrl"]
+    assert pom.findtext("m:licenses/m:license/m:name", namespaces=ns) == props["licenseName"] == "Apache-2.0"
+    assert pom.findtext("m:licenses/m:license/m:url", namespaces=ns) == props["licenseUrl"]
+    assert pom.findtext("m:scm/m:url", namespaces=ns) == props["projectUrl"]
+    assert pom.findtext("m:scm/m:connection", namespaces=ns) == props["scmConnection"]
+    assert pom.findtext("m:developers/m:developer/m:name", namespaces=ns) == props["developerName"]
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"gradbridge-{VERSION}.dist-info/METADATA").decode()
+        license_text = archive.read(f"gradbridge-{VERSION}.dist-info/licenses/LICENSE").decode()
+    assert f"\nLicense-Expression: {props['licenseName']}\n" in metadata
+    assert "\nLicense-File: LICENSE\n" in metadata
+    assert f"\nAuthor: {props['developerName']}\n" in metadata
+    assert f"\nProject-URL: Source, {props['projectUrl']}\n" in metadata
+    assert license_text == (REPO_ROOT / "LICENSE").read_text() and "Apache License" in license_text
+
+
+def test_signed_publication_with_a_key_given_as_properties(tmp_path):
+    """-PsignMaven=true signs the jar, sources, javadoc and POM (gpg verifies each .asc)."""
+    gnupg = tmp_path / "gnupg"
+    gnupg.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    made = _run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "gradbridge test <test@example.invalid>",
+                 "rsa2048", "sign", "never"], cwd=tmp_path, env=env)
+    assert made.returncode == 0, made.stderr
+    listing = _run(["gpg", "--list-keys", "--with-colons"], cwd=tmp_path, env=env).stdout
+    key_id = next(line.split(":")[4][-8:] for line in listing.splitlines() if line.startswith("pub:"))
+    keyring = tmp_path / "secret.gpg"
+    exported = subprocess.run(["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+                               "--export-secret-keys"], env=env, capture_output=True)
+    keyring.write_bytes(exported.stdout)
+    repository = tmp_path / "m2"
+    try:
+        result = _run(["gradle", "--no-daemon", "-q", "publishToMavenLocal", f"-Dmaven.repo.local={repository}",
+                       "-PsignMaven=true", f"-Psigning.keyId={key_id}", "-Psigning.password=",
+                       f"-Psigning.secretKeyRingFile={keyring}"], cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stdout + result.stderr
+        folder = repository / "dev" / "gradbridge" / "gradbridge" / VERSION
+        signed = sorted(p.name for p in folder.glob("*.asc"))
+        assert signed == sorted(f"gradbridge-{VERSION}{part}.asc"
+                                for part in (".jar", "-sources.jar", "-javadoc.jar", ".pom"))
+        for signature in folder.glob("*.asc"):
+            verified = _run(["gpg", "--verify", signature, signature.with_suffix("")], cwd=tmp_path, env=env)
+            assert verified.returncode == 0 and "Good signature" in verified.stderr, verified.stderr
+    finally:  # the agent gpg started for this keyring
+        _run(["gpgconf", "--kill", "gpg-agent"], cwd=tmp_path, env=env)
 
 
 def test_java_app_trains_with_the_published_artifact(published, models, tmp_path):

@@ -83,8 +83,10 @@ def run_tests(venv: Path) -> Dict[str, object]:
     status = subprocess.run([_python(venv), "-c", "from gradbridge import torchscript; "
                              "print(torchscript.deprecation_status().split(' (')[0])"],
                             capture_output=True, text=True).stdout.strip()
+    failed = [line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     return {"returncode": result.returncode, "summary": tail[0], "counts": counts, "seconds": round(seconds),
-            "separate_jvm": cross.group(1) if cross else "not run", "torchscript": status or "unknown"}
+            "failed": failed, "separate_jvm": cross.group(1) if cross else "not run",
+            "torchscript": status or "unknown"}
 
 
 def table(rows: List[dict]) -> str:
@@ -97,7 +99,8 @@ def table(rows: List[dict]) -> str:
         counts = row["counts"]
         passed = counts.get("passed", 0)
         failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-        verdict = f"{passed} passed" + (f", {failed} failed" if failed else "")
+        names = ", ".join(name.split("::")[-1] for name in row.get("failed", []))
+        verdict = f"{passed} passed" + (f", {failed} failed ({names})" if failed else "")
         lines.append(f"| {row['torch']} | {verdict} | {row['seconds']} s | {row['torchscript']} | "
                      f"{row['separate_jvm']} |")
     return "\n".join(lines)
@@ -134,13 +137,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"torch {row['torch']}: {row['summary']} ({row['seconds']} s)", flush=True)
         if created is not None and not args.keep:
             shutil.rmtree(created)
-    report = table(rows)
-    command = "tools/version_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        _write(rows, argv)  # after every release: a run stopped early keeps what it measured
+    print(f"\n{table(rows)}\n\n{_write(rows, argv)}")
+    return 0 if all(row.get("returncode") == 0 for row in rows) else 1
+
+
+def _write(rows: List[dict], argv: Optional[List[str]]) -> str:
+    """build/version-matrix.json (rows, table, date, command); returns the date-and-command line."""
+    command = " ".join(["tools/version_matrix.py", *(argv if argv is not None else sys.argv[1:])])
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     (OUT.parent / "version-matrix.json").write_text(json.dumps(
-        {"date": date, "command": command.strip(), "range": libtorch.supported(), "rows": rows}, indent=2) + "\n")
-    print(f"\n{report}\n\n{date}, `{command.strip()}`")
-    return 0 if all(row.get("returncode") == 0 for row in rows) else 1
+        {"date": date, "command": command, "range": libtorch.supported(), "table": table(rows), "rows": rows},
+        indent=2) + "\n")
+    return f"{date}, `{command}`"
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ def check_entries(entries: Sequence[str | os.PathLike], source: str) -> List[str
 
     ``dir/*`` (every jar in dir, as Java and JPype read it) needs only ``dir``.
     """
+    if isinstance(entries, (str, os.PathLike)):  # one entry, not a string's characters
+        entries = [entries]
     checked = []
     for entry in map(os.fspath, entries):
         path = Path(entry)

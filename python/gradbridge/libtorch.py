@@ -1,4 +1,8 @@
-"""The libtorch that Java runs on, and the system properties that select it.
+"""The torch releases gradbridge supports, the libtorch that Java runs on, and the system
+properties that select it.
+
+The supported range is the torch line of ``requirements.txt`` (the wheel's dependencies); a torch
+outside it is refused with one line before any JVM starts.
 
 In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
 through gradbridge's native library built for that torch (``gradbridge.native``). A separate JVM uses
