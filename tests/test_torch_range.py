@@ -48,12 +48,10 @@ def test_range_is_read_from_the_wheels_requirements():
     assert "dependencies" in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dynamic"]
 
 
-def test_the_range_starts_at_djls_release_and_this_venv_holds_one_of_its_ends():
+def test_the_range_starts_at_djls_release_and_holds_this_torch():
     oldest, upper = _bounds()
     assert oldest == Version(DJL_TORCH)
-    installed = Version(libtorch.torch_version())
-    newest_minor = (upper.major, upper.minor - 1)
-    assert installed == oldest or installed.release[:2] == newest_minor, installed
+    assert libtorch.in_range(libtorch.torch_version())
     for version, inside in [(DJL_TORCH, True), ("2.15.0+cu132", True), ("2.7.0", False), ("2.16.0", False),
                             (f"{upper.major}.{upper.minor - 1}.9", True)]:
         assert libtorch.in_range(version) is inside, version

@@ -94,6 +94,14 @@ def newest_user_env(wheel, tmp_path_factory):
                  cwd=REPO_ROOT)
     assert probe.returncode == 0, probe.stderr
     purelib, torch_version = probe.stdout.split()
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from gradbridge import libtorch
+
+    upper = next(Version(s.version) for s in Requirement(libtorch.supported()).specifier if s.operator == "<")
+    assert Version(torch_version).release[:2] == (upper.major, upper.minor - 1), \
+        f".venv-newest holds torch {torch_version}, not the newest minor release below {upper}"
     bin_dir, env, pip_output = _fresh_env(wheel, tmp_path_factory.mktemp("newest-user-env"), Path(purelib))
     return bin_dir, env, pip_output, torch_version
 

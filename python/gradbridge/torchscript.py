@@ -11,7 +11,8 @@ from typing import Iterator
 
 import torch
 
-# torch 2.15 deprecates TorchScript: every torch.jit.script/trace/save/load call warns (FutureWarning;
+# torch deprecates TorchScript (2.11.0 and 2.15.0 do; 2.7.1 does not): every torch.jit.script/trace/save/
+# load call warns (FutureWarning;
 # DeprecationWarning for some helpers) "`torch.jit.X` is deprecated. Please switch to ...". gradbridge's
 # calls are intentional (its protocol is TorchScript; docs/architecture.md has the plan for its
 # removal, and `gradbridge doctor` reports the status), so they are silenced here, for these calls
