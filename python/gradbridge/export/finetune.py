@@ -61,7 +61,14 @@ def freeze(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Seque
 def initial_lrs(optimizer: torch.optim.Optimizer):
     """While a scheduler has moved the groups' lr (its initial step), show the base lrs: the spec
     must hold what a fresh optimizer starts from, so the reference can rebuild the pair."""
+    from .optim import tensor_refused
+
     saved = [g["lr"] for g in optimizer.param_groups]
+    name = type(optimizer).__name__
+    for index, lr in enumerate(saved):
+        if torch.is_tensor(lr):  # still a tensor under the schedule, whatever the base lrs are
+            where = name if len(saved) == 1 else f"{name} parameter group {index}"
+            raise FineTuneError(tensor_refused(where, "lr", lr))
     try:
         for g in optimizer.param_groups:
             if "initial_lr" in g:

@@ -15,6 +15,8 @@ tensors), so this is the arithmetic a Python user's training actually runs.
 """
 
 
+import inspect
+import numbers
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
@@ -367,12 +369,45 @@ def build(spec: Dict[str, Any], params: Sequence[Tensor]) -> nn.Module:
     if name not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
     cls = OPTIMIZERS[name]
+    check_options(name, options, f"optimizer {name}")
     if "betas" in options:
         options["betas"] = tuple(options["betas"])
-    try:
-        return cls(params, **options)
-    except TypeError as ex:
-        raise ValueError(f"optimizer {name}: {ex}") from ex
+    return cls(params, **options)
+
+
+def tensor_refused(where: str, key: str, value: Any) -> str:
+    """The one wording for a tensor hyper-parameter (``lr=torch.tensor(0.5)``): eager torch keeps it
+    a float32 tensor and rounds every value a schedule gives it to float32; the export holds doubles."""
+    return (f"{where}: {key} is a tensor, which torch keeps in float32 (every scheduled value rounded to "
+            f"float32) and gradbridge does not reproduce: pass {key} as a Python float")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not torch.is_tensor(value)
+
+
+def check_options(name: str, options: Dict[str, Any], where: str) -> None:
+    """Each option is one optimizer ``name`` takes, of its default's type: a wrong type is refused
+    by name (``where``: key), never converted (``lr="abc"``) nor turned into a double (a tensor lr)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
+    signature = inspect.signature(OPTIMIZERS[name].__init__).parameters
+    accepted = [k for k in signature if k not in ("self", "params")]
+    for key, value in options.items():
+        if key not in accepted:
+            raise ValueError(f"{where}: unknown option {key!r}; options: {', '.join(accepted)}")
+        if torch.is_tensor(value) or (isinstance(value, (list, tuple)) and any(torch.is_tensor(v) for v in value)):
+            raise ValueError(tensor_refused(where, key, value))
+        default = signature[key].default
+        if isinstance(default, bool):
+            ok, expected = isinstance(value, bool), "true or false"
+        elif isinstance(default, tuple):
+            ok = isinstance(value, (list, tuple)) and len(value) == len(default) and all(map(_is_number, value))
+            expected = f"{len(default)} numbers"
+        else:
+            ok, expected = _is_number(value), "a number"
+        if not ok:
+            raise ValueError(f"{where}: {key} must be {expected}, got {value!r}")
 
 
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
@@ -405,7 +440,9 @@ def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     spec: Dict[str, Any] = {"name": name}
     for key in keys:
         value = group[key]
-        spec[key] = list(value) if isinstance(value, tuple) else (value.item() if torch.is_tensor(value) else value)
+        if torch.is_tensor(value) or (isinstance(value, tuple) and any(torch.is_tensor(v) for v in value)):
+            raise GradbridgeError(tensor_refused(torch_name, key, value))
+        spec[key] = list(value) if isinstance(value, tuple) else value
     return spec
 
 
