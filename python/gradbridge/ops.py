@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import struct
 import sys
@@ -46,10 +47,19 @@ def build(sources: Sequence[str | os.PathLike], output: str | os.PathLike, *, na
             built = cpp_extension.load(name=name, sources=[str(s) for s in sources], is_python_module=False,
                                        build_directory=build_dir, extra_cflags=["-O2"], verbose=False)
         except (RuntimeError, OSError, ValueError) as ex:
-            raise GradbridgeError(f"cannot build {', '.join(map(str, sources))}: {str(ex).strip().splitlines()[-1]}") from ex
+            raise GradbridgeError(f"cannot build {', '.join(map(str, sources))}: {_first_error(str(ex))}") from ex
         with atomic_path(output) as tmp:
             shutil.copyfile(built, tmp)
     return output
+
+
+def _first_error(output: str) -> str:
+    """The compiler's (or linker's) first error line in ninja's output; else its last line."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"\b(fatal )?error\b:|undefined reference", line) and not line.startswith("ninja:"):
+            return line
+    return lines[-1] if lines else "the compiler failed"
 
 
 def load(libraries: Iterable[str | os.PathLike]) -> List[Path]:
