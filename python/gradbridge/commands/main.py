@@ -256,7 +256,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
     run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
-        steps_only=args.steps_only, java_settings=java, threads=args.threads)
+        steps_only=args.steps_only, java_settings=java, threads=args.threads, memory_steps=args.memory_steps)
     return 0
 
 
@@ -284,6 +284,16 @@ def _bench_threads(text: str) -> int:
 
 
 _bench_threads.__name__ = messages.BENCH_THREADS
+
+
+def _memory_steps(text: str) -> int:
+    value = int(text)
+    if not 100 <= value <= 100_000_000:
+        raise ValueError(text)
+    return value
+
+
+_memory_steps.__name__ = "step count (an integer from 100 to 100000000)"
 
 
 def _choices(allowed, what: str):
@@ -477,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="variants, comma-separated: " + ", ".join(BENCH_VARIANTS) + " (see benchmarks/README.md)")
     bench.add_argument("--threads", type=_bench_threads,
                        help="intra-op threads of every variant (default: torch's, one per core)")
+    bench.add_argument("--memory-steps", type=_memory_steps,
+                       help="steps of each resident-memory run (default 200,000: past the ~100,000-step warm-up; "
+                            "--quick 1,000)")
     bench.add_argument("--steps-only", action="store_true", help="only the training-step table (no call "
                                                                   "breakdown, transfer, memory, start-up)")
     own = bench.add_argument_group("the own-JVM variants (c), (d): one factor at a time")
