@@ -66,7 +66,7 @@ def test_export_cli_with_an_impossible_input_shape(tmp_path):
 
     result = gradbridge_cli("export", "mlp", "-o", tmp_path / "m.pt", "--input-shape", "3,3", "--loss", "cross_entropy")
     line = one_error_line(result, "gradbridge: error: ")
-    assert line.startswith("inputs x [-1, 3, 3] float32, y [-1] int64 do not fit model mlp with loss cross_entropy: ")
+    assert line == "model mlp takes --input-shape FEATURES (one number), got 3,3"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -254,4 +254,23 @@ def test_bad_optimizer_options_are_one_line_naming_the_option(tmp_path, spec, me
     with pytest.raises(ValueError) as error:
         export_training_module(_model(), "cross_entropy", spec, tmp_path / "m.pt", inputs=INPUTS)
     assert str(error.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: torch.optim.Adam(p, foreach=True), "Adam: foreach=True is not exported: gradbridge reproduces "
+                                                  "torch.optim's single-tensor path (the CPU default); leave foreach unset"),
+    (lambda p: torch.optim.Adam(p, fused=True), "Adam: fused=True is not exported"),
+    (lambda p: torch.optim.SGD(p, lr=0.1, differentiable=True), "SGD: differentiable=True is not exported"),
+    (lambda p: torch.optim.RMSprop(p, capturable=True), "RMSprop: capturable=True is not exported"),
+    (lambda p: torch.optim.Adam(p, weight_decay=0.1, decoupled_weight_decay=True),
+     "Adam: decoupled_weight_decay=True is not exported: use torch.optim.AdamW"),
+    (lambda p: torch.optim.Adam([{"params": list(p)[:2]}, {"params": list(p)[2:], "foreach": True}]),
+     "Adam parameter group 1: foreach=True is not exported"),
+])
+def test_torch_optim_settings_that_pick_other_arithmetic_are_refused(tmp_path, make, message):
+    model = _model()
+    with pytest.raises(GradbridgeError) as error:
+        export_training_module(model, "cross_entropy", make(model.parameters()), tmp_path / "m.pt", inputs=INPUTS)
+    assert str(error.value).startswith(message)
     assert list(tmp_path.iterdir()) == []

@@ -64,6 +64,8 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
     if any(state and float(state.get("step", 1)) != 0 for state in optimizer.state.values()):
         raise GradbridgeError(f"{torch_name} has already stepped; export a fresh optimizer")
     name = by_torch_name[torch_name]
+    for index, group in enumerate(optimizer.param_groups):
+        optim.check_torch_group(torch_name, group, f"{torch_name} parameter group {index}")
     keys = _hyper_keys(name)
     spec: Dict[str, Any] = {"name": name, **{k: _plain(optimizer.defaults[k], torch_name, k)
                                              for k in keys if k in optimizer.defaults}}

@@ -375,6 +375,25 @@ def build(spec: Dict[str, Any], params: Sequence[Tensor]) -> nn.Module:
     return cls(params, **options)
 
 
+#: torch.optim settings that choose another implementation than the single-tensor path this
+#: module reproduces: exported only at these values (their defaults).
+_IMPLEMENTATION_SETTINGS = {"foreach": (None, False), "fused": (None, False), "capturable": (False,),
+                            "differentiable": (False,)}
+
+
+def check_torch_group(torch_name: str, group: Dict[str, Any], where: str) -> None:
+    """Refuse (one line) a torch.optim group whose settings pick arithmetic the export does not
+    hold: foreach/fused/capturable/differentiable, or Adam's decoupled weight decay (AdamW's)."""
+    for key, allowed in _IMPLEMENTATION_SETTINGS.items():
+        if key in group and group[key] not in allowed:
+            raise GradbridgeError(f"{where}: {key}={group[key]!r} is not exported: gradbridge reproduces "
+                                  f"torch.optim's single-tensor path (the CPU default); leave {key} unset")
+    decoupled = group.get("decoupled_weight_decay")
+    if decoupled is not None and bool(decoupled) != (torch_name == "AdamW"):
+        other = "torch.optim.AdamW" if decoupled else "torch.optim.Adam"
+        raise GradbridgeError(f"{where}: decoupled_weight_decay={decoupled!r} is not exported: use {other}")
+
+
 def tensor_refused(where: str, key: str, value: Any) -> str:
     """The one wording for a tensor hyper-parameter (``lr=torch.tensor(0.5)``): eager torch keeps it
     a float32 tensor and rounds every value a schedule gives it to float32; the export holds doubles."""
@@ -436,6 +455,7 @@ def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
                               "optimizer_state/load_optimizer_state)")
     name = by_torch_name[torch_name]
     group = optimizer.param_groups[0]
+    check_torch_group(torch_name, group, torch_name)
     keys = OPTIMIZERS[name]([]).hyperparameters().keys()
     spec: Dict[str, Any] = {"name": name}
     for key in keys:
