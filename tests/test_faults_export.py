@@ -274,3 +274,14 @@ def test_torch_optim_settings_that_pick_other_arithmetic_are_refused(tmp_path, m
         export_training_module(model, "cross_entropy", make(model.parameters()), tmp_path / "m.pt", inputs=INPUTS)
     assert str(error.value).startswith(message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_scheduler_over_another_optimizer_is_refused(tmp_path):
+    # eager training would step an lr that the exported optimizer never reads
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GradbridgeError, match=r"^scheduler StepLR schedules another optimizer than the one exported"):
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=ls.StepLR(other, 2))
+    assert list(tmp_path.iterdir()) == []

@@ -492,6 +492,9 @@ def export_training_module(
     trainable = [p.requires_grad for p in parameters]
     if isinstance(optimizer, torch.optim.Optimizer):
         if scheduler is not None and not isinstance(scheduler, dict):
+            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
+                raise ExportError(f"scheduler {type(scheduler).__name__} schedules another optimizer than the one "
+                                  "exported; build it over that optimizer")
             schedulers.check_tensors(scheduler)
         # A scheduler's construction already moved the lrs; the spec holds the base lrs.
         with finetune.initial_lrs(optimizer) if scheduler is not None else contextlib.nullcontext():
