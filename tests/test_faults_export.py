@@ -132,18 +132,18 @@ def test_a_tensor_learning_rate_is_refused_where_torch_rounds_it(tmp_path, name)
     with pytest.raises(GradbridgeError) as error:
         export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
                                scheduler=make(optimizer))
-    assert str(error.value) == ("SGD: lr is a tensor, which torch keeps in float32 (every scheduled value "
-                                "rounded to float32) and gradbridge does not reproduce: pass lr as a Python float")
+    assert str(error.value) == ("SGD: lr is a tensor, which torch computes with in float32 (rounding every value "
+                                "it takes, scheduled ones too); gradbridge exports Python numbers: pass lr as a float")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_tensor_hyper_parameter_is_refused_without_a_scheduler_too(tmp_path):
     model = _model()
     groups = [{"params": [model[0].weight, model[0].bias]}, {"params": model[2].parameters(), "lr": torch.tensor(0.1)}]
-    with pytest.raises(GradbridgeError, match=r"^Adam parameter group 1: lr is a tensor, which torch keeps"):
+    with pytest.raises(GradbridgeError, match=r"^Adam parameter group 1: lr is a tensor, which torch computes with in float32"):
         export_training_module(model, "cross_entropy", torch.optim.Adam(groups, lr=0.01), tmp_path / "m.pt",
                                inputs=INPUTS)
-    with pytest.raises(ValueError, match=r"^optimizer adam: lr is a tensor, which torch keeps in float32"):
+    with pytest.raises(ValueError, match=r"^optimizer adam: lr is a tensor, which torch computes with in float32"):
         export_training_module(_model(), "cross_entropy", {"name": "adam", "lr": torch.tensor(0.5)},
                                tmp_path / "m.pt", inputs=INPUTS)
     assert list(tmp_path.iterdir()) == []
@@ -284,4 +284,21 @@ def test_a_scheduler_over_another_optimizer_is_refused(tmp_path):
     with pytest.raises(GradbridgeError, match=r"^scheduler StepLR schedules another optimizer than the one exported"):
         export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
                                scheduler=ls.StepLR(other, 2))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("loss, message", [
+    ({"name": "cross_entropy", "label_smoothing": "abc"}, "loss cross_entropy: label_smoothing must be a number, got 'abc'"),
+    ({"name": "cross_entropy", "foo": 1}, "loss cross_entropy: unknown option 'foo'; options: reduction, weight, "
+                                          "ignore_index, label_smoothing"),
+    (torch.nn.CrossEntropyLoss(ignore_index=1.5), "loss cross_entropy: ignore_index must be an integer, got 1.5"),
+    (torch.nn.CrossEntropyLoss(weight=torch.ones(3, dtype=torch.float64)),
+     "CrossEntropyLoss: weight is float64; gradbridge holds loss weights in float32: pass a float32 tensor"),
+    ({"name": "cross_entropy", "label_smoothing": torch.tensor(0.1)},
+     "loss cross_entropy: label_smoothing is a tensor, which torch computes with in float32"),
+])
+def test_bad_loss_options_are_one_line_naming_the_option(tmp_path, loss, message):
+    with pytest.raises(ValueError) as error:
+        export_training_module(_model(), loss, {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt", inputs=INPUTS)
+    assert str(error.value).startswith(message)
     assert list(tmp_path.iterdir()) == []

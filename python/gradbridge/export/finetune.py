@@ -61,7 +61,7 @@ def freeze(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Seque
 def initial_lrs(optimizer: torch.optim.Optimizer):
     """While a scheduler has moved the groups' lr (its initial step), show the base lrs: the spec
     must hold what a fresh optimizer starts from, so the reference can rebuild the pair."""
-    from .optim import tensor_refused
+    from .options import tensor_refused
 
     saved = [g["lr"] for g in optimizer.param_groups]
     name = type(optimizer).__name__

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import GradbridgeError
 from . import optim
+from .options import tensor_refused
 
 
 class GroupError(GradbridgeError, ValueError):
@@ -31,7 +32,7 @@ def _hyper_keys(name: str) -> List[str]:
 
 def _plain(value: Any, where: str, key: str) -> Any:
     if torch.is_tensor(value) or (isinstance(value, tuple) and any(torch.is_tensor(v) for v in value)):
-        raise GroupError(optim.tensor_refused(where, key, value))
+        raise GroupError(tensor_refused(where, key, value))
     return list(value) if isinstance(value, tuple) else value
 
 

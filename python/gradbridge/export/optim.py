@@ -15,14 +15,13 @@ tensors), so this is the arithmetic a Python user's training actually runs.
 """
 
 
-import inspect
-import numbers
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import GradbridgeError
+from .options import check, tensor_refused
 
 
 def _check(condition: bool, message: str) -> None:
@@ -394,39 +393,11 @@ def check_torch_group(torch_name: str, group: Dict[str, Any], where: str) -> Non
         raise GradbridgeError(f"{where}: decoupled_weight_decay={decoupled!r} is not exported: use {other}")
 
 
-def tensor_refused(where: str, key: str, value: Any) -> str:
-    """The one wording for a tensor hyper-parameter (``lr=torch.tensor(0.5)``): eager torch keeps it
-    a float32 tensor and rounds every value a schedule gives it to float32; the export holds doubles."""
-    return (f"{where}: {key} is a tensor, which torch keeps in float32 (every scheduled value rounded to "
-            f"float32) and gradbridge does not reproduce: pass {key} as a Python float")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not torch.is_tensor(value)
-
-
 def check_options(name: str, options: Dict[str, Any], where: str) -> None:
-    """Each option is one optimizer ``name`` takes, of its default's type: a wrong type is refused
-    by name (``where``: key), never converted (``lr="abc"``) nor turned into a double (a tensor lr)."""
+    """Each option is one optimizer ``name`` takes, of its default's type (``options.check``)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
-    signature = inspect.signature(OPTIMIZERS[name].__init__).parameters
-    accepted = [k for k in signature if k not in ("self", "params")]
-    for key, value in options.items():
-        if key not in accepted:
-            raise ValueError(f"{where}: unknown option {key!r}; options: {', '.join(accepted)}")
-        if torch.is_tensor(value) or (isinstance(value, (list, tuple)) and any(torch.is_tensor(v) for v in value)):
-            raise ValueError(tensor_refused(where, key, value))
-        default = signature[key].default
-        if isinstance(default, bool):
-            ok, expected = isinstance(value, bool), "true or false"
-        elif isinstance(default, tuple):
-            ok = isinstance(value, (list, tuple)) and len(value) == len(default) and all(map(_is_number, value))
-            expected = f"{len(default)} numbers"
-        else:
-            ok, expected = _is_number(value), "a number"
-        if not ok:
-            raise ValueError(f"{where}: {key} must be {expected}, got {value!r}")
+    check(where, OPTIMIZERS[name], options)
 
 
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:

@@ -17,14 +17,13 @@ reference rebuilds the real torch scheduler from it (``torch_scheduler``).
 
 
 import math
-import numbers
 from typing import Any, Dict, List
 
 import torch
 from torch import nn
 
 from ..errors import GradbridgeError
-from .optim import tensor_refused
+from .options import is_integer as _is_int, is_number as _is_float, tensor_refused
 
 #: torch class name -> spec name; what export accepts.
 SUPPORTED = {"StepLR": "step", "MultiStepLR": "multistep", "ExponentialLR": "exponential",
@@ -491,14 +490,6 @@ OPTIONS: Dict[str, Dict[str, Any]] = {
 }
 REQUIRED = {"step": ("step_size",), "multistep": ("milestones",), "exponential": ("gamma",), "cosine": ("T_max",),
             "onecycle": ("max_lr", "total_steps"), "sequential": ("schedulers", "milestones")}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not torch.is_tensor(value)
 
 
 def _check_option(name: str, key: str, kind: Any, value: Any, groups: int) -> None:
