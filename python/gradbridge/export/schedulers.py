@@ -474,7 +474,7 @@ def _invert(f, target: float, guess: float) -> float:
 
 
 #: Each spec's options and their kinds ("int", "float", "bool", "ints", "floats": a number or one
-#: per group, or a choice); the first ones of REQUIRED have no default.
+#: per group, "list" of specs, or a tuple of choices); REQUIRED: those without a default.
 OPTIONS: Dict[str, Dict[str, Any]] = {
     "step": {"step_size": "int", "gamma": "float"},
     "multistep": {"milestones": "ints", "gamma": "float"},
