@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradbridge import GradbridgeError, java, launcher, messages, protocol
+from gradbridge import GradbridgeError, java, launcher, messages, ops, protocol
 from gradbridge._devtree import root
 
 EXAMPLE = root() / "examples" / "custom-op"
@@ -94,7 +95,7 @@ def test_missing_library_names_the_operator_and_the_option(op_models):
     assert not (op_models / "h.jsonl").exists()
 
 
-@pytest.mark.parametrize("library, reason", [("absent.so", "no such file"), ("train.npz", "not a shared library")])
+@pytest.mark.parametrize("library, reason", [("absent.so", "no such file"), ("train.npz", messages.NOT_ELF)])
 def test_bad_op_library_is_one_line_in_both_languages(op_models, library, reason):
     expected = messages.op_library_unloadable(library, reason)
     result = _gradbridge("parity", "tanh_regressor.pt", "--data", "train.npz", "--op-library", library, cwd=op_models)
@@ -152,3 +153,63 @@ def test_readme_custom_op_block_runs(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "java: bitwise identical" in result.stdout and "verdict: gradients check out" in result.stdout
     assert (tmp_path / "examples" / "custom-op" / "gradcheck.json").is_file()
+
+
+def _bad_libraries(op_library, folder):
+    """A truncated copy of the real library, and ELF files of the wrong class, type and machine."""
+    good = op_library.read_bytes()
+    (folder / "truncated.so").write_bytes(good[:len(good) // 3])
+    (folder / "header-only.so").write_bytes(good[:64])
+
+    def patched(name, offset, value):
+        data = bytearray(good)
+        data[offset:offset + len(value)] = value
+        (folder / name).write_bytes(bytes(data))
+
+    patched("object.so", 16, (1).to_bytes(2, "little"))  # ET_REL
+    patched("arm.so", 18, (183).to_bytes(2, "little"))  # EM_AARCH64 on x86_64 (EM_X86_64 elsewhere)
+    if platform.machine() == "aarch64":
+        patched("arm.so", 18, (62).to_bytes(2, "little"))
+    patched("elf32.so", 4, b"\x01")
+    return ["truncated.so", "header-only.so", "object.so", "arm.so", "elf32.so"]
+
+
+def test_a_truncated_or_foreign_library_is_identified_before_it_is_loaded(op_models, op_library, tmp_path):
+    # Given libraries that the dynamic linker would refuse, or map past the file's end (SIGBUS)
+    names = _bad_libraries(op_library, tmp_path)
+    reasons = {name: ops.library_problem(tmp_path / name) for name in names}
+    assert reasons["truncated.so"].startswith("truncated: its headers need ")
+    assert reasons["object.so"] == messages.elf_type(1) == "a relocatable object (.o), not a shared library"
+    assert reasons["elf32.so"] == messages.elf_class(32)
+    assert reasons["arm.so"].startswith("built for ELF machine ")
+    assert ops.library_problem(op_library) is None
+    for name in names:
+        expected = messages.op_library_unloadable(str(tmp_path / name), reasons[name])
+        # When each entry point that loads libraries is given the truncated one, and the Python
+        # and the Java check (export, gradbridge-train) each of the others
+        runs = {
+            "export": _gradbridge("export", "model:tanh_regressor", "-o", tmp_path / "m.pt", "--input-shape", 3,
+                                  "--op-library", tmp_path / name, cwd=EXAMPLE),
+            "parity": _gradbridge("parity", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
+                                  tmp_path / name, cwd=op_models),
+            "gradcheck": _gradbridge("gradcheck", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
+                                     tmp_path / name, cwd=op_models),
+            "gradbridge-train": subprocess.run(launcher.command(launcher.TRAIN_MAIN, [
+                "--model", "tanh_regressor.pt", "--data", "train.npz", "--op-library", str(tmp_path / name),
+                "--history", str(tmp_path / "h.jsonl")]), capture_output=True, text=True, cwd=op_models),
+            "in-process JVM": subprocess.run([sys.executable, "-c", (
+                "import sys\nfrom gradbridge import ModuleLoadError, jvm\n"
+                "try:\n    jvm.load_module(sys.argv[1], op_libraries=[sys.argv[2]])\n"
+                "except ModuleLoadError as ex:\n    print('error:', ex, file=sys.stderr); sys.exit(1)\n"),
+                "tanh_regressor.pt", str(tmp_path / name)], capture_output=True, text=True, cwd=op_models),
+        }
+        if name != "truncated.so":
+            runs = {entry: runs[entry] for entry in ("export", "gradbridge-train")}
+        # Then each says why in one line, exit 1, and no process died of the file
+        for entry, run in runs.items():
+            lines = run.stderr.strip().splitlines()
+            # (the in-process JVM's exception adds the Java class name after the line)
+            assert run.returncode == 1 and f"error: {expected}" in lines[-1], (name, entry, run.stderr)
+            assert "SIGBUS" not in run.stderr and len([l for l in lines if "error" in l]) == 1, (name, entry)
+        assert not (tmp_path / "m.pt").exists() and not (tmp_path / "h.jsonl").exists()
+        assert not list(op_models.glob("hs_err_pid*.log")) and not list(EXAMPLE.glob("hs_err_pid*.log"))

@@ -60,3 +60,114 @@ def test_paritycheck_run_refuses_a_negative_tolerance(model_path, tmp_path):
 
     with pytest.raises(ValueError, match=r"^rtol must be a finite number >= 0, got -1"):
         paritycheck.run(model_path, tmp_path / "unused.npz", rtol=-1)
+
+
+# ---- one line naming the user's path and option (export, state-dict, build-op, parity) ----
+
+import torch  # noqa: E402
+
+from gradbridge.commands import main as cli  # noqa: E402
+from gradbridge.errors import CLI_ERROR_PREFIX  # noqa: E402
+
+
+def _line(capsys, argv):
+    """In-process ``gradbridge ARGV``: exit code 1 and the one error line."""
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as ex:  # argparse's own errors
+        code = ex.code
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and err.startswith(CLI_ERROR_PREFIX), (code, err)
+    return err[len(CLI_ERROR_PREFIX):].strip()
+
+
+MLP = ["export", "mlp", "--input-shape", "4", "--loss", "cross_entropy", "--lr", "0.1"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--scheduler", "cosine"], "scheduler cosine: T_max is required (e.g. cosine:T_max=...)"),
+    (["--scheduler", "onecycle:max_lr=0.1"], "scheduler onecycle: total_steps is required (e.g. onecycle:total_steps=...)"),
+    (["--scheduler", "cosine:T_max=abc"], "scheduler cosine: T_max must be an integer, got 'abc'"),
+    (["--scheduler", "cosine:T_max=1e3"], "scheduler cosine: T_max must be an integer, got 1000.0"),
+    (["--scheduler", "onecycle:max_lr=abc,total_steps=5"],
+     "scheduler onecycle: max_lr must be a number or one per parameter group (1), got 'abc'"),
+    (["--group", "0.:lr=abc"], "parameter group 0 (prefix '0.'): lr must be a number, got 'abc'"),
+    (["--group", "0.:lr=0.2", "--group", "0.w:lr=0.3"],
+     "parameter groups 0 (prefix '0.') and 1 (prefix '0.w') overlap: 0.weight is in both; give each parameter one "
+     "group"),
+    (["--milestones", "5"], "--milestones needs --scheduler (two or more, for a SequentialLR)"),
+    (["--scheduler", "linear", "--scheduler", "step:step_size=2", "--milestones", "abc"],
+     "argument --milestones: invalid milestones (comma-separated integers) value: 'abc' (see gradbridge export --help)"),
+    (["--scheduler-interval", "epoch"], "--scheduler-interval needs --scheduler"),
+    (["--clip-norm-type", "inf"], "--clip-norm-type needs --clip-norm"),
+    (["--class-weights", "1,abc"], "argument --class-weights: invalid list (comma-separated numbers) value: '1,abc' "
+                                   "(see gradbridge export --help)"),
+    (["--target-shape", "x"], "argument --target-shape: invalid shape (comma-separated positive integers) value: 'x' "
+                              "(see gradbridge export --help)"),
+])
+def test_bad_export_options_name_the_option(tmp_path, capsys, flags, message):
+    assert _line(capsys, MLP + flags + ["-o", tmp_path / "m.pt"]) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_builtin_models_take_their_size_from_the_input_shape(tmp_path, capsys):
+    from gradbridge import protocol
+
+    assert cli.main(["export", "mlp", "--input-shape", "8", "--loss", "cross_entropy", "-o", str(tmp_path / "m.pt")]) == 0
+    parameters = {p["name"]: p["shape"] for p in protocol.read_metadata(tmp_path / "m.pt")["parameters"]}
+    assert parameters["0.weight"] == [16, 8]
+    assert cli.main(["export", "linear", "--input-shape", "5", "--target-shape", "2", "-o", str(tmp_path / "l.pt")]) == 0
+    assert [p["shape"] for p in protocol.read_metadata(tmp_path / "l.pt")["parameters"]] == [[2, 5], [2]]
+    capsys.readouterr()
+    assert _line(capsys, ["export", "mlp", "--input-shape", "1,8,8", "-o", tmp_path / "x.pt"]) == \
+        "model mlp takes --input-shape FEATURES (one number), got 1,8,8"
+    assert _line(capsys, ["export", "mlp", "--input-shape", "0", "-o", tmp_path / "x.pt"]) == \
+        "argument --input-shape: invalid shape (comma-separated positive integers) value: '0' (see gradbridge export --help)"
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.fixture
+def not_modules(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "weights.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(tmp_path / "plain.pt"))
+    (tmp_path / "folder.pt").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, message", [
+    ("notes.txt", "not a TorchScript archive (not a zip file)"),
+    ("weights.pt", "a torch.save file, not a TorchScript archive; export the model with `gradbridge export`"),
+    ("plain.pt", "TorchScript archive without gradbridge.json; export it with `gradbridge export`"),
+    ("folder.pt", "is a directory, not a training module (.pt)"),
+])
+def test_state_dict_of_something_else_says_what_it_is(not_modules, capsys, name, message):
+    assert _line(capsys, ["state-dict", not_modules / name, "-o", not_modules / "out.pt"]) == \
+        f"{not_modules / name}: {message}"
+    assert not (not_modules / "out.pt").exists()
+
+
+def test_unwritable_outputs_are_named_by_the_users_path(model_path, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "out.pt"
+    expected = f"{target}: cannot write it: {blocker} is not a directory"
+    assert _line(capsys, ["state-dict", model_path, "-o", target]) == expected
+    assert _line(capsys, MLP + ["-o", target]) == expected
+    assert _line(capsys, ["export", "mlp", "--input-shape", "4", "--loss", "cross_entropy", "-o", tmp_path]) == \
+        f"{tmp_path}: cannot write it: Is a directory"
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 1), np.float32), y=np.zeros((4, 1), np.float32))
+    for flag in ("--report", "--plot"):
+        assert _line(capsys, ["parity", model_path, "--data", tmp_path / "d.npz", flag, target]) == expected
+    assert _line(capsys, ["build-op", tmp_path / "d.npz", "-o", target]) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "d.npz"]
+
+
+def test_build_op_shows_the_compilers_first_error(tmp_path):
+    source = tmp_path / "bad.cpp"
+    source.write_text("int f() { return undefined_thing; }\nint g() { return other_undefined; }\n")
+    result = gradbridge_cli("build-op", source, "-o", tmp_path / "libbad.so")
+    line = one_error_line(result, PREFIX)
+    assert line.startswith(f"cannot build {source}: ") and "undefined_thing" in line and "error" in line, line
+    assert "ninja" not in line and "other_undefined" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.cpp"]

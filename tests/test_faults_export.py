@@ -66,7 +66,7 @@ def test_export_cli_with_an_impossible_input_shape(tmp_path):
 
     result = gradbridge_cli("export", "mlp", "-o", tmp_path / "m.pt", "--input-shape", "3,3", "--loss", "cross_entropy")
     line = one_error_line(result, "gradbridge: error: ")
-    assert line.startswith("inputs x [-1, 3, 3] float32, y [-1] int64 do not fit model mlp with loss cross_entropy: ")
+    assert line == "model mlp takes --input-shape FEATURES (one number), got 3,3"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -90,3 +90,215 @@ def test_files_follow_the_umask_and_keep_existing_permissions(tmp_path):
     finally:
         os.umask(previous)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "lr.pt"]
+
+
+# ---- exact or refused: tensor hyper-parameters, look-alike schedulers, mistyped options ----
+
+from torch.optim import lr_scheduler as ls  # noqa: E402
+
+from gradbridge.export import schedulers  # noqa: E402
+
+TENSOR_SCHEDULES = {
+    "StepLR": lambda o: ls.StepLR(o, step_size=2, gamma=0.1),
+    "MultiStepLR": lambda o: ls.MultiStepLR(o, milestones=[2, 3], gamma=0.3),
+    "ExponentialLR": lambda o: ls.ExponentialLR(o, gamma=0.9),
+    "CosineAnnealingLR": lambda o: ls.CosineAnnealingLR(o, T_max=5, eta_min=0.01),
+    "SequentialLR": lambda o: ls.SequentialLR(o, [ls.LinearLR(o, 0.1, total_iters=2), ls.ExponentialLR(o, 0.9)],
+                                              milestones=[2]),
+    "OneCycleLR": lambda o: ls.OneCycleLR(o, max_lr=0.5, total_steps=10),
+}
+
+
+def _lrs(optimizer, scheduler, steps=6):
+    out = []
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        out.append(float(optimizer.param_groups[0]["lr"]))
+    return out
+
+
+@pytest.mark.parametrize("name", TENSOR_SCHEDULES)
+def test_a_tensor_learning_rate_is_refused_where_torch_rounds_it(tmp_path, name):
+    # Why it is refused: eager torch keeps a tensor lr in float32, so its schedule differs from the
+    # float lr's (the only arithmetic the export holds) within a few steps.
+    make = TENSOR_SCHEDULES[name]
+    with_tensor = torch.optim.SGD(_model().parameters(), lr=torch.tensor(0.5), momentum=0.9)
+    with_float = torch.optim.SGD(_model().parameters(), lr=0.5, momentum=0.9)
+    assert _lrs(with_tensor, make(with_tensor)) != _lrs(with_float, make(with_float))
+
+    model = _model()
+    optimizer = torch.optim.SGD([{"params": model.parameters(), "lr": torch.tensor(0.5)}], momentum=0.9)
+    with pytest.raises(GradbridgeError) as error:
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=make(optimizer))
+    assert str(error.value) == ("SGD: lr is a tensor, which torch computes with in float32 (rounding every value "
+                                "it takes, scheduled ones too); gradbridge exports Python numbers: pass lr as a float")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tensor_hyper_parameter_is_refused_without_a_scheduler_too(tmp_path):
+    model = _model()
+    groups = [{"params": [model[0].weight, model[0].bias]}, {"params": model[2].parameters(), "lr": torch.tensor(0.1)}]
+    with pytest.raises(GradbridgeError, match=r"^Adam parameter group 1: lr is a tensor, which torch computes with in float32"):
+        export_training_module(model, "cross_entropy", torch.optim.Adam(groups, lr=0.01), tmp_path / "m.pt",
+                               inputs=INPUTS)
+    with pytest.raises(ValueError, match=r"^optimizer adam: lr is a tensor, which torch computes with in float32"):
+        export_training_module(_model(), "cross_entropy", {"name": "adam", "lr": torch.tensor(0.5)},
+                               tmp_path / "m.pt", inputs=INPUTS)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options, key", [({"max_lr": torch.tensor(0.5)}, "max_lr"),
+                                          ({"max_lr": 0.5, "max_momentum": torch.tensor(0.9)}, "max_momentum"),
+                                          ({"max_lr": 0.5, "base_momentum": torch.tensor(0.8)}, "base_momentum")])
+def test_one_cycle_with_a_tensor_option_is_one_line_naming_it(tmp_path, options, key):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = ls.OneCycleLR(optimizer, total_steps=10, **options)
+    with pytest.raises(GradbridgeError) as error:
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=scheduler)
+    assert str(error.value).startswith(f"OneCycleLR parameter group 0: {key} is a tensor, which")
+    assert "\n" not in str(error.value) and list(tmp_path.iterdir()) == []
+
+
+def test_one_cycle_per_epoch_cycles_momentum_and_beta1_as_eager_does(tmp_path):
+    for cls, key in ((torch.optim.SGD, "momentum"), (torch.optim.Adam, "betas"), (torch.optim.AdamW, "betas")):
+        model = _model()
+        optimizer = cls(model.parameters(), lr=0.1, **({"momentum": 0.9} if key == "momentum" else {}))
+        scheduler = ls.OneCycleLR(optimizer, max_lr=0.5, total_steps=12, base_momentum=0.8, max_momentum=0.95)
+        path = export_training_module(model, "cross_entropy", optimizer, tmp_path / f"{cls.__name__}.pt",
+                                      inputs=INPUTS, scheduler=scheduler, scheduler_interval="epoch")
+        scripted = torch.jit.load(str(path))
+        opt = next(module for _, module in scripted.optimizers.named_children())
+        for epoch in range(12):
+            scripted.schedule_epoch(1.0)
+            optimizer.step()
+            scheduler.step()
+            group = optimizer.param_groups[0]
+            expected = group["momentum"] if key == "momentum" else group["betas"][0]
+            assert (scripted.get_lrs()[0], opt.momentum if key == "momentum" else opt.beta1) == \
+                (group["lr"], expected), (cls.__name__, epoch)
+
+
+def test_a_look_alike_scheduler_class_is_refused_as_not_torchs(tmp_path):
+    class StepLR(ls.LRScheduler):  # the user's own, named like torch's
+        def get_lr(self):
+            return [g["lr"] * 0.5 for g in self.optimizer.param_groups]
+
+    class MyCosine(ls.CosineAnnealingLR):
+        pass
+
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GradbridgeError) as error:
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=StepLR(optimizer))
+    assert str(error.value) == (f"cannot export scheduler {__name__}.test_a_look_alike_scheduler_class_is_refused_as_"
+                                "not_torchs.<locals>.StepLR: it is not torch.optim.lr_scheduler.StepLR (a subclass "
+                                "or another class of that name may compute other lrs); use torch's StepLR")
+    # inside a SequentialLR as well
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sequential = ls.SequentialLR(optimizer, [ls.LinearLR(optimizer, 0.5, total_iters=2), MyCosine(optimizer, 5)],
+                                 milestones=[2])
+    with pytest.raises(GradbridgeError, match=r"^cannot export scheduler MyCosine; supported: StepLR"):
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=sequential)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda o: ls.CosineAnnealingLR(o, T_max=10.5), "scheduler cosine: T_max must be an integer, got 10.5"),
+    (lambda o: ls.StepLR(o, step_size=2.0), "scheduler step: step_size must be an integer, got 2.0"),
+    (lambda o: ls.MultiStepLR(o, milestones=[2.5]), "scheduler multistep: milestones must be a list of integers, "
+                                                     "got [2.5]"),
+])
+def test_a_float_where_the_export_holds_an_integer_is_refused(tmp_path, make, message):
+    # torch computes with the float; the scripted schedule holds an int: refused, not truncated
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as error:
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=make(optimizer))
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"name": "cosine"}, "scheduler cosine: T_max is required (e.g. cosine:T_max=...)"),
+    ({"name": "onecycle", "max_lr": 0.1}, "scheduler onecycle: total_steps is required (e.g. onecycle:total_steps=...)"),
+    ({"name": "cosine", "T_max": "abc"}, "scheduler cosine: T_max must be an integer, got 'abc'"),
+    ({"name": "step", "step_size": 3, "gama": 0.5}, "scheduler step: unknown option 'gama'; options: step_size, gamma"),
+    ({"name": "onecycle", "max_lr": "abc", "total_steps": 5},
+     "scheduler onecycle: max_lr must be a number or one per parameter group (1), got 'abc'"),
+])
+def test_bad_scheduler_specs_are_one_line_naming_the_option(tmp_path, spec, message):
+    with pytest.raises(ValueError) as error:
+        export_training_module(_model(), "cross_entropy", {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt",
+                               inputs=INPUTS, scheduler=spec)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"name": "sgd", "lr": "abc"}, "optimizer sgd: lr must be a number, got 'abc'"),
+    ({"name": "sgd", "nesterov": 1}, "optimizer sgd: nesterov must be true or false, got 1"),
+    ({"name": "adam", "betas": [0.9]}, "optimizer adam: betas must be 2 numbers, got [0.9]"),
+    ({"name": "sgd", "lr": 0.1, "foo": 1}, "optimizer sgd: unknown option 'foo'; options: lr, momentum, dampening, "
+                                           "weight_decay, nesterov, maximize"),
+    ({"name": "sgd", "lr": 0.1, "groups": [{"prefix": "0.", "lr": "abc"}]},
+     "parameter group 0 (prefix '0.'): lr must be a number, got 'abc'"),
+    ({"name": "sgd", "lr": 0.1, "groups": [{"prefix": "0", "lr": 0.2}, {"prefix": "0.", "lr": 0.3}]},
+     "parameter groups 0 (prefix '0') and 1 (prefix '0.') overlap: 0.weight is in both; give each parameter one group"),
+])
+def test_bad_optimizer_options_are_one_line_naming_the_option(tmp_path, spec, message):
+    with pytest.raises(ValueError) as error:
+        export_training_module(_model(), "cross_entropy", spec, tmp_path / "m.pt", inputs=INPUTS)
+    assert str(error.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: torch.optim.Adam(p, foreach=True), "Adam: foreach=True is not exported: gradbridge reproduces "
+                                                  "torch.optim's single-tensor path (the CPU default); leave foreach unset"),
+    (lambda p: torch.optim.Adam(p, fused=True), "Adam: fused=True is not exported"),
+    (lambda p: torch.optim.SGD(p, lr=0.1, differentiable=True), "SGD: differentiable=True is not exported"),
+    (lambda p: torch.optim.RMSprop(p, capturable=True), "RMSprop: capturable=True is not exported"),
+    (lambda p: torch.optim.Adam(p, weight_decay=0.1, decoupled_weight_decay=True),
+     "Adam: decoupled_weight_decay=True is not exported: use torch.optim.AdamW"),
+    (lambda p: torch.optim.Adam([{"params": list(p)[:2]}, {"params": list(p)[2:], "foreach": True}]),
+     "Adam parameter group 1: foreach=True is not exported"),
+])
+def test_torch_optim_settings_that_pick_other_arithmetic_are_refused(tmp_path, make, message):
+    model = _model()
+    with pytest.raises(GradbridgeError) as error:
+        export_training_module(model, "cross_entropy", make(model.parameters()), tmp_path / "m.pt", inputs=INPUTS)
+    assert str(error.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_scheduler_over_another_optimizer_is_refused(tmp_path):
+    # eager training would step an lr that the exported optimizer never reads
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(GradbridgeError, match=r"^scheduler StepLR schedules another optimizer than the one exported"):
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS,
+                               scheduler=ls.StepLR(other, 2))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("loss, message", [
+    ({"name": "cross_entropy", "label_smoothing": "abc"}, "loss cross_entropy: label_smoothing must be a number, got 'abc'"),
+    ({"name": "cross_entropy", "foo": 1}, "loss cross_entropy: unknown option 'foo'; options: reduction, weight, "
+                                          "ignore_index, label_smoothing"),
+    (torch.nn.CrossEntropyLoss(ignore_index=1.5), "loss cross_entropy: ignore_index must be an integer, got 1.5"),
+    (torch.nn.CrossEntropyLoss(weight=torch.ones(3, dtype=torch.float64)),
+     "CrossEntropyLoss: weight is float64; gradbridge holds loss weights in float32: pass a float32 tensor"),
+    ({"name": "cross_entropy", "label_smoothing": torch.tensor(0.1)},
+     "loss cross_entropy: label_smoothing is a tensor, which torch computes with in float32"),
+])
+def test_bad_loss_options_are_one_line_naming_the_option(tmp_path, loss, message):
+    with pytest.raises(ValueError) as error:
+        export_training_module(_model(), loss, {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt", inputs=INPUTS)
+    assert str(error.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []

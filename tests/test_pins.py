@@ -75,6 +75,15 @@ def test_shared_wording_matches(jvm):
     for source in ("data.npz", ""):
         assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
             == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])
+    # why an operator library is refused before it is loaded
+    assert str(Messages.NOT_ELF) == messages.NOT_ELF
+    assert str(Messages.elfClass(32)) == messages.elf_class(32)
+    for e_type in (0, 1, 2, 4, 9):
+        assert str(Messages.elfType(e_type)) == messages.elf_type(e_type)
+    assert str(Messages.elfMachine(183, "x86_64", 62)) == messages.elf_machine(183, "x86_64", 62)
+    assert str(Messages.elfTruncated(294968, 98322)) == messages.elf_truncated(294968, 98322)
+    assert str(Messages.opLibraryUnloadable("lib.so", "no such file")) == \
+        messages.op_library_unloadable("lib.so", "no such file")
 
 
 def test_metadata_keys_match_java(jvm):

@@ -78,16 +78,18 @@ def test_lr_sequence_equals_torch_over_1200_steps(tmp_path, name):
         assert [m.momentum for m in _groups(scripted)] == [g["momentum"] for g in optimizer.param_groups], step
 
 
-@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
-def test_one_cycle_cycles_adams_beta1_from_java(jvm, tmp_path, cls):
+@pytest.mark.parametrize("cls, interval", [(torch.optim.Adam, "step"), (torch.optim.AdamW, "step"),
+                                           (torch.optim.AdamW, "epoch"), (torch.optim.SGD, "epoch")])
+def test_one_cycle_cycles_beta1_or_momentum_from_java(jvm, tmp_path, cls, interval):
     model = _model()
-    optimizer = cls(model.parameters(), lr=0.01)
-    scheduler = ls.OneCycleLR(optimizer, max_lr=0.05, total_steps=6 * 6, pct_start=0.4)
+    optimizer = cls(model.parameters(), lr=0.01, **({"momentum": 0.9} if cls is torch.optim.SGD else {}))
+    scheduler = ls.OneCycleLR(optimizer, max_lr=0.05, total_steps=6 * 6 if interval == "step" else 6, pct_start=0.4)
     x, y = _data()
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
-                                  scheduler=scheduler)
+                                  scheduler=scheduler, scheduler_interval=interval)
     scripted = torch.jit.load(str(path))
-    assert [m.beta1 for m in _groups(scripted)] == [g["betas"][0] for g in optimizer.param_groups] == [0.95]
+    key = "momentum" if cls is torch.optim.SGD else "beta1"
+    assert [getattr(m, key) for m in _groups(scripted)] == [0.95]
     history = _train_both(path, model, x, y)
     assert history[-1].lrs != history[0].lrs
 

@@ -163,6 +163,7 @@ def test_doctor_reports_the_installation(user_env, outside):
     result = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "installed package" in result.stdout and "no problems found" in result.stdout
+    assert re.search(r"JVM start +ok \(Java \d+", result.stdout), result.stdout
     assert "from the jars of the installed package" in result.stdout
     assert "a separate JVM runs this Python's libtorch" in result.stdout
 
@@ -269,7 +270,7 @@ def _write_regressor(folder: Path, bin_dir: Path, env: dict) -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("case", ["no_jars", "missing_jar", "old_java", "other_torch"])
+@pytest.mark.parametrize("case", ["no_jars", "missing_jar", "old_java", "bogus_java_home", "other_torch"])
 def test_bad_installation_is_one_line(user_env, outside, case):
     bin_dir, env = user_env
     _write_regressor(outside, bin_dir, env)
@@ -287,6 +288,10 @@ def test_bad_installation_is_one_line(user_env, outside, case):
         env = {**env, "JAVA_HOME": str(_fake_old_jdk(outside))}
         command[-2:] = ["--java", "subprocess", "--epochs", 1]
         expected = r"is Java 11\.0\.2; gradbridge needs Java 17 or newer: install a JDK 17\+ and set JAVA_HOME"
+    elif case == "bogus_java_home":  # refused, never passed over for the system's java
+        env = {**env, "JAVA_HOME": str(outside / "no-jdk")}
+        command[-2:] = ["--java", "both", "--epochs", 1]
+        expected = r"JAVA_HOME=.*no-jdk holds no bin/java: point it at a JDK 17\+ or unset it"
     else:                       # torch's version seen as a release outside the range
         command = [bin_dir / "python", "-c", "import sys, torch; torch.__version__ = '2.6.0+cpu'; "
                    "from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))", *command[1:]]
@@ -299,7 +304,25 @@ def test_bad_installation_is_one_line(user_env, outside, case):
     if case != "other_torch":
         doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
         problems = [line for line in doctor.stdout.splitlines() if line.startswith("problem: ")]
-        assert doctor.returncode == 1 and len(problems) == 1 and re.search(expected, problems[0]), doctor.stdout
+        # a JAVA_HOME serves both JVMs: the one in this process and the separate one may both name it
+        assert doctor.returncode == 1 and 1 <= len(problems) <= (2 if "java" in case else 1), doctor.stdout
+        assert re.search(expected, problems[-1]), doctor.stdout
+
+
+@pytest.mark.parametrize("options, expected", [
+    ("-Xmx1k", "Error occurred during initialization of VM; Too small maximum heap"),
+    ("-Xbogus", "Unrecognized option: -Xbogus"),
+])
+def test_doctor_starts_a_jvm_with_the_users_jvm_options(user_env, outside, options, expected):
+    # Given JVM options with which every in-process JVM command would die of the JVM's own lines
+    bin_dir, env = user_env
+    doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env={**env, "GRADBRIDGE_JVM_OPTIONS": options})
+    # Then doctor starts a JVM as the commands do, in a process of its own, and says so
+    problems = [line for line in doctor.stdout.splitlines() if line.startswith("problem: ")]
+    assert doctor.returncode == 1 and len(problems) == 1, doctor.stdout
+    assert problems[0].startswith(f"problem: JVM start: a JVM does not start with GRADBRIDGE_JVM_OPTIONS={options}: "
+                                  f"{expected}"), problems[0]
+    assert problems[0].endswith("; correct or unset GRADBRIDGE_JVM_OPTIONS"), problems[0]
 
 
 # ---- the wheel in a project that already has the newest torch of the range ----

@@ -50,10 +50,21 @@ def require(version: str, where: str) -> None:
 
 # ---- a separate JVM ----
 
+def _java_home() -> Optional[Path]:
+    """JAVA_HOME when set; SetupError when it holds no ``bin/java``: a JAVA_HOME that is wrong is
+    refused, never passed over for another Java."""
+    home = os.environ.get("JAVA_HOME")
+    if not home:
+        return None
+    if not (Path(home) / "bin" / "java").is_file():
+        raise SetupError(f"JAVA_HOME={home} holds no bin/java: point it at a JDK {MIN_JAVA}+ or unset it")
+    return Path(home)
+
+
 def java_executable() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
+    java_home = _java_home()
+    if java_home is not None:
+        return str(java_home / "bin" / "java")
     found = shutil.which("java")
     if found is None:
         raise SetupError("no `java` found: install a JDK 17+ and put it on PATH or set JAVA_HOME")
@@ -91,6 +102,13 @@ def libjvm_path() -> str:
         if not Path(explicit).is_file():
             raise SetupError(f"{JVM_PATH_ENV}={explicit}: no such file")
         return explicit
+    java_home = _java_home()
+    if java_home is not None:  # JPype would quietly look elsewhere when JAVA_HOME has no libjvm
+        found = sorted(java_home.glob("**/libjvm.so"), key=lambda p: "server" not in p.parts)
+        if not found:
+            raise SetupError(f"JAVA_HOME={java_home} holds no libjvm.so for the JVM in this process: point it at "
+                             f"a JDK {MIN_JAVA}+, set {JVM_PATH_ENV}, or unset JAVA_HOME")
+        return str(found[0])
     import jpype
 
     try:

@@ -131,6 +131,29 @@ def op_library_unloadable(library: str, reason: str) -> str:
     return f"--op-library {library}: cannot load it: {reason}"
 
 
+# why a file is not a shared library for this machine (checked before the dynamic linker maps it:
+# a truncated library kills the process with SIGBUS instead of failing)
+
+NOT_ELF = "not an ELF shared library"
+ELF_TYPES = {0: "an ELF file of no type", 1: "a relocatable object (.o)", 2: "an executable", 4: "a core dump"}
+
+
+def elf_class(bits: int) -> str:
+    return f"a {bits}-bit ELF file; this machine loads 64-bit little-endian libraries"
+
+
+def elf_type(e_type: int) -> str:
+    return f"{ELF_TYPES.get(e_type, f'an ELF file of type {e_type}')}, not a shared library"
+
+
+def elf_machine(found: int, machine: str, expected: int) -> str:
+    return f"built for ELF machine {found}; this machine is {machine} (ELF machine {expected})"
+
+
+def elf_truncated(needed: int, size: int) -> str:
+    return f"truncated: its headers need {needed} bytes, the file has {size}"
+
+
 # ---- data-parallel training (gradbridge-spark, reference shards) ----
 
 def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> str:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from .files import atomic_path
 from .history import History
 from .parity import ParityReport
 
@@ -18,10 +19,10 @@ def write_json(path: str | os.PathLike, config: Dict, reports: Sequence[ParityRe
                failures: Optional[Dict[str, str]] = None) -> Path:
     """Every comparison's figures, and the error line of each Java variant that failed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"config": config, "comparisons": [report.to_json() for report in reports],
                 "failures": dict(failures or {})}
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     return path
 
 
@@ -35,7 +36,6 @@ def write_plot(path: str | os.PathLike, title: str, reference: History, others: 
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     epochs = [r.epoch for r in reference]
     figure, (curves, deltas) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     curves.plot(epochs, reference.losses, "o-", color="tab:blue", lw=3, alpha=0.5, label="python (reference) train")
@@ -68,6 +68,7 @@ def write_plot(path: str | os.PathLike, title: str, reference: History, others: 
     deltas.legend(fontsize=8, loc="upper left")
     deltas.grid(alpha=0.3, which="both")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, dpi=110, format="png")
     plt.close(figure)
     return path

@@ -160,11 +160,17 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     gradbridge metadata.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ProtocolError(f"{path}: is a directory, not a training module (.pt)")
     if not path.is_file():
         raise ProtocolError(f"{path}: no such file")
     try:
         with zipfile.ZipFile(path) as archive:
-            entries = [n for n in archive.namelist() if n.endswith("/extra/" + METADATA_FILE)]
+            names = archive.namelist()
+            entries = [n for n in names if n.endswith("/extra/" + METADATA_FILE)]
+            if not entries and not any("/code/" in n for n in names):
+                raise ProtocolError(f"{path}: a torch.save file, not a TorchScript archive; export the model "
+                                    "with `gradbridge export`")
             if not entries:
                 raise ProtocolError(
                     f"{path}: TorchScript archive without {METADATA_FILE}; "

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from .. import _devtree, classpath, java, jdk, jvm, libtorch, native
+from . import bench_memory
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import LinearRegression, mlp
@@ -550,42 +551,6 @@ def bench_transfer(rounds: int, megabytes: int) -> Dict:
             "one_copy_vs_numpy_copy_speed": speed}
 
 
-def bench_memory(steps: int, chunk: int = 500) -> Dict:
-    """Resident memory after every chunk of Java train_step calls (MLP, batch 64)."""
-    case = CASES[1]
-    torch.manual_seed(0)
-    xb, yb = _data(case, case.batch)
-    folder = Path(os.environ.get("TMPDIR", "/tmp"))
-    path = export_training_module(case.build(), case.loss, case.optimizer, folder / "gradbridge-bench-memory.pt",
-                                  example_inputs=(torch.from_numpy(xb), torch.from_numpy(yb)))
-    Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
-    module = jvm.load_module(path)
-    rss = []
-    try:
-        jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
-        for done in range(0, steps + 1, chunk):
-            if done:
-                Bench.trainStep(module, jxb, jyb, 0, 1, chunk)
-            rss.append((done, _rss_bytes()))
-    finally:
-        module.close()
-    warm = rss[len(rss) // 2:]  # the first half warms up the JIT, the heap and the allocator
-    xs = np.array([s for s, _ in warm], dtype=np.float64)
-    ys = np.array([r for _, r in warm], dtype=np.float64)
-    slope, intercept = np.polyfit(xs, ys, 1)
-    residual = ys - (slope * xs + intercept)
-    stderr = float(np.sqrt(residual.var(ddof=2) / ((xs - xs.mean()) ** 2).sum())) if len(xs) > 2 else float("nan")
-    return {"steps": steps, "samples": rss, "slope_bytes_per_step": float(slope), "slope_stderr": stderr,
-            "growth_bytes_after_warmup": int(warm[-1][1] - warm[0][1])}
-
-
-def _rss_bytes() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def bench_startup(model: Path, with_gradle: bool) -> Dict:
     probe = (
         "import json, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter()\n"
@@ -640,13 +605,14 @@ def _cpu_model() -> str | None:
 
 def run(*, quick: bool, out_dir: str | os.PathLike, rounds: int | None = None, cases: Sequence[str] = (),
         only: Sequence[str] = (), steps_only: bool = False, java_settings: JavaSettings | None = None,
-        threads: int | None = None, out: Callable[[str], None] = print) -> Dict:
+        threads: int | None = None, memory_steps: int | None = None, out: Callable[[str], None] = print) -> Dict:
     """Run every benchmark; print the tables; write bench.json and bench.png into ``out_dir``.
 
     ``cases``/``only`` narrow the step benchmark to some models / variants (keys of CASES and
     VARIANTS); ``steps_only`` skips transfer, memory and start-up; ``java_settings`` changes how
     the own-JVM variants start (options, environment, CPUs); ``threads`` sets every variant's
-    intra-op threads (default: torch's).
+    intra-op threads (default: torch's); ``memory_steps`` the length of each memory run
+    (default bench_memory.DEFAULT_STEPS, --quick bench_memory.QUICK_STEPS).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -677,7 +643,8 @@ def run(*, quick: bool, out_dir: str | os.PathLike, rounds: int | None = None, c
         np.savez(out_dir / "breakdown.npz", x=xb, y=yb)
         results["breakdown"] = breakdown(path, out_dir / "breakdown.npz", rounds, 200 if quick else 2000)
         results["transfer"] = bench_transfer(min(rounds, 7), 16 if quick else 256)  # 256 MiB copies: few rounds
-        results["memory"] = bench_memory(2_000 if quick else 20_000)
+        results["memory"] = bench_memory.run_all(memory_steps or (bench_memory.QUICK_STEPS if quick
+                                                                  else bench_memory.DEFAULT_STEPS))
         results["startup"] = bench_startup(_export(CASES[0], out_dir)[1], with_gradle=not quick)
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["seconds"] = time.perf_counter() - started
@@ -722,13 +689,14 @@ def targets(results: Dict) -> List[Dict]:
         ci = [1 / speed["ci95"][1], 1 / speed["ci95"][0]]
         found.append({"target": "transfer with one copy >= 0.5x numpy's allocating copy (as numpy/ours <= 2)",
                       "limit": 2.0, "value": 1 / speed["ratio"], "ci95": ci, "verdict": verdict(ci, 2.0)})
-    if "memory" in results:
-        memory = results["memory"]
+    for memory in results.get("memory", {}).values():
         slope, stderr = memory["slope_bytes_per_step"], memory["slope_stderr"]
-        # no growth: the slope's 2-stderr interval reaches zero, or it is below 1 byte per step
-        found.append({"target": "memory slope indistinguishable from zero (|slope| <= 2 stderr or < 1 byte/step)",
-                      "limit": 1.0, "value": slope, "ci95": [slope - 2 * stderr, slope + 2 * stderr],
-                      "verdict": MET if abs(slope) <= max(2 * stderr, 1.0) else MISSED})
+        found.append({"target": f"resident memory reaches a plateau after warm-up: {memory['surface']} "
+                                f"(last {bench_memory.WINDOW:.0%} of {memory['steps']:,} steps)",
+                      "limit": bench_memory.FLAT_BYTES_PER_STEP, "value": slope,
+                      "ci95": [slope - 2 * stderr, slope + 2 * stderr],
+                      "verdict": {bench_memory.PLATEAU: MET, bench_memory.LEAK: MISSED}.get(memory["verdict"],
+                                                                                      CANNOT_TELL)})
     return [target for target in found if target is not None]
 
 
@@ -794,10 +762,9 @@ def format_tables(results: Dict) -> List[str]:
                                                               if name in transfer["gb_per_s"] else "")
                   for name, seconds in transfer["seconds"].items()]
     if "memory" in results:
-        memory = results["memory"]
-        lines += ["", f"resident memory over {memory['steps']:,} Java train_step calls (MLP, batch 64): slope "
-                      f"{memory['slope_bytes_per_step']:.2f} +- {memory['slope_stderr']:.2f} bytes/step, "
-                      f"{memory['growth_bytes_after_warmup'] / 2**20:+.2f} MiB after warm-up"]
+        lines += ["", "resident memory (MLP 32-64-64-10): the last window's slope against the one before"]
+        lines += [f"  {memory['surface']:<42} {memory['steps']:>9,} steps: {bench_memory.describe(memory)}"
+                  for memory in results["memory"].values()]
     if "startup" in results:
         lines += ["", "start-up (seconds)"] + [f"  {name:<30} {seconds:>8.3f}" if isinstance(seconds, float)
                                                else f"  {name:<30} {seconds}"

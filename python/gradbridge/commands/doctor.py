@@ -1,9 +1,9 @@
 """`gradbridge doctor`: what this installation runs on, and one line per problem.
 
-Checks, without starting a JVM: the Python package, where the Java library's jars come from and
-their versions, torch against the supported range and its TorchScript status, the native library
-Java would use on this Python's libtorch, the JVM that would start in this process, and the `java`
-a separate JVM would run. Exit code 1 when any is off.
+Checks: the Python package, where the Java library's jars come from and their versions, torch
+against the supported range and its TorchScript status, the native library Java would use on this
+Python's libtorch, the JVM that would start in this process (started in a process of its own with
+the user's JVM options), and the `java` a separate JVM would run. Exit code 1 when any is off.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def run(out: Callable[[str], None] = print) -> int:
         jdk.require(version, libjvm)
         return f"{libjvm} (Java {version})"
 
-    check("JVM in this process", in_process_jvm)
+    if check("JVM in this process", in_process_jvm) is not None and built:
+        check("JVM start", _start_jvm)
 
     def separate_jvm() -> str:
         java = jdk.java_executable()
@@ -83,3 +84,30 @@ def run(out: Callable[[str], None] = print) -> int:
     if not problems:
         out("no problems found")
     return 1 if problems else 0
+
+
+#: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options).
+_JVM_PROBE = ("import sys\nfrom gradbridge import jvm\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
+              "    print(' '.join(str(ex).split()), file=sys.stderr)\n    sys.exit(1)\n"
+              "print(jvm.jclass('java.lang.System').getProperty('java.version'))\n")
+
+
+def _start_jvm() -> str:
+    """Start a JVM as the commands do, in a process of its own: GRADBRIDGE_JVM_OPTIONS that a JVM
+    refuses (or that make it exit, such as -Xmx1k) would otherwise only show in each command."""
+    import os
+    import subprocess
+
+    from ..jvm import JVM_OPTIONS_ENV
+
+    options = os.environ.get(JVM_OPTIONS_ENV, "")
+    result = subprocess.run([sys.executable, "-c", _JVM_PROBE], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        # the JVM's own lines first (it prints them and may exit the process itself), else the probe's
+        lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        reason = "; ".join(lines[:2]) or f"exit code {result.returncode}"
+        where = f"with {JVM_OPTIONS_ENV}={options}" if options else "here"
+        raise GradbridgeError(f"a JVM does not start {where}: {reason}"
+                              + (f"; correct or unset {JVM_OPTIONS_ENV}" if options else ""))
+    version = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "?"
+    return f"ok (Java {version}{', ' + JVM_OPTIONS_ENV + '=' + options if options else ''})"

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..files import atomic_path
+from ..files import atomic_path, check_writable
 from ..gradcheck import ATOL, EPS, RTOL, check
 
 
@@ -16,6 +16,8 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: i
         op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64,
         report_path: str | os.PathLike | None = None, out: Callable[[str], None] = print) -> int:
     """Print both checks and a verdict; returns the exit code (0: both pass)."""
+    if report_path is not None:
+        check_writable(report_path)
     result = check(model, data_path, batch_size=batch_size, op_libraries=op_libraries, max_elements=max_elements)
     out(f"gradcheck {Path(model).name}: {result.samples} samples from {Path(data_path).name}")
     if result.differing:
@@ -40,7 +42,6 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: i
                   "rtol": RTOL, "java_vs_python": {"bitwise": not result.differing, "differing": result.differing},
                   "finite_differences": [asdict(c) for c in result.checks], "ok": result.ok}
         path = Path(report_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             Path(tmp).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         out(f"report: {path}")

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from ..files import check_writable
 from ..models import BUILTIN_MODELS
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -27,6 +28,9 @@ def _floats(text: str) -> List[float]:
     return [float(v) for v in text.split(",") if v.strip()]
 
 
+_floats.__name__ = "list (comma-separated numbers)"
+
+
 def _tolerance(text: str) -> float:
     """A tolerance: a finite number >= 0 (argparse turns ValueError into one usage line)."""
     value = float(text)
@@ -39,7 +43,24 @@ _tolerance.__name__ = "tolerance (a finite number >= 0)"
 
 
 def _shape(text: str) -> List[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    """``4`` or ``1,8,8``: positive integers (argparse names the option when this raises)."""
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if any(v < 1 for v in values):
+        raise ValueError(text)
+    return values
+
+
+_shape.__name__ = "shape (comma-separated positive integers)"
+
+
+def _milestones(text: str) -> List[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise ValueError(text)
+    return values
+
+
+_milestones.__name__ = "milestones (comma-separated integers)"
 
 
 def _given(args: argparse.Namespace, flags) -> Dict[str, Any]:
@@ -96,9 +117,11 @@ def _group(text: str) -> Dict[str, Any]:
     return {"prefix": prefix, **_options(rest, f"--group {text!r}")}
 
 
-def _scheduler(specs: List[str], milestones: Optional[str]) -> Optional[Dict[str, Any]]:
+def _scheduler(specs: List[str], milestones: Optional[List[int]]) -> Optional[Dict[str, Any]]:
     """``--scheduler NAME:k=v,...`` (repeat it with --milestones for a SequentialLR)."""
     if not specs:
+        if milestones is not None:
+            raise GradbridgeError("--milestones needs --scheduler (two or more, for a SequentialLR)")
         return None
     parsed = []
     for text in specs:
@@ -108,14 +131,20 @@ def _scheduler(specs: List[str], milestones: Optional[str]) -> Optional[Dict[str
         return parsed[0]
     if milestones is None:
         raise GradbridgeError("several --scheduler options need --milestones (a SequentialLR)")
-    return {"name": "sequential", "schedulers": parsed, "milestones": _shape(milestones)}
+    return {"name": "sequential", "schedulers": parsed, "milestones": milestones}
 
 
 def _fine_tuning(args: argparse.Namespace) -> Dict[str, Any]:
+    # an option that only modifies another is refused alone rather than silently ignored
+    if args.scheduler_interval is not None and not args.scheduler:
+        raise GradbridgeError("--scheduler-interval needs --scheduler")
+    if args.clip_norm_type is not None and args.clip_norm is None:
+        raise GradbridgeError("--clip-norm-type needs --clip-norm")
     options: Dict[str, Any] = {"freeze": args.freeze or (), "accumulate": args.accumulate,
                                "scheduler": _scheduler(args.scheduler or [], args.milestones),
-                               "scheduler_interval": args.scheduler_interval,
-                               "clip_grad_norm": args.clip_norm, "clip_norm_type": args.clip_norm_type,
+                               "scheduler_interval": args.scheduler_interval or "step",
+                               "clip_grad_norm": args.clip_norm,
+                               "clip_norm_type": 2.0 if args.clip_norm_type is None else args.clip_norm_type,
                                "clip_grad_value": args.clip_value, "init_weights": args.init_weights}
     return options
 
@@ -126,6 +155,7 @@ def _export(args: argparse.Namespace) -> int:
     from .. import ops, protocol
     from ..export import export_builtin, export_training_module
 
+    check_writable(args.output)
     ops.load(args.op_library)  # the model's custom operators must exist to script it
     optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
     if args.group:
@@ -139,15 +169,15 @@ def _export(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
 
-    x_shape = _shape(args.input_shape or "1")
+    x_shape = args.input_shape or [1]
     y_dtype = args.target_dtype or ("int64" if loss["name"] in _CLASS_TARGET_LOSSES else "float32")
-    y_shape = _shape(args.target_shape if args.target_shape is not None
-                     else ("" if loss["name"] in _CLASS_TARGET_LOSSES else "1"))
+    y_shape = args.target_shape if args.target_shape is not None else (
+        [] if loss["name"] in _CLASS_TARGET_LOSSES else [1])
     inputs = [protocol.tensor_spec("x", [-1, *x_shape], args.input_dtype),
               protocol.tensor_spec("y", [-1, *y_shape], y_dtype)]
     if args.model in BUILTIN_MODELS:
         path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, loss=loss, inputs=inputs,
-                              fine_tuning=fine_tuning)
+                              fine_tuning=fine_tuning, **_builtin_sizes(args.model, x_shape, y_shape, loss["name"]))
     else:
         factory = load_factory(args.model)
         torch.manual_seed(args.seed)
@@ -165,6 +195,25 @@ def _export(args: argparse.Namespace) -> int:
                                       model_name=args.model, **fine_tuning)
     print(f"wrote {path}")
     return 0
+
+
+def _builtin_sizes(name: str, x_shape: List[int], y_shape: List[int], loss: str) -> Dict[str, int]:
+    """A built-in model sized by --input-shape (and, for a regression loss, --target-shape)."""
+    if name == "linear-regression":
+        if x_shape != [1] or y_shape not in ([1], []):
+            raise GradbridgeError(f"model linear-regression takes --input-shape 1 and --target-shape 1, got "
+                                  f"{','.join(map(str, x_shape))} and {','.join(map(str, y_shape)) or 'none'}")
+        return {}
+    regression = loss not in _CLASS_TARGET_LOSSES and len(y_shape) == 1
+    if name == "small-cnn":
+        if len(x_shape) != 3 or x_shape[0] != 1 or x_shape[1] != x_shape[2]:
+            raise GradbridgeError(f"model small-cnn takes --input-shape 1,SIDE,SIDE, got {','.join(map(str, x_shape))}")
+        return {"side": x_shape[1], **({"classes": y_shape[0]} if regression else {})}
+    if len(x_shape) != 1:
+        raise GradbridgeError(f"model {name} takes --input-shape FEATURES (one number), got {','.join(map(str, x_shape))}")
+    if name == "shared-weights":
+        return {"features": x_shape[0], **({"classes": y_shape[0]} if regression else {})}
+    return {"in_features": x_shape[0], **({"out_features": y_shape[0]} if regression else {})}
 
 
 def _state_dict(args: argparse.Namespace) -> int:
@@ -185,6 +234,7 @@ def _parity(args: argparse.Namespace) -> int:
 def _build_op(args: argparse.Namespace) -> int:
     from .. import ops
 
+    check_writable(args.output)
     print(f"wrote {ops.build(args.sources, args.output)}")
     return 0
 
@@ -206,7 +256,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
     run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
-        steps_only=args.steps_only, java_settings=java, threads=args.threads)
+        steps_only=args.steps_only, java_settings=java, threads=args.threads, memory_steps=args.memory_steps)
     return 0
 
 
@@ -234,6 +284,16 @@ def _bench_threads(text: str) -> int:
 
 
 _bench_threads.__name__ = messages.BENCH_THREADS
+
+
+def _memory_steps(text: str) -> int:
+    value = int(text)
+    if not 100 <= value <= 100_000_000:
+        raise ValueError(text)
+    return value
+
+
+_memory_steps.__name__ = "step count (an integer from 100 to 100000000)"
 
 
 def _choices(allowed, what: str):
@@ -306,10 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="output .pt (written atomically)")
     export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
     shapes = export.add_argument_group("inputs (per sample; the batch dimension is implied)")
-    shapes.add_argument("--input-shape", help="e.g. 4 or 1,8,8 (default 1)")
+    shapes.add_argument("--input-shape", type=_shape, help="e.g. 4 or 1,8,8 (default 1; sizes a built-in model)")
     shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64", "int64"),
                         help="int64 for index inputs (embeddings); default float32")
-    shapes.add_argument("--target-shape", help="default: none for class-index losses, else 1")
+    shapes.add_argument("--target-shape", type=_shape,
+                        help="default: none for class-index losses, else 1 (sizes a built-in model's output)")
     shapes.add_argument("--target-dtype", choices=("float32", "float64", "int64"),
                         help="default: int64 for cross_entropy/nll, else float32")
     loss = export.add_argument_group("loss")
@@ -349,11 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lr schedule: step, multistep, exponential, cosine, linear, onecycle, plateau with "
                              "torch's argument names (e.g. cosine:T_max=1000; milestones as 30|80); repeat it with "
                              "--milestones for a SequentialLR")
-    tuning.add_argument("--milestones", help="SequentialLR milestones, comma-separated (e.g. 100)")
-    tuning.add_argument("--scheduler-interval", choices=("step", "epoch"), default="step",
+    tuning.add_argument("--milestones", type=_milestones, help="SequentialLR milestones, comma-separated (e.g. 100)")
+    tuning.add_argument("--scheduler-interval", choices=("step", "epoch"),
                         help="step the schedule after every optimizer step (default) or every epoch")
     tuning.add_argument("--clip-norm", type=float, help="clip_grad_norm_ max norm before each step")
-    tuning.add_argument("--clip-norm-type", type=float, default=2.0, help="2 (default) or inf")
+    tuning.add_argument("--clip-norm-type", type=float, help="2 (default) or inf")
     tuning.add_argument("--clip-value", type=float, help="clip_grad_value_ before each step")
     tuning.add_argument("--accumulate", type=int, default=1, metavar="K",
                         help="gradient accumulation: K micro-batches per optimizer step")
@@ -426,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="variants, comma-separated: " + ", ".join(BENCH_VARIANTS) + " (see benchmarks/README.md)")
     bench.add_argument("--threads", type=_bench_threads,
                        help="intra-op threads of every variant (default: torch's, one per core)")
+    bench.add_argument("--memory-steps", type=_memory_steps,
+                       help="steps of each resident-memory run (default 200,000: past the ~100,000-step warm-up; "
+                            "--quick 1,000)")
     bench.add_argument("--steps-only", action="store_true", help="only the training-step table (no call "
                                                                   "breakdown, transfer, memory, start-up)")
     own = bench.add_argument_group("the own-JVM variants (c), (d): one factor at a time")

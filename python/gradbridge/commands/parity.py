@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from .. import data, java, launcher, ops, parity_report, protocol, reference
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from ..files import check_writable
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")
@@ -34,6 +35,9 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not 0 <= value < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    for output in (report_path, plot_path):
+        if output is not None:
+            check_writable(output)  # before the training, not after it
     metadata = protocol.read_metadata(model)
     ops.prepare(metadata, op_libraries, str(model))
     x, y = data.load_checked(metadata, data_path)

@@ -61,7 +61,14 @@ def freeze(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Seque
 def initial_lrs(optimizer: torch.optim.Optimizer):
     """While a scheduler has moved the groups' lr (its initial step), show the base lrs: the spec
     must hold what a fresh optimizer starts from, so the reference can rebuild the pair."""
+    from .options import tensor_refused
+
     saved = [g["lr"] for g in optimizer.param_groups]
+    name = type(optimizer).__name__
+    for index, lr in enumerate(saved):
+        if torch.is_tensor(lr):  # still a tensor under the schedule, whatever the base lrs are
+            where = name if len(saved) == 1 else f"{name} parameter group {index}"
+            raise FineTuneError(tensor_refused(where, "lr", lr))
     try:
         for g in optimizer.param_groups:
             if "initial_lr" in g:
@@ -176,16 +183,25 @@ def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Te
 def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
     """The model's state_dict inside an exported module or a Java checkpoint (its current values:
     a checkpoint holds the trained ones), for ``model.load_state_dict``."""
+    from .. import protocol
+
     path = Path(module_path)
-    if not path.is_file():
-        raise FineTuneError(f"{path}: no such file")
-    module = torchscript.load(str(path), map_location="cpu")
-    return {key: value.detach().clone() for key, value in module.model.state_dict().items()}
+    protocol.read_metadata(path)  # identifies the file before torch reads it
+    try:
+        module = torchscript.load(str(path), map_location="cpu")
+        model = module.model
+    except (RuntimeError, AttributeError) as ex:
+        raise FineTuneError(f"{path}: not a loadable gradbridge module: {str(ex).strip().splitlines()[0]}") from ex
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
 
 
 def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
     """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
+    from ..files import atomic_path, check_writable
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state_dict_of(module_path), str(out))
+    check_writable(out)
+    state = state_dict_of(module_path)
+    with atomic_path(out) as tmp:
+        torch.save(state, str(tmp))
     return out

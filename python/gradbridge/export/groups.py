@@ -19,6 +19,7 @@ import torch
 
 from ..errors import GradbridgeError
 from . import optim
+from .options import tensor_refused
 
 
 class GroupError(GradbridgeError, ValueError):
@@ -29,10 +30,10 @@ def _hyper_keys(name: str) -> List[str]:
     return list(optim.OPTIMIZERS[name]([]).hyperparameters())
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return list(value)
-    return value.item() if torch.is_tensor(value) else value
+def _plain(value: Any, where: str, key: str) -> Any:
+    if torch.is_tensor(value) or (isinstance(value, tuple) and any(torch.is_tensor(v) for v in value)):
+        raise GroupError(tensor_refused(where, key, value))
+    return list(value) if isinstance(value, tuple) else value
 
 
 def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, str],
@@ -64,10 +65,14 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
     if any(state and float(state.get("step", 1)) != 0 for state in optimizer.state.values()):
         raise GradbridgeError(f"{torch_name} has already stepped; export a fresh optimizer")
     name = by_torch_name[torch_name]
+    for index, group in enumerate(optimizer.param_groups):
+        optim.check_torch_group(torch_name, group, f"{torch_name} parameter group {index}")
     keys = _hyper_keys(name)
-    spec: Dict[str, Any] = {"name": name, **{k: _plain(optimizer.defaults[k]) for k in keys if k in optimizer.defaults}}
+    spec: Dict[str, Any] = {"name": name, **{k: _plain(optimizer.defaults[k], torch_name, k)
+                                             for k in keys if k in optimizer.defaults}}
     spec["groups"] = [{"params": [names_by_id[id(p)] for p in group["params"]],
-                       **{k: _plain(group[k]) for k in keys}} for group in optimizer.param_groups]
+                       **{k: _plain(group[k], f"{torch_name} parameter group {index}", k) for k in keys}}
+                      for index, group in enumerate(optimizer.param_groups)]
     return spec
 
 
@@ -87,6 +92,8 @@ def resolve(spec: Dict[str, Any], names: Sequence[str], trainable: Sequence[bool
         if spec["name"] == "adagrad" and "initial_accumulator_value" in options:
             # torch.optim.Adagrad fills every group's `sum` from the constructor's value, not the group's
             options["initial_accumulator_value"] = defaults.get("initial_accumulator_value", 0.0)
+        label = f"parameter group {number}" + (f" (prefix {group['prefix']!r})" if "prefix" in group else "")
+        optim.check_options(spec["name"], options, label)
         if "params" in group:
             explicit = True
             indices = []
@@ -96,9 +103,15 @@ def resolve(spec: Dict[str, Any], names: Sequence[str], trainable: Sequence[bool
                 indices.append(index_of[name])
         elif "prefix" in group:
             prefix = group["prefix"]
-            indices = [i for i in trainable_indices if names[i].startswith(prefix) and i not in taken]
+            indices = [i for i in trainable_indices if names[i].startswith(prefix)]
             if not indices:
                 raise GroupError(f"parameter group {number}: no trainable parameter of the model starts with {prefix!r}")
+            overlap = next((i for i in indices if i in taken), None)
+            if overlap is not None:
+                other = spec["groups"][taken[overlap]]
+                other_text = f"prefix {other['prefix']!r}" if "prefix" in other else "by name"
+                raise GroupError(f"parameter groups {taken[overlap]} ({other_text}) and {number} (prefix {prefix!r}) "
+                                 f"overlap: {names[overlap]} is in both; give each parameter one group")
         else:
             raise GroupError(f"parameter group {number} needs 'params' (names) or 'prefix'")
         for i in indices:

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .options import check
+
 REDUCTIONS = ("mean", "sum")
 
 
@@ -174,10 +176,8 @@ def build(spec: Dict[str, Any]) -> nn.Module:
     name = options.pop("name", None)
     if name not in LOSSES:
         raise ValueError(f"Unknown loss {name!r}; supported: {', '.join(LOSSES)}")
-    try:
-        return LOSSES[name](**options)
-    except TypeError as ex:
-        raise ValueError(f"loss {name}: {ex}") from ex
+    check(f"loss {name}", LOSSES[name], options)
+    return LOSSES[name](**options)
 
 
 def spec_of(loss: nn.Module) -> Dict[str, Any]:
@@ -189,5 +189,10 @@ def spec_of(loss: nn.Module) -> Dict[str, Any]:
     spec: Dict[str, Any] = {"name": name, "reduction": loss.reduction}
     for attribute in attributes:
         value = getattr(loss, attribute)
-        spec[attribute] = value.tolist() if torch.is_tensor(value) else value
+        if torch.is_tensor(value) and attribute in ("weight", "pos_weight"):
+            if value.dtype != torch.float32:  # eager torch computes with it as it is; the export in float32
+                raise ValueError(f"{type(loss).__name__}: {attribute} is {str(value.dtype).replace('torch.', '')}; "
+                                 f"gradbridge holds loss weights in float32: pass a float32 tensor")
+            value = value.tolist()
+        spec[attribute] = value
     return spec

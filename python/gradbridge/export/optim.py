@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import GradbridgeError
+from .options import check, tensor_refused
 
 
 def _check(condition: bool, message: str) -> None:
@@ -367,12 +368,36 @@ def build(spec: Dict[str, Any], params: Sequence[Tensor]) -> nn.Module:
     if name not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
     cls = OPTIMIZERS[name]
+    check_options(name, options, f"optimizer {name}")
     if "betas" in options:
         options["betas"] = tuple(options["betas"])
-    try:
-        return cls(params, **options)
-    except TypeError as ex:
-        raise ValueError(f"optimizer {name}: {ex}") from ex
+    return cls(params, **options)
+
+
+#: torch.optim settings that choose another implementation than the single-tensor path this
+#: module reproduces: exported only at these values (their defaults).
+_IMPLEMENTATION_SETTINGS = {"foreach": (None, False), "fused": (None, False), "capturable": (False,),
+                            "differentiable": (False,)}
+
+
+def check_torch_group(torch_name: str, group: Dict[str, Any], where: str) -> None:
+    """Refuse (one line) a torch.optim group whose settings pick arithmetic the export does not
+    hold: foreach/fused/capturable/differentiable, or Adam's decoupled weight decay (AdamW's)."""
+    for key, allowed in _IMPLEMENTATION_SETTINGS.items():
+        if key in group and group[key] not in allowed:
+            raise GradbridgeError(f"{where}: {key}={group[key]!r} is not exported: gradbridge reproduces "
+                                  f"torch.optim's single-tensor path (the CPU default); leave {key} unset")
+    decoupled = group.get("decoupled_weight_decay")
+    if decoupled is not None and bool(decoupled) != (torch_name == "AdamW"):
+        other = "torch.optim.AdamW" if decoupled else "torch.optim.Adam"
+        raise GradbridgeError(f"{where}: decoupled_weight_decay={decoupled!r} is not exported: use {other}")
+
+
+def check_options(name: str, options: Dict[str, Any], where: str) -> None:
+    """Each option is one optimizer ``name`` takes, of its default's type (``options.check``)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {name!r}; supported: {', '.join(OPTIMIZERS)}")
+    check(where, OPTIMIZERS[name], options)
 
 
 def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
@@ -401,11 +426,14 @@ def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
                               "optimizer_state/load_optimizer_state)")
     name = by_torch_name[torch_name]
     group = optimizer.param_groups[0]
+    check_torch_group(torch_name, group, torch_name)
     keys = OPTIMIZERS[name]([]).hyperparameters().keys()
     spec: Dict[str, Any] = {"name": name}
     for key in keys:
         value = group[key]
-        spec[key] = list(value) if isinstance(value, tuple) else (value.item() if torch.is_tensor(value) else value)
+        if torch.is_tensor(value) or (isinstance(value, tuple) and any(torch.is_tensor(v) for v in value)):
+            raise GradbridgeError(tensor_refused(torch_name, key, value))
+        spec[key] = list(value) if isinstance(value, tuple) else value
     return spec
 
 

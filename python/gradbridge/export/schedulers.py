@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import GradbridgeError
+from .options import is_integer as _is_int, is_number as _is_float, tensor_refused
 
 #: torch class name -> spec name; what export accepts.
 SUPPORTED = {"StepLR": "step", "MultiStepLR": "multistep", "ExponentialLR": "exponential",
@@ -384,9 +385,8 @@ def spec_of(scheduler: Any) -> Dict[str, Any]:
     """The spec of a fresh torch scheduler (constructed, never stepped)."""
     from torch.optim import lr_scheduler as ls
 
+    _check_torch_class(scheduler)
     name = type(scheduler).__name__
-    if name not in SUPPORTED or type(scheduler).__module__ != ls.__name__:
-        raise GradbridgeError(unsupported_message(name))
     if isinstance(scheduler, ls.ReduceLROnPlateau):
         if scheduler.last_epoch != 0:
             raise GradbridgeError("ReduceLROnPlateau has already stepped; export a fresh scheduler")
@@ -401,9 +401,35 @@ def spec_of(scheduler: Any) -> Dict[str, Any]:
     return _child_spec(scheduler)
 
 
+def check_tensors(scheduler: Any) -> None:
+    """OneCycleLR's own options as tensors (they turn the groups' lr into one): refused by name."""
+    from torch.optim import lr_scheduler as ls
+
+    if isinstance(scheduler, ls.OneCycleLR):
+        for index, g in enumerate(scheduler.optimizer.param_groups):
+            for key in ("max_lr", "max_momentum", "base_momentum"):
+                if torch.is_tensor(g.get(key)):
+                    raise GradbridgeError(tensor_refused(f"OneCycleLR parameter group {index}", key, g[key]))
+
+
+def _check_torch_class(scheduler: Any) -> None:
+    """Only torch's own classes: a subclass or a look-alike may compute anything."""
+    from torch.optim import lr_scheduler as ls
+
+    cls = type(scheduler)
+    name = cls.__name__
+    if name in SUPPORTED and cls.__module__ != ls.__name__:
+        raise GradbridgeError(f"cannot export scheduler {cls.__module__}.{cls.__qualname__}: it is not "
+                              f"torch.optim.lr_scheduler.{name} (a subclass or another class of that name may "
+                              f"compute other lrs); use torch's {name}")
+    if name not in SUPPORTED:
+        raise GradbridgeError(unsupported_message(name))
+
+
 def _child_spec(s: Any) -> Dict[str, Any]:
     from torch.optim import lr_scheduler as ls
 
+    _check_torch_class(s)
     name = type(s).__name__
     if isinstance(s, ls.StepLR):
         return {"name": "step", "step_size": s.step_size, "gamma": s.gamma}
@@ -417,6 +443,7 @@ def _child_spec(s: Any) -> Dict[str, Any]:
         return {"name": "linear", "start_factor": s.start_factor, "end_factor": s.end_factor,
                 "total_iters": s.total_iters}
     if isinstance(s, ls.OneCycleLR):
+        check_tensors(s)
         group = s.optimizer.param_groups[0]
         momentum = ({"cycle_momentum": True, "max_momentum": [g["max_momentum"] for g in s.optimizer.param_groups],
                      "base_momentum": [g["base_momentum"] for g in s.optimizer.param_groups]}
@@ -446,11 +473,63 @@ def _invert(f, target: float, guess: float) -> float:
     return guess
 
 
+#: Each spec's options and their kinds ("int", "float", "bool", "ints", "floats": a number or one
+#: per group, "list" of specs, or a tuple of choices); REQUIRED: those without a default.
+OPTIONS: Dict[str, Dict[str, Any]] = {
+    "step": {"step_size": "int", "gamma": "float"},
+    "multistep": {"milestones": "ints", "gamma": "float"},
+    "exponential": {"gamma": "float"},
+    "cosine": {"T_max": "int", "eta_min": "float"},
+    "linear": {"start_factor": "float", "end_factor": "float", "total_iters": "int"},
+    "onecycle": {"max_lr": "floats", "total_steps": "int", "pct_start": "float", "div_factor": "float",
+                 "final_div_factor": "float", "three_phase": "bool", "anneal_strategy": ("cos", "linear"),
+                 "cycle_momentum": "bool", "max_momentum": "floats", "base_momentum": "floats"},
+    "plateau": {"mode": ("min", "max"), "factor": "float", "patience": "int", "threshold": "float",
+                "threshold_mode": ("rel", "abs"), "cooldown": "int", "min_lr": "floats", "eps": "float"},
+    "sequential": {"schedulers": "list", "milestones": "ints"},
+}
+REQUIRED = {"step": ("step_size",), "multistep": ("milestones",), "exponential": ("gamma",), "cosine": ("T_max",),
+            "onecycle": ("max_lr", "total_steps"), "sequential": ("schedulers", "milestones")}
+
+
+def _check_option(name: str, key: str, kind: Any, value: Any, groups: int) -> None:
+    where = f"scheduler {name}"
+    if torch.is_tensor(value) or (isinstance(value, (list, tuple)) and any(torch.is_tensor(v) for v in value)):
+        raise ValueError(tensor_refused(where, key, value))
+    if isinstance(kind, tuple):
+        _check(value in kind, f"{where}: {key} must be one of {', '.join(kind)}, got {value!r}")
+    elif kind == "int":
+        _check(_is_int(value), f"{where}: {key} must be an integer, got {value!r}")
+    elif kind == "float":
+        _check(_is_float(value), f"{where}: {key} must be a number, got {value!r}")
+    elif kind == "bool":
+        _check(isinstance(value, bool), f"{where}: {key} must be true or false, got {value!r}")
+    elif kind == "ints":
+        _check(isinstance(value, (list, tuple)) and all(map(_is_int, value)),
+               f"{where}: {key} must be a list of integers, got {value!r}")
+    elif kind == "floats":
+        one_per_group = isinstance(value, (list, tuple)) and len(value) == groups and all(map(_is_float, value))
+        _check(_is_float(value) or one_per_group,
+               f"{where}: {key} must be a number or one per parameter group ({groups}), got {value!r}")
+    elif kind == "list":
+        _check(isinstance(value, (list, tuple)) and all(isinstance(c, dict) for c in value),
+               f"{where}: {key} must be a list of scheduler specs, got {value!r}")
+
+
 def validate(spec: Dict[str, Any], groups: int) -> None:
-    """Refuse out-of-range settings before anything is written (one line naming the setting)."""
+    """Refuse unknown, missing, mistyped or out-of-range settings before anything is written (one
+    line naming the setting): an int option never takes a float (torch would compute with it)."""
     name = spec.get("name")
     if name not in SUPPORTED.values():
         raise ValueError(unsupported_message(repr(name)))
+    options = OPTIONS[name]
+    for key, value in spec.items():
+        if key == "name":
+            continue
+        _check(key in options, f"scheduler {name}: unknown option {key!r}; options: {', '.join(options)}")
+        _check_option(name, key, options[key], value, groups)
+    for key in REQUIRED.get(name, ()):
+        _check(key in spec, f"scheduler {name}: {key} is required (e.g. {name}:{key}=...)")
     if name == "step":
         _check(int(spec["step_size"]) > 0, f"scheduler step: step_size must be positive, got {spec['step_size']}")
     elif name == "cosine":

@@ -27,7 +27,7 @@ from .._version import __version__
 from ..errors import GradbridgeError
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS
-from . import finetune, groups as param_groups, losses, optim
+from . import finetune, groups as param_groups, losses, optim, schedulers
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,7 @@ class _TrainingModule(nn.Module):
         validation loss, else the training loss); the others step; nothing for per-step schedules."""
         if self.scheduler_interval == "epoch":
             self._set_lrs(self.scheduler.step_metric(self.get_lrs(), metric))
+            self._set_momenta(self.scheduler.momenta())
 
     @torch.jit.export
     def get_lrs(self) -> List[float]:
@@ -490,6 +491,11 @@ def export_training_module(
     finetune.freeze(named_parameters, freeze)
     trainable = [p.requires_grad for p in parameters]
     if isinstance(optimizer, torch.optim.Optimizer):
+        if scheduler is not None and not isinstance(scheduler, dict):
+            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
+                raise ExportError(f"scheduler {type(scheduler).__name__} schedules another optimizer than the one "
+                                  "exported; build it over that optimizer")
+            schedulers.check_tensors(scheduler)
         # A scheduler's construction already moved the lrs; the spec holds the base lrs.
         with finetune.initial_lrs(optimizer) if scheduler is not None else contextlib.nullcontext():
             optimizer_spec = param_groups.spec_of_instance(optimizer, names_by_id, dict(zip(names, trainable)))

@@ -213,6 +213,55 @@ public final class Messages {
         return "--op-library " + library + ": cannot load it: " + reason;
     }
 
+    // why a file is not a shared library for this machine (checked before the dynamic linker maps
+    // it: a truncated library kills the JVM with SIGBUS instead of failing)
+
+    /** A file without the ELF magic. */
+    public static final String NOT_ELF = "not an ELF shared library";
+
+    /**
+     * @param bits the file's ELF class (32 or 64)
+     * @return the reason for an ELF file of another class or byte order
+     */
+    public static String elfClass(int bits) {
+        return "a " + bits + "-bit ELF file; this machine loads 64-bit little-endian libraries";
+    }
+
+    /**
+     * @param type the file's e_type
+     * @return the reason for an ELF file that is not a shared object (ET_DYN)
+     */
+    public static String elfType(int type) {
+        String what;
+        switch (type) {
+            case 0: what = "an ELF file of no type"; break;
+            case 1: what = "a relocatable object (.o)"; break;
+            case 2: what = "an executable"; break;
+            case 4: what = "a core dump"; break;
+            default: what = "an ELF file of type " + type;
+        }
+        return what + ", not a shared library";
+    }
+
+    /**
+     * @param found the file's e_machine
+     * @param machine this machine's architecture name
+     * @param expected this machine's e_machine
+     * @return the reason for a library built for another CPU
+     */
+    public static String elfMachine(int found, String machine, int expected) {
+        return "built for ELF machine " + found + "; this machine is " + machine + " (ELF machine " + expected + ")";
+    }
+
+    /**
+     * @param needed the bytes the file's headers and loadable segments need
+     * @param size the file's size
+     * @return the reason for a truncated library
+     */
+    public static String elfTruncated(long needed, long size) {
+        return "truncated: its headers need " + needed + " bytes, the file has " + size;
+    }
+
     // ---- data-parallel training (gradbridge-spark, reference shards) ----
 
     /**
