@@ -90,10 +90,14 @@ def test_sgd_k2_shuffled_with_a_failed_task_equals_the_replay(work, tmp_path):
     replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=2,
                                      batch_size=BATCH)
     assert_bitwise(History.load(history), replay)
-    assert stats["stages_retried"] == 1 and stats["failed_tasks"] >= 1, stats
+    assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
     assert stats["partitions"] == 2 and stats["steps"] == 7
     assert stats["module_loads"] == 2, stats  # one replica per task of the stage that succeeded
-    assert "1 barrier stage(s) retried" in result.stdout
+    assert "barrier stage(s) retried" in result.stdout
+    # the checkpoint names its data by the partitions' digest, not data_sha256 (which is SHA-256(x||y))
+    saved = protocol.read_metadata(checkpoint)["checkpoint"]
+    assert "data_sha256" not in saved or saved["data_sha256"] is None
+    assert saved["shards_sha256"] == reference.shards_sha256(work["x"], work["y"], 2)
 
 
 def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_path):
@@ -111,7 +115,8 @@ def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_pa
     resumed = History.load(history)
     assert [r.epoch for r in resumed] == [1]
     assert_bitwise(resumed, [replay[1]])
-    assert stats["stages_retried"] == 1 and stats["failed_tasks"] >= 1, stats
+    # the retry may fail once more while Spark still lists the dropped blocks on this JVM
+    assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
 
 
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):

@@ -8,10 +8,11 @@ import java.util.List;
  * once per step with its own shard result and gets the same combined gradient: the
  * sample-weighted sum in partition order ({@link GradientCombiner}), bit for bit on every task.
  *
- * <p>{@link AllGatherExchange} is the one in use (Spark's {@code BarrierTaskContext.allGather}).
- * A collective that keeps the partition order, e.g. c10d Gloo's all-to-all by chunk (each chunk
- * summed in partition order by its owner) then all-gather, fits behind the same method and sends
- * about twice the gradient bytes per task whatever K is.
+ * <p>{@link RelayExchange} is the one in use: a reduce-scatter by chunk then an all-gather, over
+ * Spark's RPC through the driver. A collective among the tasks that keeps the partition order, e.g.
+ * c10d Gloo's all-to-all by chunk (each chunk summed in partition order by its owner, with {@link
+ * Chunks} and {@link GradientCombiner}) then all-gather, fits behind the same method without the
+ * driver in the path.
  */
 interface GradientExchange {
 

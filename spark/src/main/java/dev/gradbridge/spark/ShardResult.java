@@ -32,7 +32,10 @@ final class ShardResult {
         return new ShardResult(partition, 0, 0.0, null, null);
     }
 
-    /** @return partition, rows, loss, then (rows > 0) per parameter its flag and its gradient bytes */
+    /**
+     * @return partition, rows, loss, then (rows > 0) the flags and the gradient arrays (each count
+     *     first: an exchange may send the flags of every parameter with the gradients of a few)
+     */
     byte[] encode() {
         ByteArrayOutputStream bytes = new ByteArrayOutputStream(64 + gradientBytes());
         try (DataOutputStream out = new DataOutputStream(bytes)) {
@@ -40,11 +43,14 @@ final class ShardResult {
             out.writeInt(rows);
             out.writeDouble(loss);
             if (rows > 0) {
+                out.writeInt(flags.length);
+                for (boolean flag : flags) {
+                    out.writeBoolean(flag);
+                }
                 out.writeInt(gradients.length);
-                for (int i = 0; i < gradients.length; i++) {
-                    out.writeBoolean(flags[i]);
-                    out.writeInt(gradients[i].length);
-                    out.write(gradients[i]);
+                for (byte[] gradient : gradients) {
+                    out.writeInt(gradient.length);
+                    out.write(gradient);
                 }
             }
         } catch (IOException e) {
@@ -61,11 +67,12 @@ final class ShardResult {
             if (rows == 0) {
                 return new ShardResult(partition, 0, loss, null, null);
             }
-            int count = in.readInt();
-            byte[][] gradients = new byte[count][];
-            boolean[] flags = new boolean[count];
-            for (int i = 0; i < count; i++) {
+            boolean[] flags = new boolean[in.readInt()];
+            for (int i = 0; i < flags.length; i++) {
                 flags[i] = in.readBoolean();
+            }
+            byte[][] gradients = new byte[in.readInt()][];
+            for (int i = 0; i < gradients.length; i++) {
                 gradients[i] = new byte[in.readInt()];
                 in.readFully(gradients[i]);
             }

@@ -114,10 +114,11 @@ public final class SparkTrainCommand implements Callable<Integer> {
         if (stats != null) {
             AtomicFiles.prepare(stats);
         }
+        SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
+        QuietLogging.driver(conf);
         // The module first: a module that cannot train data-parallel is refused before Spark starts.
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model)) {
             SparkTrainer.checkModule(module);
-            SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
             if (master != null) {
                 conf.setMaster(master);
             } else if (!conf.contains("spark.master")) {

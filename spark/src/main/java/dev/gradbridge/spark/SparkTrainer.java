@@ -209,8 +209,10 @@ public final class SparkTrainer {
         public int stagesRetried;
         /** Partitions. */
         public int partitions;
+        /** Per epoch trained, the executors its tasks ran on, in partition order. */
+        public final List<List<String>> executors = new ArrayList<>();
         /** The exchange in use. */
-        public String exchange = "allGather";
+        public String exchange = "relay reduce-scatter + all-gather";
 
         /** @return the counters as a JSON object */
         public String toJson() {
@@ -219,10 +221,19 @@ public final class SparkTrainer {
                     "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"exchange_s\": %.6f,"
                             + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"load_s\": %.6f, \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
-                            + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\"}",
+                            + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
+                            + " \"executors\": %s}",
                     steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
                     stageNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
-                    failedTasks, stagesRetried, partitions, exchange);
+                    failedTasks, stagesRetried, partitions, exchange, executorsJson());
+        }
+
+        private String executorsJson() {
+            List<String> epochs = new ArrayList<>();
+            for (List<String> ids : executors) {
+                epochs.add(ids.isEmpty() ? "[]" : "[\"" + String.join("\", \"", ids) + "\"]");
+            }
+            return "[" + String.join(", ", epochs) + "]";
         }
     }
 
@@ -313,8 +324,9 @@ public final class SparkTrainer {
             sizes[i] = new Shape(specs.get(i).getShape()).size();
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
+        ExchangeRelay relay = ExchangeRelay.start();
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id());
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), relay.name());
         // The state the driver holds: the module archive at the start of the next epoch.
         byte[] state = Files.readAllBytes(from);
         AtomicInteger failed = new AtomicInteger();
@@ -375,6 +387,7 @@ public final class SparkTrainer {
                 }
             }
         } finally {
+            relay.close();
             jsc.sc().removeSparkListener(listener);
             stats.failedTasks += failed.get();
             stats.stagesRetried += retried.get();
@@ -404,7 +417,9 @@ public final class SparkTrainer {
         long optimizer = 0;
         long sent = 0;
         long received = 0;
+        List<String> executors = new ArrayList<>();
         for (TrainingTask.Result r : results) {
+            executors.add(r.executor);
             load = Math.max(load, r.loadNanos);
             exchange = Math.max(exchange, r.exchangeNanos);
             optimizer = Math.max(optimizer, r.optimizerNanos);
@@ -428,6 +443,7 @@ public final class SparkTrainer {
         stats.bytesSent += sent;
         stats.bytesReceived += received;
         stats.moduleLoads += results.size();
+        stats.executors.add(executors);
         return results;
     }
 
@@ -441,11 +457,13 @@ public final class SparkTrainer {
     private static void checkSameData(Path from, Metadata.Checkpoint resumed, ShardedData data) {
         boolean sameShapes = (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), data.xShape()))
                 && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), data.yShape()));
-        boolean sameBytes = resumed.getDataSha256() == null || resumed.getDataSha256().equals(data.fingerprint());
+        // older gradbridge-spark checkpoints wrote the partitions' digest as data_sha256
+        String saved = resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
+        boolean sameBytes = saved == null || saved.equals(data.fingerprint());
         if (!sameShapes || !sameBytes) {
             throw new InvalidInputException(Messages.differentData(data.getSource(), from.toString(),
                     "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
-                            + " sha256 " + shortHash(resumed.getDataSha256()),
+                            + " sha256 " + shortHash(saved),
                     "x " + Arrays.toString(data.xShape()) + " y " + Arrays.toString(data.yShape())
                             + " sha256 " + shortHash(data.fingerprint())));
         }

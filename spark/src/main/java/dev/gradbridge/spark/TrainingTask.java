@@ -54,14 +54,15 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final String mode;
         final long[] xShape;
         final long[] yShape;
-        final String dataSha256;
+        final String shardsSha256;
         final List<String> dtypes;
         final long[] sizes;
         final String fault;
         final int shardsRdd;
+        final String relay;
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
-                String dataSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd) {
+                String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String relay) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -69,11 +70,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.mode = mode;
             this.xShape = xShape;
             this.yShape = yShape;
-            this.dataSha256 = dataSha256;
+            this.shardsSha256 = shardsSha256;
             this.dtypes = dtypes;
             this.sizes = sizes;
             this.fault = fault;
             this.shardsRdd = shardsRdd;
+            this.relay = relay;
         }
 
         long[] order(int epoch) {
@@ -94,6 +96,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         private static final long serialVersionUID = 1L;
         int partition;
         int stageAttempt;
+        String executor;
         /** The combined step losses (the same on every task), up to and including a non-finite one. */
         double[] losses;
         /** Partition 0: the module after the epoch, a checkpoint archive; else null. */
@@ -129,17 +132,20 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     }
 
     private Iterator<Result> call(Iterator<Shard> shards) throws IOException {
+        QuietLogging.executor();
         Shard shard = shards.next(); // one per partition; read to the end so Spark releases the block
         while (shards.hasNext()) {
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
-        GradientExchange exchange = new AllGatherExchange(context);
+        GradientExchange exchange = new RelayExchange(run.relay,
+                context.stageId() + "." + context.stageAttemptNumber(), shard.partition, shard.partitions);
         long[] order = run.order(epoch);
         int steps = (int) ((run.rows + run.batch - 1) / run.batch);
         Result result = new Result();
         result.partition = shard.partition;
         result.stageAttempt = context.stageAttemptNumber();
+        result.executor = SparkEnv.get().executorId();
         result.computeNanos = new long[steps];
         result.stepNanos = new long[steps];
         double[] losses = new double[steps];
@@ -172,8 +178,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             result.losses = Arrays.copyOf(losses, step);
             if (shard.partition == 0 && !diverged) {
                 replica.scheduleEpoch(History.epochLoss(result.losses));
-                result.state = replica.save(new Metadata.Checkpoint(epoch + 1, run.seed, run.batch, run.mode,
-                        run.xShape, run.yShape, run.dataSha256));
+                result.state = replica.save(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
+                        run.xShape, run.yShape, run.shardsSha256));
             }
         }
         result.bytesSent = exchange.bytesSent();
