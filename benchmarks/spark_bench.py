@@ -1,22 +1,26 @@
-"""gradbridge-spark figures: steps/s on local[1] vs local[2], bytes moved per step, combine vs
-compute time, a scaling model for N executors at 1 and 10 Gb/s, next to the single-process Java
-Trainer on the same data. A benchmark, not a test.
+"""gradbridge-spark figures: steps/s with K=1 and K=2 one-thread training tasks, the per-step
+overhead (step time minus the slowest task's compute), bytes each task sends and receives per step,
+and a scaling model for N executors at 1 and 10 Gb/s, next to the single-process Java Trainer on the
+same data. A benchmark, not a test.
 
     PYTHONPATH=python .venv/bin/python benchmarks/spark_bench.py [--out build/bench/spark.json]
 
 Needs `gradle assemble` (the Spark classpath file). Models and data are gradbridge bench's MLP
-(32-64-64-10, batch 64, Adam) and compute-bound MLP (512-1024-512-10, batch 1024, Adam).
+(32-64-64-10, batch 64, Adam) and compute-bound MLP (512-1024-512-10, batch 1024, Adam). Every JVM
+runs libtorch with one intra-op and one inter-op thread (OMP_NUM_THREADS=1 too), so local[2] has one
+core per task.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +31,20 @@ from gradbridge.export import export_training_module
 from gradbridge.history import History
 
 # (bench case, samples, epochs): the first epoch is warm-up, steps/s come from the later ones
-CASES = [(bench.CASES[1], 2048, 3), (bench.CASES[2], 4096, 3)]
+CASES = [(bench.CASES[1], 2048, 4), (bench.CASES[2], 4096, 4)]
 BANDWIDTHS = {"1 Gb/s": 1e9 / 8, "10 Gb/s": 10e9 / 8}
-ROUNDS = 2  # every run twice, the faster one kept: the machine is shared
-EXECUTORS = (1, 2, 4, 8, 16, 32, 64)
+ROUNDS = 3  # every run three times: the median is reported, min and max beside it (shared machine)
+EXECUTORS = (1, 2, 8, 16, 64)
+ONE_THREAD = ["-Dai.djl.pytorch.num_threads=1", "-Dai.djl.pytorch.num_interop_threads=1"]
 
 
 def _steady_steps_per_s(history: History, steps_per_epoch: int) -> float:
     elapsed = [r.elapsed_s for r in history]
     return steps_per_epoch * (len(elapsed) - 1) / (elapsed[-1] - elapsed[0])
+
+
+def _spread(values) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
@@ -53,25 +62,27 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
     for k in (1, 2):
         history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
-        best = None
+        rates, step_ms, compute_ms, overhead_ms, runs = [], [], [], [], []
         for _ in range(ROUNDS):
-            started = time.perf_counter()
             sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
                           "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
-                         timeout=1800)
-            run = (_steady_steps_per_s(History.load(history), steps_per_epoch), time.perf_counter() - started,
-                   json.loads(stats.read_text()))
-            best = run if best is None or run[0] > best[0] else best
-        s = best[2]
-        steps = s["steps"]
-        out[f"local[{k}]"] = {
-            "steps_per_s": best[0],
-            "wall_s": best[1],
-            "per_step_ms": {"total": 1e3 * s["step_s"] / steps, "spark_job": 1e3 * s["job_s"] / steps,
-                            "compute_slowest_partition": 1e3 * s["compute_s"] / steps,
-                            "combine_and_step_driver": 1e3 * s["combine_s"] / steps},
-            "bytes_per_step": {"parameters_down": s["bytes_down"] // steps, "gradients_up": s["bytes_up"] // steps},
-            "module_loads": s["module_loads"],
+                         timeout=1800, jvm_options=ONE_THREAD)
+            s = json.loads(stats.read_text())
+            rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
+            step_ms.append(1e3 * s["step_s"] / s["steps"])
+            compute_ms.append(1e3 * s["compute_s"] / s["steps"])
+            overhead_ms.append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
+            runs.append(s)
+        s = runs[-1]
+        out[f"K={k}"] = {
+            "steps_per_s": _spread(rates),
+            "per_step_ms": {"step": _spread(step_ms), "compute_slowest_task": _spread(compute_ms),
+                            "overhead": _spread(overhead_ms)},
+            "per_epoch_stage_s": s["stage_s"] / epochs,
+            "per_epoch_load_s": s["load_s"] / epochs,
+            "bytes_per_task_per_step": {"sent": s["bytes_sent"] // s["steps"],
+                                        "received": s["bytes_received"] // s["steps"]},
+            "parameter_bytes": s["parameter_bytes"],
         }
     history = folder / "trainer.jsonl"
     rates = []
@@ -79,33 +90,40 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
         # the same JVM options, classpath and libtorch (this Python's) as the Spark runs
         subprocess.run(sparkrun.command(["--model", path, "--data", data, "--epochs", epochs, "--batch-size", case.batch,
                                          "--history", history, "--digests-only", "--no-progress"],
-                                        main=launcher.TRAIN_MAIN),
+                                        jvm_options=ONE_THREAD, main=launcher.TRAIN_MAIN),
                        check=True, capture_output=True, text=True, timeout=1800)
         rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
-    out["trainer"] = {"steps_per_s": max(rates)}
+    out["trainer"] = {"steps_per_s": _spread(rates)}
+    out["speedup_K2_over_K1"] = out["K=2"]["steps_per_s"]["median"] / out["K=1"]["steps_per_s"]["median"]
     out["model"] = _scaling_model(out)
     return out
 
 
 def _scaling_model(out: dict) -> dict:
-    """Per step on N executors, each on its own machine (the driver collects; no tree):
-        T(N) = C1 / N + S + N * c + 2 * N * P / BW
-    all measured on local[1]: C1 the compute of the whole batch in one partition; S Spark's per-step
-    job overhead there (job time minus compute: scheduling, broadcast, (de)serialization, in-process
-    transfer); c the driver's combine + optimizer step for one partition's gradients; P the
-    parameter bytes sent to each executor = the gradient bytes each sends back. Ideal compute
-    scaling and a per-step overhead that does not grow with N are assumptions (optimistic)."""
-    one = out["local[1]"]["per_step_ms"]
-    compute = one["compute_slowest_partition"] / 1e3
-    overhead = (one["spark_job"] - one["compute_slowest_partition"]) / 1e3
-    combine = one["combine_and_step_driver"] / 1e3
-    p = out["local[1]"]["bytes_per_step"]["parameters_down"]
-    model = {"C1_ms": compute * 1e3, "S_ms": overhead * 1e3, "c_ms_per_partition": combine * 1e3, "P_bytes": p,
-             "steps_per_s": {}}
+    """Per step on N executors, each on its own machine:
+        relay (today):  T(N) = C1/N + O + E/S + 2*N*P/BW   (the driver forwards every task's 2P)
+        peer to peer:   T(N) = C1/N + O + E/S + 2*P/BW     (a collective among the tasks)
+    C1: the whole batch's compute in one task (K=1); O: the per-step overhead measured at K=2 (step
+    minus the slowest task's compute: two relay round trips, (de)serialization, the combine and the
+    optimizer step); E/S: the epoch's stage launch and module loads spread over its S steps; P: the
+    gradient bytes. Ideal compute scaling and an O that does not grow with N are optimistic."""
+    one, two = out["K=1"], out["K=2"]
+    c1 = one["per_step_ms"]["compute_slowest_task"]["median"] / 1e3
+    overhead = two["per_step_ms"]["overhead"]["median"] / 1e3
+    epoch = max(0.0, two["per_epoch_stage_s"] - out["steps_per_epoch"] * two["per_step_ms"]["step"]["median"] / 1e3)
+    per_step_epoch = epoch / out["steps_per_epoch"]
+    p = one["parameter_bytes"]
+    model = {"C1_ms": c1 * 1e3, "O_ms": overhead * 1e3, "E_per_step_ms": per_step_epoch * 1e3, "P_bytes": p,
+             "relay": {}, "peer_to_peer": {}}
     for name, bw in BANDWIDTHS.items():
-        model["steps_per_s"][name] = {n: 1.0 / (compute / n + overhead + n * combine + 2 * n * p / bw)
-                                      for n in EXECUTORS}
+        base = lambda n: c1 / n + overhead + per_step_epoch  # noqa: E731
+        model["relay"][name] = {n: 1.0 / (base(n) + 2 * n * p / bw) for n in EXECUTORS}
+        model["peer_to_peer"][name] = {n: 1.0 / (base(n) + (2 * p / bw if n > 1 else 0)) for n in EXECUTORS}
     return model
+
+
+def _fmt(spread: dict, digits: int = 1) -> str:
+    return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}-{spread['max']:.{digits}f}]"
 
 
 def _table(results: list) -> str:
@@ -113,26 +131,27 @@ def _table(results: list) -> str:
     for r in results:
         lines.append(f"### {r['case']}  ({r['parameters']:,} parameters, {r['samples']} samples, batch {r['batch']})")
         lines.append("")
-        lines.append("| run | steps/s | ms/step | Spark job | compute (slowest partition) | combine + step (driver) "
-                     "| bytes down/step | bytes up/step |")
-        lines.append("|---|---|---|---|---|---|---|---|")
-        lines.append(f"| single-process Java Trainer | {r['trainer']['steps_per_s']:.1f} | "
-                     f"{1e3 / r['trainer']['steps_per_s']:.1f} | | | | 0 | 0 |")
+        lines.append("| run | steps/s | ms/step | compute (slowest task) | overhead | bytes sent/task/step "
+                     "| bytes received/task/step |")
+        lines.append("|---|---|---|---|---|---|---|")
+        lines.append(f"| single-process Java Trainer, 1 thread | {_fmt(r['trainer']['steps_per_s'])} | | | | 0 | 0 |")
         for k in (1, 2):
-            s = r[f"local[{k}]"]
+            s = r[f"K={k}"]
             ms = s["per_step_ms"]
-            lines.append(f"| Spark local[{k}] | {s['steps_per_s']:.1f} | {ms['total']:.1f} | {ms['spark_job']:.1f} | "
-                         f"{ms['compute_slowest_partition']:.1f} | {ms['combine_and_step_driver']:.2f} | "
-                         f"{s['bytes_per_step']['parameters_down']:,} | {s['bytes_per_step']['gradients_up']:,} |")
+            lines.append(f"| Spark local[{k}], {k} task(s) of 1 thread | {_fmt(s['steps_per_s'])} | "
+                         f"{_fmt(ms['step'], 2)} | {_fmt(ms['compute_slowest_task'], 2)} | {_fmt(ms['overhead'], 2)} | "
+                         f"{s['bytes_per_task_per_step']['sent']:,} | {s['bytes_per_task_per_step']['received']:,} |")
         m = r["model"]
         lines.append("")
-        lines.append(f"Scaling model: C1 = {m['C1_ms']:.1f} ms, S = {m['S_ms']:.1f} ms, c = {m['c_ms_per_partition']:.2f} "
-                     f"ms per partition, P = {m['P_bytes']:,} bytes")
+        lines.append(f"K=2 over K=1: {r['speedup_K2_over_K1']:.2f}x. Scaling model: C1 = {m['C1_ms']:.1f} ms, "
+                     f"O = {m['O_ms']:.2f} ms, E/S = {m['E_per_step_ms']:.1f} ms, P = {m['P_bytes']:,} bytes")
         lines.append("")
-        lines.append("| N executors | " + " | ".join(str(n) for n in EXECUTORS) + " |")
+        lines.append("| steps/s, N executors | " + " | ".join(str(n) for n in EXECUTORS) + " |")
         lines.append("|---|" + "---|" * len(EXECUTORS))
-        for name, row in m["steps_per_s"].items():
-            lines.append(f"| steps/s at {name} | " + " | ".join(f"{row[n]:.1f}" for n in EXECUTORS) + " |")
+        for kind in ("relay", "peer_to_peer"):
+            for name, row in m[kind].items():
+                lines.append(f"| {kind.replace('_', ' ')}, {name} | " + " | ".join(f"{row[n]:.1f}" for n in EXECUTORS)
+                             + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -141,6 +160,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench/spark.json"))
     args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         results = [_run_case(case, samples, epochs, Path(tmp)) for case, samples, epochs in CASES]
     args.out.parent.mkdir(parents=True, exist_ok=True)

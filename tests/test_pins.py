@@ -26,6 +26,12 @@ def test_default_venv_holds_the_jars_libtorch_release():
     assert torch.__version__.split("+")[0] == _gradle_properties()["torchVersion"]
 
 
+def test_pyspark_pin_matches_spark_version():
+    """The test cluster (pip's pyspark) runs the Spark the subproject compiles against."""
+    test_extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert f"pyspark=={_gradle_properties()['sparkVersion']}" in test_extra
+
+
 def test_built_classpath_uses_the_pinned_artifacts():
     props = _gradle_properties()
     jars = {Path(entry).name for entry in classpath.resolve().entries}

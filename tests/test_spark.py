@@ -79,8 +79,9 @@ def assert_bitwise(java, python) -> None:
 
 
 def test_sgd_k2_shuffled_with_a_failed_task_equals_the_replay(work, tmp_path):
-    """A task failing once mid-step (after its gradients, attempt 0) is retried by Spark; the run
-    is still the replay's bit for bit. Its checkpoint is the next test's start."""
+    """A task failing mid-epoch (after its gradients of step 2, first stage attempt) fails the
+    barrier stage; Spark retries the stage from the state the driver holds; the run is still the
+    replay's bit for bit. Its checkpoint is the next test's start."""
     history = tmp_path / "h.jsonl"
     checkpoint = work["folder"] / "sgd_k2_epoch1.pt"
     result, stats = spark_train("--model", work["models"]["sgd"], "--data", work["npz"], "--epochs", 1,
@@ -89,16 +90,20 @@ def test_sgd_k2_shuffled_with_a_failed_task_equals_the_replay(work, tmp_path):
     replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=2,
                                      batch_size=BATCH)
     assert_bitwise(History.load(history), replay)
-    assert stats["failed_tasks"] == 1 and stats["modules_discarded"] == 1
+    assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
     assert stats["partitions"] == 2 and stats["steps"] == 7
-    # once per task slot: two concurrent tasks, plus at most one reload after the failed attempt
-    assert 1 <= stats["module_loads"] <= 3, stats
-    assert "1 failed task attempts retried" in result.stdout
+    assert stats["module_loads"] == 2, stats  # one replica per task of the stage that succeeded
+    assert "barrier stage(s) retried" in result.stdout
+    # the checkpoint names its data by the partitions' digest, not data_sha256 (which is SHA-256(x||y))
+    saved = protocol.read_metadata(checkpoint)["checkpoint"]
+    assert "data_sha256" not in saved or saved["data_sha256"] is None
+    assert saved["shards_sha256"] == reference.shards_sha256(work["x"], work["y"], 2)
 
 
 def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_path):
     """The checkpoint of the first epoch, resumed on the same rows as Parquet (same fingerprint),
-    with every module of the executor lost mid-step: the two epochs equal a two-epoch replay."""
+    with a task failing mid-epoch after its JVM dropped its cached partitions (as a lost executor):
+    the retried stage rebuilds them, and the two epochs equal a two-epoch replay."""
     checkpoint = work["folder"] / "sgd_k2_epoch1.pt"
     if not checkpoint.exists():
         pytest.fail("the previous test writes the checkpoint this test resumes")
@@ -110,10 +115,8 @@ def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_pa
     resumed = History.load(history)
     assert [r.epoch for r in resumed] == [1]
     assert_bitwise(resumed, [replay[1]])
-    assert stats["failed_tasks"] == 1
-    # every module of the "lost" executor is closed; the retry loads a new one from the broadcast bytes
-    assert stats["modules_discarded"] >= 1, stats
-    assert stats["load_steps"][0] == "1:0" and "1:3" in stats["load_steps"], stats
+    # the retry may fail once more while Spark still lists the dropped blocks on this JVM
+    assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
 
 
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):

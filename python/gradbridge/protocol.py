@@ -106,9 +106,11 @@ CHECKPOINT_KEY = "checkpoint"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
-#: seed, then what the run depends on, checked on resume (absent in older checkpoints).
+#: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``
+#: is SHA-256(x bytes || y bytes); a gradbridge-spark run writes ``shards_sha256`` instead, SHA-256 over
+#: each partition's SHA-256(x bytes || y bytes) in partition order (``reference.shards_sha256``).
 CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
-                                    "data_sha256")
+                                    "data_sha256", "shards_sha256")
 
 #: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
 DTYPES = ("float32", "float64", "int64")

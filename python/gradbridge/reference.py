@@ -206,6 +206,23 @@ class Reference:
         return {key: values for key, values in state.items() if len(values) == len(params)}
 
 
+def shards_sha256(x, y, shards: int) -> str:
+    """A gradbridge-spark checkpoint's ``shards_sha256``: SHA-256 over each partition's SHA-256 of its
+    x bytes then its y bytes (partition p holds rows p, p + K, ... in order), in partition order.
+    (``data_sha256`` of a single-process run is SHA-256 of all x bytes then all y bytes.)"""
+    import hashlib
+
+    import numpy as np
+
+    outer = hashlib.sha256()
+    for p in range(shards):
+        inner = hashlib.sha256()
+        inner.update(np.ascontiguousarray(np.asarray(x)[p::shards]).tobytes())
+        inner.update(np.ascontiguousarray(np.asarray(y)[p::shards]).tobytes())
+        outer.update(inner.digest())
+    return outer.hexdigest()
+
+
 def combine_shards(results: Sequence[tuple]) -> tuple:
     """The step gradient of data-parallel training: the sample-weighted sum of the shard
     gradients in partition order (Java: ``dev.gradbridge.spark.GradientCombiner``).

@@ -64,6 +64,8 @@ public final class Metadata {
         private long[] xShape;
         private long[] yShape;
         private String dataSha256;
+        // gradbridge-spark's runs instead of dataSha256: over the K partitions' digests.
+        private String shardsSha256;
 
         private Checkpoint() {}
 
@@ -138,6 +140,31 @@ public final class Metadata {
         /** @return SHA-256 of the training data (x bytes, then y bytes), or {@code null} */
         public String getDataSha256() {
             return dataSha256;
+        }
+
+        /**
+         * A data-parallel run's checkpoint: its data named by {@code shardsSha256} (SHA-256 over the
+         * SHA-256 of each partition's x bytes then y bytes, in partition order), not {@code dataSha256}.
+         *
+         * @param epochsCompleted epochs trained so far
+         * @param seed the run's seed
+         * @param batchSize the run's batch size
+         * @param mode the run's mode
+         * @param xShape the training inputs' shape
+         * @param yShape the training targets' shape
+         * @param shardsSha256 the partitions' digest
+         * @return the checkpoint entry
+         */
+        public static Checkpoint sharded(int epochsCompleted, long seed, int batchSize, String mode, long[] xShape,
+                long[] yShape, String shardsSha256) {
+            Checkpoint checkpoint = new Checkpoint(epochsCompleted, seed, batchSize, mode, xShape, yShape, null);
+            checkpoint.shardsSha256 = shardsSha256;
+            return checkpoint;
+        }
+
+        /** @return the partitions' digest of a data-parallel run, or {@code null} */
+        public String getShardsSha256() {
+            return shardsSha256;
         }
     }
 

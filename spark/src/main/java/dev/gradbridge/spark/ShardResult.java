@@ -1,41 +1,89 @@
 package dev.gradbridge.spark;
 
-import java.io.Serializable;
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.DataInputStream;
+import java.io.DataOutputStream;
+import java.io.IOException;
+import java.io.UncheckedIOException;
 
 /**
- * What one partition sends back for one step: how many rows of the global mini-batch it held,
+ * What one partition contributes to one step: how many rows of the global mini-batch it held,
  * the mean loss over them, and the gradients of that mean loss (raw little-endian bytes, one array
  * per parameter in {@code parameter_names()} order) with the flags saying which parameters got one.
  */
-final class ShardResult implements Serializable {
-    private static final long serialVersionUID = 1L;
+final class ShardResult {
 
     final int partition;
     final int rows;
     final double loss;
     final byte[][] gradients;
     final boolean[] flags;
-    /** Whether this task had to load its module (from the broadcast bytes) rather than reuse one. */
-    final boolean loadedModule;
-    final long computeNanos;
 
-    ShardResult(int partition, int rows, double loss, byte[][] gradients, boolean[] flags, boolean loadedModule,
-            long computeNanos) {
+    ShardResult(int partition, int rows, double loss, byte[][] gradients, boolean[] flags) {
         this.partition = partition;
         this.rows = rows;
         this.loss = loss;
         this.gradients = gradients;
         this.flags = flags;
-        this.loadedModule = loadedModule;
-        this.computeNanos = computeNanos;
     }
 
     static ShardResult empty(int partition) {
-        return new ShardResult(partition, 0, 0.0, null, null, false, 0L);
+        return new ShardResult(partition, 0, 0.0, null, null);
     }
 
-    long bytes() {
-        long total = 0;
+    /**
+     * @return partition, rows, loss, then (rows > 0) the flags and the gradient arrays (each count
+     *     first: an exchange may send the flags of every parameter with the gradients of a few)
+     */
+    byte[] encode() {
+        ByteArrayOutputStream bytes = new ByteArrayOutputStream(64 + gradientBytes());
+        try (DataOutputStream out = new DataOutputStream(bytes)) {
+            out.writeInt(partition);
+            out.writeInt(rows);
+            out.writeDouble(loss);
+            if (rows > 0) {
+                out.writeInt(flags.length);
+                for (boolean flag : flags) {
+                    out.writeBoolean(flag);
+                }
+                out.writeInt(gradients.length);
+                for (byte[] gradient : gradients) {
+                    out.writeInt(gradient.length);
+                    out.write(gradient);
+                }
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return bytes.toByteArray();
+    }
+
+    static ShardResult decode(byte[] encoded) {
+        try (DataInputStream in = new DataInputStream(new ByteArrayInputStream(encoded))) {
+            int partition = in.readInt();
+            int rows = in.readInt();
+            double loss = in.readDouble();
+            if (rows == 0) {
+                return new ShardResult(partition, 0, loss, null, null);
+            }
+            boolean[] flags = new boolean[in.readInt()];
+            for (int i = 0; i < flags.length; i++) {
+                flags[i] = in.readBoolean();
+            }
+            byte[][] gradients = new byte[in.readInt()][];
+            for (int i = 0; i < gradients.length; i++) {
+                gradients[i] = new byte[in.readInt()];
+                in.readFully(gradients[i]);
+            }
+            return new ShardResult(partition, rows, loss, gradients, flags);
+        } catch (IOException e) {
+            throw new UncheckedIOException("a malformed shard result", e);
+        }
+    }
+
+    int gradientBytes() {
+        int total = 0;
         if (gradients != null) {
             for (byte[] g : gradients) {
                 total += g.length;

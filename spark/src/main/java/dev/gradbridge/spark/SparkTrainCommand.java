@@ -1,7 +1,6 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.AtomicFiles;
-import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
@@ -100,7 +99,8 @@ public final class SparkTrainCommand implements Callable<Integer> {
                         .optHistory(history)
                         .optRecordValues(!digestsOnly)
                         .optAllowDifferentData(allowDifferentData)
-                        .optFault(fault);
+                        .optFault(fault)
+                        .optOnEpoch(SparkTrainCommand::printEpoch);
         if (batchSize != null) {
             builder.optBatchSize(batchSize);
         }
@@ -114,10 +114,11 @@ public final class SparkTrainCommand implements Callable<Integer> {
         if (stats != null) {
             AtomicFiles.prepare(stats);
         }
+        SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
+        QuietLogging.driver(conf);
         // The module first: a module that cannot train data-parallel is refused before Spark starts.
         try (TrainingModule module = TrainingModule.load(resume != null ? resume : model)) {
             SparkTrainer.checkModule(module);
-            SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
             if (master != null) {
                 conf.setMaster(master);
             } else if (!conf.contains("spark.master")) {
@@ -134,17 +135,13 @@ public final class SparkTrainCommand implements Callable<Integer> {
                 History result;
                 try {
                     result = trainer.fit(jsc, module, shards);
-                } catch (DivergenceException e) {
-                    printEpochs(e.getHistory());
-                    throw e;
                 } finally {
                     shards.unpersist();
                 }
-                printEpochs(result);
                 SparkTrainer.Stats counters = trainer.getStats();
                 System.out.println(String.format(Locale.ROOT,
-                        "spark: %d partitions, %d steps, %d module loads, %d failed task attempts retried",
-                        counters.partitions, counters.steps, counters.moduleLoads, counters.failedTasks));
+                        "spark: %d partitions, %d steps, %d barrier stage(s) retried",
+                        counters.partitions, counters.steps, counters.stagesRetried));
                 if (stats != null) {
                     AtomicFiles.write(stats, (counters.toJson() + "\n").getBytes(StandardCharsets.UTF_8));
                 }
@@ -161,10 +158,9 @@ public final class SparkTrainCommand implements Callable<Integer> {
         return 0;
     }
 
-    private static void printEpochs(History result) {
-        for (History.EpochRecord record : result.getRecords()) {
-            System.out.printf(Locale.ROOT, "epoch %d: loss %.6g%n", record.getEpoch(), record.getLoss());
-        }
+    private static void printEpoch(History.EpochRecord record) {
+        System.out.printf(Locale.ROOT, "epoch %d: loss %.6g%n", record.getEpoch(), record.getLoss());
+        System.out.flush();
     }
 
     /**

@@ -15,23 +15,19 @@ import dev.gradbridge.TensorScope;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Collections;
-import java.util.Iterator;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.apache.spark.TaskContext;
+import java.util.function.Consumer;
 import org.apache.spark.api.java.JavaSparkContext;
-import org.apache.spark.api.java.function.Function2;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerStageCompleted;
 import org.apache.spark.scheduler.SparkListenerTaskEnd;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -39,20 +35,23 @@ import org.slf4j.LoggerFactory;
 /**
  * Synchronous data-parallel training of any exported module (protocol 2) on Apache Spark.
  *
- * <p>The data is dealt round-robin over K cached partitions ({@link ShardedData}). Each step takes
- * the next {@code batch} rows of the epoch's order (the single-process Trainer's order: {@link
- * Shuffle#permutation} with shuffling, else 0..n-1); every partition computes, on a module of its
- * executor (loaded once from broadcast bytes, {@link ExecutorModules}) set to the current
- * parameters, the gradients of the mean loss over the rows of the batch it holds; the driver
- * combines them in partition order ({@link GradientCombiner}: the sample-weighted sum), writes them
- * into its own module ({@code set_gradients}) and runs the exported optimizer once
- * ({@code optimizer_step}). The next step ships the new parameters with its tasks, so every
- * partition continues from the same parameters. A failed task is retried by Spark; since a task
- * only reads the parameters it was given and its result is used once, a retry changes nothing.
+ * <p>The data is dealt round-robin over K cached partitions ({@link ShardedData}). Each epoch is one
+ * barrier stage of K tasks that run together ({@link TrainingTask}); each task loads its replica of
+ * the module from the state the driver holds and keeps it, with its partition, for the whole epoch.
+ * Each step takes the next {@code batch} rows of the epoch's order (the single-process Trainer's
+ * order: {@link Shuffle#permutation} with shuffling, else 0..n-1); every task computes the gradients
+ * of the mean loss over the rows of the batch it holds, the tasks exchange them among themselves
+ * ({@link GradientExchange}) and each combines them in partition order ({@link GradientCombiner}: the
+ * sample-weighted sum) and runs the exported optimizer once ({@code set_gradients},
+ * {@code optimizer_step}). So every replica holds the same bits after every step, and no Spark job
+ * runs per step. Partition 0 sends its module back at the end of the epoch: the driver's state for
+ * the next epoch, the checkpoint and the history record. A failed task fails the stage, and Spark
+ * retries the stage from the same state, so a retry repeats the epoch exactly.
  *
- * <p>Histories and checkpoints are the single-process {@code Trainer}'s formats; a checkpoint's
- * {@code mode} is {@code spark:K:shuffle} or {@code spark:K:ordered}, so a resume continues the
- * same run or is refused.
+ * <p>{@link #fit} leaves the module it is given as it was (it is the start state); the trained state
+ * is in the checkpoint ({@link Builder#optCheckpoint}) and in {@link #getTrainedState()}. Histories
+ * and checkpoints are the single-process {@code Trainer}'s formats; a checkpoint's {@code mode} is
+ * {@code spark:K:shuffle} or {@code spark:K:ordered}, so a resume continues the same run or is refused.
  */
 public final class SparkTrainer {
 
@@ -67,7 +66,9 @@ public final class SparkTrainer {
     private final boolean recordValues;
     private final boolean allowDifferentData;
     private final String fault;
+    private final Consumer<History.EpochRecord> onEpoch;
     private final Stats stats = new Stats();
+    private byte[] trainedState;
 
     private SparkTrainer(Builder b) {
         this.epochs = b.epochs;
@@ -79,6 +80,7 @@ public final class SparkTrainer {
         this.recordValues = b.recordValues;
         this.allowDifferentData = b.allowDifferentData;
         this.fault = b.fault;
+        this.onEpoch = b.onEpoch;
     }
 
     /** @return a builder with the defaults: 1 epoch, batch 32, seed 0, shuffled */
@@ -97,6 +99,7 @@ public final class SparkTrainer {
         private boolean recordValues = true;
         private boolean allowDifferentData;
         private String fault;
+        private Consumer<History.EpochRecord> onEpoch;
 
         /** @param epochs epochs to train now, at least 1 @return this */
         public Builder optEpochs(int epochs) {
@@ -149,17 +152,25 @@ public final class SparkTrainer {
             return this;
         }
 
+        /** @param onEpoch called on the driver after every epoch, once its files are written @return this */
+        public Builder optOnEpoch(Consumer<History.EpochRecord> onEpoch) {
+            this.onEpoch = onEpoch;
+            return this;
+        }
+
         /**
-         * Test only: fail the first attempt of one task, {@code task@E:S:P} (epoch E, step S of the
-         * epoch, partition P, after its gradients are computed) or {@code executor@E:S:P} (the same,
-         * and the JVM forgets all its modules, as a lost executor would).
+         * Test only: in the first attempt of the stage of epoch E, after partition P computed its
+         * gradients of step S: {@code task@E:S:P} fails the task; {@code executor@E:S:P} also drops
+         * the cached partitions of that JVM, as a lost executor would; {@code kill@E:S:P} ends the
+         * executor's JVM with SIGKILL (a cluster only).
          *
          * @param fault the fault, or null
          * @return this
          */
         public Builder optFault(String fault) {
-            if (fault != null && !fault.matches("(task|executor)@\\d+:\\d+:\\d+")) {
-                throw new InvalidInputException("--inject-fault must be task@E:S:P or executor@E:S:P, got " + fault);
+            if (fault != null && !fault.matches("(task|executor|kill)@\\d+:\\d+:\\d+")) {
+                throw new InvalidInputException(
+                        "--inject-fault must be task@E:S:P, executor@E:S:P or kill@E:S:P, got " + fault);
             }
             this.fault = fault;
             return this;
@@ -175,43 +186,63 @@ public final class SparkTrainer {
     public static final class Stats {
         /** Steps taken. */
         public long steps;
-        /** Wall time of all steps, ns. */
+        /** Per step the slowest task's whole step (compute, exchange, optimizer), summed, ns. */
         public long stepNanos;
-        /** Time inside the Spark jobs (ship parameters, compute, collect gradients), ns. */
-        public long jobNanos;
-        /** Slowest partition's compute time per step, summed, ns. */
+        /** Per step the slowest task's compute (its rows' forward and backward), summed, ns. */
         public long computeNanos;
-        /** Driver time combining gradients and stepping the optimizer, ns. */
-        public long combineNanos;
-        /** Parameter bytes shipped to partitions, all steps. */
-        public long bytesDown;
-        /** Gradient bytes collected from partitions, all steps. */
-        public long bytesUp;
+        /** The slowest task's time in the gradient exchange, all steps, ns. */
+        public long exchangeNanos;
+        /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
+        public long optimizerNanos;
+        /** The driver's time in the epochs' barrier stages (launch, module loads, steps, results), ns. */
+        public long stageNanos;
+        /** The slowest module load at a stage's start, summed over epochs, ns. */
+        public long loadNanos;
+        /** Bytes the busiest task sent in the exchange, all steps. */
+        public long bytesSent;
+        /** Bytes the busiest task received in the exchange, all steps. */
+        public long bytesReceived;
         /** Parameter bytes of the model (one copy). */
         public long parameterBytes;
-        /** Tasks that loaded their module from the broadcast bytes. */
+        /** Replicas loaded by the stages that succeeded (K per epoch). */
         public long moduleLoads;
-        /** The steps ({@code "epoch:step"}) in which a task loaded its module, in order. */
-        public final List<String> loadSteps = new ArrayList<>();
-        /** Task attempts that failed (and were retried by Spark). */
+        /** Task attempts that failed. */
         public int failedTasks;
-        /** Modules closed because their task failed or their executor was lost (this JVM). */
-        public int modulesDiscarded;
+        /** Barrier stage attempts that failed and were retried as a whole. */
+        public int stagesRetried;
         /** Partitions. */
         public int partitions;
+        /** Per epoch trained, the executors its tasks ran on, in partition order. */
+        public final List<List<String>> executors = new ArrayList<>();
+        /** The exchange in use. */
+        public String exchange = "relay reduce-scatter + all-gather";
 
         /** @return the counters as a JSON object */
         public String toJson() {
             return String.format(
                     Locale.ROOT,
-                    "{\"steps\": %d, \"step_s\": %.6f, \"job_s\": %.6f, \"compute_s\": %.6f, \"combine_s\": %.6f,"
-                            + " \"bytes_down\": %d, \"bytes_up\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
-                            + " \"failed_tasks\": %d, \"modules_discarded\": %d, \"partitions\": %d,"
-                            + " \"load_steps\": [%s]}",
-                    steps, stepNanos / 1e9, jobNanos / 1e9, computeNanos / 1e9, combineNanos / 1e9, bytesDown,
-                    bytesUp, parameterBytes, moduleLoads, failedTasks, modulesDiscarded, partitions,
-                    loadSteps.isEmpty() ? "" : "\"" + String.join("\", \"", loadSteps) + "\"");
+                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"exchange_s\": %.6f,"
+                            + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"load_s\": %.6f, \"bytes_sent\": %d,"
+                            + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
+                            + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
+                            + " \"executors\": %s}",
+                    steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
+                    stageNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
+                    failedTasks, stagesRetried, partitions, exchange, executorsJson());
         }
+
+        private String executorsJson() {
+            List<String> epochs = new ArrayList<>();
+            for (List<String> ids : executors) {
+                epochs.add(ids.isEmpty() ? "[]" : "[\"" + String.join("\", \"", ids) + "\"]");
+            }
+            return "[" + String.join(", ", epochs) + "]";
+        }
+    }
+
+    /** @return the module archive (a checkpoint .pt's bytes) after the last epoch of {@link #fit}, or null */
+    public byte[] getTrainedState() {
+        return trainedState == null ? null : trainedState.clone();
     }
 
     /** @return counters and timings of the last {@link #fit} */
@@ -252,7 +283,7 @@ public final class SparkTrainer {
     }
 
     /**
-     * Trains {@code module} (the driver's copy: it holds the optimizer state) on {@code data}.
+     * Trains from {@code module}'s state on {@code data}; {@code module} itself is not changed.
      *
      * @param jsc the Spark context
      * @param module a protocol-2 module, or a checkpoint of a Spark run to resume
@@ -294,22 +325,32 @@ public final class SparkTrainer {
         for (int i = 0; i < specs.size(); i++) {
             dtypes.add(specs.get(i).getDtype());
             sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
+            stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
-        byte[] moduleBytes = Files.readAllBytes(from);
-        String key = sha256(moduleBytes);
-        Broadcast<byte[]> broadcast = jsc.broadcast(moduleBytes);
+        ExchangeRelay relay = ExchangeRelay.start();
+        TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), relay.name());
+        // The state the driver holds: the module archive at the start of the next epoch.
+        byte[] state = Files.readAllBytes(from);
         AtomicInteger failed = new AtomicInteger();
+        AtomicInteger retried = new AtomicInteger();
         SparkListener listener =
                 new SparkListener() {
                     @Override
                     public void onTaskEnd(SparkListenerTaskEnd end) {
-                        if (!end.taskInfo().successful()) {
+                        if (end.taskInfo().failed()) {
                             failed.incrementAndGet();
+                        }
+                    }
+
+                    @Override
+                    public void onStageCompleted(SparkListenerStageCompleted completed) {
+                        if (completed.stageInfo().failureReason().isDefined()) {
+                            retried.incrementAndGet();
                         }
                     }
                 };
         jsc.sc().addSparkListener(listener);
-        int discardedBefore = ExecutorModules.discarded();
         logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
@@ -317,232 +358,96 @@ public final class SparkTrainer {
         long started = System.nanoTime();
         try {
             for (int epoch = first; epoch < first + epochs; epoch++) {
-                long[] order = runShuffle ? Shuffle.permutation(runSeed, epoch, Math.toIntExact(n)) : identity(n);
-                List<Double> losses = new ArrayList<>();
-                for (int step = 0, start = 0; start < n; step++, start += batch) {
-                    int end = (int) Math.min(n, (long) start + batch);
-                    long[] rows = Arrays.copyOfRange(order, start, end);
-                    double loss = step(jsc, module, data, broadcast, key, dtypes, sizes, rows, epoch, step);
-                    if (Double.isNaN(loss) || Double.isInfinite(loss)) {
-                        throw new DivergenceException(
-                                Messages.divergence(loss, epoch, step, start, end - 1) + "; "
-                                        + history.getRecords().size() + " completed epoch(s) kept",
-                                epoch, step, history);
-                    }
-                    losses.add(loss);
+                List<TrainingTask.Result> results = epoch(jsc, data, state, run, epoch);
+                TrainingTask.Result lead = results.get(0);
+                double[] losses = lead.losses;
+                double last = losses.length == 0 ? 0 : losses[losses.length - 1];
+                if (lead.state == null) {
+                    int step = losses.length - 1;
+                    long from0 = (long) step * batch;
+                    throw new DivergenceException(
+                            Messages.divergence(last, epoch, step, from0, Math.min(n, from0 + batch) - 1) + "; "
+                                    + history.getRecords().size() + " completed epoch(s) kept",
+                            epoch, step, history);
                 }
-                double[] values = new double[losses.size()];
-                for (int i = 0; i < values.length; i++) {
-                    values[i] = losses.get(i);
+                state = lead.state;
+                trainedState = state;
+                double loss = History.epochLoss(losses);
+                History.EpochRecord record;
+                try (Replica replica = Replica.load(state)) {
+                    record = History.record(replica.module(), epoch, loss, null, (System.nanoTime() - started) / 1e9,
+                            recordValues);
                 }
-                double loss = History.epochLoss(values);
-                module.scheduleEpoch(loss);
-                history.add(History.record(module, epoch, loss, null, (System.nanoTime() - started) / 1e9, recordValues));
+                history.add(record);
                 if (checkpoint != null) {
-                    module.saveCheckpoint(checkpoint, new Metadata.Checkpoint(epoch + 1, runSeed, batch, mode,
-                            data.xShape(), data.yShape(), data.fingerprint()));
+                    AtomicFiles.write(checkpoint, state);
                 }
                 if (historyFile != null) {
                     history.save(historyFile);
                 }
+                if (onEpoch != null) {
+                    onEpoch.accept(record);
+                }
             }
         } finally {
+            relay.close();
             jsc.sc().removeSparkListener(listener);
             stats.failedTasks += failed.get();
-            stats.modulesDiscarded += ExecutorModules.discarded() - discardedBefore;
+            stats.stagesRetried += retried.get();
         }
         return history;
     }
 
-    private static long[] identity(long n) {
-        long[] order = new long[Math.toIntExact(n)];
-        for (int i = 0; i < order.length; i++) {
-            order[i] = i;
-        }
-        return order;
-    }
-
-    private double step(JavaSparkContext jsc, TrainingModule module, ShardedData data, Broadcast<byte[]> broadcast,
-            String key, List<String> dtypes, long[] sizes, long[] rows, int epoch, int step) {
+    /** One epoch as one barrier stage: one task per partition, all running together. */
+    private List<TrainingTask.Result> epoch(JavaSparkContext jsc, ShardedData data, byte[] state,
+            TrainingTask.Run run, int epoch) {
         long t0 = System.nanoTime();
-        List<byte[]> parameters = new ArrayList<>();
-        long parameterBytes = 0;
-        for (Object value : (List<?>) module.call(Protocol.GET_PARAMETERS)) {
-            try (Tensor array = (Tensor) value) {
-                byte[] bytes = array.toBytes();
-                parameters.add(bytes);
-                parameterBytes += bytes.length;
-            }
-        }
-        long t1 = System.nanoTime();
-        // The parameters as a broadcast of their own: serialized once, fetched once per executor, and
-        // freed after the step (in the closure, Spark would serialize them for its closure check too).
-        Broadcast<List<byte[]>> shipped = jsc.broadcast(parameters);
-        List<ShardResult> results;
+        Broadcast<byte[]> shipped = jsc.broadcast(state);
+        List<TrainingTask.Result> results;
         try {
-            results = new ArrayList<>(data.shards()
-                    .mapPartitionsWithIndex(new StepTask(broadcast, key, shipped, rows, epoch, step, fault), true)
-                    .collect());
+            results = new ArrayList<>(TrainingTask.runStage(data.shards(), new TrainingTask(shipped, run, epoch)));
         } finally {
             shipped.destroy();
         }
-        long t2 = System.nanoTime();
         results.sort((a, b) -> Integer.compare(a.partition, b.partition));
-        if (results.size() != data.getPartitions()) {
-            throw new IllegalStateException("expected " + data.getPartitions() + " shard results, got " + results.size());
+        if (results.size() != data.getPartitions() || results.get(0).partition != 0) {
+            throw new IllegalStateException("expected " + data.getPartitions() + " task results, got " + results.size());
         }
-        GradientCombiner.Combined combined = GradientCombiner.combine(results, dtypes, sizes);
-        Metadata metadata = module.getMetadata();
-        try (TensorScope scope = new TensorScope()) {
-            List<Tensor> gradients = new ArrayList<>();
-            for (int i = 0; i < combined.gradients.length; i++) {
-                Metadata.TensorSpec spec = metadata.getParameters().get(i);
-                gradients.add(create(scope, combined.gradients[i], spec.getShape(), spec.getDtype()));
-            }
-            Tensor flags = scope.add(Tensor.of(combined.flags, combined.flags.length));
-            module.call(Protocol.SET_GRADIENTS, gradients, flags);
-            module.call(Protocol.OPTIMIZER_STEP);
+        stats.stageNanos += System.nanoTime() - t0;
+        int steps = results.get(0).losses.length;
+        long load = 0;
+        long exchange = 0;
+        long optimizer = 0;
+        long sent = 0;
+        long received = 0;
+        List<String> executors = new ArrayList<>();
+        for (TrainingTask.Result r : results) {
+            executors.add(r.executor);
+            load = Math.max(load, r.loadNanos);
+            exchange = Math.max(exchange, r.exchangeNanos);
+            optimizer = Math.max(optimizer, r.optimizerNanos);
+            sent = Math.max(sent, r.bytesSent);
+            received = Math.max(received, r.bytesReceived);
         }
-        long t3 = System.nanoTime();
-        long slowest = 0;
-        boolean loaded = false;
-        for (ShardResult r : results) {
-            slowest = Math.max(slowest, r.computeNanos);
-            stats.bytesUp += r.bytes();
-            stats.moduleLoads += r.loadedModule ? 1 : 0;
-            loaded |= r.loadedModule;
+        for (int s = 0; s < steps; s++) {
+            long compute = 0;
+            long step = 0;
+            for (TrainingTask.Result r : results) {
+                compute = Math.max(compute, r.computeNanos[s]);
+                step = Math.max(step, r.stepNanos[s]);
+            }
+            stats.computeNanos += compute;
+            stats.stepNanos += step;
         }
-        if (loaded) {
-            stats.loadSteps.add(epoch + ":" + step);
-        }
-        stats.steps++;
-        stats.parameterBytes = parameterBytes;
-        stats.bytesDown += parameterBytes * data.getPartitions();
-        stats.jobNanos += t2 - t1;
-        stats.computeNanos += slowest;
-        stats.combineNanos += (t1 - t0) + (t3 - t2);
-        stats.stepNanos += t3 - t0;
-        return combined.loss;
-    }
-
-    static Tensor create(TensorScope scope, byte[] bytes, long[] shape, String dtype) {
-        ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
-        buffer.put(bytes);
-        buffer.rewind();
-        return scope.add(Tensor.fromBuffer(buffer, DType.of(dtype), shape));
-    }
-
-    /** One partition's part of one step; runs on an executor. */
-    static final class StepTask implements Function2<Integer, Iterator<Shard>, Iterator<ShardResult>> {
-        private static final long serialVersionUID = 1L;
-        private final Broadcast<byte[]> moduleBytes;
-        private final String key;
-        private final Broadcast<List<byte[]>> shippedParameters;
-        private final long[] rows;
-        private final int epoch;
-        private final int step;
-        private final String fault;
-
-        StepTask(Broadcast<byte[]> moduleBytes, String key, Broadcast<List<byte[]>> parameters, long[] rows, int epoch,
-                int step, String fault) {
-            this.moduleBytes = moduleBytes;
-            this.key = key;
-            this.shippedParameters = parameters;
-            this.rows = rows;
-            this.epoch = epoch;
-            this.step = step;
-            this.fault = fault;
-        }
-
-        @Override
-        public Iterator<ShardResult> call(Integer partition, Iterator<Shard> shards) {
-            Shard shard = shards.next(); // one per partition; read to the end so Spark releases the block
-            while (shards.hasNext()) {
-                shards.next();
-            }
-            int k = shard.partitions;
-            int count = 0;
-            for (long row : rows) {
-                if (Shard.partitionOf(row, k) == shard.partition) {
-                    count++;
-                }
-            }
-            if (count == 0) {
-                return Collections.singletonList(ShardResult.empty(shard.partition)).iterator();
-            }
-            byte[] x = new byte[count * shard.xRowBytes];
-            byte[] y = new byte[count * shard.yRowBytes];
-            int i = 0;
-            for (long row : rows) {
-                if (Shard.partitionOf(row, k) == shard.partition) {
-                    int j = (int) (row / k);
-                    System.arraycopy(shard.x, j * shard.xRowBytes, x, i * shard.xRowBytes, shard.xRowBytes);
-                    System.arraycopy(shard.y, j * shard.yRowBytes, y, i * shard.yRowBytes, shard.yRowBytes);
-                    i++;
-                }
-            }
-            List<byte[]> parameters = shippedParameters.value();
-            try (ExecutorModules.Lease lease = ExecutorModules.borrow(key, moduleBytes)) {
-                long t0 = System.nanoTime();
-                TrainingModule module = lease.module;
-                Metadata metadata = module.getMetadata();
-                byte[][] gradients = new byte[parameters.size()][];
-                boolean[] flags;
-                double loss;
-                try (TensorScope scope = new TensorScope()) {
-                    List<Tensor> values = new ArrayList<>();
-                    for (int p = 0; p < parameters.size(); p++) {
-                        Metadata.TensorSpec spec = metadata.getParameters().get(p);
-                        values.add(create(scope, parameters.get(p), spec.getShape(), spec.getDtype()));
-                    }
-                    module.call(Protocol.SET_PARAMETERS, values);
-                    module.zeroGrad();
-                    Metadata.TensorSpec xs = metadata.getInput("x");
-                    Metadata.TensorSpec ys = metadata.getInput("y");
-                    loss = module.calculateLossAndBackward(
-                            create(scope, x, rowsShape(xs.getShape(), count), xs.getDtype()),
-                            create(scope, y, rowsShape(ys.getShape(), count), ys.getDtype()));
-                    List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
-                    for (int p = 0; p < grads.size(); p++) {
-                        try (Tensor g = (Tensor) grads.get(p)) {
-                            gradients[p] = g.toBytes();
-                        }
-                    }
-                    try (Tensor f = (Tensor) module.call(Protocol.GRADIENT_FLAGS)) {
-                        flags = f.toBooleanArray();
-                    }
-                }
-                long computed = System.nanoTime() - t0;
-                injectFault(shard.partition);
-                lease.succeeded();
-                return Collections.singletonList(
-                        new ShardResult(shard.partition, count, loss, gradients, flags, lease.loaded, computed))
-                        .iterator();
-            }
-        }
-
-        private void injectFault(int partition) {
-            if (fault == null) {
-                return;
-            }
-            String[] kind = fault.split("@");
-            String[] at = kind[1].split(":");
-            TaskContext context = TaskContext.get();
-            if (Integer.parseInt(at[0]) == epoch && Integer.parseInt(at[1]) == step
-                    && Integer.parseInt(at[2]) == partition && context != null && context.attemptNumber() == 0) {
-                if ("executor".equals(kind[0])) {
-                    ExecutorModules.dropAll();
-                }
-                throw new IllegalStateException(
-                        "injected " + kind[0] + " fault at epoch " + epoch + ", step " + step + ", partition " + partition);
-            }
-        }
-
-        private static long[] rowsShape(long[] spec, int count) {
-            long[] shape = spec.clone();
-            shape[0] = count;
-            return shape;
-        }
+        stats.steps += steps;
+        stats.loadNanos += load;
+        stats.exchangeNanos += exchange;
+        stats.optimizerNanos += optimizer;
+        stats.bytesSent += sent;
+        stats.bytesReceived += received;
+        stats.moduleLoads += results.size();
+        stats.executors.add(executors);
+        return results;
     }
 
     private static <T> T resolve(Path from, Metadata.Checkpoint resumed, String what, T given, T saved, T fallback) {
@@ -555,11 +460,13 @@ public final class SparkTrainer {
     private static void checkSameData(Path from, Metadata.Checkpoint resumed, ShardedData data) {
         boolean sameShapes = (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), data.xShape()))
                 && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), data.yShape()));
-        boolean sameBytes = resumed.getDataSha256() == null || resumed.getDataSha256().equals(data.fingerprint());
+        // older gradbridge-spark checkpoints wrote the partitions' digest as data_sha256
+        String saved = resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
+        boolean sameBytes = saved == null || saved.equals(data.fingerprint());
         if (!sameShapes || !sameBytes) {
             throw new InvalidInputException(Messages.differentData(data.getSource(), from.toString(),
                     "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
-                            + " sha256 " + shortHash(resumed.getDataSha256()),
+                            + " sha256 " + shortHash(saved),
                     "x " + Arrays.toString(data.xShape()) + " y " + Arrays.toString(data.yShape())
                             + " sha256 " + shortHash(data.fingerprint())));
         }
@@ -567,9 +474,5 @@ public final class SparkTrainer {
 
     private static String shortHash(String hash) {
         return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
-    }
-
-    static String sha256(byte[] bytes) {
-        return Digests.sha256Hex(bytes);
     }
 }

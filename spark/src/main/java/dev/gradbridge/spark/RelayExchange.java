@@ -1,0 +1,144 @@
+package dev.gradbridge.spark;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.rpc.RpcEndpointRef;
+import org.apache.spark.rpc.RpcTimeout;
+import org.apache.spark.util.RpcUtils$;
+import scala.concurrent.Await;
+import scala.concurrent.Future;
+import scala.concurrent.duration.Duration;
+import scala.concurrent.duration.FiniteDuration;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
+
+/**
+ * A reduce-scatter then an all-gather, both in partition order, over Spark's RPC through the
+ * driver's {@link ExchangeRelay}. The gradient is cut into K chunks ({@link Chunks}); task c owns
+ * chunk c. Round 1: each task sends chunk c of its gradient (with its row count, loss and flags) to
+ * task c, and receives its own chunk from every task; it combines that chunk in partition order
+ * ({@link GradientCombiner}, element by element as for whole parameters). Round 2: each task sends
+ * its combined chunk to all and receives every combined chunk. Per step a task sends and receives
+ * about twice the gradient's bytes, whatever K is; the driver forwards K times that.
+ */
+final class RelayExchange implements GradientExchange {
+
+    private static final ClassTag<byte[][]> ANSWER = ClassTag$.MODULE$.apply(byte[][].class);
+    private static final RpcTimeout NO_TIMEOUT =
+            new RpcTimeout(FiniteDuration.apply(365, TimeUnit.DAYS), "gradbridge exchange");
+    /** How often a waiting task checks whether Spark killed it (a sibling failed the stage). */
+    private static final FiniteDuration CHECK = FiniteDuration.apply(200, TimeUnit.MILLISECONDS);
+
+    private final RpcEndpointRef relay;
+    private final String stage;
+    private final int partition;
+    private final int partitions;
+    private Chunks chunks;
+    private int step;
+    private long sent;
+    private long received;
+
+    /**
+     * @param relayName the driver's relay endpoint
+     * @param stage names the stage attempt (rounds of different attempts never mix)
+     */
+    RelayExchange(String relayName, String stage, int partition, int partitions) {
+        SparkEnv env = SparkEnv.get();
+        this.relay = RpcUtils$.MODULE$.makeDriverRef(relayName, env.conf(), env.rpcEnv());
+        this.stage = stage;
+        this.partition = partition;
+        this.partitions = partitions;
+    }
+
+    @Override
+    public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
+        if (chunks == null) {
+            chunks = new Chunks(dtypes, sizes, partitions);
+        }
+        int count = dtypes.size();
+        byte[][] toOwners = new byte[partitions][];
+        for (int c = 0; c < partitions; c++) {
+            ShardResult slice = mine.rows == 0 ? mine
+                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, mine.gradients), mine.flags);
+            toOwners[c] = slice.encode();
+        }
+        // Round 1: every partition's slice of my chunk, in partition order.
+        List<ShardResult> mineFromAll = new ArrayList<>();
+        boolean[] flags = new boolean[count];
+        for (byte[] bytes : exchange("scatter", toOwners)) {
+            ShardResult r = ShardResult.decode(bytes);
+            if (r.rows > 0) {
+                for (int i = 0; i < count; i++) {
+                    flags[i] |= r.flags[i];
+                }
+                r = new ShardResult(r.partition, r.rows, r.loss, r.gradients, chunks.flags(partition, r.flags));
+            }
+            mineFromAll.add(r);
+        }
+        GradientCombiner.Combined part =
+                GradientCombiner.combine(mineFromAll, chunks.dtypes(partition, dtypes), chunks.sizes(partition));
+        // Round 2: every combined chunk.
+        ShardResult combinedChunk = new ShardResult(partition, part.rows, part.loss, part.gradients, part.flags);
+        byte[][] gradients = new byte[count][];
+        for (int i = 0; i < count; i++) {
+            gradients[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+        }
+        byte[][] all = exchange("gather", new byte[][] {combinedChunk.encode()});
+        for (int c = 0; c < partitions; c++) {
+            ShardResult r = ShardResult.decode(all[c]);
+            if (r.rows > 0) {
+                chunks.paste(c, r.gradients, gradients);
+            }
+        }
+        step++;
+        return new GradientCombiner.Combined(gradients, flags, part.loss, part.rows);
+    }
+
+    private byte[][] exchange(String round, byte[][] payloads) {
+        for (byte[] p : payloads) {
+            sent += p.length;
+        }
+        Object[] request = {stage + "/" + step + "/" + round, partition, partitions, payloads};
+        Future<byte[][]> answer = relay.ask(request, NO_TIMEOUT, ANSWER);
+        byte[][] result = await(answer);
+        for (int q = 0; q < result.length; q++) {
+            if (q != partition) {
+                received += result[q].length;
+            }
+        }
+        if (payloads.length > 1) {
+            sent -= payloads[partition].length; // my own slice only passes the driver
+        }
+        return result;
+    }
+
+    private static byte[][] await(Future<byte[][]> answer) {
+        TaskContext task = TaskContext.get();
+        while (true) {
+            try {
+                return Await.result(answer, CHECK);
+            } catch (Exception e) {
+                if (!(e instanceof TimeoutException)) {
+                    throw e instanceof RuntimeException ? (RuntimeException) e : new IllegalStateException(e);
+                }
+                if (task != null) {
+                    task.killTaskIfInterrupted();
+                }
+            }
+        }
+    }
+
+    @Override
+    public long bytesSent() {
+        return sent;
+    }
+
+    @Override
+    public long bytesReceived() {
+        return received;
+    }
+}

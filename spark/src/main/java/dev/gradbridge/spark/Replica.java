@@ -1,0 +1,140 @@
+package dev.gradbridge.spark;
+
+import dev.gradbridge.DType;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
+import dev.gradbridge.Tensor;
+import dev.gradbridge.TensorScope;
+import dev.gradbridge.TrainingModule;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * One training task's copy of the module, for one barrier stage: loaded from the state the driver
+ * holds (a module archive: parameters, optimizer state, learning rate), stepped by the task, and
+ * saved back as an archive at the end of the stage. Every tensor the Spark trainer touches goes
+ * through here: gradients out as raw little-endian bytes, the combined gradient in.
+ */
+final class Replica implements AutoCloseable {
+
+    private final TrainingModule module;
+    private final Metadata metadata;
+
+    private Replica(TrainingModule module) {
+        this.module = module;
+        this.metadata = module.getMetadata();
+    }
+
+    /** Loads a module archive (the bytes of a .pt) through a temporary file. */
+    static Replica load(byte[] archive) {
+        Path file = null;
+        try {
+            file = Files.createTempFile("gradbridge-spark-", ".pt");
+            Files.write(file, archive);
+            return new Replica(TrainingModule.load(file));
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot write the training module to a temporary file", e);
+        } finally {
+            deleteQuietly(file);
+        }
+    }
+
+    /**
+     * The gradients of the mean loss over {@code count} rows ({@code x}, {@code y}: their bytes in the
+     * metadata's dtypes), from zeroed gradients.
+     */
+    ShardResult gradients(int partition, byte[] x, byte[] y, int count) {
+        byte[][] gradients = new byte[metadata.getParameters().size()][];
+        boolean[] flags;
+        double loss;
+        try (TensorScope scope = new TensorScope()) {
+            module.zeroGrad();
+            Metadata.TensorSpec xs = metadata.getInput("x");
+            Metadata.TensorSpec ys = metadata.getInput("y");
+            loss = module.calculateLossAndBackward(
+                    create(scope, x, rowsShape(xs.getShape(), count), xs.getDtype()),
+                    create(scope, y, rowsShape(ys.getShape(), count), ys.getDtype()));
+            List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
+            for (int p = 0; p < grads.size(); p++) {
+                try (Tensor g = (Tensor) grads.get(p)) {
+                    gradients[p] = g.toBytes();
+                }
+            }
+            try (Tensor f = (Tensor) module.call(Protocol.GRADIENT_FLAGS)) {
+                flags = f.toBooleanArray();
+            }
+        }
+        return new ShardResult(partition, count, loss, gradients, flags);
+    }
+
+    /** Sets the step's combined gradient and runs the exported optimizer once. */
+    void step(GradientCombiner.Combined combined) {
+        try (TensorScope scope = new TensorScope()) {
+            List<Tensor> gradients = new ArrayList<>();
+            for (int i = 0; i < combined.gradients.length; i++) {
+                Metadata.TensorSpec spec = metadata.getParameters().get(i);
+                gradients.add(create(scope, combined.gradients[i], spec.getShape(), spec.getDtype()));
+            }
+            module.call(Protocol.SET_GRADIENTS, gradients, scope.add(Tensor.of(combined.flags, combined.flags.length)));
+            module.call(Protocol.OPTIMIZER_STEP);
+        }
+    }
+
+    /** The end-of-epoch schedule step, on the epoch's training loss. */
+    void scheduleEpoch(double loss) {
+        module.scheduleEpoch(loss);
+    }
+
+    /** @return the module as it is now, as a checkpoint archive with {@code checkpoint} in its metadata */
+    byte[] save(Metadata.Checkpoint checkpoint) {
+        Path file = null;
+        try {
+            file = Files.createTempFile("gradbridge-spark-", ".pt");
+            module.saveCheckpoint(file, checkpoint);
+            return Files.readAllBytes(file);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot save the training module to a temporary file", e);
+        } finally {
+            deleteQuietly(file);
+        }
+    }
+
+    /** @return the module (the driver reads its parameters for the history) */
+    TrainingModule module() {
+        return module;
+    }
+
+    @Override
+    public void close() {
+        module.close();
+    }
+
+    private static Tensor create(TensorScope scope, byte[] bytes, long[] shape, String dtype) {
+        ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
+        buffer.put(bytes);
+        buffer.rewind();
+        return scope.add(Tensor.fromBuffer(buffer, DType.of(dtype), shape));
+    }
+
+    private static long[] rowsShape(long[] spec, int count) {
+        long[] shape = spec.clone();
+        shape[0] = count;
+        return shape;
+    }
+
+    private static void deleteQuietly(Path file) {
+        if (file != null) {
+            try {
+                Files.deleteIfExists(file);
+            } catch (IOException ignored) {
+                // a leftover temporary file only; the module is in memory
+            }
+        }
+    }
+}

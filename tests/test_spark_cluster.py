@@ -1,0 +1,111 @@
+"""gradbridge-spark on a real standalone cluster: a master and two one-core workers on 127.0.0.1
+(pip's pyspark at the pinned sparkVersion, ``tests/spark_cluster.py``), ``spark-submit`` of the
+submit jar, bit for bit against the replay (``reference.train_sharded``).
+
+Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
+shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
+spark-submit output is warnings plus one line per epoch. ``--full`` adds Adam, shuffled and in order.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gradbridge import protocol, reference, sparkrun
+from gradbridge.export import export_builtin
+from gradbridge.history import History
+from tests.spark_cluster import Cluster
+from tests.test_spark import assert_bitwise
+
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def jar():
+    from gradbridge import _devtree
+    from gradbridge.gradle import run_task
+
+    built = run_task(":spark:sparkSubmitJar")
+    assert built.returncode == 0, built.stderr[-3000:]
+    return next((_devtree.require_root("the submit jar") / "spark" / "build" / "libs").glob("gradbridge-spark-submit-*.jar"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with Cluster(tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cluster-data")
+    inputs = [protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")]
+    models = {name: export_builtin("mlp", folder / f"mlp_{name}.pt", seed=0, in_features=4, hidden=(16,),
+                                   out_features=3, loss={"name": "cross_entropy"}, optimizer=spec, inputs=inputs)
+              for name, spec in {"sgd": {"name": "sgd", "lr": 0.1}, "adam": {"name": "adam", "lr": 0.01}}.items()}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 200).astype(np.int64)
+    np.savez(folder / "data.npz", x=x, y=y)
+    sparkrun.to_parquet([(folder / "data.npz", folder / "data.parquet")])
+    return {"folder": folder, "models": models, "x": x, "y": y}
+
+
+def submit(cluster, jar, tmp_path, *args):
+    history, stats = tmp_path / "h.jsonl", tmp_path / "stats.json"
+    result = cluster.submit(jar, ["--partitions", 2, "--history", history, "--stats", stats, *args])
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result, History.load(history), json.loads(stats.read_text())
+
+
+def test_a_killed_executor_then_a_resume_equal_the_replay(cluster, jar, work, tmp_path):
+    checkpoint = work["folder"] / "run.pt"
+    first = tmp_path / "first"
+    first.mkdir()
+    _, history, stats = submit(cluster, jar, first, "--model", work["models"]["sgd"], "--data",
+                               work["folder"] / "data.npz", "--epochs", 2, "--batch-size", BATCH,
+                               "--checkpoint", checkpoint, "--inject-fault", "kill@1:3:1")
+    replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=3, shards=2,
+                                     batch_size=BATCH)
+    assert_bitwise(history, replay[:2])
+    assert stats["stages_retried"] >= 1, stats
+    # the retried epoch runs on two executors again: the killed one's replacement took its partition
+    last = stats["executors"][-1]
+    assert len(set(last)) == 2 and len(set(stats["executors"][0]) | set(last)) == 3, stats
+
+    second = tmp_path / "second"
+    second.mkdir()
+    result, resumed, stats = submit(cluster, jar, second, "--resume", checkpoint, "--data",
+                                    work["folder"] / "data.parquet", "--epochs", 1)
+    assert_bitwise(resumed, replay[2:])
+    assert stats["stages_retried"] == 0
+    # quiet: warnings on stderr, no error; the only INFO lines are the three Spark logs as its context
+    # starts, before spark.log.level applies (QuietLogging); one line per epoch on stdout
+    lines = result.stderr.splitlines()
+    assert not [line for line in lines if " ERROR " in line], result.stderr
+    assert [line.split(" INFO ")[1].split(":")[0] for line in lines if " INFO " in line] == ["SparkContext"] * 3, \
+        result.stderr
+    # nor at the executors' normal end (their workers stop them with SIGTERM)
+    logs = cluster.executor_logs()
+    assert len(logs) == 2 and not [log for log in logs if " ERROR " in log.read_text(errors="replace")], \
+        [log.read_text()[-2000:] for log in logs]
+    assert [line for line in result.stdout.splitlines() if line.startswith("epoch ")] == \
+        [f"epoch 2: loss {resumed[0].loss:.6g}"]
+
+
+@pytest.fixture
+def full_only(request):
+    if not request.config.getoption("--full"):
+        pytest.skip("runs with --full")
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "ordered"])
+def test_adam_on_the_cluster_equals_the_replay(cluster, jar, work, tmp_path, full_only, shuffle):
+    _, history, _ = submit(cluster, jar, tmp_path, "--model", work["models"]["adam"], "--data",
+                           work["folder"] / "data.parquet", "--epochs", 2,
+                           "--shuffle" if shuffle else "--no-shuffle")
+    assert_bitwise(history, reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=2,
+                                                    shards=2, batch_size=BATCH, shuffle=shuffle))
