@@ -11,7 +11,8 @@ def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) ->
     """``gradbridge replay``: print the table and verdict; 0 when every version matches bit for bit."""
     report = replay(log_dir, model_path)
     out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
-        f"{report.unapplied_events} logged but not yet applied" + (f", torn tail of {report.torn_bytes} bytes ignored"
+        f"{report.unapplied_events} logged but not yet applied, {report.quarantined} micro-batches quarantined"
+        + (f", torn tail of {report.torn_bytes} bytes ignored"
                                                                    if report.torn_bytes else ""))
     out(report.table())
     return 0 if report.bitwise else 1
