@@ -404,6 +404,9 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         if refused is not None:
             raise LogError(f"{log.path}: offset {refused[0].offset}: the micro-batch from event {refused[0].first_seq} "
                            f"is refused when replayed ({refused[1]}) but the log has no quarantine for it")
+        floor = int(log.header.get("seq_floor", 0))
+        if next_seq < floor and batch.first_seq == floor and not any(next_seq <= s < floor for s in log.events):
+            next_seq = floor  # a recovered log: the numbers below the floor are gone for good
         if batch.index != updates or batch.first_seq != next_seq:
             raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} starts at event "
                            f"{batch.first_seq}; expected micro-batch {updates} from event {next_seq}")
@@ -428,3 +431,58 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     unapplied = sum(1 for seq in log.events if seq >= next_seq)
     return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept,
                         quarantined)
+
+
+def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:
+    """Copy the whole, checked records of a damaged log up to its first bad frame into a new log
+    folder ``into`` (which must not exist): a consistent prefix the service resumes from, replaying
+    it from the exported module. The new header's ``seq_floor`` lies above every sequence number the
+    damaged log may have used (the largest readable one, plus one per event that could fit in the
+    unreadable bytes), so numbers are never reused. Returns what was kept and dropped."""
+    path = Path(log_dir) / FILE_NAME
+    target = Path(into)
+    if target.exists():
+        raise LogError(f"{target} exists; recover-log writes a new folder")
+    if not path.is_file():
+        raise LogError(f"no feedback log at {path}")
+    data = path.read_bytes()
+    kept: List[Tuple[int, bytes]] = []
+    bad_offset, reason = None, None
+    try:
+        for offset, payload in frames(path, data):
+            kept.append((offset, payload))
+    except LogError as ex:
+        reason = str(ex)
+        bad_offset = kept[-1][0] + FRAME_HEADER + len(kept[-1][1]) if kept else 0
+    if not kept or kept[0][1][:1] != b"H":
+        raise LogError(f"{path}: the header record is damaged; nothing can be recovered")
+    header = json.loads(kept[0][1][1:].decode("utf-8"))
+    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(header[k]["shape"], dtype=np.int64)) *
+                                         np.dtype(_NUMPY[header[k]["dtype"]]).itemsize for k in ("x", "y"))
+    max_seq = max([struct.unpack_from("<q", p, 1)[0] for _, p in kept if p[:1] == b"E"] or [-1])
+    unreadable = 0
+    if bad_offset is not None:  # resynchronise on frames after the damage, for their sequence numbers
+        offset = bad_offset
+        while offset + FRAME_HEADER <= len(data):
+            length, crc, head_crc = struct.unpack_from("<III", data, offset)
+            end = offset + FRAME_HEADER + length
+            if crc32c(data[offset:offset + 8]) == head_crc and 1 <= length <= MAX_PAYLOAD and end <= len(data) \
+                    and crc32c(data[offset + FRAME_HEADER:end]) == crc:
+                payload = data[offset + FRAME_HEADER:end]
+                if payload[:1] == b"E":
+                    max_seq = max(max_seq, struct.unpack_from("<q", payload, 1)[0])
+                offset = end
+            else:
+                unreadable += 1
+                offset += 1
+        unreadable += len(data) - offset
+    header["seq_floor"] = int(max(header.get("seq_floor", 0), max_seq + 1 + -(-unreadable // event_frame)))
+    target.mkdir(parents=True)
+    with open(target / FILE_NAME, "wb") as out:
+        out.write(frame(b"H" + json.dumps(header).encode("utf-8")))
+        for _, payload in kept[1:]:
+            out.write(frame(payload))
+        out.flush()
+        os.fsync(out.fileno())
+    return {"kept_records": len(kept) - 1, "bad_offset": bad_offset, "reason": reason, "seq_floor": header["seq_floor"],
+            "dropped_bytes": len(data) - (bad_offset if bad_offset is not None else len(data))}

@@ -274,6 +274,12 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args.log, args.model)
 
 
+def _recover_log(args: argparse.Namespace) -> int:
+    from .replay import run_recover
+
+    return run_recover(args.log, args.into)
+
+
 def _online_demo(args: argparse.Namespace) -> int:
     from .online_demo import run
 
@@ -449,6 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--log", required=True, help="the learner's log folder (holds feedback.log)")
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.set_defaults(run=_replay)
+
+    recover = commands.add_parser(
+        "recover-log", help="copy the whole records of a damaged feedback log, up to the damage, into a new log folder",
+        description="The online service refuses a log damaged before its end (one line naming the offset). This "
+                    "copies the checked records before the damage into a new folder that the service resumes from; "
+                    "sequence numbers of new events stay above every number the damaged log may have used.")
+    recover.add_argument("--log", required=True, help="the damaged log folder (left as it is)")
+    recover.add_argument("--into", required=True, help="a new folder for the recovered log")
+    recover.set_defaults(run=_recover_log)
 
     online_demo = commands.add_parser(
         "online-demo", help="a recommender learning online in Java from simulated clicks; AUC per version; replay")

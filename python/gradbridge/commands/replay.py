@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..replay import replay
+from ..replay import recover, replay
 
 
 def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) -> int:
@@ -16,3 +16,15 @@ def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) ->
                                                                    if report.torn_bytes else ""))
     out(report.table())
     return 0 if report.bitwise else 1
+
+
+def run_recover(log_dir: str | os.PathLike, into: str | os.PathLike, out=print) -> int:
+    """``gradbridge recover-log``: the whole records before a damaged one, into a new log folder."""
+    result = recover(log_dir, into)
+    if result["bad_offset"] is None:
+        out(f"{log_dir}: no damage found; copied {result['kept_records']} records into {into}")
+    else:
+        out(f"{log_dir}: damaged at offset {result['bad_offset']} ({result['reason']}); copied the "
+            f"{result['kept_records']} records before it into {into}, dropped {result['dropped_bytes']} bytes; new "
+            f"events start at sequence number {result['seq_floor']}. Start the service on {into}.")
+    return 0

@@ -493,6 +493,10 @@ public final class OnlineLearner implements AutoCloseable {
                     throw new LogCorruptException(file + ": offset " + refused.getOffset() + ": the micro-batch from event "
                             + refused.getFirstSeq() + " is refused when replayed (" + refusal + ") but the log has no quarantine for it");
                 }
+                long floor = contents.getHeader().getSeqFloor();
+                if (appliedSeq < floor && batch.getFirstSeq() == floor && pending.keySet().stream().allMatch(k -> k >= floor)) {
+                    appliedSeq = floor; // a recovered log: the numbers below the floor are gone for good
+                }
                 if (batch.getIndex() != updates || batch.getFirstSeq() != appliedSeq) {
                     throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": micro-batch " + batch.getIndex()
                             + " starts at event " + batch.getFirstSeq() + "; expected micro-batch " + updates + " from event "
@@ -544,7 +548,7 @@ public final class OnlineLearner implements AutoCloseable {
         current = last;
         long floor = contents.getHeader() == null ? 0 : contents.getHeader().getSeqFloor();
         nextSeq = Math.max(Math.max(maxSeq + 1, appliedSeq), floor);
-        appliedEvents = appliedSeq;
+        appliedEvents = pending.isEmpty() ? nextSeq : appliedSeq;
         for (LogRecord.Event event : pending.values()) {
             queue.add(new QueuedEvent(event.getSeq(), event.getOffset(), event.x(), event.y()));
         }
@@ -911,7 +915,9 @@ public final class OnlineLearner implements AutoCloseable {
             t = lap(PhaseTimes.Phase.WAIT, t);
             int count = Math.min(options.maxBatch, queue.size());
             List<QueuedEvent> batch = new ArrayList<>(count);
-            for (int i = 0; i < count; i++) {
+            // Consecutive numbers only: a micro-batch is logged as (first, count). Numbers jump once,
+            // at a recovered log's floor.
+            while (batch.size() < count && (batch.isEmpty() || queue.peek().seq == batch.get(batch.size() - 1).seq + 1)) {
                 batch.add(queue.poll());
             }
             busy = true;
@@ -953,7 +959,7 @@ public final class OnlineLearner implements AutoCloseable {
         }
         lock.lock();
         try {
-            appliedEvents = first + count;
+            appliedEvents = Math.max(appliedEvents, first + count);
             busy = false;
             progress.signalAll();
         } finally {
