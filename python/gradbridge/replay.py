@@ -118,6 +118,8 @@ def frames(path: Path, data: bytes):
         if len(data) - offset < FRAME_HEADER:
             return
         length, crc, head_crc = struct.unpack_from("<III", data, offset)
+        if offset == 0 and (crc32c(data[:8]) != head_crc or not 1 <= length <= MAX_PAYLOAD):
+            raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
         if crc32c(data[offset:offset + 8]) != head_crc:
             raise LogError(f"{path}: offset {offset}: the frame header's checksum does not match (damaged, not a torn tail)")
         if length < 1 or length > MAX_PAYLOAD:

@@ -59,6 +59,9 @@ public final class LogReader {
             head.clear();
             readFully(channel, head, offset);
             byte[] h = head.array();
+            if (offset == 0 && (LogFormat.crc(h, 0, 8) != head.getInt(8) || head.getInt(0) < 1 || head.getInt(0) > LogFormat.MAX_PAYLOAD)) {
+                throw new LogCorruptException(where + " is not a gradbridge feedback log (no header record)");
+            }
             if (LogFormat.crc(h, 0, 8) != head.getInt(8)) {
                 throw new LogCorruptException(where + ": offset " + offset + ": the frame header's checksum does not match"
                         + " (damaged, not a torn tail)");
