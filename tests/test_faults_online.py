@@ -227,3 +227,209 @@ def test_chunked_body_over_the_limit_and_unknown_routes_are_one_line_4xx(serve_s
     finally:
         service.kill()
     _replay_bitwise(log_dir, model, acknowledged)
+
+
+# ---- a full disk (a real tmpfs), a dead training thread, SIGTERM under load, slow clients ----
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs mounted for the test (these machines run the suite as root)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _copy_to_disk(source: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("feedback.lock"))
+    return target
+
+
+def test_a_full_disk_logs_a_request_whole_or_not_at_all_and_a_restart_applies_exactly_the_acknowledged(
+        serve_script, models, tmp_path, small_disk):
+    model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
+    # Training waits (B=10^6, T=60 s): only the requests' own writes fill the disk.
+    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 1_000_000,
+                      "--max-wait-ms", 60_000, "--queue-capacity", 1_000_000, "--checkpoint-every", 1000,
+                      "--max-body-bytes", 1 << 22)
+    x, y = _data(200, 6)
+    acknowledged, refusals = 0, []
+    try:
+        for _ in range(200):
+            status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
+            if status == 200:
+                assert json.loads(body)["first_seq"] == acknowledged
+                acknowledged += 200
+            else:
+                refusals.append((status, body))
+                if len(refusals) == 2:
+                    break
+        assert refusals, "the disk never filled"
+        for status, body in refusals:
+            assert status == 503 and "nothing of this request was logged" in body and body.count("\n") == 1, body
+        logged = replay_mod.read_log(log_dir)
+        assert sorted(logged.events) == list(range(acknowledged)) and logged.torn_bytes == 0  # whole requests only
+        assert json.loads(service.get("/healthz")[1])["status"] == "ok"  # still serving
+        code, _, err = service.terminate()  # the drain needs the disk: it cannot continue
+    finally:
+        service.kill()
+    line = one_error_line(subprocess.CompletedProcess([], code, "", err))
+    assert line.startswith("training stopped, the service cannot continue:") and "No space left on device" in line, err
+
+    moved = _copy_to_disk(log_dir, tmp_path / "moved")  # the operator frees space (here: moves the folder)
+    restarted = Service(serve_script, model, moved, "--fsync", "always")
+    try:
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    report = _replay_bitwise(moved, model, acknowledged)
+    assert report.unapplied_events == 0
+
+
+def test_a_dead_training_thread_answers_503_and_the_service_exits_1(serve_script, models, tmp_path, small_disk):
+    model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
+    # A checkpoint every version: the training thread fills the disk.
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 4, "--max-wait-ms", 0,
+                      "--checkpoint-every", 1)
+    x, y = _data(4, 7)
+    acknowledged, health = 0, None
+    try:
+        for _ in range(400):
+            status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
+            if status == 200:
+                acknowledged += 4
+            status, text = service.get("/healthz")
+            if status == 503:
+                health = json.loads(text)
+                break
+        assert health is not None and health["status"] == "failed" and "training stopped" in health["error"], health
+        assert service.process.wait(timeout=30) == 1
+        err = service.process.stderr.read()
+        assert one_error_line(subprocess.CompletedProcess([], 1, "", err)).startswith("training stopped"), err
+    finally:
+        service.kill()
+    moved = _copy_to_disk(log_dir, tmp_path / "moved")
+    restarted = Service(serve_script, model, moved, "--fsync", "never")
+    try:
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    _replay_bitwise(moved, model, acknowledged)
+
+
+def test_sigterm_under_load_answers_every_logged_request(serve_script, models, tmp_path):
+    import threading
+    import urllib.error
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 8, "--max-wait-ms", 2)
+    x, y = _data(4000, 8)
+    acknowledged, lock, stop = set(), threading.Lock(), threading.Event()
+
+    def client(rows):
+        for start in rows:
+            if stop.is_set():
+                return
+            try:
+                status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(), "y": y[start:start + 2].tolist()},
+                                            timeout=30)
+            except (OSError, urllib.error.URLError):
+                continue  # refused or reset: never logged (checked below)
+            if status == 200:
+                answer = json.loads(body)
+                with lock:
+                    acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
+
+    starts = list(range(0, len(x), 2))
+    threads = [threading.Thread(target=client, args=(starts[i::6],)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        import time
+
+        deadline = time.monotonic() + 30
+        while len(acknowledged) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        service.process.send_signal(15)
+        code = service.process.wait(timeout=60)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        stop.set()
+        service.kill()
+    assert code == 0, service.process.stderr.read()
+    logged = replay_mod.read_log(log_dir)
+    assert set(logged.events) == acknowledged, "a request was logged but its client got no answer"
+    _replay_bitwise(log_dir, model, len(acknowledged))
+
+
+def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path):
+    import time
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 1500,
+                      "--admin-port", 0)
+    assert service.admin_url and service.admin_url.startswith("http://127.0.0.1:")
+    host, port = service.url.split("//")[1].split(":")
+    stalled = []
+    try:
+        assert service.post("/healthz", {})[0] == 404  # not on the main port when --admin-port is given
+        for _ in range(60):  # each sends its headers and one byte of a 1000-byte body, then nothing
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+            stalled.append(s)
+        started = time.monotonic()
+        status, text = service.get("/healthz", timeout=5)  # its own server and threads
+        assert status == 200 and time.monotonic() - started < 2, text
+        time.sleep(3)  # past the read timeout: the stalled connections are closed
+        for s in stalled:
+            s.settimeout(5)
+            try:
+                assert s.recv(4096) is not None
+            except OSError:
+                pass
+        status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
+        assert status == 200, body
+        acknowledged = _feed(service, 8, 9)
+        assert service.terminate()[0] == 0
+    finally:
+        for s in stalled:
+            s.close()
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_script, tmp_path):
+    from gradbridge.commands.online_demo import export
+
+    model = export(tmp_path / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
+    log_dir = tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
+    try:
+        status, text = service.post("/predict", {"x": [[1, 9]]})
+        assert status == 400 and text.startswith("error: x rejected by the model: ") and text.count("\n") == 1, text
+        assert "java." not in text and "ai.djl" not in text and "Exception" not in text, text
+        status, text = service.post("/feedback", {"x": [[7, 1]], "y": [[1.0]]})
+        assert status == 400 and text.startswith("error: feedback rejected by the model's loss: "), text
+        assert "java." not in text and "ai.djl" not in text, text
+        status, body = service.post("/feedback", {"x": [[1, 2], [3, 0]], "y": [[1.0], [0.0]]})
+        assert status == 200, body
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, 2)
+    checkpoint = next(log_dir.glob("checkpoint-v*.pt"))
+    checkpoint.write_bytes(b"not a module")
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+    assert str(checkpoint) in line, line

@@ -26,7 +26,6 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
-import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.eclipse.jetty.server.HttpConnectionFactory;
 import org.eclipse.jetty.server.ServerConnector;
@@ -122,9 +121,8 @@ final class HttpApi {
         config.startup.showJavalinBanner = false;
         config.startup.showOldJavalinVersionWarning = false;
         config.http.maxRequestSize = maxBodyBytes;
-        // Bounded: at most `threads` handlers run, and a bounded number of requests wait for one.
-        config.jetty.threadPool = new QueuedThreadPool(threads, Math.min(4, threads), 60_000,
-                new ArrayBlockingQueue<>(threads * 64));
+        // Bounded: at most `threads` handlers run at once (Jetty queues the rest).
+        config.jetty.threadPool = new QueuedThreadPool(threads, Math.min(4, threads), 60_000);
         config.jetty.modifyHttpConfiguration(http -> http.setSendServerVersion(false));
         // A connection that sends nothing for readTimeoutMillis (a slow or stuck client) is closed.
         config.jetty.addConnector((server, http) -> {

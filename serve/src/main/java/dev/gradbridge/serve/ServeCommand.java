@@ -195,6 +195,10 @@ public final class ServeCommand implements Callable<Integer> {
             }
             throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": " + rootMessage(e), e);
         }
+        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
+        for (String name : new String[] {"TERM", "INT"}) {
+            Signal.handle(new Signal(name), signal -> stop.countDown());
+        }
         if (noAuth) {
             System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
                     + " can send feedback that changes the model");
@@ -210,10 +214,6 @@ public final class ServeCommand implements Callable<Integer> {
         }
         System.out.flush();
 
-        CountDownLatch stop = new CountDownLatch(1);
-        for (String name : new String[] {"TERM", "INT"}) {
-            Signal.handle(new Signal(name), signal -> stop.countDown());
-        }
         while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null) {
             // serve
         }
@@ -226,6 +226,10 @@ public final class ServeCommand implements Callable<Integer> {
             learner.close(); // drains the queue, writes the final version and checkpoint
         } catch (IllegalStateException e) {
             failed = true;
+        } catch (IOException e) {
+            System.err.println("error: training stopped, the service cannot continue: " + e.getMessage()
+                    + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
+            return 1;
         } finally {
             if (admin != null) {
                 admin.stop();
