@@ -29,7 +29,7 @@ java: setup
 # DJL's native libtorch jar: Java in Python uses the libtorch that `import torch` loaded).
 # setuptools stages under build/lib; clear it so no stale module reaches the wheel.
 dist: setup
-	$(GRADLE) bundleJars
+	$(GRADLE) bundleJars :serve:bundleServeJars
 	rm -rf build/lib build/bdist.* dist/gradbridge-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 

@@ -274,6 +274,12 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args.log, args.model)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import run
+
+    return run(args.args)
+
+
 def _recover_log(args: argparse.Namespace) -> int:
     from .replay import run_recover
 
@@ -456,6 +462,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.set_defaults(run=_replay)
 
+    serve = commands.add_parser(
+        "serve", add_help=False, help="the online-learning HTTP service (gradbridge-serve) from this install; "
+                                      "`gradbridge serve --help` for its options")
+    serve.add_argument("args", nargs=argparse.REMAINDER, help="gradbridge-serve's options")
+    serve.set_defaults(run=_serve)
+
     recover = commands.add_parser(
         "recover-log", help="copy the whole records of a damaged feedback log, up to the damage, into a new log folder",
         description="The online service refuses a log damaged before its end (one line naming the offset). This "
@@ -492,7 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # every option belongs to the Java service (argparse would claim --help)
+        args = argparse.Namespace(command="serve", args=argv[1:], run=_serve)
+    else:
+        args = build_parser().parse_args(argv)
     if args.command == "export" and args.lr is None and args.model == "linear-regression":
         args.lr = 0.01
     try:
