@@ -50,7 +50,7 @@ java: setup
 # uses the libtorch that `import torch` loaded; another torch compiles it on first use).
 # setuptools stages under build/lib; clear it so no stale module reaches the wheel.
 dist: setup
-	$(GRADLE) bundleJars
+	$(GRADLE) bundleJars :serve:bundleServeJars
 	@# prebuilt for the newest torch of the range too, when its venv is there (make newest)
 	if [ -x $(PY_NEWEST) ]; then $(PY_NEWEST) -m gradbridge.native build --out python/gradbridge/native_lib; fi
 	rm -rf build/lib build/bdist.* dist/gradbridge-*.whl

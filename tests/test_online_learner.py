@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ def _open(model, log_dir, *, batch=8, wait_ms=2, publish=2, checkpoint=5, capaci
     import jpype
 
     OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
-    FsyncPolicy = jpype.JClass("dev.gradbridge.online.FsyncPolicy")
+    FsyncPolicy = jpype.JClass("dev.gradbridge.online.log.FsyncPolicy")
     Paths = jpype.JClass("java.nio.file.Paths")
     return (OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(wait_ms).optPublishEvery(publish)
             .optCheckpointEvery(checkpoint).optQueueCapacity(capacity).optPredictors(2)
@@ -121,8 +120,8 @@ def test_restart_from_checkpoint_and_log_tail_equals_a_run_that_never_stopped(jv
         learner.learn(_host(x[i:i + 4]), _host(y[i:i + 4]))
     assert learner.queueDepth() == 20
     learner.halt()
-    _tear(log_dir / "feedback.log", struct.pack("<II", 500, 0) + b"E" * 40)
-    assert replay_mod.read_log(log_dir).torn_bytes == 48
+    _tear(log_dir / "feedback.log", replay_mod.frame(b"E" * 500)[:60])  # a frame cut short by a crash
+    assert replay_mod.read_log(log_dir).torn_bytes == 60
 
     # Phase 3: resume: checkpoint 5 + the logged tail, then the 20 acknowledged events are applied.
     learner = _open(model, log_dir, batch=4, wait_ms=0, publish=2, checkpoint=5)
@@ -186,11 +185,12 @@ def test_back_pressure_and_bad_feedback_are_refused_with_nothing_logged(jvm, mod
 
 
 def _rewrite_version_digest(log_file):
-    """Change the last version record's first digest and re-frame it with a valid CRC."""
+    """Change version 1's first digest and re-frame it with valid checksums (not the last version:
+    checkpoint.json holds that one, and a log that contradicts the checkpoint is refused outright)."""
     data = bytearray(log_file.read_bytes())
     last = None
-    for off, payload in replay_mod._frames(bytes(data)):
-        if payload[:1] == b"V":
+    for off, payload in replay_mod.frames(log_file, bytes(data)):
+        if payload[:1] == b"V" and struct.unpack_from("<q", payload, 1)[0] == 1:
             last = (off, payload)
     off, payload = last
     digests = json.loads(payload[25:].decode())
@@ -198,7 +198,7 @@ def _rewrite_version_digest(log_file):
     digests[name] = "0" * len(digests[name])
     new_payload = payload[:25] + json.dumps(digests, separators=(",", ":")).encode()
     assert len(new_payload) == len(payload)
-    data[off:off + 8 + len(payload)] = struct.pack("<II", len(new_payload), zlib.crc32(new_payload)) + new_payload
+    data[off:off + replay_mod.FRAME_HEADER + len(payload)] = replay_mod.frame(new_payload)
     log_file.write_bytes(bytes(data))
 
 
@@ -235,7 +235,7 @@ def test_replay_cli_table_exit_codes_and_bad_logs(jvm, models, tmp_path, capsys)
 
     assert cli_main(["replay", "--log", str(tmp_path / "log"), "--model", str(models["mlp_classifier.pt"])]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is this the model it was written for?" in err[0]
+    assert len(err) == 1 and "offset 0: it was written for the module with SHA-256" in err[0]
 
 
 def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_path):
@@ -251,8 +251,9 @@ def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_p
     finally:
         learner.halt()  # no final checkpoint: a resume replays the log from the module
     other = export_builtin("linear-regression", tmp_path / "other.pt", seed=1)  # same shapes, other initial values
-    with pytest.raises(jpype.JClass("dev.gradbridge.online.LogCorruptException"),
-                       match="does not reproduce version 1"):
+    with pytest.raises(jpype.JClass("dev.gradbridge.online.log.LogCorruptException"),
+                       match="offset 0: it was written for the module with SHA-256 .* start another log folder"):
         _open(other, tmp_path / "log", publish=1)
-    assert not replay_mod.replay(tmp_path / "log", other).bitwise
+    with pytest.raises(replay_mod.LogError, match="offset 0: it was written for the module with SHA-256"):
+        replay_mod.replay(tmp_path / "log", other)
     assert replay_mod.replay(tmp_path / "log", model).bitwise

@@ -38,26 +38,46 @@ def serve_script() -> Path:
 
 
 class Service:
+    """gradbridge-serve on a free port; the generated token (the log folder's serve.key) is sent."""
+
     def __init__(self, script, model, log_dir, *options):
+        self.log_dir = Path(log_dir)
         self.process = subprocess.Popen([str(script), "--model", str(model), "--log", str(log_dir), "--port", "0",
                                          *map(str, options)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()  # the JVM and libtorch start: a few seconds
         assert line.startswith("gradbridge-serve: listening on http://127.0.0.1:"), line + self.process.stderr.read()
         self.url = line.split()[3]
+        self.admin_url = None
+        self.token = None
+        for _ in range(2):
+            more = self.process.stdout.readline()
+            if more.startswith("gradbridge-serve: /healthz and /metrics on "):
+                self.admin_url = more.split()[-1]
+            elif "need 'Authorization: Bearer TOKEN'" in more:
+                key = Path(more.split()[-1])
+                self.token = (key if key.is_file() else self.log_dir / "serve.key").read_text().strip()
+                break
+            else:
+                break
 
-    def post(self, path, body, timeout=10):
+    def post(self, path, body, timeout=10, headers=None, token=True):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        if token and self.token:
+            all_headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=data, method="POST", headers=all_headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as ex:
             return ex.code, ex.read().decode()
 
-    def get(self, path):
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
-            return response.status, response.read().decode()
+    def get(self, path, timeout=10):
+        try:
+            with urllib.request.urlopen((self.admin_url or self.url) + path, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as ex:
+            return ex.code, ex.read().decode()
 
     def terminate(self, timeout=60):
         self.process.send_signal(signal.SIGTERM)
@@ -125,7 +145,8 @@ def test_load_with_concurrent_clients_then_sigterm_and_replay(serve_script, mode
         assert health["status"] == "ok"
         metrics = service.get("/metrics")[1]
         for name in ("gradbridge_model_version ", "gradbridge_queue_depth ", "gradbridge_updates_total ",
-                     "gradbridge_updates_per_second ", "gradbridge_predict_latency_seconds_bucket",
+                     "gradbridge_quarantined_batches_total 0.0", "gradbridge_training_up 1.0",
+                     "gradbridge_predict_latency_seconds_bucket",
                      "gradbridge_learn_latency_seconds_bucket", "gradbridge_feedback_accepted_total 400.0"):
             assert name in metrics, name
         code, out, err = service.terminate()
@@ -164,7 +185,7 @@ def test_bad_requests_get_one_line_and_a_full_queue_gets_429(serve_script, model
             b'[1, 2]': "error: body must be a JSON object",
             json.dumps({"x": [[1.0, 2.0, 3.0]], "y": [0]}).encode(): "error: input x must be float32 of shape [-1, 4]",
             json.dumps({"x": [[1.0, 2.0, 3.0, 4.0]], "y": [0.5]}).encode(): "error: field 'y' must hold integers",
-            json.dumps({"x": [[1.0, 2.0, 3.0, 4.0]], "y": [9]}).encode(): "error: feedback rejected by the model's loss",
+            json.dumps({"x": [[1.0, 2.0, 3.0, 4.0]], "y": [9]}).encode(): "error: feedback rejected by the model's loss: ",
             json.dumps({"x": [[1.0, 2.0, 3.0, 4.0], [1.0]], "y": [0, 1]}).encode(): "error: field 'x' is not rectangular",
             json.dumps({"x": [[1.0, 2.0, 3.0, 4.0]]}).encode(): "error: field 'y' is missing",
         }

@@ -123,3 +123,19 @@ def test_java_leaves_python_autograd_on(jvm, model_path):
     w = torch.ones(2, requires_grad=True)
     (w * 3).sum().backward()
     assert torch.is_grad_enabled() and w.grad.tolist() == [3.0, 3.0]
+
+
+def test_feedback_log_format_is_the_same_in_java_and_python():
+    import re
+
+    from gradbridge import replay
+
+    java = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/log/LogFormat.java").read_text()
+    constants = dict(re.findall(r"public static final \w+ (\w+) = ([^;]+);", java))
+    assert constants["FILE_NAME"] == f'"{replay.FILE_NAME}"' and constants["FORMAT"] == f'"{replay.FORMAT}"'
+    assert int(constants["FORMAT_VERSION"]) == replay.FORMAT_VERSION
+    assert int(constants["FRAME_HEADER"]) == replay.FRAME_HEADER and constants["MAX_PAYLOAD"] == "64 << 20"
+    assert replay.MAX_PAYLOAD == 64 << 20
+    for name, kind in replay.RECORD_TYPES.items():
+        assert constants[name.upper()] == f"'{kind.decode()}'", name
+    assert replay.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C

@@ -192,6 +192,38 @@ def test_demo_runs_from_the_install(user_env, outside):
     assert not (outside / ".gradle").exists()
 
 
+def test_online_service_runs_from_the_install(user_env, outside, models):
+    """`gradbridge serve` on the wheel's jars: token by default, feedback, SIGTERM, then replay."""
+    import json
+    import signal
+    import urllib.request
+
+    bin_dir, env = user_env
+    log_dir = outside / "log"
+    process = subprocess.Popen([str(bin_dir / "gradbridge"), "serve", "--model", str(models["mlp_classifier.pt"]),
+                                "--log", str(log_dir), "--port", "0", "--fsync", "never"], cwd=outside, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("gradbridge-serve: listening on http://127.0.0.1:"), line + process.stderr.read()
+        url = line.split()[3]
+        assert "Authorization: Bearer TOKEN" in process.stdout.readline()
+        token = (log_dir / "serve.key").read_text().strip()
+        request = urllib.request.Request(url + "/feedback", method="POST", data=json.dumps(
+            {"x": [[0.1, 0.2, 0.3, 0.4]] * 3, "y": [0, 1, 2]}).encode(), headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.loads(response.read())["accepted"] == 3
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+    finally:
+        if process.poll() is None:
+            process.kill()
+    result = _run([bin_dir / "gradbridge", "replay", "--log", log_dir, "--model", models["mlp_classifier.pt"]],
+                  cwd=outside, env=env)
+    assert result.returncode == 0 and "bitwise identical" in result.stdout, result.stdout + result.stderr
+
+
 def test_python_project_tests_pass_with_the_plugin(user_env, tmp_path):
     bin_dir, env = user_env
     project = tmp_path / "python-project"
@@ -434,6 +466,14 @@ def test_signed_publication_with_a_key_given_as_properties(tmp_path):
             assert verified.returncode == 0 and "Good signature" in verified.stderr, verified.stderr
     finally:  # the agent gpg started for this keyring
         _run(["gpgconf", "--kill", "gpg-agent"], cwd=tmp_path, env=env)
+
+
+def test_the_service_is_published_beside_the_library(published):
+    pom = published.parent.parent / "gradbridge-serve" / VERSION / f"gradbridge-serve-{VERSION}.pom"
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    deps = {d.findtext("m:artifactId", namespaces=ns): d.findtext("m:version", namespaces=ns)
+            for d in ElementTree.parse(pom).getroot().iterfind("m:dependencies/m:dependency", ns)}
+    assert deps["gradbridge"] == VERSION and deps["javalin"].startswith("7."), deps
 
 
 def test_java_app_trains_with_the_published_artifact(published, models, tmp_path):

@@ -128,3 +128,37 @@ def user_entries(extra: Sequence[str | os.PathLike] = (), source: str = "jvm.sta
     from_env = [e for e in os.environ.get(USER_CLASSPATH_ENV, "").split(os.pathsep) if e]
     return (check_entries(added, "jpype.addClassPath") + check_entries(from_env, f"${USER_CLASSPATH_ENV}")
             + check_entries(extra, source))
+
+
+#: Overrides where `gradbridge serve` finds the HTTP service's own jars (entries separated by os.pathsep).
+SERVE_CLASSPATH_ENV = "GRADBRIDGE_SERVE_CLASSPATH"
+#: The service's jars inside a wheel (`make dist`: Gradle's :serve:bundleServeJars).
+BUNDLED_SERVE_JARS = BUNDLED_JARS / "serve"
+#: The service's installDist folder of a source checkout.
+DEV_SERVE_LIB = Path("serve") / "build" / "install" / "gradbridge-serve" / "lib"
+
+
+def resolve_serve() -> List[str]:
+    """The jars `gradbridge serve` adds to ``resolve()``: ``GRADBRIDGE_SERVE_CLASSPATH``, the checkout's
+    ``serve/build/install`` (``gradle :serve:installDist``), or the wheel's ``gradbridge/jars/serve``."""
+    text = os.environ.get(SERVE_CLASSPATH_ENV)
+    if text:
+        entries, source = [e for e in text.strip().split(os.pathsep) if e], f"${SERVE_CLASSPATH_ENV}"
+    elif _devtree.root() is not None:
+        lib = _devtree.root() / DEV_SERVE_LIB
+        if not lib.is_dir():
+            raise JavaBuildMissingError(f"the service is not built: {lib} is missing; build it with "
+                                        f"`gradle :serve:installDist` in {_devtree.root()}")
+        entries, source = sorted(str(p) for p in lib.glob("*.jar")), str(lib)
+    else:
+        index = BUNDLED_SERVE_JARS / BUNDLE_INDEX
+        if not index.is_file():
+            raise JavaBuildMissingError(f"this gradbridge install has no HTTP service: {index} is missing; reinstall "
+                                        f"gradbridge from a wheel built with `make dist`, or point {SERVE_CLASSPATH_ENV} "
+                                        "at the jars")
+        entries, source = [str(BUNDLED_SERVE_JARS / n) for n in index.read_text(encoding="utf-8").split()], str(index)
+    missing = [e for e in entries if not Path(e).exists()]
+    if not entries or missing:
+        raise JavaBuildMissingError(f"the service's classpath from {source} is empty or names missing files: "
+                                    f"{', '.join(missing[:3])}")
+    return entries

@@ -42,16 +42,20 @@ def to_numpy(tensor) -> np.ndarray:
 
 def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, max_batch: int = 32,
                  max_wait_ms: int = 10, publish_every: int = 1, checkpoint_every: int = 100,
-                 queue_capacity: int = 10_000, predictors: int = 2, fsync: str = "always"):
-    """Open (or resume) a Java OnlineLearner in this process; close it when done."""
+                 queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
+                 max_grad_norm: float = 0.0):
+    """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``
+    None keeps the learner's default (``OnlineLearner.DEFAULT_PREDICTORS``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
-    FsyncPolicy = jclass("dev.gradbridge.online.FsyncPolicy")
+    FsyncPolicy = jclass("dev.gradbridge.online.log.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")
     with java_errors():
-        return (OnlineLearner.builder().optMaxBatch(max_batch).optMaxWaitMillis(max_wait_ms)
-                .optPublishEvery(publish_every).optCheckpointEvery(checkpoint_every).optQueueCapacity(queue_capacity)
-                .optPredictors(predictors).optFsync(FsyncPolicy.parse(fsync))
-                .open(Paths.get(str(model_path)), Paths.get(str(log_dir))))
+        builder = (OnlineLearner.builder().optMaxBatch(max_batch).optMaxWaitMillis(max_wait_ms)
+                   .optPublishEvery(publish_every).optCheckpointEvery(checkpoint_every).optQueueCapacity(queue_capacity)
+                   .optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(float(max_grad_norm)))
+        if predictors is not None:
+            builder = builder.optPredictors(predictors)
+        return builder.open(Paths.get(str(model_path)), Paths.get(str(log_dir)))
 
 
 def predict(learner, x: np.ndarray) -> Tuple[int, np.ndarray]:

@@ -2,14 +2,16 @@
 
 ``dev.gradbridge.online.OnlineLearner`` (Java) logs every accepted feedback event, every
 micro-batch before it is applied and every published version with SHA-256 digests of its
-parameters (format: ``dev.gradbridge.online.FeedbackLog``). ``replay`` starts from the exported
+parameters (format: ``dev.gradbridge.online.log``). ``replay`` starts from the exported
 module's initial tensors, applies the logged micro-batches in order with ``reference.Reference``
 (torch.optim, eager autograd) and compares each logged version's digests and loss with its own:
 equal digests mean bitwise equal parameters.
 
-Framing, little-endian: ``u32 length, u32 crc32(payload), payload``; the payload's first byte is
-its type (``H`` header JSON, ``E`` event, ``B`` micro-batch, ``V`` version). A record cut short
-or failing its checksum ends the log (a torn tail, reported, not an error).
+Framing, little-endian (``dev.gradbridge.online.log.LogFormat``; tests/test_pins.py ties the two):
+``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the payload, whose first
+byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B`` micro-batch, ``Q``
+quarantined micro-batch, ``V`` version). Only an incomplete last frame (a torn tail) may end the
+log early; any other frame that does not check is an error naming its offset, as in Java.
 """
 
 from __future__ import annotations
@@ -30,14 +32,40 @@ from .errors import GradbridgeError
 from .history import digest
 
 FILE_NAME = "feedback.log"
+CHECKPOINT_FILE = "checkpoint.json"
 FORMAT = "gradbridge-feedback-log"
-FORMAT_VERSION = 1
-_MAX_PAYLOAD = 64 << 20
+FORMAT_VERSION = 2
+FRAME_HEADER = 12
+MAX_PAYLOAD = 64 << 20
+#: record types (the payload's first byte)
+RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V"}
 _NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
 
+def _crc_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as ``java.util.zip.CRC32C``."""
+    crc = 0xFFFFFFFF
+    table = _CRC32C
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
 class LogError(GradbridgeError):
-    """A feedback log that cannot be replayed: missing, not a log, malformed, or not for this model."""
+    """A feedback log that cannot be replayed: missing, damaged, or not for this model."""
 
 
 @dataclass
@@ -45,6 +73,16 @@ class Batch:
     index: int
     first_seq: int
     count: int
+    offset: int = 0
+
+
+@dataclass
+class Quarantine:
+    index: int
+    first_seq: int
+    count: int
+    reason: str
+    offset: int = 0
 
 
 @dataclass
@@ -53,56 +91,77 @@ class Version:
     updates: int
     loss: float
     digests: Dict[str, str]
+    offset: int = 0
 
 
 @dataclass
 class FeedbackLog:
-    """A parsed log: header, events by sequence number, micro-batches and versions in file order."""
+    """A parsed log: header, events by sequence number, keys, and batches, quarantines and versions in file order."""
 
     path: Path
     header: dict
     events: Dict[int, Tuple[bytes, bytes]] = field(default_factory=dict)
+    keys: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     batches: List[Batch] = field(default_factory=list)
+    quarantines: List[Quarantine] = field(default_factory=list)
     versions: List[Version] = field(default_factory=list)
+    order: List[object] = field(default_factory=list)  #: batches, quarantines and versions in file order
+    end: int = 0
     torn_bytes: int = 0
 
 
-def _frames(data: bytes):
-    """(offset, payload) of each whole frame; stops at the end or at a torn or corrupt frame."""
+def frames(path: Path, data: bytes):
+    """(offset, payload) of each frame; stops at a torn tail (an incomplete last frame) and
+    raises LogError naming the offset for anything else that does not check."""
     offset = 0
-    while offset + 8 <= len(data):
-        length, crc = struct.unpack_from("<II", data, offset)
-        end = offset + 8 + length
-        if length < 1 or length > _MAX_PAYLOAD or end > len(data):
+    while offset < len(data):
+        if len(data) - offset < FRAME_HEADER:
             return
-        payload = data[offset + 8:end]
-        if zlib.crc32(payload) != crc:
+        length, crc, head_crc = struct.unpack_from("<III", data, offset)
+        if offset == 0 and (crc32c(data[:8]) != head_crc or not 1 <= length <= MAX_PAYLOAD):
+            raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
+        if crc32c(data[offset:offset + 8]) != head_crc:
+            raise LogError(f"{path}: offset {offset}: the frame header's checksum does not match (damaged, not a torn tail)")
+        if length < 1 or length > MAX_PAYLOAD:
+            raise LogError(f"{path}: offset {offset}: frame length {length} is outside 1..{MAX_PAYLOAD}")
+        end = offset + FRAME_HEADER + length
+        if end > len(data):
             return
+        payload = data[offset + FRAME_HEADER:end]
+        if crc32c(payload) != crc:
+            raise LogError(f"{path}: offset {offset}: the record's checksum does not match")
         yield offset, payload
         offset = end
 
 
+def frame(payload: bytes) -> bytes:
+    """One frame around ``payload`` (the writer's framing, for tools and tests)."""
+    head = struct.pack("<II", len(payload), crc32c(payload))
+    return head + struct.pack("<I", crc32c(head)) + payload
+
+
 def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
-    """Parse ``log_dir/feedback.log``; LogError (one line) when it is missing or not a valid log."""
+    """Parse ``log_dir/feedback.log`` strictly; LogError (one line, with the offset) when it is
+    missing, damaged before its end or not a feedback log. A torn tail is reported, not an error."""
     path = Path(log_dir) / FILE_NAME
     if not path.is_file():
         raise LogError(f"no feedback log at {path}" + (" (the folder does not exist)" if not Path(log_dir).is_dir() else ""))
     data = path.read_bytes()
-    frames = _frames(data)
-    first = next(frames, None)
+    records = frames(path, data)
+    first = next(records, None)
     if first is None or first[1][:1] != b"H":
         raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
     try:
         header = json.loads(first[1][1:].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as ex:
-        raise LogError(f"{path}: the header record is not valid JSON ({ex})") from ex
+        raise LogError(f"{path}: offset 0: the header record is not valid JSON") from ex
     if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-        raise LogError(f"{path}: header says format {header.get('format')!r} version {header.get('version')!r}; "
+        raise LogError(f"{path}: offset 0: header says format {header.get('format')!r} version {header.get('version')!r}; "
                        f"expected {FORMAT} version {FORMAT_VERSION}")
     log = FeedbackLog(path, header)
-    end = first[0] + 8 + len(first[1])
-    for offset, payload in frames:
-        end = offset + 8 + len(payload)
+    end = FRAME_HEADER + len(first[1])
+    for offset, payload in records:
+        end = offset + FRAME_HEADER + len(payload)
         kind = payload[:1]
         try:
             if kind == b"E":
@@ -113,18 +172,63 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                 if len(x) != n or len(y) != m or 17 + n + m != len(payload):
                     raise ValueError("lengths do not add up")
                 log.events[seq] = (x, y)
+            elif kind == b"K":
+                first_seq, count = struct.unpack_from("<qI", payload, 1)
+                log.keys[payload[45:].decode("utf-8")] = (first_seq, count)
             elif kind == b"B":
+                if len(payload) != 21:
+                    raise ValueError("lengths do not add up")
+                batch = Batch(*struct.unpack_from("<qqI", payload, 1), offset=offset)
+                log.batches.append(batch)
+                log.order.append(batch)
+            elif kind == b"Q":
                 index, first_seq, count = struct.unpack_from("<qqI", payload, 1)
-                log.batches.append(Batch(index, first_seq, count))
+                quarantine = Quarantine(index, first_seq, count, payload[21:].decode("utf-8"), offset=offset)
+                log.quarantines.append(quarantine)
+                log.order.append(quarantine)
             elif kind == b"V":
                 vid, updates, loss = struct.unpack_from("<qqd", payload, 1)
-                log.versions.append(Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8"))))
+                version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
+                log.versions.append(version)
+                log.order.append(version)
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (struct.error, ValueError, UnicodeDecodeError) as ex:
-            raise LogError(f"{path}: record at offset {offset} is malformed ({ex})") from ex
+            raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
+    log.end = end
     log.torn_bytes = len(data) - end
     return log
+
+
+def check_checkpoint(log: FeedbackLog, log_dir, model_sha256: str) -> None:
+    """LogError when the folder's checkpoint.json belongs to another model or the log contradicts it."""
+    path = Path(log_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        return
+    try:
+        checkpoint = json.loads(path.read_text())
+        version, updates, scan = checkpoint["version"], checkpoint["updates"], checkpoint["scan_offset"]
+    except (ValueError, KeyError, TypeError) as ex:
+        raise LogError(f"{path} is not a valid checkpoint descriptor") from ex
+    if checkpoint.get("model_sha256") != model_sha256:
+        raise LogError(f"{path} belongs to the module with SHA-256 {checkpoint.get('model_sha256')}, not {model_sha256}")
+    if log.end < scan:
+        raise LogError(f"{log.path} ends at offset {log.end} but {path} resumes at offset {scan}: the log was cut or replaced")
+    logged = next((v for v in log.versions if v.id == version), None)
+    if logged is None:
+        raise LogError(f"{log.path} does not hold version {version}, which {path} checkpoints: the log was cut or replaced")
+    if logged.updates != updates or logged.digests != checkpoint.get("digests"):
+        raise LogError(f"{log.path}: offset {logged.offset}: version {version} differs from the one {path} holds")
+
+
+def file_sha256(path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass
@@ -156,6 +260,8 @@ class ReplayReport:
     torn_bytes: int
     #: version id -> parameters by name (only with ``keep_parameters=True``)
     parameters: Dict[int, Dict[str, "object"]] = field(default_factory=dict)
+    #: micro-batches not applied (loss or gradients not finite, or over the norm limit), as logged
+    quarantined: int = 0
 
     @property
     def bitwise(self) -> bool:
@@ -204,25 +310,74 @@ def _rows(rows: List[bytes], dtype: str, shape: List[int]):
     return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
 
 
+def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tuple[float, str | None]:
+    """The Java learner's update (dev.gradbridge.online.UpdateGuard): loss and gradients, then
+    torch.optim's step unless the loss or a gradient is not finite or the gradient norm (summed in
+    float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit).
+    Returns the loss and None when applied, else the reason it was not."""
+    from .torchscript import plain_graph_executor
+
+    with plain_graph_executor():
+        reference.optimizer.zero_grad()
+        loss = reference.loss(reference.model(x), y)
+        loss.backward()
+        value = float(loss.detach())
+        reason = None
+        if not math.isfinite(value):
+            reason = f"loss is {value}"
+        else:
+            params = dict(reference.model.named_parameters())
+            squares = np.zeros(1)
+            for name in names:
+                grad = params[name].grad
+                if grad is None:
+                    continue
+                values = grad.detach().double().flatten().numpy()
+                if not np.isfinite(values).all():
+                    reason = f"gradient of {name} is not finite"
+                    break
+                squares = np.cumsum(np.concatenate([squares[-1:], values * values]))[-1:]  # sequential, as Java
+            norm = math.sqrt(float(squares[-1]))
+            if reason is None and max_grad_norm > 0 and not norm <= max_grad_norm:
+                reason = f"gradient norm {norm} exceeds --max-grad-norm {max_grad_norm}"
+        if reason is None:
+            reference._clip()
+            reference.optimizer.step()
+            if reference.scheduler is not None and reference.scheduler_interval == "step":
+                reference.scheduler.step()
+        else:
+            reference.optimizer.zero_grad()
+    return value, reason
+
+
 def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None, *,
            keep_parameters: bool = False) -> ReplayReport:
     """Apply the logged micro-batches to ``model_path``'s initial tensors with eager torch.optim and
-    compare every logged version; ``model`` (an eager nn.Module) as for ``reference.Reference``.
-    ``keep_parameters`` keeps each version's replayed parameters in ``report.parameters``."""
+    compare every logged version and quarantine; ``model`` (an eager nn.Module) as for
+    ``reference.Reference``. ``keep_parameters`` keeps each version's replayed parameters in
+    ``report.parameters``. LogError on the conditions the Java learner refuses to start on: a
+    damaged record, a log or checkpoint of another model, a log that contradicts the checkpoint."""
     from .reference import Reference
 
     if not Path(model_path).is_file():
         raise LogError(f"no training module at {model_path}")
     log = read_log(log_dir)
+    sha = file_sha256(model_path)
+    if log.header.get("model_sha256") != sha:
+        raise LogError(f"{log.path}: offset 0: it was written for the module with SHA-256 {log.header.get('model_sha256')}"
+                       f" ({log.header.get('model')}), not {sha} ({model_path})")
+    check_checkpoint(log, log_dir, sha)
     metadata = protocol.read_metadata(model_path)
     _check_header(log, metadata, model_path)
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
     dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"]}
+    max_norm = float(log.header.get("max_grad_norm") or 0.0)
     versions = {v.updates: v for v in log.versions}
     rows: List[VersionRow] = []
     kept: Dict[int, Dict[str, object]] = {}
-    updates, next_seq, events, loss = 0, 0, 0, float("nan")
+    updates, events, loss, quarantined = 0, 0, float("nan"), 0
+    next_seq = int(log.header.get("first_seq", 0))
 
     def check_version() -> None:
         version = versions.get(updates)
@@ -236,20 +391,100 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
                                _combined(version.digests, names), _combined(mine, names)))
 
     check_version()
-    for batch in log.batches:
+    refused = None  # (batch, reason) the replay refused: its quarantine record must follow
+    for record in log.order:
+        if isinstance(record, Quarantine):
+            if refused is None or refused[0].first_seq != record.first_seq:
+                raise LogError(f"{log.path}: offset {record.offset}: quarantines the micro-batch from event "
+                               f"{record.first_seq}, which applies cleanly when replayed")
+            refused = None
+            quarantined += 1
+            continue
+        if not isinstance(record, Batch):
+            continue
+        batch = record
+        if refused is not None:
+            raise LogError(f"{log.path}: offset {refused[0].offset}: the micro-batch from event {refused[0].first_seq} "
+                           f"is refused when replayed ({refused[1]}) but the log has no quarantine for it")
+        floor = int(log.header.get("seq_floor", 0))
+        if next_seq < floor and batch.first_seq == floor and not any(next_seq <= s < floor for s in log.events):
+            next_seq = floor  # a recovered log: the numbers below the floor are gone for good
         if batch.index != updates or batch.first_seq != next_seq:
-            raise LogError(f"{log.path}: micro-batch {batch.index} starts at event {batch.first_seq}; expected "
-                           f"micro-batch {updates} from event {next_seq}")
+            raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} starts at event "
+                           f"{batch.first_seq}; expected micro-batch {updates} from event {next_seq}")
         seqs = range(batch.first_seq, batch.first_seq + batch.count)
         missing = [seq for seq in seqs if seq not in log.events]
         if missing:
-            raise LogError(f"{log.path}: micro-batch {batch.index} names event {missing[0]}, which the log does not hold")
+            raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} names event {missing[0]}, "
+                           "which the log does not hold")
         x = _rows([log.events[seq][0] for seq in seqs], log.header["x"]["dtype"], log.header["x"]["shape"])
         y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
-        loss = float(reference.train_step(x, y))
-        updates += 1
+        step_loss, reason = _guarded_step(reference, x, y, names, max_norm)
         next_seq += batch.count
+        if reason is not None:
+            refused = (batch, reason)
+            continue
+        loss = step_loss
+        updates += 1
         events += batch.count
         check_version()
+    if refused is not None:
+        quarantined += 1  # the last micro-batch: the learner appends its quarantine when it restarts
     unapplied = sum(1 for seq in log.events if seq >= next_seq)
-    return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept)
+    return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept,
+                        quarantined)
+
+
+def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:
+    """Copy the whole, checked records of a damaged log up to its first bad frame into a new log
+    folder ``into`` (which must not exist): a consistent prefix the service resumes from, replaying
+    it from the exported module. The new header's ``seq_floor`` lies above every sequence number the
+    damaged log may have used (the largest readable one, plus one per event that could fit in the
+    unreadable bytes), so numbers are never reused. Returns what was kept and dropped."""
+    path = Path(log_dir) / FILE_NAME
+    target = Path(into)
+    if target.exists():
+        raise LogError(f"{target} exists; recover-log writes a new folder")
+    if not path.is_file():
+        raise LogError(f"no feedback log at {path}")
+    data = path.read_bytes()
+    kept: List[Tuple[int, bytes]] = []
+    bad_offset, reason = None, None
+    try:
+        for offset, payload in frames(path, data):
+            kept.append((offset, payload))
+    except LogError as ex:
+        reason = str(ex)
+        bad_offset = kept[-1][0] + FRAME_HEADER + len(kept[-1][1]) if kept else 0
+    if not kept or kept[0][1][:1] != b"H":
+        raise LogError(f"{path}: the header record is damaged; nothing can be recovered")
+    header = json.loads(kept[0][1][1:].decode("utf-8"))
+    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(header[k]["shape"], dtype=np.int64)) *
+                                         np.dtype(_NUMPY[header[k]["dtype"]]).itemsize for k in ("x", "y"))
+    max_seq = max([struct.unpack_from("<q", p, 1)[0] for _, p in kept if p[:1] == b"E"] or [-1])
+    unreadable = 0
+    if bad_offset is not None:  # resynchronise on frames after the damage, for their sequence numbers
+        offset = bad_offset
+        while offset + FRAME_HEADER <= len(data):
+            length, crc, head_crc = struct.unpack_from("<III", data, offset)
+            end = offset + FRAME_HEADER + length
+            if crc32c(data[offset:offset + 8]) == head_crc and 1 <= length <= MAX_PAYLOAD and end <= len(data) \
+                    and crc32c(data[offset + FRAME_HEADER:end]) == crc:
+                payload = data[offset + FRAME_HEADER:end]
+                if payload[:1] == b"E":
+                    max_seq = max(max_seq, struct.unpack_from("<q", payload, 1)[0])
+                offset = end
+            else:
+                unreadable += 1
+                offset += 1
+        unreadable += len(data) - offset
+    header["seq_floor"] = int(max(header.get("seq_floor", 0), max_seq + 1 + -(-unreadable // event_frame)))
+    target.mkdir(parents=True)
+    with open(target / FILE_NAME, "wb") as out:
+        out.write(frame(b"H" + json.dumps(header).encode("utf-8")))
+        for _, payload in kept[1:]:
+            out.write(frame(payload))
+        out.flush()
+        os.fsync(out.fileno())
+    return {"kept_records": len(kept) - 1, "bad_offset": bad_offset, "reason": reason, "seq_floor": header["seq_floor"],
+            "dropped_bytes": len(data) - (bad_offset if bad_offset is not None else len(data))}

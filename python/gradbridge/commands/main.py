@@ -334,6 +334,18 @@ def _replay(args: argparse.Namespace) -> int:
     return run(args.log, args.model)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import run
+
+    return run(args.args)
+
+
+def _recover_log(args: argparse.Namespace) -> int:
+    from .replay import run_recover
+
+    return run_recover(args.log, args.into)
+
+
 def _online_demo(args: argparse.Namespace) -> int:
     from .online_demo import run
 
@@ -514,6 +526,21 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.set_defaults(run=_replay)
 
+    serve = commands.add_parser(
+        "serve", add_help=False, help="the online-learning HTTP service (gradbridge-serve) from this install; "
+                                      "`gradbridge serve --help` for its options")
+    serve.add_argument("args", nargs=argparse.REMAINDER, help="gradbridge-serve's options")
+    serve.set_defaults(run=_serve)
+
+    recover = commands.add_parser(
+        "recover-log", help="copy the whole records of a damaged feedback log, up to the damage, into a new log folder",
+        description="The online service refuses a log damaged before its end (one line naming the offset). This "
+                    "copies the checked records before the damage into a new folder that the service resumes from; "
+                    "sequence numbers of new events stay above every number the damaged log may have used.")
+    recover.add_argument("--log", required=True, help="the damaged log folder (left as it is)")
+    recover.add_argument("--into", required=True, help="a new folder for the recovered log")
+    recover.set_defaults(run=_recover_log)
+
     online_demo = commands.add_parser(
         "online-demo", help="a recommender learning online in Java from simulated clicks; AUC per version; replay")
     online_demo.add_argument("--rounds", type=int, default=300, help="rounds of impressions (default 300)")
@@ -541,7 +568,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # every option belongs to the Java service (argparse would claim --help)
+        args = argparse.Namespace(command="serve", args=argv[1:], run=_serve)
+    else:
+        args = build_parser().parse_args(argv)
     if args.command == "export" and args.lr is None and args.model == "linear-regression":
         args.lr = 0.01
     try:

@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import os
 
-from ..replay import replay
+from ..replay import recover, replay
 
 
 def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) -> int:
     """``gradbridge replay``: print the table and verdict; 0 when every version matches bit for bit."""
     report = replay(log_dir, model_path)
     out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
-        f"{report.unapplied_events} logged but not yet applied" + (f", torn tail of {report.torn_bytes} bytes ignored"
+        f"{report.unapplied_events} logged but not yet applied, {report.quarantined} micro-batches quarantined"
+        + (f", torn tail of {report.torn_bytes} bytes ignored"
                                                                    if report.torn_bytes else ""))
     out(report.table())
     return 0 if report.bitwise else 1
+
+
+def run_recover(log_dir: str | os.PathLike, into: str | os.PathLike, out=print) -> int:
+    """``gradbridge recover-log``: the whole records before a damaged one, into a new log folder."""
+    result = recover(log_dir, into)
+    if result["bad_offset"] is None:
+        out(f"{log_dir}: no damage found; copied {result['kept_records']} records into {into}")
+    else:
+        out(f"{log_dir}: damaged at offset {result['bad_offset']} ({result['reason']}); copied the "
+            f"{result['kept_records']} records before it into {into}, dropped {result['dropped_bytes']} bytes; new "
+            f"events start at sequence number {result['seq_floor']}. Start the service on {into}.")
+    return 0

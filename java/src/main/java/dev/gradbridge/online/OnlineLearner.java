@@ -1,36 +1,29 @@
 package dev.gradbridge.online;
 
-import com.google.gson.Gson;
-import com.google.gson.GsonBuilder;
-import com.google.gson.JsonObject;
-import com.google.gson.JsonParseException;
-import com.google.gson.reflect.TypeToken;
-import dev.gradbridge.DType;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
-import dev.gradbridge.Protocol;
-import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.online.log.FsyncPolicy;
+import dev.gradbridge.online.log.LogCorruptException;
+import dev.gradbridge.online.log.LogHeader;
+import dev.gradbridge.online.log.LogReader;
+import dev.gradbridge.online.log.LogRecord;
+import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.UncheckedIOException;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import java.nio.channels.FileChannel;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
-import java.nio.file.StandardOpenOption;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.ArrayBlockingQueue;
@@ -44,56 +37,58 @@ import org.slf4j.LoggerFactory;
 
 /**
  * Serves predictions while it learns from feedback: one exported training module, one training
- * thread, a write-ahead log, published versions.
+ * thread, a write-ahead log ({@link dev.gradbridge.online.log}), published versions.
  *
  * <ul>
- *   <li>{@link #learn} (any thread) validates the feedback, appends one event per row to the
- *       {@link FeedbackLog}, forces it to disk as the {@link FsyncPolicy} says and queues it. The
- *       queue is bounded: when it is full the call throws {@link QueueFullException} and nothing
- *       is logged or queued.
+ *   <li>{@link #learn} (any thread) validates the feedback, appends one event per row to the log
+ *       in one write (all or nothing), forces it to disk as the {@link FsyncPolicy} says and
+ *       queues it. The queue is bounded: when it is full the call throws {@link
+ *       QueueFullException} and nothing is logged. A request may carry an idempotency key, kept in
+ *       the log: a retry with the same key is answered with the first request's events and
+ *       applies nothing again, across restarts.
  *   <li>The training thread takes events in arrival (log) order as micro-batches of up to {@code
  *       maxBatch} events, waiting at most {@code maxWaitMillis} after the first, logs the
- *       micro-batch and applies it with the module's exported optimizer ({@code train_step}).
+ *       micro-batch, computes its loss and gradients and applies the exported optimizer's step
+ *       unless the {@link UpdateGuard} refuses (a loss or gradient that is not finite, or above the
+ *       optional norm limit): then the micro-batch is quarantined in the log with its reason.
  *   <li>Every {@code publishEvery} updates it snapshots the parameters into a new {@link
  *       ModelVersion}, logs the version with its digests and publishes it with one volatile
- *       write; every {@code checkpointEvery} versions it writes a checkpoint (the module with its
- *       optimizer state, plus {@value #CHECKPOINT_FILE} with the log position) atomically.
+ *       write; every {@code checkpointEvery} versions it writes a checkpoint ({@link Checkpoints}).
  *   <li>{@link #predict} (any thread) runs {@code forward} on a predictor: a separate copy of the
- *       module, one per concurrent prediction, whose parameters are set from the whole snapshot of
- *       the current version before it runs. Predictions never touch the training module, so they
- *       never see a half-applied step, and training never waits for them (a read-write lock on one
- *       module would stall every prediction for each micro-batch).
+ *       module whose parameters are set from the whole snapshot of the current version. Predictions
+ *       never touch the training module, so they never see a half-applied step.
  * </ul>
  *
- * <p>Opening a log folder that holds a log resumes: the last checkpoint is loaded and the logged
- * micro-batches after it are applied again exactly as logged (each logged version's digests are
- * checked), then the events that were acknowledged but not yet applied are queued again. The
- * result is bitwise the state of a run that never stopped, and {@code gradbridge replay}
- * reproduces every logged version with eager PyTorch.
+ * <p>Opening a log folder locks it and reads the whole log strictly before writing anything: a
+ * damaged record, a log that contradicts the checkpoint, or a log or checkpoint of another model
+ * refuses to start ({@link LogCorruptException}, naming the file and offset), changing nothing.
+ * Only an incomplete last record (a torn tail) is cut. Then the last checkpoint is loaded, the
+ * logged micro-batches after it are applied again exactly as logged (each logged version's digests
+ * are checked) and the events acknowledged but not yet applied are queued again: bitwise the state
+ * of a run that never stopped, which {@code gradbridge replay} reproduces with eager PyTorch.
  *
- * <p>Modules with buffers (BatchNorm running statistics) are refused: predictors receive
- * parameters only. {@code forward} runs in training mode, as the module was exported.
+ * <p>Modules with buffers (BatchNorm running statistics) or gradient accumulation are refused.
  */
 public final class OnlineLearner implements AutoCloseable {
 
     /** The online checkpoint's descriptor in the log folder. */
-    public static final String CHECKPOINT_FILE = "checkpoint.json";
-
-    /** Most micro-batches applied in one native call (a backlog before the next version). */
-    static final int MAX_FUSED = 64;
-    private static final long MAX_FUSED_BYTES = 16L << 20;
+    public static final String CHECKPOINT_FILE = Checkpoints.FILE;
+    /** Predictor copies when not set: concurrent predictions (capped by the cores). */
+    public static final int DEFAULT_PREDICTORS = 2;
 
     private static final Logger logger = LoggerFactory.getLogger(OnlineLearner.class);
-    private static final Gson GSON = new GsonBuilder().serializeSpecialFloatingPointValues().create();
 
-    private final Path modelPath;
     private final Path logDir;
     private final Builder options;
+    private final String modelSha256;
     private final Metadata metadata;
     private final TrainingModule training;
-    private final FeedbackLog log;
-    private final BlockingQueue<Predictor> predictors;
-    private final List<Predictor> allPredictors = new ArrayList<>();
+    private final ModuleCalls calls;
+    private final UpdateGuard guard;
+    private final LogWriter log;
+    private final BlockingQueue<TrainingModule> predictors;
+    private final List<TrainingModule> allPredictors = new ArrayList<>();
+    private final Map<TrainingModule, ModelVersion> loaded = new java.util.concurrent.ConcurrentHashMap<>();
     private final Metadata.TensorSpec xSpec;
     private final Metadata.TensorSpec ySpec;
     private final int xRowBytes;
@@ -104,15 +99,16 @@ public final class OnlineLearner implements AutoCloseable {
     private final Condition progress = lock.newCondition();
     private final Condition notFull = lock.newCondition();
     private final ArrayDeque<QueuedEvent> queue = new ArrayDeque<>(); // guarded by lock
+    private final Map<String, KeyEntry> keys = new HashMap<>(); // guarded by lock
     private long nextSeq; // guarded by lock
-    private long appliedEvents; // guarded by lock: events applied, in seq order
+    private long appliedEvents; // guarded by lock: events applied or quarantined, in seq order
     private boolean closing; // guarded by lock
     private boolean halting; // guarded by lock
     private boolean busy; // guarded by lock: a micro-batch is being applied
-    private Throwable failure; // guarded by lock
+    private volatile Throwable failure; // written under lock
 
     // Training-thread state (also read after the thread ends).
-    private volatile long updates; // written by the training thread only
+    private volatile long updates;
     private double lastLoss = Double.NaN;
     private long lastCheckpointVersion = -1;
     private volatile ModelVersion current;
@@ -120,15 +116,11 @@ public final class OnlineLearner implements AutoCloseable {
 
     private final AtomicLong acceptedEvents = new AtomicLong();
     private final AtomicLong refusedEvents = new AtomicLong();
+    private final AtomicLong duplicateEvents = new AtomicLong();
+    private final AtomicLong quarantinedBatches = new AtomicLong();
     private final AtomicLong predictions = new AtomicLong();
     private final PhaseTimes phases; // null unless optTimePhases(true)
-    // Used by one thread at a time (see snapshot and step): opening, training, closing.
-    private final ParameterDigests digester = new ParameterDigests();
-    private final int maxFused; // micro-batches applied in one train_epoch call, at most
-    private final ByteBuffer xBatch; // the x rows of maxFused micro-batches, reused (see step)
-    private final ByteBuffer yBatch;
-    private final DType xType;
-    private final DType yType;
+    private final ParameterDigests digester = new ParameterDigests(); // one thread at a time
 
     private static final class QueuedEvent {
         final long seq;
@@ -144,12 +136,17 @@ public final class OnlineLearner implements AutoCloseable {
         }
     }
 
-    private static final class Predictor {
-        final TrainingModule module;
-        ModelVersion loaded;
+    private static final class KeyEntry {
+        final long firstSeq;
+        final int count;
+        final byte[] sha256;
+        final long end;
 
-        Predictor(TrainingModule module) {
-            this.module = module;
+        KeyEntry(long firstSeq, int count, byte[] sha256, long end) {
+            this.firstSeq = firstSeq;
+            this.count = count;
+            this.sha256 = sha256;
+            this.end = end;
         }
     }
 
@@ -165,8 +162,9 @@ public final class OnlineLearner implements AutoCloseable {
         private int publishEvery = 1;
         private int checkpointEvery = 100;
         private int queueCapacity = 10_000;
-        private int predictors = Math.max(1, Math.min(4, Runtime.getRuntime().availableProcessors()));
+        private int predictors = Math.max(1, Math.min(DEFAULT_PREDICTORS, Runtime.getRuntime().availableProcessors()));
         private FsyncPolicy fsync = FsyncPolicy.ALWAYS;
+        private double maxGradNorm;
         private boolean validateTargets = true;
         private boolean timePhases;
 
@@ -232,7 +230,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param count predictor copies of the module, i.e. predictions that run at once
+         * @param count predictor copies of the module, i.e. predictions that run at once (default
+         *     {@value OnlineLearner#DEFAULT_PREDICTORS}, at most the cores)
          * @return this
          */
         public Builder optPredictors(int count) {
@@ -246,6 +245,20 @@ public final class OnlineLearner implements AutoCloseable {
          */
         public Builder optFsync(FsyncPolicy policy) {
             this.fsync = policy;
+            return this;
+        }
+
+        /**
+         * @param norm quarantine micro-batches whose gradient L2 norm exceeds this (see {@link
+         *     UpdateGuard} for the trade-off); 0 (the default) for no limit. Non-finite losses and
+         *     gradients are always quarantined. Kept in the log's header.
+         * @return this
+         */
+        public Builder optMaxGradNorm(double norm) {
+            if (!(norm >= 0) || Double.isInfinite(norm)) {
+                throw new InvalidInputException("max grad norm must be a finite number >= 0, got " + norm);
+            }
+            this.maxGradNorm = norm;
             return this;
         }
 
@@ -281,59 +294,76 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     private OnlineLearner(Path modelPath, Path logDir, Builder options) throws IOException {
-        this.modelPath = modelPath.toAbsolutePath();
+        modelPath = modelPath.toAbsolutePath();
         this.logDir = logDir.toAbsolutePath();
         this.options = options;
         this.phases = options.timePhases ? new PhaseTimes() : null;
         List<AutoCloseable> opened = new ArrayList<>();
         try {
-            TrainingModule original = TrainingModule.load(this.modelPath);
+            TrainingModule original = TrainingModule.load(modelPath);
             opened.add(original);
             this.metadata = original.getMetadata();
             if (!original.getBufferNames().isEmpty()) {
                 throw new InvalidInputException(
-                        this.modelPath + " has buffers " + original.getBufferNames() + "; online learning"
+                        modelPath + " has buffers " + original.getBufferNames() + "; online learning"
                                 + " supports modules without buffers (predictors receive parameters only)");
             }
+            Object accumulate = metadata.getFineTuning().get("accumulate");
+            if (accumulate instanceof Number && ((Number) accumulate).intValue() > 1) {
+                throw new InvalidInputException(modelPath + " accumulates gradients over " + accumulate
+                        + " micro-batches; online learning applies one step per micro-batch (export without accumulate)");
+            }
+            this.modelSha256 = sha256(modelPath);
             this.xSpec = metadata.getInput("x");
             this.ySpec = metadata.getInput("y");
             this.xRowBytes = rowBytes(xSpec);
             this.yRowBytes = rowBytes(ySpec);
-            this.xType = DType.of(xSpec.getDtype());
-            this.yType = DType.of(ySpec.getDtype());
-            long rowBytes = (long) xRowBytes + yRowBytes;
-            this.maxFused = original.getMethodNames().contains(Protocol.TRAIN_EPOCH)
-                    ? (int) Math.max(1, Math.min(Math.min(options.publishEvery, MAX_FUSED),
-                            MAX_FUSED_BYTES / Math.max(1, options.maxBatch * rowBytes)))
-                    : 1;
-            this.xBatch = ByteBuffer.allocateDirect(Math.multiplyExact(options.maxBatch * maxFused, xRowBytes))
-                    .order(ByteOrder.nativeOrder());
-            this.yBatch = ByteBuffer.allocateDirect(Math.multiplyExact(options.maxBatch * maxFused, yRowBytes))
-                    .order(ByteOrder.nativeOrder());
-            FeedbackLog.Header header =
-                    new FeedbackLog.Header(metadata.getModel(), options.publishEvery, xSpec.getDtype(),
-                            sampleShape(xSpec), ySpec.getDtype(), sampleShape(ySpec));
-            this.log = FeedbackLog.open(this.logDir, header, options.fsync);
-            opened.add(log);
-            JsonObject checkpoint = readCheckpoint();
-            if (checkpoint == null) {
-                this.training = original;
-            } else {
-                Path file = this.logDir.resolve(checkpoint.get("file").getAsString());
-                this.training = TrainingModule.load(file);
-                opened.add(training);
-                original.close();
+            this.calls = new ModuleCalls(xSpec, ySpec, options.maxBatch, xRowBytes, yRowBytes);
+            this.guard = new UpdateGuard(options.maxGradNorm);
+            LogHeader wanted = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm,
+                    0, 0, xSpec.getDtype(), sampleShape(xSpec), ySpec.getDtype(), sampleShape(ySpec));
+
+            // Everything is read and checked before the first write: a refused start changes nothing.
+            boolean hasLog = LogReader.exists(this.logDir);
+            if (!hasLog && Checkpoints.exists(this.logDir)) {
+                throw new LogCorruptException(this.logDir.resolve(CHECKPOINT_FILE) + " checkpoints a log, but "
+                        + LogReader.file(this.logDir) + " is missing");
             }
-            opened.remove(original);
-            opened.add(training);
+            Files.createDirectories(this.logDir);
+            this.log = LogWriter.lock(this.logDir, options.fsync, !hasLog);
+            opened.add(log);
+            Checkpoints.Descriptor checkpoint = Checkpoints.read(this.logDir);
+            LogReader.Contents contents = log.read(checkpoint == null ? 0 : checkpoint.scanOffset);
+            if (contents.getHeader() != null) {
+                String mismatch = contents.getHeader().mismatch(wanted);
+                if (mismatch != null) {
+                    throw new LogCorruptException(log.getFile() + ": offset 0: " + mismatch);
+                }
+            } else if (checkpoint != null) {
+                throw new LogCorruptException(log.getFile() + " holds no record, but " + this.logDir.resolve(CHECKPOINT_FILE)
+                        + " checkpoints one: the log was cut or replaced");
+            }
+            if (checkpoint != null) {
+                Checkpoints.check(this.logDir, checkpoint, modelSha256, contents);
+                this.training = TrainingModule.load(this.logDir.resolve(checkpoint.file));
+                opened.add(training);
+            } else {
+                this.training = original;
+                opened.remove(original);
+                opened.add(training);
+            }
             this.predictors = new ArrayBlockingQueue<>(options.predictors);
             for (int i = 0; i < options.predictors; i++) {
-                Predictor predictor = new Predictor(TrainingModule.load(this.modelPath));
-                opened.add(predictor.module);
+                TrainingModule predictor = TrainingModule.load(modelPath);
+                opened.add(predictor);
                 allPredictors.add(predictor);
                 predictors.add(predictor);
             }
-            recover(checkpoint);
+            if (training != original) {
+                original.close();
+                opened.remove(original);
+            }
+            recover(checkpoint, contents, wanted);
         } catch (IOException | RuntimeException e) {
             for (int i = opened.size() - 1; i >= 0; i--) {
                 try {
@@ -347,6 +377,27 @@ public final class OnlineLearner implements AutoCloseable {
         this.trainer = new Thread(this::trainLoop, "gradbridge-online-trainer");
         trainer.setDaemon(true);
         trainer.start();
+    }
+
+    static String sha256(Path file) throws IOException {
+        try (InputStream in = Files.newInputStream(file)) {
+            MessageDigest digest = MessageDigest.getInstance("SHA-256");
+            byte[] buffer = new byte[1 << 16];
+            for (int n; (n = in.read(buffer)) > 0; ) {
+                digest.update(buffer, 0, n);
+            }
+            return hex(digest.digest());
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    private static String hex(byte[] bytes) {
+        StringBuilder text = new StringBuilder();
+        for (byte b : bytes) {
+            text.append(String.format("%02x", b));
+        }
+        return text.toString();
     }
 
     private static long[] sampleShape(Metadata.TensorSpec spec) {
@@ -367,119 +418,165 @@ public final class OnlineLearner implements AutoCloseable {
         return Math.toIntExact(count * HostTensor.elementSize(spec.getDtype()));
     }
 
+
     // ---- recovery ----
 
-    private JsonObject readCheckpoint() throws IOException {
-        Path file = logDir.resolve(CHECKPOINT_FILE);
-        if (!Files.isRegularFile(file)) {
-            return null;
-        }
-        try {
-            JsonObject json = GSON.fromJson(new String(Files.readAllBytes(file), StandardCharsets.UTF_8), JsonObject.class);
-            for (String key : new String[] {"file", "version", "updates", "next_seq", "scan_offset", "digests"}) {
-                if (json == null || !json.has(key)) {
-                    throw new LogCorruptException(file + " lacks '" + key + "'");
-                }
-            }
-            return json;
-        } catch (JsonParseException e) {
-            throw new LogCorruptException(file + " is not valid JSON: " + e.getMessage());
-        }
-    }
-
-    /** Applies the logged tail after the checkpoint (or the whole log) and re-queues pending events. */
-    private void recover(JsonObject checkpoint) throws IOException {
-        long scanFrom = 0;
-        long appliedSeq = 0;
+    /**
+     * Applies the logged micro-batches after the checkpoint (or the whole log) again, checking every
+     * logged version and quarantine, then queues the pending events again. Records the crash kept
+     * from being written (a version, a quarantine: only ever at the end) are appended last.
+     */
+    private void recover(Checkpoints.Descriptor checkpoint, LogReader.Contents contents, LogHeader wanted)
+            throws IOException {
+        Path file = log.getFile();
+        long appliedSeq;
         ModelVersion last;
         if (checkpoint == null) {
+            appliedSeq = contents.getHeader() == null ? 0 : contents.getHeader().getFirstSeq();
             last = snapshot(0, 0, Double.NaN);
         } else {
-            scanFrom = checkpoint.get("scan_offset").getAsLong();
-            appliedSeq = checkpoint.get("next_seq").getAsLong();
-            updates = checkpoint.get("updates").getAsLong();
-            double loss = checkpoint.has("loss") && !checkpoint.get("loss").isJsonNull()
-                    ? checkpoint.get("loss").getAsDouble() : Double.NaN;
-            last = snapshot(checkpoint.get("version").getAsLong(), updates, loss);
-            Map<String, String> expected =
-                    GSON.fromJson(checkpoint.get("digests"), new TypeToken<Map<String, String>>() {}.getType());
-            if (!expected.equals(last.getDigests())) {
-                throw new LogCorruptException(
-                        logDir.resolve(CHECKPOINT_FILE) + " does not match the parameters of "
-                                + checkpoint.get("file").getAsString());
+            appliedSeq = checkpoint.nextSeq;
+            updates = checkpoint.updates;
+            last = snapshot(checkpoint.version, updates, checkpoint.loss);
+            if (!checkpoint.digests.equals(last.getDigests())) {
+                throw new LogCorruptException(logDir.resolve(CHECKPOINT_FILE) + " does not match the parameters of "
+                        + logDir.resolve(checkpoint.file));
             }
             lastCheckpointVersion = last.getId();
         }
-        FeedbackLog.Contents contents = FeedbackLog.read(logDir, scanFrom);
-        Map<Long, FeedbackLog.Event> pending = new TreeMap<>();
-        List<FeedbackLog.Batch> batches = new ArrayList<>();
-        Map<Long, FeedbackLog.Version> loggedByUpdates = new HashMap<>();
+        long checkpointSeq = appliedSeq;
         long maxSeq = appliedSeq - 1;
+        Map<Long, LogRecord.Event> pending = new TreeMap<>();
+        Map<Long, LogRecord.Version> loggedByUpdates = new HashMap<>();
         boolean versionZeroLogged = checkpoint != null;
-        for (FeedbackLog.Record record : contents.getRecords()) {
-            if (record instanceof FeedbackLog.Event) {
-                FeedbackLog.Event event = (FeedbackLog.Event) record;
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Version) {
+                LogRecord.Version version = (LogRecord.Version) record;
+                loggedByUpdates.put(version.getUpdates(), version);
+                versionZeroLogged |= version.getId() == 0;
+            } else if (record instanceof LogRecord.Key) {
+                LogRecord.Key key = (LogRecord.Key) record;
+                keys.put(key.getKey(), new KeyEntry(key.getFirstSeq(), key.getCount(), key.sha256(), 0));
+                maxSeq = Math.max(maxSeq, key.getFirstSeq() + key.getCount() - 1);
+            }
+        }
+        List<ModelVersion> missing = new ArrayList<>(); // versions to append, in order
+        if (!versionZeroLogged) {
+            missing.add(last);
+        }
+        LogRecord.Batch refused = null; // a re-applied micro-batch that the guard refused: its Q must follow
+        String refusal = null;
+        int reapplied = 0;
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Event) {
+                LogRecord.Event event = (LogRecord.Event) record;
                 maxSeq = Math.max(maxSeq, event.getSeq());
                 if (event.getSeq() >= appliedSeq) {
                     pending.put(event.getSeq(), event);
                 }
-            } else if (record instanceof FeedbackLog.Batch) {
-                if (((FeedbackLog.Batch) record).getIndex() >= updates) {
-                    batches.add((FeedbackLog.Batch) record);
+            } else if (record instanceof LogRecord.Quarantine) {
+                LogRecord.Quarantine q = (LogRecord.Quarantine) record;
+                if (q.getFirstSeq() < checkpointSeq) {
+                    continue; // before the checkpoint
                 }
-            } else {
-                FeedbackLog.Version version = (FeedbackLog.Version) record;
-                loggedByUpdates.put(version.getUpdates(), version);
-                versionZeroLogged |= version.getId() == 0;
+                if (refused == null || refused.getFirstSeq() != q.getFirstSeq()) {
+                    throw new LogCorruptException(file + ": offset " + q.getOffset() + ": quarantines the micro-batch from event "
+                            + q.getFirstSeq() + ", which applies cleanly when replayed");
+                }
+                refused = null;
+            } else if (record instanceof LogRecord.Batch) {
+                LogRecord.Batch batch = (LogRecord.Batch) record;
+                if (batch.getFirstSeq() < appliedSeq) {
+                    continue; // applied before the checkpoint
+                }
+                if (refused != null) {
+                    throw new LogCorruptException(file + ": offset " + refused.getOffset() + ": the micro-batch from event "
+                            + refused.getFirstSeq() + " is refused when replayed (" + refusal + ") but the log has no quarantine for it");
+                }
+                long floor = contents.getHeader().getSeqFloor();
+                if (appliedSeq < floor && batch.getFirstSeq() == floor && pending.keySet().stream().allMatch(k -> k >= floor)) {
+                    appliedSeq = floor; // a recovered log: the numbers below the floor are gone for good
+                }
+                if (batch.getIndex() != updates || batch.getFirstSeq() != appliedSeq) {
+                    throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": micro-batch " + batch.getIndex()
+                            + " starts at event " + batch.getFirstSeq() + "; expected micro-batch " + updates + " from event "
+                            + appliedSeq);
+                }
+                List<byte[]> xs = new ArrayList<>();
+                List<byte[]> ys = new ArrayList<>();
+                for (long seq = batch.getFirstSeq(); seq < batch.getFirstSeq() + batch.getCount(); seq++) {
+                    LogRecord.Event event = pending.remove(seq);
+                    if (event == null) {
+                        throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": micro-batch " + batch.getIndex()
+                                + " names event " + seq + ", which the log does not hold before it");
+                    }
+                    xs.add(event.x());
+                    ys.add(event.y());
+                }
+                reapplied++;
+                String why = applyGuarded(xs, ys);
+                appliedSeq += batch.getCount();
+                if (why != null) {
+                    refused = batch;
+                    refusal = why;
+                    continue;
+                }
+                LogRecord.Version logged = loggedByUpdates.get(updates);
+                if (logged != null || updates % options.publishEvery == 0) {
+                    ModelVersion version = snapshot(last.getId() + 1, updates, lastLoss);
+                    if (logged == null) {
+                        missing.add(version); // the crash came before this record
+                    } else if (logged.getId() != version.getId() || !logged.getDigests().equals(version.getDigests())) {
+                        throw new LogCorruptException(file + ": offset " + logged.getOffset() + ": applying the logged"
+                                + " micro-batches again does not reproduce version " + logged.getId() + " (" + logged.getUpdates()
+                                + " updates)");
+                    }
+                    last = version;
+                }
             }
         }
-        if (!versionZeroLogged) {
-            log.sync(log.appendVersion(last));
+        // Only now the first write: the torn tail goes, a new log gets its header.
+        log.begin(contents, wanted);
+        for (ModelVersion version : missing) {
+            log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
         }
-        for (FeedbackLog.Batch batch : batches) {
-            if (batch.getIndex() != updates || batch.getFirstSeq() != appliedSeq) {
-                throw new LogCorruptException(
-                        log.getFile() + ": micro-batch " + batch.getIndex() + " at offset " + batch.getOffset()
-                                + " starts at event " + batch.getFirstSeq() + "; expected micro-batch " + updates
-                                + " from event " + appliedSeq);
-            }
-            List<byte[]> xs = new ArrayList<>();
-            List<byte[]> ys = new ArrayList<>();
-            for (long seq = batch.getFirstSeq(); seq < batch.getFirstSeq() + batch.getCount(); seq++) {
-                FeedbackLog.Event event = pending.remove(seq);
-                if (event == null) {
-                    throw new LogCorruptException(
-                            log.getFile() + ": micro-batch " + batch.getIndex() + " names event " + seq
-                                    + ", which the log does not hold");
-                }
-                xs.add(event.x());
-                ys.add(event.y());
-            }
-            double loss = step(xs, ys);
-            appliedSeq += batch.getCount();
-            FeedbackLog.Version logged = loggedByUpdates.get(updates);
-            if (logged != null || updates % options.publishEvery == 0) {
-                ModelVersion version = snapshot(last.getId() + 1, updates, loss);
-                if (logged == null) {
-                    log.sync(log.appendVersion(version)); // the crash came before this record
-                } else if (logged.getId() != version.getId() || !logged.getDigests().equals(version.getDigests())) {
-                    throw new LogCorruptException(
-                            log.getFile() + ": applying the logged micro-batches again does not reproduce version "
-                                    + logged.getId() + " (" + logged.getUpdates() + " updates)");
-                }
-                last = version;
-            }
+        if (refused != null) { // the last micro-batch, refused again: the crash came before its quarantine
+            log.appendQuarantine(refused.getIndex(), refused.getFirstSeq(), refused.getCount(), refusal);
+            quarantinedBatches.incrementAndGet();
         }
+        log.sync(log.end());
         current = last;
-        nextSeq = maxSeq + 1;
-        appliedEvents = appliedSeq;
-        for (FeedbackLog.Event event : pending.values()) {
+        long floor = contents.getHeader() == null ? 0 : contents.getHeader().getSeqFloor();
+        nextSeq = Math.max(Math.max(maxSeq + 1, appliedSeq), floor);
+        appliedEvents = pending.isEmpty() ? nextSeq : appliedSeq;
+        for (LogRecord.Event event : pending.values()) {
             queue.add(new QueuedEvent(event.getSeq(), event.getOffset(), event.x(), event.y()));
         }
-        if (!batches.isEmpty() || !pending.isEmpty() || contents.getTornBytes() > 0 || log.getCutBytes() > 0) {
+        if (reapplied > 0 || !pending.isEmpty() || contents.getTornBytes() > 0) {
             logger.info("{}: resumed at {}: {} micro-batches applied again, {} events queued again, {} torn bytes cut",
-                    logDir, last, batches.size(), pending.size(), log.getCutBytes());
+                    logDir, last, reapplied, pending.size(), contents.getTornBytes());
         }
+    }
+
+    /**
+     * The micro-batch's loss and gradients, then the optimizer step unless the guard refuses: the
+     * same calls as {@code train_step} when it goes through, no step (gradients zeroed) when not.
+     *
+     * @return null when applied (and counted), else why not
+     */
+    private String applyGuarded(List<byte[]> xs, List<byte[]> ys) {
+        long t = clock();
+        double loss = calls.lossAndBackward(training, xs, ys);
+        String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
+        if (refusal == null) {
+            training.optimizerStep();
+            updates++;
+            lastLoss = loss;
+        } else {
+            training.zeroGrad();
+        }
+        lap(PhaseTimes.Phase.TRAIN_STEP, t);
+        return refusal;
     }
 
     // ---- learning ----
@@ -493,26 +590,40 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws InvalidInputException when x or y do not fit the module; nothing was logged
      * @throws QueueFullException when the queue has no room for every row; nothing was logged
      * @throws IllegalStateException when the learner is closing or training has failed
-     * @throws UncheckedIOException when the log cannot be written
+     * @throws UncheckedIOException when the log cannot be written; nothing was logged
      */
     public long learn(HostTensor x, HostTensor y) {
-        return learn(x, y, 0, TimeUnit.NANOSECONDS);
+        return learn(x, y, null, 0, TimeUnit.NANOSECONDS);
     }
 
     /**
      * Like {@link #learn(HostTensor, HostTensor)}, but waits up to {@code timeout} for room in the
-     * queue before refusing: back-pressure that blocks a producer inside the process instead of
-     * making it spin.
+     * queue before refusing: back-pressure that blocks a producer inside the process.
      *
-     * @param x inputs, batch dimension first, matching the module's {@code x} spec
-     * @param y targets, as many rows as {@code x}, matching the module's {@code y} spec
+     * @param x inputs
+     * @param y targets
      * @param timeout the longest wait for room (0: do not wait)
      * @param unit its unit
      * @return the sequence number of the first event
-     * @throws QueueFullException when there was no room in time; nothing was logged
-     * @throws InvalidInputException when x or y do not fit the module; nothing was logged
      */
     public long learn(HostTensor x, HostTensor y, long timeout, TimeUnit unit) {
+        return learn(x, y, null, timeout, unit);
+    }
+
+    /**
+     * Like {@link #learn(HostTensor, HostTensor)}, with an idempotency key: when a request with
+     * the same key was accepted before (by this learner or one before it on the same log), nothing
+     * is logged or applied again and its first sequence number is returned.
+     *
+     * @param x inputs
+     * @param y targets
+     * @param key 1 to {@value #MAX_KEY_LENGTH} visible ASCII characters, or null for none
+     * @param timeout the longest wait for room (0: do not wait)
+     * @param unit its unit
+     * @return the sequence number of the (first request's) first event
+     * @throws KeyConflictException when the key came with other x or y before; nothing was logged
+     */
+    public long learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
         long t = clock();
         long rows = check("x", xSpec, x);
         if (check("y", ySpec, y) != rows) {
@@ -522,8 +633,12 @@ public final class OnlineLearner implements AutoCloseable {
             throw new InvalidInputException("feedback holds NaN or infinite values");
         }
         if (rows > options.queueCapacity) {
-            throw new InvalidInputException(
-                    rows + " events in one call exceed the queue capacity " + options.queueCapacity);
+            throw new InvalidInputException(rows + " events in one call exceed the queue capacity " + options.queueCapacity);
+        }
+        byte[] sha = null;
+        if (key != null) {
+            checkKey(key);
+            sha = requestSha256(x, y);
         }
         if (options.validateTargets) {
             validateLoss(x, y);
@@ -536,37 +651,52 @@ public final class OnlineLearner implements AutoCloseable {
         lock.lock();
         try {
             checkOpen();
-            long deadline = System.nanoTime() + unit.toNanos(timeout);
-            while (queue.size() + rows > options.queueCapacity && deadline - System.nanoTime() > 0) {
-                try {
-                    notFull.awaitNanos(deadline - System.nanoTime());
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                    break;
+            KeyEntry seen = key == null ? null : keys.get(key);
+            if (seen != null) {
+                if (!Arrays.equals(seen.sha256, sha) || seen.count != rows) {
+                    throw new KeyConflictException("idempotency key '" + key + "' was used for another request (events "
+                            + seen.firstSeq + ".." + (seen.firstSeq + seen.count - 1) + "); nothing was logged");
                 }
-                checkOpen();
+                duplicateEvents.addAndGet(rows);
+                first = seen.firstSeq;
+                end = seen.end;
+            } else {
+                long deadline = System.nanoTime() + unit.toNanos(timeout);
+                while (queue.size() + rows > options.queueCapacity && deadline - System.nanoTime() > 0) {
+                    try {
+                        notFull.awaitNanos(deadline - System.nanoTime());
+                    } catch (InterruptedException e) {
+                        Thread.currentThread().interrupt();
+                        break;
+                    }
+                    checkOpen();
+                }
+                if (queue.size() + rows > options.queueCapacity) {
+                    refusedEvents.addAndGet(rows);
+                    throw new QueueFullException("the feedback queue is full (" + queue.size() + " of "
+                            + options.queueCapacity + " events waiting); retry later");
+                }
+                t = lap(PhaseTimes.Phase.LEARN_LOCK, t);
+                first = nextSeq;
+                long[] offsets;
+                try {
+                    offsets = log.appendEvents(first, xRows, yRows, key, sha);
+                } catch (IOException e) {
+                    // The writer truncated the file back: nothing of this request is in the log.
+                    throw new UncheckedIOException("cannot append to " + log.getFile() + " (" + e.getMessage()
+                            + "); nothing of this request was logged", e);
+                }
+                for (int i = 0; i < rows; i++) {
+                    queue.add(new QueuedEvent(first + i, offsets[i], xRows.get(i), yRows.get(i)));
+                }
+                nextSeq += rows;
+                end = offsets[(int) rows];
+                if (key != null) {
+                    keys.put(key, new KeyEntry(first, (int) rows, sha, end));
+                }
+                acceptedEvents.addAndGet(rows);
+                notEmpty.signal();
             }
-            if (queue.size() + rows > options.queueCapacity) {
-                refusedEvents.addAndGet(rows);
-                throw new QueueFullException(
-                        "the feedback queue is full (" + queue.size() + " of " + options.queueCapacity
-                                + " events waiting); retry later");
-            }
-            t = lap(PhaseTimes.Phase.LEARN_LOCK, t);
-            first = nextSeq;
-            long[] offsets;
-            try {
-                offsets = log.appendEvents(first, xRows, yRows);
-            } catch (IOException e) {
-                failure = e;
-                throw new UncheckedIOException("cannot append to " + log.getFile() + ": " + e.getMessage(), e);
-            }
-            for (int i = 0; i < rows; i++) {
-                queue.add(new QueuedEvent(first + i, offsets[i], xRows.get(i), yRows.get(i)));
-            }
-            nextSeq += rows;
-            end = offsets[(int) rows];
-            notEmpty.signal();
         } finally {
             lock.unlock();
         }
@@ -575,10 +705,36 @@ public final class OnlineLearner implements AutoCloseable {
             log.sync(end); // outside the lock: concurrent callers share one fsync
             lap(PhaseTimes.Phase.LEARN_SYNC, t);
         } catch (IOException e) {
+            fail(e); // what is durable is unknown now: stop rather than acknowledge anything more
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
         }
-        acceptedEvents.addAndGet(rows);
         return first;
+    }
+
+    /** Longest idempotency key. */
+    public static final int MAX_KEY_LENGTH = 200;
+
+    private static void checkKey(String key) {
+        if (key.isEmpty() || key.length() > MAX_KEY_LENGTH) {
+            throw new InvalidInputException("an idempotency key has 1 to " + MAX_KEY_LENGTH + " characters, got " + key.length());
+        }
+        for (int i = 0; i < key.length(); i++) {
+            char c = key.charAt(i);
+            if (c < 0x21 || c > 0x7e) {
+                throw new InvalidInputException("an idempotency key holds visible ASCII characters only");
+            }
+        }
+    }
+
+    private static byte[] requestSha256(HostTensor x, HostTensor y) {
+        try {
+            MessageDigest digest = MessageDigest.getInstance("SHA-256");
+            digest.update(x.bytes());
+            digest.update(y.bytes());
+            return digest.digest();
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
     }
 
     private long clock() {
@@ -606,10 +762,25 @@ public final class OnlineLearner implements AutoCloseable {
 
     private void checkOpen() {
         if (failure != null) {
-            throw new IllegalStateException("online training has stopped: " + failure, failure);
+            throw new IllegalStateException("online training has stopped: " + failure.getMessage(), failure);
         }
         if (closing || halting) {
             throw new IllegalStateException("the online learner is closed");
+        }
+    }
+
+    private void fail(Throwable e) {
+        lock.lock();
+        try {
+            if (failure == null) {
+                failure = e;
+            }
+            busy = false;
+            notEmpty.signalAll();
+            notFull.signalAll();
+            progress.signalAll();
+        } finally {
+            lock.unlock();
         }
     }
 
@@ -630,17 +801,32 @@ public final class OnlineLearner implements AutoCloseable {
         return rows;
     }
 
-    /** The loss on a predictor, no step: a libtorch error (e.g. class index out of range) refuses the feedback. */
+    /** The loss on a predictor, no step: a libtorch error (e.g. a class index out of range) refuses the feedback. */
     private void validateLoss(HostTensor x, HostTensor y) {
-        Predictor predictor = borrow();
-        try (Tensor xs = toTensor(x);
-                Tensor ys = toTensor(y)) {
-            predictor.module.evaluate(xs, ys);
+        TrainingModule predictor = borrow();
+        try {
+            ModuleCalls.evaluate(predictor, x, y);
         } catch (GradbridgeException e) {
-            throw new InvalidInputException("feedback rejected by the model's loss: " + e.getMessage());
+            throw new InvalidInputException("feedback rejected by the model's loss: " + libtorchReason(e));
         } finally {
             predictors.add(predictor);
         }
+    }
+
+    /** libtorch's own reason, first line only, without Java or C++ frames (e.g. "index 9 is out of bounds"). */
+    static String libtorchReason(Throwable e) {
+        String text = String.valueOf(e.getMessage());
+        for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
+            if (cause.getMessage() != null) {
+                text = cause.getMessage();
+            }
+        }
+        String line = text.split("\n", 2)[0].trim();
+        int colon = line.lastIndexOf(": ");
+        if (line.matches(".*\\b(ai\\.djl|java\\.|dev\\.gradbridge)\\..*") && colon >= 0) {
+            line = line.substring(colon + 2);
+        }
+        return line.length() > 200 ? line.substring(0, 200) + "..." : line;
     }
 
     // ---- prediction ----
@@ -650,31 +836,36 @@ public final class OnlineLearner implements AutoCloseable {
      *
      * @param x inputs, batch dimension first, matching the module's {@code x} spec
      * @return the output and the version that computed it
-     * @throws InvalidInputException when x does not fit the module
+     * @throws InvalidInputException when x does not fit the module (shape, dtype, or a value the
+     *     model refuses, e.g. an embedding id out of range)
      */
     public Prediction predict(HostTensor x) {
         check("x", xSpec, x);
-        Predictor predictor = borrow();
+        if (!x.allFinite()) {
+            throw new InvalidInputException("x holds NaN or infinite values");
+        }
+        TrainingModule predictor = borrow();
         try {
             ModelVersion version = current;
-            if (predictor.loaded != version) {
+            if (loaded.get(predictor) != version) {
                 // The whole snapshot, then forward: this predictor never mixes two versions.
-                predictor.module.setParameters(version.parameters());
-                predictor.loaded = version;
+                predictor.setParameters(version.parameters());
+                loaded.put(predictor, version);
             }
-            try (Tensor input = toTensor(x);
-                    Tensor output = predictor.module.forward(input)) {
-                String dtype = output.dtype().torchName();
-                HostTensor result = HostTensor.of(dtype, output.shape(), littleEndian(output));
-                predictions.incrementAndGet();
-                return new Prediction(version.getId(), result);
+            HostTensor output;
+            try {
+                output = ModuleCalls.forward(predictor, x);
+            } catch (GradbridgeException e) {
+                throw new InvalidInputException("x rejected by the model: " + libtorchReason(e));
             }
+            predictions.incrementAndGet();
+            return new Prediction(version.getId(), output);
         } finally {
             predictors.add(predictor);
         }
     }
 
-    private Predictor borrow() {
+    private TrainingModule borrow() {
         try {
             return predictors.take();
         } catch (InterruptedException e) {
@@ -683,43 +874,20 @@ public final class OnlineLearner implements AutoCloseable {
         }
     }
 
-    private static byte[] littleEndian(Tensor array) {
-        byte[] bytes = array.toBytes();
-        if (ByteOrder.nativeOrder() != ByteOrder.LITTLE_ENDIAN && array.dtype().size() > 1) {
-            throw new GradbridgeException("big-endian native tensors are not supported");
-        }
-        return bytes;
-    }
-
-    private static Tensor toTensor(HostTensor tensor) {
-        byte[] bytes = tensor.bytes();
-        ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
-        buffer.put(bytes).flip();
-        return Tensor.fromBuffer(buffer, DType.of(tensor.getDtype()), tensor.getShape());
-    }
-
     // ---- the training thread ----
 
     private void trainLoop() {
         try {
             while (true) {
-                long t = clock();
-                List<QueuedEvent> batch = nextBatch(t);
+                List<QueuedEvent> batch = nextBatch(clock());
                 if (batch == null) {
                     break;
                 }
                 apply(batch);
             }
         } catch (Throwable e) {
-            logger.error("online training stopped", e);
-            lock.lock();
-            try {
-                failure = e;
-                busy = false;
-                progress.signalAll();
-            } finally {
-                lock.unlock();
-            }
+            logger.error("online training stopped: {}", e.toString());
+            fail(e);
         }
     }
 
@@ -746,14 +914,10 @@ public final class OnlineLearner implements AutoCloseable {
             }
             t = lap(PhaseTimes.Phase.WAIT, t);
             int count = Math.min(options.maxBatch, queue.size());
-            if (count == options.maxBatch) {
-                // A backlog of whole micro-batches before the next version is due: take up to
-                // that many at once; apply() runs them in one native call (train_epoch).
-                int due = (int) (options.publishEvery - updates % options.publishEvery);
-                count *= Math.max(1, Math.min(Math.min(due, maxFused), queue.size() / options.maxBatch));
-            }
             List<QueuedEvent> batch = new ArrayList<>(count);
-            for (int i = 0; i < count; i++) {
+            // Consecutive numbers only: a micro-batch is logged as (first, count). Numbers jump once,
+            // at a recovered log's floor.
+            while (batch.size() < count && (batch.isEmpty() || queue.peek().seq == batch.get(batch.size() - 1).seq + 1)) {
                 batch.add(queue.poll());
             }
             busy = true;
@@ -765,38 +929,37 @@ public final class OnlineLearner implements AutoCloseable {
         }
     }
 
-    /**
-     * Applies the events taken by {@link #nextBatch}: one micro-batch, or several whole
-     * micro-batches of {@code maxBatch} events that all come before the next version.
-     */
+    /** Logs the micro-batch, applies it (or quarantines it), publishes when a version is due. */
     private void apply(List<QueuedEvent> batch) throws IOException {
         long t = clock();
         long first = batch.get(0).seq;
-        int micro = batch.size() > options.maxBatch ? batch.size() / options.maxBatch : 1;
-        // The boundaries are written before the batches are applied (one write for all), and
-        // forced (under ALWAYS) by the sync before the next version is published: nothing that
-        // depends on these micro-batches leaves the training thread (a version, a checkpoint)
-        // before they are durable. A crash before that loses only boundaries: their events are
-        // in the log, are queued again on resume and go into micro-batches that no one has seen.
-        log.appendBatches(updates, first, batch.size() / micro, micro);
+        int count = batch.size();
+        // Written before the batch is applied and forced (under ALWAYS) by the sync before the next
+        // version is published: nothing that depends on it leaves the training thread first.
+        long index = updates;
+        log.appendBatch(index, first, count);
         t = lap(PhaseTimes.Phase.LOG_BATCH, t);
-        List<byte[]> xs = new ArrayList<>(batch.size());
-        List<byte[]> ys = new ArrayList<>(batch.size());
+        List<byte[]> xs = new ArrayList<>(count);
+        List<byte[]> ys = new ArrayList<>(count);
         for (QueuedEvent event : batch) {
             xs.add(event.x);
             ys.add(event.y);
         }
-        double loss = micro == 1 ? step(xs, ys) : stepFused(xs, ys, micro);
+        String refusal = applyGuarded(xs, ys);
         t = clock();
-        if (updates % options.publishEvery == 0) {
-            ModelVersion version = snapshot(current.getId() + 1, updates, loss);
+        if (refusal != null) {
+            log.appendQuarantine(index, first, count, refusal);
+            quarantinedBatches.incrementAndGet();
+            logger.warn("{}: events {}..{} quarantined, not applied: {}", logDir, first, first + count - 1, refusal);
+        } else if (updates % options.publishEvery == 0) {
+            ModelVersion version = snapshot(current.getId() + 1, updates, lastLoss);
             t = lap(PhaseTimes.Phase.SNAPSHOT, t);
             publish(version);
             t = clock();
         }
         lock.lock();
         try {
-            appliedEvents = first + batch.size();
+            appliedEvents = Math.max(appliedEvents, first + count);
             busy = false;
             progress.signalAll();
         } finally {
@@ -805,73 +968,7 @@ public final class OnlineLearner implements AutoCloseable {
         lap(PhaseTimes.Phase.FINISH, t);
     }
 
-    /** One {@code train_step} on the rows, in order; counts the update. */
-    private double step(List<byte[]> xs, List<byte[]> ys) {
-        long t = clock();
-        double loss;
-        // The rows go into one reused native-order buffer per input and become one tensor each,
-        // created in the module's manager and closed right after the step: no per-micro-batch
-        // buffer allocation or sub-manager. The tensors may share the buffers' memory, so they
-        // are closed before the buffers are filled again (one thread, one micro-batch at a time).
-        // A logged micro-batch holds at most maxBatch events (resume checks the header's shapes,
-        // not B, so a larger logged one gets buffers of its own).
-        try (Tensor x = rowsToArray(xs, xSpec, xType, xBatch);
-                Tensor y = rowsToArray(ys, ySpec, yType, yBatch)) {
-            t = lap(PhaseTimes.Phase.ASSEMBLE, t);
-            loss = training.trainStep(x, y);
-            t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
-        }
-        lap(PhaseTimes.Phase.ASSEMBLE, t); // freeing the inputs counts with making them
-        updates++;
-        lastLoss = loss;
-        return loss;
-    }
-
-    /**
-     * {@code micro} micro-batches of {@code maxBatch} rows each, in order, in one {@code
-     * train_epoch} call (which runs {@code train_step} on each slice: the same steps, bit for bit,
-     * as {@code micro} calls of {@link #step}); counts the updates.
-     *
-     * @return the last micro-batch's loss
-     */
-    private double stepFused(List<byte[]> xs, List<byte[]> ys, int micro) {
-        long t = clock();
-        double[] losses;
-        try (Tensor x = rowsToArray(xs, xSpec, xType, xBatch);
-                Tensor y = rowsToArray(ys, ySpec, yType, yBatch);
-                Tensor order = Tensor.arange(xs.size())) {
-            t = lap(PhaseTimes.Phase.ASSEMBLE, t);
-            losses = training.trainEpoch(x, y, order, options.maxBatch);
-            t = lap(PhaseTimes.Phase.TRAIN_STEP, t);
-        }
-        lap(PhaseTimes.Phase.ASSEMBLE, t);
-        if (losses.length != micro) {
-            throw new GradbridgeException("train_epoch ran " + losses.length + " micro-batches, expected " + micro);
-        }
-        updates += micro;
-        lastLoss = losses[micro - 1];
-        return lastLoss;
-    }
-
-    private Tensor rowsToArray(List<byte[]> rows, Metadata.TensorSpec spec, DType type, ByteBuffer reused) {
-        int bytes = rows.get(0).length * rows.size();
-        ByteBuffer buffer = bytes <= reused.capacity()
-                ? reused
-                : ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());
-        buffer.clear();
-        for (byte[] row : rows) {
-            buffer.put(row);
-        }
-        buffer.flip();
-        long[] shape = spec.getShape().clone();
-        shape[0] = rows.size();
-        return Tensor.fromBuffer(buffer, type, shape);
-    }
-
-    /**
-     * The parameters now, whole, with their digests. Runs on one thread at a time: the opening
-     * thread (recovery), then the training thread, then the closing thread after it ended.
-     */
+    /** The parameters now, whole, with their digests (one thread at a time: opening, training, closing). */
     private ModelVersion snapshot(long id, long atUpdates, double loss) {
         Map<String, double[]> parameters = training.getParameters();
         Map<String, String> digests = new LinkedHashMap<>();
@@ -884,7 +981,7 @@ public final class OnlineLearner implements AutoCloseable {
     /** Logs the version, then makes it the one predictions use; checkpoints every K versions. */
     private void publish(ModelVersion version) throws IOException {
         long t = clock();
-        long end = log.appendVersion(version);
+        long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
         log.sync(end);
         current = version; // one volatile write: predictors see the old or the new snapshot, whole
         t = lap(PhaseTimes.Phase.PUBLISH, t);
@@ -894,16 +991,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
     }
 
-    /**
-     * Writes the training module (parameters and optimizer state) and then {@value
-     * #CHECKPOINT_FILE}, each atomically; a crash between the two leaves the previous checkpoint
-     * in force. Called on the training thread at a version boundary.
-     */
+    /** Writes a checkpoint at a version boundary (training thread, or closing after it ended). */
     private void checkpoint(ModelVersion version, long versionEnd) throws IOException {
-        String name = String.format(Locale.ROOT, "checkpoint-v%08d.pt", version.getId());
-        training.saveCheckpoint(
-                logDir.resolve(name),
-                Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, version.getId()), 0L));
         long nextEvent;
         long scanOffset;
         lock.lock();
@@ -915,39 +1004,9 @@ public final class OnlineLearner implements AutoCloseable {
         } finally {
             lock.unlock();
         }
-        JsonObject json = new JsonObject();
-        json.addProperty("file", name);
-        json.addProperty("version", version.getId());
-        json.addProperty("updates", version.getUpdates());
-        json.addProperty("loss", version.getLoss());
-        json.addProperty("next_seq", nextEvent);
-        json.addProperty("scan_offset", scanOffset);
-        json.add("digests", GSON.toJsonTree(version.getDigests()));
-        writeAtomically(logDir.resolve(CHECKPOINT_FILE), GSON.toJson(json).getBytes(StandardCharsets.UTF_8));
+        Checkpoints.write(logDir, training, new Checkpoints.Descriptor(Checkpoints.fileName(version.getId()), modelSha256,
+                version.getId(), version.getUpdates(), version.getLoss(), nextEvent, scanOffset, version.getDigests()));
         lastCheckpointVersion = version.getId();
-        try (DirectoryStream<Path> old = Files.newDirectoryStream(logDir, "checkpoint-v*.pt")) {
-            for (Path file : old) {
-                if (!file.getFileName().toString().equals(name)) {
-                    Files.deleteIfExists(file);
-                }
-            }
-        }
-    }
-
-    private static void writeAtomically(Path target, byte[] content) throws IOException {
-        Path tmp = Files.createTempFile(target.getParent(), "." + target.getFileName(), ".tmp");
-        try {
-            try (FileChannel channel = FileChannel.open(tmp, StandardOpenOption.WRITE)) {
-                ByteBuffer buffer = ByteBuffer.wrap(content);
-                while (buffer.hasRemaining()) {
-                    channel.write(buffer);
-                }
-                channel.force(true);
-            }
-            Files.move(tmp, target, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-        } finally {
-            Files.deleteIfExists(tmp);
-        }
     }
 
     // ---- state ----
@@ -969,15 +1028,10 @@ public final class OnlineLearner implements AutoCloseable {
 
     /** @return micro-batches applied (optimizer steps), including those applied again on resume */
     public long updates() {
-        lock.lock();
-        try {
-            return updates;
-        } finally {
-            lock.unlock();
-        }
+        return updates;
     }
 
-    /** @return events this learner accepted since it opened (not counting resumed ones) */
+    /** @return events this learner accepted since it opened (not counting resumed ones or duplicates) */
     public long acceptedEvents() {
         return acceptedEvents.get();
     }
@@ -987,9 +1041,24 @@ public final class OnlineLearner implements AutoCloseable {
         return refusedEvents.get();
     }
 
+    /** @return events answered from an earlier request with the same idempotency key */
+    public long duplicateEvents() {
+        return duplicateEvents.get();
+    }
+
+    /** @return micro-batches quarantined (not applied) since this learner opened */
+    public long quarantinedBatches() {
+        return quarantinedBatches.get();
+    }
+
     /** @return predictions served */
     public long predictions() {
         return predictions.get();
+    }
+
+    /** @return why training stopped, or null while it runs (or after a clean close) */
+    public Throwable getFailure() {
+        return failure;
     }
 
     /** @return the log folder */
@@ -1003,7 +1072,7 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     /**
-     * Waits until every event accepted so far has been applied.
+     * Waits until every event accepted so far has been applied (or quarantined).
      *
      * @param timeout the longest wait
      * @param unit its unit
@@ -1017,7 +1086,7 @@ public final class OnlineLearner implements AutoCloseable {
         try {
             while (appliedEvents < nextSeq || busy) {
                 if (failure != null) {
-                    throw new IllegalStateException("online training has stopped: " + failure, failure);
+                    throw new IllegalStateException("online training has stopped: " + failure.getMessage(), failure);
                 }
                 long left = deadline - System.nanoTime();
                 if (left <= 0) {
@@ -1047,6 +1116,7 @@ public final class OnlineLearner implements AutoCloseable {
      * came after the last one, writes a final checkpoint and frees everything. Idempotent.
      *
      * @throws IOException when the final checkpoint or the log cannot be written
+     * @throws IllegalStateException when training had failed (nothing more was written)
      */
     @Override
     public void close() throws IOException {
@@ -1079,7 +1149,7 @@ public final class OnlineLearner implements AutoCloseable {
                 ModelVersion last = current;
                 if (updates > last.getUpdates()) {
                     ModelVersion version = snapshot(last.getId() + 1, updates, lastLoss);
-                    long end = log.appendVersion(version);
+                    long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
                     log.sync(end);
                     current = version;
                     checkpoint(version, end);
@@ -1089,10 +1159,13 @@ public final class OnlineLearner implements AutoCloseable {
             }
         } finally {
             log.close();
-            for (Predictor predictor : allPredictors) {
-                predictor.module.close();
+            for (TrainingModule predictor : allPredictors) {
+                predictor.close();
             }
             training.close();
+        }
+        if (!halt && failure != null) {
+            throw new IllegalStateException("online training had stopped: " + failure.getMessage(), failure);
         }
     }
 }

@@ -2,6 +2,7 @@ package dev.gradbridge.serve;
 
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
+import com.google.gson.JsonNull;
 import com.google.gson.JsonPrimitive;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
@@ -46,7 +47,7 @@ final class JsonTensors {
                     long integer = value.getAsLong();
                     if (integer != number) {
                         throw new InvalidInputException(
-                                "field '" + field + "' must hold integers (int64), got " + value);
+                                "field '" + field + "' must hold integers (int64), got " + abbreviate(value));
                     }
                     bytes.putLong(integer);
             }
@@ -61,7 +62,7 @@ final class JsonTensors {
     private static void flatten(String field, JsonElement json, List<Long> shape, int depth, List<JsonPrimitive> out) {
         if (depth == shape.size()) {
             if (!json.isJsonPrimitive() || !json.getAsJsonPrimitive().isNumber()) {
-                throw new InvalidInputException("field '" + field + "' must be a nested array of numbers, found " + json);
+                throw new InvalidInputException("field '" + field + "' must be a nested array of numbers, found " + abbreviate(json));
             }
             out.add(json.getAsJsonPrimitive());
             return;
@@ -69,26 +70,35 @@ final class JsonTensors {
         if (!json.isJsonArray() || json.getAsJsonArray().size() != shape.get(depth)) {
             throw new InvalidInputException(
                     "field '" + field + "' is not rectangular: expected " + shape.get(depth) + " items at depth "
-                            + depth + ", found " + json);
+                            + depth + ", found " + abbreviate(json));
         }
         for (JsonElement item : json.getAsJsonArray()) {
             flatten(field, item, shape, depth + 1, out);
         }
     }
 
-    /** A tensor as nested JSON arrays (float32 written with Float.toString, which round-trips exactly). */
+    /** At most 60 characters of a JSON value, for error lines (a request may be megabytes). */
+    static String abbreviate(Object json) {
+        String text = String.valueOf(json).replace('\n', ' ');
+        return text.length() > 60 ? text.substring(0, 60) + "..." : text;
+    }
+
+    /**
+     * A tensor as nested JSON arrays (float32 written with Float.toString, which round-trips
+     * exactly); a value that is not finite is written as null, so the answer stays valid JSON.
+     */
     static JsonElement write(HostTensor tensor) {
         long[] shape = tensor.getShape();
         List<JsonPrimitive> flat = new ArrayList<>();
         switch (tensor.getDtype()) {
             case "float32":
                 for (float v : tensor.toFloatArray()) {
-                    flat.add(new JsonPrimitive(v));
+                    flat.add(Float.isFinite(v) ? new JsonPrimitive(v) : null);
                 }
                 break;
             case "float64":
                 for (double v : tensor.toDoubleArray()) {
-                    flat.add(new JsonPrimitive(v));
+                    flat.add(Double.isFinite(v) ? new JsonPrimitive(v) : null);
                 }
                 break;
             default:
@@ -102,7 +112,8 @@ final class JsonTensors {
 
     private static JsonElement nest(long[] shape, int depth, List<JsonPrimitive> flat, int[] next) {
         if (depth == shape.length) {
-            return flat.get(next[0]++);
+            JsonPrimitive value = flat.get(next[0]++);
+            return value == null ? JsonNull.INSTANCE : value;
         }
         JsonArray array = new JsonArray();
         for (long i = 0; i < shape[depth]; i++) {

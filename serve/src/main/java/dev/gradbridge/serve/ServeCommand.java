@@ -1,47 +1,35 @@
 package dev.gradbridge.serve;
 
-import com.google.gson.Gson;
-import com.google.gson.JsonElement;
-import com.google.gson.JsonObject;
-import com.google.gson.JsonParseException;
-import com.google.gson.JsonParser;
 import dev.gradbridge.GradbridgeException;
-import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.online.FsyncPolicy;
-import dev.gradbridge.online.HostTensor;
+import dev.gradbridge.cli.OneLineErrors;
 import dev.gradbridge.online.OnlineLearner;
-import dev.gradbridge.online.Prediction;
-import dev.gradbridge.online.QueueFullException;
+import dev.gradbridge.online.log.FsyncPolicy;
 import io.javalin.Javalin;
-import io.javalin.http.Context;
-import io.micrometer.core.instrument.FunctionCounter;
-import io.micrometer.core.instrument.Gauge;
-import io.micrometer.core.instrument.Timer;
-import io.micrometer.prometheusmetrics.PrometheusConfig;
-import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
-import java.nio.charset.StandardCharsets;
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Comparator;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 import sun.misc.Signal;
 
 /**
- * {@code gradbridge-serve}: an {@link OnlineLearner} behind HTTP (Javalin on Jetty).
+ * {@code gradbridge-serve}: an {@link OnlineLearner} behind HTTP (Javalin 7 on Jetty 12); the
+ * routes are in {@link HttpApi}.
  *
- * <ul>
- *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} → {@code {"version": v, "y": [...]}}
- *   <li>{@code POST /feedback} {@code {"x": [[...]], "y": [...]}} (one event per row) → {@code
- *       {"accepted": n, "first_seq": s}} once logged; 429 when the queue is full
- *   <li>{@code GET /healthz}, {@code GET /metrics} (Prometheus text, Micrometer)
- * </ul>
- *
- * Bad JSON, shapes or dtypes answer 400 and an oversized body 413, each with one {@code error:}
- * line; nothing is applied. SIGTERM (or SIGINT) stops the listener, drains the queue, writes a
- * final checkpoint and exits 0.
+ * <p>Every option is checked before anything is created (a bad value, a port in use: one {@code
+ * error:} line, exit 1, no log folder left behind). SIGTERM (or SIGINT) stops accepting
+ * connections, answers the requests in flight, drains the queue, writes a final checkpoint and
+ * exits 0. When training stops for good (a full disk at a checkpoint, say), {@code /healthz}
+ * answers 503 and the service exits 1 with one line.
  */
 @Command(name = "gradbridge-serve", mixinStandardHelpOptions = true,
         description = "Serve predictions from an exported training module while it learns from feedback.")
@@ -59,6 +47,22 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--host", defaultValue = "127.0.0.1", description = "address to bind (default ${DEFAULT-VALUE})")
     String host;
 
+    @Option(names = "--admin-port", defaultValue = "-1",
+            description = "serve /healthz and /metrics on this port of --admin-host instead of --port (0: a free one)")
+    int adminPort;
+
+    @Option(names = "--admin-host", defaultValue = "127.0.0.1", description = "address of --admin-port (default ${DEFAULT-VALUE})")
+    String adminHost;
+
+    @Option(names = "--token-file", description = "file holding the bearer token for /predict and /feedback")
+    Path tokenFile;
+
+    @Option(names = "--token-env", description = "environment variable holding the bearer token")
+    String tokenEnv;
+
+    @Option(names = "--no-auth", description = "accept /predict and /feedback from anyone who reaches the port")
+    boolean noAuth;
+
     @Option(names = "--max-batch", defaultValue = "32", description = "largest micro-batch B (default ${DEFAULT-VALUE})")
     int maxBatch;
 
@@ -74,196 +78,186 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--queue-capacity", defaultValue = "10000", description = "events waiting before 429 (default ${DEFAULT-VALUE})")
     int queueCapacity;
 
-    @Option(names = "--predictors", defaultValue = "4", description = "concurrent predictions (default ${DEFAULT-VALUE})")
+    @Option(names = "--predictors", defaultValue = "" + OnlineLearner.DEFAULT_PREDICTORS,
+            description = "concurrent predictions (default ${DEFAULT-VALUE}, at most the cores)")
     int predictors;
 
     @Option(names = "--fsync", defaultValue = "always", description = "always or never (default ${DEFAULT-VALUE})")
     String fsync;
 
+    @Option(names = "--max-grad-norm", defaultValue = "0",
+            description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
+    double maxGradNorm;
+
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
     long maxBodyBytes;
 
-    private static final Gson GSON = new Gson();
+    @Option(names = "--threads", defaultValue = "32", description = "HTTP worker threads (default ${DEFAULT-VALUE})")
+    int threads;
+
+    @Option(names = "--read-timeout-ms", defaultValue = "10000",
+            description = "a connection idle this long is closed (default ${DEFAULT-VALUE})")
+    long readTimeoutMillis;
+
+    @Option(names = "--stop-timeout-ms", defaultValue = "30000",
+            description = "on SIGTERM, longest wait for requests in flight (default ${DEFAULT-VALUE})")
+    long stopTimeoutMillis;
 
     /**
      * Runs the service until SIGTERM or SIGINT; exit code 0 after a clean drain, 1 with one
-     * {@code gradbridge-serve: error:} line otherwise.
+     * {@code error:} line otherwise.
      *
      * @param args the options above
      */
     public static void main(String[] args) {
         System.setProperty("org.slf4j.simpleLogger.defaultLogLevel",
                 System.getProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn"));
-        CommandLine cli = new CommandLine(new ServeCommand());
-        cli.setExecutionExceptionHandler((e, line, parsed) -> {
-            // One line for any failure (the JDK banner and stack traces stay out of the user's way).
-            System.err.println("gradbridge-serve: error: " + String.valueOf(e.getMessage()).replace('\n', ' '));
-            return 1;
-        });
-        System.exit(cli.execute(args));
+        System.exit(OneLineErrors.install(new CommandLine(new ServeCommand())).execute(args));
+    }
+
+    private void checkOptions() {
+        checkPort("--port", port, false);
+        checkPort("--admin-port", adminPort, true);
+        positive("--max-body-bytes", maxBodyBytes);
+        positive("--read-timeout-ms", readTimeoutMillis);
+        positive("--stop-timeout-ms", stopTimeoutMillis);
+        if (threads < 4) {
+            throw new GradbridgeException("--threads must be >= 4, got " + threads);
+        }
+        if (noAuth && (tokenFile != null || tokenEnv != null)) {
+            throw new GradbridgeException("--no-auth and a token option contradict each other; give one");
+        }
+    }
+
+    private static void checkPort(String name, int value, boolean optional) {
+        if (value > 65535 || value < (optional ? -1 : 0)) {
+            throw new GradbridgeException(name + " must be in 0..65535, got " + value);
+        }
+    }
+
+    private static void positive(String name, long value) {
+        if (value < 1) {
+            throw new GradbridgeException(name + " must be >= 1, got " + value);
+        }
+    }
+
+    /** Fails when {@code host:port} cannot be bound now (a port in use), before anything is created. */
+    private static void probe(String host, int port) {
+        if (port <= 0) {
+            return;
+        }
+        try (ServerSocket socket = new ServerSocket()) {
+            socket.bind(new InetSocketAddress(InetAddress.getByName(host), port));
+        } catch (IOException e) {
+            throw new GradbridgeException("cannot listen on " + host + ":" + port + ": " + e.getMessage());
+        }
     }
 
     @Override
     public Integer call() throws Exception {
+        checkOptions();
+        OnlineLearner.Builder builder;
+        try {
+            builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
+                    .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
+                    .optPredictors(predictors).optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(maxGradNorm);
+        } catch (IllegalArgumentException e) {
+            throw new GradbridgeException(e.getMessage());
+        }
         if (!Files.isRegularFile(model)) {
             throw new GradbridgeException("no training module at " + model.toAbsolutePath());
         }
-        OnlineLearner learner = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
-                .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                .optPredictors(predictors).optFsync(FsyncPolicy.parse(fsync)).open(model, log);
-        PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
-        Metrics metrics = new Metrics(registry, learner);
-        Javalin app = Javalin.create(config -> {
-            config.showJavalinBanner = false;
-            config.http.maxRequestSize = maxBodyBytes;
-        });
-        app.before(ctx -> {
-            long length = ctx.contentLength();
-            if (length > maxBodyBytes) {
-                fail(ctx, 413, "body of " + length + " bytes exceeds the limit of " + maxBodyBytes + " bytes");
-                ctx.skipRemainingHandlers();
-            }
-        });
-        app.post("/predict", ctx -> predict(ctx, learner, metrics));
-        app.post("/feedback", ctx -> feedback(ctx, learner, metrics));
-        app.get("/healthz", ctx -> {
-            JsonObject health = new JsonObject();
-            health.addProperty("status", "ok");
-            health.addProperty("version", learner.currentVersion().getId());
-            health.addProperty("updates", learner.updates());
-            health.addProperty("queue_depth", learner.queueDepth());
-            ctx.contentType("application/json").result(GSON.toJson(health));
-        });
-        app.get("/metrics", ctx -> ctx.contentType("text/plain; version=0.0.4; charset=utf-8").result(registry.scrape()));
-        app.exception(io.javalin.http.HttpResponseException.class, (e, ctx) -> fail(ctx, e.getStatus(), e.getMessage()));
-        app.exception(Exception.class, (e, ctx) -> fail(ctx, 500, e.toString()));
+        String token = noAuth ? null : Tokens.named(tokenFile, tokenEnv);
+        probe(host, port);
+        probe(adminHost, adminPort);
+        boolean logExisted = Files.exists(log);
 
-        CountDownLatch stop = new CountDownLatch(1);
-        Signal.handle(new Signal("TERM"), signal -> stop.countDown());
-        Signal.handle(new Signal("INT"), signal -> stop.countDown());
+        OnlineLearner learner = builder.open(model, log);
+        Javalin app;
+        Javalin admin = null;
+        String tokenSource;
         try {
-            app.start(host, port);
-        } catch (RuntimeException e) {
-            learner.close();
-            throw new GradbridgeException("cannot listen on " + host + ":" + port + ": " + rootMessage(e), e);
+            if (!noAuth && token == null) {
+                token = Tokens.generated(learner.getLogDir());
+                tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
+            } else {
+                tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
+            }
+            HttpApi api = new HttpApi(learner, token, maxBodyBytes);
+            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0).start();
+            if (adminPort >= 0) {
+                admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
+            }
+        } catch (RuntimeException | IOException e) {
+            learner.halt(); // nothing was served: leave the log as it was
+            if (!logExisted) {
+                deleteTree(learner.getLogDir());
+            }
+            throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": " + rootMessage(e), e);
+        }
+        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
+        for (String name : new String[] {"TERM", "INT"}) {
+            Signal.handle(new Signal(name), signal -> stop.countDown());
+        }
+        if (noAuth) {
+            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
+                    + " can send feedback that changes the model");
         }
         System.out.println("gradbridge-serve: listening on http://" + host + ":" + app.port() + " (version "
                 + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
+        if (admin != null) {
+            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + admin.port());
+        }
+        if (tokenSource != null) {
+            System.out.println("gradbridge-serve: /predict and /feedback need 'Authorization: Bearer TOKEN', TOKEN from "
+                    + tokenSource);
+        }
         System.out.flush();
-        stop.await();
-        app.stop(); // no new requests; those in flight finish first
-        learner.close(); // drains the queue, writes the final version and checkpoint
+
+        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null) {
+            // serve
+        }
+        boolean failed = learner.getFailure() != null;
+        if (failed) {
+            stop.await(2, TimeUnit.SECONDS); // /healthz says 503 meanwhile, for whoever watches it
+        }
+        app.stop(); // stops accepting; requests in flight are answered (Jetty's graceful stop)
+        try {
+            learner.close(); // drains the queue, writes the final version and checkpoint
+        } catch (IllegalStateException e) {
+            failed = true;
+        } catch (IOException e) {
+            System.err.println("error: training stopped, the service cannot continue: " + e.getMessage()
+                    + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
+            return 1;
+        } finally {
+            if (admin != null) {
+                admin.stop();
+            }
+        }
+        if (failed) {
+            System.err.println("error: training stopped, the service cannot continue: " + learner.getFailure().getMessage()
+                    + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
+            return 1;
+        }
         System.out.println("gradbridge-serve: stopped at version " + learner.currentVersion().getId() + " after "
                 + learner.updates() + " updates");
         System.out.flush();
         return 0;
     }
 
-    private static String rootMessage(Throwable e) {
+    private static void deleteTree(Path dir) {
+        try (Stream<Path> files = Files.walk(dir)) {
+            files.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+        } catch (IOException ignored) {
+            // best effort: the folder was ours and empty of anything acknowledged
+        }
+    }
+
+    static String rootMessage(Throwable e) {
         while (e.getCause() != null) {
             e = e.getCause();
         }
         return e.getMessage();
-    }
-
-    private static JsonObject body(Context ctx) {
-        String text = new String(ctx.bodyAsBytes(), StandardCharsets.UTF_8);
-        try {
-            JsonElement json = JsonParser.parseString(text);
-            if (!json.isJsonObject()) {
-                throw new InvalidInputException("body must be a JSON object, got " + abbreviate(text));
-            }
-            return json.getAsJsonObject();
-        } catch (JsonParseException e) {
-            throw new InvalidInputException("body is not valid JSON: " + rootMessage(e));
-        }
-    }
-
-    private static String abbreviate(String text) {
-        String line = text.replace('\n', ' ');
-        return line.length() > 60 ? line.substring(0, 60) + "..." : line;
-    }
-
-    private static void predict(Context ctx, OnlineLearner learner, Metrics metrics) {
-        Timer.Sample sample = Timer.start(metrics.registry);
-        try {
-            HostTensor x = JsonTensors.parse("x", body(ctx).get("x"), learner.getMetadata().getInput("x").getDtype());
-            Prediction prediction = learner.predict(x);
-            JsonObject out = new JsonObject();
-            out.addProperty("version", prediction.getVersion());
-            out.add("y", JsonTensors.write(prediction.getOutput()));
-            ctx.contentType("application/json").result(GSON.toJson(out));
-        } catch (InvalidInputException e) {
-            fail(ctx, 400, e.getMessage());
-        } finally {
-            sample.stop(metrics.predictLatency);
-        }
-    }
-
-    private static void feedback(Context ctx, OnlineLearner learner, Metrics metrics) {
-        Timer.Sample sample = Timer.start(metrics.registry);
-        try {
-            JsonObject body = body(ctx);
-            HostTensor x = JsonTensors.parse("x", body.get("x"), learner.getMetadata().getInput("x").getDtype());
-            HostTensor y = JsonTensors.parse("y", body.get("y"), learner.getMetadata().getInput("y").getDtype());
-            long first = learner.learn(x, y);
-            JsonObject out = new JsonObject();
-            out.addProperty("accepted", x.rows());
-            out.addProperty("first_seq", first);
-            ctx.contentType("application/json").result(GSON.toJson(out));
-        } catch (InvalidInputException e) {
-            fail(ctx, 400, e.getMessage());
-        } catch (QueueFullException e) {
-            fail(ctx, 429, e.getMessage());
-        } catch (IllegalStateException e) {
-            fail(ctx, 503, e.getMessage());
-        } finally {
-            sample.stop(metrics.learnLatency);
-        }
-    }
-
-    private static void fail(Context ctx, int status, String message) {
-        ctx.status(status).contentType("text/plain; charset=utf-8")
-                .result("error: " + String.valueOf(message).replace('\n', ' ') + "\n");
-    }
-
-    /** The service's meters (Prometheus names: gradbridge_*). */
-    private static final class Metrics {
-        final PrometheusMeterRegistry registry;
-        final Timer predictLatency;
-        final Timer learnLatency;
-        private long lastUpdates;
-        private long lastNanos = System.nanoTime();
-
-        Metrics(PrometheusMeterRegistry registry, OnlineLearner learner) {
-            this.registry = registry;
-            Gauge.builder("gradbridge_model_version", learner, l -> l.currentVersion().getId())
-                    .description("id of the published version predictions use").register(registry);
-            Gauge.builder("gradbridge_queue_depth", learner, OnlineLearner::queueDepth)
-                    .description("feedback events waiting for training").register(registry);
-            FunctionCounter.builder("gradbridge_updates", learner, OnlineLearner::updates)
-                    .description("micro-batches applied (optimizer steps)").register(registry);
-            Gauge.builder("gradbridge_updates_per_second", learner, this::updatesPerSecond)
-                    .description("micro-batches applied per second since the previous scrape").register(registry);
-            FunctionCounter.builder("gradbridge_feedback_accepted", learner, OnlineLearner::acceptedEvents)
-                    .description("feedback events logged and queued").register(registry);
-            FunctionCounter.builder("gradbridge_feedback_refused", learner, OnlineLearner::refusedEvents)
-                    .description("feedback events refused because the queue was full").register(registry);
-            FunctionCounter.builder("gradbridge_predictions", learner, OnlineLearner::predictions)
-                    .description("predictions served").register(registry);
-            predictLatency = Timer.builder("gradbridge_predict_latency").description("POST /predict handling time")
-                    .publishPercentileHistogram().register(registry);
-            learnLatency = Timer.builder("gradbridge_learn_latency").description("POST /feedback handling time")
-                    .publishPercentileHistogram().register(registry);
-        }
-
-        private synchronized double updatesPerSecond(OnlineLearner learner) {
-            long now = System.nanoTime();
-            long updates = learner.updates();
-            double rate = (updates - lastUpdates) / Math.max(1e-9, (now - lastNanos) / 1e9);
-            lastUpdates = updates;
-            lastNanos = now;
-            return rate;
-        }
     }
 }

@@ -1,0 +1,143 @@
+package dev.gradbridge.online;
+
+import com.google.gson.Gson;
+import com.google.gson.GsonBuilder;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParseException;
+import com.google.gson.reflect.TypeToken;
+import dev.gradbridge.AtomicFiles;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.TrainingModule;
+import dev.gradbridge.online.log.LogCorruptException;
+import dev.gradbridge.online.log.LogReader;
+import dev.gradbridge.online.log.LogRecord;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Locale;
+import java.util.Map;
+
+/**
+ * The online checkpoint in a log folder: {@code checkpoint-vNNNNNNNN.pt} (the training module with
+ * its optimizer state) and {@value #FILE} naming it, with the log position to resume from. Both
+ * are written atomically, the descriptor last, so a crash in between leaves the previous
+ * checkpoint in force.
+ */
+final class Checkpoints {
+
+    /** The descriptor's file name. */
+    static final String FILE = "checkpoint.json";
+
+    private static final Gson GSON = new GsonBuilder().serializeSpecialFloatingPointValues().create();
+
+    /** A checkpoint descriptor. */
+    static final class Descriptor {
+        final String file;
+        final String modelSha256;
+        final long version;
+        final long updates;
+        final double loss;
+        final long nextSeq;
+        final long scanOffset;
+        final Map<String, String> digests;
+
+        Descriptor(String file, String modelSha256, long version, long updates, double loss, long nextSeq,
+                long scanOffset, Map<String, String> digests) {
+            this.file = file;
+            this.modelSha256 = modelSha256;
+            this.version = version;
+            this.updates = updates;
+            this.loss = loss;
+            this.nextSeq = nextSeq;
+            this.scanOffset = scanOffset;
+            this.digests = digests;
+        }
+    }
+
+    private Checkpoints() {}
+
+    static boolean exists(Path dir) {
+        return Files.isRegularFile(dir.resolve(FILE));
+    }
+
+    /** @return the descriptor, or null when the folder has none */
+    static Descriptor read(Path dir) throws IOException {
+        Path file = dir.resolve(FILE).toAbsolutePath();
+        if (!Files.isRegularFile(file)) {
+            return null;
+        }
+        try {
+            JsonObject json = GSON.fromJson(new String(Files.readAllBytes(file), StandardCharsets.UTF_8), JsonObject.class);
+            for (String key : new String[] {"file", "model_sha256", "version", "updates", "next_seq", "scan_offset", "digests"}) {
+                if (json == null || !json.has(key)) {
+                    throw new LogCorruptException(file + " lacks '" + key + "'");
+                }
+            }
+            double loss = json.has("loss") && !json.get("loss").isJsonNull() ? json.get("loss").getAsDouble() : Double.NaN;
+            Map<String, String> digests =
+                    GSON.fromJson(json.get("digests"), new TypeToken<Map<String, String>>() {}.getType());
+            return new Descriptor(json.get("file").getAsString(), json.get("model_sha256").getAsString(),
+                    json.get("version").getAsLong(), json.get("updates").getAsLong(), loss,
+                    json.get("next_seq").getAsLong(), json.get("scan_offset").getAsLong(), digests);
+        } catch (JsonParseException | IllegalStateException | ClassCastException | NumberFormatException e) {
+            throw new LogCorruptException(file + " is not a valid checkpoint descriptor");
+        }
+    }
+
+    /**
+     * Refuses a checkpoint that does not belong to {@code modelSha256} or that the log contradicts:
+     * the log must hold the checkpoint's version, with the same digests, before its scan offset.
+     */
+    static void check(Path dir, Descriptor checkpoint, String modelSha256, LogReader.Contents log) {
+        Path file = dir.resolve(FILE).toAbsolutePath();
+        if (!checkpoint.modelSha256.equals(modelSha256)) {
+            throw new LogCorruptException(file + " belongs to the module with SHA-256 " + checkpoint.modelSha256 + ", not "
+                    + modelSha256 + "; start another log folder for another --model");
+        }
+        if (log.getEnd() < checkpoint.scanOffset) {
+            throw new LogCorruptException(log.getFile() + " ends at offset " + log.getEnd() + " but " + file
+                    + " resumes at offset " + checkpoint.scanOffset + ": the log was cut or replaced");
+        }
+        for (LogRecord record : log.getRecords()) {
+            if (record instanceof LogRecord.Version && ((LogRecord.Version) record).getId() == checkpoint.version) {
+                LogRecord.Version version = (LogRecord.Version) record;
+                if (version.getUpdates() != checkpoint.updates || !version.getDigests().equals(checkpoint.digests)) {
+                    throw new LogCorruptException(log.getFile() + ": offset " + version.getOffset() + ": version "
+                            + checkpoint.version + " differs from the one " + file + " holds");
+                }
+                return;
+            }
+        }
+        throw new LogCorruptException(log.getFile() + " does not hold version " + checkpoint.version + ", which " + file
+                + " checkpoints: the log was cut or replaced");
+    }
+
+    /** Writes the module, then the descriptor; removes older checkpoint modules. */
+    static void write(Path dir, TrainingModule training, Descriptor checkpoint) throws IOException {
+        training.saveCheckpoint(dir.resolve(checkpoint.file),
+                Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
+        JsonObject json = new JsonObject();
+        json.addProperty("file", checkpoint.file);
+        json.addProperty("model_sha256", checkpoint.modelSha256);
+        json.addProperty("version", checkpoint.version);
+        json.addProperty("updates", checkpoint.updates);
+        json.addProperty("loss", Double.isFinite(checkpoint.loss) ? checkpoint.loss : null);
+        json.addProperty("next_seq", checkpoint.nextSeq);
+        json.addProperty("scan_offset", checkpoint.scanOffset);
+        json.add("digests", GSON.toJsonTree(checkpoint.digests));
+        AtomicFiles.write(dir.resolve(FILE), GSON.toJson(json).getBytes(StandardCharsets.UTF_8));
+        try (DirectoryStream<Path> old = Files.newDirectoryStream(dir, "checkpoint-v*.pt")) {
+            for (Path file : old) {
+                if (!file.getFileName().toString().equals(checkpoint.file)) {
+                    Files.deleteIfExists(file);
+                }
+            }
+        }
+    }
+
+    static String fileName(long version) {
+        return String.format(Locale.ROOT, "checkpoint-v%08d.pt", version);
+    }
+}

@@ -1,0 +1,89 @@
+package dev.gradbridge.online;
+
+import dev.gradbridge.DType;
+import dev.gradbridge.GradbridgeException;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.Tensor;
+import dev.gradbridge.TrainingModule;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.List;
+
+/**
+ * The learner's only code that touches native tensors: host bytes in, host bytes or a loss out.
+ * Everything else in this package works on {@link HostTensor}s and byte rows.
+ */
+final class ModuleCalls {
+
+    private final Metadata.TensorSpec xSpec;
+    private final Metadata.TensorSpec ySpec;
+    private final DType xType;
+    private final DType yType;
+    private final ByteBuffer xBatch; // the x rows of one micro-batch, reused by the training thread
+    private final ByteBuffer yBatch;
+
+    ModuleCalls(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int maxBatch, int xRowBytes, int yRowBytes) {
+        this.xSpec = xSpec;
+        this.ySpec = ySpec;
+        this.xType = DType.of(xSpec.getDtype());
+        this.yType = DType.of(ySpec.getDtype());
+        this.xBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, xRowBytes)).order(ByteOrder.nativeOrder());
+        this.yBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, yRowBytes)).order(ByteOrder.nativeOrder());
+    }
+
+    /**
+     * {@code zero_grad}, then {@code calculate_loss_and_backward} on the rows (training thread
+     * only): with {@code optimizer_step} after it, exactly {@code train_step}'s calls.
+     *
+     * @return the loss; the gradients are in the module
+     */
+    double lossAndBackward(TrainingModule training, List<byte[]> xs, List<byte[]> ys) {
+        // One reused native-order buffer per input becomes one tensor each, closed right after the
+        // call (the tensors may share the buffers' memory, so they go before the buffers refill).
+        training.zeroGrad();
+        try (Tensor x = rows(xs, xSpec, xType, xBatch);
+                Tensor y = rows(ys, ySpec, yType, yBatch)) {
+            return training.calculateLossAndBackward(x, y);
+        }
+    }
+
+    /** {@code evaluate(x, y)} on a predictor: no step, no gradient. */
+    static double evaluate(TrainingModule predictor, HostTensor x, HostTensor y) {
+        try (Tensor xs = tensor(x);
+                Tensor ys = tensor(y)) {
+            return predictor.evaluate(xs, ys);
+        }
+    }
+
+    /** {@code forward(x)} on a predictor. */
+    static HostTensor forward(TrainingModule predictor, HostTensor x) {
+        try (Tensor input = tensor(x);
+                Tensor output = predictor.forward(input)) {
+            if (ByteOrder.nativeOrder() != ByteOrder.LITTLE_ENDIAN && output.dtype().size() > 1) {
+                throw new GradbridgeException("big-endian native tensors are not supported");
+            }
+            return HostTensor.of(output.dtype().torchName(), output.shape(), output.toBytes());
+        }
+    }
+
+    private static Tensor rows(List<byte[]> rows, Metadata.TensorSpec spec, DType type, ByteBuffer reused) {
+        int bytes = rows.get(0).length * rows.size();
+        // A logged micro-batch may be larger than this run's B (resume checks the shapes, not B).
+        ByteBuffer buffer = bytes <= reused.capacity() ? reused : ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());
+        buffer.clear();
+        for (byte[] row : rows) {
+            buffer.put(row);
+        }
+        buffer.flip();
+        long[] shape = spec.getShape().clone();
+        shape[0] = rows.size();
+        return Tensor.fromBuffer(buffer, type, shape);
+    }
+
+    private static Tensor tensor(HostTensor tensor) {
+        byte[] bytes = tensor.bytes();
+        ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
+        buffer.put(bytes).flip();
+        return Tensor.fromBuffer(buffer, DType.of(tensor.getDtype()), tensor.getShape());
+    }
+}

@@ -1,0 +1,63 @@
+package dev.gradbridge.online.log;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.zip.CRC32C;
+
+/**
+ * The log's framing, shared by {@link LogReader} and {@link LogWriter}.
+ *
+ * <p>Every record is one frame, little-endian: {@code u32 length, u32 crc32c(payload), u32
+ * crc32c(the 8 bytes before)}, then {@code length} payload bytes whose first byte is the record
+ * type. The frame header checks itself, so a damaged length is never mistaken for a torn tail:
+ * the only thing a reader may drop is an incomplete last frame (fewer than {@value #FRAME_HEADER}
+ * bytes, or a valid frame header whose payload runs past the end of the file). Anything else that
+ * does not check is corruption.
+ */
+public final class LogFormat {
+
+    /** The log's file name inside the log folder. */
+    public static final String FILE_NAME = "feedback.log";
+    /** The header's {@code format} value. */
+    public static final String FORMAT = "gradbridge-feedback-log";
+    /** The header's {@code version} value. */
+    public static final int FORMAT_VERSION = 2;
+    /** Bytes before each payload. */
+    public static final int FRAME_HEADER = 12;
+    /** Longest payload a frame may declare. */
+    public static final int MAX_PAYLOAD = 64 << 20;
+
+    /** Record type: the header (first record), UTF-8 JSON. */
+    public static final byte HEADER = 'H';
+    /** Record type: one feedback event. */
+    public static final byte EVENT = 'E';
+    /** Record type: a request's idempotency key, after the request's events. */
+    public static final byte KEY = 'K';
+    /** Record type: a micro-batch, written before it is applied. */
+    public static final byte BATCH = 'B';
+    /** Record type: a micro-batch that was not applied, and why. */
+    public static final byte QUARANTINE = 'Q';
+    /** Record type: a published version. */
+    public static final byte VERSION = 'V';
+
+    private LogFormat() {}
+
+    /** @return CRC32C of {@code bytes[offset, offset + length)} as an unsigned 32-bit value in an int */
+    static int crc(byte[] bytes, int offset, int length) {
+        CRC32C crc = new CRC32C();
+        crc.update(bytes, offset, length);
+        return (int) crc.getValue();
+    }
+
+    /** Puts one frame around {@code payload} into {@code out} (little-endian). */
+    static void putFrame(ByteBuffer out, byte[] payload) {
+        byte[] head = new byte[8];
+        ByteBuffer.wrap(head).order(ByteOrder.LITTLE_ENDIAN).putInt(payload.length).putInt(crc(payload, 0, payload.length));
+        out.put(head).putInt(crc(head, 0, 8)).put(payload);
+    }
+
+    /** @return bytes of the frame around a payload of {@code payloadLength} bytes */
+    static int frameLength(int payloadLength) {
+        return FRAME_HEADER + payloadLength;
+    }
+}

@@ -1,0 +1,215 @@
+package dev.gradbridge.online.log;
+
+import com.google.gson.Gson;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParseException;
+import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.Objects;
+
+/**
+ * The log's first record: which model it belongs to (name and SHA-256 of the exported file), the
+ * version cadence, the update guard, the per-sample dtype and shape of x and y, the first event's
+ * sequence number and the smallest one new events may take (in a log recovered from a damaged
+ * one: above every number the damaged log may have used, so numbers never repeat).
+ * Everything that decides what replaying the log computes is here, so a service restarted with
+ * other settings is refused instead of silently computing something else.
+ */
+public final class LogHeader {
+
+    private static final Gson GSON = new Gson();
+
+    private final String model;
+    private final String modelSha256;
+    private final int publishEvery;
+    private final double maxGradNorm;
+    private final long firstSeq;
+    private final long seqFloor;
+    private final String xDtype;
+    private final long[] xShape;
+    private final String yDtype;
+    private final long[] yShape;
+
+    /**
+     * Creates a header.
+     *
+     * @param model the model's name (metadata {@code model})
+     * @param modelSha256 SHA-256 (hex) of the exported module file the log starts from
+     * @param publishEvery a version every this many updates
+     * @param maxGradNorm updates whose gradient norm exceeds this are quarantined; 0: no limit
+     * @param firstSeq the first event's sequence number (0 unless written by a tool)
+     * @param seqFloor the smallest sequence number a new event may take
+     * @param xDtype x's dtype
+     * @param xShape one sample's x shape (without the batch dimension)
+     * @param yDtype y's dtype
+     * @param yShape one sample's y shape (without the batch dimension)
+     */
+    public LogHeader(String model, String modelSha256, int publishEvery, double maxGradNorm, long firstSeq,
+            long seqFloor, String xDtype, long[] xShape, String yDtype, long[] yShape) {
+        this.model = model;
+        this.modelSha256 = modelSha256;
+        this.publishEvery = publishEvery;
+        this.maxGradNorm = maxGradNorm;
+        this.firstSeq = firstSeq;
+        this.seqFloor = seqFloor;
+        this.xDtype = xDtype;
+        this.xShape = xShape.clone();
+        this.yDtype = yDtype;
+        this.yShape = yShape.clone();
+    }
+
+    /** @return the model's name */
+    public String getModel() {
+        return model;
+    }
+
+    /** @return SHA-256 (hex) of the exported module the log starts from */
+    public String getModelSha256() {
+        return modelSha256;
+    }
+
+    /** @return a version every this many updates */
+    public int getPublishEvery() {
+        return publishEvery;
+    }
+
+    /** @return the gradient-norm guard, 0 when off */
+    public double getMaxGradNorm() {
+        return maxGradNorm;
+    }
+
+    /** @return the first sequence number this log may use */
+    public long getFirstSeq() {
+        return firstSeq;
+    }
+
+    /** @return x's dtype */
+    public String getXDtype() {
+        return xDtype;
+    }
+
+    /** @return one sample's x shape */
+    public long[] getXShape() {
+        return xShape.clone();
+    }
+
+    /** @return y's dtype */
+    public String getYDtype() {
+        return yDtype;
+    }
+
+    /** @return one sample's y shape */
+    public long[] getYShape() {
+        return yShape.clone();
+    }
+
+    /** @return the smallest sequence number a new event may take */
+    public long getSeqFloor() {
+        return seqFloor;
+    }
+
+    /**
+     * Why a log with this header cannot continue as {@code wanted}, or null when it can (the
+     * sequence numbers may differ: they belong to the log).
+     *
+     * @param wanted the header the caller would write
+     * @return a phrase naming the first difference, or null
+     */
+    public String mismatch(LogHeader wanted) {
+        if (!modelSha256.equals(wanted.modelSha256)) {
+            return "it was written for the module with SHA-256 " + modelSha256 + " (" + model + "), not "
+                    + wanted.modelSha256 + " (" + wanted.model + "); start another log folder for another --model";
+        }
+        if (publishEvery != wanted.publishEvery) {
+            return "it was written with --publish-every " + publishEvery + ", not " + wanted.publishEvery;
+        }
+        if (Double.compare(maxGradNorm, wanted.maxGradNorm) != 0) {
+            return "it was written with --max-grad-norm " + maxGradNorm + ", not " + wanted.maxGradNorm;
+        }
+        if (!xDtype.equals(wanted.xDtype) || !Arrays.equals(xShape, wanted.xShape)
+                || !yDtype.equals(wanted.yDtype) || !Arrays.equals(yShape, wanted.yShape)) {
+            return "it holds samples of another shape (" + toJson() + ")";
+        }
+        return null;
+    }
+
+    String toJson() {
+        JsonObject json = new JsonObject();
+        json.addProperty("format", LogFormat.FORMAT);
+        json.addProperty("version", LogFormat.FORMAT_VERSION);
+        json.addProperty("model", model);
+        json.addProperty("model_sha256", modelSha256);
+        json.addProperty("publish_every", publishEvery);
+        json.addProperty("max_grad_norm", maxGradNorm);
+        json.addProperty("first_seq", firstSeq);
+        json.addProperty("seq_floor", seqFloor);
+        json.add("x", spec(xDtype, xShape));
+        json.add("y", spec(yDtype, yShape));
+        return GSON.toJson(json);
+    }
+
+    private static JsonObject spec(String dtype, long[] shape) {
+        JsonObject spec = new JsonObject();
+        spec.addProperty("dtype", dtype);
+        spec.add("shape", GSON.toJsonTree(shape));
+        return spec;
+    }
+
+    byte[] payload() {
+        byte[] json = toJson().getBytes(StandardCharsets.UTF_8);
+        byte[] payload = new byte[json.length + 1];
+        payload[0] = LogFormat.HEADER;
+        System.arraycopy(json, 0, payload, 1, json.length);
+        return payload;
+    }
+
+    static LogHeader parse(String where, byte[] payload) {
+        if (payload.length == 0 || payload[0] != LogFormat.HEADER) {
+            throw new LogCorruptException(where + ": not a gradbridge feedback log (the first record is not a header)");
+        }
+        JsonObject json;
+        try {
+            json = GSON.fromJson(new String(payload, 1, payload.length - 1, StandardCharsets.UTF_8), JsonObject.class);
+        } catch (JsonParseException e) {
+            throw new LogCorruptException(where + ": the header record is not valid JSON");
+        }
+        if (json == null || !LogFormat.FORMAT.equals(string(json, "format"))) {
+            throw new LogCorruptException(where + ": not a gradbridge feedback log (format " + json + ")");
+        }
+        if (!json.has("version") || json.get("version").getAsInt() != LogFormat.FORMAT_VERSION) {
+            throw new LogCorruptException(where + ": log format version " + json.get("version") + "; this gradbridge reads "
+                    + LogFormat.FORMAT_VERSION);
+        }
+        try {
+            JsonObject x = json.getAsJsonObject("x");
+            JsonObject y = json.getAsJsonObject("y");
+            return new LogHeader(string(json, "model"), string(json, "model_sha256"),
+                    json.get("publish_every").getAsInt(), json.get("max_grad_norm").getAsDouble(),
+                    json.get("first_seq").getAsLong(), json.get("seq_floor").getAsLong(), string(x, "dtype"), GSON.fromJson(x.get("shape"), long[].class),
+                    string(y, "dtype"), GSON.fromJson(y.get("shape"), long[].class));
+        } catch (RuntimeException e) {
+            throw new LogCorruptException(where + ": the header record lacks a field or has one of the wrong type");
+        }
+    }
+
+    private static String string(JsonObject json, String key) {
+        JsonElement value = json.get(key);
+        return value == null || value.isJsonNull() ? null : Objects.requireNonNull(value.getAsString());
+    }
+
+    @Override
+    public boolean equals(Object other) {
+        return other instanceof LogHeader && toJson().equals(((LogHeader) other).toJson());
+    }
+
+    @Override
+    public int hashCode() {
+        return toJson().hashCode();
+    }
+
+    @Override
+    public String toString() {
+        return toJson();
+    }
+}

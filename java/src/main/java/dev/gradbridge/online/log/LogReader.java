@@ -1,0 +1,164 @@
+package dev.gradbridge.online.log;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * Reads a log strictly: every frame must check, except an incomplete last frame (a torn tail,
+ * reported in {@link Contents#getTornBytes()}, never cut here). Anything else throws {@link
+ * LogCorruptException} naming the file and the frame's offset.
+ */
+public final class LogReader {
+
+    private LogReader() {}
+
+    /**
+     * Reads the log file at {@code file}.
+     *
+     * @param file a {@value LogFormat#FILE_NAME}
+     * @param keepFrom events, batches and quarantines before this offset are checked but not kept
+     *     (keys and versions are always kept)
+     * @return the header (null for an empty file) and the records
+     * @throws IOException when the file cannot be read
+     * @throws LogCorruptException when a frame before the end does not check
+     */
+    public static Contents read(Path file, long keepFrom) throws IOException {
+        try (FileChannel channel = FileChannel.open(file, StandardOpenOption.READ)) {
+            return read(file, channel, keepFrom);
+        }
+    }
+
+    /**
+     * Reads the log from an open channel (see {@link #read(Path, long)}).
+     *
+     * @param file the file's path, for messages
+     * @param channel the file, readable
+     * @param keepFrom as for {@link #read(Path, long)}
+     * @return the contents
+     * @throws IOException when the file cannot be read
+     */
+    public static Contents read(Path file, FileChannel channel, long keepFrom) throws IOException {
+        String where = file.toAbsolutePath().toString();
+        long size = channel.size();
+        long offset = 0;
+        LogHeader header = null;
+        List<LogRecord> records = new ArrayList<>();
+        ByteBuffer head = ByteBuffer.allocate(LogFormat.FRAME_HEADER).order(ByteOrder.LITTLE_ENDIAN);
+        while (offset < size) {
+            if (size - offset < LogFormat.FRAME_HEADER) {
+                break; // torn: the frame header itself is incomplete
+            }
+            head.clear();
+            readFully(channel, head, offset);
+            byte[] h = head.array();
+            if (offset == 0 && (LogFormat.crc(h, 0, 8) != head.getInt(8) || head.getInt(0) < 1 || head.getInt(0) > LogFormat.MAX_PAYLOAD)) {
+                throw new LogCorruptException(where + " is not a gradbridge feedback log (no header record)");
+            }
+            if (LogFormat.crc(h, 0, 8) != head.getInt(8)) {
+                throw new LogCorruptException(where + ": offset " + offset + ": the frame header's checksum does not match"
+                        + " (damaged, not a torn tail)");
+            }
+            int length = head.getInt(0);
+            if (length < 1 || length > LogFormat.MAX_PAYLOAD) {
+                throw new LogCorruptException(where + ": offset " + offset + ": frame length " + Integer.toUnsignedString(length)
+                        + " is outside 1.." + LogFormat.MAX_PAYLOAD);
+            }
+            if (offset + LogFormat.FRAME_HEADER + length > size) {
+                break; // torn: a whole frame header whose payload was not all written
+            }
+            ByteBuffer payload = ByteBuffer.allocate(length);
+            readFully(channel, payload, offset + LogFormat.FRAME_HEADER);
+            byte[] bytes = payload.array();
+            if (LogFormat.crc(bytes, 0, length) != head.getInt(4)) {
+                throw new LogCorruptException(where + ": offset " + offset + ": the record's checksum does not match");
+            }
+            if (offset == 0) {
+                header = LogHeader.parse(where, bytes);
+            } else {
+                byte type = bytes[0];
+                if (type == LogFormat.HEADER) {
+                    throw new LogCorruptException(where + ": offset " + offset + ": a second header record");
+                }
+                if (offset >= keepFrom || type == LogFormat.KEY || type == LogFormat.VERSION) {
+                    records.add(LogRecord.parse(where, offset, bytes));
+                }
+            }
+            offset += LogFormat.FRAME_HEADER + length;
+        }
+        return new Contents(file, header, records, offset, size - offset);
+    }
+
+    private static void readFully(FileChannel channel, ByteBuffer buffer, long offset) throws IOException {
+        while (buffer.hasRemaining()) {
+            if (channel.read(buffer, offset + buffer.position()) < 0) {
+                throw new IOException("unexpected end of " + channel);
+            }
+        }
+    }
+
+    /**
+     * @param dir a log folder
+     * @return its log file
+     */
+    public static Path file(Path dir) {
+        return dir.resolve(LogFormat.FILE_NAME).toAbsolutePath();
+    }
+
+    /**
+     * @param dir a log folder
+     * @return whether it holds a log file
+     */
+    public static boolean exists(Path dir) {
+        return Files.isRegularFile(file(dir));
+    }
+
+    /** What {@link #read} found. */
+    public static final class Contents {
+        private final Path file;
+        private final LogHeader header;
+        private final List<LogRecord> records;
+        private final long end;
+        private final long tornBytes;
+
+        Contents(Path file, LogHeader header, List<LogRecord> records, long end, long tornBytes) {
+            this.file = file;
+            this.header = header;
+            this.records = Collections.unmodifiableList(records);
+            this.end = end;
+            this.tornBytes = tornBytes;
+        }
+
+        /** @return the file read */
+        public Path getFile() {
+            return file;
+        }
+
+        /** @return the header, or null when the file holds no whole frame */
+        public LogHeader getHeader() {
+            return header;
+        }
+
+        /** @return the records kept, in file order */
+        public List<LogRecord> getRecords() {
+            return records;
+        }
+
+        /** @return the offset after the last whole frame */
+        public long getEnd() {
+            return end;
+        }
+
+        /** @return bytes of an incomplete last frame (0: none) */
+        public long getTornBytes() {
+            return tornBytes;
+        }
+    }
+}

@@ -1,0 +1,298 @@
+package dev.gradbridge.online.log;
+
+import com.google.gson.Gson;
+import com.google.gson.JsonObject;
+import java.nio.BufferUnderflowException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * One record after the header. Payloads, little-endian, after the type byte:
+ *
+ * <ul>
+ *   <li>{@code E} {@link Event}: {@code i64 seq, u32 n, x bytes, u32 m, y bytes} (one sample);
+ *   <li>{@code K} {@link Key}: {@code i64 first seq, u32 count, 32 bytes SHA-256 of the request's
+ *       x and y bytes, UTF-8 key} (after the request's events, in the same write);
+ *   <li>{@code B} {@link Batch}: {@code i64 index, i64 first seq, u32 count} (before it is applied);
+ *   <li>{@code Q} {@link Quarantine}: {@code i64 index, i64 first seq, u32 count, UTF-8 reason}
+ *       (after its {@code B}: the micro-batch was not applied and does not count as an update);
+ *   <li>{@code V} {@link Version}: {@code i64 id, i64 updates, f64 loss}, UTF-8 JSON of the
+ *       parameter digests.
+ * </ul>
+ */
+public abstract class LogRecord {
+
+    private static final Gson GSON = new Gson();
+
+    private final long offset;
+
+    LogRecord(long offset) {
+        this.offset = offset;
+    }
+
+    /** @return the record's frame offset in the file */
+    public long getOffset() {
+        return offset;
+    }
+
+    static ByteBuffer payload(int size) {
+        return ByteBuffer.allocate(size).order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    static byte[] event(long seq, byte[] x, byte[] y) {
+        return payload(1 + 8 + 4 + x.length + 4 + y.length)
+                .put(LogFormat.EVENT).putLong(seq).putInt(x.length).put(x).putInt(y.length).put(y).array();
+    }
+
+    static byte[] key(long firstSeq, int count, byte[] sha256, String key) {
+        byte[] text = key.getBytes(StandardCharsets.UTF_8);
+        return payload(1 + 8 + 4 + 32 + text.length)
+                .put(LogFormat.KEY).putLong(firstSeq).putInt(count).put(sha256).put(text).array();
+    }
+
+    static byte[] batch(long index, long firstSeq, int count) {
+        return payload(1 + 8 + 8 + 4).put(LogFormat.BATCH).putLong(index).putLong(firstSeq).putInt(count).array();
+    }
+
+    static byte[] quarantine(long index, long firstSeq, int count, String reason) {
+        byte[] text = reason.getBytes(StandardCharsets.UTF_8);
+        return payload(1 + 8 + 8 + 4 + text.length)
+                .put(LogFormat.QUARANTINE).putLong(index).putLong(firstSeq).putInt(count).put(text).array();
+    }
+
+    static byte[] version(long id, long updates, double loss, Map<String, String> digests) {
+        byte[] json = GSON.toJson(digests).getBytes(StandardCharsets.UTF_8);
+        return payload(1 + 8 + 8 + 8 + json.length)
+                .put(LogFormat.VERSION).putLong(id).putLong(updates).putDouble(loss).put(json).array();
+    }
+
+    /** Parses a checked payload; a payload that does not parse is corruption (its checksum held). */
+    static LogRecord parse(String file, long offset, byte[] bytes) {
+        ByteBuffer p = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
+        try {
+            byte type = p.get();
+            switch (type) {
+                case LogFormat.EVENT: {
+                    long seq = p.getLong();
+                    byte[] x = new byte[p.getInt()];
+                    p.get(x);
+                    byte[] y = new byte[p.getInt()];
+                    p.get(y);
+                    end(p);
+                    return new Event(offset, seq, x, y);
+                }
+                case LogFormat.KEY: {
+                    long first = p.getLong();
+                    int count = p.getInt();
+                    byte[] sha = new byte[32];
+                    p.get(sha);
+                    return new Key(offset, first, count, sha, rest(p));
+                }
+                case LogFormat.BATCH: {
+                    Batch batch = new Batch(offset, p.getLong(), p.getLong(), p.getInt());
+                    end(p);
+                    return batch;
+                }
+                case LogFormat.QUARANTINE:
+                    return new Quarantine(offset, p.getLong(), p.getLong(), p.getInt(), rest(p));
+                case LogFormat.VERSION: {
+                    long id = p.getLong();
+                    long updates = p.getLong();
+                    double loss = p.getDouble();
+                    Map<String, String> digests = new LinkedHashMap<>();
+                    GSON.fromJson(rest(p), JsonObject.class).entrySet()
+                            .forEach(e -> digests.put(e.getKey(), e.getValue().getAsString()));
+                    return new Version(offset, id, updates, loss, digests);
+                }
+                default:
+                    throw new LogCorruptException(file + ": offset " + offset + ": unknown record type " + (type & 0xff));
+            }
+        } catch (LogCorruptException e) {
+            throw e;
+        } catch (RuntimeException e) {
+            throw new LogCorruptException(file + ": offset " + offset + ": the record's fields do not add up to its length");
+        }
+    }
+
+    private static void end(ByteBuffer p) {
+        if (p.hasRemaining()) {
+            throw new BufferUnderflowException();
+        }
+    }
+
+    private static String rest(ByteBuffer p) {
+        byte[] text = new byte[p.remaining()];
+        p.get(text);
+        return new String(text, StandardCharsets.UTF_8);
+    }
+
+    /** One feedback event: one sample's x and y bytes. */
+    public static final class Event extends LogRecord {
+        private final long seq;
+        private final byte[] x;
+        private final byte[] y;
+
+        Event(long offset, long seq, byte[] x, byte[] y) {
+            super(offset);
+            this.seq = seq;
+            this.x = x;
+            this.y = y;
+        }
+
+        /** @return the event's sequence number (arrival order) */
+        public long getSeq() {
+            return seq;
+        }
+
+        /** @return x's little-endian bytes (shared: do not modify) */
+        public byte[] x() {
+            return x;
+        }
+
+        /** @return y's little-endian bytes (shared: do not modify) */
+        public byte[] y() {
+            return y;
+        }
+    }
+
+    /** A request's idempotency key and the events it was answered with. */
+    public static final class Key extends LogRecord {
+        private final long firstSeq;
+        private final int count;
+        private final byte[] sha256;
+        private final String key;
+
+        Key(long offset, long firstSeq, int count, byte[] sha256, String key) {
+            super(offset);
+            this.firstSeq = firstSeq;
+            this.count = count;
+            this.sha256 = sha256;
+            this.key = key;
+        }
+
+        /** @return the request's first event */
+        public long getFirstSeq() {
+            return firstSeq;
+        }
+
+        /** @return its number of events */
+        public int getCount() {
+            return count;
+        }
+
+        /** @return SHA-256 of its x and y bytes (shared: do not modify) */
+        public byte[] sha256() {
+            return sha256;
+        }
+
+        /** @return the key */
+        public String getKey() {
+            return key;
+        }
+    }
+
+    /** A micro-batch as applied: {@code count} events from {@code firstSeq}, one optimizer step. */
+    public static final class Batch extends LogRecord {
+        private final long index;
+        private final long firstSeq;
+        private final int count;
+
+        Batch(long offset, long index, long firstSeq, int count) {
+            super(offset);
+            this.index = index;
+            this.firstSeq = firstSeq;
+            this.count = count;
+        }
+
+        /** @return updates applied before it */
+        public long getIndex() {
+            return index;
+        }
+
+        /** @return its first event */
+        public long getFirstSeq() {
+            return firstSeq;
+        }
+
+        /** @return its number of events */
+        public int getCount() {
+            return count;
+        }
+    }
+
+    /** A micro-batch that was not applied: its loss or gradients were not finite, or the guard refused it. */
+    public static final class Quarantine extends LogRecord {
+        private final long index;
+        private final long firstSeq;
+        private final int count;
+        private final String reason;
+
+        Quarantine(long offset, long index, long firstSeq, int count, String reason) {
+            super(offset);
+            this.index = index;
+            this.firstSeq = firstSeq;
+            this.count = count;
+            this.reason = reason;
+        }
+
+        /** @return updates applied before it */
+        public long getIndex() {
+            return index;
+        }
+
+        /** @return its first event */
+        public long getFirstSeq() {
+            return firstSeq;
+        }
+
+        /** @return its number of events */
+        public int getCount() {
+            return count;
+        }
+
+        /** @return why it was not applied */
+        public String getReason() {
+            return reason;
+        }
+    }
+
+    /** A published version: its id, the updates it includes and its parameters' digests. */
+    public static final class Version extends LogRecord {
+        private final long id;
+        private final long updates;
+        private final double loss;
+        private final Map<String, String> digests;
+
+        Version(long offset, long id, long updates, double loss, Map<String, String> digests) {
+            super(offset);
+            this.id = id;
+            this.updates = updates;
+            this.loss = loss;
+            this.digests = Collections.unmodifiableMap(digests);
+        }
+
+        /** @return the version id */
+        public long getId() {
+            return id;
+        }
+
+        /** @return micro-batches applied in it */
+        public long getUpdates() {
+            return updates;
+        }
+
+        /** @return the loss of its last micro-batch */
+        public double getLoss() {
+            return loss;
+        }
+
+        /** @return parameter digests by name */
+        public Map<String, String> getDigests() {
+            return digests;
+        }
+    }
+}

@@ -1,0 +1,30 @@
+"""`gradbridge serve`: the online-learning HTTP service (Java's ``gradbridge-serve``) from an installed wheel.
+
+The Python process becomes the JVM (``exec``), so signals (SIGTERM drains and checkpoints), output
+and the exit code are the service's own. Options: ``gradbridge serve --help``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Sequence
+
+from .. import classpath, jdk, libtorch
+
+SERVE_MAIN = "dev.gradbridge.serve.ServeCommand"
+
+
+def command(args: Sequence[str]) -> List[str]:
+    """The command line that runs the service with ``args`` (library jars first, then the service's)."""
+    core = classpath.resolve()
+    libtorch.require(core.versions()["torch"])
+    entries = core.entries + classpath.resolve_serve()
+    has_native = any(os.path.basename(e).startswith(classpath.NATIVE_JAR_PREFIX) for e in entries)
+    return [jdk.checked_java(), *libtorch.djl_options(use_torch_lib=not has_native),
+            "-cp", os.pathsep.join(entries), SERVE_MAIN, *args]
+
+
+def run(args: Sequence[str]) -> int:
+    line = command(args)
+    os.execv(line[0], line)
+    return 1  # not reached

@@ -1,0 +1,264 @@
+package dev.gradbridge.serve;
+
+import com.google.gson.Gson;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParseException;
+import com.google.gson.JsonParser;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.online.HostTensor;
+import dev.gradbridge.online.KeyConflictException;
+import dev.gradbridge.online.OnlineLearner;
+import dev.gradbridge.online.Prediction;
+import dev.gradbridge.online.QueueFullException;
+import io.javalin.Javalin;
+import io.javalin.config.JavalinConfig;
+import io.javalin.http.Context;
+import io.javalin.http.Handler;
+import io.javalin.http.HttpResponseException;
+import io.micrometer.core.instrument.FunctionCounter;
+import io.micrometer.core.instrument.Gauge;
+import io.micrometer.core.instrument.Timer;
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.util.concurrent.TimeUnit;
+import org.eclipse.jetty.server.HttpConnectionFactory;
+import org.eclipse.jetty.server.ServerConnector;
+import org.eclipse.jetty.server.handler.GracefulHandler;
+import org.eclipse.jetty.util.thread.QueuedThreadPool;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The service's routes over one {@link OnlineLearner}.
+ *
+ * <ul>
+ *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} → {@code {"version": v, "y": [...]}}
+ *       (outputs that are not finite are written as {@code null}: the answer is always JSON)
+ *   <li>{@code POST /feedback} {@code {"x": [[...]], "y": [...]}} (one event per row), optional
+ *       header {@code Idempotency-Key} → {@code {"accepted": n, "first_seq": s, "duplicate": b}}
+ *       once logged; 429 when the queue is full; 503 when the log cannot be written (nothing of
+ *       the request was logged)
+ *   <li>{@code GET /healthz} (503 once training has stopped), {@code GET /metrics} (Prometheus)
+ * </ul>
+ *
+ * {@code /predict} and {@code /feedback} need {@code Authorization: Bearer TOKEN} unless the
+ * service runs with {@code --no-auth}. Every client error is a 4xx with one {@code error:} line;
+ * a body over the limit is refused while it is read (chunked or not).
+ */
+final class HttpApi {
+
+    private static final Logger logger = LoggerFactory.getLogger(HttpApi.class);
+    private static final Gson GSON = new Gson();
+
+    private final OnlineLearner learner;
+    private final String token;
+    private final long maxBodyBytes;
+    private final PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+    private final Timer predictLatency;
+    private final Timer learnLatency;
+
+    HttpApi(OnlineLearner learner, String token, long maxBodyBytes) {
+        this.learner = learner;
+        this.token = token;
+        this.maxBodyBytes = maxBodyBytes;
+        Gauge.builder("gradbridge_model_version", learner, l -> l.currentVersion().getId())
+                .description("id of the published version predictions use").register(registry);
+        Gauge.builder("gradbridge_queue_depth", learner, OnlineLearner::queueDepth)
+                .description("feedback events waiting for training").register(registry);
+        Gauge.builder("gradbridge_training_up", learner, l -> l.getFailure() == null ? 1 : 0)
+                .description("1 while the training thread runs, 0 once it has stopped").register(registry);
+        FunctionCounter.builder("gradbridge_updates", learner, OnlineLearner::updates)
+                .description("micro-batches applied (optimizer steps)").register(registry);
+        FunctionCounter.builder("gradbridge_quarantined_batches", learner, OnlineLearner::quarantinedBatches)
+                .description("micro-batches not applied (loss or gradients not finite, or over --max-grad-norm)")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_feedback_accepted", learner, OnlineLearner::acceptedEvents)
+                .description("feedback events logged and queued").register(registry);
+        FunctionCounter.builder("gradbridge_feedback_refused", learner, OnlineLearner::refusedEvents)
+                .description("feedback events refused because the queue was full").register(registry);
+        FunctionCounter.builder("gradbridge_feedback_duplicates", learner, OnlineLearner::duplicateEvents)
+                .description("feedback events answered from an earlier request with the same Idempotency-Key")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_predictions", learner, OnlineLearner::predictions)
+                .description("predictions served").register(registry);
+        predictLatency = Timer.builder("gradbridge_predict_latency").description("POST /predict handling time")
+                .publishPercentileHistogram().register(registry);
+        learnLatency = Timer.builder("gradbridge_learn_latency").description("POST /feedback handling time")
+                .publishPercentileHistogram().register(registry);
+    }
+
+    /** The main server: /predict and /feedback, plus /healthz and /metrics when {@code withAdmin}. */
+    Javalin server(String host, int port, int threads, long readTimeoutMillis, long stopTimeoutMillis, boolean withAdmin) {
+        return Javalin.create(config -> {
+            common(config, host, port, threads, readTimeoutMillis);
+            config.jetty.modifyServer(server -> {
+                server.setStopTimeout(stopTimeoutMillis);
+                server.insertHandler(new GracefulHandler()); // stop waits for the requests in flight
+            });
+            config.routes.post("/predict", authorized(this::predict));
+            config.routes.post("/feedback", authorized(this::feedback));
+            if (withAdmin) {
+                adminRoutes(config);
+            }
+        });
+    }
+
+    /** A server of its own (own threads: busy clients on the main port cannot starve it) for /healthz and /metrics. */
+    Javalin adminServer(String host, int port, long readTimeoutMillis) {
+        return Javalin.create(config -> {
+            common(config, host, port, 4, readTimeoutMillis);
+            adminRoutes(config);
+        });
+    }
+
+    private void common(JavalinConfig config, String host, int port, int threads, long readTimeoutMillis) {
+        config.startup.showJavalinBanner = false;
+        config.startup.showOldJavalinVersionWarning = false;
+        config.http.maxRequestSize = maxBodyBytes;
+        // Bounded: at most `threads` handlers run at once (Jetty queues the rest).
+        config.jetty.threadPool = new QueuedThreadPool(threads, Math.min(4, threads), 60_000);
+        config.jetty.modifyHttpConfiguration(http -> http.setSendServerVersion(false));
+        // A connection that sends nothing for readTimeoutMillis (a slow or stuck client) is closed.
+        config.jetty.addConnector((server, http) -> {
+            ServerConnector connector = new ServerConnector(server, new HttpConnectionFactory(http));
+            connector.setHost(host);
+            connector.setPort(port);
+            connector.setIdleTimeout(readTimeoutMillis);
+            return connector;
+        });
+        config.routes.exception(HttpResponseException.class, (e, ctx) -> fail(ctx, e.getStatus(), e.getMessage()));
+        config.routes.exception(Exception.class, (e, ctx) -> {
+            logger.error("{} {} failed", ctx.method(), ctx.path(), e);
+            fail(ctx, 500, "internal error (the service's log has the details)");
+        });
+        config.routes.error(404, ctx -> fail(ctx, 404, "no route " + ctx.method() + " " + JsonTensors.abbreviate(ctx.path())));
+        config.routes.error(405, ctx -> fail(ctx, 405, "method " + ctx.method() + " not allowed on " + ctx.path()));
+    }
+
+    private void adminRoutes(JavalinConfig config) {
+        config.routes.get("/healthz", this::health);
+        config.routes.get("/metrics", ctx -> ctx.contentType("text/plain; version=0.0.4; charset=utf-8").result(registry.scrape()));
+    }
+
+    private Handler authorized(Handler handler) {
+        if (token == null) {
+            return handler;
+        }
+        return ctx -> {
+            if (!Tokens.matches(token, ctx.header("Authorization"))) {
+                ctx.header("WWW-Authenticate", "Bearer");
+                fail(ctx, 401, "missing or wrong token: send 'Authorization: Bearer TOKEN' (the operator has TOKEN)");
+                return;
+            }
+            handler.handle(ctx);
+        };
+    }
+
+    private void health(Context ctx) {
+        JsonObject health = new JsonObject();
+        Throwable failure = learner.getFailure();
+        health.addProperty("status", failure == null ? "ok" : "failed");
+        if (failure != null) {
+            health.addProperty("error", "training stopped: " + failure.getMessage());
+        }
+        health.addProperty("version", learner.currentVersion().getId());
+        health.addProperty("updates", learner.updates());
+        health.addProperty("queue_depth", learner.queueDepth());
+        health.addProperty("quarantined_batches", learner.quarantinedBatches());
+        ctx.status(failure == null ? 200 : 503).contentType("application/json").result(GSON.toJson(health));
+    }
+
+    /** The body, read with the limit applied as it arrives (Content-Length or chunked). */
+    private JsonObject body(Context ctx) throws IOException {
+        long declared = ctx.contentLength();
+        if (declared > maxBodyBytes) {
+            throw new BodyTooLarge("body of " + declared + " bytes exceeds the limit of " + maxBodyBytes + " bytes");
+        }
+        ByteArrayOutputStream out = new ByteArrayOutputStream((int) Math.min(Math.max(declared, 1024), maxBodyBytes));
+        byte[] buffer = new byte[8192];
+        try (InputStream in = ctx.req().getInputStream()) {
+            for (int n; (n = in.read(buffer)) > 0; ) {
+                if (out.size() + (long) n > maxBodyBytes) {
+                    throw new BodyTooLarge("body exceeds the limit of " + maxBodyBytes + " bytes");
+                }
+                out.write(buffer, 0, n);
+            }
+        }
+        String text = new String(out.toByteArray(), StandardCharsets.UTF_8);
+        try {
+            JsonElement json = JsonParser.parseString(text);
+            if (!json.isJsonObject()) {
+                throw new InvalidInputException("body must be a JSON object, got " + JsonTensors.abbreviate(text));
+            }
+            return json.getAsJsonObject();
+        } catch (JsonParseException e) {
+            throw new InvalidInputException("body is not valid JSON: " + JsonTensors.abbreviate(ServeCommand.rootMessage(e)));
+        }
+    }
+
+    private static final class BodyTooLarge extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+
+        BodyTooLarge(String message) {
+            super(message);
+        }
+    }
+
+    private void predict(Context ctx) throws IOException {
+        Timer.Sample sample = Timer.start(registry);
+        try {
+            HostTensor x = JsonTensors.parse("x", body(ctx).get("x"), learner.getMetadata().getInput("x").getDtype());
+            Prediction prediction = learner.predict(x);
+            JsonObject out = new JsonObject();
+            out.addProperty("version", prediction.getVersion());
+            out.add("y", JsonTensors.write(prediction.getOutput()));
+            ctx.contentType("application/json").result(GSON.toJson(out));
+        } catch (InvalidInputException e) {
+            fail(ctx, 400, e.getMessage());
+        } catch (BodyTooLarge e) {
+            fail(ctx, 413, e.getMessage());
+        } finally {
+            sample.stop(predictLatency);
+        }
+    }
+
+    private void feedback(Context ctx) throws IOException {
+        Timer.Sample sample = Timer.start(registry);
+        try {
+            JsonObject body = body(ctx);
+            HostTensor x = JsonTensors.parse("x", body.get("x"), learner.getMetadata().getInput("x").getDtype());
+            HostTensor y = JsonTensors.parse("y", body.get("y"), learner.getMetadata().getInput("y").getDtype());
+            String key = ctx.header("Idempotency-Key");
+            long duplicatesBefore = learner.duplicateEvents();
+            long first = learner.learn(x, y, key, 0, TimeUnit.NANOSECONDS);
+            JsonObject out = new JsonObject();
+            out.addProperty("accepted", x.rows());
+            out.addProperty("first_seq", first);
+            out.addProperty("duplicate", key != null && learner.duplicateEvents() != duplicatesBefore);
+            ctx.contentType("application/json").result(GSON.toJson(out));
+        } catch (InvalidInputException e) {
+            fail(ctx, 400, e.getMessage());
+        } catch (BodyTooLarge e) {
+            fail(ctx, 413, e.getMessage());
+        } catch (KeyConflictException e) {
+            fail(ctx, 422, e.getMessage());
+        } catch (QueueFullException e) {
+            fail(ctx, 429, e.getMessage());
+        } catch (IllegalStateException | UncheckedIOException e) {
+            fail(ctx, 503, e.getMessage());
+        } finally {
+            sample.stop(learnLatency);
+        }
+    }
+
+    private static void fail(Context ctx, int status, String message) {
+        ctx.status(status).contentType("text/plain; charset=utf-8")
+                .result("error: " + String.valueOf(message).replace('\n', ' ') + "\n");
+    }
+}

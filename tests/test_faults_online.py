@@ -1,0 +1,435 @@
+"""Fault suite of the online service (gradbridge-serve): real HTTP clients on 127.0.0.1, real log
+files, real signals, a tmpfs for the full disk. Every case ends with `gradbridge replay` over what
+was acknowledged (or with replay refusing the same log the service refuses)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradbridge import replay as replay_mod
+
+from .faults import gradbridge_cli, one_error_line
+from .test_online_serve import Service, _data, serve_script  # noqa: F401 (fixture)
+
+
+def _serve(script, *args):
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _feed(service, n, seed, rows=4, **kwargs):
+    x, y = _data(n, seed)
+    acknowledged = 0
+    for start in range(0, n, rows):
+        status, body = service.post("/feedback", {"x": x[start:start + rows].tolist(), "y": y[start:start + rows].tolist()},
+                                    **kwargs)
+        assert status == 200, body
+        acknowledged += json.loads(body)["accepted"]
+    return acknowledged
+
+
+def _replay_bitwise(log_dir, model, events):
+    report = replay_mod.replay(log_dir, model)
+    assert report.bitwise, report.table()
+    assert report.events + sum(b.count for b in replay_mod.read_log(log_dir).quarantines) == events
+    result = gradbridge_cli("replay", "--log", log_dir, "--model", model)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return report
+
+
+def test_a_second_service_on_the_same_log_is_refused_and_the_first_keeps_everything(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    first = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        acknowledged = _feed(first, 40, 0)
+        second = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0)
+        assert "is in use by another process" in one_error_line(second)
+        acknowledged += _feed(first, 40, 1)
+        code, _, err = first.terminate()
+    finally:
+        first.kill()
+    assert code == 0, err
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_damage_in_the_middle_refuses_to_start_touches_nothing_and_replay_fails_alike(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1000)
+    try:
+        acknowledged = _feed(service, 80, 2)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+    log_file = log_dir / "feedback.log"
+    data = bytearray(log_file.read_bytes())
+    offsets = [offset for offset, _ in replay_mod.frames(log_file, bytes(data))]
+    middle = offsets[len(offsets) // 2]
+    data[middle + 20] ^= 0x01
+    log_file.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+
+    refused = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0)
+    line = one_error_line(refused)
+    assert f"{log_file}: offset {middle}: the record's checksum does not match" in line, line
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before, "a refused start changed the folder"
+    result = gradbridge_cli("replay", "--log", log_dir, "--model", model)
+    assert one_error_line(result, "gradbridge: error: ") .endswith(f"offset {middle}: the record's checksum does not match")
+
+    # The documented way out: recover the whole records before the damage into a new folder.
+    recovered = tmp_path / "recovered"
+    result = gradbridge_cli("recover-log", "--log", log_dir, "--into", recovered)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"offset {middle}" in result.stdout
+    kept = replay_mod.read_log(recovered)
+    assert max(kept.events) < kept.header["seq_floor"]
+    restarted = Service(serve_script, model, recovered, "--fsync", "never")
+    try:
+        status, body = restarted.post("/feedback", {"x": [[0.0, 0.0, 0.0, 0.0]], "y": [1]})
+        assert status == 200 and json.loads(body)["first_seq"] >= kept.header["seq_floor"], body  # never reused
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    report = replay_mod.replay(recovered, model)
+    assert report.bitwise and report.unapplied_events == 0, report.table()
+
+
+def test_a_log_of_another_model_or_a_contradicting_checkpoint_is_refused(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
+    try:
+        acknowledged = _feed(service, 20, 3)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    other = models["mlp_regressor.pt"]
+    line = one_error_line(_serve(serve_script, "--model", other, "--log", log_dir, "--port", 0))
+    assert "offset 0: it was written for the module with SHA-256" in line and "another --model" in line, line
+    with pytest.raises(replay_mod.LogError, match="offset 0: it was written for the module"):
+        replay_mod.replay(log_dir, other)
+    _replay_bitwise(log_dir, model, acknowledged)
+
+    log_file = log_dir / "feedback.log"
+    whole = log_file.read_bytes()
+    log_file.write_bytes(whole[:len(whole) // 3])  # cut behind the checkpoint's back
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+    assert "the log was cut or replaced" in line, line
+    with pytest.raises(replay_mod.LogError, match="the log was cut or replaced"):
+        replay_mod.replay(log_dir, model)
+
+
+def test_poisoned_feedback_is_quarantined_counted_and_replayed_alike(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_regressor.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0)
+    rng = np.random.default_rng(4)
+    try:
+        good = [(rng.standard_normal((1, 4)).tolist(), [[0.5]]) for _ in range(6)]
+        for x, y in good[:3]:
+            assert service.post("/feedback", {"x": x, "y": y})[0] == 200
+        status, body = service.post("/feedback", {"x": [[1, 1, 1, 1]], "y": [[3e38]]})  # loss overflows
+        assert status == 200, body
+        for x, y in good[3:]:
+            assert service.post("/feedback", {"x": x, "y": y})[0] == 200
+        status, body = service.post("/feedback", {"x": [[1e39, 1, 1, 1]], "y": [[1]]})  # not a float32
+        assert status == 400 and body.startswith("error: feedback holds NaN or infinite values"), body
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0, err
+    log = replay_mod.read_log(log_dir)
+    assert [q.first_seq for q in log.quarantines] == [3] and log.quarantines[0].reason.startswith("loss is")
+    report = _replay_bitwise(log_dir, model, 7)
+    assert report.quarantined == 1 and report.batches == 6
+    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        status, body = restarted.post("/predict", {"x": [[1.0, 2.0, 3.0, 4.0]]})
+        assert status == 200 and all(np.isfinite(json.loads(body)["y"][0])), body
+        assert "gradbridge_quarantined_batches_total 0.0" in restarted.get("/metrics")[1]
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+
+
+def test_token_by_default_idempotent_retries_across_a_restart(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "always")
+    assert oct((log_dir / "serve.key").stat().st_mode & 0o777) == "0o600"
+    body = {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], "y": [0, 2]}
+    try:
+        for token in (False,):
+            status, text = service.post("/feedback", body, token=token)
+            assert status == 401 and text.startswith("error: missing or wrong token") and text.count("\n") == 1, text
+        status, text = service.post("/predict", body, headers={"Authorization": "Bearer wrong"}, token=False)
+        assert status == 401, text
+        key = {"Idempotency-Key": "order-17"}
+        first = json.loads(service.post("/feedback", body, headers=key)[1])
+        again = json.loads(service.post("/feedback", body, headers=key)[1])
+        assert first["first_seq"] == again["first_seq"] and again["duplicate"] and not first["duplicate"]
+        status, text = service.post("/feedback", {"x": body["x"], "y": [1, 1]}, headers=key)
+        assert status == 422 and "was used for another request" in text, text
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    restarted = Service(serve_script, model, log_dir, "--fsync", "always")
+    try:
+        after = json.loads(restarted.post("/feedback", body, headers={"Idempotency-Key": "order-17"})[1])
+        assert after["duplicate"] and after["first_seq"] == first["first_seq"]
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    assert sorted(replay_mod.read_log(log_dir).events) == [0, 1]  # applied once
+    _replay_bitwise(log_dir, model, 2)
+
+
+def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    for args, expected in ((("--max-body-bytes", -5), "--max-body-bytes must be >= 1, got -5"),
+                           (("--port", 70000), "--port must be in 0..65535"),
+                           (("--fsync", "sometimes"), "unknown fsync policy 'sometimes'"),
+                           (("--max-grad-norm", "-1"), "max grad norm must be a finite number >= 0, got -1.0"),
+                           (("--max-batch", "x"), "Invalid value for option '--max-batch'")):
+        log_dir = tmp_path / f"log{len(expected)}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, *args)
+        assert expected in one_error_line(result), result.stderr
+        assert not log_dir.exists()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        log_dir = tmp_path / "busy"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", busy.getsockname()[1])
+        assert "cannot listen on 127.0.0.1:" in one_error_line(result)
+        assert not log_dir.exists()
+
+
+def test_chunked_body_over_the_limit_and_unknown_routes_are_one_line_4xx(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--max-body-bytes", 4096, "--fsync", "never")
+    try:
+        host, port = service.url.split("//")[1].split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        chunk = b'{"x": [' + b"[1.0, 2.0, 3.0, 4.0], " * 400 + b'[1.0, 2.0, 3.0, 4.0]], "y": [0]}'
+        connection.request("POST", "/feedback", body=iter([chunk[i:i + 1000] for i in range(0, len(chunk), 1000)]),
+                           headers={"Authorization": f"Bearer {service.token}", "Transfer-Encoding": "chunked"},
+                           encode_chunked=True)
+        response = connection.getresponse()
+        text = response.read().decode()
+        assert response.status == 413 and text.startswith("error: body exceeds the limit of 4096 bytes"), text
+        status, text = service.post("/nowhere", {"x": 1})
+        assert status == 404 and text.startswith("error: no route POST /nowhere") and text.count("\n") == 1, text
+        acknowledged = _feed(service, 8, 5)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+# ---- a full disk (a real tmpfs), a dead training thread, SIGTERM under load, slow clients ----
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs mounted for the test (these machines run the suite as root)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _copy_to_disk(source: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("feedback.lock"))
+    return target
+
+
+def test_a_full_disk_logs_a_request_whole_or_not_at_all_and_a_restart_applies_exactly_the_acknowledged(
+        serve_script, models, tmp_path, small_disk):
+    model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
+    # Training waits (B=10^6, T=60 s): only the requests' own writes fill the disk.
+    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 1_000_000,
+                      "--max-wait-ms", 60_000, "--queue-capacity", 1_000_000, "--checkpoint-every", 1000,
+                      "--max-body-bytes", 1 << 22)
+    x, y = _data(200, 6)
+    acknowledged, refusals = 0, []
+    try:
+        for _ in range(200):
+            status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
+            if status == 200:
+                assert json.loads(body)["first_seq"] == acknowledged
+                acknowledged += 200
+            else:
+                refusals.append((status, body))
+                if len(refusals) == 2:
+                    break
+        assert refusals, "the disk never filled"
+        for status, body in refusals:
+            assert status == 503 and "nothing of this request was logged" in body and body.count("\n") == 1, body
+        logged = replay_mod.read_log(log_dir)
+        assert sorted(logged.events) == list(range(acknowledged)) and logged.torn_bytes == 0  # whole requests only
+        assert json.loads(service.get("/healthz")[1])["status"] == "ok"  # still serving
+        code, _, err = service.terminate()  # the drain needs the disk: it cannot continue
+    finally:
+        service.kill()
+    line = one_error_line(subprocess.CompletedProcess([], code, "", err))
+    assert line.startswith("training stopped, the service cannot continue:") and "No space left on device" in line, err
+
+    moved = _copy_to_disk(log_dir, tmp_path / "moved")  # the operator frees space (here: moves the folder)
+    restarted = Service(serve_script, model, moved, "--fsync", "always")
+    try:
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    report = _replay_bitwise(moved, model, acknowledged)
+    assert report.unapplied_events == 0
+
+
+def test_a_dead_training_thread_answers_503_and_the_service_exits_1(serve_script, models, tmp_path, small_disk):
+    model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
+    # A checkpoint every version: the training thread fills the disk.
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 4, "--max-wait-ms", 0,
+                      "--checkpoint-every", 1)
+    x, y = _data(4, 7)
+    acknowledged, health = 0, None
+    try:
+        for _ in range(400):
+            status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
+            if status == 200:
+                acknowledged += 4
+            status, text = service.get("/healthz")
+            if status == 503:
+                health = json.loads(text)
+                break
+        assert health is not None and health["status"] == "failed" and "training stopped" in health["error"], health
+        assert service.process.wait(timeout=30) == 1
+        err = service.process.stderr.read()
+        assert one_error_line(subprocess.CompletedProcess([], 1, "", err)).startswith("training stopped"), err
+    finally:
+        service.kill()
+    moved = _copy_to_disk(log_dir, tmp_path / "moved")
+    restarted = Service(serve_script, model, moved, "--fsync", "never")
+    try:
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    _replay_bitwise(moved, model, acknowledged)
+
+
+def test_sigterm_under_load_answers_every_logged_request(serve_script, models, tmp_path):
+    import threading
+    import urllib.error
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 8, "--max-wait-ms", 2)
+    x, y = _data(4000, 8)
+    acknowledged, lock, stop = set(), threading.Lock(), threading.Event()
+
+    def client(rows):
+        for start in rows:
+            if stop.is_set():
+                return
+            try:
+                status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(), "y": y[start:start + 2].tolist()},
+                                            timeout=30)
+            except (OSError, urllib.error.URLError):
+                continue  # refused or reset: never logged (checked below)
+            if status == 200:
+                answer = json.loads(body)
+                with lock:
+                    acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
+
+    starts = list(range(0, len(x), 2))
+    threads = [threading.Thread(target=client, args=(starts[i::6],)) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        import time
+
+        deadline = time.monotonic() + 30
+        while len(acknowledged) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        service.process.send_signal(15)
+        code = service.process.wait(timeout=60)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        stop.set()
+        service.kill()
+    assert code == 0, service.process.stderr.read()
+    logged = replay_mod.read_log(log_dir)
+    assert set(logged.events) == acknowledged, "a request was logged but its client got no answer"
+    _replay_bitwise(log_dir, model, len(acknowledged))
+
+
+def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path):
+    import time
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 1500,
+                      "--admin-port", 0)
+    assert service.admin_url and service.admin_url.startswith("http://127.0.0.1:")
+    host, port = service.url.split("//")[1].split(":")
+    stalled = []
+    try:
+        assert service.post("/healthz", {})[0] == 404  # not on the main port when --admin-port is given
+        for _ in range(60):  # each sends its headers and one byte of a 1000-byte body, then nothing
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+            stalled.append(s)
+        started = time.monotonic()
+        status, text = service.get("/healthz", timeout=5)  # its own server and threads
+        assert status == 200 and time.monotonic() - started < 2, text
+        time.sleep(3)  # past the read timeout: the stalled connections are closed
+        for s in stalled:
+            s.settimeout(5)
+            try:
+                assert s.recv(4096) is not None
+            except OSError:
+                pass
+        status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
+        assert status == 200, body
+        acknowledged = _feed(service, 8, 9)
+        assert service.terminate()[0] == 0
+    finally:
+        for s in stalled:
+            s.close()
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_script, tmp_path):
+    from gradbridge.commands.online_demo import export
+
+    model = export(tmp_path / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
+    log_dir = tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
+    try:
+        status, text = service.post("/predict", {"x": [[1, 9]]})
+        assert status == 400 and text.startswith("error: x rejected by the model: ") and text.count("\n") == 1, text
+        assert "java." not in text and "ai.djl" not in text and "Exception" not in text, text
+        status, text = service.post("/feedback", {"x": [[7, 1]], "y": [[1.0]]})
+        assert status == 400 and text.startswith("error: feedback rejected by the model's loss: "), text
+        assert "java." not in text and "ai.djl" not in text, text
+        status, body = service.post("/feedback", {"x": [[1, 2], [3, 0]], "y": [[1.0], [0.0]]})
+        assert status == 200, body
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, 2)
+    checkpoint = next(log_dir.glob("checkpoint-v*.pt"))
+    checkpoint.write_bytes(b"not a module")
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+    assert str(checkpoint) in line, line
