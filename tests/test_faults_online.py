@@ -303,7 +303,7 @@ def test_a_dead_training_thread_answers_503_and_the_service_exits_1(serve_script
     x, y = _data(4, 7)
     acknowledged, health = 0, None
     try:
-        for _ in range(400):
+        for _ in range(2000):  # until a checkpoint no longer fits beside the growing log
             status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
             if status == 200:
                 acknowledged += 4
