@@ -128,7 +128,9 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     # the native library for the torch the wheel was built with, and its sources for any other torch
     assert [n for n in names if re.fullmatch(r"gradbridge/native_lib/libgradbridge_jni-torch[\d.]+-cxx11abi1\.so", n)]
     assert "gradbridge/native_lib/gradbridge_jni.cpp" in names and "gradbridge/native_lib/dev_gradbridge_Native.h" in names
-    assert any(n.startswith("gradbridge/jars/pytorch-jni-") for n in names)
+    # no DJL code: neither its engine, its JNI library nor its API
+    assert not [n for n in names if n.startswith(("gradbridge/jars/pytorch-jni-", "gradbridge/jars/pytorch-engine-",
+                                                   "gradbridge/jars/api-0."))], names
     assert f"\nVersion: {VERSION}\n" in metadata
     from packaging.requirements import Requirement
 
