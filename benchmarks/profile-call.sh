@@ -26,7 +26,7 @@ model, path = bench._export(case, out)
 x, y = bench._data(case, case.batch)
 np.savez(out / "batch.npz", x=x, y=y)
 bench._write_native_data(out / "batch.bin", x, y)
-(out / "java-options").write_text(" ".join(libtorch.djl_options()))
+(out / "java-options").write_text(" ".join(libtorch.java_options()))
 (out / "classpath").write_text(":".join(classpath.resolve().entries))
 EOF
 MODEL="$OUT/seed-100.pt"

@@ -17,10 +17,10 @@ SERVE_MAIN = "dev.gradbridge.serve.ServeCommand"
 def command(args: Sequence[str]) -> List[str]:
     """The command line that runs the service with ``args`` (library jars first, then the service's)."""
     core = classpath.resolve()
-    libtorch.require(core.versions()["torch"])
+    libtorch.require_supported()
     entries = core.entries + classpath.resolve_serve()
     has_native = any(os.path.basename(e).startswith(classpath.NATIVE_JAR_PREFIX) for e in entries)
-    return [jdk.checked_java(), *libtorch.djl_options(use_torch_lib=not has_native),
+    return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not has_native),
             "-cp", os.pathsep.join(entries), SERVE_MAIN, *args]
 
 

@@ -107,16 +107,14 @@ public final class Dataset implements AutoCloseable {
                     }
                 }
             }
+            List<String> names = new ArrayList<>(arrays.keySet()); // the file's order, as Python lists them
             Tensor x = arrays.remove("x");
             Tensor y = arrays.remove("y");
             if (x == null || y == null) {
-                List<String> names = new ArrayList<>(arrays.keySet());
                 if (x != null) {
-                    names.add(0, "x");
                     x.close();
                 }
                 if (y != null) {
-                    names.add(0, "y");
                     y.close();
                 }
                 throw new InvalidInputException(
