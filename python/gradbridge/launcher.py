@@ -23,9 +23,11 @@ SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
 ERROR_PREFIX = "error: "
 
 
-def command(main_class: str, args: Sequence[object] = ()) -> List[str]:
-    """The full command line that runs ``main_class`` with ``args`` in a new JVM."""
-    path = classpath.resolve()
+def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Sequence[str] = ()) -> List[str]:
+    """The full command line that runs ``main_class`` with ``args`` in a new JVM, on gradbridge's
+    classpath followed by ``extra_classpath``."""
+    core = classpath.resolve()
+    path = classpath.Classpath([*core.entries, *extra_classpath], core.source)
     libtorch.require_supported()
     return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
             "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]

@@ -9,19 +9,14 @@ from __future__ import annotations
 import os
 from typing import List, Sequence
 
-from .. import classpath, jdk, libtorch
+from .. import classpath, launcher
 
 SERVE_MAIN = "dev.gradbridge.serve.ServeCommand"
 
 
 def command(args: Sequence[str]) -> List[str]:
     """The command line that runs the service with ``args`` (library jars first, then the service's)."""
-    core = classpath.resolve()
-    libtorch.require_supported()
-    entries = core.entries + classpath.resolve_serve()
-    has_native = any(os.path.basename(e).startswith(classpath.NATIVE_JAR_PREFIX) for e in entries)
-    return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not has_native),
-            "-cp", os.pathsep.join(entries), SERVE_MAIN, *args]
+    return launcher.command(SERVE_MAIN, args, extra_classpath=classpath.resolve_serve())
 
 
 def run(args: Sequence[str]) -> int:
