@@ -140,3 +140,30 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
     for name, kind in replay.RECORD_TYPES.items():
         assert constants[name.upper()] == f"'{kind.decode()}'", name
     assert replay.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
+
+
+def test_every_error_type_lives_in_errors_and_is_exported():
+    """One home for the exception hierarchy: no error class elsewhere; the package exports each one, and
+    the modules that used to define one still name it."""
+    import gradbridge
+    from gradbridge import errors
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    elsewhere = [f"{path.relative_to(package)}: {m.group(0)}" for path in package.rglob("*.py") if path.name != "errors.py"
+                 for m in re.finditer(r"^class \w+\((?:\w+, )*\w*(?:Error|Exception)\b", path.read_text(), re.MULTILINE)]
+    assert not elsewhere, elsewhere
+    defined = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+    assert defined <= set(gradbridge.__all__), defined - set(gradbridge.__all__)
+    assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
+    from gradbridge import files, replay
+    from gradbridge.export import ExportError, finetune, groups
+    assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
+        errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
+
+
+def test_the_cli_error_prefix_is_written_once():
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if "gradbridge: error:" in path.read_text()]
+    assert written == ["errors.py"], written

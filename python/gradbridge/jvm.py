@@ -23,11 +23,13 @@ JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
 #: GRADBRIDGE_JVM_OPTIONS comes later and wins.
 _QUIET_LOGGING = "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"
 
+#: Java exception -> the error the Python reference raises for the same input (JavaError for the rest).
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
     "dev.gradbridge.ProtocolException": errors.ProtocolError,
     "dev.gradbridge.InvalidInputException": errors.InvalidInputError,
     "dev.gradbridge.DivergenceException": errors.DivergenceError,
+    "dev.gradbridge.MethodCallException": errors.TrainingError,
 }
 
 

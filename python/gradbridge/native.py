@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import _devtree, jdk
-from .errors import SetupError
+from .errors import CLI_ERROR_PREFIX, SetupError
 
 #: Overrides the cache folder (default ~/.cache/gradbridge).
 CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
@@ -224,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             shutil.copyfile(sources["source"], folder / SOURCE_NAME)
             shutil.copyfile(sources["header"], folder / HEADER_NAME)
     except SetupError as ex:
-        print(f"gradbridge: error: {ex}", file=sys.stderr)
+        print(f"{CLI_ERROR_PREFIX}{ex}", file=sys.stderr)
         return 1
     print(spec.library(folder))
     return 0

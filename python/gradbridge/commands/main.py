@@ -363,7 +363,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with gradbridge's convention for bad input: one line, exit code 1 (not usage + 2)."""
 
     def error(self, message: str):
-        self.exit(1, f"gradbridge: error: {message} (see {self.prog} --help)\n")
+        self.exit(1, f"{CLI_ERROR_PREFIX}{message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -583,7 +583,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as ex:  # never a traceback for the user; TRACEBACK_ENV shows it for a bug report
         if os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"gradbridge: error: unexpected {type(ex).__name__}: {_one_line(ex)} "
+        print(f"{CLI_ERROR_PREFIX}unexpected {type(ex).__name__}: {_one_line(ex)} "
               f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
 

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .. import ops, protocol, torchscript
 from .._version import __version__
-from ..errors import GradbridgeError
+from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS
 from . import finetune, groups as param_groups, losses, optim, schedulers
@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = tuple(losses.LOSSES)
 SUPPORTED_OPTIMIZERS = tuple(optim.OPTIMIZERS)
-
-
-class ExportError(GradbridgeError):
-    """The model cannot be turned into a training module (e.g. it cannot be scripted)."""
 
 
 class _TrainingModule(nn.Module):
