@@ -252,15 +252,14 @@ def _op_library_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import JavaSettings, run
+    from .bench import run
 
-    java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
-    run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
-        steps_only=args.steps_only, java_settings=java, threads=args.threads, memory_steps=args.memory_steps)
-    return 0
+    return run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
+               steps_only=args.steps_only, java_options=args.java_option, java_env=dict(args.java_env),
+               java_cpus=args.java_cpus, threads=args.threads, memory_steps=args.memory_steps)
 
 
-#: `gradbridge bench --cases/--only` names (bench.CASES keys, bench.VARIANTS + IN_PROCESS keys; a test
+#: `gradbridge bench --cases/--only` names (bench.cases.CASES keys, VARIANTS + IN_PROCESS keys; a test
 #: checks they agree), here so that the parser does not import torch.
 BENCH_CASES = ("seed", "mlp", "big")
 BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "c*", "d*")
