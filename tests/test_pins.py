@@ -167,3 +167,36 @@ def test_the_cli_error_prefix_is_written_once():
     written = [str(path.relative_to(package)) for path in package.rglob("*.py")
                if "gradbridge: error:" in path.read_text()]
     assert written == ["errors.py"], written
+
+
+def test_the_seed_learning_rate_is_the_java_seed_examples_default():
+    from gradbridge.models import SEED_LR
+
+    source = (REPO_ROOT / "programs/src/main/java/dev/gradbridge/examples/LinearRegressionTraining.java").read_text()
+    default = re.search(r'names = "--lr", defaultValue = "([^"]+)"', source)
+    assert default and float(default.group(1)) == SEED_LR, default
+
+
+def test_the_java_trainers_run_defaults_are_pythons(jvm, models, tmp_path):
+    """java.train and reference.train given no batch size, seed or mode run the same epochs, and the
+    Java checkpoint records protocol.DEFAULT_BATCH_SIZE, DEFAULT_SEED and DEFAULT_MODE."""
+    from gradbridge import java, reference
+    from gradbridge.parity import compare_histories
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(100, 4)).astype(np.float32)  # 100 samples: another batch size or seed shows
+    y = (x @ np.array([[0.5], [1.0], [-1.0], [0.2]])).astype(np.float32)
+    model = models["mlp_regressor.pt"]
+    checkpoint = tmp_path / "run.pt"
+    java_history = java.train(model, x, y, epochs=2, checkpoint=checkpoint)
+    report = compare_histories(reference.train(model, x, y, epochs=2), java_history, labels=("python", "java"))
+    assert report.within_tolerance, report.table()
+    saved = protocol.read_metadata(checkpoint)[protocol.CHECKPOINT_KEY]
+    assert (saved["batch_size"], saved["seed"], saved["mode"]) == (
+        protocol.DEFAULT_BATCH_SIZE, protocol.DEFAULT_SEED, protocol.DEFAULT_MODE)
+
+
+def test_torch_versions_lose_their_local_suffix_in_one_place():
+    package = REPO_ROOT / "python" / "gradbridge"
+    stripping = [str(path.relative_to(package)) for path in package.rglob("*.py") if 'split("+")' in path.read_text()]
+    assert stripping == ["libtorch.py"], stripping

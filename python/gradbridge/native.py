@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 
 from . import _devtree, jdk
 from .errors import CLI_ERROR_PREFIX, SetupError
+from .libtorch import torch_version
 
 #: Overrides the cache folder (default ~/.cache/gradbridge).
 CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
@@ -64,12 +65,6 @@ class Build:
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradbridge")
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
 
 
 def torch_dir() -> Path:

@@ -22,7 +22,7 @@ from torch import nn
 from .. import classpath, java, jdk, jvm, libtorch, torchscript
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
-from ..models import LinearRegression, mlp
+from ..models import SEED_LR, LinearRegression, mlp
 from ..torchscript import plain_graph_executor
 from .stats import ratio_ci
 from .workers import (JavaSettings, Variant, Worker, _in_process_environment, _in_process_jvm_options,
@@ -60,7 +60,7 @@ class Case:
 
 CASES = [
     Case("seed", "linear regression (seed, 100 samples, full batch)", LinearRegression, "mse",
-         {"name": "sgd", "lr": 0.01}, 1, 0, 100, 100, 400),
+         {"name": "sgd", "lr": SEED_LR}, 1, 0, 100, 100, 400),
     Case("mlp", "MLP 32-64-64-10, batch 64", lambda: mlp(32, (64, 64), 10), "cross_entropy",
          {"name": "adam", "lr": 1e-3}, 32, 10, 64, 1024, 300),
     Case("big", "compute-bound MLP 512-1024-512-10 (1.05M params), batch 1024", lambda: mlp(512, (1024, 512), 10),

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..files import check_writable
-from ..models import BUILTIN_MODELS
+from ..models import BUILTIN_MODELS, SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
 # Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("--pos-weight", type=_floats, help="comma-separated, bce_with_logits")
     opt = export.add_argument_group("optimizer")
     opt.add_argument("--optimizer", default="sgd", help="sgd (default), adam, adamw, rmsprop, adagrad")
-    opt.add_argument("--lr", type=float, help="learning rate (default: the optimizer's; 0.01 for linear-regression)")
+    opt.add_argument("--lr", type=float, help=f"learning rate (default: the optimizer's; {SEED_LR} for linear-regression)")
     opt.add_argument("--momentum", type=float)
     opt.add_argument("--dampening", type=float)
     opt.add_argument("--nesterov", action="store_true", default=None)
@@ -312,9 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--data", required=True, help=".npz with arrays x and y")
     parity.add_argument("--val", help=".npz with validation arrays x and y")
     parity.add_argument("--epochs", type=int, default=5)
-    parity.add_argument("--batch-size", type=int, default=32)
-    parity.add_argument("--seed", type=int, default=0)
-    parity.add_argument("--mode", choices=protocol.MODES, default="step")
+    parity.add_argument("--batch-size", type=int, default=protocol.DEFAULT_BATCH_SIZE)
+    parity.add_argument("--seed", type=int, default=protocol.DEFAULT_SEED)
+    parity.add_argument("--mode", choices=protocol.MODES, default=protocol.DEFAULT_MODE)
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
     parity.add_argument("--rtol", type=_tolerance,
@@ -436,7 +436,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     if args.command == "export" and args.lr is None and args.model == "linear-regression":
-        args.lr = 0.01
+        args.lr = SEED_LR
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
