@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import classpath, java, jdk, jvm, libtorch, torchscript
+from .. import classpath, jdk, jvm, libtorch, torchscript
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
@@ -210,10 +210,10 @@ def bench_transfer(rounds: int, megabytes: int) -> Dict:
     shape = jpype.JArray(jpype.JLong)([len(x)])
     try:
         def zero_copy():  # what java.dataset does: a direct ByteBuffer over numpy's memory, from_blob
-            Tensor.fromBuffer(java._direct_buffer(x, "x"), DType.FLOAT32, shape).close()
+            Tensor.fromBuffer(jvm.direct_buffer(x, "x"), DType.FLOAT32, shape).close()
 
         def one_copy():  # the same, then converted into memory that libtorch owns
-            wrapped = Tensor.fromBuffer(java._direct_buffer(x, "x"), DType.FLOAT32, shape)
+            wrapped = Tensor.fromBuffer(jvm.direct_buffer(x, "x"), DType.FLOAT32, shape)
             wrapped.copy().close()
             wrapped.close()
 
