@@ -39,7 +39,7 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
                  queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
                  max_grad_norm: float = 0.0):
     """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``
-    None keeps the learner's default (``OnlineLearner.DEFAULT_PREDICTORS``)."""
+    None keeps the learner's default (``OnlineLearner.defaultPredictors()``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
     FsyncPolicy = jclass("dev.gradbridge.online.log.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")
