@@ -408,6 +408,11 @@ def test_published_pom_declares_no_djl_code_and_libtorch_at_run_time(published):
     assert not {"api", "pytorch-engine", "pytorch-jni"} & {artifact for artifact, _ in deps}, deps
     assert deps[("pytorch-native-cpu", "linux-x86_64")] == "runtime"  # libtorch's shared libraries only
     assert not [artifact for artifact, _ in deps if artifact.startswith("slf4j-simple")]
+    # the library alone: its programs (picocli) are gradbridge-programs; the progress bar is optional
+    assert not {"picocli", "gradbridge-programs"} & {artifact for artifact, _ in deps}, deps
+    optional = {d.findtext("m:artifactId", namespaces=ns) for d in pom.iterfind("m:dependencies/m:dependency", ns)
+                if d.findtext("m:optional", namespaces=ns) == "true"}
+    assert optional == {"progressbar"}, optional
     assert not list(published.glob("*.asc")), "signing is off unless -PsignMaven=true"
     for suffix in ("sources", "javadoc"):
         with zipfile.ZipFile(published / f"gradbridge-{VERSION}-{suffix}.jar") as jar:

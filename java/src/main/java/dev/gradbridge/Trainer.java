@@ -4,9 +4,7 @@ import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.Locale;
-import java.util.function.Consumer;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
 import me.tongfei.progressbar.ProgressBarStyle;
@@ -62,32 +60,18 @@ public final class Trainer {
         }
     }
 
-    private final int epochs;
-    private final Integer batchSize;
-    private final Long seed;
+    private final RunSettings settings;
     private final Mode mode;
-    private final boolean allowDifferentData;
     private final Dataset validation;
-    private final Path checkpoint;
-    private final Path historyFile;
-    private final boolean recordValues;
     private final boolean progressBar;
-    private final Consumer<History.EpochRecord> epochListener;
     private volatile boolean stopRequested;
     private volatile boolean stopped;
 
     private Trainer(Builder builder) {
-        this.epochs = builder.epochs;
-        this.batchSize = builder.batchSize;
-        this.seed = builder.seed;
+        this.settings = builder.settings();
         this.mode = builder.mode;
-        this.allowDifferentData = builder.allowDifferentData;
         this.validation = builder.validation;
-        this.checkpoint = builder.checkpoint;
-        this.historyFile = builder.historyFile;
-        this.recordValues = builder.recordValues;
         this.progressBar = builder.progressBar;
-        this.epochListener = builder.epochListener;
     }
 
     /** @return a builder with defaults: 1 epoch, step mode, batch size 32, seed 0 */
@@ -95,48 +79,16 @@ public final class Trainer {
         return new Builder();
     }
 
-    /** Settings of a {@link Trainer}. */
-    public static final class Builder {
-        private int epochs = 1;
-        private Integer batchSize;
-        private Long seed;
+    /** Settings of a {@link Trainer}: the {@link RunSettings} every trainer has, and these. */
+    public static final class Builder extends RunSettings.Builder<Builder> {
         private Mode mode;
-        private boolean allowDifferentData;
         private Dataset validation;
-        private Path checkpoint;
-        private Path historyFile;
-        private boolean recordValues = true;
         private boolean progressBar;
-        private Consumer<History.EpochRecord> epochListener;
 
         private Builder() {}
 
-        /**
-         * @param epochs epochs to train in this run (a resumed run adds them), at least 1
-         * @return this builder
-         */
-        public Builder optEpochs(int epochs) {
-            this.epochs = epochs;
-            return this;
-        }
-
-        /**
-         * @param batchSize samples per mini-batch, 1..n (ignored in full mode); default 32, or the
-         *     checkpoint's when resuming (a different value is refused)
-         * @return this builder
-         */
-        public Builder optBatchSize(int batchSize) {
-            this.batchSize = batchSize;
-            return this;
-        }
-
-        /**
-         * @param seed the run's seed (default 0, or the checkpoint's when resuming; a different
-         *     value is refused)
-         * @return this builder
-         */
-        public Builder optSeed(long seed) {
-            this.seed = seed;
+        @Override
+        protected Builder self() {
             return this;
         }
 
@@ -151,49 +103,11 @@ public final class Trainer {
         }
 
         /**
-         * @param allowDifferentData resume on data other than the checkpoint's run started with
-         *     (refused by default: shapes and SHA-256 are compared)
-         * @return this builder
-         */
-        public Builder optAllowDifferentData(boolean allowDifferentData) {
-            this.allowDifferentData = allowDifferentData;
-            return this;
-        }
-
-        /**
          * @param validation data for a validation loss after every epoch
          * @return this builder
          */
         public Builder optValidation(Dataset validation) {
             this.validation = validation;
-            return this;
-        }
-
-        /**
-         * @param checkpoint written atomically after every epoch
-         * @return this builder
-         */
-        public Builder optCheckpoint(Path checkpoint) {
-            this.checkpoint = checkpoint;
-            return this;
-        }
-
-        /**
-         * @param historyFile written atomically after every epoch (after the checkpoint), so a
-         *     run that stops for any reason leaves every completed epoch in it
-         * @return this builder
-         */
-        public Builder optHistory(Path historyFile) {
-            this.historyFile = historyFile;
-            return this;
-        }
-
-        /**
-         * @param recordValues keep parameter values in the history (false: digests only)
-         * @return this builder
-         */
-        public Builder optRecordValues(boolean recordValues) {
-            this.recordValues = recordValues;
             return this;
         }
 
@@ -206,21 +120,8 @@ public final class Trainer {
             return this;
         }
 
-        /**
-         * @param epochListener called on the training thread with each epoch's record, once the
-         *     epoch's checkpoint and history are written (e.g. to print progress)
-         * @return this builder
-         */
-        public Builder optEpochListener(Consumer<History.EpochRecord> epochListener) {
-            this.epochListener = epochListener;
-            return this;
-        }
-
         /** @return the trainer */
         public Trainer build() {
-            if (epochs < 1) {
-                throw new InvalidInputException("epochs must be at least 1, got " + epochs);
-            }
             return new Trainer(this);
         }
     }
@@ -265,39 +166,21 @@ public final class Trainer {
         }
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
         Path from = module.getPath();
-        long runSeed = resolve(from, resumed, "seed", seed, resumed == null ? null : resumed.getSeed(), 0L);
-        String modeName =
-                resolve(from, resumed, "mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
-                        resumed == null ? null : resumed.getMode(), "step");
+        RunSettings.Run run = settings.start(from, resumed);
+        long runSeed = run.seed();
+        String modeName = run.resolve("mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
+                resumed == null ? null : resumed.getMode(), "step");
         Mode runMode = Mode.parse(modeName);
         int n = train.size();
-        int batch;
-        if (runMode == Mode.FULL) {
-            batch = n;
-        } else {
-            batch = resolve(from, resumed, "batch size", batchSize, resumed == null ? null : resumed.getBatchSize(), 32);
-        }
-        if (batch < 1 || batch > n) {
-            throw new InvalidInputException(
-                    "batch size must be in 1.." + n + " (the number of samples in " + train.getSource()
-                            + "), got " + batch);
-        }
-        int first = resumed == null ? 0 : resumed.getEpochsCompleted();
-        if (first < 0 || (long) first + epochs > Integer.MAX_VALUE) {
-            throw new InvalidInputException(
-                    Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
-        }
+        int batch = runMode == Mode.FULL ? run.checkBatch(n, n, train.getSource()) : run.batchSize(n, train.getSource());
+        int first = run.firstEpoch();
+        int epochs = settings.getEpochs();
         long[] xShape = train.getX().shape();
         long[] yShape = train.getY().shape();
-        String fingerprint = resumed != null || checkpoint != null ? train.fingerprint() : null;
-        if (resumed != null && !allowDifferentData) {
-            checkSameData(from, resumed, train, xShape, yShape, fingerprint);
-        }
-        for (Path output : new Path[] {checkpoint, historyFile}) {
-            if (output != null) {
-                AtomicFiles.prepare(output);
-            }
-        }
+        String fingerprint = resumed != null || settings.getCheckpoint() != null ? train.fingerprint() : null;
+        run.checkSameData(train.getSource(), xShape, yShape, resumed == null ? null : resumed.getDataSha256(),
+                fingerprint);
+        run.prepareOutputs();
         logger.info(
                 "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
                 from.getFileName(), epochs, first, n, runMode, batch, runSeed);
@@ -315,20 +198,13 @@ public final class Trainer {
                 // on the validation loss, else on the training loss).
                 module.scheduleEpoch(valLoss != null ? valLoss : loss);
                 double elapsed = (System.nanoTime() - started) / 1e9;
-                History.EpochRecord record = History.record(module, epoch, loss, valLoss, elapsed, recordValues);
+                History.EpochRecord record =
+                        History.record(module, epoch, loss, valLoss, elapsed, settings.isRecordValues());
                 history.add(record);
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
-                if (checkpoint != null) {
-                    module.saveCheckpoint(
-                            checkpoint,
-                            new Metadata.Checkpoint(epoch + 1, runSeed, batch, modeName, xShape, yShape, fingerprint));
-                }
-                if (historyFile != null) {
-                    history.save(historyFile);
-                }
-                if (epochListener != null) {
-                    epochListener.accept(record);
-                }
+                Metadata.Checkpoint saved =
+                        new Metadata.Checkpoint(epoch + 1, runSeed, batch, modeName, xShape, yShape, fingerprint);
+                run.endEpoch(history, record, target -> module.saveCheckpoint(target, saved));
                 if (bar != null) {
                     bar.step();
                     bar.setExtraMessage(String.format(Locale.ROOT, "loss %.4g", loss));
@@ -344,43 +220,10 @@ public final class Trainer {
         return history;
     }
 
-    /**
-     * A run setting: the caller's value, else the checkpoint's, else the default. A caller's
-     * value that differs from the checkpoint's is refused: the resumed run would not be the run.
-     */
-    private static <T> T resolve(Path from, Metadata.Checkpoint resumed, String what, T given, T saved, T fallback) {
-        if (given != null && saved != null && !given.equals(saved)) {
-            throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
-        }
-        return given != null ? given : saved != null ? saved : fallback;
-    }
-
-    /** A resumed run must see the data it started with (shapes and SHA-256 of the bytes). */
-    private static void checkSameData(
-            Path from, Metadata.Checkpoint resumed, Dataset train, long[] xShape, long[] yShape, String fingerprint) {
-        boolean sameShapes =
-                (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), xShape))
-                        && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), yShape));
-        boolean sameBytes = resumed.getDataSha256() == null || resumed.getDataSha256().equals(fingerprint);
-        if (!sameShapes || !sameBytes) {
-            throw new InvalidInputException(
-                    Messages.differentData(
-                            train.getSource(), from.toString(),
-                            "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
-                                    + " sha256 " + shortHash(resumed.getDataSha256()),
-                            "x " + Arrays.toString(xShape) + " y " + Arrays.toString(yShape)
-                                    + " sha256 " + shortHash(fingerprint)));
-        }
-    }
-
-    private static String shortHash(String hash) {
-        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
-    }
-
     private ProgressBar newProgressBar() {
         return new ProgressBarBuilder()
                 .setTaskName("epochs")
-                .setInitialMax(epochs)
+                .setInitialMax(settings.getEpochs())
                 .setStyle(ProgressBarStyle.ASCII)
                 .build();
     }
@@ -438,6 +281,8 @@ public final class Trainer {
     /** What a stopped run kept: its completed epochs, where they are. */
     private String kept(History done) {
         int completed = done.getRecords().size();
+        Path historyFile = settings.getHistory();
+        Path checkpoint = settings.getCheckpoint();
         String epochs = completed == 0
                 ? "no epoch completed in this run"
                 : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);

@@ -15,8 +15,10 @@ import org.apache.spark.SparkConf;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
 import dev.gradbridge.cli.OneLineErrors;
+import dev.gradbridge.cli.RunOptions;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
 /**
@@ -30,11 +32,8 @@ import picocli.CommandLine.Option;
         description = "Data-parallel training of an exported gradbridge module on Apache Spark.")
 public final class SparkTrainCommand implements Callable<Integer> {
 
-    @Option(names = "--model", description = "exported training module (.pt, protocol 2)")
-    private Path model;
-
-    @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
-    private Path resume;
+    @Mixin
+    private RunOptions run;
 
     @Option(names = "--data", required = true,
             description = "training data: Parquet (file, folder or Hadoop URI such as hdfs://...; columns x and y)"
@@ -50,31 +49,9 @@ public final class SparkTrainCommand implements Callable<Integer> {
             description = "partitions (shards) of the data (default: Spark's default parallelism)")
     private Integer partitions;
 
-    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
-    private int epochs;
-
-    @Option(names = "--batch-size", description = "global mini-batch size over all partitions (default 32, or the checkpoint's)")
-    private Integer batchSize;
-
-    @Option(names = "--seed", description = "run seed: the batch order per epoch (default 0, or the checkpoint's)")
-    private Long seed;
-
     @Option(names = "--shuffle", negatable = true,
             description = "shuffle each epoch (default, or the checkpoint's); --no-shuffle takes rows in order")
     private Boolean shuffle;
-
-    @Option(names = "--allow-different-data",
-            description = "resume on data other than the checkpoint's run was trained on")
-    private boolean allowDifferentData;
-
-    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
-    private Path history;
-
-    @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
-    private Path checkpoint;
-
-    @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
-    private boolean digestsOnly;
 
     @Option(names = "--stats", description = "write the run's counters and timings here (JSON)")
     private Path stats;
@@ -84,29 +61,14 @@ public final class SparkTrainCommand implements Callable<Integer> {
 
     @Override
     public Integer call() throws IOException {
-        if ((model == null) == (resume == null)) {
-            throw new InvalidInputException("give exactly one of --model and --resume");
-        }
+        Path modelFile = run.module();
         boolean npz = data.toLowerCase(Locale.ROOT).endsWith(".npz");
         boolean uri = data.matches("[A-Za-z][A-Za-z0-9+.-]*://.*");
         if ((npz || !uri) && !Files.exists(Paths.get(data))) {
             throw new InvalidInputException(data + ": no such file or folder");
         }
         SparkTrainer.Builder builder =
-                SparkTrainer.builder()
-                        .optEpochs(epochs)
-                        .optCheckpoint(checkpoint)
-                        .optHistory(history)
-                        .optRecordValues(!digestsOnly)
-                        .optAllowDifferentData(allowDifferentData)
-                        .optFault(fault)
-                        .optOnEpoch(SparkTrainCommand::printEpoch);
-        if (batchSize != null) {
-            builder.optBatchSize(batchSize);
-        }
-        if (seed != null) {
-            builder.optSeed(seed);
-        }
+                run.apply(SparkTrainer.builder()).optFault(fault).optEpochListener(SparkTrainCommand::printEpoch);
         if (shuffle != null) {
             builder.optShuffle(shuffle);
         }
@@ -117,7 +79,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
         SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
         QuietLogging.driver(conf);
         // The module first: a module that cannot train data-parallel is refused before Spark starts.
-        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model)) {
+        try (TrainingModule module = TrainingModule.load(modelFile)) {
             SparkTrainer.checkModule(module);
             if (master != null) {
                 conf.setMaster(master);
@@ -145,12 +107,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
                 if (stats != null) {
                     AtomicFiles.write(stats, (counters.toJson() + "\n").getBytes(StandardCharsets.UTF_8));
                 }
-                if (history != null) {
-                    System.out.println("history: " + history.toAbsolutePath());
-                }
-                if (checkpoint != null && !result.getRecords().isEmpty()) {
-                    System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
-                }
+                run.printOutputs(result);
             } finally {
                 spark.stop();
             }

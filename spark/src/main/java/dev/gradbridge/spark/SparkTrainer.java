@@ -8,6 +8,7 @@ import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
+import dev.gradbridge.RunSettings;
 import dev.gradbridge.DType;
 import dev.gradbridge.Digests;
 import dev.gradbridge.Tensor;
@@ -23,7 +24,6 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.function.Consumer;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.scheduler.SparkListener;
@@ -57,30 +57,16 @@ public final class SparkTrainer {
 
     private static final Logger logger = LoggerFactory.getLogger(SparkTrainer.class);
 
-    private final int epochs;
-    private final Integer batchSize;
-    private final Long seed;
+    private final RunSettings settings;
     private final Boolean shuffle;
-    private final Path checkpoint;
-    private final Path historyFile;
-    private final boolean recordValues;
-    private final boolean allowDifferentData;
     private final String fault;
-    private final Consumer<History.EpochRecord> onEpoch;
     private final Stats stats = new Stats();
     private byte[] trainedState;
 
     private SparkTrainer(Builder b) {
-        this.epochs = b.epochs;
-        this.batchSize = b.batchSize;
-        this.seed = b.seed;
+        this.settings = b.settings();
         this.shuffle = b.shuffle;
-        this.checkpoint = b.checkpoint;
-        this.historyFile = b.historyFile;
-        this.recordValues = b.recordValues;
-        this.allowDifferentData = b.allowDifferentData;
         this.fault = b.fault;
-        this.onEpoch = b.onEpoch;
     }
 
     /** @return a builder with the defaults: 1 epoch, batch 32, seed 0, shuffled */
@@ -88,73 +74,22 @@ public final class SparkTrainer {
         return new Builder();
     }
 
-    /** Options of a run; a resumed run takes each unset one from the checkpoint. */
-    public static final class Builder {
-        private int epochs = 1;
-        private Integer batchSize;
-        private Long seed;
+    /**
+     * Options of a run: the {@link RunSettings} every trainer has (the batch size counts rows over
+     * all partitions), and these; a resumed run takes each unset one from the checkpoint.
+     */
+    public static final class Builder extends RunSettings.Builder<Builder> {
         private Boolean shuffle;
-        private Path checkpoint;
-        private Path historyFile;
-        private boolean recordValues = true;
-        private boolean allowDifferentData;
         private String fault;
-        private Consumer<History.EpochRecord> onEpoch;
 
-        /** @param epochs epochs to train now, at least 1 @return this */
-        public Builder optEpochs(int epochs) {
-            if (epochs < 1) {
-                throw new InvalidInputException("epochs must be at least 1, got " + epochs);
-            }
-            this.epochs = epochs;
-            return this;
-        }
-
-        /** @param batchSize global mini-batch size (rows over all partitions) @return this */
-        public Builder optBatchSize(int batchSize) {
-            this.batchSize = batchSize;
-            return this;
-        }
-
-        /** @param seed the run's seed (batch order per epoch) @return this */
-        public Builder optSeed(long seed) {
-            this.seed = seed;
+        @Override
+        protected Builder self() {
             return this;
         }
 
         /** @param shuffle shuffle each epoch (default) or take rows in order @return this */
         public Builder optShuffle(boolean shuffle) {
             this.shuffle = shuffle;
-            return this;
-        }
-
-        /** @param checkpoint save the driver's module here after every epoch @return this */
-        public Builder optCheckpoint(Path checkpoint) {
-            this.checkpoint = checkpoint;
-            return this;
-        }
-
-        /** @param historyFile write the history (JSON Lines) here after every epoch @return this */
-        public Builder optHistory(Path historyFile) {
-            this.historyFile = historyFile;
-            return this;
-        }
-
-        /** @param recordValues keep parameter values, not only digests, in the history @return this */
-        public Builder optRecordValues(boolean recordValues) {
-            this.recordValues = recordValues;
-            return this;
-        }
-
-        /** @param allow resume on data other than the checkpoint's @return this */
-        public Builder optAllowDifferentData(boolean allow) {
-            this.allowDifferentData = allow;
-            return this;
-        }
-
-        /** @param onEpoch called on the driver after every epoch, once its files are written @return this */
-        public Builder optOnEpoch(Consumer<History.EpochRecord> onEpoch) {
-            this.onEpoch = onEpoch;
             return this;
         }
 
@@ -296,29 +231,21 @@ public final class SparkTrainer {
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
+        RunSettings.Run start = settings.start(from, resumed);
         int k = data.getPartitions();
-        long runSeed = resolve(from, resumed, "seed", seed, resumed == null ? null : resumed.getSeed(), 0L);
+        long runSeed = start.seed();
         String savedMode = resumed == null ? null : resumed.getMode();
         boolean runShuffle = shuffle != null ? shuffle : savedMode == null || !savedMode.endsWith(":ordered");
-        String mode = resolve(from, resumed, "mode", modeName(k, runShuffle), savedMode, modeName(k, runShuffle));
+        String mode = start.resolve("mode", modeName(k, runShuffle), savedMode, modeName(k, runShuffle));
         long n = data.getRows();
-        int batch = resolve(from, resumed, "batch size", batchSize, resumed == null ? null : resumed.getBatchSize(), 32);
-        if (batch < 1 || batch > n) {
-            throw new InvalidInputException(
-                    "batch size must be in 1.." + n + " (the number of samples in " + data.getSource() + "), got " + batch);
-        }
-        int first = resumed == null ? 0 : resumed.getEpochsCompleted();
-        if (first < 0 || (long) first + epochs > Integer.MAX_VALUE) {
-            throw new InvalidInputException(Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
-        }
-        if (resumed != null && !allowDifferentData) {
-            checkSameData(from, resumed, data);
-        }
-        for (Path output : new Path[] {checkpoint, historyFile}) {
-            if (output != null) {
-                AtomicFiles.prepare(output);
-            }
-        }
+        int batch = start.batchSize(n, data.getSource());
+        int first = start.firstEpoch();
+        int epochs = settings.getEpochs();
+        // older gradbridge-spark checkpoints wrote the partitions' digest as data_sha256
+        String savedDigest = resumed == null ? null
+                : resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
+        start.checkSameData(data.getSource(), data.xShape(), data.yShape(), savedDigest, data.fingerprint());
+        start.prepareOutputs();
         List<Metadata.TensorSpec> specs = metadata.getParameters();
         List<String> dtypes = new ArrayList<>();
         long[] sizes = new long[specs.size()];
@@ -376,18 +303,11 @@ public final class SparkTrainer {
                 History.EpochRecord record;
                 try (Replica replica = Replica.load(state)) {
                     record = History.record(replica.module(), epoch, loss, null, (System.nanoTime() - started) / 1e9,
-                            recordValues);
+                            settings.isRecordValues());
                 }
                 history.add(record);
-                if (checkpoint != null) {
-                    AtomicFiles.write(checkpoint, state);
-                }
-                if (historyFile != null) {
-                    history.save(historyFile);
-                }
-                if (onEpoch != null) {
-                    onEpoch.accept(record);
-                }
+                byte[] saved = state;
+                start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
             }
         } finally {
             relay.close();
@@ -448,31 +368,5 @@ public final class SparkTrainer {
         stats.moduleLoads += results.size();
         stats.executors.add(executors);
         return results;
-    }
-
-    private static <T> T resolve(Path from, Metadata.Checkpoint resumed, String what, T given, T saved, T fallback) {
-        if (given != null && saved != null && !given.equals(saved)) {
-            throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
-        }
-        return given != null ? given : saved != null ? saved : fallback;
-    }
-
-    private static void checkSameData(Path from, Metadata.Checkpoint resumed, ShardedData data) {
-        boolean sameShapes = (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), data.xShape()))
-                && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), data.yShape()));
-        // older gradbridge-spark checkpoints wrote the partitions' digest as data_sha256
-        String saved = resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
-        boolean sameBytes = saved == null || saved.equals(data.fingerprint());
-        if (!sameShapes || !sameBytes) {
-            throw new InvalidInputException(Messages.differentData(data.getSource(), from.toString(),
-                    "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
-                            + " sha256 " + shortHash(saved),
-                    "x " + Arrays.toString(data.xShape()) + " y " + Arrays.toString(data.yShape())
-                            + " sha256 " + shortHash(data.fingerprint())));
-        }
-    }
-
-    private static String shortHash(String hash) {
-        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
     }
 }

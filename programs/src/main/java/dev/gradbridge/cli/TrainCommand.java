@@ -2,7 +2,6 @@ package dev.gradbridge.cli;
 
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
-import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -15,6 +14,7 @@ import java.util.concurrent.Callable;
 import picocli.CommandLine;
 import picocli.CommandLine.ArgGroup;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 
 /**
@@ -29,15 +29,12 @@ import picocli.CommandLine.Option;
         description = "Train an exported gradbridge module on .npz/.npy data with the Java Trainer.")
 public final class TrainCommand implements Callable<Integer> {
 
-    @Option(names = "--model", description = "exported training module (.pt)")
-    private Path model;
+    @Mixin
+    private RunOptions run;
 
     @Option(names = "--op-library", paramLabel = "FILE",
             description = "load this custom-operator library before the module (repeatable)")
     private List<Path> opLibraries = new ArrayList<>();
-
-    @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
-    private Path resume;
 
     @ArgGroup(exclusive = true, multiplicity = "1")
     private Data data;
@@ -61,30 +58,8 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--val", description = ".npz with validation arrays x and y")
     private Path validation;
 
-    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
-    private int epochs;
-
-    @Option(names = "--batch-size", description = "mini-batch size (default 32, or the checkpoint's)")
-    private Integer batchSize;
-
-    @Option(names = "--seed", description = "run seed: shuffle and torch seed per epoch (default 0, or the checkpoint's)")
-    private Long seed;
-
     @Option(names = "--mode", description = "full, step or fused (default step, or the checkpoint's)")
     private String mode;
-
-    @Option(names = "--allow-different-data",
-            description = "resume on data other than the checkpoint's run was trained on")
-    private boolean allowDifferentData;
-
-    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
-    private Path history;
-
-    @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
-    private Path checkpoint;
-
-    @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
-    private boolean digestsOnly;
 
     @Option(names = "--progress", negatable = true,
             description = "show a progress bar (default: when the console is a terminal)")
@@ -92,30 +67,17 @@ public final class TrainCommand implements Callable<Integer> {
 
     @Override
     public Integer call() throws IOException {
-        if ((model == null) == (resume == null)) {
-            throw new InvalidInputException("give exactly one of --model and --resume");
-        }
+        Path modelFile = run.module();
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
-        try (TrainingModule module = TrainingModule.load(resume != null ? resume : model, opLibraries);
+        try (TrainingModule module = TrainingModule.load(modelFile, opLibraries);
                 Dataset train = data.npz != null
                         ? Dataset.loadNpz(data.npz)
                         : Dataset.loadNpy(data.npy.x, data.npy.y);
                 Dataset val = validation == null ? null : Dataset.loadNpz(validation)) {
             Trainer.Builder builder =
-                    Trainer.builder()
-                            .optEpochs(epochs)
-                            .optAllowDifferentData(allowDifferentData)
+                    run.apply(Trainer.builder())
                             .optValidation(val)
-                            .optCheckpoint(checkpoint)
-                            .optHistory(history)
-                            .optRecordValues(!digestsOnly)
                             .optProgressBar(progress != null ? progress : System.console() != null);
-            if (seed != null) {
-                builder.optSeed(seed);
-            }
-            if (batchSize != null) {
-                builder.optBatchSize(batchSize);
-            }
             if (trainingMode != null) {
                 builder.optMode(trainingMode);
             }
@@ -129,16 +91,11 @@ public final class TrainCommand implements Callable<Integer> {
                 throw e;
             }
             printEpochs(result);
-            if (history != null) {
-                System.out.println("history: " + history.toAbsolutePath());
-            }
-            if (checkpoint != null && !result.getRecords().isEmpty()) {
-                System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
-            }
+            run.printOutputs(result);
             if (trainer.wasStopped()) {
                 System.err.println(
                         "error: " + StopSignals.received() + " received: stopped after epoch "
-                                + last(result) + (checkpoint == null ? "" : "; resume with --resume " + checkpoint));
+                                + last(result) + (run.checkpoint() == null ? "" : "; resume with --resume " + run.checkpoint()));
                 return StopSignals.exitCode();
             }
         }

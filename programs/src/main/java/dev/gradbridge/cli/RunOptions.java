@@ -1,0 +1,90 @@
+package dev.gradbridge.cli;
+
+import dev.gradbridge.History;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.RunSettings;
+import java.nio.file.Path;
+import picocli.CommandLine.Option;
+
+/**
+ * The command-line options of every training command ({@code gradbridge-train},
+ * {@code gradbridge-spark-train}): a picocli mixin that fills a trainer's {@link RunSettings}.
+ */
+public final class RunOptions {
+
+    @Option(names = "--model", description = "exported training module (.pt)")
+    private Path model;
+
+    @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
+    private Path resume;
+
+    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
+    private int epochs;
+
+    @Option(names = "--batch-size",
+            description = "samples per optimizer step, over all partitions on Spark (default 32, or the checkpoint's)")
+    private Integer batchSize;
+
+    @Option(names = "--seed", description = "run seed: the batch order and torch seed per epoch (default 0, or the checkpoint's)")
+    private Long seed;
+
+    @Option(names = "--allow-different-data",
+            description = "resume on data other than the checkpoint's run was trained on")
+    private boolean allowDifferentData;
+
+    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
+    private Path history;
+
+    @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
+    private Path checkpoint;
+
+    @Option(names = "--digests-only", description = "record parameter digests, not values, in the history")
+    private boolean digestsOnly;
+
+    /** @return the module to load: {@code --resume}'s checkpoint or {@code --model} (exactly one given) */
+    public Path module() {
+        if ((model == null) == (resume == null)) {
+            throw new InvalidInputException("give exactly one of --model and --resume");
+        }
+        return resume != null ? resume : model;
+    }
+
+    /** @return {@code --checkpoint}, or {@code null} */
+    public Path checkpoint() {
+        return checkpoint;
+    }
+
+    /**
+     * @param builder a trainer's builder
+     * @param <B> its type
+     * @return {@code builder}, given these options (the unset ones left to the checkpoint or default)
+     */
+    public <B extends RunSettings.Builder<B>> B apply(B builder) {
+        builder.optEpochs(epochs)
+                .optAllowDifferentData(allowDifferentData)
+                .optCheckpoint(checkpoint)
+                .optHistory(history)
+                .optRecordValues(!digestsOnly);
+        if (batchSize != null) {
+            builder.optBatchSize(batchSize);
+        }
+        if (seed != null) {
+            builder.optSeed(seed);
+        }
+        return builder;
+    }
+
+    /**
+     * Prints where a finished run's files are.
+     *
+     * @param result the run's history
+     */
+    public void printOutputs(History result) {
+        if (history != null) {
+            System.out.println("history: " + history.toAbsolutePath());
+        }
+        if (checkpoint != null && !result.getRecords().isEmpty()) {
+            System.out.println("checkpoint: " + checkpoint.toAbsolutePath());
+        }
+    }
+}
