@@ -482,7 +482,7 @@ def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path
 
 
 def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_script, tmp_path):
-    from gradbridge.commands.online_demo import export
+    from gradbridge.recommender import export
 
     model = export(tmp_path / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
     log_dir = tmp_path / "log"

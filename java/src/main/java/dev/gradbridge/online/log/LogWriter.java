@@ -2,6 +2,7 @@ package dev.gradbridge.online.log;
 
 import dev.gradbridge.GradbridgeException;
 import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.channels.FileChannel;
@@ -11,6 +12,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayDeque;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -281,7 +283,7 @@ public final class LogWriter implements AutoCloseable {
                 try {
                     sync(offset); // no group-commit thread: force here
                 } catch (IOException e) {
-                    throw new java.io.UncheckedIOException("cannot fsync " + file + ": " + e.getMessage(), e);
+                    throw new UncheckedIOException("cannot fsync " + file + ": " + e.getMessage(), e);
                 }
             }
             action.run();
@@ -334,7 +336,7 @@ public final class LogWriter implements AutoCloseable {
                     }
                 }
                 sync(end()); // shared with callers of sync: whoever forces first covers the others
-                List<Runnable> ready = new java.util.ArrayList<>();
+                List<Runnable> ready = new ArrayList<>();
                 synchronized (pending) {
                     while (!pending.isEmpty() && pending.peek().offset <= synced) {
                         ready.add(pending.poll().action);
