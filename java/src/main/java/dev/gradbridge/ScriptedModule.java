@@ -56,6 +56,9 @@ abstract class ScriptedModule implements AutoCloseable {
      */
     abstract Object invoke(String method, Object... args);
 
+    /** Runs a one-tensor method whose result is a tensor without autograd (serving); the caller owns the result. */
+    abstract Tensor infer(String method, Tensor x);
+
     /**
      * The hot path of training ({@code train_step}, {@code train_epoch}, ...): runs {@code
      * method(x, y)}, or {@code method(x, y, perm, batch)} when {@code perm} is given, whose result

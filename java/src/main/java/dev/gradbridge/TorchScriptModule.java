@@ -75,6 +75,17 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
+    Tensor infer(String method, Tensor x) {
+        requireMethod(method);
+        checkArgument(method, 0, x);
+        try {
+            return new Tensor(Native.moduleInfer(handle(), method, x.handle()));
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    @Override
     double[] invokeToDoubles(String method, Tensor x, Tensor y, Tensor perm, long batch) {
         requireMethod(method);
         long[] tensors = perm == null ? new long[] {x.handle(), y.handle()} : new long[] {x.handle(), y.handle(), perm.handle()};
