@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gradbridge import java
-from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError
+from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError, TrainingError
 from gradbridge.errors import ModuleLoadError
 from gradbridge import classpath
 from gradbridge import jvm as gradbridge_jvm
@@ -80,10 +80,24 @@ def test_wrong_dtype(jvm, module, model_path):
 def test_error_from_inside_libtorch_keeps_the_jvm_usable(jvm, module, model_path):
     x = _array(module, [1, 2, 3], [3, 1])
     y = _array(module, [1, 2], [2, 1])
-    with pytest.raises(gradbridge_jvm.errors.JavaError, match=r"The size of tensor a \(3\) must match the size of tensor b \(2\)") as info:
+    with pytest.raises(TrainingError, match=r"The size of tensor a \(3\) must match the size of tensor b \(2\)") as info:
         with gradbridge_jvm.java_errors():
             module.call("calculate_loss_and_backward", jpype.JArray(jpype.JObject)([x, y]))
     assert info.value.java_class == "dev.gradbridge.MethodCallException"
+    _still_trains(jvm, model_path)
+
+
+@pytest.mark.parametrize("mode", ["full", "step"])
+def test_a_label_outside_the_classes_is_a_training_error_in_both_languages(jvm, models, model_path, mode):
+    """The same bad input, the same error type from java.train and reference.train, both naming torch's reason."""
+    from gradbridge import reference
+
+    x = np.zeros((10, 4), np.float32)
+    y = np.full(10, 7, np.int64)  # the model has 3 classes
+    for train in (java.train, reference.train):
+        with pytest.raises(TrainingError, match=r"out of bounds") as info:
+            train(models["mlp_classifier.pt"], x, y, epochs=1, batch_size=5, mode=mode)
+        assert str(models["mlp_classifier.pt"]) in str(info.value), (train, info.value)
     _still_trains(jvm, model_path)
 
 

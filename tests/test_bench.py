@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import pytest
 
-from gradbridge.commands import bench
+from gradbridge.bench import cases, report, workers
+from gradbridge.bench.stats import CANNOT_TELL, MET, MISSED, compare, ratio_ci, verdict
 from gradbridge.commands import main as cli
-from gradbridge.commands.bench import CANNOT_TELL, MET, MISSED, compare, ratio_ci, verdict
 from gradbridge._devtree import root
 
 REPO_ROOT = root()
@@ -81,36 +81,36 @@ def test_targets_carry_value_interval_and_verdict():
         _case("seed", {"c": {"vs_e": quiet, "vs_a": quiet}, "d": {"vs_e_fused": noisy}, "e": {}, "e'": {}, "a": {}}),
         _case("big", {"c": {"vs_a": {"ratio": 1.2, "ci95": [1.1, 1.3]}}, "a": {}}),
     ]}
-    found = {t["target"].split(":")[0]: t for t in bench.targets(results)}
+    found = {t["target"].split(":")[0]: t for t in report.targets(results)}
     assert found["Java train_step (c) <= 1.2x native train_step (e)"]["verdict"] == MET
     assert found["Java fused (d) <= 1.1x native fused loop (e')"]["verdict"] == CANNOT_TELL
     assert found["Java train_step (c) <= 0.7x eager Python (a)"]["verdict"] == MISSED
     big = found["Java train_step (c) in its own JVM within 3% of eager Python (a)"]
     assert big["verdict"] == MISSED and big["ci95"] == [1.1, 1.3] and big["value"] == 1.2
-    answers = bench.answers(results)
+    answers = report.answers(results)
     assert [a["answer"] for a in answers] == ["slower"]
 
 
 def test_a_variant_left_out_drops_its_targets():
     results = {"steps": [_case("seed", {"a": {}, "e": {}})]}
-    assert bench.targets(results) == []
+    assert report.targets(results) == []
 
 
 def test_process_counters_count_this_process():
-    counters = bench.proc_counters()
+    counters = workers.proc_counters()
     if not counters:
         pytest.skip("no /proc here")
     before = counters["minor_faults"]
     block = np.ones(64 * 1024 * 1024 // 8)  # fresh pages: at least a few faults
     block[::512] = 2.0
-    after = bench.proc_counters()
+    after = workers.proc_counters()
     assert after["minor_faults"] > before
     assert after["cpu_seconds"] >= counters["cpu_seconds"] > 0
 
 
 def test_cli_names_match_the_benchmark():
-    assert cli.BENCH_CASES == tuple(case.key for case in bench.CASES)
-    assert cli.BENCH_VARIANTS == (*bench.VARIANTS, *bench.IN_PROCESS)
+    assert cli.BENCH_CASES == tuple(case.key for case in cases.CASES)
+    assert cli.BENCH_VARIANTS == (*cases.VARIANTS, *cases.IN_PROCESS)
 
 
 @pytest.mark.parametrize("flags, word", [
@@ -158,10 +158,10 @@ def test_tiny_run_writes_rounds_intervals_environment_and_verdicts(tmp_path):
 
 @pytest.mark.gradle
 def test_breakdown_times_the_layers_of_a_call(tmp_path):
-    model, path = bench._export(bench.CASES[0], tmp_path)
-    x, y = bench._data(bench.CASES[0], bench.CASES[0].batch)
+    model, path = cases._export(cases.CASES[0], tmp_path)
+    x, y = cases._data(cases.CASES[0], cases.CASES[0].batch)
     np.savez(tmp_path / "batch.npz", x=x, y=y)
-    parts = bench.breakdown(path, tmp_path / "batch.npz", rounds=2, calls=5)
+    parts = cases.breakdown(path, tmp_path / "batch.npz", rounds=2, calls=5)
     assert set(parts["median_s"]) == {"bare", "train_step"}
     assert set(parts["vs_bare"]) == {"train_step"}
     assert all(len(v) == 2 and min(v) > 0 for v in parts["per_call_seconds"].values())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge.commands import bench_memory
+from gradbridge.bench import memory as bench_memory
 
 STEPS = np.arange(0, 200_001, 2_500)
 

@@ -4,7 +4,7 @@ replay of its log is bitwise, and the plot is written."""
 from __future__ import annotations
 
 from gradbridge.commands.main import main as cli_main
-from gradbridge.commands.online_demo import auc
+from gradbridge.recommender import auc
 
 
 def test_auc_matches_the_pairwise_definition():

@@ -140,3 +140,63 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
     for name, kind in replay.RECORD_TYPES.items():
         assert constants[name.upper()] == f"'{kind.decode()}'", name
     assert replay.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
+
+
+def test_every_error_type_lives_in_errors_and_is_exported():
+    """One home for the exception hierarchy: no error class elsewhere; the package exports each one, and
+    the modules that used to define one still name it."""
+    import gradbridge
+    from gradbridge import errors
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    elsewhere = [f"{path.relative_to(package)}: {m.group(0)}" for path in package.rglob("*.py") if path.name != "errors.py"
+                 for m in re.finditer(r"^class \w+\((?:\w+, )*\w*(?:Error|Exception)\b", path.read_text(), re.MULTILINE)]
+    assert not elsewhere, elsewhere
+    defined = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+    assert defined <= set(gradbridge.__all__), defined - set(gradbridge.__all__)
+    assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
+    from gradbridge import files, replay
+    from gradbridge.export import ExportError, finetune, groups
+    assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
+        errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
+
+
+def test_the_cli_error_prefix_is_written_once():
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if "gradbridge: error:" in path.read_text()]
+    assert written == ["errors.py"], written
+
+
+def test_the_seed_learning_rate_is_the_java_seed_examples_default():
+    from gradbridge.models import SEED_LR
+
+    source = (REPO_ROOT / "programs/src/main/java/dev/gradbridge/examples/LinearRegressionTraining.java").read_text()
+    default = re.search(r'names = "--lr", defaultValue = "([^"]+)"', source)
+    assert default and float(default.group(1)) == SEED_LR, default
+
+
+def test_the_java_trainers_run_defaults_are_pythons(jvm, models, tmp_path):
+    """java.train and reference.train given no batch size, seed or mode run the same epochs, and the
+    Java checkpoint records protocol.DEFAULT_BATCH_SIZE, DEFAULT_SEED and DEFAULT_MODE."""
+    from gradbridge import java, reference
+    from gradbridge.parity import compare_histories
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(100, 4)).astype(np.float32)  # 100 samples: another batch size or seed shows
+    y = (x @ np.array([[0.5], [1.0], [-1.0], [0.2]])).astype(np.float32)
+    model = models["mlp_regressor.pt"]
+    checkpoint = tmp_path / "run.pt"
+    java_history = java.train(model, x, y, epochs=2, checkpoint=checkpoint)
+    report = compare_histories(reference.train(model, x, y, epochs=2), java_history, labels=("python", "java"))
+    assert report.within_tolerance, report.table()
+    saved = protocol.read_metadata(checkpoint)[protocol.CHECKPOINT_KEY]
+    assert (saved["batch_size"], saved["seed"], saved["mode"]) == (
+        protocol.DEFAULT_BATCH_SIZE, protocol.DEFAULT_SEED, protocol.DEFAULT_MODE)
+
+
+def test_torch_versions_lose_their_local_suffix_in_one_place():
+    package = REPO_ROOT / "python" / "gradbridge"
+    stripping = [str(path.relative_to(package)) for path in package.rglob("*.py") if 'split("+")' in path.read_text()]
+    assert stripping == ["libtorch.py"], stripping

@@ -7,6 +7,7 @@ Public API:
     gradbridge.reference                     -- eager torch.optim training (Reference, train)
     gradbridge.java                          -- the Java Trainer and seed driver, in this process
     gradbridge.jvm                           -- the in-process JVM (JPype): start, errors
+    GradbridgeError and its subclasses       -- every error gradbridge raises (gradbridge.errors)
 
 ``import gradbridge`` is light: torch, numpy and JPype load only when something needs them (the
 pytest plugin costs nothing in a test run that does not use its fixtures).
@@ -14,13 +15,19 @@ pytest plugin costs nothing in a test run that does not use its fixtures).
 
 from .errors import (
     DivergenceError,
+    ExportError,
+    FineTuneError,
     GradbridgeError,
+    GroupError,
     InvalidInputError,
     JavaBuildMissingError,
     JavaError,
+    LogError,
     ModuleLoadError,
     ProtocolError,
     SetupError,
+    TrainingError,
+    WriteError,
 )
 
 from ._version import __version__
@@ -51,10 +58,16 @@ __all__ = [
     *_LAZY,
     "GradbridgeError",
     "DivergenceError",
-    "ModuleLoadError",
-    "ProtocolError",
+    "ExportError",
+    "FineTuneError",
+    "GroupError",
     "InvalidInputError",
     "JavaBuildMissingError",
     "JavaError",
+    "LogError",
+    "ModuleLoadError",
+    "ProtocolError",
     "SetupError",
+    "TrainingError",
+    "WriteError",
 ]

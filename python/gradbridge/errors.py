@@ -1,4 +1,8 @@
-"""Exceptions raised by gradbridge. Messages name the file, method or tensor at fault."""
+"""Every exception gradbridge raises, in one module. Messages name the file, method or tensor at fault.
+
+A Java exception crossing JPype becomes the error the Python reference raises for the same input
+(``jvm.java_errors``): a bad label is a TrainingError from ``java.train`` and ``reference.train`` alike.
+"""
 
 from __future__ import annotations
 
@@ -47,5 +51,27 @@ class DivergenceError(GradbridgeError):
 
 
 class TrainingError(GradbridgeError):
-    """A training step failed inside PyTorch (e.g. a class label outside the model's classes);
-    the message names the module, the epoch and torch's own reason."""
+    """A training step (or another scripted method) failed inside PyTorch, e.g. a class label
+    outside the model's classes; the message names the module and torch's own reason (and the
+    epoch, from ``reference.train``). Java's ``MethodCallException`` arrives as this error."""
+
+
+class ExportError(GradbridgeError):
+    """The model cannot be turned into a training module (e.g. it cannot be scripted)."""
+
+
+class GroupError(GradbridgeError, ValueError):
+    """A parameter group or frozen parameter that does not fit the model."""
+
+
+class FineTuneError(GradbridgeError, ValueError):
+    """A fine-tuning option that does not fit the model (one line naming it)."""
+
+
+class LogError(GradbridgeError):
+    """A feedback log that cannot be replayed: missing, damaged, or not for this model."""
+
+
+class WriteError(GradbridgeError, OSError):
+    """A file gradbridge was asked to write cannot be written: one line naming the user's path
+    (never the temp file's)."""

@@ -14,12 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import GradbridgeError
-
-
-class WriteError(GradbridgeError, OSError):
-    """A file gradbridge was asked to write cannot be written: one line naming the user's path
-    (never the temp file's)."""
+from .errors import WriteError  # also importable from here, as before
 
 
 def _refused(target: Path, ex: OSError) -> WriteError:

@@ -17,13 +17,7 @@ from . import messages, protocol
 from .data import check as check_data
 from .errors import DivergenceError, InvalidInputError
 from .history import History
-from .jvm import dtype_name, java_errors, jclass, load_module
-
-def _direct_buffer(array: np.ndarray, name: str):
-    import jpype.nio
-
-    dtype_name(array, name)
-    return jpype.nio.convertToDirectBuffer(memoryview(array).cast("B"))
+from .jvm import direct_buffer, dtype_name, java_errors, jclass, load_module
 
 
 def _as_java_long(value: int) -> int:
@@ -38,8 +32,8 @@ def dataset(x: np.ndarray, y: np.ndarray, source: str):
     with java_errors():
         return Dataset.fromBuffers(
             source,
-            _direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], dtype_name(x),
-            _direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
+            direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], dtype_name(x),
+            direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
 
 
 def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,

@@ -23,11 +23,13 @@ JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
 #: GRADBRIDGE_JVM_OPTIONS comes later and wins.
 _QUIET_LOGGING = "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"
 
+#: Java exception -> the error the Python reference raises for the same input (JavaError for the rest).
 _PY_ERRORS = {
     "dev.gradbridge.ModuleLoadException": errors.ModuleLoadError,
     "dev.gradbridge.ProtocolException": errors.ProtocolError,
     "dev.gradbridge.InvalidInputException": errors.InvalidInputError,
     "dev.gradbridge.DivergenceException": errors.DivergenceError,
+    "dev.gradbridge.MethodCallException": errors.TrainingError,
 }
 
 
@@ -104,6 +106,22 @@ def dtype_name(values: np.ndarray, what: str = "array") -> str:
     return _DTYPES[values.dtype][0]
 
 
+def java_shape(values: np.ndarray):
+    """The array's shape as a Java ``long[]``."""
+    import jpype
+
+    return jpype.JArray(jpype.JLong)([int(d) for d in values.shape])
+
+
+def direct_buffer(values: np.ndarray, what: str = "array"):
+    """A direct ``java.nio.ByteBuffer`` over the (C-contiguous) array's own memory, no copy: keep the
+    array alive while Java uses it. InvalidInputError naming ``what`` for a dtype Java does not take."""
+    import jpype.nio
+
+    dtype_name(values, what)
+    return jpype.nio.convertToDirectBuffer(memoryview(values).cast("B"))
+
+
 def to_tensor(values: np.ndarray):
     """A Java ``dev.gradbridge.Tensor`` holding a copy of ``values`` (float32, float64 or int64), same shape.
 
@@ -116,7 +134,7 @@ def to_tensor(values: np.ndarray):
     Tensor = jclass("dev.gradbridge.Tensor")
     flat = jpype.JArray(java_type)(np.ascontiguousarray(values).ravel())
     with java_errors():
-        return Tensor.of(flat, jpype.JArray(jpype.JLong)([int(d) for d in values.shape]))
+        return Tensor.of(flat, java_shape(values))
 
 
 def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()):

@@ -11,7 +11,7 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, libtorch
+from . import classpath, jdk, libtorch, protocol
 from .errors import GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
@@ -54,8 +54,9 @@ def run(main_class: str, args: Sequence[object] = (), *, capture: bool = True) -
     return result
 
 
-def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int, batch_size: int = 32,
-          seed: int = 0, mode: str = "step", val: str | os.PathLike | None = None,
+def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int,
+          batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
+          mode: str = protocol.DEFAULT_MODE, val: str | os.PathLike | None = None,
           history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
     """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
     History it wrote. GradbridgeError carries the program's own error line."""

@@ -33,11 +33,17 @@ def supported() -> str:
     raise SetupError(f"{REQUIREMENTS} names no torch requirement; reinstall gradbridge")
 
 
+def release(version: str) -> str:
+    """A torch version without its local suffix ("2.7.1" for "2.7.1+cpu"): what the range, the
+    native library's build and a module's metadata name."""
+    return version.split("+")[0]
+
+
 def in_range(version: str) -> bool:
     """Whether torch ``version`` (a local suffix such as "+cpu" is ignored) is a supported release."""
     from packaging.requirements import Requirement
 
-    return Requirement(supported()).specifier.contains(version.split("+")[0], prereleases=True)
+    return Requirement(supported()).specifier.contains(release(version), prereleases=True)
 
 
 def require_supported() -> str:
@@ -53,7 +59,7 @@ def torch_version() -> str:
     """The installed torch's version without a local suffix ("2.7.1" for "2.7.1+cpu")."""
     import torch
 
-    return torch.__version__.split("+")[0]
+    return release(torch.__version__)
 
 
 def lib_dir() -> Path:

@@ -11,6 +11,11 @@ import torch
 from torch import nn
 
 
+#: The seed's learning rate (SGD on LinearRegression): `gradbridge export linear-regression`, the demo and
+#: the bench use it; the Java seed example's --lr default is pinned to it (tests/test_pins.py).
+SEED_LR = 0.01
+
+
 class LinearRegression(nn.Module):
     """The seed's model: ``y = weight * x + bias`` with ``weight ~ N(0, 1)``, ``bias = 0``."""
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import _devtree, jdk
-from .errors import SetupError
+from .errors import CLI_ERROR_PREFIX, SetupError
+from .libtorch import torch_version
 
 #: Overrides the cache folder (default ~/.cache/gradbridge).
 CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
@@ -64,12 +65,6 @@ class Build:
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradbridge")
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__.split("+")[0]
 
 
 def torch_dir() -> Path:
@@ -224,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             shutil.copyfile(sources["source"], folder / SOURCE_NAME)
             shutil.copyfile(sources["header"], folder / HEADER_NAME)
     except SetupError as ex:
-        print(f"gradbridge: error: {ex}", file=sys.stderr)
+        print(f"{CLI_ERROR_PREFIX}{ex}", file=sys.stderr)
         return 1
     print(spec.library(folder))
     return 0

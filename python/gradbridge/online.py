@@ -13,10 +13,7 @@ from typing import Tuple
 
 import numpy as np
 
-from .jvm import java_errors, jclass
-
-_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}
-_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+from .jvm import dtype_name, java_errors, java_shape, jclass
 
 
 def host_tensor(values: np.ndarray):
@@ -24,20 +21,17 @@ def host_tensor(values: np.ndarray):
     import jpype
 
     values = np.asarray(values)
-    if values.dtype not in _DTYPES:
-        from .errors import InvalidInputError
-
-        raise InvalidInputError(f"array has dtype {values.dtype}; expected float32, float64 or int64")
+    dtype = dtype_name(values)  # the same dtypes and words as every other way into Java (gradbridge.jvm)
     HostTensor = jclass("dev.gradbridge.online.HostTensor")
     raw = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
-    return HostTensor.of(_DTYPES[values.dtype], jpype.JArray(jpype.JLong)([int(d) for d in values.shape]),
-                         jpype.JArray(jpype.JByte)(raw))
+    return HostTensor.of(dtype, java_shape(values), jpype.JArray(jpype.JByte)(raw))
 
 
 def to_numpy(tensor) -> np.ndarray:
     """A HostTensor's values as a numpy array of its dtype and shape."""
     dtype = str(tensor.getDtype())
-    return np.frombuffer(bytes(tensor.toBytes()), dtype=_NUMPY[dtype]).reshape([int(d) for d in tensor.getShape()])
+    little_endian = np.dtype(dtype).newbyteorder("<")  # HostTensor's bytes are little-endian
+    return np.frombuffer(bytes(tensor.toBytes()), dtype=little_endian).reshape([int(d) for d in tensor.getShape()])
 
 
 def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, max_batch: int = 32,
@@ -45,7 +39,7 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
                  queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
                  max_grad_norm: float = 0.0):
     """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``
-    None keeps the learner's default (``OnlineLearner.DEFAULT_PREDICTORS``)."""
+    None keeps the learner's default (``OnlineLearner.defaultPredictors()``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
     FsyncPolicy = jclass("dev.gradbridge.online.log.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")

@@ -25,6 +25,11 @@ METADATA_FORMAT = "gradbridge.training-module"
 # How a Trainer walks an epoch (Java: dev.gradbridge.Trainer.Mode; tests/test_pins.py pins the two):
 # full = one step on all data, step = one train_step call per batch, fused = one train_epoch call.
 MODES = ("full", "step", "fused")
+# A run's defaults where the caller gives none (Java: Trainer's and SparkTrainer's builders;
+# tests/test_pins.py pins them together): batch size, shuffling seed, mode.
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_SEED = 0
+DEFAULT_MODE = "step"
 
 # Method names, as scripted on every exported training module.
 FORWARD = "forward"

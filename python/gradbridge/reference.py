@@ -259,7 +259,8 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
 
 
 def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, shards: int,
-                  batch_size: int = 32, seed: int = 0, shuffle: bool = True, model: Optional[nn.Module] = None,
+                  batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED, shuffle: bool = True,
+                  model: Optional[nn.Module] = None,
                   start_epoch: int = 0, record_values: bool = True) -> History:
     """The Python replay of a gradbridge-spark run on ``shards`` partitions (``Reference.sharded_step``).
 
@@ -296,8 +297,9 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     return history
 
 
-def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int = 32,
-          seed: int = 0, mode: str = "step", val: Optional[tuple] = None, model: Optional[nn.Module] = None,
+def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,
+          batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
+          mode: str = protocol.DEFAULT_MODE, val: Optional[tuple] = None, model: Optional[nn.Module] = None,
           start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None) -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from . import protocol
-from .errors import GradbridgeError
+from .errors import LogError  # also importable from here, as before
 from .history import digest
 
 FILE_NAME = "feedback.log"
@@ -62,10 +62,6 @@ def crc32c(data: bytes) -> int:
     for byte in data:
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
-
-
-class LogError(GradbridgeError):
-    """A feedback log that cannot be replayed: missing, damaged, or not for this model."""
 
 
 @dataclass

@@ -16,9 +16,8 @@ from pathlib import Path
 from .. import java, launcher, reference
 from ..export import export_builtin
 from ..history import History
+from ..models import SEED_LR as LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
-
-LR = 0.01
 
 
 def run_demo(*, epochs: int, out_dir: str | Path) -> int:

@@ -4,24 +4,21 @@ command to its module in this package; errors become one ``error:`` line and exi
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..files import check_writable
-from ..models import BUILTIN_MODELS
+from ..models import BUILTIN_MODELS, SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
 # Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
 _OPTIMIZER_FLAGS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize", "betas", "eps",
                     "amsgrad", "alpha", "centered", "lr_decay", "initial_accumulator_value")
 _LOSS_FLAGS = ("reduction", "beta", "delta", "label_smoothing", "ignore_index", "class_weights", "pos_weight")
-_CLASS_TARGET_LOSSES = ("cross_entropy", "nll")
 
 
 def _floats(text: str) -> List[float]:
@@ -67,153 +64,19 @@ def _given(args: argparse.Namespace, flags) -> Dict[str, Any]:
     return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
 
 
-def load_factory(reference: str):
-    """``package.module:factory`` -> the callable (the current directory is importable)."""
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise GradbridgeError(f"model {reference!r}: expected MODULE:FACTORY or one of {', '.join(BUILTIN_MODELS)}")
-    sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as ex:
-        raise GradbridgeError(f"model {reference!r}: cannot import {module_name}: {ex}") from ex
-    finally:
-        sys.path.pop(0)
-    if not hasattr(module, attribute):
-        raise GradbridgeError(f"model {reference!r}: module {module_name} has no attribute {attribute!r}")
-    return getattr(module, attribute)
-
-
-def _value(text: str) -> Any:
-    """A CLI option value: int, float, true/false, a |-separated list, else the text."""
-    if "|" in text:
-        return [_value(v) for v in text.split("|") if v]
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _options(text: str, what: str) -> Dict[str, Any]:
-    """``k=v,k=v`` -> dict (values through ``_value``)."""
-    options: Dict[str, Any] = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise GradbridgeError(f"{what}: expected KEY=VALUE, got {item!r}")
-        options[key.strip()] = _value(value.strip())
-    return options
-
-
-def _group(text: str) -> Dict[str, Any]:
-    """``--group PREFIX:lr=1e-4,weight_decay=0`` -> a prefix group of the optimizer spec."""
-    prefix, sep, rest = text.partition(":")
-    if not sep or not prefix:
-        raise GradbridgeError(f"--group {text!r}: expected PREFIX:KEY=VALUE[,KEY=VALUE...]")
-    return {"prefix": prefix, **_options(rest, f"--group {text!r}")}
-
-
-def _scheduler(specs: List[str], milestones: Optional[List[int]]) -> Optional[Dict[str, Any]]:
-    """``--scheduler NAME:k=v,...`` (repeat it with --milestones for a SequentialLR)."""
-    if not specs:
-        if milestones is not None:
-            raise GradbridgeError("--milestones needs --scheduler (two or more, for a SequentialLR)")
-        return None
-    parsed = []
-    for text in specs:
-        name, _, rest = text.partition(":")
-        parsed.append({"name": name, **_options(rest, f"--scheduler {text!r}")})
-    if len(parsed) == 1 and milestones is None:
-        return parsed[0]
-    if milestones is None:
-        raise GradbridgeError("several --scheduler options need --milestones (a SequentialLR)")
-    return {"name": "sequential", "schedulers": parsed, "milestones": milestones}
-
-
-def _fine_tuning(args: argparse.Namespace) -> Dict[str, Any]:
-    # an option that only modifies another is refused alone rather than silently ignored
-    if args.scheduler_interval is not None and not args.scheduler:
-        raise GradbridgeError("--scheduler-interval needs --scheduler")
-    if args.clip_norm_type is not None and args.clip_norm is None:
-        raise GradbridgeError("--clip-norm-type needs --clip-norm")
-    options: Dict[str, Any] = {"freeze": args.freeze or (), "accumulate": args.accumulate,
-                               "scheduler": _scheduler(args.scheduler or [], args.milestones),
-                               "scheduler_interval": args.scheduler_interval or "step",
-                               "clip_grad_norm": args.clip_norm,
-                               "clip_norm_type": 2.0 if args.clip_norm_type is None else args.clip_norm_type,
-                               "clip_grad_value": args.clip_value, "init_weights": args.init_weights}
-    return options
-
-
 def _export(args: argparse.Namespace) -> int:
-    import torch
+    from ..export.command_line import export_from_options
 
-    from .. import ops, protocol
-    from ..export import export_builtin, export_training_module
-
-    check_writable(args.output)
-    ops.load(args.op_library)  # the model's custom operators must exist to script it
-    optimizer = {"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}
-    if args.group:
-        optimizer["groups"] = [_group(text) for text in args.group]
-    fine_tuning = _fine_tuning(args)
-    loss = {"name": args.loss or "mse", **_given(args, _LOSS_FLAGS)}
-    if "class_weights" in loss:
-        loss["weight"] = loss.pop("class_weights")
-    if args.model == "linear-regression" and args.loss is None and args.input_shape is None:
-        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, fine_tuning=fine_tuning)
-        print(f"wrote {path}")
-        return 0
-
-    x_shape = args.input_shape or [1]
-    y_dtype = args.target_dtype or ("int64" if loss["name"] in _CLASS_TARGET_LOSSES else "float32")
-    y_shape = args.target_shape if args.target_shape is not None else (
-        [] if loss["name"] in _CLASS_TARGET_LOSSES else [1])
-    inputs = [protocol.tensor_spec("x", [-1, *x_shape], args.input_dtype),
-              protocol.tensor_spec("y", [-1, *y_shape], y_dtype)]
-    if args.model in BUILTIN_MODELS:
-        path = export_builtin(args.model, args.output, seed=args.seed, optimizer=optimizer, loss=loss, inputs=inputs,
-                              fine_tuning=fine_tuning, **_builtin_sizes(args.model, x_shape, y_shape, loss["name"]))
-    else:
-        factory = load_factory(args.model)
-        torch.manual_seed(args.seed)
-        try:
-            model = factory()
-        except Exception as ex:  # the user's code: any error, reported in one line
-            raise GradbridgeError(f"model {args.model!r}: the factory raised {type(ex).__name__}: {ex}") from ex
-        if not isinstance(model, torch.nn.Module):
-            raise GradbridgeError(f"model {args.model!r}: the factory must return a torch.nn.Module, "
-                                  f"got {type(model).__name__}")
-        # A zero batch of the declared shapes: checks model and loss fit, and allows tracing.
-        example = (torch.zeros(2, *x_shape, dtype=getattr(torch, args.input_dtype)),
-                   torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
-        path = export_training_module(model, loss, optimizer, args.output, example_inputs=example,
-                                      model_name=args.model, **fine_tuning)
+    path = export_from_options(
+        args.model, args.output, seed=args.seed, op_libraries=args.op_library,
+        optimizer={"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}, groups=args.group or [],
+        loss_name=args.loss, loss=_given(args, _LOSS_FLAGS), input_shape=args.input_shape,
+        input_dtype=args.input_dtype, target_shape=args.target_shape, target_dtype=args.target_dtype,
+        freeze=args.freeze, accumulate=args.accumulate, schedulers=args.scheduler or [], milestones=args.milestones,
+        scheduler_interval=args.scheduler_interval, clip_norm=args.clip_norm, clip_norm_type=args.clip_norm_type,
+        clip_value=args.clip_value, init_weights=args.init_weights)
     print(f"wrote {path}")
     return 0
-
-
-def _builtin_sizes(name: str, x_shape: List[int], y_shape: List[int], loss: str) -> Dict[str, int]:
-    """A built-in model sized by --input-shape (and, for a regression loss, --target-shape)."""
-    if name == "linear-regression":
-        if x_shape != [1] or y_shape not in ([1], []):
-            raise GradbridgeError(f"model linear-regression takes --input-shape 1 and --target-shape 1, got "
-                                  f"{','.join(map(str, x_shape))} and {','.join(map(str, y_shape)) or 'none'}")
-        return {}
-    regression = loss not in _CLASS_TARGET_LOSSES and len(y_shape) == 1
-    if name == "small-cnn":
-        if len(x_shape) != 3 or x_shape[0] != 1 or x_shape[1] != x_shape[2]:
-            raise GradbridgeError(f"model small-cnn takes --input-shape 1,SIDE,SIDE, got {','.join(map(str, x_shape))}")
-        return {"side": x_shape[1], **({"classes": y_shape[0]} if regression else {})}
-    if len(x_shape) != 1:
-        raise GradbridgeError(f"model {name} takes --input-shape FEATURES (one number), got {','.join(map(str, x_shape))}")
-    if name == "shared-weights":
-        return {"features": x_shape[0], **({"classes": y_shape[0]} if regression else {})}
-    return {"in_features": x_shape[0], **({"out_features": y_shape[0]} if regression else {})}
 
 
 def _state_dict(args: argparse.Namespace) -> int:
@@ -252,15 +115,14 @@ def _op_library_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import JavaSettings, run
+    from .bench import run
 
-    java = JavaSettings(options=list(args.java_option), env=dict(args.java_env), cpus=args.java_cpus)
-    run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
-        steps_only=args.steps_only, java_settings=java, threads=args.threads, memory_steps=args.memory_steps)
-    return 0
+    return run(quick=args.quick, out_dir=args.out_dir, rounds=args.rounds, cases=args.cases, only=args.only,
+               steps_only=args.steps_only, java_options=args.java_option, java_env=dict(args.java_env),
+               java_cpus=args.java_cpus, threads=args.threads, memory_steps=args.memory_steps)
 
 
-#: `gradbridge bench --cases/--only` names (bench.CASES keys, bench.VARIANTS + IN_PROCESS keys; a test
+#: `gradbridge bench --cases/--only` names (bench.cases.CASES keys, VARIANTS + IN_PROCESS keys; a test
 #: checks they agree), here so that the parser does not import torch.
 BENCH_CASES = ("seed", "mlp", "big")
 BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "c*", "d*")
@@ -363,7 +225,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with gradbridge's convention for bad input: one line, exit code 1 (not usage + 2)."""
 
     def error(self, message: str):
-        self.exit(1, f"gradbridge: error: {message} (see {self.prog} --help)\n")
+        self.exit(1, f"{CLI_ERROR_PREFIX}{message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("--pos-weight", type=_floats, help="comma-separated, bce_with_logits")
     opt = export.add_argument_group("optimizer")
     opt.add_argument("--optimizer", default="sgd", help="sgd (default), adam, adamw, rmsprop, adagrad")
-    opt.add_argument("--lr", type=float, help="learning rate (default: the optimizer's; 0.01 for linear-regression)")
+    opt.add_argument("--lr", type=float, help=f"learning rate (default: the optimizer's; {SEED_LR} for linear-regression)")
     opt.add_argument("--momentum", type=float)
     opt.add_argument("--dampening", type=float)
     opt.add_argument("--nesterov", action="store_true", default=None)
@@ -450,9 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--data", required=True, help=".npz with arrays x and y")
     parity.add_argument("--val", help=".npz with validation arrays x and y")
     parity.add_argument("--epochs", type=int, default=5)
-    parity.add_argument("--batch-size", type=int, default=32)
-    parity.add_argument("--seed", type=int, default=0)
-    parity.add_argument("--mode", choices=protocol.MODES, default="step")
+    parity.add_argument("--batch-size", type=int, default=protocol.DEFAULT_BATCH_SIZE)
+    parity.add_argument("--seed", type=int, default=protocol.DEFAULT_SEED)
+    parity.add_argument("--mode", choices=protocol.MODES, default=protocol.DEFAULT_MODE)
     parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
                         help="in this process through JPype (exact), a separate JVM, or both")
     parity.add_argument("--rtol", type=_tolerance,
@@ -574,7 +436,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     if args.command == "export" and args.lr is None and args.model == "linear-regression":
-        args.lr = 0.01
+        args.lr = SEED_LR
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
@@ -583,7 +445,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as ex:  # never a traceback for the user; TRACEBACK_ENV shows it for a bug report
         if os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"gradbridge: error: unexpected {type(ex).__name__}: {_one_line(ex)} "
+        print(f"{CLI_ERROR_PREFIX}unexpected {type(ex).__name__}: {_one_line(ex)} "
               f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
 

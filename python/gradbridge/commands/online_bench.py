@@ -1,238 +1,23 @@
-"""`gradbridge online-bench`: the online learner's two figures, and the same for the service a
-Python team would otherwise write, side by side, in one run.
-
-1. predict p50/p99 latency with training running vs with training off (goal: at most 2x);
-2. learning throughput (events applied per second) vs plain batch training at the same
-   micro-batch size (goal: at least 0.8x).
-
-Java: ``dev.gradbridge.bench.OnlineBenchmark`` in a JVM of its own. Throughput in interleaved
-rounds on the same events and micro-batch size: the OnlineLearner (log written; fsync never, and
-fsync always, the default policy; loss validation off) against the Trainer in step mode (one
-``train_step`` call per micro-batch: the like-for-like) and the fused ``train_epoch`` (one call
-for all micro-batches), with the learner's time per phase. Python: one eager model
-behind a lock, a training thread taking micro-batches from a queue (torch.optim), predictions
-under the same lock (the usual shape of such a service); against a plain ``for`` loop of
-torch.optim steps. Both are measured as libraries, without HTTP in front.
-"""
+"""`gradbridge online-bench`: runs the online learner's benchmark (``gradbridge.bench.online``) and
+prints its figures: predict latency with training off and on, learning throughput against batch
+training, the learner's time per phase, and the goals."""
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import subprocess
-import tempfile
-import threading
-import time
-from pathlib import Path
-from typing import Dict
-
 import numpy as np
-import torch
 
-from .. import launcher, protocol
-from ..errors import GradbridgeError
-from ..export import export_builtin
-from ..reference import Reference
-
-CLASSES = 4
-FEATURES = 16
-
-
-def _percentile(values, q):
-    return float(np.sort(np.asarray(values))[min(len(values) - 1, int(np.floor(q * (len(values) - 1) + 0.5)))])
-
-
-class PythonOnlineService:
-    """What a Python team would write: one model, one lock, a trainer thread fed by a queue."""
-
-    def __init__(self, model_path, batch: int, wait_s: float = 0.001):
-        self.reference = Reference(model_path)
-        self.lock = threading.Lock()
-        self.queue: "queue.Queue" = queue.Queue(maxsize=batch * 8)
-        self.batch, self.wait_s = batch, wait_s
-        self.updates = 0
-        self.stopped = False
-        self.thread = threading.Thread(target=self._train, daemon=True)
-        self.thread.start()
-
-    def predict(self, x):
-        with self.lock, torch.no_grad():
-            return self.reference.model(x)
-
-    def learn(self, x, y):
-        self.queue.put((x, y))
-
-    def _train(self):
-        while not self.stopped:
-            try:
-                items = [self.queue.get(timeout=0.05)]
-            except queue.Empty:
-                continue
-            deadline = time.perf_counter() + self.wait_s
-            while sum(len(i[0]) for i in items) < self.batch:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                try:
-                    items.append(self.queue.get(timeout=left))
-                except queue.Empty:
-                    break
-            x = torch.cat([i[0] for i in items])
-            y = torch.cat([i[1] for i in items])
-            with self.lock:
-                self.reference.train_step(x, y)
-                self.updates += 1
-            for _ in items:
-                self.queue.task_done()
-
-    def close(self):
-        self.queue.join()
-        self.stopped = True
-        self.thread.join()
-
-
-def python_figures(model_path, events: int, batch: int, predictions: int, predict_threads: int,
-                   feedback_threads: int, rounds: int = 5) -> Dict:
-    """The Python service's figures, with one torch compute thread (as the Java side), restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _python_figures(model_path, events, batch, predictions, predict_threads, feedback_threads, rounds)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _python_figures(model_path, events: int, batch: int, predictions: int, predict_threads: int,
-                    feedback_threads: int, rounds: int) -> Dict:
-    rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.standard_normal((events, FEATURES)).astype(np.float32))
-    y = torch.from_numpy(rng.integers(CLASSES, size=events).astype(np.int64))
-    chunks = [(x[i:i + batch], y[i:i + batch]) for i in range(0, events - batch + 1, batch)]
-    one = x[:1]
-
-    def latencies(service, total):
-        out = [0.0] * total
-
-        def worker(me):
-            for i in range(me, total, predict_threads):
-                started = time.perf_counter_ns()
-                service.predict(one)
-                out[i] = time.perf_counter_ns() - started
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(predict_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
-
-    figures: Dict = {}
-    service = PythonOnlineService(model_path, batch)
-    latencies(service, predictions // 4)
-    idle = latencies(service, predictions)
-    stop = threading.Event()
-
-    def feeder(me):
-        i = me
-        while not stop.is_set():
-            try:
-                service.queue.put(chunks[i], timeout=0.01)
-            except queue.Full:
-                continue
-            i = (i + feedback_threads) % len(chunks)
-    feeders = [threading.Thread(target=feeder, args=(t,)) for t in range(feedback_threads)]
-    for f in feeders:
-        f.start()
-    before = service.updates
-    busy = latencies(service, predictions)
-    figures["updates_during_predictions"] = service.updates - before
-    stop.set()
-    for f in feeders:
-        f.join()
-    service.close()
-    figures.update(predict_idle_p50_us=_percentile(idle, 0.5) / 1e3, predict_idle_p99_us=_percentile(idle, 0.99) / 1e3,
-                   predict_training_p50_us=_percentile(busy, 0.5) / 1e3,
-                   predict_training_p99_us=_percentile(busy, 0.99) / 1e3)
-
-    def online_round():
-        service = PythonOnlineService(model_path, batch)
-        for chunk in chunks[:16]:  # warm-up
-            service.learn(*chunk)
-        service.queue.join()
-        started = time.perf_counter()
-        for chunk in chunks:
-            service.learn(*chunk)
-        service.close()
-        return len(chunks) * batch / (time.perf_counter() - started)
-
-    reference = Reference(model_path)
-    for chunk in chunks[:10]:
-        reference.train_step(*chunk)  # warm-up
-
-    def loop_round():
-        started = time.perf_counter()
-        for chunk in chunks:
-            reference.train_step(*chunk)
-        return len(chunks) * batch / (time.perf_counter() - started)
-
-    # Interleaved rounds, the order alternating, as on the Java side.
-    rates: Dict[str, list] = {"online": [], "loop": []}
-    for r in range(rounds):
-        for name in (("online", "loop") if r % 2 == 0 else ("loop", "online")):
-            rates[name].append(online_round() if name == "online" else loop_round())
-    figures["events_per_s_by_round"] = rates
-    figures["online_events_per_s"] = float(np.median(rates["online"]))
-    figures["fused_events_per_s"] = float(np.median(rates["loop"]))
-    return figures
-
-
-#: The Java variants of the throughput comparison, in the JSON's names, with what each one is.
-JAVA_VARIANTS = (
-    ("online_never", "OnlineLearner, fsync never", "learn() -> log (written) -> queue -> train_step -> version"),
-    ("online_always", "OnlineLearner, fsync always", "the same, fsync before ack and before each version (the default)"),
-    ("trainer_step", "Trainer, step mode", "one train_step call per micro-batch (the like-for-like)"),
-    ("fused_epoch", "fused train_epoch", "one native call for all micro-batches"),
-)
+from ..bench.online import CLASSES, FEATURES, JAVA_VARIANTS, measure
 
 
 def _spread(values) -> str:
     return f"{float(np.median(values)):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def java_figures(model, work, events: int, batch: int, predictions: int, predict_threads: int,
-                 feedback_threads: int, publish_every: int, rounds: int) -> Dict:
-    """``OnlineBenchmark`` in a JVM of its own, one libtorch compute thread for every variant.
-
-    ``OMP_NUM_THREADS=1``: on a shared machine, libtorch's OpenMP teams stall whenever a team
-    thread is descheduled; which variant a stall hits is chance (it moved 10x between rounds), and
-    this model gains nothing from a second thread. The same setting for all variants.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    main = "dev.gradbridge.bench.OnlineBenchmark"
-    result = subprocess.run(launcher.command(main, [model, work, CLASSES, events, batch, predictions, predict_threads,
-                                                    feedback_threads, publish_every, rounds]),
-                            capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        raise GradbridgeError(f"OnlineBenchmark (separate JVM) failed: "
-                              f"{launcher.error_line(result.stderr, result.returncode)}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def run(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_threads: int = 2,
         feedback_threads: int = 2, publish_every: int = 1, rounds: int = 5, out_dir: str = "build/online-bench",
         out=print) -> int:
-    out_path = Path(out_dir)
-    out_path.mkdir(parents=True, exist_ok=True)
-    model = export_builtin("mlp", out_path / "bench_mlp.pt", seed=0, in_features=FEATURES, hidden=(64,),
-                           out_features=CLASSES, loss={"name": "cross_entropy"}, optimizer={"name": "adam", "lr": 1e-3},
-                           inputs=[protocol.tensor_spec("x", [-1, FEATURES], "float32"),
-                                   protocol.tensor_spec("y", [-1], "int64")])
-    with tempfile.TemporaryDirectory(dir=out_path) as work:
-        java = java_figures(model, work, events, batch, predictions, predict_threads, feedback_threads,
-                            publish_every, rounds)
-    python = python_figures(model, events, batch, predictions, predict_threads, feedback_threads, rounds)
-    command = (f"gradbridge online-bench --events {events} --batch {batch} --predictions {predictions} "
-               f"--publish-every {publish_every} --rounds {rounds}")
+    figures = measure(events, batch, predictions, predict_threads, feedback_threads, publish_every, rounds, out_dir)
+    java, python, command = figures["java"], figures["python"], figures["command"]
     out(f"MLP {FEATURES}-64-{CLASSES}, Adam, micro-batch {batch}, {events} events, {predictions} one-row predictions "
         f"from {predict_threads} threads, {feedback_threads} feedback threads; java publishes a version every "
         f"{publish_every} updates")
@@ -278,9 +63,5 @@ def run(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_th
     out(f"goals (java): predict p99 with training <= 2x: {'met' if p99 <= 2 else 'NOT met'} ({p99:.2f}x); "
         f"throughput >= 0.8x fused: {'met' if ratio >= 0.8 else 'NOT met'} ({ratio:.2f}x; "
         f"{like:.2f}x the Trainer's step mode, fsync never)")
-    path = out_path / "online-bench.json"
-    path.write_text(json.dumps({"java": java, "python": python, "events": events, "batch": batch,
-                                "publish_every": publish_every, "rounds": rounds, "command": command,
-                                "predictions": predictions}, indent=2) + "\n")
-    out(f"wrote {path}")
+    out(f"wrote {figures['path']}")
     return 0

@@ -18,7 +18,8 @@ JAVA_MODES = ("inprocess", "subprocess", "both")
 
 
 def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str | os.PathLike | None = None,
-        epochs: int = 5, batch_size: int = 32, seed: int = 0, mode: str = "step", java_mode: str = "inprocess",
+        epochs: int = 5, batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
+        mode: str = protocol.DEFAULT_MODE, java_mode: str = "inprocess",
         rtol: Optional[float] = None, atol: Optional[float] = None, report_path: str | os.PathLike | None = None,
         plot_path: str | os.PathLike | None = None, op_libraries: Sequence[str | os.PathLike] = (),
         out: Callable[[str], None] = print) -> int:

@@ -27,14 +27,10 @@ import torch
 from torch import Tensor, nn
 
 from .. import protocol, torchscript
-from ..errors import GradbridgeError
+from ..errors import FineTuneError  # also importable from here, as before
 from . import schedulers
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
-
-
-class FineTuneError(GradbridgeError, ValueError):
-    """A fine-tuning option that does not fit the model (one line naming it)."""
 
 
 @dataclass

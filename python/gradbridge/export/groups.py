@@ -17,13 +17,9 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from ..errors import GradbridgeError
+from ..errors import GradbridgeError, GroupError  # GroupError: also importable from here, as before
 from . import optim
 from .options import tensor_refused
-
-
-class GroupError(GradbridgeError, ValueError):
-    """A parameter group or frozen parameter that does not fit the model."""
 
 
 def _hyper_keys(name: str) -> List[str]:

@@ -22,21 +22,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import ops, protocol, torchscript
+from .. import libtorch, ops, protocol, torchscript
 from .._version import __version__
-from ..errors import GradbridgeError
+from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
-from ..models import BUILTIN_MODELS
+from ..models import BUILTIN_MODELS, SEED_LR
 from . import finetune, groups as param_groups, losses, optim, schedulers
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = tuple(losses.LOSSES)
 SUPPORTED_OPTIMIZERS = tuple(optim.OPTIMIZERS)
-
-
-class ExportError(GradbridgeError):
-    """The model cannot be turned into a training module (e.g. it cannot be scripted)."""
 
 
 class _TrainingModule(nn.Module):
@@ -550,7 +546,7 @@ def export_training_module(
         loss=loss_spec,
         optimizer=optimizer_spec,
         inputs=specs,
-        torch_version=torch.__version__.split("+")[0],
+        torch_version=libtorch.torch_version(),
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
     )
@@ -587,7 +583,7 @@ BUILTIN_DEFAULTS: Dict[str, Dict[str, Any]] = {
 }
 
 
-def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, lr: float = 0.01,
+def export_builtin(name: str, path: Union[str, os.PathLike], *, seed: int = 0, lr: float = SEED_LR,
                    optimizer: Optional[Dict[str, Any]] = None, loss: Optional[Dict[str, Any]] = None,
                    inputs: Optional[Sequence[Dict[str, Any]]] = None, fine_tuning: Optional[Dict[str, Any]] = None,
                    **model_options: Any) -> Path:

@@ -1,5 +1,9 @@
 package dev.gradbridge;
 
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
 
@@ -25,6 +29,22 @@ public final class Digests {
      */
     public static String sha256Hex(byte[] bytes) {
         return hex(sha256().digest(bytes));
+    }
+
+    /**
+     * @param file a file, read in chunks
+     * @return SHA-256 of its bytes as lower-case hex
+     * @throws IOException when it cannot be read
+     */
+    public static String sha256Hex(Path file) throws IOException {
+        MessageDigest digest = sha256();
+        try (InputStream in = Files.newInputStream(file)) {
+            byte[] buffer = new byte[1 << 16];
+            for (int n; (n = in.read(buffer)) > 0; ) {
+                digest.update(buffer, 0, n);
+            }
+        }
+        return hex(digest.digest());
     }
 
     /**

@@ -60,6 +60,25 @@ public final class PhaseTimes {
         }
     }
 
+    /** @return now, for {@link #lap}, starting a phase on this thread; 0 when {@code phases} is null (not timing) */
+    static long clock(PhaseTimes phases) {
+        if (phases == null) {
+            return 0;
+        }
+        phases.start();
+        return System.nanoTime();
+    }
+
+    /** Adds the time since {@code since} to {@code phase}; returns now (0 when {@code phases} is null). */
+    static long lap(PhaseTimes phases, Phase phase, long since) {
+        if (phases == null) {
+            return 0;
+        }
+        long now = System.nanoTime();
+        phases.add(phase, now - since);
+        return now;
+    }
+
     /** Starts a phase on this thread: notes its CPU time. */
     void start() {
         if (cpu) {

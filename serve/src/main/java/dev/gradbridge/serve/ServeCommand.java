@@ -78,9 +78,9 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--queue-capacity", defaultValue = "10000", description = "events waiting before 429 (default ${DEFAULT-VALUE})")
     int queueCapacity;
 
-    @Option(names = "--predictors", defaultValue = "" + OnlineLearner.DEFAULT_PREDICTORS,
-            description = "concurrent predictions (default ${DEFAULT-VALUE}, at most the cores)")
-    int predictors;
+    @Option(names = "--predictors",
+            description = "concurrent predictions (default " + OnlineLearner.DEFAULT_PREDICTORS + ", at most the cores)")
+    Integer predictors; // null: the learner's default
 
     @Option(names = "--fsync", defaultValue = "always", description = "always or never (default ${DEFAULT-VALUE})")
     String fsync;
@@ -160,7 +160,10 @@ public final class ServeCommand implements Callable<Integer> {
         try {
             builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
                     .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                    .optPredictors(predictors).optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(maxGradNorm);
+                    .optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(maxGradNorm);
+            if (predictors != null) {
+                builder.optPredictors(predictors);
+            }
         } catch (IllegalArgumentException e) {
             throw new GradbridgeException(e.getMessage());
         }

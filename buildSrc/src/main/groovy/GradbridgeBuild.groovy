@@ -1,0 +1,40 @@
+import org.gradle.api.Project
+import org.gradle.api.tasks.application.CreateStartScripts
+import org.gradle.util.GradleVersion
+
+/** What every gradbridge build file needs, once: the Gradle-version gate and program arguments. */
+class GradbridgeBuild {
+
+    /**
+     * Gradle 6.4 and later: `mainClass`, `archiveBaseName`, `archiveClassifier`. Gradle 4.4.1 has only the
+     * older names (`main`, `mainClassName`, `baseName`, `classifier`), which current Gradle removed.
+     */
+    static final boolean modernGradle = GradleVersion.current() >= GradleVersion.version('6.4')
+
+    /**
+     * The words of `-Pargs="..."` (works on every Gradle; --args exists only since 4.9). Quoted words stay
+     * together: -Pargs="--history 'my file.jsonl'".
+     */
+    static List<String> splitArgs(String line) {
+        def words = []
+        def matcher = line =~ /"([^"]*)"|'([^']*)'|(\S+)/
+        matcher.each { m -> words << (m[1] != null ? m[1] : (m[2] != null ? m[2] : m[3])) }
+        return words
+    }
+
+    /** The program arguments given as -Pargs="..." (none without it). */
+    static List<String> programArgs(Project project) {
+        project.hasProperty('args') ? splitArgs(project.property('args').toString()) : []
+    }
+
+    /**
+     * Debian's Gradle 4.4.1 start-script template probes `java -version` and lets the banner reach stderr on
+     * every start; silence the probe so that an error stays one line. (No-op elsewhere.)
+     */
+    static void quietJavaProbe(CreateStartScripts task) {
+        task.doLast {
+            def script = new File(task.outputDir, task.applicationName)
+            script.text = script.text.replace(' -version ; then', ' -version >/dev/null 2>&1 ; then')
+        }
+    }
+}

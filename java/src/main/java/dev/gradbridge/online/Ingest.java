@@ -1,0 +1,159 @@
+package dev.gradbridge.online;
+
+import dev.gradbridge.Digests;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.online.log.LogWriter;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.security.MessageDigest;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
+
+/**
+ * Feedback in (any thread): checks a request against the module (shapes, finite values, the
+ * loss on a predictor), splits it into one event per row, hands it to the {@link FeedbackQueue}
+ * (which logs it) and forces the log as the policy says before the caller is answered.
+ */
+final class Ingest {
+
+    /** Longest idempotency key. */
+    static final int MAX_KEY_LENGTH = 200;
+
+    private final Metadata.TensorSpec xSpec;
+    private final Metadata.TensorSpec ySpec;
+    private final int xRowBytes;
+    private final int yRowBytes;
+    private final int queueCapacity;
+    private final PredictorPool lossCheck; // null: no loss check
+    private final FeedbackQueue queue;
+    private final LogWriter log;
+    private final Consumer<Throwable> fail;
+    private final PhaseTimes phases;
+
+    final AtomicLong accepted = new AtomicLong();
+    final AtomicLong refused = new AtomicLong();
+    final AtomicLong duplicates = new AtomicLong();
+
+    Ingest(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int queueCapacity, PredictorPool lossCheck,
+            FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases) {
+        this.xSpec = xSpec;
+        this.ySpec = ySpec;
+        this.xRowBytes = rowBytes(xSpec);
+        this.yRowBytes = rowBytes(ySpec);
+        this.queueCapacity = queueCapacity;
+        this.lossCheck = lossCheck;
+        this.queue = queue;
+        this.log = log;
+        this.fail = fail;
+        this.phases = phases;
+    }
+
+    /** See {@link OnlineLearner#learn(HostTensor, HostTensor, String, long, TimeUnit)}. */
+    long learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+        long t = PhaseTimes.clock(phases);
+        long rows = rows("x", xSpec, x);
+        if (rows("y", ySpec, y) != rows) {
+            throw new InvalidInputException("x has " + rows + " rows but y has " + y.rows());
+        }
+        if (!x.allFinite() || !y.allFinite()) {
+            throw new InvalidInputException("feedback holds NaN or infinite values");
+        }
+        if (rows > queueCapacity) {
+            throw new InvalidInputException(rows + " events in one call exceed the queue capacity " + queueCapacity);
+        }
+        byte[] sha = null;
+        if (key != null) {
+            checkKey(key);
+            sha = requestSha256(x, y);
+        }
+        if (lossCheck != null) {
+            lossCheck.checkLoss(x, y);
+        }
+        List<byte[]> xRows = split(x.bytes(), xRowBytes);
+        List<byte[]> yRows = split(y.bytes(), yRowBytes);
+        t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_VALIDATE, t);
+        FeedbackQueue.Accepted done;
+        try {
+            done = queue.offer(log, xRows, yRows, key, sha, timeout, unit, phases, t);
+        } catch (QueueFullException e) {
+            refused.addAndGet(rows);
+            throw e;
+        }
+        (done.duplicate ? duplicates : accepted).addAndGet(rows);
+        t = PhaseTimes.clock(phases);
+        try {
+            log.sync(done.end); // outside the queue's lock: concurrent callers share one fsync
+            PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_SYNC, t);
+        } catch (IOException e) {
+            fail.accept(e); // what is durable is unknown now: stop rather than acknowledge anything more
+            throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
+        }
+        return done.firstSeq;
+    }
+
+    /**
+     * @return the rows of {@code tensor}
+     * @throws InvalidInputException when it does not fit {@code spec} or has no rows
+     */
+    static long rows(String name, Metadata.TensorSpec spec, HostTensor tensor) {
+        long[] shape = tensor.getShape();
+        if (!spec.accepts(tensor.getDtype(), shape) || shape.length == 0 || shape[0] == 0) {
+            throw new InvalidInputException(
+                    Messages.tensorSpec("", "input " + name, spec.getDtype(), spec.getShape(), tensor.getDtype(), shape));
+        }
+        return shape[0];
+    }
+
+    /** @return the dimensions of one sample (without the batch dimension) */
+    static long[] sampleShape(Metadata.TensorSpec spec) {
+        long[] shape = spec.getShape();
+        return Arrays.copyOfRange(shape, 1, shape.length);
+    }
+
+    /** @return bytes of one sample; a variable dimension is refused */
+    static int rowBytes(Metadata.TensorSpec spec) {
+        long count = 1;
+        for (long dim : sampleShape(spec)) {
+            if (dim < 0) {
+                throw new InvalidInputException(
+                        "input " + spec.getName() + " has a variable dimension " + Arrays.toString(spec.getShape())
+                                + "; online learning needs fixed sample shapes");
+            }
+            count *= dim;
+        }
+        return Math.toIntExact(count * HostTensor.elementSize(spec.getDtype()));
+    }
+
+    private static List<byte[]> split(byte[] bytes, int rowBytes) {
+        List<byte[]> rows = new ArrayList<>(bytes.length / Math.max(1, rowBytes));
+        for (int offset = 0; offset < bytes.length; offset += rowBytes) {
+            rows.add(Arrays.copyOfRange(bytes, offset, offset + rowBytes));
+        }
+        return rows;
+    }
+
+    private static void checkKey(String key) {
+        if (key.isEmpty() || key.length() > MAX_KEY_LENGTH) {
+            throw new InvalidInputException("an idempotency key has 1 to " + MAX_KEY_LENGTH + " characters, got " + key.length());
+        }
+        for (int i = 0; i < key.length(); i++) {
+            char c = key.charAt(i);
+            if (c < 0x21 || c > 0x7e) {
+                throw new InvalidInputException("an idempotency key holds visible ASCII characters only");
+            }
+        }
+    }
+
+    private static byte[] requestSha256(HostTensor x, HostTensor y) {
+        MessageDigest digest = Digests.sha256();
+        digest.update(x.bytes());
+        digest.update(y.bytes());
+        return digest.digest();
+    }
+}

@@ -1,0 +1,226 @@
+package dev.gradbridge.online;
+
+import dev.gradbridge.online.log.LogCorruptException;
+import dev.gradbridge.online.log.LogHeader;
+import dev.gradbridge.online.log.LogReader;
+import dev.gradbridge.online.log.LogRecord;
+import dev.gradbridge.online.log.LogWriter;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.concurrent.atomic.AtomicLong;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Opening a log folder: reads the locked log and the checkpoint strictly and checks them against
+ * the module and each other ({@link #read}, nothing written), then brings the training module to
+ * where the log says it was ({@link #replay}): the logged micro-batches after the checkpoint are
+ * applied again exactly as logged, each logged version's digests checked, and the events
+ * acknowledged but not yet applied are queued again.
+ */
+final class Recovery {
+
+    private static final Logger logger = LoggerFactory.getLogger(Recovery.class);
+
+    private final Path logDir;
+    private final LogWriter log;
+    private final LogHeader wanted;
+    private final Checkpoints.Descriptor checkpoint; // null: none
+    private final LogReader.Contents contents;
+
+    private Recovery(Path logDir, LogWriter log, LogHeader wanted, Checkpoints.Descriptor checkpoint,
+            LogReader.Contents contents) {
+        this.logDir = logDir;
+        this.log = log;
+        this.wanted = wanted;
+        this.checkpoint = checkpoint;
+        this.contents = contents;
+    }
+
+    /**
+     * Before the folder is created or locked: a checkpoint without its log is refused.
+     *
+     * @return whether the folder holds a log
+     */
+    static boolean checkUnlocked(Path logDir) {
+        boolean hasLog = LogReader.exists(logDir);
+        if (!hasLog && Checkpoints.exists(logDir)) {
+            throw new LogCorruptException(logDir.resolve(Checkpoints.FILE) + " checkpoints a log, but "
+                    + LogReader.file(logDir) + " is missing");
+        }
+        return hasLog;
+    }
+
+    /**
+     * Reads the locked log and checkpoint; refuses a log or checkpoint of another model or one that
+     * contradicts the other. Writes nothing.
+     */
+    static Recovery read(Path logDir, LogWriter log, LogHeader wanted, String modelSha256) throws IOException {
+        Checkpoints.Descriptor checkpoint = Checkpoints.read(logDir);
+        LogReader.Contents contents = log.read(checkpoint == null ? 0 : checkpoint.scanOffset);
+        if (contents.getHeader() != null) {
+            String mismatch = contents.getHeader().mismatch(wanted);
+            if (mismatch != null) {
+                throw new LogCorruptException(log.getFile() + ": offset 0: " + mismatch);
+            }
+        } else if (checkpoint != null) {
+            throw new LogCorruptException(log.getFile() + " holds no record, but " + logDir.resolve(Checkpoints.FILE)
+                    + " checkpoints one: the log was cut or replaced");
+        }
+        if (checkpoint != null) {
+            Checkpoints.check(logDir, checkpoint, modelSha256, contents);
+        }
+        return new Recovery(logDir, log, wanted, checkpoint, contents);
+    }
+
+    /** @return the checkpointed training module to load instead of the exported one, or null */
+    Path checkpointModule() {
+        return checkpoint == null ? null : logDir.resolve(checkpoint.file);
+    }
+
+    /**
+     * Applies the logged micro-batches after the checkpoint (or the whole log) again on {@code
+     * updater}, checking every logged version and quarantine; then the first write: the torn tail
+     * is cut, a new log gets its header, and the records the crash kept from being written (a
+     * version, a quarantine: only ever at the end) are appended. Sets the queue and publisher.
+     */
+    void replay(Updater updater, int publishEvery, FeedbackQueue queue, Publisher publisher, AtomicLong quarantined)
+            throws IOException {
+        Path file = log.getFile();
+        long appliedSeq;
+        ModelVersion last;
+        long checkpointedVersion = -1;
+        if (checkpoint == null) {
+            appliedSeq = contents.getHeader() == null ? 0 : contents.getHeader().getFirstSeq();
+            last = updater.snapshot(0, 0, Double.NaN);
+        } else {
+            appliedSeq = checkpoint.nextSeq;
+            updater.resumeAt(checkpoint.updates);
+            last = updater.snapshot(checkpoint.version, checkpoint.updates, checkpoint.loss);
+            if (!checkpoint.digests.equals(last.getDigests())) {
+                throw new LogCorruptException(logDir.resolve(Checkpoints.FILE) + " does not match the parameters of "
+                        + logDir.resolve(checkpoint.file));
+            }
+            checkpointedVersion = last.getId();
+        }
+        long checkpointSeq = appliedSeq;
+        long maxSeq = appliedSeq - 1;
+        Map<Long, LogRecord.Event> pending = new TreeMap<>();
+        Map<Long, LogRecord.Version> loggedByUpdates = new HashMap<>();
+        Map<String, FeedbackQueue.Key> keys = new HashMap<>();
+        boolean versionZeroLogged = checkpoint != null;
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Version) {
+                LogRecord.Version version = (LogRecord.Version) record;
+                loggedByUpdates.put(version.getUpdates(), version);
+                versionZeroLogged |= version.getId() == 0;
+            } else if (record instanceof LogRecord.Key) {
+                LogRecord.Key key = (LogRecord.Key) record;
+                keys.put(key.getKey(), new FeedbackQueue.Key(key.getFirstSeq(), key.getCount(), key.sha256(), 0));
+                maxSeq = Math.max(maxSeq, key.getFirstSeq() + key.getCount() - 1);
+            }
+        }
+        List<ModelVersion> missing = new ArrayList<>(); // versions to append, in order
+        if (!versionZeroLogged) {
+            missing.add(last);
+        }
+        LogRecord.Batch refused = null; // a re-applied micro-batch that the guard refused: its Q must follow
+        String refusal = null;
+        int reapplied = 0;
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Event) {
+                LogRecord.Event event = (LogRecord.Event) record;
+                maxSeq = Math.max(maxSeq, event.getSeq());
+                if (event.getSeq() >= appliedSeq) {
+                    pending.put(event.getSeq(), event);
+                }
+            } else if (record instanceof LogRecord.Quarantine) {
+                LogRecord.Quarantine q = (LogRecord.Quarantine) record;
+                if (q.getFirstSeq() < checkpointSeq) {
+                    continue; // before the checkpoint
+                }
+                if (refused == null || refused.getFirstSeq() != q.getFirstSeq()) {
+                    throw new LogCorruptException(file + ": offset " + q.getOffset() + ": quarantines the micro-batch from event "
+                            + q.getFirstSeq() + ", which applies cleanly when replayed");
+                }
+                refused = null;
+            } else if (record instanceof LogRecord.Batch) {
+                LogRecord.Batch batch = (LogRecord.Batch) record;
+                if (batch.getFirstSeq() < appliedSeq) {
+                    continue; // applied before the checkpoint
+                }
+                if (refused != null) {
+                    throw new LogCorruptException(file + ": offset " + refused.getOffset() + ": the micro-batch from event "
+                            + refused.getFirstSeq() + " is refused when replayed (" + refusal + ") but the log has no quarantine for it");
+                }
+                long floor = contents.getHeader().getSeqFloor();
+                if (appliedSeq < floor && batch.getFirstSeq() == floor && pending.keySet().stream().allMatch(k -> k >= floor)) {
+                    appliedSeq = floor; // a recovered log: the numbers below the floor are gone for good
+                }
+                if (batch.getIndex() != updater.updates() || batch.getFirstSeq() != appliedSeq) {
+                    throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": micro-batch " + batch.getIndex()
+                            + " starts at event " + batch.getFirstSeq() + "; expected micro-batch " + updater.updates()
+                            + " from event " + appliedSeq);
+                }
+                List<byte[]> xs = new ArrayList<>();
+                List<byte[]> ys = new ArrayList<>();
+                for (long seq = batch.getFirstSeq(); seq < batch.getFirstSeq() + batch.getCount(); seq++) {
+                    LogRecord.Event event = pending.remove(seq);
+                    if (event == null) {
+                        throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": micro-batch " + batch.getIndex()
+                                + " names event " + seq + ", which the log does not hold before it");
+                    }
+                    xs.add(event.x());
+                    ys.add(event.y());
+                }
+                reapplied++;
+                String why = updater.apply(xs, ys);
+                appliedSeq += batch.getCount();
+                if (why != null) {
+                    refused = batch;
+                    refusal = why;
+                    continue;
+                }
+                LogRecord.Version logged = loggedByUpdates.get(updater.updates());
+                if (logged != null || updater.updates() % publishEvery == 0) {
+                    ModelVersion version = updater.snapshot(last.getId() + 1);
+                    if (logged == null) {
+                        missing.add(version); // the crash came before this record
+                    } else if (logged.getId() != version.getId() || !logged.getDigests().equals(version.getDigests())) {
+                        throw new LogCorruptException(file + ": offset " + logged.getOffset() + ": applying the logged"
+                                + " micro-batches again does not reproduce version " + logged.getId() + " (" + logged.getUpdates()
+                                + " updates)");
+                    }
+                    last = version;
+                }
+            }
+        }
+        // Only now the first write: the torn tail goes, a new log gets its header.
+        log.begin(contents, wanted);
+        for (ModelVersion version : missing) {
+            log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
+        }
+        if (refused != null) { // the last micro-batch, refused again: the crash came before its quarantine
+            log.appendQuarantine(refused.getIndex(), refused.getFirstSeq(), refused.getCount(), refusal);
+            quarantined.incrementAndGet();
+        }
+        log.sync(log.end());
+        publisher.resume(last, checkpointedVersion);
+        long floor = contents.getHeader() == null ? 0 : contents.getHeader().getSeqFloor();
+        long nextSeq = Math.max(Math.max(maxSeq + 1, appliedSeq), floor);
+        List<FeedbackQueue.Event> queued = new ArrayList<>(pending.size());
+        for (LogRecord.Event event : pending.values()) {
+            queued.add(new FeedbackQueue.Event(event.getSeq(), event.getOffset(), event.x(), event.y()));
+        }
+        queue.restore(nextSeq, pending.isEmpty() ? nextSeq : appliedSeq, queued, keys);
+        if (reapplied > 0 || !pending.isEmpty() || contents.getTornBytes() > 0) {
+            logger.info("{}: resumed at {}: {} micro-batches applied again, {} events queued again, {} torn bytes cut",
+                    logDir, last, reapplied, pending.size(), contents.getTornBytes());
+        }
+    }
+}

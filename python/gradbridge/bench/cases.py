@@ -1,0 +1,263 @@
+"""`gradbridge bench`'s cases and benchmarks: the models it times, the training-step variants (a) to (e'),
+the per-call breakdown, numpy -> Java transfer and start-up."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+import jpype
+import numpy as np
+import torch
+from torch import nn
+
+from .. import classpath, jdk, jvm, libtorch, torchscript
+from ..export import export_training_module, losses, optim
+from ..gradle import run_task
+from ..models import SEED_LR, LinearRegression, mlp
+from ..torchscript import plain_graph_executor
+from .stats import ratio_ci
+from .workers import (JavaSettings, Variant, Worker, _in_process_environment, _in_process_jvm_options,
+                      _java_worker, _native_worker, _python_block, _worker_variant, _write_native_data, run_rounds)
+
+VARIANTS = {
+    "a": "eager PyTorch + torch.optim",
+    "b": "Python -> scripted train_step",
+    "c": "Java -> train_step",
+    "d": "Java -> train_epoch (fused)",
+    "e": "native C++ -> train_step",
+    "e'": "native C++ -> train_epoch",
+}
+#: Java inside this Python process (JPype), for comparison: libtorch's autograd engine is then
+#: the Python one, which manages the GIL around every backward pass.
+IN_PROCESS = {
+    "c*": "Java -> train_step, in Python (JPype)",
+    "d*": "Java -> train_epoch, in Python (JPype)",
+}
+
+
+@dataclass
+class Case:
+    key: str  # --cases name
+    name: str
+    build: Callable[[], nn.Module]
+    loss: str
+    optimizer: dict
+    features: int
+    classes: int  # 0: regression with targets [n, 1]
+    batch: int
+    samples: int  # the fused epoch's size (a multiple of batch)
+    calls: int  # calls per block (step variants); fused variants scale to about the same steps
+
+
+CASES = [
+    Case("seed", "linear regression (seed, 100 samples, full batch)", LinearRegression, "mse",
+         {"name": "sgd", "lr": SEED_LR}, 1, 0, 100, 100, 400),
+    Case("mlp", "MLP 32-64-64-10, batch 64", lambda: mlp(32, (64, 64), 10), "cross_entropy",
+         {"name": "adam", "lr": 1e-3}, 32, 10, 64, 1024, 300),
+    Case("big", "compute-bound MLP 512-1024-512-10 (1.05M params), batch 1024", lambda: mlp(512, (1024, 512), 10),
+         "cross_entropy", {"name": "adam", "lr": 1e-4}, 512, 10, 1024, 4096, 8),
+]
+
+
+def _data(case: Case, n: int, seed: int = 0):
+    g = np.random.default_rng(seed)
+    if case.classes == 0:  # the seed's data: y = 2x + 1 + noise, x in [0, 10)
+        x = (g.random((n, 1)) * 10).astype(np.float32)
+        return x, (2 * x + 1 + (g.random((n, 1)) - 0.5) * 2).astype(np.float32)
+    x = g.standard_normal((n, case.features)).astype(np.float32)
+    return x, g.integers(0, case.classes, n).astype(np.int64)
+
+
+def _export(case: Case, out_dir: Path):
+    """The case's model (seeded) and its exported training module."""
+    torch.manual_seed(0)
+    model = case.build()
+    xb, yb = _data(case, case.batch)
+    path = export_training_module(model, case.loss, case.optimizer, out_dir / f"{case.key}-{case.batch}.pt",
+                                  example_inputs=(torch.from_numpy(xb), torch.from_numpy(yb)))
+    return model, path
+
+
+def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: int, threads: int,
+                warmup_s: float, java: JavaSettings, only: Sequence[str] = (),
+                out: Callable[[str], None] | None = None) -> Dict:
+    model, path = _export(case, out_dir)
+    xb, yb = _data(case, case.batch)
+    x, y = _data(case, case.samples, seed=1)
+    batches = case.samples // case.batch
+    fused_calls = max(1, calls // batches)
+    wanted = lambda key: not only or key in only  # noqa: E731
+
+    eager = copy.deepcopy(model)  # (a) eager PyTorch + torch.optim
+    optimizer = optim.torch_optimizer(case.optimizer, eager.parameters())
+    loss_fn = losses.build({"name": case.loss})
+    txb, tyb = torch.from_numpy(xb), torch.from_numpy(yb)
+
+    def eager_step():
+        optimizer.zero_grad()
+        loss_fn(eager(txb), tyb).backward()
+        optimizer.step()
+
+    scripted = torchscript.load(str(path))  # (b) Python calling the scripted module
+    step_npz, epoch_npz = out_dir / "batch.npz", out_dir / "epoch.npz"
+    np.savez(step_npz, x=xb, y=yb)
+    np.savez(epoch_npz, x=x, y=y)
+    step_bin, epoch_bin = out_dir / "batch.bin", out_dir / "epoch.bin"
+    _write_native_data(step_bin, xb, yb)
+    _write_native_data(epoch_bin, x, y)
+
+    here = _in_process_environment("this Python process")
+    variants: List[Variant] = []
+    workers: List[Worker] = []
+    module = None
+    try:
+        if wanted("a"):
+            variants.append(Variant("a", _python_block(eager_step), calls, 1, None, here))
+        if wanted("b"):
+            variants.append(Variant("b", _python_block(lambda: scripted.train_step(txb, tyb)), calls, 1, None, here))
+        # (c), (d): a JVM of their own; (e), (e'): the native loop; each a worker process
+        own_jvm = f"a JVM of its own{' on CPUs ' + java.cpus if java.cpus else ''}"
+        started = []  # all workers load at once; each is asked for its settings line afterwards
+        for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls)):
+            if wanted(key):
+                workers.append(_java_worker(path, data, mode, case.batch, threads, java))
+                started.append((key, workers[-1], n, 1 if mode == "step" else batches, own_jvm, java.env))
+        for key, data, mode, n in (("e", step_bin, "step", calls), ("e'", epoch_bin, "fused", fused_calls)):
+            if wanted(key):
+                workers.append(_native_worker(binary, path, data, mode, threads, case.batch))
+                started.append((key, workers[-1], n, 1 if mode == "step" else batches, "a native process", None))
+        variants += [_worker_variant(*worker) for worker in started]
+        if wanted("c*") or wanted("d*"):  # loops and clock inside the JVM, in this process (JPype)
+            Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
+            module = jvm.load_module(path)
+            jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
+            jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
+            perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
+            # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
+            here["native_memory"] = str(jvm.jclass("dev.gradbridge.NativeMemory").describe())
+            in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
+            if wanted("c*"):
+                variants.append(Variant("c*", lambda n: float(Bench.trainStep(module, jxb, jyb, 0, 1, n)[0]),
+                                        calls, 1, None, in_jvm))
+            if wanted("d*"):
+                variants.append(Variant("d*", lambda n: float(Bench.trainEpoch(module, jx, jy, perm, case.batch,
+                                                                               0, 1, n)[0]),
+                                        fused_calls, batches, None, in_jvm))
+        load = {"before": os.getloadavg()}
+        with jvm.java_errors(), plain_graph_executor():
+            timings = run_rounds(variants, rounds, warmup_s=warmup_s, out=out)
+        load["after"] = os.getloadavg()
+    finally:
+        for worker in workers:
+            worker.close()
+        if module is not None:
+            module.close()
+    results = {}
+    for variant in variants:
+        record = timings[variant.key]
+        per_step = record["step_seconds"]
+        results[variant.key] = {
+            "label": {**VARIANTS, **IN_PROCESS}[variant.key], "calls_per_block": variant.calls,
+            "steps_per_block": variant.calls * variant.steps_per_call,
+            "median_s": statistics.median(per_step), "min_s": min(per_step), "rounds_s": per_step,
+            "per_step": {name[:-len("_per_step")]: statistics.median(values)
+                         for name, values in record.items() if name.endswith("_per_step")},
+            "environment": variant.environment}
+    for key, value in results.items():
+        for base, name in (("a", "vs_a"), ("e", "vs_e"), ("e'", "vs_e_fused")):
+            if base in results:
+                value[name] = ratio_ci(timings[key]["step_seconds"], timings[base]["step_seconds"])
+                # The same ratio in CPU time (all threads): what a step costs, less sensitive to
+                # other processes than wall time (evidence when the machine is busy).
+                cpu, base_cpu = timings[key].get("cpu_seconds_per_step"), timings[base].get("cpu_seconds_per_step")
+                if cpu and base_cpu and min(base_cpu) > 0:
+                    value["cpu_" + name] = ratio_ci(cpu, base_cpu)
+    return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
+            "batch": case.batch, "rounds": rounds, "load_average": load,
+            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results}}
+
+
+def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:
+    """Bench-only: one Java train_step call, layer by layer, interleaved in one JVM (see
+    StepBenchmark.breakdown): the bare native call, TrainingModule.trainStep."""
+    command = [jdk.checked_java(), *libtorch.java_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+               f"-Dgradbridge.numThreads={torch.get_num_threads()}",
+               "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
+               "breakdown", str(model), str(data), str(rounds), str(calls)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    per_call = json.loads(result.stdout.strip().splitlines()[-1])["per_call_seconds"]
+    return {"calls_per_block": calls, "median_s": {k: statistics.median(v) for k, v in per_call.items()},
+            "vs_bare": {k: ratio_ci(v, per_call["bare"]) for k, v in per_call.items() if k != "bare"},
+            "per_call_seconds": per_call}
+
+
+def bench_transfer(rounds: int, megabytes: int) -> Dict:
+    """numpy -> Java -> libtorch tensor for a float32 array, beside numpy's own copy, in rounds."""
+    x = np.random.default_rng(0).random(megabytes * 1024 * 1024 // 4, dtype=np.float32)
+    gigabytes = x.nbytes / 1e9
+    out = np.empty_like(x)
+    Tensor = jvm.jclass("dev.gradbridge.Tensor")
+    DType = jvm.jclass("dev.gradbridge.DType")
+    shape = jpype.JArray(jpype.JLong)([len(x)])
+    try:
+        def zero_copy():  # what java.dataset does: a direct ByteBuffer over numpy's memory, from_blob
+            Tensor.fromBuffer(jvm.direct_buffer(x, "x"), DType.FLOAT32, shape).close()
+
+        def one_copy():  # the same, then converted into memory that libtorch owns
+            wrapped = Tensor.fromBuffer(jvm.direct_buffer(x, "x"), DType.FLOAT32, shape)
+            wrapped.copy().close()
+            wrapped.close()
+
+        def java_array():  # Java float[] (copy 1) -> Tensor.of(float[]) (copy 2)
+            jvm.to_tensor(x).close()
+
+        ways = {
+            "numpy copyto (into allocated memory)": lambda: np.copyto(out, x),
+            "numpy copy (allocates, like a new tensor)": lambda: x.copy(),
+            "direct buffer -> tensor (no copy)": zero_copy,
+            "direct buffer -> tensor + one copy": one_copy,
+            "Java float[] -> tensor (two copies)": java_array,
+        }
+        here = _in_process_environment("this Python process")
+        timed = run_rounds([Variant(name, _python_block(way), 1, 1, None, here) for name, way in ways.items()],
+                           rounds, warmup_s=0.0)
+    finally:
+        pass
+    seconds = {name: statistics.median(timed[name]["step_seconds"]) for name in ways}
+    gb_per_s = {name: gigabytes / value for name, value in seconds.items() if "no copy" not in name}
+    one, numpy_copy = "direct buffer -> tensor + one copy", "numpy copy (allocates, like a new tensor)"
+    # throughput ratio one copy / numpy's copy = numpy's time / one copy's time
+    speed = ratio_ci(timed[numpy_copy]["step_seconds"], timed[one]["step_seconds"])
+    return {"bytes": x.nbytes, "rounds": rounds, "gb_per_s": gb_per_s, "seconds": seconds,
+            "one_copy_vs_numpy_copy_speed": speed}
+
+
+def bench_startup(model: Path, with_gradle: bool) -> Dict:
+    probe = (
+        "import json, time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter()\n"
+        "from gradbridge import jvm; jvm.start(); jvm.jclass('dev.gradbridge.Tensor').arange(1).close()\n"
+        "t2 = time.perf_counter(); jvm.load_module(%r).close(); t3 = time.perf_counter()\n"
+        "print(json.dumps({'import torch': t1 - t0, 'JVM + native library': t2 - t1, 'first module load': t3 - t2}))"
+    ) % str(model)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    startup = json.loads(result.stdout.strip().splitlines()[-1])
+    if with_gradle:
+        for _ in range(2):  # the second run is the warm one
+            started = time.perf_counter()
+            gradle = run_task("run", ["--epochs", 1, "--log-every", 1])
+            startup["gradle run (warm)"] = time.perf_counter() - started
+            if gradle.returncode != 0:  # reported, so that the other figures are not lost
+                errors = [line for line in gradle.stderr.splitlines() if "error" in line.lower()]
+                startup["gradle run (warm)"] = float("nan")
+                startup["gradle run error"] = (errors or ["exit code %d" % gradle.returncode])[0]
+                break
+    return startup
