@@ -22,6 +22,7 @@
 #include <torch/script.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -305,6 +306,30 @@ torch::jit::Method method_of(torch::jit::Module& module, JNIEnv* env, jstring na
   auto found = module.find_method(method.chars);
   if (!found) throw std::invalid_argument(std::string("the module has no method '") + method.chars + "'");
   return *found;
+}
+
+// Runs a method looked up once (Native.methodOf) under TrainingCall; its result must be a tensor.
+at::Tensor run_to_tensor(jlong method, std::vector<c10::IValue> inputs) {
+  if (method == 0) throw std::invalid_argument("the method is closed");
+  auto& run = *reinterpret_cast<torch::jit::Method*>(method);
+  TrainingCall call;
+  c10::IValue result = run(std::move(inputs));
+  if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
+  return result.toTensor();
+}
+
+// A tensor's values as exact doubles into out[numel]: float32 widens here (exact), rather than in
+// a libtorch conversion kernel; other dtypes convert in libtorch.
+void copy_doubles(const at::Tensor& values, double* out) {
+  const int64_t count = values.numel();
+  if (values.device().is_cpu() && values.is_contiguous() && values.scalar_type() == at::kFloat) {
+    const float* data = values.const_data_ptr<float>();
+    std::copy(data, data + count, out);
+  } else {
+    at::NoGradGuard no_grad;
+    at::Tensor wide = values.to(at::kCPU, at::kDouble).contiguous();
+    std::copy(wide.const_data_ptr<double>(), wide.const_data_ptr<double>() + count, out);
+  }
 }
 
 }  // namespace
@@ -630,38 +655,47 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleInfer(
   });
 }
 
-JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_moduleRunToDoubles(
-    JNIEnv* env, jclass, jlong module, jstring name, jlongArray tensors, jboolean with_integer, jlong integer) {
-  return guarded(env, static_cast<jdoubleArray>(nullptr), [&] {
-    torch::jit::Method method = method_of(module_of(module), env, name);
-    jsize n = env->GetArrayLength(tensors);
-    jlong handles[8];
-    if (n > 8) throw std::invalid_argument("too many tensor arguments");
-    env->GetLongArrayRegion(tensors, 0, n, handles);
-    std::vector<c10::IValue> inputs;
-    inputs.reserve(n + 1);
-    for (jsize i = 0; i < n; i++) inputs.emplace_back(tensor_of(handles[i]));
-    if (with_integer == JNI_TRUE) inputs.emplace_back(static_cast<int64_t>(integer));
-    at::Tensor values;
-    {
-      TrainingCall call;
-      c10::IValue result = method(std::move(inputs));
-      if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
-      values = result.toTensor();
+// ---- the training hot path: a method looked up once, tensor handles in, the loss out ----
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_methodOf(JNIEnv* env, jclass, jlong module, jstring name) {
+  return guarded(env, jlong{0}, [&] {
+    // A Method holds a reference to its module's object: valid whichever is freed first.
+    return reinterpret_cast<jlong>(new torch::jit::Method(method_of(module_of(module), env, name)));
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_methodFree(JNIEnv* env, jclass, jlong method) {
+  guarded(env, 0, [&] {
+    delete reinterpret_cast<torch::jit::Method*>(method);
+    return 0;
+  });
+}
+
+JNIEXPORT jdouble JNICALL Java_dev_gradbridge_Native_methodRunToDouble(
+    JNIEnv* env, jclass, jlong method, jlong x, jlong y) {
+  return guarded(env, jdouble{0}, [&] {
+    at::Tensor value = run_to_tensor(method, {tensor_of(x), tensor_of(y)});
+    if (value.numel() != 1) {
+      throw std::invalid_argument("returned " + std::to_string(value.numel()) + " values, not one loss");
     }
+    double out = 0;
+    copy_doubles(value, &out);
+    return static_cast<jdouble>(out);
+  });
+}
+
+JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_methodRunToDoubles(
+    JNIEnv* env, jclass, jlong method, jlong x, jlong y, jlong perm, jlong batch) {
+  return guarded(env, static_cast<jdoubleArray>(nullptr), [&] {
+    at::Tensor values = perm == 0 ? run_to_tensor(method, {tensor_of(x), tensor_of(y)})
+                                  : run_to_tensor(method, {tensor_of(x), tensor_of(y), tensor_of(perm),
+                                                           static_cast<int64_t>(batch)});
     jsize count = static_cast<jsize>(values.numel());
+    std::vector<double> doubles(static_cast<size_t>(count));
+    copy_doubles(values, doubles.data());
     jdoubleArray out = env->NewDoubleArray(count);
     if (out == nullptr) throw JavaPending{};
-    if (values.device().is_cpu() && values.is_contiguous() && values.scalar_type() == at::kFloat) {
-      // float32 widens to double exactly, here rather than in a libtorch conversion kernel.
-      const float* data = values.const_data_ptr<float>();
-      std::vector<double> widened(data, data + count);
-      env->SetDoubleArrayRegion(out, 0, count, widened.data());
-    } else {
-      at::NoGradGuard no_grad;
-      at::Tensor wide = values.to(at::kCPU, at::kDouble).contiguous();
-      env->SetDoubleArrayRegion(out, 0, count, wide.const_data_ptr<double>());
-    }
+    env->SetDoubleArrayRegion(out, 0, count, doubles.data());
     return out;
   });
 }

@@ -12,6 +12,7 @@ import torch
 
 from gradbridge import protocol
 from gradbridge import classpath
+from gradbridge import libtorch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,14 @@ def test_native_library_runs_the_torch_python_loaded(jvm):
     Versions = jpype.JClass("dev.gradbridge.Versions")
     assert str(Versions.libtorch()) == torch.__version__.split("+")[0]
     assert str(Versions.libtorch()) in str(Versions.nativeLibrary())
+
+
+def test_java_reads_the_one_torch_range(jvm):
+    """The jar's range (refusing a libtorch folder outside it) is requirements.txt's torch line."""
+    Versions = jpype.JClass("dev.gradbridge.Versions")
+    assert str(Versions.TORCH_RANGE) == libtorch.supported()
+    for version in ("2.6.0", "2.7.0", "2.7.1", "2.10.2", "2.15.0", "2.16.0", "3.0.0"):
+        assert bool(Versions.inTorchRange(version)) == libtorch.in_range(version), version
 
 
 def test_training_modes_match(jvm):

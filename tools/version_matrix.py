@@ -6,11 +6,14 @@
 For each minor release of the range in python/gradbridge/requirements.txt (2.7 ... 2.15 for
 ``torch>=2.7.1,<2.16``) it creates a venv under build/version-matrix/ with this checkout and the
 newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
-marked ``every_torch`` there (the set `make test` runs on the newest torch: the Python-side parity,
-the range's checks, quiet exports, a module exported there trained in a separate JVM on DJL's
-libtorch), and deletes the venv again (``--keep`` keeps it: each is ~5 GB). ``--use VENV`` reuses an
+marked ``every_torch`` or ``every_torch_java`` there (the set `make test` runs on the newest torch:
+the Python-side parity, the range's checks, quiet exports, a module exported there trained in a
+separate JVM on DJL's libtorch, and the fast in-process Java parity cases on that torch's own
+libtorch, through the native library compiled once for it), and deletes the venv again (``--keep``
+keeps it: each is ~5 GB). The next release's venv is created while the current one's tests run
+(downloads take as long as the tests), so at most two venvs exist at once. ``--use VENV`` reuses an
 existing venv for the minor its torch has. Prints a Markdown table (the README shows the last one)
-and writes it with the details to build/version-matrix.json. Needs `make java` (the separate JVM).
+and writes it with the details to build/version-matrix.json. Needs `make java` (the Java library).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -32,7 +36,7 @@ sys.path.insert(0, str(REPO_ROOT / "python"))
 from gradbridge import libtorch  # noqa: E402  (the range's one definition)
 
 OUT = REPO_ROOT / "build" / "version-matrix"
-MARKERS = "every_torch"
+MARKERS = "every_torch or every_torch_java"  # as `make test` on the newest torch
 _CROSS = re.compile(r"torch \S+ vs DJL's libtorch \S+: (.+)")
 
 
@@ -72,7 +76,7 @@ def create(minor: str) -> Path:
 
 
 def run_tests(venv: Path) -> Dict[str, object]:
-    """The every_torch tests in ``venv``: counts, seconds, and what the cross-version case printed."""
+    """The tests marked MARKERS in ``venv``: counts, seconds, and what the cross-version case printed."""
     started = time.monotonic()
     result = subprocess.run([_python(venv), "-m", "pytest", "-m", MARKERS, "-q", "-s", "-p", "no:cacheprovider"],
                             cwd=REPO_ROOT, capture_output=True, text=True)
@@ -90,7 +94,7 @@ def run_tests(venv: Path) -> Dict[str, object]:
 
 
 def table(rows: List[dict]) -> str:
-    lines = ["| torch | every_torch tests | time | TorchScript | exported here, trained on DJL's libtorch 2.7.1 |",
+    lines = ["| torch | every_torch(_java) tests | time | TorchScript | exported here, trained on DJL's libtorch 2.7.1 |",
              "|---|---|---|---|---|"]
     for row in rows:
         if "error" in row:
@@ -125,19 +129,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         existing[".".join(version.split("+")[0].split(".")[:2])] = venv
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
-    for minor in wanted:
-        created = None
-        try:
-            venv = existing.get(minor) or (created := create(minor))
-        except subprocess.CalledProcessError as ex:
-            rows.append({"torch": f"{minor}.*", "error": f"venv not created ({ex})"})
-            continue
-        row = {"torch": _torch_of(venv), "venv": str(venv), **run_tests(venv)}
-        rows.append(row)
-        print(f"torch {row['torch']}: {row['summary']} ({row['seconds']} s)", flush=True)
-        if created is not None and not args.keep:
-            shutil.rmtree(created)
-        _write(rows, argv)  # after every release: a run stopped early keeps what it measured
+    with ThreadPoolExecutor(max_workers=1) as creator:  # one download beside one test run
+        pending: Dict[str, Future] = {}
+
+        def prepare(minor: str) -> None:
+            if minor not in existing and minor not in pending:
+                pending[minor] = creator.submit(create, minor)
+
+        for index, minor in enumerate(wanted):
+            prepare(minor)
+            try:
+                venv = pending[minor].result() if minor in pending else existing[minor]
+            except subprocess.CalledProcessError as ex:
+                rows.append({"torch": f"{minor}.*", "error": f"venv not created ({ex})"})
+                continue
+            finally:
+                if index + 1 < len(wanted):
+                    prepare(wanted[index + 1])
+            row = {"torch": _torch_of(venv), "venv": str(venv), **run_tests(venv)}
+            rows.append(row)
+            print(f"torch {row['torch']}: {row['summary']} ({row['seconds']} s)", flush=True)
+            if minor in pending and not args.keep:
+                shutil.rmtree(venv)
+            _write(rows, argv)  # after every release: a run stopped early keeps what it measured
     print(f"\n{table(rows)}\n\n{_write(rows, argv)}")
     return 0 if all(row.get("returncode") == 0 for row in rows) else 1
 

@@ -71,12 +71,13 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 5 ? std::stoll(argv[5]) : n;
   torch::Tensor perm = torch::arange(n, torch::kInt64);
 
+  // Each call reads its losses as gradbridge's Java call does (float32 widened to double in a
+  // buffer the caller keeps): a training loop that never looks at its loss is not one.
+  std::vector<double> losses;
   auto call = [&]() {
-    if (mode == "fused") {
-      train_epoch({x, y, perm, batch});
-    } else {
-      train_step({x, y});
-    }
+    at::Tensor out = mode == "fused" ? train_epoch({x, y, perm, batch}).toTensor() : train_step({x, y}).toTensor();
+    const float* data = out.const_data_ptr<float>();
+    losses.assign(data, data + out.numel());
   };
   std::cout << "{\"ready\": true, \"intra_op_threads\": " << at::get_num_threads()
             << ", \"interop_threads\": " << at::get_num_interop_threads() << ", \"native_memory\": \""

@@ -24,7 +24,7 @@ public final class CallBreakdown {
 
         @Override
         public void run() {
-            module.invokeToDoubles(Protocol.TRAIN_STEP, x, y, null, 0);
+            module.invokeToDouble(Protocol.TRAIN_STEP, x, y);
         }
 
         @Override

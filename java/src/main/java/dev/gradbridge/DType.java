@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.Locale;
 
@@ -67,6 +68,26 @@ public enum DType {
     /** libtorch's {@code c10::ScalarType} code (fixed across libtorch versions). */
     int code() {
         return code;
+    }
+
+    /**
+     * Writes one value in this type's bytes, in the buffer's byte order: what digests hash and
+     * files hold. Values arrive as exact doubles (float32 and integer values widened).
+     *
+     * @param out where the bytes go
+     * @param value the value
+     * @throws UnsupportedOperationException for float16 and bfloat16 (no Java primitive)
+     */
+    public void put(ByteBuffer out, double value) {
+        switch (this) {
+            case FLOAT32: out.putFloat((float) value); break;
+            case FLOAT64: out.putDouble(value); break;
+            case INT64: out.putLong((long) value); break;
+            case INT32: out.putInt((int) value); break;
+            case INT16: out.putShort((short) value); break;
+            case INT8: case UINT8: case BOOL: out.put((byte) (long) value); break;
+            default: throw new UnsupportedOperationException("no Java value type for " + torchName);
+        }
     }
 
     /**

@@ -5,7 +5,6 @@ import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -122,25 +121,32 @@ public final class History {
      * @return lowercase hex digest
      */
     public static String digest(double[] values, String dtype) {
-        int width = "float32".equals(dtype) ? 4 : 8;
-        ByteBuffer bytes = ByteBuffer.allocate(values.length * width).order(ByteOrder.LITTLE_ENDIAN);
+        DType type = digestType(dtype);
+        ByteBuffer bytes = ByteBuffer.allocate(values.length * type.size()).order(DType.FILE_ORDER);
         for (double value : values) {
-            switch (dtype) {
-                case "float32":
-                    bytes.putFloat((float) value);
-                    break;
-                case "float64":
-                    bytes.putDouble(value);
-                    break;
-                case "int64":
-                    bytes.putLong((long) value);
-                    break;
-                default:
-                    throw new IllegalArgumentException("no digest for dtype " + dtype);
-            }
+            type.put(bytes, value);
         }
         return Digests.sha256Hex(bytes.array());
     }
+
+    /**
+     * The dtype of a digest: {@code float32}, {@code float64} or {@code int64} (what parameters,
+     * buffers and optimizer state hold).
+     *
+     * @param dtype torch's name
+     * @return its type
+     * @throws IllegalArgumentException for any other
+     */
+    public static DType digestType(String dtype) {
+        for (DType type : DIGEST_TYPES) {
+            if (type.torchName().equals(dtype)) {
+                return type;
+            }
+        }
+        throw new IllegalArgumentException("no digest for dtype " + dtype);
+    }
+
+    private static final DType[] DIGEST_TYPES = {DType.FLOAT32, DType.FLOAT64, DType.INT64};
 
     /**
      * Records the module's parameters after an epoch, with their digests.

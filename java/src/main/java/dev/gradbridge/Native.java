@@ -126,11 +126,22 @@ final class Native {
     static native long moduleInfer(long module, String method, long tensor);
 
     /**
-     * The training hot path: {@code method(tensors..., [integer])} whose result is a tensor,
-     * returned as exact doubles (float32 widens; other dtypes convert in libtorch).
-     *
-     * @param withInteger whether {@code integer} is passed after the tensors
+     * A module's method looked up once, for the training hot path ({@link #methodRunToDouble},
+     * {@link #methodRunToDoubles}): no name lookup per call. Free it with {@link #methodFree}.
      */
-    static native double[] moduleRunToDoubles(
-            long module, String method, long[] tensors, boolean withInteger, long integer);
+    static native long methodOf(long module, String method);
+
+    static native void methodFree(long method);
+
+    /**
+     * {@code method(x, y)} whose result is a one-element tensor, as an exact double (float32
+     * widens), run as {@link #moduleRun} runs methods; anything else fails naming the count.
+     */
+    static native double methodRunToDouble(long method, long x, long y);
+
+    /**
+     * {@code method(x, y)}, or {@code method(x, y, perm, batch)} when {@code perm} is not 0, whose
+     * result is a tensor, returned as exact doubles (float32 widens; other dtypes convert in libtorch).
+     */
+    static native double[] methodRunToDoubles(long method, long x, long y, long perm, long batch);
 }

@@ -102,6 +102,11 @@ final class NativeLibrary {
     private static String loadOnce() {
         Path libtorch = libtorchFolder();
         String libtorchVersion = libtorchVersion(libtorch);
+        if (!Versions.inTorchRange(libtorchVersion)) {
+            throw new GradbridgeException(named(libtorch) + " holds libtorch " + libtorchVersion
+                    + ", outside gradbridge's supported range " + Versions.TORCH_RANGE
+                    + ": name the torch/lib folder of a torch in that range");
+        }
         Path library;
         Properties built;
         String configured = setting(LIBRARY_PROPERTY, LIBRARY_ENV);
@@ -125,6 +130,14 @@ final class NativeLibrary {
                             + ": use a native library built for " + libtorchVersion
                             + " (python -m gradbridge.native build --out DIR with that torch installed,"
                             + " then -D" + LIBRARY_PROPERTY + "=DIR/<file>.so)");
+        }
+        int folderAbi = cxx11Abi(libtorch);
+        if (!String.valueOf(folderAbi).equals(abi)) {
+            throw new GradbridgeException(named(libtorch) + " holds libtorch " + libtorchVersion + " built with the "
+                    + (folderAbi == 0 ? "pre-C++11 ABI" : "C++11 ABI") + " (C++11 ABI " + folderAbi
+                    + "), but gradbridge's native library " + library.getFileName() + " was built for C++11 ABI "
+                    + abi + ": name a libtorch of C++11 ABI " + abi + " (pip's torch is one), or build the native"
+                    + " library against this one (python -m gradbridge.native build)");
         }
         for (Path file : libtorchFiles(libtorch)) {
             try {
@@ -191,6 +204,39 @@ final class NativeLibrary {
                             + ") to a libtorch folder, e.g. a pip torch's torch/lib");
         }
         return extractDjlLibtorch(djl);
+    }
+
+    /** A libtorch folder for messages: with the setting that named it, if one did. */
+    private static String named(Path folder) {
+        String configured = setting(LIBTORCH_PROPERTY, LIBTORCH_ENV);
+        return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
+                ? folder + " (" + source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ")"
+                : folder.toString();
+    }
+
+    /**
+     * The C++ ABI a libtorch folder was built with, read before anything loads: 1 when libc10.so's
+     * symbols name {@code std::__cxx11} types (every C++11-ABI build's do), else 0. A native library
+     * of the other ABI would fail to load with an undefined symbol, or worse, load.
+     */
+    static int cxx11Abi(Path folder) {
+        byte[] marker = "__cxx11".getBytes(StandardCharsets.US_ASCII);
+        byte[] bytes;
+        try {
+            bytes = Files.readAllBytes(folder.resolve("libc10.so"));
+        } catch (IOException e) {
+            throw new GradbridgeException("cannot read " + folder.resolve("libc10.so") + ": " + e.getMessage(), e);
+        }
+        outer:
+        for (int i = 0; i + marker.length <= bytes.length; i++) {
+            for (int j = 0; j < marker.length; j++) {
+                if (bytes[i + j] != marker[j]) {
+                    continue outer;
+                }
+            }
+            return 1;
+        }
+        return 0;
     }
 
     /** The version of libtorch in a folder: DJL's properties, a pip torch's version.py, or libtorch's build-version. */

@@ -60,7 +60,16 @@ abstract class ScriptedModule implements AutoCloseable {
     abstract Tensor infer(String method, Tensor x);
 
     /**
-     * The hot path of training ({@code train_step}, {@code train_epoch}, ...): runs {@code
+     * The hot path of one training step ({@code train_step}, {@code evaluate}): runs {@code
+     * method(x, y)}, whose result is a one-element tensor, and returns it as an exact double. The
+     * caller has checked the arguments.
+     *
+     * @throws MethodCallException when the method fails or returns another number of values
+     */
+    abstract double invokeToDouble(String method, Tensor x, Tensor y);
+
+    /**
+     * The hot path of training in bulk ({@code train_epoch}, ...): runs {@code
      * method(x, y)}, or {@code method(x, y, perm, batch)} when {@code perm} is given, whose result
      * is a tensor, and returns its values as exact doubles (float32 widens without rounding). The
      * caller has checked the arguments.

@@ -9,6 +9,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
@@ -20,6 +21,7 @@ final class TorchScriptModule extends ScriptedModule {
     private final Path path;
     private final AtomicLong handle;
     private final Set<String> methodNames;
+    private final Map<String, Long> hotMethods = new ConcurrentHashMap<>();
 
     private TorchScriptModule(Path path, long handle) {
         this.path = path;
@@ -86,13 +88,40 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
-    double[] invokeToDoubles(String method, Tensor x, Tensor y, Tensor perm, long batch) {
-        requireMethod(method);
-        long[] tensors = perm == null ? new long[] {x.handle(), y.handle()} : new long[] {x.handle(), y.handle(), perm.handle()};
+    double invokeToDouble(String method, Tensor x, Tensor y) {
+        long run = hotMethod(method);
         try {
-            return Native.moduleRunToDoubles(handle(), method, tensors, perm != null, batch);
+            return Native.methodRunToDouble(run, x.handle(), y.handle());
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    @Override
+    double[] invokeToDoubles(String method, Tensor x, Tensor y, Tensor perm, long batch) {
+        long run = hotMethod(method);
+        try {
+            return Native.methodRunToDoubles(run, x.handle(), y.handle(), perm == null ? 0 : perm.handle(), batch);
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    /** The native method handle, looked up on first use and kept until close. */
+    private long hotMethod(String method) {
+        long module = handle();
+        Long known = hotMethods.get(method);
+        if (known != null) {
+            return known;
+        }
+        requireMethod(method);
+        synchronized (hotMethods) {
+            known = hotMethods.get(method);
+            if (known == null) {
+                known = Native.methodOf(module, method);
+                hotMethods.put(method, known);
+            }
+            return known;
         }
     }
 
@@ -149,6 +178,12 @@ final class TorchScriptModule extends ScriptedModule {
     public void close() {
         long value = handle.getAndSet(0);
         if (value != 0) {
+            synchronized (hotMethods) {
+                for (long method : hotMethods.values()) {
+                    Native.methodFree(method);
+                }
+                hotMethods.clear();
+            }
             Native.moduleFree(value);
         }
     }

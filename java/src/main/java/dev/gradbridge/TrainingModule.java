@@ -311,13 +311,7 @@ public final class TrainingModule implements AutoCloseable {
 
     private double scalarLoss(String method, Tensor x, Tensor y) {
         checkBatch(method, x, y);
-        // The hot path of training: see ScriptedModule.invokeToDoubles.
-        double[] loss = scripted.invokeToDoubles(method, x, y, null, 0);
-        if (loss.length != 1) {
-            throw new MethodCallException(
-                    path + ": " + method + "() returned " + loss.length + " values, not one loss", null);
-        }
-        return loss[0];
+        return scripted.invokeToDouble(method, x, y); // the hot path: see ScriptedModule
     }
 
     /** Checks x and y against the metadata and each other; returns the number of samples. */

@@ -1,10 +1,12 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.DType;
 import dev.gradbridge.InvalidInputException;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.util.Arrays;
+import java.util.EnumSet;
 import java.util.Locale;
+import java.util.Set;
 
 /**
  * An immutable tensor in Java memory: dtype, shape and little-endian bytes (the write-ahead
@@ -12,6 +14,9 @@ import java.util.Locale;
  * event per row. Supported dtypes: {@code float32}, {@code float64}, {@code int64}.
  */
 public final class HostTensor {
+
+    /** The dtypes a host tensor holds (what the online learner's log and models take). */
+    private static final Set<DType> SUPPORTED = EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64);
 
     private final String dtype;
     private final long[] shape;
@@ -56,9 +61,9 @@ public final class HostTensor {
      * @return the tensor
      */
     public static HostTensor ofFloats(float[] values, long... shape) {
-        ByteBuffer bytes = ByteBuffer.allocate(values.length * 4).order(ByteOrder.LITTLE_ENDIAN);
+        ByteBuffer bytes = ByteBuffer.allocate(values.length * 4).order(DType.FILE_ORDER);
         bytes.asFloatBuffer().put(values);
-        return new HostTensor("float32", shape, bytes.array());
+        return new HostTensor(DType.FLOAT32.torchName(), shape, bytes.array());
     }
 
     /**
@@ -69,9 +74,9 @@ public final class HostTensor {
      * @return the tensor
      */
     public static HostTensor ofDoubles(double[] values, long... shape) {
-        ByteBuffer bytes = ByteBuffer.allocate(values.length * 8).order(ByteOrder.LITTLE_ENDIAN);
+        ByteBuffer bytes = ByteBuffer.allocate(values.length * 8).order(DType.FILE_ORDER);
         bytes.asDoubleBuffer().put(values);
-        return new HostTensor("float64", shape, bytes.array());
+        return new HostTensor(DType.FLOAT64.torchName(), shape, bytes.array());
     }
 
     /**
@@ -82,9 +87,9 @@ public final class HostTensor {
      * @return the tensor
      */
     public static HostTensor ofLongs(long[] values, long... shape) {
-        ByteBuffer bytes = ByteBuffer.allocate(values.length * 8).order(ByteOrder.LITTLE_ENDIAN);
+        ByteBuffer bytes = ByteBuffer.allocate(values.length * 8).order(DType.FILE_ORDER);
         bytes.asLongBuffer().put(values);
-        return new HostTensor("int64", shape, bytes.array());
+        return new HostTensor(DType.INT64.torchName(), shape, bytes.array());
     }
 
     /**
@@ -95,16 +100,16 @@ public final class HostTensor {
      * @throws InvalidInputException for any other dtype
      */
     public static int elementSize(String dtype) {
-        switch (dtype) {
-            case "float32":
-                return 4;
-            case "float64":
-            case "int64":
-                return 8;
-            default:
-                throw new InvalidInputException(
-                        "dtype " + dtype + " is not supported; expected float32, float64 or int64");
+        return supported(dtype).size();
+    }
+
+    private static DType supported(String dtype) {
+        for (DType type : SUPPORTED) {
+            if (type.torchName().equals(dtype)) {
+                return type;
+            }
         }
+        throw new InvalidInputException("dtype " + dtype + " is not supported; expected float32, float64 or int64");
     }
 
     /** @return the dtype name (torch's spelling) */
@@ -134,39 +139,40 @@ public final class HostTensor {
 
     /** @return the values as floats (float32 only) */
     public float[] toFloatArray() {
-        requireDtype("float32");
-        float[] values = new float[data.length / 4];
-        ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().get(values);
+        requireDtype(DType.FLOAT32);
+        float[] values = new float[data.length / DType.FLOAT32.size()];
+        ByteBuffer.wrap(data).order(DType.FILE_ORDER).asFloatBuffer().get(values);
         return values;
     }
 
     /** @return the values as doubles (float64 only) */
     public double[] toDoubleArray() {
-        requireDtype("float64");
-        double[] values = new double[data.length / 8];
-        ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer().get(values);
+        requireDtype(DType.FLOAT64);
+        double[] values = new double[data.length / DType.FLOAT64.size()];
+        ByteBuffer.wrap(data).order(DType.FILE_ORDER).asDoubleBuffer().get(values);
         return values;
     }
 
     /** @return the values as longs (int64 only) */
     public long[] toLongArray() {
-        requireDtype("int64");
-        long[] values = new long[data.length / 8];
-        ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN).asLongBuffer().get(values);
+        requireDtype(DType.INT64);
+        long[] values = new long[data.length / DType.INT64.size()];
+        ByteBuffer.wrap(data).order(DType.FILE_ORDER).asLongBuffer().get(values);
         return values;
     }
 
     /** @return whether every value is finite (always true for int64) */
     public boolean allFinite() {
-        ByteBuffer buffer = ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN);
-        if ("float32".equals(dtype)) {
-            for (int i = 0; i < data.length; i += 4) {
+        ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
+        DType type = supported(dtype);
+        if (type == DType.FLOAT32) {
+            for (int i = 0; i < data.length; i += type.size()) {
                 if (!Float.isFinite(buffer.getFloat(i))) {
                     return false;
                 }
             }
-        } else if ("float64".equals(dtype)) {
-            for (int i = 0; i < data.length; i += 8) {
+        } else if (type == DType.FLOAT64) {
+            for (int i = 0; i < data.length; i += type.size()) {
                 if (!Double.isFinite(buffer.getDouble(i))) {
                     return false;
                 }
@@ -175,8 +181,8 @@ public final class HostTensor {
         return true;
     }
 
-    private void requireDtype(String wanted) {
-        if (!wanted.equals(dtype)) {
+    private void requireDtype(DType wanted) {
+        if (!wanted.torchName().equals(dtype)) {
             throw new IllegalStateException("tensor is " + dtype + ", not " + wanted);
         }
     }

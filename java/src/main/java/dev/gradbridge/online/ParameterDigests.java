@@ -1,8 +1,9 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.DType;
 import dev.gradbridge.Digests;
+import dev.gradbridge.History;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.security.MessageDigest;
 
 /**
@@ -15,7 +16,7 @@ import java.security.MessageDigest;
 final class ParameterDigests {
 
     private final MessageDigest sha256;
-    private ByteBuffer bytes = ByteBuffer.allocate(0).order(ByteOrder.LITTLE_ENDIAN);
+    private ByteBuffer bytes = ByteBuffer.allocate(0).order(DType.FILE_ORDER);
 
     ParameterDigests() {
         sha256 = Digests.sha256();
@@ -27,35 +28,14 @@ final class ParameterDigests {
      * @return the same string as {@code History.digest(values, dtype)}
      */
     String digest(double[] values, String dtype) {
-        int width;
-        switch (dtype) {
-            case "float32":
-                width = 4;
-                break;
-            case "float64":
-            case "int64":
-                width = 8;
-                break;
-            default:
-                throw new IllegalArgumentException("no digest for dtype " + dtype);
-        }
-        int size = values.length * width;
+        DType type = History.digestType(dtype);
+        int size = values.length * type.size();
         if (bytes.capacity() < size) {
-            bytes = ByteBuffer.allocate(size).order(ByteOrder.LITTLE_ENDIAN);
+            bytes = ByteBuffer.allocate(size).order(DType.FILE_ORDER);
         }
         bytes.clear();
-        if (width == 4) {
-            for (double value : values) {
-                bytes.putFloat((float) value);
-            }
-        } else if ("float64".equals(dtype)) {
-            for (double value : values) {
-                bytes.putDouble(value);
-            }
-        } else {
-            for (double value : values) {
-                bytes.putLong((long) value);
-            }
+        for (double value : values) {
+            type.put(bytes, value);
         }
         sha256.reset();
         sha256.update(bytes.array(), 0, size);

@@ -4,10 +4,10 @@ import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonNull;
 import com.google.gson.JsonPrimitive;
+import dev.gradbridge.DType;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -32,24 +32,20 @@ final class JsonTensors {
         }
         List<JsonPrimitive> values = new ArrayList<>();
         flatten(field, json, shape, 0, values);
-        int width = HostTensor.elementSize(dtype);
-        ByteBuffer bytes = ByteBuffer.allocate(values.size() * width).order(ByteOrder.LITTLE_ENDIAN);
+        int width = HostTensor.elementSize(dtype); // refuses what a HostTensor cannot hold
+        DType type = DType.of(dtype);
+        ByteBuffer bytes = ByteBuffer.allocate(values.size() * width).order(DType.FILE_ORDER);
         for (JsonPrimitive value : values) {
             double number = value.getAsDouble();
-            switch (dtype) {
-                case "float32":
-                    bytes.putFloat((float) number);
-                    break;
-                case "float64":
-                    bytes.putDouble(number);
-                    break;
-                default:
-                    long integer = value.getAsLong();
-                    if (integer != number) {
-                        throw new InvalidInputException(
-                                "field '" + field + "' must hold integers (int64), got " + abbreviate(value));
-                    }
-                    bytes.putLong(integer);
+            if (type.isFloating()) {
+                type.put(bytes, number);
+            } else {
+                long integer = value.getAsLong(); // not through a double: int64 beyond 2^53 stays exact
+                if (integer != number) {
+                    throw new InvalidInputException(
+                            "field '" + field + "' must hold integers (int64), got " + abbreviate(value));
+                }
+                bytes.putLong(integer);
             }
         }
         long[] dims = new long[shape.size()];
@@ -90,13 +86,13 @@ final class JsonTensors {
     static JsonElement write(HostTensor tensor) {
         long[] shape = tensor.getShape();
         List<JsonPrimitive> flat = new ArrayList<>();
-        switch (tensor.getDtype()) {
-            case "float32":
+        switch (DType.of(tensor.getDtype())) {
+            case FLOAT32:
                 for (float v : tensor.toFloatArray()) {
                     flat.add(Float.isFinite(v) ? new JsonPrimitive(v) : null);
                 }
                 break;
-            case "float64":
+            case FLOAT64:
                 for (double v : tensor.toDoubleArray()) {
                     flat.add(Double.isFinite(v) ? new JsonPrimitive(v) : null);
                 }

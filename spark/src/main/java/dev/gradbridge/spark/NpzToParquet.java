@@ -1,5 +1,6 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.DType;
 import dev.gradbridge.Tensor;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
@@ -67,31 +68,18 @@ public final class NpzToParquet {
 
     private static final class Column {
         final DataType type;
-        final String dtype;
+        final DType dtype;
         final boolean array;
         final int perRow;
         final ByteBuffer bytes;
 
         Column(Tensor values, int n) {
-            dtype = values.dtype().torchName();
-            DataType element;
-            switch (dtype) {
-                case "float32":
-                    element = DataTypes.FloatType;
-                    break;
-                case "float64":
-                    element = DataTypes.DoubleType;
-                    break;
-                case "int64":
-                    element = DataTypes.LongType;
-                    break;
-                default:
-                    throw new IllegalArgumentException("unsupported dtype " + dtype);
-            }
+            dtype = values.dtype();
+            DataType element = ShardedData.sparkType(dtype);
             array = values.dim() > 1;
             type = array ? DataTypes.createArrayType(element, false) : element;
             perRow = n == 0 ? 0 : (int) (values.numel() / n);
-            bytes = ByteBuffer.wrap(values.toBytes()).order(ByteOrder.LITTLE_ENDIAN);
+            bytes = ByteBuffer.wrap(values.toBytes()).order(ByteOrder.nativeOrder());
         }
 
         Object value(int row) {
@@ -107,12 +95,12 @@ public final class NpzToParquet {
 
         private Object element(int index) {
             switch (dtype) {
-                case "float32":
-                    return bytes.getFloat(index * 4);
-                case "float64":
-                    return bytes.getDouble(index * 8);
+                case FLOAT32:
+                    return bytes.getFloat(index * dtype.size());
+                case FLOAT64:
+                    return bytes.getDouble(index * dtype.size());
                 default:
-                    return bytes.getLong(index * 8);
+                    return bytes.getLong(index * dtype.size());
             }
         }
     }

@@ -1,6 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.DType;
 import dev.gradbridge.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
@@ -115,15 +116,34 @@ public final class ShardedData {
         return Digests.hex(sha.digest());
     }
 
+    /** The dtypes a shard column holds (what parameters and metadata's x and y hold). */
+    private static final java.util.Set<DType> SUPPORTED =
+            java.util.EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64);
+
+    static DType supported(String dtype) {
+        for (DType type : SUPPORTED) {
+            if (type.torchName().equals(dtype)) {
+                return type;
+            }
+        }
+        throw new IllegalArgumentException("unsupported dtype " + dtype);
+    }
+
     static int bytesOf(String dtype) {
-        switch (dtype) {
-            case "float32":
-                return 4;
-            case "float64":
-            case "int64":
-                return 8;
+        return supported(dtype).size();
+    }
+
+    /** The Spark column type of a tensor's elements. */
+    static DataType sparkType(DType type) {
+        switch (type) {
+            case FLOAT32:
+                return DataTypes.FloatType;
+            case FLOAT64:
+                return DataTypes.DoubleType;
+            case INT64:
+                return DataTypes.LongType;
             default:
-                throw new IllegalArgumentException("unsupported dtype " + dtype);
+                throw new IllegalArgumentException("unsupported dtype " + type);
         }
     }
 
@@ -239,6 +259,7 @@ public final class ShardedData {
         final String source;
         final String name;
         final String dtype;
+        final DType type;
         final long[] shape;
         final long values;
         final boolean array;
@@ -247,6 +268,7 @@ public final class ShardedData {
             this.source = source;
             this.name = name;
             this.dtype = dtype;
+            this.type = supported(dtype);
             this.shape = shape;
             this.values = perRow(shape);
             this.array = array;
@@ -254,7 +276,7 @@ public final class ShardedData {
 
         static Column of(String source, org.apache.spark.sql.Dataset<Row> frame, Metadata.TensorSpec spec) {
             String name = spec.getName();
-            DataType expected = sparkType(spec.getDtype());
+            DataType expected = sparkType(supported(spec.getDtype()));
             StructField field = null;
             for (StructField f : frame.schema().fields()) {
                 if (f.name().equals(name)) {
@@ -282,21 +304,8 @@ public final class ShardedData {
             return new Column(source, name, spec.getDtype(), spec.getShape(), isArray);
         }
 
-        private static DataType sparkType(String dtype) {
-            switch (dtype) {
-                case "float32":
-                    return DataTypes.FloatType;
-                case "float64":
-                    return DataTypes.DoubleType;
-                case "int64":
-                    return DataTypes.LongType;
-                default:
-                    throw new IllegalArgumentException("unsupported dtype " + dtype);
-            }
-        }
-
         private boolean floating() {
-            return !"int64".equals(dtype);
+            return type.isFloating();
         }
 
         /** SQL aggregates: nulls, then (arrays) min and max size and null elements, then non-finite rows. */
@@ -353,16 +362,16 @@ public final class ShardedData {
         }
 
         int rowBytes() {
-            return (int) (values * bytesOf(dtype));
+            return (int) (values * type.size());
         }
 
         void write(Row row, int index, ByteBuffer out) {
             if (!array) {
-                switch (dtype) {
-                    case "float32":
+                switch (type) {
+                    case FLOAT32:
                         out.putFloat(row.getFloat(index));
                         return;
-                    case "float64":
+                    case FLOAT64:
                         out.putDouble(row.getDouble(index));
                         return;
                     default:
@@ -372,11 +381,11 @@ public final class ShardedData {
             }
             List<Object> items = row.getList(index);
             for (Object item : items) {
-                switch (dtype) {
-                    case "float32":
+                switch (type) {
+                    case FLOAT32:
                         out.putFloat((Float) item);
                         break;
-                    case "float64":
+                    case FLOAT64:
                         out.putDouble((Double) item);
                         break;
                     default:
