@@ -62,7 +62,7 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
     for k in (1, 2):
         history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
-        rates, step_ms, compute_ms, overhead_ms, runs = [], [], [], [], []
+        rates, step_ms, compute_ms, overhead_ms, exchange_ms, optimizer_ms, runs = [], [], [], [], [], [], []
         for _ in range(ROUNDS):
             sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
                           "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
@@ -72,12 +72,16 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
             step_ms.append(1e3 * s["step_s"] / s["steps"])
             compute_ms.append(1e3 * s["compute_s"] / s["steps"])
             overhead_ms.append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
+            exchange_ms.append(1e3 * s["exchange_s"] / s["steps"])
+            optimizer_ms.append(1e3 * s["optimizer_s"] / s["steps"])
             runs.append(s)
         s = runs[-1]
         out[f"K={k}"] = {
             "steps_per_s": _spread(rates),
             "per_step_ms": {"step": _spread(step_ms), "compute_slowest_task": _spread(compute_ms),
-                            "overhead": _spread(overhead_ms)},
+                            "overhead": _spread(overhead_ms),
+                            # the slowest task's, so they include waiting for the slowest compute
+                            "exchange": _spread(exchange_ms), "optimizer": _spread(optimizer_ms)},
             "per_epoch_stage_s": s["stage_s"] / epochs,
             "per_epoch_load_s": s["load_s"] / epochs,
             "bytes_per_task_per_step": {"sent": s["bytes_sent"] // s["steps"],
@@ -131,15 +135,16 @@ def _table(results: list) -> str:
     for r in results:
         lines.append(f"### {r['case']}  ({r['parameters']:,} parameters, {r['samples']} samples, batch {r['batch']})")
         lines.append("")
-        lines.append("| run | steps/s | ms/step | compute (slowest task) | overhead | bytes sent/task/step "
-                     "| bytes received/task/step |")
-        lines.append("|---|---|---|---|---|---|---|")
-        lines.append(f"| single-process Java Trainer, 1 thread | {_fmt(r['trainer']['steps_per_s'])} | | | | 0 | 0 |")
+        lines.append("| run | steps/s | ms/step | compute (slowest task) | overhead | exchange | optimizer "
+                     "| bytes sent/task/step | bytes received/task/step |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append(f"| single-process Java Trainer, 1 thread | {_fmt(r['trainer']['steps_per_s'])} | | | | | | 0 | 0 |")
         for k in (1, 2):
             s = r[f"K={k}"]
             ms = s["per_step_ms"]
             lines.append(f"| Spark local[{k}], {k} task(s) of 1 thread | {_fmt(s['steps_per_s'])} | "
                          f"{_fmt(ms['step'], 2)} | {_fmt(ms['compute_slowest_task'], 2)} | {_fmt(ms['overhead'], 2)} | "
+                         f"{_fmt(ms['exchange'], 2)} | {_fmt(ms['optimizer'], 2)} | "
                          f"{s['bytes_per_task_per_step']['sent']:,} | {s['bytes_per_task_per_step']['received']:,} |")
         m = r["model"]
         lines.append("")

@@ -625,6 +625,36 @@ JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_moduleRun(
   });
 }
 
+// Whether every element of every tensor is finite: the update guard's common case, decided in
+// libtorch instead of copying every gradient out.
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_tensorsAllFinite(JNIEnv* env, jclass, jlongArray tensors) {
+  return guarded(env, jboolean{JNI_FALSE}, [&] {
+    jsize n = env->GetArrayLength(tensors);
+    std::vector<jlong> handles(static_cast<size_t>(n));
+    env->GetLongArrayRegion(tensors, 0, n, handles.data());
+    at::NoGradGuard no_grad;
+    for (jlong handle : handles) {
+      const at::Tensor& t = tensor_of(handle);
+      if (t.defined() && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) return jboolean{JNI_FALSE};
+    }
+    return jboolean{JNI_TRUE};
+  });
+}
+
+// Serving: a one-tensor method without autograd (nothing is recorded for a backward that never
+// comes, so it runs like eager PyTorch under torch.no_grad(); the values are the same).
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleInfer(
+    JNIEnv* env, jclass, jlong module, jstring name, jlong tensor) {
+  return guarded(env, jlong{0}, [&] {
+    torch::jit::Method method = method_of(module_of(module), env, name);
+    at::NoGradGuard no_grad;
+    torch::jit::GraphOptimizerEnabledGuard optimizer{false};
+    c10::IValue result = method({tensor_of(tensor)});
+    if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
+    return new_handle(result.toTensor());
+  });
+}
+
 // ---- the training hot path: a method looked up once, tensor handles in, the loss out ----
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_methodOf(JNIEnv* env, jclass, jlong module, jstring name) {

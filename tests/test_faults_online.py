@@ -193,6 +193,7 @@ def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models
                            (("--port", 70000), "--port must be in 0..65535"),
                            (("--fsync", "sometimes"), "unknown fsync policy 'sometimes'"),
                            (("--max-grad-norm", "-1"), "max grad norm must be a finite number >= 0, got -1.0"),
+                           (("--group-commit-ms", "-1"), "group commit must be >= 0 ms, got -1"),
                            (("--max-batch", "x"), "Invalid value for option '--max-batch'")):
         log_dir = tmp_path / f"log{len(expected)}"
         result = _serve(serve_script, "--model", model, "--log", log_dir, *args)
@@ -373,6 +374,76 @@ def test_sigterm_under_load_answers_every_logged_request(serve_script, models, t
     _replay_bitwise(log_dir, model, len(acknowledged))
 
 
+def test_group_commit_publishes_only_durable_versions_through_a_sigkill(serve_script, models, tmp_path):
+    """fsync always with a long group-commit delay: versions wait for a shared fsync, training does
+    not. After a SIGKILL the log holds every acknowledged event and every version a prediction was
+    answered from; the restart resumes and replay is bitwise."""
+    import threading
+    import urllib.error
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    options = ("--fsync", "always", "--group-commit-ms", 20, "--max-batch", 4, "--max-wait-ms", 1)
+    service = Service(serve_script, model, log_dir, *options)
+    x, y = _data(4000, 9)
+    acknowledged, answered_versions, lock, stop = set(), set(), threading.Lock(), threading.Event()
+
+    def feedback(rows):
+        for start in rows:
+            if stop.is_set():
+                return
+            try:
+                status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(), "y": y[start:start + 2].tolist()},
+                                            timeout=10)
+            except (OSError, urllib.error.URLError):
+                return  # the service is gone
+            if status == 200:
+                answer = json.loads(body)
+                with lock:
+                    acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
+
+    def predict():
+        while not stop.is_set():
+            try:
+                status, body = service.post("/predict", {"x": x[:1].tolist()}, timeout=10)
+            except (OSError, urllib.error.URLError):
+                return
+            if status == 200:
+                with lock:
+                    answered_versions.add(json.loads(body)["version"])
+
+    starts = list(range(0, len(x), 2))
+    threads = [threading.Thread(target=feedback, args=(starts[i::4],)) for i in range(4)]
+    threads.append(threading.Thread(target=predict))
+    try:
+        for thread in threads:
+            thread.start()
+        import time
+
+        deadline = time.monotonic() + 30
+        while (len(acknowledged) < 300 or len(answered_versions) < 5) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        service.process.kill()  # SIGKILL: versions waiting for the group commit are lost, never answered
+        service.process.wait(timeout=30)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        stop.set()
+        service.kill()
+    assert len(acknowledged) >= 300 and len(answered_versions) >= 5
+    before = replay_mod.read_log(log_dir)
+    assert acknowledged <= set(before.events), "an acknowledged event is missing after SIGKILL"
+    assert answered_versions <= {v.id for v in before.versions}, "a prediction came from a version the log lost"
+
+    restarted = Service(serve_script, model, log_dir, *options)
+    try:
+        code, _, err = restarted.terminate()
+    finally:
+        restarted.kill()
+    assert code == 0, err
+    _replay_bitwise(log_dir, model, len(replay_mod.read_log(log_dir).events))
+
+
 def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path):
     import time
 
@@ -411,7 +482,7 @@ def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path
 
 
 def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_script, tmp_path):
-    from gradbridge.commands.online_demo import export
+    from gradbridge.recommender import export
 
     model = export(tmp_path / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
     log_dir = tmp_path / "log"
@@ -433,3 +504,90 @@ def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_
     checkpoint.write_bytes(b"not a module")
     line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
     assert str(checkpoint) in line, line
+
+
+def _keystore(folder: Path, password: str = "keystore-pass-1"):
+    """A PKCS12 keystore made by the JDK's keytool (a key pair for 127.0.0.1), its password file and certificate."""
+    import shutil
+
+    keytool = shutil.which("keytool")
+    assert keytool, "keytool (the JDK's) is needed"
+    keystore, certificate, password_file = folder / "server.p12", folder / "server.pem", folder / "tls.password"
+    subprocess.run([keytool, "-genkeypair", "-alias", "serve", "-keyalg", "EC", "-groupname", "secp256r1", "-validity", "2",
+                    "-dname", "CN=localhost", "-ext", "san=ip:127.0.0.1,dns:localhost", "-storetype", "PKCS12",
+                    "-keystore", str(keystore), "-storepass", password, "-keypass", password],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([keytool, "-exportcert", "-rfc", "-alias", "serve", "-keystore", str(keystore), "-storepass", password,
+                    "-file", str(certificate)], check=True, capture_output=True, timeout=120)
+    password_file.write_text(password + "\n")
+    return keystore, password_file, certificate
+
+
+def test_https_from_a_keystore_serves_a_verifying_client_and_plain_http_gets_nothing(serve_script, models, tmp_path):
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    keystore, password_file, certificate = _keystore(tmp_path)
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--tls-keystore", keystore,
+                      "--tls-password-file", password_file)
+    try:
+        assert service.url.startswith("https://127.0.0.1:")
+        service.context = ssl.create_default_context(cafile=str(certificate))  # verifies the chain and 127.0.0.1
+        acknowledged = _feed(service, 40, 3)
+        status, body = service.post("/predict", {"x": _data(1, 4)[0].tolist()})
+        assert status == 200 and "version" in json.loads(body)
+        with pytest.raises((urllib.error.URLError, ssl.SSLError)):  # a client that does not trust the certificate
+            urllib.request.urlopen(urllib.request.Request(service.url + "/healthz"), timeout=10,
+                                   context=ssl.create_default_context())
+        plain = http.client.HTTPConnection("127.0.0.1", int(service.url.rsplit(":", 1)[1]), timeout=10)
+        try:
+            plain.request("GET", "/healthz")
+            status = plain.getresponse().status
+        except (OSError, http.client.HTTPException):
+            status = None  # the TLS handshake fails and the connection closes
+        assert status in (None, 400), status  # plain HTTP on the TLS port: never an answer
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0, err
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_a_bad_keystore_or_password_is_one_line_and_leaves_nothing(serve_script, models, tmp_path, monkeypatch):
+    model = models["mlp_classifier.pt"]
+    keystore, password_file, _ = _keystore(tmp_path)
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    garbage = tmp_path / "garbage.p12"
+    garbage.write_bytes(b"\x00" * 100)
+    monkeypatch.delenv("GRADBRIDGE_TEST_TLS_UNSET", raising=False)
+    for args, expected in (
+            (("--tls-keystore", keystore, "--tls-password-file", wrong), "keystore password was incorrect"),
+            (("--tls-keystore", garbage, "--tls-password-file", password_file), f"cannot open keystore {garbage}"),
+            (("--tls-keystore", tmp_path / "missing.p12", "--tls-password-file", password_file), "no keystore at"),
+            (("--tls-keystore", keystore), "needs its password from --tls-password-file FILE or --tls-password-env"),
+            (("--tls-keystore", keystore, "--tls-password-env", "GRADBRIDGE_TEST_TLS_UNSET"),
+             "environment variable GRADBRIDGE_TEST_TLS_UNSET is not set (--tls-password-env)"),
+            (("--tls-password-file", password_file), "need --tls-keystore")):
+        log_dir = tmp_path / f"log{len(expected)}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, *args)
+        assert expected in one_error_line(result), result.stderr
+        assert "not-the-password" not in result.stderr and "keystore-pass-1" not in result.stderr
+        assert not log_dir.exists()
+    # The password from the environment works like the file; replay over what was acknowledged.
+    log_dir = tmp_path / "log"
+    monkeypatch.setenv("GRADBRIDGE_TEST_TLS_PASSWORD", "keystore-pass-1")
+    service = Service(serve_script, model, log_dir, "--fsync", "always", "--tls-keystore", keystore,
+                      "--tls-password-env", "GRADBRIDGE_TEST_TLS_PASSWORD")
+    try:
+        import ssl
+
+        service.context = ssl.create_default_context(cafile=str(tmp_path / "server.pem"))
+        acknowledged = _feed(service, 20, 5)
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0, err
+    _replay_bitwise(log_dir, model, acknowledged)

@@ -45,7 +45,9 @@ class Service:
         self.process = subprocess.Popen([str(script), "--model", str(model), "--log", str(log_dir), "--port", "0",
                                          *map(str, options)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()  # the JVM and libtorch start: a few seconds
-        assert line.startswith("gradbridge-serve: listening on http://127.0.0.1:"), line + self.process.stderr.read()
+        assert line.startswith(("gradbridge-serve: listening on http://127.0.0.1:",
+                                "gradbridge-serve: listening on https://127.0.0.1:")), line + self.process.stderr.read()
+        self.context = None  # an ssl.SSLContext for https
         self.url = line.split()[3]
         self.admin_url = None
         self.token = None
@@ -67,7 +69,7 @@ class Service:
             all_headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(self.url + path, data=data, method="POST", headers=all_headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as ex:
             return ex.code, ex.read().decode()

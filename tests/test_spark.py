@@ -129,15 +129,17 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
 
 
 def test_adam_k1_equals_the_replay_and_single_process_training(work, tmp_path):
-    """One partition: the weight is 1 and g * 1 is g, so the run is plain single-process training."""
+    """One partition: the weight is 1 and g * 1 is g, so the run is plain single-process training; the
+    task exchanges nothing."""
     history = tmp_path / "h.jsonl"
-    spark_train("--model", work["models"]["adam"], "--data", work["npz"], "--epochs", EPOCHS, "--history", history,
+    _, stats = spark_train("--model", work["models"]["adam"], "--data", work["npz"], "--epochs", EPOCHS, "--history", history,
                 master="local[1]")
     java = History.load(history)
     assert_bitwise(java, reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=EPOCHS,
                                                  shards=1, batch_size=BATCH))
     assert_bitwise(java, reference.train(work["models"]["adam"], work["x"], work["y"], epochs=EPOCHS,
                                          batch_size=BATCH))
+    assert (stats["bytes_sent"], stats["bytes_received"], stats["exchange"]) == (0, 0, "none (one partition)")
 
 
 def test_matrix(work, tmp_path, matrix_case):

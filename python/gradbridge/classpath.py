@@ -72,6 +72,17 @@ class Classpath:
                                     f"(none contains {VERSIONS_RESOURCE})")
 
 
+def read_listing(listing: Path, what: str = "the Java library") -> List[str]:
+    """The entries of a checkout's classpath file (Gradle writes them, os.pathsep between), each checked
+    to exist; JavaBuildMissingError naming the file and `gradle assemble` otherwise. ``what`` names the
+    build it belongs to."""
+    fix = f"build it with `{_devtree.BUILD_COMMAND}` in {_devtree.root()}"
+    if not listing.is_file():
+        raise JavaBuildMissingError(f"{what} is not built: {listing} is missing; {fix}")
+    return _checked([e for e in listing.read_text(encoding="utf-8").strip().split(os.pathsep) if e],
+                    str(listing), fix)
+
+
 def resolve() -> Classpath:
     """The classpath the JVM gets; JavaBuildMissingError when it is missing or incomplete."""
     text = os.environ.get(CLASSPATH_ENV)
@@ -79,12 +90,8 @@ def resolve() -> Classpath:
         source, fix = f"${CLASSPATH_ENV}", f"correct or unset {CLASSPATH_ENV}"
         entries = [e for e in text.strip().split(os.pathsep) if e]
     elif _devtree.root() is not None:
-        checkout = _devtree.root()
-        listing = checkout / _devtree.CLASSPATH_FILE
-        source, fix = str(listing), f"build it with `{_devtree.BUILD_COMMAND}` in {checkout}"
-        if not listing.is_file():
-            raise JavaBuildMissingError(f"the Java library is not built: {listing} is missing; {fix}")
-        entries = [e for e in listing.read_text(encoding="utf-8").strip().split(os.pathsep) if e]
+        listing = _devtree.root() / _devtree.CLASSPATH_FILE
+        return Classpath(read_listing(listing), str(listing))
     else:
         index = BUNDLED_JARS / BUNDLE_INDEX
         source = f"the jars of the installed package ({BUNDLED_JARS})"
@@ -93,13 +100,17 @@ def resolve() -> Classpath:
         if not index.is_file():
             raise JavaBuildMissingError(f"this gradbridge install has no Java library: {index} is missing; {fix}")
         entries = [str(BUNDLED_JARS / name) for name in index.read_text(encoding="utf-8").split()]
+    return Classpath(_checked(entries, source, fix), source)
+
+
+def _checked(entries: List[str], source: str, fix: str) -> List[str]:
     if not entries:
         raise JavaBuildMissingError(f"the classpath from {source} is empty; {fix}")
     missing = [e for e in entries if not Path(e).exists()]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise JavaBuildMissingError(f"the classpath from {source} names files that do not exist: {shown}; {fix}")
-    return Classpath(entries, source)
+    return entries
 
 
 def check_entries(entries: Sequence[str | os.PathLike], source: str) -> List[str]:

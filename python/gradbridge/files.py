@@ -1,4 +1,7 @@
-"""Atomic writes for every file gradbridge writes from Python (models, histories).
+"""Atomic writes for the files gradbridge writes from Python for the user: modules, histories,
+state dicts, parity and gradcheck reports, bench results and charts. (Not through here: the
+bench's own scratch inputs, the native library's build, which renames from a scratch folder, and
+`recover-log`, which writes a new folder that it refuses to overwrite.)
 
 A temporary file beside the target, then a rename: a reader never sees half a file. The temp
 file is created like any other file, so the user's umask applies (``tempfile.mkstemp`` makes

@@ -33,11 +33,11 @@ def _build_file(name: str) -> Path:
 
 
 def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), main: str = SPARK_MAIN) -> List[str]:
-    """The command line that runs ``main`` (``SparkTrainCommand``) with ``args`` in a new JVM."""
-    entries = _build_file(CLASSPATH_FILE).read_text().strip().split(os.pathsep)
-    missing = [e for e in entries if not Path(e).exists()]
-    if missing:
-        raise JavaBuildMissingError(f"{CLASSPATH_FILE} names missing files ({missing[0]}): run `gradle assemble`")
+    """The command line that runs ``main`` (``SparkTrainCommand``) with ``args`` in a new JVM.
+
+    Its own classpath file, not ``classpath.resolve()``'s: Spark brings its own slf4j binding, and the
+    checks and wording are ``classpath.read_listing``'s."""
+    entries = classpath.read_listing(_devtree.require_root("gradbridge-spark") / CLASSPATH_FILE, "gradbridge-spark")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
     libtorch.require_supported()
     return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), *jvm_options,

@@ -55,7 +55,7 @@ def targets(results: Dict) -> List[Dict]:
 
 
 def answers(results: Dict) -> List[Dict]:
-    """The questions the benchmark answers with its intervals (issue 16: own process)."""
+    """The questions the benchmark answers with its intervals (Java in its own process against eager Python)."""
     steps = {case["key"]: case for case in results["steps"]}
     found = []
     big = steps.get("big")

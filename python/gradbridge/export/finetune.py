@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .. import protocol, torchscript
 from ..errors import FineTuneError  # also importable from here, as before
-from . import schedulers
+from . import scheduler_modules, schedulers
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -97,7 +97,7 @@ def plan(optimizer_spec: Dict[str, Any], hyper: List[Dict[str, Any]], scheduler:
         raise FineTuneError(f"scheduler_interval must be one of {schedulers.INTERVALS}, got {interval!r}")
     lrs = [float(h["lr"]) for h in hyper]
     if scheduler is None:
-        module: nn.Module = schedulers.NoSchedule(lrs)
+        module: nn.Module = scheduler_modules.NoSchedule(lrs)
         interval = "none"
     else:
         spec = dict(scheduler) if isinstance(scheduler, dict) else schedulers.spec_of(scheduler)

@@ -116,6 +116,15 @@ final class Native {
      */
     static native Object moduleRun(long module, String method, Object[] args);
 
+    /** @return whether every element of every tensor is finite (no NaN, no infinity) */
+    static native boolean tensorsAllFinite(long[] tensors);
+
+    /**
+     * Serving: {@code method(tensor)} whose result is a tensor, with autograd off and the
+     * optimizing graph executor off; returns a new tensor handle the caller owns.
+     */
+    static native long moduleInfer(long module, String method, long tensor);
+
     /**
      * A module's method looked up once, for the training hot path ({@link #methodRunToDouble},
      * {@link #methodRunToDoubles}): no name lookup per call. Free it with {@link #methodFree}.

@@ -8,7 +8,7 @@ import org.slf4j.LoggerFactory;
  * Keeps glibc's allocator from handing libtorch's freed tensor memory back to the kernel after
  * every training step.
  *
- * <p>Why (issue 16): with glibc's defaults, a training step's large temporaries (activations,
+ * <p>Why: with glibc's defaults, a training step's large temporaries (activations,
  * gradients, optimizer scratch: several MiB each on the compute-bound benchmark model) are freed
  * at the end of the step, the top of the heap (or the thread arena's heap: in a JVM the training
  * thread is never the process's first thread) is trimmed back to the kernel, and the next step

@@ -56,6 +56,9 @@ abstract class ScriptedModule implements AutoCloseable {
      */
     abstract Object invoke(String method, Object... args);
 
+    /** Runs a one-tensor method whose result is a tensor without autograd (serving); the caller owns the result. */
+    abstract Tensor infer(String method, Tensor x);
+
     /**
      * The hot path of one training step ({@code train_step}, {@code evaluate}): runs {@code
      * method(x, y)}, whose result is a one-element tensor, and returns it as an exact double. The

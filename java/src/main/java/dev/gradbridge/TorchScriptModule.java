@@ -77,6 +77,17 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
+    Tensor infer(String method, Tensor x) {
+        requireMethod(method);
+        checkArgument(method, 0, x);
+        try {
+            return new Tensor(Native.moduleInfer(handle(), method, x.handle()));
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    @Override
     double invokeToDouble(String method, Tensor x, Tensor y) {
         long run = hotMethod(method);
         try {

@@ -211,6 +211,20 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
+     * Runs {@code forward(x)} without autograd, as eager PyTorch under {@code torch.no_grad()}:
+     * the same values as {@link #forward}, without recording a graph for a backward (serving).
+     *
+     * @param x input matching the metadata's {@code x} spec
+     * @return predictions, a new tensor the caller closes
+     */
+    public Tensor predict(Tensor x) {
+        try (ThreadGuard.Use use = use()) {
+            checkTensor("x", x);
+            return scripted.infer(Protocol.FORWARD, x);
+        }
+    }
+
+    /**
      * Runs {@code calculate_loss_and_backward(x, y)}: forward, loss, backward; gradients add up.
      *
      * @param x inputs matching the metadata's {@code x} spec
@@ -430,6 +444,25 @@ public final class TrainingModule implements AutoCloseable {
     public Map<String, double[]> getGradients() {
         try (ThreadGuard.Use use = use()) {
             return namedValues(Protocol.GET_GRADIENTS, parameterNames);
+        }
+    }
+
+    /**
+     * @return whether every gradient is finite (no NaN, no infinity), decided in libtorch without
+     *     copying the gradients out
+     */
+    public boolean gradientsFinite() {
+        try (ThreadGuard.Use use = use()) {
+            List<?> values = (List<?>) invoke(Protocol.GET_GRADIENTS);
+            try {
+                long[] handles = new long[values.size()];
+                for (int i = 0; i < handles.length; i++) {
+                    handles[i] = ((Tensor) values.get(i)).handle();
+                }
+                return Native.tensorsAllFinite(handles);
+            } finally {
+                Tensors.closeAll(values);
+            }
         }
     }
 

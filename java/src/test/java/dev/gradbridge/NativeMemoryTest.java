@@ -7,7 +7,7 @@ import static org.junit.Assert.assertTrue;
 import java.util.Locale;
 import org.junit.Test;
 
-/** Loading a module tunes glibc's allocator once (issue 16), unless the environment does. */
+/** Loading a module tunes glibc's allocator once, unless the environment does. */
 public class NativeMemoryTest {
 
     @Test

@@ -58,7 +58,7 @@ final class ModuleCalls {
     /** {@code forward(x)} on a predictor. */
     static HostTensor forward(TrainingModule predictor, HostTensor x) {
         try (Tensor input = tensor(x);
-                Tensor output = predictor.forward(input)) {
+                Tensor output = predictor.predict(input)) {
             if (ByteOrder.nativeOrder() != ByteOrder.LITTLE_ENDIAN && output.dtype().size() > 1) {
                 throw new GradbridgeException("big-endian native tensors are not supported");
             }

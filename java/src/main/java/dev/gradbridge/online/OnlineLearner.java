@@ -98,6 +98,7 @@ public final class OnlineLearner implements AutoCloseable {
         private int queueCapacity = 10_000;
         private int predictors = defaultPredictors();
         private FsyncPolicy fsync = FsyncPolicy.ALWAYS;
+        private long groupCommitMillis = 2;
         private double maxGradNorm;
         private boolean validateTargets = true;
         private boolean timePhases;
@@ -183,6 +184,22 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
+         * @param millis under {@link FsyncPolicy#ALWAYS}, the longest a new version waits before
+         *     the fsync that makes it durable and publishes it (group commit: one fsync covers the
+         *     micro-batches applied meanwhile, and training does not wait for it), default 2; 0
+         *     forces as soon as a version is logged. Predictions lag training by at most this plus
+         *     one fsync. Feedback is still acknowledged only once its events are durable.
+         * @return this
+         */
+        public Builder optGroupCommitMillis(long millis) {
+            if (millis < 0) {
+                throw new InvalidInputException("group commit must be >= 0 ms, got " + millis);
+            }
+            this.groupCommitMillis = millis;
+            return this;
+        }
+
+        /**
          * @param norm quarantine micro-batches whose gradient L2 norm exceeds this (see {@link
          *     UpdateGuard} for the trade-off); 0 (the default) for no limit. Non-finite losses and
          *     gradients are always quarantined. Kept in the log's header.
@@ -264,6 +281,7 @@ public final class OnlineLearner implements AutoCloseable {
             this.publisher = new Publisher(this.logDir, log, queue, updater, modelSha256, options.publishEvery,
                     options.checkpointEvery, phases);
             recovery.replay(updater, options.publishEvery, queue, publisher, quarantinedBatches);
+            log.startGroupCommit(options.groupCommitMillis, queue::fail);
             this.ingest = new Ingest(xSpec, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
                     queue, log, queue::fail, phases);
         } catch (IOException | RuntimeException e) {
@@ -427,7 +445,8 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     /**
-     * Waits until every event accepted so far has been applied (or quarantined).
+     * Waits until every event accepted so far has been applied (or quarantined) and the versions
+     * they made are published.
      *
      * @param timeout the longest wait
      * @param unit its unit
@@ -436,7 +455,9 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws IllegalStateException when training has failed
      */
     public boolean awaitIdle(long timeout, TimeUnit unit) throws InterruptedException {
-        return queue.awaitIdle(timeout, unit);
+        long deadline = System.nanoTime() + unit.toNanos(timeout);
+        // Applied, and published: the last versions may still wait for the log's group commit.
+        return queue.awaitIdle(timeout, unit) && log.awaitActions(deadline - System.nanoTime());
     }
 
     /**

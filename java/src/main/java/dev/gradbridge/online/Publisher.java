@@ -5,8 +5,9 @@ import java.io.IOException;
 import java.nio.file.Path;
 
 /**
- * Versions out: logs a version with its digests, forces the log (so nothing a prediction answers
- * from is lost in a crash), publishes it with one volatile write and checkpoints every K versions.
+ * Versions out: logs a version with its digests and publishes it with one volatile write once its
+ * record is durable (so nothing a prediction answers from is lost in a crash: under fsync always
+ * after the log's group commit, without the training thread waiting), checkpoints every K versions.
  */
 final class Publisher {
 
@@ -18,7 +19,8 @@ final class Publisher {
     private final int publishEvery;
     private final int checkpointEvery;
     private final PhaseTimes phases;
-    private volatile ModelVersion current;
+    private volatile ModelVersion current; // the published version
+    private ModelVersion logged; // the last version logged (training thread, then closing)
     private long lastCheckpointVersion = -1; // training thread, then closing
 
     Publisher(Path logDir, LogWriter log, FeedbackQueue queue, Updater updater, String modelSha256, int publishEvery,
@@ -36,6 +38,7 @@ final class Publisher {
     /** Sets the version recovery arrived at, and the last checkpointed version (-1: none). */
     void resume(ModelVersion version, long checkpointedVersion) {
         current = version;
+        logged = version;
         lastCheckpointVersion = checkpointedVersion;
     }
 
@@ -44,39 +47,56 @@ final class Publisher {
         return current;
     }
 
-    /** After an applied update: publishes a version every N updates. */
+    /**
+     * After an applied update: a version every N updates, logged now and published once its
+     * record is durable (group commit: the training thread does not wait for the fsync), except
+     * every K versions, where it waits and checkpoints.
+     */
     void afterUpdate() throws IOException {
         if (updater.updates() % publishEvery != 0) {
             return;
         }
         long t = PhaseTimes.clock(phases);
-        ModelVersion version = updater.snapshot(current.getId() + 1);
+        ModelVersion version = updater.snapshot(logged.getId() + 1);
         t = PhaseTimes.lap(phases, PhaseTimes.Phase.SNAPSHOT, t);
-        long end = publish(version);
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
-        if (version.getId() % checkpointEvery == 0) {
-            checkpoint(version, end);
-            PhaseTimes.lap(phases, PhaseTimes.Phase.CHECKPOINT, t);
+        long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
+        logged = version;
+        if (version.getId() % checkpointEvery != 0) {
+            log.afterSync(end, () -> publishIfNewer(version));
+            PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+            return;
         }
+        log.sync(end);
+        publishIfNewer(version);
+        t = PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+        checkpoint(version, end);
+        PhaseTimes.lap(phases, PhaseTimes.Phase.CHECKPOINT, t);
     }
 
     /** At a clean close: a last version when updates came after the last one, and a final checkpoint. */
     void finish() throws IOException {
-        ModelVersion last = current;
+        log.sync(log.end()); // versions still waiting for group commit: durable, so published now
+        ModelVersion last = logged;
         if (updater.updates() > last.getUpdates()) {
             ModelVersion version = updater.snapshot(last.getId() + 1);
-            checkpoint(version, publish(version));
-        } else if (lastCheckpointVersion != last.getId()) {
-            checkpoint(last, log.end());
+            long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
+            logged = version;
+            log.sync(end);
+            publishIfNewer(version);
+            checkpoint(version, end);
+        } else {
+            publishIfNewer(last);
+            if (lastCheckpointVersion != last.getId()) {
+                checkpoint(last, log.end());
+            }
         }
     }
 
-    /** Logs the version, forces the log, then makes it the one predictions use; returns its end offset. */
-    private long publish(ModelVersion version) throws IOException {
-        long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
-        log.sync(end);
-        current = version; // one volatile write: predictors see the old or the new snapshot, whole
-        return end;
+    /** Makes {@code version} the one predictions use unless a newer one already is (group commit may reorder). */
+    private synchronized void publishIfNewer(ModelVersion version) {
+        if (current == null || version.getId() > current.getId()) {
+            current = version; // one volatile write: predictors see the old or the new snapshot, whole
+        }
     }
 
     /** Writes a checkpoint at a version boundary. */

@@ -25,6 +25,15 @@ final class UpdateGuard {
     }
 
     /**
+     * @return whether {@link #refuse} needs the gradients' values: with a norm limit, or when
+     *     {@code gradientsFinite} is false (to name the gradient); else a finite loss and finite
+     *     gradients are all it checks
+     */
+    boolean needsValues(double loss, boolean gradientsFinite) {
+        return maxGradNorm > 0 || !gradientsFinite || !Double.isFinite(loss);
+    }
+
+    /**
      * @param loss the micro-batch's loss
      * @param names the parameters in protocol order
      * @param gradients their gradients (float32 widened exactly)

@@ -44,7 +44,10 @@ final class Updater implements AutoCloseable {
     String apply(List<byte[]> xs, List<byte[]> ys) {
         long t = PhaseTimes.clock(phases);
         double loss = calls.lossAndBackward(training, xs, ys);
-        String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
+        // Without a norm limit, finiteness is decided in libtorch; the values are read only to say why.
+        String refusal = guard.needsValues(loss, Double.isFinite(loss) && training.gradientsFinite())
+                ? guard.refuse(loss, training.getParameterNames(), training.getGradients())
+                : null;
         if (refusal == null) {
             training.optimizerStep();
             updates++;

@@ -27,8 +27,12 @@ import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.util.concurrent.TimeUnit;
+import org.eclipse.jetty.http.HttpVersion;
+import org.eclipse.jetty.server.HttpConfiguration;
 import org.eclipse.jetty.server.HttpConnectionFactory;
+import org.eclipse.jetty.server.SecureRequestCustomizer;
 import org.eclipse.jetty.server.ServerConnector;
+import org.eclipse.jetty.server.SslConnectionFactory;
 import org.eclipse.jetty.server.handler.GracefulHandler;
 import org.eclipse.jetty.util.thread.QueuedThreadPool;
 import org.slf4j.Logger;
@@ -93,10 +97,14 @@ final class HttpApi {
                 .publishPercentileHistogram().register(registry);
     }
 
-    /** The main server: /predict and /feedback, plus /healthz and /metrics when {@code withAdmin}. */
-    Javalin server(String host, int port, int threads, long readTimeoutMillis, long stopTimeoutMillis, boolean withAdmin) {
+    /**
+     * The main server: /predict and /feedback, plus /healthz and /metrics when {@code withAdmin};
+     * HTTPS when {@code tls} is not null.
+     */
+    Javalin server(String host, int port, int threads, long readTimeoutMillis, long stopTimeoutMillis, boolean withAdmin,
+            Tls tls) {
         return Javalin.create(config -> {
-            common(config, host, port, threads, readTimeoutMillis);
+            common(config, host, port, threads, readTimeoutMillis, tls);
             config.jetty.modifyServer(server -> {
                 server.setStopTimeout(stopTimeoutMillis);
                 server.insertHandler(new GracefulHandler()); // stop waits for the requests in flight
@@ -112,12 +120,12 @@ final class HttpApi {
     /** A server of its own (own threads: busy clients on the main port cannot starve it) for /healthz and /metrics. */
     Javalin adminServer(String host, int port, long readTimeoutMillis) {
         return Javalin.create(config -> {
-            common(config, host, port, 4, readTimeoutMillis);
+            common(config, host, port, 4, readTimeoutMillis, null);
             adminRoutes(config);
         });
     }
 
-    private void common(JavalinConfig config, String host, int port, int threads, long readTimeoutMillis) {
+    private void common(JavalinConfig config, String host, int port, int threads, long readTimeoutMillis, Tls tls) {
         config.startup.showJavalinBanner = false;
         config.startup.showOldJavalinVersionWarning = false;
         config.http.maxRequestSize = maxBodyBytes;
@@ -126,7 +134,16 @@ final class HttpApi {
         config.jetty.modifyHttpConfiguration(http -> http.setSendServerVersion(false));
         // A connection that sends nothing for readTimeoutMillis (a slow or stuck client) is closed.
         config.jetty.addConnector((server, http) -> {
-            ServerConnector connector = new ServerConnector(server, new HttpConnectionFactory(http));
+            ServerConnector connector;
+            if (tls == null) {
+                connector = new ServerConnector(server, new HttpConnectionFactory(http));
+            } else {
+                HttpConfiguration https = new HttpConfiguration(http);
+                // Clients reach the service by IP address or any name: the certificate's names are theirs to check.
+                https.addCustomizer(new SecureRequestCustomizer(false));
+                connector = new ServerConnector(server, new SslConnectionFactory(tls.contextFactory(),
+                        HttpVersion.HTTP_1_1.asString()), new HttpConnectionFactory(https));
+            }
             connector.setHost(host);
             connector.setPort(port);
             connector.setIdleTimeout(readTimeoutMillis);

@@ -63,6 +63,16 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--no-auth", description = "accept /predict and /feedback from anyone who reaches the port")
     boolean noAuth;
 
+    @Option(names = "--tls-keystore", description = "serve HTTPS on --port with the key and certificate of this"
+            + " keystore (PKCS12 or JKS)")
+    Path tlsKeystore;
+
+    @Option(names = "--tls-password-file", description = "file holding the keystore's password")
+    Path tlsPasswordFile;
+
+    @Option(names = "--tls-password-env", description = "environment variable holding the keystore's password")
+    String tlsPasswordEnv;
+
     @Option(names = "--max-batch", defaultValue = "32", description = "largest micro-batch B (default ${DEFAULT-VALUE})")
     int maxBatch;
 
@@ -84,6 +94,11 @@ public final class ServeCommand implements Callable<Integer> {
 
     @Option(names = "--fsync", defaultValue = "always", description = "always or never (default ${DEFAULT-VALUE})")
     String fsync;
+
+    @Option(names = "--group-commit-ms", defaultValue = "2",
+            description = "with --fsync always, the longest a new version waits for the fsync that publishes it;"
+                    + " one fsync covers the micro-batches applied meanwhile (default ${DEFAULT-VALUE})")
+    long groupCommitMillis;
 
     @Option(names = "--max-grad-norm", defaultValue = "0",
             description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
@@ -160,7 +175,8 @@ public final class ServeCommand implements Callable<Integer> {
         try {
             builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
                     .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                    .optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(maxGradNorm);
+                    .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
+                    .optMaxGradNorm(maxGradNorm);
             if (predictors != null) {
                 builder.optPredictors(predictors);
             }
@@ -171,6 +187,7 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("no training module at " + model.toAbsolutePath());
         }
         String token = noAuth ? null : Tokens.named(tokenFile, tokenEnv);
+        Tls tls = Tls.open(tlsKeystore, tlsPasswordFile, tlsPasswordEnv);
         probe(host, port);
         probe(adminHost, adminPort);
         boolean logExisted = Files.exists(log);
@@ -187,7 +204,7 @@ public final class ServeCommand implements Callable<Integer> {
                 tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
             }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
-            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0).start();
+            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls).start();
             if (adminPort >= 0) {
                 admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
             }
@@ -206,7 +223,7 @@ public final class ServeCommand implements Callable<Integer> {
             System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
                     + " can send feedback that changes the model");
         }
-        System.out.println("gradbridge-serve: listening on http://" + host + ":" + app.port() + " (version "
+        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":" + app.port() + " (version "
                 + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
         if (admin != null) {
             System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + admin.port());

@@ -22,10 +22,11 @@ import scala.runtime.BoxedUnit;
  *
  * <p>A request is {@code Object[] {String round ("stageId.attempt/step/name"), Integer partition, Integer partitions, byte[][]
  * payloads}}, plain Java types so that no class of this jar is needed to read it: one payload per
- * destination task, or one for all. The answer is {@code byte[K][]}.
+ * destination task, or one for all. The answer is {@code byte[K][]}, the task's own entry empty.
  */
 final class ExchangeRelay implements RpcEndpoint {
 
+    private static final byte[] NOTHING = new byte[0];
     private final RpcEnv env;
     private final String name = "gradbridge-exchange-" + UUID.randomUUID();
     private final Map<String, Round> rounds = new HashMap<>();
@@ -119,7 +120,8 @@ final class ExchangeRelay implements RpcEndpoint {
             byte[][] answer = new byte[partitions][];
             for (int from = 0; from < partitions; from++) {
                 byte[][] sent = round.payloads[from];
-                answer[from] = sent.length == 1 ? sent[0] : sent[to];
+                // a task keeps its own part: nothing of it goes back over the wire
+                answer[from] = from == to ? NOTHING : sent.length == 1 ? sent[0] : sent[to];
             }
             round.callers[to].reply(answer);
         }

@@ -22,11 +22,13 @@ import scala.reflect.ClassTag$;
  * chunk c. Round 1: each task sends chunk c of its gradient (with its row count, loss and flags) to
  * task c, and receives its own chunk from every task; it combines that chunk in partition order
  * ({@link GradientCombiner}, element by element as for whole parameters). Round 2: each task sends
- * its combined chunk to all and receives every combined chunk. Per step a task sends and receives
- * about twice the gradient's bytes, whatever K is; the driver forwards K times that.
+ * its combined chunk to all and receives every combined chunk. A task's own slice and own combined
+ * chunk never leave it. Per step a task sends and receives about twice the gradient's bytes times
+ * (K-1)/K, whatever K is; the driver forwards K times that.
  */
 final class RelayExchange implements GradientExchange {
 
+    private static final byte[] NOTHING = new byte[0];
     private static final ClassTag<byte[][]> ANSWER = ClassTag$.MODULE$.apply(byte[][].class);
     private static final RpcTimeout NO_TIMEOUT =
             new RpcTimeout(FiniteDuration.apply(365, TimeUnit.DAYS), "gradbridge exchange");
@@ -61,16 +63,23 @@ final class RelayExchange implements GradientExchange {
         }
         int count = dtypes.size();
         byte[][] toOwners = new byte[partitions][];
+        ShardResult own = null;
         for (int c = 0; c < partitions; c++) {
             ShardResult slice = mine.rows == 0 ? mine
                     : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, mine.gradients), mine.flags);
-            toOwners[c] = slice.encode();
+            if (c == partition) {
+                own = slice; // my own slice stays here: the relay gets an empty placeholder for it
+                toOwners[c] = NOTHING;
+            } else {
+                toOwners[c] = slice.encode();
+            }
         }
         // Round 1: every partition's slice of my chunk, in partition order.
         List<ShardResult> mineFromAll = new ArrayList<>();
         boolean[] flags = new boolean[count];
-        for (byte[] bytes : exchange("scatter", toOwners)) {
-            ShardResult r = ShardResult.decode(bytes);
+        byte[][] slices = exchange("scatter", toOwners);
+        for (int q = 0; q < partitions; q++) {
+            ShardResult r = q == partition ? own : ShardResult.decode(slices[q]);
             if (r.rows > 0) {
                 for (int i = 0; i < count; i++) {
                     flags[i] |= r.flags[i];
@@ -89,7 +98,7 @@ final class RelayExchange implements GradientExchange {
         }
         byte[][] all = exchange("gather", new byte[][] {combinedChunk.encode()});
         for (int c = 0; c < partitions; c++) {
-            ShardResult r = ShardResult.decode(all[c]);
+            ShardResult r = c == partition ? combinedChunk : ShardResult.decode(all[c]);
             if (r.rows > 0) {
                 chunks.paste(c, r.gradients, gradients);
             }
@@ -109,9 +118,6 @@ final class RelayExchange implements GradientExchange {
             if (q != partition) {
                 received += result[q].length;
             }
-        }
-        if (payloads.length > 1) {
-            sent -= payloads[partition].length; // my own slice only passes the driver
         }
         return result;
     }

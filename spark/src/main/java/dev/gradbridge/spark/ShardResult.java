@@ -1,11 +1,10 @@
 package dev.gradbridge.spark;
 
 import java.io.ByteArrayInputStream;
-import java.io.ByteArrayOutputStream;
 import java.io.DataInputStream;
-import java.io.DataOutputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
 
 /**
  * What one partition contributes to one step: how many rows of the global mini-batch it held,
@@ -37,26 +36,24 @@ final class ShardResult {
      *     first: an exchange may send the flags of every parameter with the gradients of a few)
      */
     byte[] encode() {
-        ByteArrayOutputStream bytes = new ByteArrayOutputStream(64 + gradientBytes());
-        try (DataOutputStream out = new DataOutputStream(bytes)) {
-            out.writeInt(partition);
-            out.writeInt(rows);
-            out.writeDouble(loss);
-            if (rows > 0) {
-                out.writeInt(flags.length);
-                for (boolean flag : flags) {
-                    out.writeBoolean(flag);
-                }
-                out.writeInt(gradients.length);
-                for (byte[] gradient : gradients) {
-                    out.writeInt(gradient.length);
-                    out.write(gradient);
-                }
-            }
-        } catch (IOException e) {
-            throw new UncheckedIOException(e);
+        // One exact-size array, written in place: no growing buffer and no copy out of it.
+        int size = 16;
+        if (rows > 0) {
+            size += 4 + flags.length + 4 + 4 * gradients.length + gradientBytes();
         }
-        return bytes.toByteArray();
+        ByteBuffer out = ByteBuffer.allocate(size); // big-endian, as DataInputStream reads it
+        out.putInt(partition).putInt(rows).putDouble(loss);
+        if (rows > 0) {
+            out.putInt(flags.length);
+            for (boolean flag : flags) {
+                out.put((byte) (flag ? 1 : 0));
+            }
+            out.putInt(gradients.length);
+            for (byte[] gradient : gradients) {
+                out.putInt(gradient.length).put(gradient);
+            }
+        }
+        return out.array();
     }
 
     static ShardResult decode(byte[] encoded) {

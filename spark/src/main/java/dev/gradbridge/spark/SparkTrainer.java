@@ -9,10 +9,6 @@ import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
 import dev.gradbridge.RunSettings;
-import dev.gradbridge.DType;
-import dev.gradbridge.Digests;
-import dev.gradbridge.Tensor;
-import dev.gradbridge.TensorScope;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -150,7 +146,7 @@ public final class SparkTrainer {
         /** Per epoch trained, the executors its tasks ran on, in partition order. */
         public final List<List<String>> executors = new ArrayList<>();
         /** The exchange in use. */
-        public String exchange = "relay reduce-scatter + all-gather";
+        public String exchange;
 
         /** @return the counters as a JSON object */
         public String toJson() {
@@ -281,6 +277,7 @@ public final class SparkTrainer {
         logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
+        stats.exchange = k == 1 ? "none (one partition)" : "relay reduce-scatter + all-gather";
         History history = new History();
         long started = System.nanoTime();
         try {

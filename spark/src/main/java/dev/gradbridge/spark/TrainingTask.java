@@ -138,8 +138,9 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
-        GradientExchange exchange = new RelayExchange(run.relay,
-                context.stageId() + "." + context.stageAttemptNumber(), shard.partition, shard.partitions);
+        GradientExchange exchange = shard.partitions == 1 ? new SoloExchange()
+                : new RelayExchange(run.relay, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
+                        shard.partitions);
         long[] order = run.order(epoch);
         int steps = (int) ((run.rows + run.batch - 1) / run.batch);
         Result result = new Result();

@@ -1,0 +1,348 @@
+"""The scripted training module: the protocol's methods (``gradbridge.protocol``) around a model, its
+loss and its optimizer, as ``export_training_module`` scripts it.
+
+The wrapper registers the model's own Parameter objects in an ``nn.ParameterList`` (identity
+survives ``torch.jit.save``/``load``, so gradients and in-place updates reach the tensors that
+``forward`` uses), and the model's buffers in a list (they follow the model's in-place updates).
+
+Gradients live in explicit buffers (``grads``) filled by ``torch.autograd.grad``, with a
+``has_grad`` flag per parameter that plays the part of ``p.grad is None``. This sidesteps the
+TorchScript trap in which an unset ``.grad`` is an undefined tensor that an ``is not None``
+test lets through, and gives the gradients a fixed order, that of ``parameter_names()``.
+"""
+
+from typing import Any, Dict, List
+
+import torch
+from torch import Tensor, nn
+
+
+class _TrainingModule(nn.Module):
+    """The scripted protocol around ``model``; ``gradbridge.protocol`` lists the methods."""
+
+    # Class-level annotations: TorchScript cannot infer the type of an empty list.
+    names: List[str]
+    grads: List[Tensor]
+    has_grad: List[bool]
+    buffer_list: List[Tensor]
+    buffer_name_list: List[str]
+    trainable_index: List[int]
+    group_index: List[List[int]]
+
+    def __init__(self, model: nn.Module, loss: nn.Module, optimizers: List[nn.Module],
+                 parameter_names: List[str], parameters: List[nn.Parameter],
+                 buffer_names: List[str], buffers: List[Tensor], *,
+                 trainable_index: List[int], group_index: List[List[int]],
+                 scheduler: nn.Module, scheduler_interval: str, lrs: List[float],
+                 clip: Dict[str, Any], accumulate: int):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        # One scripted optimizer per parameter group (torch.optim steps groups independently).
+        self.optimizers = nn.ModuleList(optimizers)
+        self.params = nn.ParameterList(parameters)
+        self.names = parameter_names
+        self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in parameters]
+        self.has_grad = [False for _ in parameters]
+        self.buffer_list = buffers
+        self.buffer_name_list = buffer_names
+        # Frozen parameters are not inputs of autograd.grad (it refuses tensors without grad).
+        self.trainable_index = trainable_index
+        self.group_index = group_index
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval  # "none", "step" or "epoch"
+        self.clip_kind = str(clip.get("kind", "none"))  # "none", "norm" or "value"
+        self.clip_max = float(clip.get("max", 0.0))
+        self.clip_norm_type = float(clip.get("norm_type", 2.0))
+        self.accumulate = int(accumulate)
+        with torch.no_grad():
+            self._set_lrs(lrs)
+            self._set_momenta(scheduler.momenta())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    def _parameters_list(self) -> List[Tensor]:
+        return [p for p in self.params]
+
+    def _trainable_list(self) -> List[Tensor]:
+        params = self._parameters_list()
+        return [params[i] for i in self.trainable_index]
+
+    @torch.jit.export
+    def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
+        loss = self.loss(self.model(x), y)
+        self._backward(loss)
+        return loss.detach()
+
+    def _backward(self, loss: Tensor) -> None:
+        """Add d(loss)/d(p) to the gradient buffers of the trainable parameters."""
+        grads = torch.autograd.grad([loss], self._trainable_list(), allow_unused=True)
+        for k, grad in enumerate(grads):
+            i = self.trainable_index[k]
+            if grad is not None:
+                if self.has_grad[i]:
+                    self.grads[i].add_(grad)
+                else:
+                    self.grads[i].copy_(grad)
+                    self.has_grad[i] = True
+
+    @torch.jit.export
+    def zero_grad(self) -> None:
+        """Like ``optimizer.zero_grad()`` (set_to_none): no parameter has a gradient afterwards."""
+        for i, grad in enumerate(self.grads):
+            grad.zero_()
+            self.has_grad[i] = False
+
+    @torch.jit.export
+    def optimizer_step(self) -> None:
+        """Clip (if exported), one step of each group's optimizer, the per-step schedule (if any);
+        consumes (zeroes) the gradients. torch's order: clip_grad_*_, optimizer.step(), scheduler.step()."""
+        with torch.no_grad():
+            self._clip()
+            params = self._parameters_list()
+            for g, opt in enumerate(self.optimizers):
+                index = self.group_index[g]
+                opt.step([params[i] for i in index], [self.grads[i] for i in index], [self.has_grad[i] for i in index])
+            if self.scheduler_interval == "step":
+                self._set_lrs(self.scheduler.step(self.get_lrs()))
+                self._set_momenta(self.scheduler.momenta())
+        self.zero_grad()
+
+    def _set_momenta(self, momenta: List[float]) -> None:
+        """OneCycleLR's cycled momentum: SGD/RMSprop ``momentum``, Adam/AdamW ``beta1`` (torch's betas[0])."""
+        if len(momenta) == 0:
+            return
+        for g, opt in enumerate(self.optimizers):
+            if hasattr(opt, "beta1"):
+                opt.beta1 = momenta[g]
+            elif hasattr(opt, "momentum"):
+                opt.momentum = momenta[g]
+
+    def _clip(self) -> None:
+        """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on CPU: their foreach path (the default)."""
+        if self.clip_kind == "none":
+            return
+        grads: List[Tensor] = []
+        for i in range(len(self.grads)):
+            if self.has_grad[i]:
+                grads.append(self.grads[i])
+        if len(grads) == 0:
+            return
+        # TorchScript runs the in-place _foreach_*_ ops on copies (measured: the grads stay as they
+        # were), so the in-place steps go tensor by tensor: on CPU the foreach kernels are these
+        # same element-wise ops one tensor at a time (the "slow" path), so the bits agree.
+        if self.clip_kind == "value":
+            for g in grads:
+                g.clamp_min_(-self.clip_max).clamp_max_(self.clip_max)
+            return
+        norms = torch._foreach_norm(grads, self.clip_norm_type)
+        total_norm = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
+        # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
+        clip_coef = (total_norm + 1e-6).reciprocal() * self.clip_max
+        clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+        for g in grads:
+            g.mul_(clip_coef_clamped)
+
+    @torch.jit.export
+    def schedule_epoch(self, metric: float) -> None:
+        """The per-epoch schedule step, after an epoch: ReduceLROnPlateau gets ``metric`` (the
+        validation loss, else the training loss); the others step; nothing for per-step schedules."""
+        if self.scheduler_interval == "epoch":
+            self._set_lrs(self.scheduler.step_metric(self.get_lrs(), metric))
+            self._set_momenta(self.scheduler.momenta())
+
+    @torch.jit.export
+    def get_lrs(self) -> List[float]:
+        """Each parameter group's learning rate, in group order."""
+        lrs: List[float] = []
+        for opt in self.optimizers:
+            lrs.append(opt.lr)
+        return lrs
+
+    def _set_lrs(self, lrs: List[float]) -> None:
+        for g, opt in enumerate(self.optimizers):
+            opt.lr = lrs[g]
+
+    @torch.jit.export
+    def set_group_lr(self, group: int, lr: float) -> None:
+        """Set one parameter group's learning rate."""
+        if group < 0 or group >= len(self.group_index):
+            raise RuntimeError("set_group_lr: no parameter group " + str(group) + "; there are "
+                               + str(len(self.group_index)))
+        if not lr >= 0.0:
+            raise RuntimeError("set_group_lr: invalid learning rate " + str(lr))
+        for g, opt in enumerate(self.optimizers):
+            if g == group:
+                opt.lr = lr
+
+    @torch.jit.export
+    def sgd_step(self, lr: float) -> None:
+        """The seed's plain SGD, ``p.add_(g, alpha=-lr)`` (torch.optim.SGD's op); consumes the gradients."""
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                if self.has_grad[i]:
+                    p.add_(self.grads[i], alpha=-lr)
+        self.zero_grad()
+
+    @torch.jit.export
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss.
+
+        With gradient accumulation k > 1: the batch is split into micro-batches of
+        ceil(n / k) rows (``x.split``), each adds the gradients of ``loss / k`` (the eager
+        ``(loss / k).backward()`` loop), then one optimizer step; returns the sum of the
+        ``loss / k`` values, in order.
+        """
+        self.zero_grad()
+        if self.accumulate == 1:
+            loss = self.calculate_loss_and_backward(x, y)
+        else:
+            size = (x.size(0) + self.accumulate - 1) // self.accumulate
+            xs = x.split(size)
+            ys = y.split(size)
+            loss = torch.zeros([], dtype=x.dtype)
+            for m in range(len(xs)):
+                scaled = self.loss(self.model(xs[m]), ys[m]) / self.accumulate
+                self._backward(scaled)
+                if m == 0:
+                    loss = scaled.detach()
+                else:
+                    loss = loss + scaled.detach()
+        self.optimizer_step()
+        return loss
+
+    @torch.jit.export
+    def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
+        """``train_step`` on ``x.index_select(0, perm[i:i + batch_size])`` for each batch; the losses."""
+        if batch_size < 1:
+            raise RuntimeError("train_epoch: batch_size must be at least 1, got " + str(batch_size))
+        batch_losses: List[Tensor] = []
+        for start in range(0, perm.size(0), batch_size):
+            index = perm[start:start + batch_size]
+            batch_losses.append(self.train_step(x.index_select(0, index), y.index_select(0, index)))
+        return torch.stack(batch_losses)
+
+    @torch.jit.export
+    def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
+        """The loss without gradients, in the module's current mode (call eval() first to validate)."""
+        with torch.no_grad():
+            return self.loss(self.model(x), y)
+
+    @torch.jit.export
+    def parameter_names(self) -> List[str]:
+        return self.names
+
+    @torch.jit.export
+    def get_parameters(self) -> List[Tensor]:
+        return [p.detach().clone() for p in self.params]
+
+    @torch.jit.export
+    def get_gradients(self) -> List[Tensor]:
+        return [g.clone() for g in self.grads]
+
+    @torch.jit.export
+    def gradient_flags(self) -> Tensor:
+        """Which parameters hold a gradient (``p.grad is not None``), a bool tensor in
+        ``parameter_names()`` order (protocol 2)."""
+        return torch.tensor(self.has_grad, dtype=torch.bool)
+
+    @torch.jit.export
+    def set_gradients(self, values: List[Tensor], flags: Tensor) -> None:
+        """Replace the gradient buffers with ``values`` (``parameter_names()`` order) and which of
+        them hold a gradient with ``flags`` (bool); a following ``optimizer_step()`` steps with them,
+        as ``p.grad = value`` (or ``None``) then ``optimizer.step()`` would (protocol 2)."""
+        if len(values) != len(self.names) or flags.dim() != 1 or flags.size(0) != len(self.names):
+            raise RuntimeError("set_gradients: expected " + str(len(self.names)) + " tensors and "
+                               + str(len(self.names)) + " flags, got " + str(len(values)) + " and "
+                               + str(flags.numel()))
+        present: List[bool] = [bool(flags[i].item()) for i in range(len(self.names))]
+        trainable = [False for _ in self.names]
+        for i in self.trainable_index:
+            trainable[i] = True
+        for i, g in enumerate(self.grads):
+            if values[i].shape != g.shape or values[i].dtype != g.dtype:
+                raise RuntimeError("set_gradients: " + self.names[i] + " must have shape " + str(g.shape)
+                                   + " and dtype " + str(g.dtype))
+            if present[i] and not trainable[i]:
+                raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
+        with torch.no_grad():
+            for i, g in enumerate(self.grads):
+                if present[i]:
+                    g.copy_(values[i])
+                    self.has_grad[i] = True
+                else:
+                    g.zero_()
+                    self.has_grad[i] = False
+
+    @torch.jit.export
+    def set_parameters(self, values: List[Tensor]) -> None:
+        if len(values) != len(self.names):
+            raise RuntimeError("set_parameters: expected " + str(len(self.names)) + " tensors, got " + str(len(values)))
+        for i, p in enumerate(self.params):
+            if values[i].shape != p.shape or values[i].dtype != p.dtype:
+                raise RuntimeError("set_parameters: " + self.names[i] + " must have shape " + str(p.shape)
+                                   + " and dtype " + str(p.dtype))
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                p.copy_(values[i])
+
+    @torch.jit.export
+    def buffer_names(self) -> List[str]:
+        return self.buffer_name_list
+
+    @torch.jit.export
+    def get_buffers(self) -> List[Tensor]:
+        return [b.clone() for b in self.buffer_list]
+
+    @torch.jit.export
+    def get_lr(self) -> float:
+        """The first parameter group's learning rate (``get_lrs()`` has every group's)."""
+        return self.get_lrs()[0]
+
+    @torch.jit.export
+    def set_lr(self, lr: float) -> None:
+        """Set every parameter group's learning rate."""
+        if not lr >= 0.0:
+            raise RuntimeError("set_lr: invalid learning rate " + str(lr))
+        for opt in self.optimizers:
+            opt.lr = lr
+
+    @torch.jit.export
+    def optimizer_state(self) -> Dict[str, List[Tensor]]:
+        """The optimizer's per-parameter state, by torch.optim's key; copies."""
+        state = self._optimizer_state()
+        copied: Dict[str, List[Tensor]] = {}
+        for key, values in state.items():
+            copied[key] = [v.clone() for v in values]
+        return copied
+
+    def _optimizer_state(self) -> Dict[str, List[Tensor]]:
+        """Every group's state lists, concatenated in group order (torch.optim's state_dict order)."""
+        merged: Dict[str, List[Tensor]] = {}
+        for opt in self.optimizers:
+            for key, values in opt.state().items():
+                if key not in merged:
+                    merged[key] = []
+                merged[key].extend(values)
+        return merged
+
+    @torch.jit.export
+    def load_optimizer_state(self, state: Dict[str, List[Tensor]]) -> None:
+        """Restore what ``optimizer_state()`` returned (keys, counts and shapes must match)."""
+        own = self._optimizer_state()
+        for key, values in own.items():
+            if key not in state:
+                raise RuntimeError("load_optimizer_state: missing key " + key)
+            given = state[key]
+            if len(given) != len(values):
+                raise RuntimeError("load_optimizer_state: " + key + " has " + str(len(given)) + " tensors, expected "
+                                   + str(len(values)))
+            for i in range(len(values)):
+                if given[i].shape != values[i].shape:
+                    raise RuntimeError("load_optimizer_state: " + key + "[" + str(i) + "] has the wrong shape")
+        with torch.no_grad():
+            for key, values in own.items():
+                for i in range(len(values)):
+                    values[i].copy_(state[key][i])

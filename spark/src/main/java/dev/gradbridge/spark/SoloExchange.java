@@ -1,0 +1,27 @@
+package dev.gradbridge.spark;
+
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * The exchange of a one-partition run: nothing to exchange, so no round trip and no copy; the
+ * task's own result goes through the same {@link GradientCombiner} (weight 1), so the bits are the
+ * relay's with K=1.
+ */
+final class SoloExchange implements GradientExchange {
+
+    @Override
+    public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
+        return GradientCombiner.combine(Collections.singletonList(mine), dtypes, sizes);
+    }
+
+    @Override
+    public long bytesSent() {
+        return 0;
+    }
+
+    @Override
+    public long bytesReceived() {
+        return 0;
+    }
+}
