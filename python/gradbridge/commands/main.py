@@ -149,7 +149,7 @@ _bench_threads.__name__ = messages.BENCH_THREADS
 
 #: `gradbridge online-bench --feeders` default (bench.online.FEEDERS; a test checks they agree), here
 #: so that the parser does not import torch.
-ONLINE_BENCH_FEEDERS = 8
+ONLINE_BENCH_FEEDERS = 4
 
 
 def _memory_steps(text: str) -> int:
