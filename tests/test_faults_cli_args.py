@@ -171,3 +171,10 @@ def test_build_op_shows_the_compilers_first_error(tmp_path):
     assert line.startswith(f"cannot build {source}: ") and "undefined_thing" in line and "error" in line, line
     assert "ninja" not in line and "other_undefined" not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.cpp"]
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_online_bench_refuses_a_bad_feeder_count(capsys, value):
+    assert _line(capsys, ["online-bench", "--feeders", value]) == (
+        f"argument --feeders: invalid threads (an integer from 1 to 1024) value: '{value}' "
+        "(see gradbridge online-bench --help)")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
-from gradbridge.commands.main import main as cli_main
+from gradbridge.bench.online import FEEDERS
+from gradbridge.commands.main import ONLINE_BENCH_FEEDERS, main as cli_main
 
 
 def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
     assert cli_main(["online-bench", "--events", "512", "--batch", "16", "--predictions", "200",
-                     "--publish-every", "4", "--out-dir", str(tmp_path)]) == 0
+                     "--publish-every", "4", "--feeders", "3", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "java OnlineLearner" in out and "python lock + thread" in out and "goals (java):" in out
     figures = json.loads((tmp_path / "online-bench.json").read_text())
@@ -17,5 +18,14 @@ def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
         for key in ("predict_idle_p50_us", "predict_idle_p99_us", "predict_training_p50_us",
                     "predict_training_p99_us", "online_events_per_s", "fused_events_per_s"):
             assert figures[side][key] > 0, (side, key)
-    assert figures["java"]["online_updates"] == 512 // 16  # every event applied: 16-row calls, micro-batches of 16
+    for key in ("online_always_events_per_s", "step_events_per_s"):
+        assert figures["java"][key] > 0, key
+    # every event applied, from 3 concurrent clients: 16-row calls, micro-batches of 16
+    assert figures["java"]["online_updates"] == 512 // 16
     assert figures["java"]["publish_every"] == 4
+    assert figures["java"]["feeders"] == figures["feeders"] == 3
+    assert "--feeders 3" in figures["command"]
+
+
+def test_online_bench_feeders_default_agrees_with_the_parser():
+    assert ONLINE_BENCH_FEEDERS == FEEDERS

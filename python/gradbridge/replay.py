@@ -20,7 +20,6 @@ import json
 import math
 import os
 import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple

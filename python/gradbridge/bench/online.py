@@ -6,8 +6,10 @@ Python team would otherwise write, side by side, in one run.
    micro-batch size (goal: at least 0.8x).
 
 Java: ``dev.gradbridge.bench.OnlineBenchmark`` in a JVM of its own. Throughput in interleaved
-rounds on the same events and micro-batch size: the OnlineLearner (log written; fsync never, and
-fsync always, the default policy; loss validation off) against the Trainer in step mode (one
+rounds on the same events and micro-batch size: the OnlineLearner fed by ``feeders`` concurrent
+clients, each waiting for its own acknowledgement (log written; fsync never, and fsync always, the
+default policy, whose group commit lets one fsync acknowledge the micro-batches that arrived
+meanwhile; loss validation off) against the Trainer in step mode (one
 ``train_step`` call per micro-batch: the like-for-like) and the fused ``train_epoch`` (one call
 for all micro-batches), with the learner's time per phase. Python: one eager model
 behind a lock, a training thread taking micro-batches from a queue (torch.optim), predictions
@@ -38,6 +40,11 @@ from ..reference import Reference
 
 CLASSES = 4
 FEATURES = 16
+#: Concurrent clients feeding the Java learner in the throughput rounds, each waiting for its
+#: acknowledgement: a service has many (4, as the fault suite's concurrent cases; more threads
+#: only compete for this machine's 2 cores); 1 is a single synchronous client, where every
+#: micro-batch waits for an fsync of its own under fsync always.
+FEEDERS = 4
 
 
 def _percentile(values, q):
@@ -197,7 +204,7 @@ JAVA_VARIANTS = (
 
 
 def java_figures(model, work, events: int, batch: int, predictions: int, predict_threads: int,
-                 feedback_threads: int, publish_every: int, rounds: int) -> Dict:
+                 feedback_threads: int, publish_every: int, rounds: int, feeders: int = FEEDERS) -> Dict:
     """``OnlineBenchmark`` in a JVM of its own, one libtorch compute thread for every variant.
 
     ``OMP_NUM_THREADS=1``: on a shared machine, libtorch's OpenMP teams stall whenever a team
@@ -207,7 +214,8 @@ def java_figures(model, work, events: int, batch: int, predictions: int, predict
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     main = "dev.gradbridge.bench.OnlineBenchmark"
     result = subprocess.run(launcher.command(main, [model, work, CLASSES, events, batch, predictions, predict_threads,
-                                                    feedback_threads, publish_every, rounds]),
+                                                    feedback_threads, publish_every, rounds,
+                                                    ",".join(v[0] for v in JAVA_VARIANTS), feeders]),
                             capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise GradbridgeError(f"OnlineBenchmark (separate JVM) failed: "
@@ -215,15 +223,15 @@ def java_figures(model, work, events: int, batch: int, predictions: int, predict
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def command_line(events: int, batch: int, predictions: int, publish_every: int, rounds: int) -> str:
+def command_line(events: int, batch: int, predictions: int, publish_every: int, rounds: int, feeders: int) -> str:
     """The command that reproduces a run (printed and kept in the JSON)."""
     return (f"gradbridge online-bench --events {events} --batch {batch} --predictions {predictions} "
-            f"--publish-every {publish_every} --rounds {rounds}")
+            f"--publish-every {publish_every} --rounds {rounds} --feeders {feeders}")
 
 
 def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_threads: int = 2,
             feedback_threads: int = 2, publish_every: int = 1, rounds: int = 5,
-            out_dir: str | os.PathLike = "build/online-bench") -> Dict:
+            out_dir: str | os.PathLike = "build/online-bench", feeders: int = FEEDERS) -> Dict:
     """Both services' figures on the bench MLP, written to ``out_dir/online-bench.json`` (its ``path``)."""
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
@@ -233,10 +241,11 @@ def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predic
                                    protocol.tensor_spec("y", [-1], "int64")])
     with tempfile.TemporaryDirectory(dir=out_path) as work:
         java = java_figures(model, work, events, batch, predictions, predict_threads, feedback_threads,
-                            publish_every, rounds)
+                            publish_every, rounds, feeders)
     python = python_figures(model, events, batch, predictions, predict_threads, feedback_threads, rounds)
     figures = {"java": java, "python": python, "events": events, "batch": batch, "publish_every": publish_every,
-               "rounds": rounds, "command": command_line(events, batch, predictions, publish_every, rounds),
+               "rounds": rounds, "feeders": feeders,
+               "command": command_line(events, batch, predictions, publish_every, rounds, feeders),
                "predictions": predictions}
     path = out_path / "online-bench.json"
     with atomic_path(path) as tmp:

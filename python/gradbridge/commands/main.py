@@ -147,6 +147,10 @@ def _bench_threads(text: str) -> int:
 
 _bench_threads.__name__ = messages.BENCH_THREADS
 
+#: `gradbridge online-bench --feeders` default (bench.online.FEEDERS; a test checks they agree), here
+#: so that the parser does not import torch.
+ONLINE_BENCH_FEEDERS = 4
+
 
 def _memory_steps(text: str) -> int:
     value = int(text)
@@ -218,7 +222,7 @@ def _online_bench(args: argparse.Namespace) -> int:
     from .online_bench import run
 
     return run(events=args.events, batch=args.batch, predictions=args.predictions, publish_every=args.publish_every,
-               rounds=args.rounds, out_dir=args.out_dir)
+               rounds=args.rounds, out_dir=args.out_dir, feeders=args.feeders)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -418,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     online_bench.add_argument("--publish-every", type=int, default=1, help="java: a version every N updates (default 1)")
     online_bench.add_argument("--rounds", type=int, default=5,
                               help="interleaved throughput rounds, java (default 5)")
+    online_bench.add_argument("--feeders", type=_bench_threads, default=ONLINE_BENCH_FEEDERS,
+                              help="java throughput: concurrent clients feeding the learner, each waiting for its "
+                                   f"acknowledgement (default {ONLINE_BENCH_FEEDERS}; 1: one synchronous client)")
     online_bench.add_argument("--out-dir", default="build/online-bench", help="where the JSON goes")
     online_bench.set_defaults(run=_online_bench)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bench.online import CLASSES, FEATURES, JAVA_VARIANTS, measure
+from ..bench.online import CLASSES, FEATURES, FEEDERS, JAVA_VARIANTS, measure
 
 
 def _spread(values) -> str:
@@ -15,8 +15,9 @@ def _spread(values) -> str:
 
 def run(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_threads: int = 2,
         feedback_threads: int = 2, publish_every: int = 1, rounds: int = 5, out_dir: str = "build/online-bench",
-        out=print) -> int:
-    figures = measure(events, batch, predictions, predict_threads, feedback_threads, publish_every, rounds, out_dir)
+        feeders: int = FEEDERS, out=print) -> int:
+    figures = measure(events, batch, predictions, predict_threads, feedback_threads, publish_every, rounds, out_dir,
+                      feeders)
     java, python, command = figures["java"], figures["python"], figures["command"]
     out(f"MLP {FEATURES}-64-{CLASSES}, Adam, micro-batch {batch}, {events} events, {predictions} one-row predictions "
         f"from {predict_threads} threads, {feedback_threads} feedback threads; java publishes a version every "
@@ -36,7 +37,8 @@ def run(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_th
     by_round = java["events_per_s_by_round"]
     fused, step = by_round["fused_epoch"], by_round["trainer_step"]
     out(f"learning throughput, java: events/s, median [min-max] of {rounds} interleaved rounds on the same events "
-        f"(one compute thread each), and per-round ratios:")
+        f"(one compute thread each; the OnlineLearner fed by {feeders} concurrent clients, each waiting for its "
+        f"acknowledgement), and per-round ratios:")
     out(f"{'java':<30} {'events/s':>24} {'/ fused epoch':>20} {'/ Trainer step':>20}")
     for key, label, _ in JAVA_VARIANTS:
         values = by_round[key]

@@ -1,4 +1,5 @@
 import org.gradle.api.Project
+import org.gradle.api.tasks.JavaExec
 import org.gradle.api.tasks.application.CreateStartScripts
 import org.gradle.util.GradleVersion
 
@@ -25,6 +26,19 @@ class GradbridgeBuild {
     /** The program arguments given as -Pargs="..." (none without it). */
     static List<String> programArgs(Project project) {
         project.hasProperty('args') ? splitArgs(project.property('args').toString()) : []
+    }
+
+    /**
+     * A JavaExec task runs {@code mainClass} with the -Pargs="..." words: `mainClass` on Gradle 6.4+, `main`
+     * before (removed in Gradle 8).
+     */
+    static void runs(JavaExec task, String mainClass, Project project) {
+        if (modernGradle) {
+            task.mainClass.set(mainClass)
+        } else {
+            task.main = mainClass
+        }
+        task.args programArgs(project)
     }
 
     /**

@@ -150,6 +150,22 @@ public class OnlineLearnerTest {
     }
 
     @Test
+    public void awaitIdleUnderGroupCommitWaitsForThePublishedVersion() throws Exception {
+        // fsync always: versions are published by the log's commit thread after the shared fsync,
+        // so awaitIdle must also wait for actions that thread has taken but not yet run.
+        Path log = folder.newFolder().toPath();
+        try (OnlineLearner learner = OnlineLearner.builder().optMaxBatch(4).optMaxWaitMillis(0).optPublishEvery(1)
+                .optPredictors(1).optFsync(FsyncPolicy.ALWAYS).optGroupCommitMillis(20)
+                .open(fixture("linear_regression.pt"), log)) {
+            for (int i = 1; i <= 5; i++) {
+                learner.learn(column(1, 2, 3, 4), column(3, 5, 7, 9));
+                assertTrue(learner.awaitIdle(10, TimeUnit.SECONDS));
+                assertEquals(i, learner.currentVersion().getId());
+            }
+        }
+    }
+
+    @Test
     public void checkpointPlusLogTailEqualsReplayingTheWholeLog() throws Exception {
         Path log = folder.newFolder().toPath();
         float[] xs = ramp(48, 2f, -1f);

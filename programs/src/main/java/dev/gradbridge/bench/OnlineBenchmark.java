@@ -32,17 +32,21 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * The online learner's figures in a JVM of its own (for {@code gradbridge online-bench}): predict
  * latency (p50, p99) with training off and with feedback clients keeping the trainer busy; and
  * learning throughput (events applied per second) in interleaved rounds on the same events and
- * micro-batch size: the {@link OnlineLearner} fed B-row {@code learn} calls from one thread (log
- * written; fsync never, and always; loss validation off), {@link Trainer} in step mode (one {@code
+ * micro-batch size: the {@link OnlineLearner} fed B-row {@code learn} calls from FEEDERS threads,
+ * each waiting for its own acknowledgement as a client does (log written; fsync never, and always;
+ * loss validation off), {@link Trainer} in step mode (one {@code
  * train_step} call per micro-batch) and the fused {@code train_epoch} (one call for all), plus
  * the learner's time per phase per micro-batch ({@link dev.gradbridge.online.PhaseTimes}). The
  * batch loops run on a thread of their own, as the learner's training does. Prints one JSON object.
  *
  * <p>Usage: {@code OnlineBenchmark MODEL.pt WORK_DIR CLASSES EVENTS BATCH PREDICTIONS PREDICT_THREADS
- * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS]]}; x is float32 (standard normal), y int64 in
- * {@code 0..CLASSES-1}; PREDICTIONS 0 skips the latency part; VARIANTS is a comma-separated subset
- * of {@code online_never,online_always,trainer_step,fused_epoch,host_step} ({@code host_step}: a
- * {@code train_step} per B-row host chunk, no queue or log).
+ * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS [FEEDERS]]]}; x is float32 (standard normal), y
+ * int64 in {@code 0..CLASSES-1}; PREDICTIONS 0 skips the latency part; VARIANTS is a comma-separated
+ * subset of {@code online_never,online_always,trainer_step,fused_epoch,host_step} ({@code host_step}:
+ * a {@code train_step} per B-row host chunk, no queue or log); FEEDERS (default 1) concurrent
+ * clients feed the online variants, feeder t the chunks t, t+FEEDERS, ...: the same events and the
+ * same number of micro-batches as the baselines, in the order the log records them (under fsync
+ * always, their acknowledgements share the group commit's fsyncs).
  */
 public final class OnlineBenchmark {
 
@@ -66,6 +70,7 @@ public final class OnlineBenchmark {
         int publishEvery = Integer.parseInt(args[8]);
         int rounds = args.length > 9 ? Integer.parseInt(args[9]) : 5;
         List<String> variants = Arrays.asList(args.length > 10 ? args[10].split(",") : VARIANTS);
+        int feeders = args.length > 11 ? Integer.parseInt(args[11]) : 1;
 
         Metadata metadata = Metadata.read(model);
         int features = (int) metadata.getInput("x").getShape()[1];
@@ -91,8 +96,9 @@ public final class OnlineBenchmark {
         if (predictions > 0) {
             latency(out, model, work, chunks, one, batch, predictions, predictThreads, feedbackThreads, publishEvery);
         }
-        throughput(out, model, work, xs, ys, features, chunks, batch, publishEvery, rounds, variants);
+        throughput(out, model, work, xs, ys, features, chunks, batch, publishEvery, rounds, variants, feeders);
         out.put("batch", batch);
+        out.put("feeders", feeders);
         out.put("publish_every", publishEvery);
         out.put("events", chunks.size() * batch);
         System.out.println(new GsonBuilder().serializeSpecialFloatingPointValues().create().toJson(out));
@@ -156,8 +162,8 @@ public final class OnlineBenchmark {
      * their spread, and the online learner's time per phase per micro-batch.
      */
     private static void throughput(Map<String, Object> out, Path model, Path work, float[] xs, long[] ys,
-            int features, List<HostTensor[]> chunks, int batch, int publishEvery, int rounds, List<String> variants)
-            throws Exception {
+            int features, List<HostTensor[]> chunks, int batch, int publishEvery, int rounds, List<String> variants,
+            int feeders) throws Exception {
         int n = chunks.size() * batch;
         Map<String, List<Double>> perRound = new LinkedHashMap<>();
         Map<String, Map<String, Long>> phaseNanos = new LinkedHashMap<>();
@@ -217,9 +223,7 @@ public final class OnlineBenchmark {
                                 long callsBefore = learner.phaseTimes().counts().get("train_step");
                                 long updatesBefore = learner.updates();
                                 long started = System.nanoTime();
-                                for (HostTensor[] chunk : chunks) {
-                                    learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
-                                }
+                                feed(learner, chunks, feeders);
                                 learner.awaitIdle(300, TimeUnit.SECONDS);
                                 long elapsed = System.nanoTime() - started;
                                 seconds = elapsed / 1e9;
@@ -288,7 +292,7 @@ public final class OnlineBenchmark {
         }
         out.put("phase_us_per_micro_batch", phases);
         // CPU time per micro-batch: robust to a loaded machine (descheduled time is not counted).
-        // Online: the training thread's phases plus the feeding thread's learn_* phases.
+        // Online: the training thread's phases plus the feeding threads' learn_* phases.
         Map<String, Object> cpuPhases = new LinkedHashMap<>();
         Map<String, Double> cpuPerBatch = new LinkedHashMap<>();
         long microBatches = (long) rounds * chunks.size();
@@ -308,6 +312,42 @@ public final class OnlineBenchmark {
         }
         out.put("phase_cpu_us_per_micro_batch", cpuPhases);
         out.put("cpu_us_per_micro_batch", cpuPerBatch);
+    }
+
+    /**
+     * Feeds every chunk to the learner from {@code feeders} threads (feeder t: chunks t, t+feeders,
+     * ...), each call waiting for its acknowledgement, as concurrent clients do; returns when all
+     * are acknowledged.
+     */
+    private static void feed(OnlineLearner learner, List<HostTensor[]> chunks, int feeders) throws Exception {
+        if (feeders == 1) {
+            for (HostTensor[] chunk : chunks) {
+                learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
+            }
+            return;
+        }
+        ExecutorService pool = Executors.newFixedThreadPool(feeders, r -> new Thread(r, "bench-feeder"));
+        try {
+            List<java.util.concurrent.Future<?>> done = new ArrayList<>();
+            for (int t = 0; t < feeders; t++) {
+                final int me = t;
+                done.add(pool.submit(() -> {
+                    for (int i = me; i < chunks.size(); i += feeders) {
+                        learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
+                    }
+                    return null;
+                }));
+            }
+            for (java.util.concurrent.Future<?> f : done) {
+                try {
+                    f.get();
+                } catch (ExecutionException e) {
+                    throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+                }
+            }
+        } finally {
+            pool.shutdownNow();
+        }
     }
 
     /** One {@code train_step} per chunk, each made from its host bytes: the online step without queue or log. */

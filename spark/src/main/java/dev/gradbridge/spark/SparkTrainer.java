@@ -113,7 +113,7 @@ public final class SparkTrainer {
         }
     }
 
-    /** Counters and timings of the last run (for the benchmark and the tests). */
+    /** Counters and timings summed over every run of this trainer (for the benchmark and the tests). */
     public static final class Stats {
         /** Steps taken. */
         public long steps;

@@ -51,6 +51,8 @@ public final class LogWriter implements AutoCloseable {
     private boolean broken; // guarded by this: a failed append could not be undone
     private volatile long synced;
     private final ArrayDeque<Pending> pending = new ArrayDeque<>(); // guarded by itself
+    private int running;           // guarded by pending: actions taken off it, still running
+    private boolean commitFailed;  // guarded by pending: a failed fsync dropped the actions
     private volatile Thread committer; // null until startGroupCommit, under ALWAYS only
 
     /** An action waiting for the records before {@code offset} to be durable. */
@@ -305,14 +307,15 @@ public final class LogWriter implements AutoCloseable {
     public boolean awaitActions(long timeoutNanos) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutNanos;
         synchronized (pending) {
-            while (!pending.isEmpty()) {
+            // running: actions taken off the queue but not finished; failed: dropped by a failed fsync
+            while (!pending.isEmpty() || running > 0) {
                 long left = deadline - System.nanoTime();
-                if (left <= 0 || committer == null) {
+                if (left <= 0 || committer == null || commitFailed) {
                     return false;
                 }
                 TimeUnit.NANOSECONDS.timedWait(pending, left);
             }
-            return true;
+            return !commitFailed;
         }
     }
 
@@ -341,12 +344,17 @@ public final class LogWriter implements AutoCloseable {
                     while (!pending.isEmpty() && pending.peek().offset <= synced) {
                         ready.add(pending.poll().action);
                     }
+                    running = ready.size();
                 }
-                for (Runnable action : ready) {
-                    action.run();
-                }
-                synchronized (pending) {
-                    pending.notifyAll();
+                try {
+                    for (Runnable action : ready) {
+                        action.run();
+                    }
+                } finally {
+                    synchronized (pending) {
+                        running = 0;
+                        pending.notifyAll();
+                    }
                 }
             }
         } catch (InterruptedException e) {
@@ -354,6 +362,7 @@ public final class LogWriter implements AutoCloseable {
         } catch (IOException | RuntimeException e) {
             synchronized (pending) {
                 pending.clear();
+                commitFailed = true;
                 pending.notifyAll();
             }
             onFailure.accept(e);
