@@ -138,17 +138,17 @@ def test_java_leaves_python_autograd_on(jvm, model_path):
 def test_feedback_log_format_is_the_same_in_java_and_python():
     import re
 
-    from gradbridge import replay
+    from gradbridge import feedback_log
 
     java = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/log/LogFormat.java").read_text()
     constants = dict(re.findall(r"public static final \w+ (\w+) = ([^;]+);", java))
-    assert constants["FILE_NAME"] == f'"{replay.FILE_NAME}"' and constants["FORMAT"] == f'"{replay.FORMAT}"'
-    assert int(constants["FORMAT_VERSION"]) == replay.FORMAT_VERSION
-    assert int(constants["FRAME_HEADER"]) == replay.FRAME_HEADER and constants["MAX_PAYLOAD"] == "64 << 20"
-    assert replay.MAX_PAYLOAD == 64 << 20
-    for name, kind in replay.RECORD_TYPES.items():
+    assert constants["FILE_NAME"] == f'"{feedback_log.FILE_NAME}"' and constants["FORMAT"] == f'"{feedback_log.FORMAT}"'
+    assert int(constants["FORMAT_VERSION"]) == feedback_log.FORMAT_VERSION
+    assert int(constants["FRAME_HEADER"]) == feedback_log.FRAME_HEADER and constants["MAX_PAYLOAD"] == "64 << 20"
+    assert feedback_log.MAX_PAYLOAD == 64 << 20
+    for name, kind in feedback_log.RECORD_TYPES.items():
         assert constants[name.upper()] == f"'{kind.decode()}'", name
-    assert replay.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
+    assert feedback_log.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
 
 
 def test_every_error_type_lives_in_errors_and_is_exported():

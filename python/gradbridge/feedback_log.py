@@ -1,0 +1,216 @@
+"""The online learner's feedback log as Python reads it: the framing, the records, a strict reader.
+
+``dev.gradbridge.online.log`` (Java) writes it; ``gradbridge.replay`` replays it with eager PyTorch;
+tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge.online.log.LogFormat``.
+
+Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
+payload, whose first byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B``
+micro-batch, ``Q`` quarantined micro-batch, ``V`` version). Only an incomplete last frame (a torn
+tail) may end the log early; any other frame that does not check is an error naming its offset, as
+in Java.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from .errors import LogError
+
+FILE_NAME = "feedback.log"
+CHECKPOINT_FILE = "checkpoint.json"
+FORMAT = "gradbridge-feedback-log"
+FORMAT_VERSION = 2
+FRAME_HEADER = 12
+MAX_PAYLOAD = 64 << 20
+#: record types (the payload's first byte)
+RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V"}
+
+
+def _crc_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as ``java.util.zip.CRC32C``."""
+    crc = 0xFFFFFFFF
+    table = _CRC32C
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+@dataclass
+class Batch:
+    index: int
+    first_seq: int
+    count: int
+    offset: int = 0
+
+
+@dataclass
+class Quarantine:
+    index: int
+    first_seq: int
+    count: int
+    reason: str
+    offset: int = 0
+
+
+@dataclass
+class Version:
+    id: int
+    updates: int
+    loss: float
+    digests: Dict[str, str]
+    offset: int = 0
+
+
+@dataclass
+class FeedbackLog:
+    """A parsed log: header, events by sequence number, keys, and batches, quarantines and versions in file order."""
+
+    path: Path
+    header: dict
+    events: Dict[int, Tuple[bytes, bytes]] = field(default_factory=dict)
+    keys: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    batches: List[Batch] = field(default_factory=list)
+    quarantines: List[Quarantine] = field(default_factory=list)
+    versions: List[Version] = field(default_factory=list)
+    order: List[object] = field(default_factory=list)  #: batches, quarantines and versions in file order
+    end: int = 0
+    torn_bytes: int = 0
+
+
+def frames(path: Path, data: bytes):
+    """(offset, payload) of each frame; stops at a torn tail (an incomplete last frame) and
+    raises LogError naming the offset for anything else that does not check."""
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < FRAME_HEADER:
+            return
+        length, crc, head_crc = struct.unpack_from("<III", data, offset)
+        if offset == 0 and (crc32c(data[:8]) != head_crc or not 1 <= length <= MAX_PAYLOAD):
+            raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
+        if crc32c(data[offset:offset + 8]) != head_crc:
+            raise LogError(f"{path}: offset {offset}: the frame header's checksum does not match (damaged, not a torn tail)")
+        if length < 1 or length > MAX_PAYLOAD:
+            raise LogError(f"{path}: offset {offset}: frame length {length} is outside 1..{MAX_PAYLOAD}")
+        end = offset + FRAME_HEADER + length
+        if end > len(data):
+            return
+        payload = data[offset + FRAME_HEADER:end]
+        if crc32c(payload) != crc:
+            raise LogError(f"{path}: offset {offset}: the record's checksum does not match")
+        yield offset, payload
+        offset = end
+
+
+def frame(payload: bytes) -> bytes:
+    """One frame around ``payload`` (the writer's framing, for tools and tests)."""
+    head = struct.pack("<II", len(payload), crc32c(payload))
+    return head + struct.pack("<I", crc32c(head)) + payload
+
+
+def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
+    """Parse ``log_dir/feedback.log`` strictly; LogError (one line, with the offset) when it is
+    missing, damaged before its end or not a feedback log. A torn tail is reported, not an error."""
+    path = Path(log_dir) / FILE_NAME
+    if not path.is_file():
+        raise LogError(f"no feedback log at {path}" + (" (the folder does not exist)" if not Path(log_dir).is_dir() else ""))
+    data = path.read_bytes()
+    records = frames(path, data)
+    first = next(records, None)
+    if first is None or first[1][:1] != b"H":
+        raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
+    try:
+        header = json.loads(first[1][1:].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+        raise LogError(f"{path}: offset 0: the header record is not valid JSON") from ex
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
+        raise LogError(f"{path}: offset 0: header says format {header.get('format')!r} version {header.get('version')!r}; "
+                       f"expected {FORMAT} version {FORMAT_VERSION}")
+    log = FeedbackLog(path, header)
+    end = FRAME_HEADER + len(first[1])
+    for offset, payload in records:
+        end = offset + FRAME_HEADER + len(payload)
+        kind = payload[:1]
+        try:
+            if kind == b"E":
+                seq, n = struct.unpack_from("<qI", payload, 1)
+                x = payload[13:13 + n]
+                (m,) = struct.unpack_from("<I", payload, 13 + n)
+                y = payload[17 + n:17 + n + m]
+                if len(x) != n or len(y) != m or 17 + n + m != len(payload):
+                    raise ValueError("lengths do not add up")
+                log.events[seq] = (x, y)
+            elif kind == b"K":
+                first_seq, count = struct.unpack_from("<qI", payload, 1)
+                log.keys[payload[45:].decode("utf-8")] = (first_seq, count)
+            elif kind == b"B":
+                if len(payload) != 21:
+                    raise ValueError("lengths do not add up")
+                batch = Batch(*struct.unpack_from("<qqI", payload, 1), offset=offset)
+                log.batches.append(batch)
+                log.order.append(batch)
+            elif kind == b"Q":
+                index, first_seq, count = struct.unpack_from("<qqI", payload, 1)
+                quarantine = Quarantine(index, first_seq, count, payload[21:].decode("utf-8"), offset=offset)
+                log.quarantines.append(quarantine)
+                log.order.append(quarantine)
+            elif kind == b"V":
+                vid, updates, loss = struct.unpack_from("<qqd", payload, 1)
+                version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
+                log.versions.append(version)
+                log.order.append(version)
+            else:
+                raise ValueError(f"unknown record type {kind!r}")
+        except (struct.error, ValueError, UnicodeDecodeError) as ex:
+            raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
+    log.end = end
+    log.torn_bytes = len(data) - end
+    return log
+
+
+def check_checkpoint(log: FeedbackLog, log_dir, model_sha256: str) -> None:
+    """LogError when the folder's checkpoint.json belongs to another model or the log contradicts it."""
+    path = Path(log_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        return
+    try:
+        checkpoint = json.loads(path.read_text())
+        version, updates, scan = checkpoint["version"], checkpoint["updates"], checkpoint["scan_offset"]
+    except (ValueError, KeyError, TypeError) as ex:
+        raise LogError(f"{path} is not a valid checkpoint descriptor") from ex
+    if checkpoint.get("model_sha256") != model_sha256:
+        raise LogError(f"{path} belongs to the module with SHA-256 {checkpoint.get('model_sha256')}, not {model_sha256}")
+    if log.end < scan:
+        raise LogError(f"{log.path} ends at offset {log.end} but {path} resumes at offset {scan}: the log was cut or replaced")
+    logged = next((v for v in log.versions if v.id == version), None)
+    if logged is None:
+        raise LogError(f"{log.path} does not hold version {version}, which {path} checkpoints: the log was cut or replaced")
+    if logged.updates != updates or logged.digests != checkpoint.get("digests"):
+        raise LogError(f"{log.path}: offset {logged.offset}: version {version} differs from the one {path} holds")
+
+
+def file_sha256(path) -> str:
+    """SHA-256 of a file (the module's identity in the log's header and checkpoint)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
