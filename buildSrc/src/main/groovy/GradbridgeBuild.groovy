@@ -1,5 +1,6 @@
 import org.gradle.api.Project
 import org.gradle.api.tasks.JavaExec
+import org.gradle.api.tasks.bundling.Jar
 import org.gradle.api.tasks.application.CreateStartScripts
 import org.gradle.util.GradleVersion
 
@@ -26,6 +27,15 @@ class GradbridgeBuild {
     /** The program arguments given as -Pargs="..." (none without it). */
     static List<String> programArgs(Project project) {
         project.hasProperty('args') ? splitArgs(project.property('args').toString()) : []
+    }
+
+    /** A jar task's base name: `archiveBaseName` on Gradle 6.4+, `baseName` before (removed in Gradle 8). */
+    static void baseName(Jar task, String name) {
+        if (modernGradle) {
+            task.archiveBaseName.set(name)
+        } else {
+            task.baseName = name
+        }
     }
 
     /**
