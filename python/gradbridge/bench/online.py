@@ -235,6 +235,7 @@ def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predic
     """Both services' figures on the bench MLP, written to ``out_dir/online-bench.json`` (its ``path``)."""
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
     model = export_builtin("mlp", out_path / "bench_mlp.pt", seed=0, in_features=FEATURES, hidden=(64,),
                            out_features=CLASSES, loss={"name": "cross_entropy"}, optimizer={"name": "adam", "lr": 1e-3},
                            inputs=[protocol.tensor_spec("x", [-1, FEATURES], "float32"),
@@ -246,7 +247,8 @@ def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predic
     figures = {"java": java, "python": python, "events": events, "batch": batch, "publish_every": publish_every,
                "rounds": rounds, "feeders": feeders,
                "command": command_line(events, batch, predictions, publish_every, rounds, feeders),
-               "predictions": predictions}
+               "predictions": predictions,
+               "load_average": {"start": list(load_start), "end": list(os.getloadavg())}}
     path = out_path / "online-bench.json"
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(figures, indent=2) + "\n")

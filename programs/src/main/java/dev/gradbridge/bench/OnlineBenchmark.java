@@ -193,6 +193,18 @@ public final class OnlineBenchmark {
                 onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
                 onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
             }
+            // The online variants warm up as much (one untimed round each): otherwise the first
+            // timed rounds run the learner's Java code interpreted while the JIT compiles it.
+            for (String variant : variants) {
+                if (variant.startsWith("online_")) {
+                    Path dir = work.resolve("warm-up-" + variant);
+                    try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
+                        feed(learner, chunks, feeders);
+                        learner.awaitIdle(300, TimeUnit.SECONDS);
+                    }
+                    deleteTree(dir);
+                }
+            }
             for (int round = 0; round < rounds; round++) {
                 for (int k = 0; k < variants.size(); k++) {
                     String variant = variants.get((k + round) % variants.size());
@@ -211,7 +223,7 @@ public final class OnlineBenchmark {
                                     cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         default: {
-                            FsyncPolicy policy = variant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
+                            FsyncPolicy policy = policyOf(variant);
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
                             try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
                                 for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
@@ -312,6 +324,10 @@ public final class OnlineBenchmark {
         }
         out.put("phase_cpu_us_per_micro_batch", cpuPhases);
         out.put("cpu_us_per_micro_batch", cpuPerBatch);
+    }
+
+    private static FsyncPolicy policyOf(String onlineVariant) {
+        return onlineVariant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
     }
 
     /**
