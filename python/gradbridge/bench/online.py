@@ -46,6 +46,9 @@ FEATURES = 16
 #: only compete for this machine's 2 cores); 1 is a single synchronous client, where every
 #: micro-batch waits for an fsync of its own under fsync always.
 FEEDERS = 4
+#: Predictions before the timed ones, on each side, from the same threads: the JVM compiles a method
+#: with C2 after ~10,000 calls, and fewer left the timed Java calls partly interpreted (p50 ~2x).
+PREDICT_WARMUP = 20_000
 
 
 def _percentile(values, q):
@@ -137,7 +140,7 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
 
     figures: Dict = {}
     service = PythonOnlineService(model_path, batch)
-    latencies(service, predictions // 4)
+    latencies(service, PREDICT_WARMUP)
     idle = latencies(service, predictions)
     stop = threading.Event()
 
@@ -216,7 +219,8 @@ def java_figures(model, work, events: int, batch: int, predictions: int, predict
     main = "dev.gradbridge.bench.OnlineBenchmark"
     result = subprocess.run(launcher.command(main, [model, work, CLASSES, events, batch, predictions, predict_threads,
                                                     feedback_threads, publish_every, rounds,
-                                                    ",".join(v[0] for v in JAVA_VARIANTS), feeders]),
+                                                    ",".join(v[0] for v in JAVA_VARIANTS), feeders,
+                                                    PREDICT_WARMUP if predictions > 0 else 0]),
                             capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise GradbridgeError(f"OnlineBenchmark (separate JVM) failed: "
@@ -248,7 +252,7 @@ def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predic
     figures = {"java": java, "python": python, "events": events, "batch": batch, "publish_every": publish_every,
                "rounds": rounds, "feeders": feeders,
                "command": command_line(events, batch, predictions, publish_every, rounds, feeders),
-               "predictions": predictions,
+               "predictions": predictions, "predict_warmup": PREDICT_WARMUP,
                "load_average": {"start": list(load_start), "end": list(os.getloadavg())}}
     path = out_path / "online-bench.json"
     with atomic_path(path) as tmp:
