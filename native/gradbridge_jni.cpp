@@ -771,4 +771,77 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* en
   });
 }
 
+// train_step's calls, guarded, for several micro-batches in one call (the online learner), the
+// methods looked up once (methods = zero_grad, calculate_loss_and_backward, get_gradients,
+// optimizer_step): for each (xs[i], ys[i]) in order: zero_grad(), calculate_loss_and_backward(x, y),
+// then optimizer_step() when the loss and every gradient are finite. Stops at the first micro-batch
+// that is not finite, its gradients left in place for the caller to explain, or whose call fails:
+// that method's index into failed[0] (else -1), its message into error[0]. losses[i] gets each
+// computed loss. Returns how many micro-batches were stepped.
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_methodsStepWhileFinite(JNIEnv* env, jclass, jlongArray methods,
+    jlongArray xs, jlongArray ys, jdoubleArray losses, jintArray failed, jobjectArray error) {
+  return guarded(env, jint{0}, [&] {
+    const jsize n = env->GetArrayLength(xs);
+    if (env->GetArrayLength(methods) != 4 || env->GetArrayLength(ys) != n || env->GetArrayLength(losses) < n
+        || env->GetArrayLength(failed) < 1 || env->GetArrayLength(error) < 1) {
+      throw std::invalid_argument("methods, xs, ys, losses, failed and error do not match");
+    }
+    jlong handles[4];
+    env->GetLongArrayRegion(methods, 0, 4, handles);
+    std::vector<jlong> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    env->GetLongArrayRegion(xs, 0, n, x.data());
+    env->GetLongArrayRegion(ys, 0, n, y.data());
+    check_java(env);
+    for (jlong method : handles) {
+      if (method == 0) throw std::invalid_argument("the method is closed");
+    }
+    auto call_method = [&](int index, std::vector<c10::IValue> inputs) {
+      return (*reinterpret_cast<torch::jit::Method*>(handles[index]))(std::move(inputs));
+    };
+    jint calling = -1;
+    jint stepped = 0;
+    std::string message;
+    try {
+      TrainingCall call;
+      for (; stepped < n; stepped++) {
+        calling = 0;
+        call_method(0, {});
+        calling = 1;
+        c10::IValue value = call_method(1, {tensor_of(x[stepped]), tensor_of(y[stepped])});
+        if (!value.isTensor()) throw std::invalid_argument("returned " + value.tagKind() + ", not a tensor");
+        if (value.toTensor().numel() != 1) {
+          throw std::invalid_argument("returned " + std::to_string(value.toTensor().numel()) + " values, not one loss");
+        }
+        double loss = 0;
+        copy_doubles(value.toTensor(), &loss);
+        env->SetDoubleArrayRegion(losses, stepped, 1, &loss);
+        if (!std::isfinite(loss)) break;
+        calling = 2;
+        c10::IValue grads = call_method(2, {});
+        if (!grads.isTensorList()) throw std::invalid_argument("returned " + grads.tagKind() + ", not a list of tensors");
+        bool finite = true;
+        for (const at::Tensor& t : grads.toTensorVector()) {
+          finite = finite && all_finite(t);
+        }
+        if (!finite) break;
+        calling = 3;
+        call_method(3, {});
+      }
+      calling = -1;
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    env->SetIntArrayRegion(failed, 0, 1, &calling);
+    if (calling >= 0) {
+      Local text(env, env->NewStringUTF(message.c_str()));
+      check_java(env);
+      env->SetObjectArrayElement(error, 0, text.ref);
+    }
+    check_java(env);
+    return stepped;
+  });
+}
+
 }  // extern "C"

@@ -154,4 +154,17 @@ final class Native {
      * NaN, no infinity), decided natively.
      */
     static native boolean methodAllFinite(long method);
+
+    /**
+     * {@code train_step}'s calls, guarded, for micro-batches {@code (xs[i], ys[i])} in order, in one
+     * call; {@code methods} are the looked-up {@code zero_grad}, {@code calculate_loss_and_backward},
+     * {@code get_gradients} and {@code optimizer_step}: zero_grad, the loss and backward (the loss
+     * into {@code losses[i]}), then the step when the loss and every gradient are finite. Stops at
+     * the first micro-batch that is not finite (its gradients left in place) or whose call fails
+     * (that method's index into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
+     *
+     * @return how many micro-batches were stepped
+     */
+    static native int methodsStepWhileFinite(long[] methods, long[] xs, long[] ys, double[] losses, int[] failed,
+            String[] error);
 }

@@ -66,6 +66,17 @@ abstract class ScriptedModule implements AutoCloseable {
     abstract boolean allFinite(String method);
 
     /**
+     * For each micro-batch {@code (xs[i], ys[i])} in order (the arguments checked): {@code
+     * zero_grad}, {@code calculate_loss_and_backward} (its loss into {@code losses[i]}), then
+     * {@code optimizer_step} when the loss and every gradient are finite; stops at the first that
+     * is not finite (its gradients left in place) or whose call fails (the failure, naming the
+     * method, into {@code failure[0]}).
+     *
+     * @return how many micro-batches were stepped
+     */
+    abstract int stepWhileFinite(Tensor[] xs, Tensor[] ys, double[] losses, MethodCallException[] failure);
+
+    /**
      * The hot path of one training step ({@code train_step}, {@code evaluate}): runs {@code
      * method(x, y)}, whose result is a one-element tensor, and returns it as an exact double. The
      * caller has checked the arguments.

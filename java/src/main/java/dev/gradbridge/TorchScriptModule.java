@@ -18,6 +18,10 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class TorchScriptModule extends ScriptedModule {
 
+    /** {@link Native#methodsStepWhileFinite}'s methods, in its order. */
+    private static final String[] STEP_METHODS = {Protocol.ZERO_GRAD, Protocol.CALCULATE_LOSS_AND_BACKWARD,
+        Protocol.GET_GRADIENTS, Protocol.OPTIMIZER_STEP};
+
     private final Path path;
     private final AtomicLong handle;
     private final Set<String> methodNames;
@@ -96,6 +100,34 @@ final class TorchScriptModule extends ScriptedModule {
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
         }
+    }
+
+    @Override
+    int stepWhileFinite(Tensor[] xs, Tensor[] ys, double[] losses, MethodCallException[] failure) {
+        long[] methods = new long[STEP_METHODS.length];
+        for (int i = 0; i < methods.length; i++) {
+            methods[i] = hotMethod(STEP_METHODS[i]);
+        }
+        long[] x = new long[xs.length];
+        long[] y = new long[ys.length];
+        for (int i = 0; i < xs.length; i++) {
+            x[i] = xs[i].handle();
+            y[i] = ys[i].handle();
+        }
+        int[] failed = {-1};
+        String[] error = new String[1];
+        int stepped;
+        try {
+            stepped = Native.methodsStepWhileFinite(methods, x, y, losses, failed, error);
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + Protocol.TRAIN_STEP + " calls failed: " + libtorchSummary(e), e);
+        }
+        if (failed[0] >= 0) {
+            NativeException cause = new NativeException(error[0]);
+            failure[0] = new MethodCallException(path + ": " + STEP_METHODS[failed[0]] + "() failed: "
+                    + libtorchSummary(cause), cause);
+        }
+        return stepped;
     }
 
     @Override

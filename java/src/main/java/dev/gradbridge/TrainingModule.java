@@ -253,6 +253,75 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
+     * {@code train_step}'s calls for several micro-batches in one native call, each step guarded:
+     * for each {@code (xs[i], ys[i])} in order, {@code zero_grad}, {@code
+     * calculate_loss_and_backward}, then {@code optimizer_step} only when the loss and every
+     * gradient are finite (as {@link #gradientsFinite}). Stops at the first micro-batch that is not
+     * finite, leaving its gradients in place (neither stepped nor zeroed), or whose call fails.
+     *
+     * @param xs inputs matching the metadata's {@code x} spec, one per micro-batch
+     * @param ys targets matching the metadata's {@code y} spec, as many, each as large as its x
+     * @return what went through
+     * @throws InvalidInputException when an input does not match the metadata; nothing ran
+     */
+    public GuardedSteps stepWhileFinite(Tensor[] xs, Tensor[] ys) {
+        try (ThreadGuard.Use use = use()) {
+            if (xs.length != ys.length) {
+                throw new InvalidInputException(Protocol.TRAIN_STEP + ": " + xs.length + " x batches but " + ys.length
+                        + " y batches");
+            }
+            for (int i = 0; i < xs.length; i++) {
+                checkBatch(Protocol.TRAIN_STEP, xs[i], ys[i]);
+            }
+            double[] losses = new double[xs.length];
+            MethodCallException[] failure = new MethodCallException[1];
+            int stepped = scripted.stepWhileFinite(xs, ys, losses, failure);
+            return new GuardedSteps(stepped, xs.length, losses, failure[0]);
+        }
+    }
+
+    /** What {@link #stepWhileFinite} did. */
+    public static final class GuardedSteps {
+        private final int stepped;
+        private final int count;
+        private final double[] losses;
+        private final MethodCallException failure;
+
+        GuardedSteps(int stepped, int count, double[] losses, MethodCallException failure) {
+            this.stepped = stepped;
+            this.count = count;
+            this.losses = losses;
+            this.failure = failure;
+        }
+
+        /** @return how many micro-batches, from the first, were stepped */
+        public int stepped() {
+            return stepped;
+        }
+
+        /** @return whether every micro-batch was stepped */
+        public boolean complete() {
+            return stepped == count;
+        }
+
+        /**
+         * @param i a stepped micro-batch, or the one it stopped at when its loss was computed
+         * @return its loss, exactly (float32 widened to double)
+         */
+        public double loss(int i) {
+            return losses[i];
+        }
+
+        /**
+         * @return the failed call that stopped it at micro-batch {@link #stepped()}, or null
+         *     (then, unless complete, that micro-batch's loss or a gradient is not finite)
+         */
+        public MethodCallException failure() {
+            return failure;
+        }
+    }
+
+    /**
      * Runs {@code train_epoch(x, y, perm, batch_size)}: one native call that steps through the
      * batches {@code perm[i:i + batchSize]}.
      *

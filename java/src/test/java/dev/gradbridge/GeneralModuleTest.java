@@ -84,6 +84,33 @@ public class GeneralModuleTest {
     }
 
     @Test
+    public void stepWhileFiniteEqualsTrainStepsAndStopsAtANonFiniteBatch() {
+        float[] values = x.toFloatArray();
+        float[] poisoned = values.clone();
+        poisoned[5] = Float.NaN;
+        Tensor[] xs = {x, x, data.add(Tensor.of(poisoned, N, 4)), x};
+        Tensor[] ys = {y, y, y, y};
+        double[] expected = {module.trainStep(x, y), module.trainStep(x, y)};
+        Map<String, double[]> stepped = module.getParameters();
+        module.close();
+        module = TrainingModule.load(TrainingModuleTest.fixture("mlp_classifier.pt"));
+
+        TrainingModule.GuardedSteps steps = module.stepWhileFinite(xs, ys);
+        assertEquals(2, steps.stepped());
+        assertFalse(steps.complete());
+        assertEquals(null, steps.failure());
+        assertEquals(Double.doubleToRawLongBits(expected[0]), Double.doubleToRawLongBits(steps.loss(0)));
+        assertEquals(Double.doubleToRawLongBits(expected[1]), Double.doubleToRawLongBits(steps.loss(1)));
+        assertTrue(Double.isNaN(steps.loss(2)));
+        for (Map.Entry<String, double[]> e : module.getParameters().entrySet()) {
+            assertArrayEquals(e.getKey(), stepped.get(e.getKey()), e.getValue(), 0.0);
+        }
+        assertFalse(module.gradientsFinite()); // left for the caller to explain
+        module.zeroGrad();
+        assertTrue(module.stepWhileFinite(new Tensor[] {x}, new Tensor[] {y}).complete());
+    }
+
+    @Test
     public void trainStepsLowerTheLoss() {
         double first = module.trainStep(x, y);
         double last = first;

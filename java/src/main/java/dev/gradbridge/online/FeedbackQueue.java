@@ -185,11 +185,14 @@ final class FeedbackQueue {
     }
 
     /**
-     * The next micro-batch for the training thread: up to {@code maxBatch} consecutive events, or
-     * what arrived {@code maxWaitMillis} after the first; null to stop (halting, or closing with
-     * nothing left). Marks the learner busy until {@link #applied}.
+     * The next micro-batches for the training thread: the first up to {@code maxBatch} consecutive
+     * events, or what arrived {@code maxWaitMillis} after its first; then, up to {@code
+     * maxBatches} in all, those the following calls would take without waiting (full ones, or
+     * what is left when closing). Null to stop (halting, or closing with nothing left). Marks the
+     * learner busy until {@link #applied}.
      */
-    List<Event> take(int maxBatch, long maxWaitMillis, PhaseTimes phases, long t) throws InterruptedException {
+    List<List<Event>> take(int maxBatch, int maxBatches, long maxWaitMillis, PhaseTimes phases, long t)
+            throws InterruptedException {
         lock.lock();
         try {
             while (queue.isEmpty() && !closing && !halting) {
@@ -210,23 +213,32 @@ final class FeedbackQueue {
                 return null;
             }
             t = PhaseTimes.lap(phases, PhaseTimes.Phase.WAIT, t);
-            int count = Math.min(maxBatch, queue.size());
-            List<Event> batch = new ArrayList<>(count);
-            // Consecutive numbers only: a micro-batch is logged as (first, count). Numbers jump once,
-            // at a recovered log's floor.
-            while (batch.size() < count && (batch.isEmpty() || queue.peek().seq == batch.get(batch.size() - 1).seq + 1)) {
-                batch.add(queue.poll());
-            }
+            List<List<Event>> batches = new ArrayList<>();
+            do {
+                batches.add(poll(maxBatch));
+            } while (batches.size() < maxBatches && !queue.isEmpty() && (queue.size() >= maxBatch || closing));
             busy = true;
             passOnRoom();
-            return batch;
+            return batches;
         } finally {
             lock.unlock();
             PhaseTimes.lap(phases, PhaseTimes.Phase.DEQUEUE, t);
         }
     }
 
-    /** The micro-batch ending before event {@code end} is applied (or quarantined). */
+    /** Up to {@code maxBatch} events off the queue (lock held, not empty). */
+    private List<Event> poll(int maxBatch) {
+        int count = Math.min(maxBatch, queue.size());
+        List<Event> batch = new ArrayList<>(count);
+        // Consecutive numbers only: a micro-batch is logged as (first, count). Numbers jump once,
+        // at a recovered log's floor.
+        while (batch.size() < count && (batch.isEmpty() || queue.peek().seq == batch.get(batch.size() - 1).seq + 1)) {
+            batch.add(queue.poll());
+        }
+        return batch;
+    }
+
+    /** The micro-batches ending before event {@code end} are applied (or quarantined). */
     void applied(long end) {
         lock.lock();
         try {

@@ -11,12 +11,15 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The training thread's loop: takes events in log order as micro-batches (up to B events, or
- * what arrived T ms after the first), logs each micro-batch before applying it, applies it or
- * quarantines it in the log with the guard's reason, and lets the {@link Publisher} publish.
+ * what arrived T ms after the first; with the full ones waiting behind, up to the next version),
+ * applies them (or quarantines one, in the log with the guard's reason), logs each micro-batch,
+ * and lets the {@link Publisher} publish.
  */
 final class MicroBatcher implements Runnable {
 
     private static final Logger logger = LoggerFactory.getLogger(MicroBatcher.class);
+    /** Micro-batches taken (and applied in one native call) at most at once: bounds how long a halt waits. */
+    private static final int MAX_BATCHES_PER_CALL = 32;
 
     private final Path logDir;
     private final LogWriter log;
@@ -45,11 +48,14 @@ final class MicroBatcher implements Runnable {
     public void run() {
         try {
             while (true) {
-                List<FeedbackQueue.Event> batch = queue.take(maxBatch, maxWaitMillis, phases, PhaseTimes.clock(phases));
-                if (batch == null) {
+                // Never past a version: Java snapshots and publishes between two micro-batches.
+                int most = Math.min(MAX_BATCHES_PER_CALL, publisher.updatesToVersion());
+                List<List<FeedbackQueue.Event>> run = queue.take(maxBatch, most, maxWaitMillis, phases,
+                        PhaseTimes.clock(phases));
+                if (run == null) {
                     break;
                 }
-                apply(batch);
+                apply(run);
             }
         } catch (Throwable e) {
             logger.error("online training stopped: {}", e.toString());
@@ -57,32 +63,62 @@ final class MicroBatcher implements Runnable {
         }
     }
 
-    /** Logs the micro-batch, applies it (or quarantines it), publishes when a version is due. */
-    private void apply(List<FeedbackQueue.Event> batch) throws IOException {
+    /**
+     * Applies the micro-batches (several per native call until one is refused), then logs each as
+     * the per-micro-batch path would have: its micro-batch record, a quarantine after a refused
+     * one; publishes when a version is due.
+     */
+    private void apply(List<List<FeedbackQueue.Event>> run) throws IOException {
+        int done = 0;
+        while (done < run.size()) {
+            List<List<FeedbackQueue.Event>> part = run.subList(done, Math.min(run.size(), done + publisher.updatesToVersion()));
+            List<List<byte[]>> xs = new ArrayList<>(part.size());
+            List<List<byte[]>> ys = new ArrayList<>(part.size());
+            for (List<FeedbackQueue.Event> batch : part) {
+                List<byte[]> x = new ArrayList<>(batch.size());
+                List<byte[]> y = new ArrayList<>(batch.size());
+                for (FeedbackQueue.Event event : batch) {
+                    x.add(event.x);
+                    y.add(event.y);
+                }
+                xs.add(x);
+                ys.add(y);
+            }
+            long index = updater.updates();
+            Updater.Run applied = updater.applyUntilRefused(xs, ys);
+            // Each micro-batch's record is written after its update, before anything that depends on
+            // it leaves the training thread (a version, a checkpoint, the applied mark), and in the
+            // order one call per micro-batch wrote them (a quarantine right after its B): the same log.
+            long t = PhaseTimes.clock(phases);
+            for (int i = 0; i < applied.applied; i++) {
+                log.appendBatch(index + i, part.get(i).get(0).seq, part.get(i).size());
+            }
+            boolean stopped = applied.refusal != null || applied.failure != null;
+            if (stopped) {
+                log.appendBatch(index + applied.applied, part.get(applied.applied).get(0).seq,
+                        part.get(applied.applied).size());
+            }
+            PhaseTimes.lap(phases, PhaseTimes.Phase.LOG_BATCH, t);
+            if (applied.failure != null) {
+                throw applied.failure;
+            }
+            if (applied.refusal != null) {
+                List<FeedbackQueue.Event> refused = part.get(applied.applied);
+                long first = refused.get(0).seq;
+                int count = refused.size();
+                log.appendQuarantine(index + applied.applied, first, count, applied.refusal);
+                quarantined.incrementAndGet();
+                logger.warn("{}: events {}..{} quarantined, not applied: {}", logDir, first, first + count - 1,
+                        applied.refusal);
+            }
+            if (applied.applied > 0) {
+                publisher.afterUpdate(); // a version only after the last: the part ends at one
+            }
+            done += applied.applied + (stopped ? 1 : 0);
+        }
         long t = PhaseTimes.clock(phases);
-        long first = batch.get(0).seq;
-        int count = batch.size();
-        // Written before the batch is applied and forced (under ALWAYS) by the sync before the next
-        // version is published: nothing that depends on it leaves the training thread first.
-        long index = updater.updates();
-        log.appendBatch(index, first, count);
-        PhaseTimes.lap(phases, PhaseTimes.Phase.LOG_BATCH, t);
-        List<byte[]> xs = new ArrayList<>(count);
-        List<byte[]> ys = new ArrayList<>(count);
-        for (FeedbackQueue.Event event : batch) {
-            xs.add(event.x);
-            ys.add(event.y);
-        }
-        String refusal = updater.apply(xs, ys);
-        if (refusal != null) {
-            log.appendQuarantine(index, first, count, refusal);
-            quarantined.incrementAndGet();
-            logger.warn("{}: events {}..{} quarantined, not applied: {}", logDir, first, first + count - 1, refusal);
-        } else {
-            publisher.afterUpdate();
-        }
-        t = PhaseTimes.clock(phases);
-        queue.applied(first + count);
+        List<FeedbackQueue.Event> last = run.get(run.size() - 1);
+        queue.applied(last.get(last.size() - 1).seq + 1);
         PhaseTimes.lap(phases, PhaseTimes.Phase.FINISH, t);
     }
 }

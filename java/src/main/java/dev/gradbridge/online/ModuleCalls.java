@@ -7,6 +7,7 @@ import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.ArrayList;
 import java.util.List;
 
 /**
@@ -21,6 +22,8 @@ final class ModuleCalls {
     private final DType yType;
     private final ByteBuffer xBatch; // the x rows of one micro-batch, reused by the training thread
     private final ByteBuffer yBatch;
+    private final List<ByteBuffer> xRun = new ArrayList<>(); // micro-batch i's x rows in a run (training thread)
+    private final List<ByteBuffer> yRun = new ArrayList<>();
 
     ModuleCalls(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int maxBatch, int xRowBytes, int yRowBytes) {
         this.xSpec = xSpec;
@@ -29,6 +32,8 @@ final class ModuleCalls {
         this.yType = DType.of(ySpec.getDtype());
         this.xBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, xRowBytes)).order(ByteOrder.nativeOrder());
         this.yBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, yRowBytes)).order(ByteOrder.nativeOrder());
+        xRun.add(xBatch);
+        yRun.add(yBatch);
     }
 
     /**
@@ -44,6 +49,37 @@ final class ModuleCalls {
         try (Tensor x = rows(xs, xSpec, xType, xBatch);
                 Tensor y = rows(ys, ySpec, yType, yBatch)) {
             return training.calculateLossAndBackward(x, y);
+        }
+    }
+
+    /**
+     * {@link TrainingModule#stepWhileFinite} on micro-batches of rows (training thread only): per
+     * micro-batch {@link #lossAndBackward}'s calls, then {@code optimizer_step} when finite; one
+     * reused buffer per micro-batch and input.
+     */
+    TrainingModule.GuardedSteps stepWhileFinite(TrainingModule training, List<List<byte[]>> xs, List<List<byte[]>> ys) {
+        int n = xs.size();
+        Tensor[] x = new Tensor[n];
+        Tensor[] y = new Tensor[n];
+        try {
+            for (int i = 0; i < n; i++) {
+                if (xRun.size() == i) {
+                    xRun.add(ByteBuffer.allocateDirect(xBatch.capacity()).order(ByteOrder.nativeOrder()));
+                    yRun.add(ByteBuffer.allocateDirect(yBatch.capacity()).order(ByteOrder.nativeOrder()));
+                }
+                x[i] = rows(xs.get(i), xSpec, xType, xRun.get(i));
+                y[i] = rows(ys.get(i), ySpec, yType, yRun.get(i));
+            }
+            return training.stepWhileFinite(x, y);
+        } finally {
+            for (int i = 0; i < n; i++) {
+                if (x[i] != null) {
+                    x[i].close();
+                }
+                if (y[i] != null) {
+                    y[i].close();
+                }
+            }
         }
     }
 

@@ -27,13 +27,13 @@ public final class PhaseTimes {
         LEARN_SYNC,
         /** training thread: waiting for events (an empty queue, or T ms for a micro-batch to fill). */
         WAIT,
-        /** training thread: taking a micro-batch off the queue. */
+        /** training thread: taking micro-batches off the queue. */
         DEQUEUE,
-        /** training thread: the micro-batch record (write, and fsync under ALWAYS). */
+        /** training thread: writing the micro-batch records (no fsync: the next version's covers them). */
         LOG_BATCH,
         /** training thread: the micro-batch's rows into native tensors. */
         ASSEMBLE,
-        /** training thread: the {@code train_step} call. */
+        /** training thread: a guarded step call: one micro-batch, or several in one native call. */
         TRAIN_STEP,
         /** training thread: reading the parameters and their digests for a version. */
         SNAPSHOT,

@@ -47,6 +47,11 @@ final class Publisher {
         return current;
     }
 
+    /** @return updates to apply before the next version is due (1..N) */
+    int updatesToVersion() {
+        return (int) (publishEvery - updater.updates() % publishEvery);
+    }
+
     /**
      * After an applied update: a version every N updates, logged now and published once its
      * record is durable (group commit: the training thread does not wait for the fsync), except

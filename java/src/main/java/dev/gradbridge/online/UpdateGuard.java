@@ -24,6 +24,11 @@ final class UpdateGuard {
         this.maxGradNorm = maxGradNorm;
     }
 
+    /** @return whether every update's gradients must be read (a norm limit) */
+    boolean readsGradients() {
+        return maxGradNorm > 0;
+    }
+
     /**
      * @return whether {@link #refuse} needs the gradients' values: with a norm limit, or when
      *     {@code gradientsFinite} is false (to name the gradient); else a finite loss and finite

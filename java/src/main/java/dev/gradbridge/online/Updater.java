@@ -59,6 +59,75 @@ final class Updater implements AutoCloseable {
         return refusal;
     }
 
+    /**
+     * Applies micro-batches in order until one is refused: with no norm limit, in one native call
+     * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
+     * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
+     *
+     * @return how many were applied, and why the next was not (if it was reached)
+     */
+    Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
+        if (guard.readsGradients()) {
+            for (int i = 0; i < xs.size(); i++) {
+                String refusal;
+                try {
+                    refusal = apply(xs.get(i), ys.get(i));
+                } catch (RuntimeException e) {
+                    return new Run(i, null, e);
+                }
+                if (refusal != null) {
+                    return new Run(i, refusal, null);
+                }
+            }
+            return new Run(xs.size(), null, null);
+        }
+        long t = PhaseTimes.clock(phases);
+        TrainingModule.GuardedSteps steps;
+        try {
+            steps = calls.stepWhileFinite(training, xs, ys);
+        } catch (RuntimeException e) {
+            return new Run(0, null, e); // refused before any call
+        }
+        int applied = steps.stepped();
+        updates += applied;
+        if (applied > 0) {
+            lastLoss = steps.loss(applied - 1);
+        }
+        Run run = new Run(applied, null, steps.failure());
+        if (!steps.complete() && steps.failure() == null) {
+            double loss = steps.loss(applied);
+            String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
+            if (refusal == null) { // libtorch and the guard disagree: the guard decides, as in apply
+                training.optimizerStep();
+                updates++;
+                lastLoss = loss;
+                run = new Run(applied + 1, null, null);
+            } else {
+                training.zeroGrad();
+                run = new Run(applied, refusal, null);
+            }
+        }
+        PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+        return run;
+    }
+
+    /**
+     * What {@link #applyUntilRefused} did: the first {@code applied} micro-batches went through;
+     * the next, if reached, was refused ({@code refusal}) or its call failed ({@code failure}, the
+     * module as that call left it).
+     */
+    static final class Run {
+        final int applied;
+        final String refusal;
+        final RuntimeException failure;
+
+        Run(int applied, String refusal, RuntimeException failure) {
+            this.applied = applied;
+            this.refusal = refusal;
+            this.failure = failure;
+        }
+    }
+
     /** @return the parameters now, whole, with their digests, as version {@code id} */
     ModelVersion snapshot(long id) {
         return snapshot(id, updates, lastLoss);

@@ -228,6 +228,8 @@ public class OnlineLearnerTest {
             assertEquals(20, fused.updates());
             assertEquals(5, fused.currentVersion().getId());
             fusedVersions.add(fused.currentVersion());
+            // Every micro-batch waiting, up to the next version, in one native call.
+            assertEquals(5L, (long) fused.phaseTimes().counts().get("train_step"));
             fused.halt();
         }
         java.util.Map<Long, ModelVersion> stepVersions = new java.util.HashMap<>();
@@ -267,6 +269,64 @@ public class OnlineLearnerTest {
         // Resuming applies the logged micro-batches one by one and checks every logged version.
         try (OnlineLearner resumed = fusedOptions.open(fixture("linear_regression.pt"), fusedLog)) {
             assertEquals(last.getDigests(), resumed.currentVersion().getDigests());
+        }
+    }
+
+    @Test
+    public void aRefusalInsideOneNativeCallIsLoggedInOrderAndReplayedAlike() throws Exception {
+        float[] xs = ramp(12, 2f, -1f);
+        float[] ys = ramp(12, 6f, -2.5f);
+        ys[4] = 3e38f; // micro-batch 2 of 6: an infinite loss, quarantined
+        Path log = folder.newFolder().toPath();
+        OnlineLearner.Builder options = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
+                .optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER).optValidateTargets(false)
+                .optTimePhases(true);
+        ModelVersion fusedVersion;
+        try (OnlineLearner fused = options.open(fixture("linear_regression.pt"), log)) {
+            fused.learn(column(xs), column(ys));
+            assertTrue(fused.awaitIdle(30, TimeUnit.SECONDS));
+            assertEquals(5, fused.updates());
+            assertEquals(1, fused.quarantinedBatches());
+            // Taken up to the version (4): 2 applied and 1 refused in one call, the 4th in a second;
+            // then the 5th (the version) and the 6th.
+            assertEquals(4L, (long) fused.phaseTimes().counts().get("train_step"));
+            fusedVersion = fused.currentVersion();
+            assertEquals(4, fusedVersion.getUpdates());
+            fused.halt();
+        }
+        StringBuilder order = new StringBuilder();
+        for (LogRecord record : LogReader.read(LogReader.file(log), 0).getRecords()) {
+            if (record instanceof LogRecord.Batch) {
+                LogRecord.Batch batch = (LogRecord.Batch) record;
+                order.append(" B").append(batch.getIndex()).append('@').append(batch.getFirstSeq());
+            } else if (record instanceof LogRecord.Quarantine) {
+                LogRecord.Quarantine quarantine = (LogRecord.Quarantine) record;
+                order.append(" Q").append(quarantine.getIndex()).append('@').append(quarantine.getFirstSeq());
+                assertTrue(quarantine.getReason(), quarantine.getReason().startsWith("loss is"));
+            } else if (record instanceof LogRecord.Version && ((LogRecord.Version) record).getUpdates() > 0) {
+                order.append(" V").append(((LogRecord.Version) record).getUpdates());
+            }
+        }
+        assertEquals(" B0@0 B1@2 B2@4 Q2@4 B2@6 B3@8 V4 B4@10", order.toString());
+
+        // One micro-batch per call, one learn per micro-batch: the same version, bit for bit.
+        Path stepLog = folder.newFolder().toPath();
+        // (A norm limit no update reaches takes the one-call-per-micro-batch path.)
+        OnlineLearner.Builder stepOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
+                .optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER).optValidateTargets(false)
+                .optMaxGradNorm(1e30);
+        try (OnlineLearner stepwise = stepOptions.open(fixture("linear_regression.pt"), stepLog)) {
+            for (int i = 0; i < 12; i += 2) {
+                stepwise.learn(column(xs[i], xs[i + 1]), column(ys[i], ys[i + 1]));
+                assertTrue(stepwise.awaitIdle(30, TimeUnit.SECONDS));
+            }
+            assertEquals(1, stepwise.quarantinedBatches());
+            assertEquals(4, stepwise.currentVersion().getUpdates());
+            assertEquals(fusedVersion.getDigests(), stepwise.currentVersion().getDigests());
+        }
+        // Recovery re-applies the log and reproduces its version and its quarantine (else it fails).
+        try (OnlineLearner resumed = options.open(fixture("linear_regression.pt"), log)) {
+            assertEquals(5, resumed.updates());
         }
     }
 
