@@ -7,8 +7,8 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * A process group of libtorch's c10d Gloo (the one TorchDistributor's workers use) over bytes: the
  * collective gradbridge-spark's training tasks exchange gradients with. Ranks meet through a c10d
- * {@code TCPStore} that one of them serves ({@link Store#serve}); the others connect to its host and
- * port ({@link Store#connect}), learned some other way (Spark's barrier all-gather).
+ * {@code TCPStore} that one process serves ({@link Store#serve}: gradbridge-spark's driver) and the
+ * ranks connect to ({@link Store#connect}), each group under a prefix of its own.
  *
  * <p>Each collective runs on Gloo's thread and blocks the caller until it ends, calling {@code
  * check} every {@link #CHECK_MILLIS} ms meanwhile, so that a caller that must stop (Spark killed the

@@ -5,6 +5,7 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
@@ -12,13 +13,14 @@ import org.apache.spark.TaskContext;
 
 /**
  * The reduce-scatter by chunk then all-gather of {@link RelayExchange}, task to task over
- * libtorch's c10d Gloo ({@link GlooGroup}): the driver is not in the path. The tasks meet once per
- * stage attempt: rank 0 (partition 0) serves a c10d {@code TCPStore} on a free port of its executor
- * host and the address travels through Spark's barrier all-gather; the group's keys carry the stage
- * attempt, and every attempt gets a store (a port) of its own.
+ * libtorch's c10d Gloo ({@link GlooGroup}): the driver is not in the path of the gradients. The
+ * tasks meet at each stage attempt's start through a c10d {@code TCPStore} that the driver serves
+ * for the run ({@link SparkTrainer}; its address travels in the task): each task publishes its Gloo
+ * address under the stage attempt's keys, so a retry never meets a failed attempt's tasks. (Not
+ * through Spark's barrier all-gather: every caller sleeps at least a second in it.)
  *
  * <p>Per step, round 1 is Gloo's {@code alltoall_base}: to each owner c a record of fixed size
- * (rows, loss, every parameter's flag, then chunk c of the gradient, zeros when the task has no
+ * (rows, loss, every parameter's flag, then chunk c of the gradient, left unread when the task has no
  * rows), so every rank knows every split beforehand. Owner c combines the K records in partition
  * order with {@link GradientCombiner} (hence the relay's bits), and round 2 is {@code allgather}
  * of the combined chunks, each padded to the longest chunk. Every task sees every task's rows,
@@ -55,27 +57,20 @@ final class GlooExchange implements GradientExchange {
         this.partitions = partitions;
     }
 
-    /** Joins the stage attempt's group (every task of the stage calls it at its start). */
-    static GlooExchange join(BarrierTaskContext context, int partition, int partitions) {
+    /**
+     * Joins the stage attempt's group (every task of the stage calls it at its start), meeting the
+     * others through the run's store on the driver.
+     *
+     * @param store the driver's {@code TCPStore}, as host:port
+     */
+    static GlooExchange join(BarrierTaskContext context, String store, int partition, int partitions) {
         String host = SparkEnv.get().blockManager().blockManagerId().host();
         String attempt = "gradbridge/" + context.stageId() + "." + context.stageAttemptNumber();
-        GlooGroup.Store server = partition == 0 ? GlooGroup.Store.serve(TIMEOUT) : null;
-        try {
-            String[] addresses = context.allGather(server == null ? "" : host + ":" + server.port());
-            if (server != null) {
-                return new GlooExchange(GlooGroup.join(server, attempt, host, 0, partitions, TIMEOUT), 0, partitions);
-            }
-            String address = addresses[0];
-            int colon = address.lastIndexOf(':');
-            try (GlooGroup.Store store = GlooGroup.Store.connect(address.substring(0, colon),
-                    Integer.parseInt(address.substring(colon + 1)), TIMEOUT)) {
-                return new GlooExchange(GlooGroup.join(store, attempt, host, partition, partitions, TIMEOUT),
-                        partition, partitions);
-            }
-        } finally {
-            if (server != null) {
-                server.close(); // the group keeps the server while it lives
-            }
+        int colon = store.lastIndexOf(':');
+        try (GlooGroup.Store client = GlooGroup.Store.connect(store.substring(0, colon),
+                Integer.parseInt(store.substring(colon + 1)), TIMEOUT)) {
+            return new GlooExchange(GlooGroup.join(client, attempt, host, partition, partitions, TIMEOUT), partition,
+                    partitions);
         }
     }
 
@@ -120,11 +115,11 @@ final class GlooExchange implements GradientExchange {
                     send.put(piece);
                 }
             } else {
-                send.position(send.position() + Math.toIntExact(chunkBytes[c])); // zeros: never read
+                send.position(send.position() + Math.toIntExact(chunkBytes[c])); // no rows: never read
             }
         }
         long[] receiveSplits = new long[partitions];
-        java.util.Arrays.fill(receiveSplits, recordBytes[partition]);
+        Arrays.fill(receiveSplits, recordBytes[partition]);
         group.alltoall(send, recordBytes, receive, receiveSplits, GlooExchange::checkKilled);
         sent += sumExcept(recordBytes, partition);
         received += recordBytes[partition] * (partitions - 1);

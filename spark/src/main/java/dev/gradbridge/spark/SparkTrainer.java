@@ -2,6 +2,7 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
+import dev.gradbridge.GlooGroup;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
@@ -261,10 +262,14 @@ public final class SparkTrainer {
             sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
+        // Where the tasks meet: the relay's endpoint, or a TCPStore for Gloo's rendezvous (a few keys per
+        // stage attempt; the gradients go task to task).
         ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start() : null;
+        GlooGroup.Store store = k > 1 && relay == null ? GlooGroup.Store.serve(GlooExchange.TIMEOUT) : null;
+        String meeting = relay != null ? relay.name()
+                : store != null ? jsc.getConf().get("spark.driver.host") + ":" + store.port() : null;
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange,
-                relay == null ? null : relay.name());
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, meeting);
         // The state the driver holds: the module archive at the start of the next epoch.
         byte[] state = Files.readAllBytes(from);
         AtomicInteger failed = new AtomicInteger();
@@ -322,6 +327,9 @@ public final class SparkTrainer {
         } finally {
             if (relay != null) {
                 relay.close();
+            }
+            if (store != null) {
+                store.close();
             }
             jsc.sc().removeSparkListener(listener);
             stats.failedTasks += failed.get();

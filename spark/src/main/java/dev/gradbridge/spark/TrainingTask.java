@@ -61,12 +61,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final int shardsRdd;
         /** {@link GradientExchange#GLOO} or {@link GradientExchange#RELAY} */
         final String exchange;
-        /** The driver's relay endpoint (the relay exchange), or null. */
-        final String relay;
+        /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
+        final String meeting;
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
                 String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
-                String relay) {
+                String meeting) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -80,7 +80,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.fault = fault;
             this.shardsRdd = shardsRdd;
             this.exchange = exchange;
-            this.relay = relay;
+            this.meeting = meeting;
         }
 
         long[] order(int epoch) {
@@ -154,10 +154,10 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             return new SoloExchange();
         }
         if (GradientExchange.RELAY.equals(run.exchange)) {
-            return new RelayExchange(run.relay, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
+            return new RelayExchange(run.meeting, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
                     shard.partitions);
         }
-        return GlooExchange.join(context, shard.partition, shard.partitions);
+        return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions);
     }
 
     private Iterator<Result> epoch(Shard shard, BarrierTaskContext context, GradientExchange exchange)
