@@ -136,4 +136,17 @@ public class GlooGroupTest {
             pool.shutdownNow();
         }
     }
+
+    @Test
+    public void aStoreNobodyServesIsOneLineAfterTheTimeout() throws Exception {
+        int port;
+        try (java.net.ServerSocket free = new java.net.ServerSocket(0)) {
+            port = free.getLocalPort(); // closed again: nothing listens there
+        }
+        int closed = port;
+        NativeException e = assertThrows(NativeException.class,
+                () -> GlooGroup.Store.connect("127.0.0.1", closed, Duration.ofSeconds(2)));
+        assertFalse(e.getMessage(), e.getMessage().contains("\n"));
+        assertTrue(e.getMessage(), !e.getMessage().isEmpty());
+    }
 }
