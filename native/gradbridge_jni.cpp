@@ -18,12 +18,17 @@
 #endif
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/jit/runtime/profiling_graph_executor_impl.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -332,6 +337,31 @@ void copy_doubles(const at::Tensor& values, double* out) {
   }
 }
 
+// A method compiled for serving (Native.inferPlanOf): its module object and its flat program.
+struct InferPlan {
+  c10::IValue self;
+  torch::jit::Code code;
+};
+
+// Whether every element is finite: a plain loop over contiguous float32/float64 memory (the update
+// guard's common case, per micro-batch), libtorch's isfinite for anything else.
+bool all_finite(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return true;
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    const int64_t n = t.numel();
+    if (t.scalar_type() == at::kFloat) {
+      const float* data = t.const_data_ptr<float>();
+      return std::all_of(data, data + n, [](float v) { return std::isfinite(v); });
+    }
+    if (t.scalar_type() == at::kDouble) {
+      const double* data = t.const_data_ptr<double>();
+      return std::all_of(data, data + n, [](double v) { return std::isfinite(v); });
+    }
+  }
+  at::NoGradGuard no_grad;
+  return at::isfinite(t).all().item<bool>();
+}
+
 }  // namespace
 
 extern "C" {
@@ -625,33 +655,55 @@ JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_moduleRun(
   });
 }
 
-// Whether every element of every tensor is finite: the update guard's common case, decided in
-// libtorch instead of copying every gradient out.
-JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_tensorsAllFinite(JNIEnv* env, jclass, jlongArray tensors) {
-  return guarded(env, jboolean{JNI_FALSE}, [&] {
-    jsize n = env->GetArrayLength(tensors);
-    std::vector<jlong> handles(static_cast<size_t>(n));
-    env->GetLongArrayRegion(tensors, 0, n, handles.data());
-    at::NoGradGuard no_grad;
-    for (jlong handle : handles) {
-      const at::Tensor& t = tensor_of(handle);
-      if (t.defined() && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) return jboolean{JNI_FALSE};
+// Serving: a one-tensor method compiled once with every call inlined, run without autograd.
+// The graph gets what the graph executor gives it with its optimizations off
+// (runNooptPassPipeline: the same ops, so the same values), but as one flat program: the executor
+// runs each nested module call (Sequential -> Linear -> ...) through a plan lookup of its own.
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanOf(JNIEnv* env, jclass, jlong module, jstring name) {
+  return guarded(env, jlong{0}, [&] {
+    torch::jit::Module& owner = module_of(module);
+    torch::jit::Method method = method_of(owner, env, name);
+    auto graph = torch::jit::toGraphFunction(method.function()).graph()->copy();
+    // Inline takes one level of calls when the executor's optimizations are off: repeat until none is left.
+    std::function<size_t(torch::jit::Block*)> calls = [&](torch::jit::Block* block) {
+      size_t n = 0;
+      for (torch::jit::Node* node : block->nodes()) {
+        if (node->kind() == c10::prim::CallMethod || node->kind() == c10::prim::CallFunction) n++;
+        for (torch::jit::Block* inner : node->blocks()) n += calls(inner);
+      }
+      return n;
+    };
+    for (size_t before = calls(graph->block()), round = 0; before > 0 && round < 64; round++) {
+      torch::jit::Inline(*graph);
+      size_t after = calls(graph->block());
+      if (after >= before) break;  // calls Inline cannot take (interfaces) stay calls
+      before = after;
     }
-    return jboolean{JNI_TRUE};
+    torch::jit::runNooptPassPipeline(graph);
+    return reinterpret_cast<jlong>(new InferPlan{owner._ivalue(), torch::jit::Code(graph, method.name())});
   });
 }
 
-// Serving: a one-tensor method without autograd (nothing is recorded for a backward that never
-// comes, so it runs like eager PyTorch under torch.no_grad(); the values are the same).
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleInfer(
-    JNIEnv* env, jclass, jlong module, jstring name, jlong tensor) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_inferPlanFree(JNIEnv* env, jclass, jlong plan) {
+  guarded(env, 0, [&] {
+    delete reinterpret_cast<InferPlan*>(plan);
+    return 0;
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jclass, jlong plan, jlong tensor) {
   return guarded(env, jlong{0}, [&] {
-    torch::jit::Method method = method_of(module_of(module), env, name);
+    if (plan == 0) throw std::invalid_argument("the inference plan is closed");
+    auto& run = *reinterpret_cast<InferPlan*>(plan);
     at::NoGradGuard no_grad;
     torch::jit::GraphOptimizerEnabledGuard optimizer{false};
-    c10::IValue result = method({tensor_of(tensor)});
-    if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
-    return new_handle(result.toTensor());
+    torch::jit::Stack stack{run.self, tensor_of(tensor)};
+    torch::jit::InterpreterState(run.code).run(stack);
+    if (stack.size() != 1 || !stack.back().isTensor()) {
+      throw std::invalid_argument("returned " + (stack.empty() ? std::string("nothing") : stack.back().tagKind())
+                                  + ", not a tensor");
+    }
+    return new_handle(stack.back().toTensor());
   });
 }
 
@@ -697,6 +749,25 @@ JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_methodRunToDoubles(
     if (out == nullptr) throw JavaPending{};
     env->SetDoubleArrayRegion(out, 0, count, doubles.data());
     return out;
+  });
+}
+
+// A looked-up method without arguments whose result is a list of tensors (get_gradients): whether
+// every element of every one is finite, decided here without a tensor crossing into Java.
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* env, jclass, jlong method) {
+  return guarded(env, jboolean{JNI_FALSE}, [&] {
+    if (method == 0) throw std::invalid_argument("the method is closed");
+    auto& run = *reinterpret_cast<torch::jit::Method*>(method);
+    c10::IValue result;
+    {
+      TrainingCall call;
+      result = run(std::vector<c10::IValue>{});
+    }
+    if (!result.isTensorList()) throw std::invalid_argument("returned " + result.tagKind() + ", not a list of tensors");
+    for (const at::Tensor& t : result.toTensorVector()) {
+      if (!all_finite(t)) return jboolean{JNI_FALSE};
+    }
+    return jboolean{JNI_TRUE};
   });
 }
 

@@ -12,7 +12,10 @@ def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
     assert cli_main(["online-bench", "--events", "512", "--batch", "16", "--predictions", "200",
                      "--publish-every", "4", "--feeders", "3", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "java OnlineLearner" in out and "python lock + thread" in out and "goals (java):" in out
+    assert "java OnlineLearner" in out and "python lock + thread" in out and "goals (java, this machine):" in out
+    for target in ("predict p50 training on", "predict p99 with training on", "learning fsync never",
+                   "learning fsync always", "load average"):
+        assert target in out, target
     figures = json.loads((tmp_path / "online-bench.json").read_text())
     for side in ("java", "python"):
         for key in ("predict_idle_p50_us", "predict_idle_p99_us", "predict_training_p50_us",
@@ -25,6 +28,7 @@ def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
     assert figures["java"]["publish_every"] == 4
     assert figures["java"]["feeders"] == figures["feeders"] == 3
     assert "--feeders 3" in figures["command"]
+    assert len(figures["load_average"]["start"]) == len(figures["load_average"]["end"]) == 3
 
 
 def test_online_bench_feeders_default_agrees_with_the_parser():

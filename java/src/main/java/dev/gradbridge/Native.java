@@ -116,14 +116,17 @@ final class Native {
      */
     static native Object moduleRun(long module, String method, Object[] args);
 
-    /** @return whether every element of every tensor is finite (no NaN, no infinity) */
-    static native boolean tensorsAllFinite(long[] tensors);
-
     /**
-     * Serving: {@code method(tensor)} whose result is a tensor, with autograd off and the
-     * optimizing graph executor off; returns a new tensor handle the caller owns.
+     * Serving: the module's one-tensor method compiled once with every nested module call inlined
+     * (the ops the graph executor runs with its optimizations off, as one program). Run it with
+     * {@link #inferPlanRun}; free it with {@link #inferPlanFree}.
      */
-    static native long moduleInfer(long module, String method, long tensor);
+    static native long inferPlanOf(long module, String method);
+
+    static native void inferPlanFree(long plan);
+
+    /** {@code method(tensor)} whose result is a tensor, autograd off; a new tensor handle the caller owns. */
+    static native long inferPlanRun(long plan, long tensor);
 
     /**
      * A module's method looked up once, for the training hot path ({@link #methodRunToDouble},
@@ -144,6 +147,13 @@ final class Native {
      * result is a tensor, returned as exact doubles (float32 widens; other dtypes convert in libtorch).
      */
     static native double[] methodRunToDoubles(long method, long x, long y, long perm, long batch);
+
+    /**
+     * A looked-up method without arguments that returns a list of tensors ({@code get_gradients}),
+     * run as {@link #moduleRun} runs methods: whether every element of every tensor is finite (no
+     * NaN, no infinity), decided natively.
+     */
+    static native boolean methodAllFinite(long method);
 
     // ---- c10d Gloo: a process group among Spark's training tasks (native/gradbridge_gloo.cpp) ----
 

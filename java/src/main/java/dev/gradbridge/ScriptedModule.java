@@ -60,6 +60,12 @@ abstract class ScriptedModule implements AutoCloseable {
     abstract Tensor infer(String method, Tensor x);
 
     /**
+     * Runs a method without arguments whose result is a list of tensors and tells whether every
+     * element of every one is finite, without the tensors leaving the engine (the update guard).
+     */
+    abstract boolean allFinite(String method);
+
+    /**
      * The hot path of one training step ({@code train_step}, {@code evaluate}): runs {@code
      * method(x, y)}, whose result is a one-element tensor, and returns it as an exact double. The
      * caller has checked the arguments.

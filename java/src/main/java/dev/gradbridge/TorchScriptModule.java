@@ -21,7 +21,8 @@ final class TorchScriptModule extends ScriptedModule {
     private final Path path;
     private final AtomicLong handle;
     private final Set<String> methodNames;
-    private final Map<String, Long> hotMethods = new ConcurrentHashMap<>();
+    private final Map<String, Long> hotMethods = new ConcurrentHashMap<>(); // guarded for writes by itself
+    private final Map<String, Long> inferPlans = new ConcurrentHashMap<>(); // the same
 
     private TorchScriptModule(Path path, long handle) {
         this.path = path;
@@ -78,10 +79,20 @@ final class TorchScriptModule extends ScriptedModule {
 
     @Override
     Tensor infer(String method, Tensor x) {
-        requireMethod(method);
         checkArgument(method, 0, x);
+        long plan = cached(inferPlans, method, Native::inferPlanOf);
         try {
-            return new Tensor(Native.moduleInfer(handle(), method, x.handle()));
+            return new Tensor(Native.inferPlanRun(plan, x.handle()));
+        } catch (NativeException e) {
+            throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    @Override
+    boolean allFinite(String method) {
+        long run = hotMethod(method);
+        try {
+            return Native.methodAllFinite(run);
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
         }
@@ -109,17 +120,26 @@ final class TorchScriptModule extends ScriptedModule {
 
     /** The native method handle, looked up on first use and kept until close. */
     private long hotMethod(String method) {
+        return cached(hotMethods, method, Native::methodOf);
+    }
+
+    /** A native handle made for {@code method} on first use ({@code make(module, method)}), kept until close. */
+    private long cached(Map<String, Long> handles, String method, java.util.function.ToLongBiFunction<Long, String> make) {
         long module = handle();
-        Long known = hotMethods.get(method);
+        Long known = handles.get(method);
         if (known != null) {
             return known;
         }
         requireMethod(method);
-        synchronized (hotMethods) {
-            known = hotMethods.get(method);
+        synchronized (handles) {
+            known = handles.get(method);
             if (known == null) {
-                known = Native.methodOf(module, method);
-                hotMethods.put(method, known);
+                try {
+                    known = make.applyAsLong(module, method);
+                } catch (NativeException e) {
+                    throw new MethodCallException(path + ": " + method + "() cannot be prepared: " + libtorchSummary(e), e);
+                }
+                handles.put(method, known);
             }
             return known;
         }
@@ -183,6 +203,12 @@ final class TorchScriptModule extends ScriptedModule {
                     Native.methodFree(method);
                 }
                 hotMethods.clear();
+            }
+            synchronized (inferPlans) {
+                for (long plan : inferPlans.values()) {
+                    Native.inferPlanFree(plan);
+                }
+                inferPlans.clear();
             }
             Native.moduleFree(value);
         }

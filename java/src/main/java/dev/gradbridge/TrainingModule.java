@@ -453,16 +453,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public boolean gradientsFinite() {
         try (ThreadGuard.Use use = use()) {
-            List<?> values = (List<?>) invoke(Protocol.GET_GRADIENTS);
-            try {
-                long[] handles = new long[values.size()];
-                for (int i = 0; i < handles.length; i++) {
-                    handles[i] = ((Tensor) values.get(i)).handle();
-                }
-                return Native.tensorsAllFinite(handles);
-            } finally {
-                Tensors.closeAll(values);
-            }
+            return scripted.allFinite(Protocol.GET_GRADIENTS);
         }
     }
 

@@ -2,6 +2,7 @@ package dev.gradbridge;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
@@ -57,6 +58,29 @@ public class GeneralModuleTest {
         assertArrayEquals(new long[] {16, 4}, metadata.getParameters().get(0).getShape());
         assertEquals("int64", metadata.getInput("y").getDtype());
         assertEquals(0.01, module.getLr(), 0.0);
+    }
+
+    @Test
+    public void predictEqualsForwardBitForBit() {
+        module.trainStep(x, y); // parameters that are not the file's
+        try (Tensor expected = module.forward(x);
+                Tensor predicted = module.predict(x);
+                Tensor again = module.predict(x)) {
+            assertArrayEquals(expected.shape(), predicted.shape());
+            assertArrayEquals(expected.toBytes(), predicted.toBytes());
+            assertArrayEquals(expected.toBytes(), again.toBytes());
+        }
+    }
+
+    @Test
+    public void gradientsFiniteSeesANonFiniteGradient() {
+        module.calculateLossAndBackward(x, y);
+        assertTrue(module.gradientsFinite());
+        module.zeroGrad();
+        float[] poisoned = x.toFloatArray();
+        poisoned[5] = Float.NaN;
+        module.calculateLossAndBackward(data.add(Tensor.of(poisoned, N, 4)), y);
+        assertFalse(module.gradientsFinite());
     }
 
     @Test

@@ -121,6 +121,34 @@ public class TrainingModuleTest {
     }
 
     @Test
+    public void predictEqualsForwardBitForBitOnEveryTestModel() {
+        // predict runs forward compiled once with its nested calls inlined: the same ops, the same bytes
+        for (String name : new String[] {"linear_regression.pt", "mlp_classifier.pt", "cnn_classifier.pt",
+                "mlp_regressor.pt", "mlp_finetune.pt"}) {
+            try (TrainingModule model = TrainingModule.load(fixture(name));
+                    TensorScope scope = new TensorScope()) {
+                Metadata.TensorSpec spec = model.getMetadata().getInput("x");
+                long[] shape = spec.getShape().clone();
+                shape[0] = 3;
+                int count = 1;
+                for (long dim : shape) {
+                    count *= (int) dim;
+                }
+                java.util.Random random = new java.util.Random(name.hashCode());
+                float[] values = new float[count];
+                for (int i = 0; i < count; i++) {
+                    values[i] = (float) random.nextGaussian();
+                }
+                Tensor x = scope.add(Tensor.of(values, shape));
+                Tensor expected = scope.add(model.forward(x));
+                Tensor predicted = scope.add(model.predict(x));
+                assertArrayEquals(name, expected.shape(), predicted.shape());
+                assertArrayEquals(name, expected.toBytes(), predicted.toBytes());
+            }
+        }
+    }
+
+    @Test
     public void callRunsAnyMethodByName() {
         Object names = module.call(Protocol.PARAMETER_NAMES);
         assertEquals(Arrays.asList("weight", "bias"), names);

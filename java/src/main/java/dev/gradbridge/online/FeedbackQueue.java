@@ -141,6 +141,7 @@ final class FeedbackQueue {
             checkOpen();
         }
         if (queue.size() + rows > capacity) {
+            passOnRoom(); // a signal this caller took may fit another waiter
             throw new QueueFullException("the feedback queue is full (" + queue.size() + " of " + capacity
                     + " events waiting); retry later");
         }
@@ -167,7 +168,20 @@ final class FeedbackQueue {
             keys.put(key, new Key(first, rows, sha256, end));
         }
         notEmpty.signal();
+        passOnRoom();
         return new Accepted(first, end, false);
+    }
+
+    /**
+     * Wakes one caller waiting for room when some is left (lock held). Room is handed on one
+     * waiter at a time, each passing on what it leaves: waking every waiter whenever a
+     * micro-batch leaves would wake them all to find room for one, and on a small machine their
+     * wake-ups preempt the training thread.
+     */
+    private void passOnRoom() {
+        if (queue.size() < capacity) {
+            notFull.signal();
+        }
     }
 
     /**
@@ -204,7 +218,7 @@ final class FeedbackQueue {
                 batch.add(queue.poll());
             }
             busy = true;
-            notFull.signalAll();
+            passOnRoom();
             return batch;
         } finally {
             lock.unlock();

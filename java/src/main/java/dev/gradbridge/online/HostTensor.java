@@ -53,6 +53,11 @@ public final class HostTensor {
         return new HostTensor(dtype, shape, littleEndian.clone());
     }
 
+    /** Wraps little-endian bytes without a copy, for this package (the caller gives them up). */
+    static HostTensor wrap(String dtype, long[] shape, byte[] littleEndian) {
+        return new HostTensor(dtype, shape, littleEndian);
+    }
+
     /**
      * A float32 tensor.
      *

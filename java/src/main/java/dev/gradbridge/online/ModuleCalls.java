@@ -55,15 +55,31 @@ final class ModuleCalls {
         }
     }
 
-    /** {@code forward(x)} on a predictor. */
-    static HostTensor forward(TrainingModule predictor, HostTensor x) {
-        try (Tensor input = tensor(x);
+    /**
+     * {@code forward(x)} on a predictor, its input copied into {@code reused} (the predictor's
+     * own buffer, replaced by a larger one when x does not fit: the buffer to keep is returned in
+     * {@code reused[0]}).
+     */
+    static HostTensor forward(TrainingModule predictor, HostTensor x, ByteBuffer[] reused) {
+        try (Tensor input = tensor(x, reused);
                 Tensor output = predictor.predict(input)) {
             if (ByteOrder.nativeOrder() != ByteOrder.LITTLE_ENDIAN && output.dtype().size() > 1) {
                 throw new GradbridgeException("big-endian native tensors are not supported");
             }
-            return HostTensor.of(output.dtype().torchName(), output.shape(), output.toBytes());
+            return HostTensor.wrap(output.dtype().torchName(), output.shape(), output.toBytes());
         }
+    }
+
+    /** x's bytes in {@code reused[0]} (grown when too small) as a tensor over that memory. */
+    private static Tensor tensor(HostTensor x, ByteBuffer[] reused) {
+        byte[] bytes = x.bytes();
+        if (reused[0] == null || reused[0].capacity() < bytes.length) {
+            reused[0] = ByteBuffer.allocateDirect(Math.max(bytes.length, 256)).order(ByteOrder.nativeOrder());
+        }
+        ByteBuffer buffer = reused[0];
+        buffer.clear();
+        buffer.put(bytes).flip();
+        return Tensor.fromBuffer(buffer, DType.of(x.getDtype()), x.getShape());
     }
 
     private static Tensor rows(List<byte[]> rows, Metadata.TensorSpec spec, DType type, ByteBuffer reused) {

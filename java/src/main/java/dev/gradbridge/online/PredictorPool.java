@@ -3,13 +3,12 @@ package dev.gradbridge.online;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
+import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.Supplier;
 
 /**
@@ -20,16 +19,26 @@ import java.util.function.Supplier;
  */
 final class PredictorPool implements AutoCloseable {
 
-    private final BlockingQueue<TrainingModule> free;
-    private final List<TrainingModule> all = new ArrayList<>();
-    private final Map<TrainingModule, ModelVersion> loaded = new ConcurrentHashMap<>();
+    /** One copy of the module and what only its borrower touches. */
+    private static final class Predictor {
+        final TrainingModule module;
+        ModelVersion loaded; // the version whose parameters it holds
+        final ByteBuffer[] input = new ByteBuffer[1]; // its input buffer, reused
+
+        Predictor(TrainingModule module) {
+            this.module = module;
+        }
+    }
+
+    private final BlockingQueue<Predictor> free;
+    private final List<Predictor> all = new ArrayList<>();
 
     /** Loads {@code count} copies of the module; on failure closes those already loaded. */
     PredictorPool(Path modelPath, int count) {
         free = new ArrayBlockingQueue<>(count);
         try {
             for (int i = 0; i < count; i++) {
-                TrainingModule predictor = TrainingModule.load(modelPath);
+                Predictor predictor = new Predictor(TrainingModule.load(modelPath));
                 all.add(predictor);
                 free.add(predictor);
             }
@@ -41,16 +50,16 @@ final class PredictorPool implements AutoCloseable {
 
     /** {@code forward(x)} on the version {@code current} gives once a predictor is free. */
     Prediction forward(Supplier<ModelVersion> current, HostTensor x) {
-        TrainingModule predictor = borrow();
+        Predictor predictor = borrow();
         try {
             ModelVersion version = current.get();
-            if (loaded.get(predictor) != version) {
+            if (predictor.loaded != version) {
                 // The whole snapshot, then forward: this predictor never mixes two versions.
-                predictor.setParameters(version.parameters());
-                loaded.put(predictor, version);
+                predictor.module.setParameters(version.parameters());
+                predictor.loaded = version;
             }
             try {
-                return new Prediction(version.getId(), ModuleCalls.forward(predictor, x));
+                return new Prediction(version.getId(), ModuleCalls.forward(predictor.module, x, predictor.input));
             } catch (GradbridgeException e) {
                 throw new InvalidInputException("x rejected by the model: " + libtorchReason(e));
             }
@@ -61,9 +70,9 @@ final class PredictorPool implements AutoCloseable {
 
     /** The loss, no step: a libtorch error (e.g. a class index out of range) refuses the feedback. */
     void checkLoss(HostTensor x, HostTensor y) {
-        TrainingModule predictor = borrow();
+        Predictor predictor = borrow();
         try {
-            ModuleCalls.evaluate(predictor, x, y);
+            ModuleCalls.evaluate(predictor.module, x, y);
         } catch (GradbridgeException e) {
             throw new InvalidInputException("feedback rejected by the model's loss: " + libtorchReason(e));
         } finally {
@@ -71,7 +80,7 @@ final class PredictorPool implements AutoCloseable {
         }
     }
 
-    private TrainingModule borrow() {
+    private Predictor borrow() {
         try {
             return free.take();
         } catch (InterruptedException e) {
@@ -98,8 +107,8 @@ final class PredictorPool implements AutoCloseable {
 
     @Override
     public void close() {
-        for (TrainingModule predictor : all) {
-            predictor.close();
+        for (Predictor predictor : all) {
+            predictor.module.close();
         }
     }
 }

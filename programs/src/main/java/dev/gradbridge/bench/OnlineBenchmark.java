@@ -40,13 +40,14 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * batch loops run on a thread of their own, as the learner's training does. Prints one JSON object.
  *
  * <p>Usage: {@code OnlineBenchmark MODEL.pt WORK_DIR CLASSES EVENTS BATCH PREDICTIONS PREDICT_THREADS
- * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS [FEEDERS]]]}; x is float32 (standard normal), y
+ * FEEDBACK_THREADS PUBLISH_EVERY [ROUNDS [VARIANTS [FEEDERS [PREDICT_WARMUP]]]]}; x is float32 (standard normal), y
  * int64 in {@code 0..CLASSES-1}; PREDICTIONS 0 skips the latency part; VARIANTS is a comma-separated
  * subset of {@code online_never,online_always,trainer_step,fused_epoch,host_step} ({@code host_step}:
  * a {@code train_step} per B-row host chunk, no queue or log); FEEDERS (default 1) concurrent
  * clients feed the online variants, feeder t the chunks t, t+FEEDERS, ...: the same events and the
  * same number of micro-batches as the baselines, in the order the log records them (under fsync
- * always, their acknowledgements share the group commit's fsyncs).
+ * always, their acknowledgements share the group commit's fsyncs); PREDICT_WARMUP (default
+ * PREDICTIONS / 4) untimed predictions come first.
  */
 public final class OnlineBenchmark {
 
@@ -71,6 +72,7 @@ public final class OnlineBenchmark {
         int rounds = args.length > 9 ? Integer.parseInt(args[9]) : 5;
         List<String> variants = Arrays.asList(args.length > 10 ? args[10].split(",") : VARIANTS);
         int feeders = args.length > 11 ? Integer.parseInt(args[11]) : 1;
+        int predictWarmup = args.length > 12 ? Integer.parseInt(args[12]) : predictions / 4;
 
         Metadata metadata = Metadata.read(model);
         int features = (int) metadata.getInput("x").getShape()[1];
@@ -94,7 +96,8 @@ public final class OnlineBenchmark {
         Map<String, Object> out = new LinkedHashMap<>();
         Files.createDirectories(work);
         if (predictions > 0) {
-            latency(out, model, work, chunks, one, batch, predictions, predictThreads, feedbackThreads, publishEvery);
+            latency(out, model, work, chunks, one, batch, predictions, predictWarmup, predictThreads, feedbackThreads,
+                    publishEvery);
         }
         throughput(out, model, work, xs, ys, features, chunks, batch, publishEvery, rounds, variants, feeders);
         out.put("batch", batch);
@@ -112,13 +115,14 @@ public final class OnlineBenchmark {
     }
 
     private static void latency(Map<String, Object> out, Path model, Path work, List<HostTensor[]> chunks,
-            HostTensor one, int batch, int predictions, int predictThreads, int feedbackThreads, int publishEvery)
+            HostTensor one, int batch, int predictions, int warmup, int predictThreads, int feedbackThreads,
+            int publishEvery)
             throws Exception {
         try (OnlineLearner learner = open(model, work.resolve("latency"), batch, predictThreads, publishEvery,
                 FsyncPolicy.NEVER)) {
             learner.learn(chunks.get(0)[0], chunks.get(0)[1]);
             learner.awaitIdle(60, TimeUnit.SECONDS);
-            predictLatencies(learner, one, predictions / 4, predictThreads); // warm-up
+            predictLatencies(learner, one, warmup, predictThreads); // the JIT compiles the predict path
             long[] idle = predictLatencies(learner, one, predictions, predictThreads);
             AtomicBoolean stop = new AtomicBoolean();
             List<Thread> feeders = new ArrayList<>();
@@ -193,6 +197,18 @@ public final class OnlineBenchmark {
                 onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
                 onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
             }
+            // The online variants warm up as much (one untimed round each): otherwise the first
+            // timed rounds run the learner's Java code interpreted while the JIT compiles it.
+            for (String variant : variants) {
+                if (variant.startsWith("online_")) {
+                    Path dir = work.resolve("warm-up-" + variant);
+                    try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
+                        feed(learner, chunks, feeders);
+                        learner.awaitIdle(300, TimeUnit.SECONDS);
+                    }
+                    deleteTree(dir);
+                }
+            }
             for (int round = 0; round < rounds; round++) {
                 for (int k = 0; k < variants.size(); k++) {
                     String variant = variants.get((k + round) % variants.size());
@@ -211,7 +227,7 @@ public final class OnlineBenchmark {
                                     cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         default: {
-                            FsyncPolicy policy = variant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
+                            FsyncPolicy policy = policyOf(variant);
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
                             try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
                                 for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
@@ -312,6 +328,10 @@ public final class OnlineBenchmark {
         }
         out.put("phase_cpu_us_per_micro_batch", cpuPhases);
         out.put("cpu_us_per_micro_batch", cpuPerBatch);
+    }
+
+    private static FsyncPolicy policyOf(String onlineVariant) {
+        return onlineVariant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
     }
 
     /**
