@@ -38,7 +38,7 @@ ROUNDS = 3  # every run three times by default: the median is reported, min and 
 #: (label, K, exchange: the Spark setting spark.gradbridge.exchange; K=1 exchanges nothing)
 RUNS = [("K=1", 1, "gloo"), ("K=2", 2, "gloo"), ("K=2 relay", 2, "relay")]
 EXECUTORS = (1, 2, 8, 16, 64)
-ONE_THREAD = ["-Dai.djl.pytorch.num_threads=1", "-Dai.djl.pytorch.num_interop_threads=1"]
+ONE_THREAD = ["-Dgradbridge.numThreads=1", "-Dgradbridge.numInteropThreads=1"]
 
 
 def _steady_steps_per_s(history: History, steps_per_epoch: int) -> float:
@@ -67,32 +67,36 @@ def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dic
     steps_per_epoch = -(-samples // case.batch)
     out = {"case": case.name, "parameters": sum(p.numel() for p in model.parameters()), "batch": case.batch,
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
-    for label, k, exchange in RUNS:
-        history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
-        rates, step_ms, compute_ms, overhead_ms, exchange_ms, optimizer_ms, runs = [], [], [], [], [], [], []
-        loads = [_load_average()]
-        for _ in range(rounds):
+    samples_of = {label: {"rates": [], "step": [], "compute": [], "overhead": [], "exchange": [], "optimizer": [],
+                          "loads": [_load_average()], "runs": []} for label, _, _ in RUNS}
+    # rounds outermost: a change of the machine's load between rounds hits every configuration alike
+    for _ in range(rounds):
+        for label, k, exchange in RUNS:
+            got = samples_of[label]
+            history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
             sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
                           "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
                          timeout=1800, jvm_options=[*ONE_THREAD, f"-Dspark.gradbridge.exchange={exchange}"])
-            loads.append(_load_average())
+            got["loads"].append(_load_average())
             s = json.loads(stats.read_text())
-            rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
-            step_ms.append(1e3 * s["step_s"] / s["steps"])
-            compute_ms.append(1e3 * s["compute_s"] / s["steps"])
-            overhead_ms.append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
-            exchange_ms.append(1e3 * s["exchange_s"] / s["steps"])
-            optimizer_ms.append(1e3 * s["optimizer_s"] / s["steps"])
-            runs.append(s)
-        s = runs[-1]
+            got["rates"].append(_steady_steps_per_s(History.load(history), steps_per_epoch))
+            got["step"].append(1e3 * s["step_s"] / s["steps"])
+            got["compute"].append(1e3 * s["compute_s"] / s["steps"])
+            got["overhead"].append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
+            got["exchange"].append(1e3 * s["exchange_s"] / s["steps"])
+            got["optimizer"].append(1e3 * s["optimizer_s"] / s["steps"])
+            got["runs"].append(s)
+    for label, _, _ in RUNS:
+        got = samples_of[label]
+        s = got["runs"][-1]
         out[label] = {
             "exchange": s["exchange"],
-            "load_average": _spread(loads),
-            "steps_per_s": _spread(rates),
-            "per_step_ms": {"step": _spread(step_ms), "compute_slowest_task": _spread(compute_ms),
-                            "overhead": _spread(overhead_ms),
+            "load_average": _spread(got["loads"]),
+            "steps_per_s": _spread(got["rates"]),
+            "per_step_ms": {"step": _spread(got["step"]), "compute_slowest_task": _spread(got["compute"]),
+                            "overhead": _spread(got["overhead"]),
                             # the slowest task's, so they include waiting for the slowest compute
-                            "exchange": _spread(exchange_ms), "optimizer": _spread(optimizer_ms)},
+                            "exchange": _spread(got["exchange"]), "optimizer": _spread(got["optimizer"])},
             "per_epoch_stage_s": s["stage_s"] / epochs,
             "per_epoch_load_s": s["load_s"] / epochs,
             "bytes_per_task_per_step": {"sent": s["bytes_sent"] // s["steps"],
@@ -122,7 +126,7 @@ def _scaling_model(out: dict) -> dict:
     C1: the whole batch's compute in one task (K=1); O: the per-step overhead measured at K=2 with
     that exchange (step minus the slowest task's compute: the exchange, the combine and the optimizer
     step); E/S: the epoch's stage launch, meeting and module loads spread over its S steps (measured
-    per exchange: Gloo's tasks meet through Spark's barrier all-gather); P: the gradient bytes.
+    per exchange: Gloo's tasks also meet through a store on the driver); P: the gradient bytes.
     Ideal compute scaling and an O that does not grow with N are optimistic."""
     c1 = out["K=1"]["per_step_ms"]["compute_slowest_task"]["median"] / 1e3
     p = out["K=1"]["parameter_bytes"]
