@@ -1,9 +1,10 @@
-"""gradbridge-spark figures: steps/s with K=1 and K=2 one-thread training tasks, the per-step
-overhead (step time minus the slowest task's compute), bytes each task sends and receives per step,
-and a scaling model for N executors at 1 and 10 Gb/s, next to the single-process Java Trainer on the
-same data. A benchmark, not a test.
+"""gradbridge-spark figures: steps/s with K=1 and K=2 one-thread training tasks (K=2 with each
+exchange: Gloo, the default, and the driver relay), the per-step overhead (step time minus the
+slowest task's compute), bytes each task sends and receives per step, and a scaling model for N
+executors at 1 and 10 Gb/s, next to the single-process Java Trainer on the same data. A benchmark,
+not a test.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/spark_bench.py [--out build/bench/spark.json]
+    PYTHONPATH=python .venv/bin/python benchmarks/spark_bench.py [--out build/bench/spark.json] [--rounds 3]
 
 Needs `gradle assemble` (the Spark classpath file). Models and data are gradbridge bench's MLP
 (32-64-64-10, batch 64, Adam) and compute-bound MLP (512-1024-512-10, batch 1024, Adam). Every JVM
@@ -33,9 +34,11 @@ from gradbridge.history import History
 # (bench case, samples, epochs): the first epoch is warm-up, steps/s come from the later ones
 CASES = [(bench.CASES[1], 2048, 4), (bench.CASES[2], 4096, 4)]
 BANDWIDTHS = {"1 Gb/s": 1e9 / 8, "10 Gb/s": 10e9 / 8}
-ROUNDS = 3  # every run three times: the median is reported, min and max beside it (shared machine)
+ROUNDS = 3  # every run three times by default: the median is reported, min and max beside it (shared machine)
+#: (label, K, exchange: the Spark setting spark.gradbridge.exchange; K=1 exchanges nothing)
+RUNS = [("K=1", 1, "gloo"), ("K=2", 2, "gloo"), ("K=2 relay", 2, "relay")]
 EXECUTORS = (1, 2, 8, 16, 64)
-ONE_THREAD = ["-Dai.djl.pytorch.num_threads=1", "-Dai.djl.pytorch.num_interop_threads=1"]
+ONE_THREAD = ["-Dgradbridge.numThreads=1", "-Dgradbridge.numInteropThreads=1"]
 
 
 def _steady_steps_per_s(history: History, steps_per_epoch: int) -> float:
@@ -47,7 +50,11 @@ def _spread(values) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
+def _load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dict:
     import torch
 
     torch.manual_seed(0)
@@ -60,28 +67,36 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
     steps_per_epoch = -(-samples // case.batch)
     out = {"case": case.name, "parameters": sum(p.numel() for p in model.parameters()), "batch": case.batch,
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
-    for k in (1, 2):
-        history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
-        rates, step_ms, compute_ms, overhead_ms, exchange_ms, optimizer_ms, runs = [], [], [], [], [], [], []
-        for _ in range(ROUNDS):
+    samples_of = {label: {"rates": [], "step": [], "compute": [], "overhead": [], "exchange": [], "optimizer": [],
+                          "loads": [_load_average()], "runs": []} for label, _, _ in RUNS}
+    # rounds outermost: a change of the machine's load between rounds hits every configuration alike
+    for _ in range(rounds):
+        for label, k, exchange in RUNS:
+            got = samples_of[label]
+            history, stats = folder / f"h{k}.jsonl", folder / f"s{k}.json"
             sparkrun.run(["--model", path, "--data", data, "--master", f"local[{k}]", "--epochs", epochs,
                           "--batch-size", case.batch, "--history", history, "--stats", stats, "--digests-only"],
-                         timeout=1800, jvm_options=ONE_THREAD)
+                         timeout=1800, jvm_options=[*ONE_THREAD, f"-Dspark.gradbridge.exchange={exchange}"])
+            got["loads"].append(_load_average())
             s = json.loads(stats.read_text())
-            rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
-            step_ms.append(1e3 * s["step_s"] / s["steps"])
-            compute_ms.append(1e3 * s["compute_s"] / s["steps"])
-            overhead_ms.append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
-            exchange_ms.append(1e3 * s["exchange_s"] / s["steps"])
-            optimizer_ms.append(1e3 * s["optimizer_s"] / s["steps"])
-            runs.append(s)
-        s = runs[-1]
-        out[f"K={k}"] = {
-            "steps_per_s": _spread(rates),
-            "per_step_ms": {"step": _spread(step_ms), "compute_slowest_task": _spread(compute_ms),
-                            "overhead": _spread(overhead_ms),
+            got["rates"].append(_steady_steps_per_s(History.load(history), steps_per_epoch))
+            got["step"].append(1e3 * s["step_s"] / s["steps"])
+            got["compute"].append(1e3 * s["compute_s"] / s["steps"])
+            got["overhead"].append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
+            got["exchange"].append(1e3 * s["exchange_s"] / s["steps"])
+            got["optimizer"].append(1e3 * s["optimizer_s"] / s["steps"])
+            got["runs"].append(s)
+    for label, _, _ in RUNS:
+        got = samples_of[label]
+        s = got["runs"][-1]
+        out[label] = {
+            "exchange": s["exchange"],
+            "load_average": _spread(got["loads"]),
+            "steps_per_s": _spread(got["rates"]),
+            "per_step_ms": {"step": _spread(got["step"]), "compute_slowest_task": _spread(got["compute"]),
+                            "overhead": _spread(got["overhead"]),
                             # the slowest task's, so they include waiting for the slowest compute
-                            "exchange": _spread(exchange_ms), "optimizer": _spread(optimizer_ms)},
+                            "exchange": _spread(got["exchange"]), "optimizer": _spread(got["optimizer"])},
             "per_epoch_stage_s": s["stage_s"] / epochs,
             "per_epoch_load_s": s["load_s"] / epochs,
             "bytes_per_task_per_step": {"sent": s["bytes_sent"] // s["steps"],
@@ -90,7 +105,7 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
         }
     history = folder / "trainer.jsonl"
     rates = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         # the same JVM options, classpath and libtorch (this Python's) as the Spark runs
         subprocess.run(sparkrun.command(["--model", path, "--data", data, "--epochs", epochs, "--batch-size", case.batch,
                                          "--history", history, "--digests-only", "--no-progress"],
@@ -99,30 +114,33 @@ def _run_case(case, samples: int, epochs: int, folder: Path) -> dict:
         rates.append(_steady_steps_per_s(History.load(history), steps_per_epoch))
     out["trainer"] = {"steps_per_s": _spread(rates)}
     out["speedup_K2_over_K1"] = out["K=2"]["steps_per_s"]["median"] / out["K=1"]["steps_per_s"]["median"]
+    out["speedup_K2_relay_over_K1"] = out["K=2 relay"]["steps_per_s"]["median"] / out["K=1"]["steps_per_s"]["median"]
     out["model"] = _scaling_model(out)
     return out
 
 
 def _scaling_model(out: dict) -> dict:
     """Per step on N executors, each on its own machine:
-        relay (today):  T(N) = C1/N + O + E/S + 2*N*P/BW   (the driver forwards every task's 2P)
-        peer to peer:   T(N) = C1/N + O + E/S + 2*P/BW     (a collective among the tasks)
-    C1: the whole batch's compute in one task (K=1); O: the per-step overhead measured at K=2 (step
-    minus the slowest task's compute: two relay round trips, (de)serialization, the combine and the
-    optimizer step); E/S: the epoch's stage launch and module loads spread over its S steps; P: the
-    gradient bytes. Ideal compute scaling and an O that does not grow with N are optimistic."""
-    one, two = out["K=1"], out["K=2"]
-    c1 = one["per_step_ms"]["compute_slowest_task"]["median"] / 1e3
-    overhead = two["per_step_ms"]["overhead"]["median"] / 1e3
-    epoch = max(0.0, two["per_epoch_stage_s"] - out["steps_per_epoch"] * two["per_step_ms"]["step"]["median"] / 1e3)
-    per_step_epoch = epoch / out["steps_per_epoch"]
-    p = one["parameter_bytes"]
-    model = {"C1_ms": c1 * 1e3, "O_ms": overhead * 1e3, "E_per_step_ms": per_step_epoch * 1e3, "P_bytes": p,
-             "relay": {}, "peer_to_peer": {}}
-    for name, bw in BANDWIDTHS.items():
-        base = lambda n: c1 / n + overhead + per_step_epoch  # noqa: E731
-        model["relay"][name] = {n: 1.0 / (base(n) + 2 * n * p / bw) for n in EXECUTORS}
-        model["peer_to_peer"][name] = {n: 1.0 / (base(n) + (2 * p / bw if n > 1 else 0)) for n in EXECUTORS}
+        relay:  T(N) = C1/N + O_relay + E/S + 2*N*P/BW        (the driver forwards every task's 2P)
+        gloo:   T(N) = C1/N + O_gloo + E/S + 2*P*(N-1)/N/BW    (task to task: all-to-all, then ring all-gather)
+    C1: the whole batch's compute in one task (K=1); O: the per-step overhead measured at K=2 with
+    that exchange (step minus the slowest task's compute: the exchange, the combine and the optimizer
+    step); E/S: the epoch's stage launch, meeting and module loads spread over its S steps (measured
+    per exchange: Gloo's tasks also meet through a store on the driver); P: the gradient bytes.
+    Ideal compute scaling and an O that does not grow with N are optimistic."""
+    c1 = out["K=1"]["per_step_ms"]["compute_slowest_task"]["median"] / 1e3
+    p = out["K=1"]["parameter_bytes"]
+    model = {"C1_ms": c1 * 1e3, "P_bytes": p}
+    for kind, label in (("relay", "K=2 relay"), ("gloo", "K=2")):
+        run = out[label]
+        overhead = run["per_step_ms"]["overhead"]["median"] / 1e3
+        epoch = max(0.0, run["per_epoch_stage_s"] - out["steps_per_epoch"] * run["per_step_ms"]["step"]["median"] / 1e3)
+        per_step_epoch = epoch / out["steps_per_epoch"]
+        wire = (lambda n: 2 * n * p) if kind == "relay" else (lambda n: 2 * p * (n - 1) / n)
+        model[kind] = {"O_ms": overhead * 1e3, "E_per_step_ms": per_step_epoch * 1e3, "steps_per_s": {}}
+        for name, bw in BANDWIDTHS.items():
+            model[kind]["steps_per_s"][name] = {
+                n: 1.0 / (c1 / n + overhead + per_step_epoch + (wire(n) / bw if n > 1 else 0)) for n in EXECUTORS}
     return model
 
 
@@ -139,24 +157,27 @@ def _table(results: list) -> str:
                      "| bytes sent/task/step | bytes received/task/step |")
         lines.append("|---|---|---|---|---|---|---|---|---|")
         lines.append(f"| single-process Java Trainer, 1 thread | {_fmt(r['trainer']['steps_per_s'])} | | | | | | 0 | 0 |")
-        for k in (1, 2):
-            s = r[f"K={k}"]
+        for label, k, _ in RUNS:
+            s = r[label]
             ms = s["per_step_ms"]
-            lines.append(f"| Spark local[{k}], {k} task(s) of 1 thread | {_fmt(s['steps_per_s'])} | "
+            what = "exchanges nothing" if k == 1 else s["exchange"]
+            lines.append(f"| Spark local[{k}], {k} task(s) of 1 thread, {what} (load {_fmt(s['load_average'])}) | "
+                         f"{_fmt(s['steps_per_s'])} | "
                          f"{_fmt(ms['step'], 2)} | {_fmt(ms['compute_slowest_task'], 2)} | {_fmt(ms['overhead'], 2)} | "
                          f"{_fmt(ms['exchange'], 2)} | {_fmt(ms['optimizer'], 2)} | "
                          f"{s['bytes_per_task_per_step']['sent']:,} | {s['bytes_per_task_per_step']['received']:,} |")
         m = r["model"]
         lines.append("")
-        lines.append(f"K=2 over K=1: {r['speedup_K2_over_K1']:.2f}x. Scaling model: C1 = {m['C1_ms']:.1f} ms, "
-                     f"O = {m['O_ms']:.2f} ms, E/S = {m['E_per_step_ms']:.1f} ms, P = {m['P_bytes']:,} bytes")
+        lines.append(f"K=2 over K=1: {r['speedup_K2_over_K1']:.2f}x with Gloo, {r['speedup_K2_relay_over_K1']:.2f}x "
+                     f"with the relay. Scaling model: C1 = {m['C1_ms']:.1f} ms, P = {m['P_bytes']:,} bytes; "
+                     f"Gloo O = {m['gloo']['O_ms']:.2f} ms, E/S = {m['gloo']['E_per_step_ms']:.1f} ms; "
+                     f"relay O = {m['relay']['O_ms']:.2f} ms, E/S = {m['relay']['E_per_step_ms']:.1f} ms")
         lines.append("")
         lines.append("| steps/s, N executors | " + " | ".join(str(n) for n in EXECUTORS) + " |")
         lines.append("|---|" + "---|" * len(EXECUTORS))
-        for kind in ("relay", "peer_to_peer"):
-            for name, row in m[kind].items():
-                lines.append(f"| {kind.replace('_', ' ')}, {name} | " + " | ".join(f"{row[n]:.1f}" for n in EXECUTORS)
-                             + " |")
+        for kind in ("relay", "gloo"):
+            for name, row in m[kind]["steps_per_s"].items():
+                lines.append(f"| {kind}, {name} | " + " | ".join(f"{row[n]:.1f}" for n in EXECUTORS) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -164,10 +185,11 @@ def _table(results: list) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/bench/spark.json"))
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each configuration (median, min-max)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
-        results = [_run_case(case, samples, epochs, Path(tmp)) for case, samples, epochs in CASES]
+        results = [_run_case(case, samples, epochs, Path(tmp), args.rounds) for case, samples, epochs in CASES]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": platform.platform(), "results": results}, indent=2))
     print(_table(results))

@@ -126,3 +126,11 @@ def test_a_newer_protocol_version_is_refused_by_both_languages(files, tmp_path):
     line = refused(files, tmp_path, "--model", future, "--data", files["folder"] / "data.npz")
     assert line == (f"{future}: protocol version 3, this gradbridge reads versions [1, 2]. "
                     "Re-export the module with a matching gradbridge.")
+
+
+def test_an_unknown_exchange_setting(files, tmp_path):
+    result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
+                           "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"],
+                          check=False, jvm_options=["-Dspark.gradbridge.exchange=ring"])
+    assert one_error_line(result) == "spark.gradbridge.exchange must be gloo or relay, got ring"
+    assert stray_files(tmp_path) == []

@@ -3,7 +3,8 @@ its own, against its Python replay (``reference.train_sharded``), bit for bit.
 
 The Java side runs ``SparkTrainCommand`` through ``gradbridge.sparkrun`` (``java`` with Spark's
 Java 17 flags, on this Python's libtorch). Default run: K=2 SGD shuffled with a task fault, its
-resume on Parquet with an executor-loss fault, K=2 SGD and Adam in order, K=1 Adam equal to
+resume on Parquet with an executor-loss fault, K=2 SGD and Adam in order, K=3 over each exchange
+(Gloo, the default, and the driver relay), K=1 Adam equal to
 single-process training. ``--full`` adds K=4 and the rest of {SGD, Adam} x {shuffled, in order} x K in {1, 2, 4}.
 Bad input is in ``test_faults_spark.py``.
 """
@@ -58,10 +59,12 @@ def work(tmp_path_factory):
             "parquet": folder / "data.parquet"}
 
 
-def spark_train(*args, master: str) -> tuple:
-    """Run the Spark trainer; (CompletedProcess, stats dict) and assert success."""
+def spark_train(*args, master: str, exchange: str = "") -> tuple:
+    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange); (CompletedProcess,
+    stats dict) and assert success."""
     stats = Path(args[args.index("--history") + 1]).with_suffix(".stats.json")
-    result = sparkrun.run(["--master", master, "--stats", stats, *map(str, args)], check=False)
+    options = [f"-Dspark.gradbridge.exchange={exchange}"] if exchange else []
+    result = sparkrun.run(["--master", master, "--stats", stats, *map(str, args)], check=False, jvm_options=options)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(stats.read_text())
 
@@ -119,13 +122,42 @@ def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_pa
     assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
 
 
+def gloo_bytes_per_step(parameters, k: int) -> int:
+    """What the busiest task sends per step over Gloo (GlooExchange): to each other owner c a record
+    (rows, loss, one flag per parameter, chunk c of the float32 gradient), then (K-1) padded chunks
+    around the all-gather's ring."""
+    total = sum(int(np.prod(p.shape)) for p in parameters)
+    chunk = [4 * (total * (c + 1) // k - total * c // k) for c in range(k)]
+    record = [4 + 8 + len(parameters) + b for b in chunk]
+    return max(sum(record) - record[me] + (k - 1) * max(chunk) for me in range(k))
+
+
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     history = tmp_path / "h.jsonl"
-    spark_train("--model", work["models"]["adam"], "--data", work["npz"], "--epochs", EPOCHS, "--no-shuffle",
+    _, stats = spark_train("--model", work["models"]["adam"], "--data", work["npz"], "--epochs", EPOCHS, "--no-shuffle",
                 "--history", history, master="local[2]")
     replay = reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=EPOCHS, shards=2,
                                      batch_size=BATCH, shuffle=False)
     assert_bitwise(History.load(history), replay)
+    assert stats["exchange"] == "gloo all-to-all + all-gather", stats
+    import torch
+
+    parameters = list(torch.jit.load(str(work["models"]["adam"])).parameters())
+    assert stats["bytes_sent"] == stats["steps"] * gloo_bytes_per_step(parameters, 2), stats
+    assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
+
+
+@pytest.mark.parametrize("exchange", ["gloo", "relay"])
+def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange):
+    """Three partitions (chunks of unequal sizes, Gloo's all-gather padded): Gloo, the default, and
+    the driver relay (spark.gradbridge.exchange=relay) give the replay's bits."""
+    history = tmp_path / "h.jsonl"
+    _, stats = spark_train("--model", work["models"]["sgd"], "--data", work["npz"], "--epochs", 1,
+                           "--history", history, master="local[3]", exchange=exchange)
+    replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=3,
+                                     batch_size=BATCH)
+    assert_bitwise(History.load(history), replay)
+    assert stats["exchange"].startswith(exchange), stats
 
 
 def test_adam_k1_equals_the_replay_and_single_process_training(work, tmp_path):

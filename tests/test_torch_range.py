@@ -8,6 +8,7 @@ the oldest, .venv, and on the newest, .venv-newest).
   this process runs on this torch through gradbridge's native library built for it, bit for bit.
 - gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
 - A module exported here trains in a separate JVM on DJL's own libtorch and matches eager torch.
+- gradbridge-spark's c10d Gloo exchange runs on this torch's libtorch.
 """
 
 from __future__ import annotations
@@ -171,3 +172,42 @@ def test_a_module_exported_here_trains_in_a_jvm_on_djls_own_libtorch(regressor, 
     report = assert_histories_match(python, java, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
     print(f"torch {libtorch.torch_version()} vs DJL's libtorch {DJL_TORCH}: "
           f"{'bitwise' if report.bitwise else f'max |dloss| {report.max_loss_delta:.2e}'}")
+
+
+def test_the_gloo_group_runs_on_this_torch(jvm):
+    """gradbridge-spark's exchange (c10d Gloo inside this torch's libtorch, through the native library
+    built for it): three ranks on threads of the JVM in this process, an all-to-all of unequal splits
+    and an all-gather over 127.0.0.1."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jpype
+
+    gloo = jpype.JClass("dev.gradbridge.GlooGroup")
+    duration = jpype.JClass("java.time.Duration").ofSeconds(30)
+    direct = jpype.JClass("java.nio.ByteBuffer").allocateDirect
+    nothing = jpype.JProxy("java.lang.Runnable", dict={"run": lambda: None})
+    server = gloo.Store.serve(duration)
+    port = server.port()
+
+    def rank(r):
+        store = server if r == 0 else gloo.Store.connect("127.0.0.1", port, duration)
+        group = gloo.join(store, "test", "127.0.0.1", r, 3, duration)
+        send = direct(3 * (r + 1))
+        for to in range(3):
+            for _ in range(r + 1):
+                send.put(jpype.JByte(10 * r + to))
+        receive = direct(6)
+        group.alltoall(send, [r + 1] * 3, receive, [1, 2, 3], nothing)
+        gathered = direct(3)
+        group.allgather(direct(1).put(jpype.JByte(r)), gathered, 1, nothing)
+        group.close()
+        if r:
+            store.close()
+        return [receive.get(i) for i in range(6)], [gathered.get(i) for i in range(3)]
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(rank, range(3)))
+    server.close()
+    for r, (received, gathered) in enumerate(results):
+        assert received == [r, 10 + r, 10 + r, 20 + r, 20 + r, 20 + r]
+        assert gathered == [0, 1, 2]

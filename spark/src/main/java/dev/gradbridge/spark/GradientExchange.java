@@ -8,13 +8,20 @@ import java.util.List;
  * once per step with its own shard result and gets the same combined gradient: the
  * sample-weighted sum in partition order ({@link GradientCombiner}), bit for bit on every task.
  *
- * <p>{@link RelayExchange} is the one in use: a reduce-scatter by chunk then an all-gather, over
- * Spark's RPC through the driver. A collective among the tasks that keeps the partition order, e.g.
- * c10d Gloo's all-to-all by chunk (each chunk summed in partition order by its owner, with {@link
- * Chunks} and {@link GradientCombiner}) then all-gather, fits behind the same method without the
- * driver in the path.
+ * <p>Both exchanges are a reduce-scatter by chunk ({@link Chunks}, each chunk combined in partition
+ * order by its owner) then an all-gather, so they give the same bits: {@link GlooExchange} (the
+ * default) task to task over libtorch's c10d Gloo, {@link RelayExchange} over Spark's RPC through
+ * the driver, for clusters whose executors cannot reach each other's ports. {@link SoloExchange}
+ * for one partition. The Spark setting {@value #SETTING} picks one.
  */
-interface GradientExchange {
+interface GradientExchange extends AutoCloseable {
+
+    /** The Spark setting that picks the exchange of a run with more than one partition. */
+    String SETTING = "spark.gradbridge.exchange";
+    /** Task to task over c10d Gloo (the default). */
+    String GLOO = "gloo";
+    /** Through an endpoint on the driver, over Spark's RPC. */
+    String RELAY = "relay";
 
     /**
      * @param mine this task's contribution to the step
@@ -29,4 +36,8 @@ interface GradientExchange {
 
     /** @return bytes this task received so far */
     long bytesReceived();
+
+    /** Leaves the exchange (a peer waiting on this task fails rather than waits). */
+    @Override
+    default void close() {}
 }

@@ -2,6 +2,7 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
+import dev.gradbridge.GlooGroup;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
@@ -209,6 +210,16 @@ public final class SparkTrainer {
         }
     }
 
+    /** @return the exchange the Spark setting {@value GradientExchange#SETTING} names (default gloo) */
+    private static String exchangeOf(JavaSparkContext jsc) {
+        String exchange = jsc.getConf().get(GradientExchange.SETTING, GradientExchange.GLOO);
+        if (!GradientExchange.GLOO.equals(exchange) && !GradientExchange.RELAY.equals(exchange)) {
+            throw new InvalidInputException(GradientExchange.SETTING + " must be " + GradientExchange.GLOO + " or "
+                    + GradientExchange.RELAY + ", got " + exchange);
+        }
+        return exchange;
+    }
+
     static String modeName(int partitions, boolean shuffle) {
         return "spark:" + partitions + ":" + (shuffle ? "shuffle" : "ordered");
     }
@@ -224,6 +235,7 @@ public final class SparkTrainer {
      */
     public History fit(JavaSparkContext jsc, TrainingModule module, ShardedData data) throws IOException {
         checkModule(module);
+        String exchange = exchangeOf(jsc);
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
@@ -250,9 +262,14 @@ public final class SparkTrainer {
             sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
-        ExchangeRelay relay = ExchangeRelay.start();
+        // Where the tasks meet: the relay's endpoint, or a TCPStore for Gloo's rendezvous (a few keys per
+        // stage attempt; the gradients go task to task).
+        ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start() : null;
+        GlooGroup.Store store = k > 1 && relay == null ? GlooGroup.Store.serve(GlooExchange.TIMEOUT) : null;
+        String meeting = relay != null ? relay.name()
+                : store != null ? jsc.getConf().get("spark.driver.host") + ":" + store.port() : null;
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), relay.name());
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, meeting);
         // The state the driver holds: the module archive at the start of the next epoch.
         byte[] state = Files.readAllBytes(from);
         AtomicInteger failed = new AtomicInteger();
@@ -277,7 +294,8 @@ public final class SparkTrainer {
         logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
-        stats.exchange = k == 1 ? "none (one partition)" : "relay reduce-scatter + all-gather";
+        stats.exchange = k == 1 ? "none (one partition)"
+                : relay != null ? "relay reduce-scatter + all-gather" : "gloo all-to-all + all-gather";
         History history = new History();
         long started = System.nanoTime();
         try {
@@ -307,7 +325,12 @@ public final class SparkTrainer {
                 start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
             }
         } finally {
-            relay.close();
+            if (relay != null) {
+                relay.close();
+            }
+            if (store != null) {
+                store.close();
+            }
             jsc.sc().removeSparkListener(listener);
             stats.failedTasks += failed.get();
             stats.stagesRetried += retried.get();
@@ -321,10 +344,14 @@ public final class SparkTrainer {
         long t0 = System.nanoTime();
         Broadcast<byte[]> shipped = jsc.broadcast(state);
         List<TrainingTask.Result> results;
+        boolean done = false;
         try {
             results = new ArrayList<>(TrainingTask.runStage(data.shards(), new TrainingTask(shipped, run, epoch)));
+            done = true;
         } finally {
-            shipped.destroy();
+            // Blocking once the stage succeeded, so that no removal request to an executor is still in
+            // flight when the application stops (Spark logs that as an ERROR); not after a failure.
+            shipped.destroy(done);
         }
         results.sort((a, b) -> Integer.compare(a.partition, b.partition));
         if (results.size() != data.getPartitions() || results.get(0).partition != 0) {

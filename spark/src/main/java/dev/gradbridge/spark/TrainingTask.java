@@ -59,10 +59,14 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final long[] sizes;
         final String fault;
         final int shardsRdd;
-        final String relay;
+        /** {@link GradientExchange#GLOO} or {@link GradientExchange#RELAY} */
+        final String exchange;
+        /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
+        final String meeting;
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
-                String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String relay) {
+                String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
+                String meeting) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -75,7 +79,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.sizes = sizes;
             this.fault = fault;
             this.shardsRdd = shardsRdd;
-            this.relay = relay;
+            this.exchange = exchange;
+            this.meeting = meeting;
         }
 
         long[] order(int epoch) {
@@ -138,9 +143,25 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
-        GradientExchange exchange = shard.partitions == 1 ? new SoloExchange()
-                : new RelayExchange(run.relay, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
-                        shard.partitions);
+        // closed however the task ends: a failed task's peers waiting in the exchange fail at once
+        try (GradientExchange exchange = exchange(context, shard)) {
+            return epoch(shard, context, exchange);
+        }
+    }
+
+    private GradientExchange exchange(BarrierTaskContext context, Shard shard) {
+        if (shard.partitions == 1) {
+            return new SoloExchange();
+        }
+        if (GradientExchange.RELAY.equals(run.exchange)) {
+            return new RelayExchange(run.meeting, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
+                    shard.partitions);
+        }
+        return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions);
+    }
+
+    private Iterator<Result> epoch(Shard shard, BarrierTaskContext context, GradientExchange exchange)
+            throws IOException {
         long[] order = run.order(epoch);
         int steps = (int) ((run.rows + run.batch - 1) / run.batch);
         Result result = new Result();

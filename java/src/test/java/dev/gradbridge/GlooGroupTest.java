@@ -1,0 +1,152 @@
+package dev.gradbridge;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertSame;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.UUID;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.junit.Test;
+
+/** libtorch's c10d Gloo through the native layer: ranks on threads of this JVM, over 127.0.0.1. */
+public class GlooGroupTest {
+
+    private static final Duration TIMEOUT = Duration.ofSeconds(30);
+    private static final Runnable NOTHING = () -> {};
+
+    /** Ranks 0..size-1, each on a thread, joined through one store that rank 0 serves. */
+    private static List<GlooGroup> join(int size, ExecutorService pool) throws Exception {
+        String prefix = UUID.randomUUID().toString();
+        GlooGroup.Store server = GlooGroup.Store.serve(TIMEOUT);
+        int port = server.port();
+        List<Future<GlooGroup>> joins = new ArrayList<>();
+        for (int r = 0; r < size; r++) {
+            int rank = r;
+            joins.add(pool.submit(() -> {
+                try (GlooGroup.Store store = rank == 0 ? null : GlooGroup.Store.connect("127.0.0.1", port, TIMEOUT)) {
+                    return GlooGroup.join(rank == 0 ? server : store, prefix, "127.0.0.1", rank, size, TIMEOUT);
+                }
+            }));
+        }
+        List<GlooGroup> groups = new ArrayList<>();
+        for (Future<GlooGroup> join : joins) {
+            groups.add(join.get(60, TimeUnit.SECONDS));
+        }
+        server.close();
+        return groups;
+    }
+
+    private static ByteBuffer bytes(int... values) {
+        ByteBuffer b = ByteBuffer.allocateDirect(values.length);
+        for (int v : values) {
+            b.put((byte) v);
+        }
+        return b;
+    }
+
+    private static int[] read(ByteBuffer b) {
+        int[] out = new int[b.capacity()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = b.get(i);
+        }
+        return out;
+    }
+
+    @Test
+    public void alltoallWithUnequalSplitsThenAllgather() throws Exception {
+        ExecutorService pool = Executors.newFixedThreadPool(3);
+        try {
+            List<GlooGroup> groups = join(3, pool);
+            // rank r sends r+1 bytes of value 10*r + to, to each rank `to`
+            List<Callable<int[][]>> work = new ArrayList<>();
+            for (GlooGroup g : groups) {
+                work.add(() -> {
+                    int r = g.rank();
+                    ByteBuffer send = ByteBuffer.allocateDirect(3 * (r + 1));
+                    for (int to = 0; to < 3; to++) {
+                        for (int i = 0; i <= r; i++) {
+                            send.put((byte) (10 * r + to));
+                        }
+                    }
+                    ByteBuffer receive = ByteBuffer.allocateDirect(1 + 2 + 3);
+                    g.alltoall(send, new long[] {r + 1, r + 1, r + 1}, receive, new long[] {1, 2, 3}, NOTHING);
+                    ByteBuffer gathered = ByteBuffer.allocateDirect(6);
+                    g.allgather(bytes(r, -r), gathered, 2, NOTHING);
+                    return new int[][] {read(receive), read(gathered)};
+                });
+            }
+            List<Future<int[][]>> results = pool.invokeAll(work);
+            for (int r = 0; r < 3; r++) {
+                int[][] got = results.get(r).get();
+                assertArrayEquals(new int[] {r, 10 + r, 10 + r, 20 + r, 20 + r, 20 + r}, got[0]);
+                assertArrayEquals(new int[] {0, 0, 1, -1, 2, -2}, got[1]);
+            }
+            groups.forEach(GlooGroup::close);
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+
+    @Test
+    public void aPeerThatLeavesFailsTheCollectiveWithOneLine() throws Exception {
+        ExecutorService pool = Executors.newFixedThreadPool(2);
+        try {
+            List<GlooGroup> groups = join(2, pool);
+            Future<NativeException> waiting = pool.submit(() -> assertThrows(NativeException.class,
+                    () -> groups.get(0).allgather(bytes(1), ByteBuffer.allocateDirect(2), 1, NOTHING)));
+            Thread.sleep(300);
+            groups.get(1).close(); // as a failed task's group closes
+            NativeException e = waiting.get(20, TimeUnit.SECONDS);
+            assertFalse(e.getMessage(), e.getMessage().contains("\n"));
+            groups.get(0).close();
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+
+    @Test
+    public void aWaitingRankRunsItsCheckAndCanGiveUp() throws Exception {
+        ExecutorService pool = Executors.newFixedThreadPool(2);
+        try {
+            List<GlooGroup> groups = join(2, pool);
+            AtomicInteger checks = new AtomicInteger();
+            IllegalStateException killed = new IllegalStateException("killed");
+            IllegalStateException e = assertThrows(IllegalStateException.class,
+                    () -> groups.get(0).allgather(bytes(1), ByteBuffer.allocateDirect(2), 1, () -> {
+                        if (checks.incrementAndGet() == 3) {
+                            throw killed;
+                        }
+                    }));
+            assertSame(killed, e);
+            assertTrue(checks.get() == 3);
+            groups.forEach(GlooGroup::close); // the operation left behind ends when its peer leaves
+            assertThrows(IllegalStateException.class, () -> groups.get(0).allgather(bytes(1), bytes(0, 0), 1, NOTHING));
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+
+    @Test
+    public void aStoreNobodyServesIsOneLineAfterTheTimeout() throws Exception {
+        int port;
+        try (java.net.ServerSocket free = new java.net.ServerSocket(0)) {
+            port = free.getLocalPort(); // closed again: nothing listens there
+        }
+        int closed = port;
+        NativeException e = assertThrows(NativeException.class,
+                () -> GlooGroup.Store.connect("127.0.0.1", closed, Duration.ofSeconds(2)));
+        assertFalse(e.getMessage(), e.getMessage().contains("\n"));
+        assertTrue(e.getMessage(), !e.getMessage().isEmpty());
+    }
+}

@@ -1,0 +1,211 @@
+package dev.gradbridge.spark;
+
+import dev.gradbridge.GlooGroup;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import org.apache.spark.BarrierTaskContext;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+
+/**
+ * The reduce-scatter by chunk then all-gather of {@link RelayExchange}, task to task over
+ * libtorch's c10d Gloo ({@link GlooGroup}): the driver is not in the path of the gradients. The
+ * tasks meet at each stage attempt's start through a c10d {@code TCPStore} that the driver serves
+ * for the run ({@link SparkTrainer}; its address travels in the task): each task publishes its Gloo
+ * address under the stage attempt's keys, so a retry never meets a failed attempt's tasks. (Not
+ * through Spark's barrier all-gather: every caller sleeps at least a second in it.)
+ *
+ * <p>Per step, round 1 is Gloo's {@code alltoall_base}: to each owner c a record of fixed size
+ * (rows, loss, every parameter's flag, then chunk c of the gradient, left unread when the task has no
+ * rows), so every rank knows every split beforehand. Owner c combines the K records in partition
+ * order with {@link GradientCombiner} (hence the relay's bits), and round 2 is {@code allgather}
+ * of the combined chunks, each padded to the longest chunk. Every task sees every task's rows,
+ * losses and flags in round 1, so each computes the step's loss and flags itself, identically.
+ * Per step a task sends (K-1)/K of the gradient in each round (the all-gather is Gloo's ring):
+ * about 2P(K-1)/K bytes, whatever K is.
+ *
+ * <p>A task that fails closes its group, which fails the collective its peers wait in; a task
+ * Spark killed gets out of the wait within {@link GlooGroup#CHECK_MILLIS} ms.
+ */
+final class GlooExchange implements GradientExchange {
+
+    /** How long a collective (or the rendezvous) waits for a peer that neither answers nor dies. */
+    static final Duration TIMEOUT = Duration.ofMinutes(10);
+    private static final int HEADER = 4 + 8; // rows (int), loss (double)
+
+    private final GlooGroup group;
+    private final int partition;
+    private final int partitions;
+    private Chunks chunks;
+    private long[] recordBytes;
+    private long[] chunkBytes;
+    private long gatherBytes;
+    private ByteBuffer send;
+    private ByteBuffer receive;
+    private ByteBuffer mineCombined;
+    private ByteBuffer gathered;
+    private long sent;
+    private long received;
+
+    private GlooExchange(GlooGroup group, int partition, int partitions) {
+        this.group = group;
+        this.partition = partition;
+        this.partitions = partitions;
+    }
+
+    /**
+     * Joins the stage attempt's group (every task of the stage calls it at its start), meeting the
+     * others through the run's store on the driver.
+     *
+     * @param store the driver's {@code TCPStore}, as host:port
+     */
+    static GlooExchange join(BarrierTaskContext context, String store, int partition, int partitions) {
+        String host = SparkEnv.get().blockManager().blockManagerId().host();
+        String attempt = "gradbridge/" + context.stageId() + "." + context.stageAttemptNumber();
+        int colon = store.lastIndexOf(':');
+        try (GlooGroup.Store client = GlooGroup.Store.connect(store.substring(0, colon),
+                Integer.parseInt(store.substring(colon + 1)), TIMEOUT)) {
+            return new GlooExchange(GlooGroup.join(client, attempt, host, partition, partitions, TIMEOUT), partition,
+                    partitions);
+        }
+    }
+
+    private void layout(List<String> dtypes, long[] sizes) {
+        chunks = new Chunks(dtypes, sizes, partitions);
+        recordBytes = new long[partitions];
+        chunkBytes = new long[partitions];
+        for (int c = 0; c < partitions; c++) {
+            long[] pieces = chunks.sizes(c);
+            List<String> types = chunks.dtypes(c, dtypes);
+            for (int j = 0; j < pieces.length; j++) {
+                chunkBytes[c] += pieces[j] * ShardedData.bytesOf(types.get(j));
+            }
+            recordBytes[c] = HEADER + dtypes.size() + chunkBytes[c];
+            gatherBytes = Math.max(gatherBytes, chunkBytes[c]);
+        }
+        long out = 0;
+        for (long r : recordBytes) {
+            out += r;
+        }
+        send = direct(out);
+        receive = direct(recordBytes[partition] * partitions);
+        mineCombined = direct(gatherBytes);
+        gathered = direct(gatherBytes * partitions);
+    }
+
+    @Override
+    public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
+        if (chunks == null) {
+            layout(dtypes, sizes);
+        }
+        int count = dtypes.size();
+        // Round 1: to each owner c, my record for chunk c.
+        send.clear();
+        for (int c = 0; c < partitions; c++) {
+            send.putInt(mine.rows).putDouble(mine.loss);
+            for (int i = 0; i < count; i++) {
+                send.put((byte) (mine.rows > 0 && mine.flags[i] ? 1 : 0));
+            }
+            if (mine.rows > 0) {
+                for (byte[] piece : chunks.cut(c, mine.gradients)) {
+                    send.put(piece);
+                }
+            } else {
+                send.position(send.position() + Math.toIntExact(chunkBytes[c])); // no rows: never read
+            }
+        }
+        long[] receiveSplits = new long[partitions];
+        Arrays.fill(receiveSplits, recordBytes[partition]);
+        group.alltoall(send, recordBytes, receive, receiveSplits, GlooExchange::checkKilled);
+        sent += sumExcept(recordBytes, partition);
+        received += recordBytes[partition] * (partitions - 1);
+        // Every partition's record of my chunk, in partition order.
+        List<ShardResult> mineFromAll = new ArrayList<>();
+        boolean[] flags = new boolean[count];
+        List<Chunks.Piece> pieces = chunks.pieces(partition);
+        for (int q = 0; q < partitions; q++) {
+            receive.position(Math.toIntExact(recordBytes[partition] * q));
+            int rows = receive.getInt();
+            double loss = receive.getDouble();
+            boolean[] all = new boolean[count];
+            for (int i = 0; i < count; i++) {
+                all[i] = receive.get() != 0;
+                flags[i] |= all[i];
+            }
+            byte[][] gradients = new byte[pieces.size()][];
+            for (int j = 0; j < gradients.length; j++) {
+                gradients[j] = new byte[Math.toIntExact(pieces.get(j).length * (long) bytesOf(dtypes, pieces.get(j)))];
+                receive.get(gradients[j]);
+            }
+            mineFromAll.add(new ShardResult(q, rows, loss, gradients, chunks.flags(partition, all)));
+        }
+        GradientCombiner.Combined part =
+                GradientCombiner.combine(mineFromAll, chunks.dtypes(partition, dtypes), chunks.sizes(partition));
+        // Round 2: every combined chunk, each padded to the longest.
+        mineCombined.clear();
+        for (byte[] piece : part.gradients) {
+            mineCombined.put(piece);
+        }
+        group.allgather(mineCombined, gathered, gatherBytes, GlooExchange::checkKilled);
+        sent += gatherBytes * (partitions - 1);
+        received += gatherBytes * (partitions - 1);
+        byte[][] gradients = new byte[count][];
+        for (int i = 0; i < count; i++) {
+            gradients[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+        }
+        for (int c = 0; c < partitions; c++) {
+            gathered.position(Math.toIntExact(gatherBytes * c));
+            List<Chunks.Piece> of = chunks.pieces(c);
+            byte[][] chunk = new byte[of.size()][];
+            for (int j = 0; j < chunk.length; j++) {
+                chunk[j] = new byte[Math.toIntExact(of.get(j).length * (long) bytesOf(dtypes, of.get(j)))];
+                gathered.get(chunk[j]);
+            }
+            chunks.paste(c, chunk, gradients);
+        }
+        return new GradientCombiner.Combined(gradients, flags, part.loss, part.rows);
+    }
+
+    private static int bytesOf(List<String> dtypes, Chunks.Piece piece) {
+        return ShardedData.bytesOf(dtypes.get(piece.parameter));
+    }
+
+    private static void checkKilled() {
+        TaskContext task = TaskContext.get();
+        if (task != null) {
+            task.killTaskIfInterrupted();
+        }
+    }
+
+    private static long sumExcept(long[] values, int skip) {
+        long sum = 0;
+        for (int i = 0; i < values.length; i++) {
+            sum += i == skip ? 0 : values[i];
+        }
+        return sum;
+    }
+
+    private static ByteBuffer direct(long bytes) {
+        return ByteBuffer.allocateDirect(Math.toIntExact(Math.max(1, bytes))).order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    @Override
+    public long bytesSent() {
+        return sent;
+    }
+
+    @Override
+    public long bytesReceived() {
+        return received;
+    }
+
+    /** Leaves the group: a peer still waiting in a collective with this task fails at once. */
+    @Override
+    public void close() {
+        group.close();
+    }
+}
