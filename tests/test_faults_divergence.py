@@ -72,3 +72,30 @@ def test_in_process_divergence_carries_the_completed_epochs(jvm, models, explodi
     assert [r.loss for r in in_java.value.history] == [r.loss for r in in_python.value.history]
     # One wording on both sides, up to what each keeps (Java: files, Python: error.history)
     assert str(in_java.value).split("; training stopped")[0] == str(in_python.value).split("; training stopped")[0]
+
+
+def test_spark_divergence_keeps_every_completed_epoch(models, exploding, tmp_path):
+    """The Spark trainer's one barrier stage stops at the non-finite step; the epochs whose ends
+    partition 0 handed to the driver are in the history and the checkpoint, equal to the replay."""
+    from gradbridge import sparkrun
+
+    history, checkpoint = tmp_path / "h.jsonl", tmp_path / "c.pt"
+    result = sparkrun.run(["--master", "local[2]", "--model", models["linear_regression.pt"], "--data", exploding,
+                           "--batch-size", 50, "--epochs", 60, "--history", history, "--checkpoint", checkpoint],
+                          check=False)
+    line = one_error_line(result)
+    diverged = int(line.split("at epoch ")[1].split(",")[0])
+    assert diverged > 2, line
+    assert f"{diverged} completed epoch(s) kept in {history}" in line
+    kept = History.load(history)
+    assert [r.epoch for r in kept] == list(range(diverged))
+    replay = reference.train_sharded(models["linear_regression.pt"], *_arrays(exploding), epochs=diverged, shards=2,
+                                     batch_size=50)
+    assert [r.loss for r in kept] == [r.loss for r in replay]
+    assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == diverged
+    assert stray_files(tmp_path) == ["c.pt", "h.jsonl"]
+
+
+def _arrays(npz):
+    with np.load(npz) as data:
+        return data["x"], data["y"]

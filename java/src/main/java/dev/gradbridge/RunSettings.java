@@ -156,6 +156,18 @@ public final class RunSettings {
         return historyFile;
     }
 
+    /**
+     * @param done the epochs a stopped run completed
+     * @return what it kept, and where (the end of a divergence line, the same for every trainer)
+     */
+    public String kept(History done) {
+        int completed = done.getRecords().size();
+        String epochs = completed == 0
+                ? "no epoch completed in this run"
+                : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);
+        return epochs + (checkpoint == null ? "" : "; " + checkpoint + " holds the last good epoch, if one finished");
+    }
+
     /** @return whether the history keeps parameter values (else digests only) */
     public boolean isRecordValues() {
         return recordValues;

@@ -273,19 +273,8 @@ public final class Trainer {
         if (Double.isNaN(loss) || Double.isInfinite(loss)) {
             int from = index * batch;
             throw new DivergenceException(
-                    Messages.divergence(loss, epoch, index, from, Math.min(n, from + batch) - 1) + "; " + kept(done),
+                    Messages.divergence(loss, epoch, index, from, Math.min(n, from + batch) - 1) + "; " + settings.kept(done),
                     epoch, index, done);
         }
-    }
-
-    /** What a stopped run kept: its completed epochs, where they are. */
-    private String kept(History done) {
-        int completed = done.getRecords().size();
-        Path historyFile = settings.getHistory();
-        Path checkpoint = settings.getCheckpoint();
-        String epochs = completed == 0
-                ? "no epoch completed in this run"
-                : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);
-        return epochs + (checkpoint == null ? "" : "; " + checkpoint + " holds the last good epoch, if one finished");
     }
 }

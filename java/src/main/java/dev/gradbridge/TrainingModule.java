@@ -606,8 +606,19 @@ public final class TrainingModule implements AutoCloseable {
      * @throws IOException when the folder cannot be written
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
+        AtomicFiles.write(target, checkpointArchive(checkpoint));
+    }
+
+    /**
+     * The bytes {@link #saveCheckpoint} writes, in memory (what a distributed trainer sends to
+     * the process that writes the file).
+     *
+     * @param checkpoint epochs trained so far, and the run's settings and data
+     * @return the archive's bytes
+     */
+    public byte[] checkpointArchive(Metadata.Checkpoint checkpoint) {
         try (ThreadGuard.Use use = use()) {
-            CheckpointWriter.write(scripted, metadata.withCheckpoint(checkpoint), target);
+            return CheckpointWriter.archive(scripted, metadata.withCheckpoint(checkpoint));
         }
     }
 

@@ -55,6 +55,16 @@ final class Chunks {
         return chunks.get(chunk);
     }
 
+    /** @return the piece's offset in its parameter's bytes */
+    int offset(Piece piece) {
+        return piece.start * elementBytes[piece.parameter];
+    }
+
+    /** @return the piece's length in bytes */
+    int bytes(Piece piece) {
+        return piece.length * elementBytes[piece.parameter];
+    }
+
     /** @return the bytes of each piece of {@code chunk}, cut from whole-parameter gradients */
     byte[][] cut(int chunk, byte[][] gradients) {
         List<Piece> pieces = pieces(chunk);

@@ -48,6 +48,10 @@ final class GlooExchange implements GradientExchange {
     private ByteBuffer receive;
     private ByteBuffer mineCombined;
     private ByteBuffer gathered;
+    /** Per partition q, the pieces of my chunk q sent me (reused every step). */
+    private byte[][][] incoming;
+    /** The combined gradient, whole parameters (reused every step: the caller sets it before the next). */
+    private byte[][] combined;
     private long sent;
     private long received;
 
@@ -92,6 +96,18 @@ final class GlooExchange implements GradientExchange {
             out += r;
         }
         send = direct(out);
+        incoming = new byte[partitions][][];
+        for (int q = 0; q < partitions; q++) {
+            List<Chunks.Piece> pieces = chunks.pieces(partition);
+            incoming[q] = new byte[pieces.size()][];
+            for (int j = 0; j < pieces.size(); j++) {
+                incoming[q][j] = new byte[chunks.bytes(pieces.get(j))];
+            }
+        }
+        combined = new byte[dtypes.size()][];
+        for (int i = 0; i < combined.length; i++) {
+            combined[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+        }
         receive = direct(recordBytes[partition] * partitions);
         mineCombined = direct(gatherBytes);
         gathered = direct(gatherBytes * partitions);
@@ -111,8 +127,8 @@ final class GlooExchange implements GradientExchange {
                 send.put((byte) (mine.rows > 0 && mine.flags[i] ? 1 : 0));
             }
             if (mine.rows > 0) {
-                for (byte[] piece : chunks.cut(c, mine.gradients)) {
-                    send.put(piece);
+                for (Chunks.Piece piece : chunks.pieces(c)) {
+                    send.put(mine.gradients[piece.parameter], chunks.offset(piece), chunks.bytes(piece));
                 }
             } else {
                 send.position(send.position() + Math.toIntExact(chunkBytes[c])); // no rows: never read
@@ -126,7 +142,6 @@ final class GlooExchange implements GradientExchange {
         // Every partition's record of my chunk, in partition order.
         List<ShardResult> mineFromAll = new ArrayList<>();
         boolean[] flags = new boolean[count];
-        List<Chunks.Piece> pieces = chunks.pieces(partition);
         for (int q = 0; q < partitions; q++) {
             receive.position(Math.toIntExact(recordBytes[partition] * q));
             int rows = receive.getInt();
@@ -136,10 +151,9 @@ final class GlooExchange implements GradientExchange {
                 all[i] = receive.get() != 0;
                 flags[i] |= all[i];
             }
-            byte[][] gradients = new byte[pieces.size()][];
-            for (int j = 0; j < gradients.length; j++) {
-                gradients[j] = new byte[Math.toIntExact(pieces.get(j).length * (long) bytesOf(dtypes, pieces.get(j)))];
-                receive.get(gradients[j]);
+            byte[][] gradients = incoming[q];
+            for (byte[] piece : gradients) {
+                receive.get(piece);
             }
             mineFromAll.add(new ShardResult(q, rows, loss, gradients, chunks.flags(partition, all)));
         }
@@ -153,25 +167,13 @@ final class GlooExchange implements GradientExchange {
         group.allgather(mineCombined, gathered, gatherBytes, GlooExchange::checkKilled);
         sent += gatherBytes * (partitions - 1);
         received += gatherBytes * (partitions - 1);
-        byte[][] gradients = new byte[count][];
-        for (int i = 0; i < count; i++) {
-            gradients[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
-        }
         for (int c = 0; c < partitions; c++) {
             gathered.position(Math.toIntExact(gatherBytes * c));
-            List<Chunks.Piece> of = chunks.pieces(c);
-            byte[][] chunk = new byte[of.size()][];
-            for (int j = 0; j < chunk.length; j++) {
-                chunk[j] = new byte[Math.toIntExact(of.get(j).length * (long) bytesOf(dtypes, of.get(j)))];
-                gathered.get(chunk[j]);
+            for (Chunks.Piece piece : chunks.pieces(c)) {
+                gathered.get(combined[piece.parameter], chunks.offset(piece), chunks.bytes(piece));
             }
-            chunks.paste(c, chunk, gradients);
         }
-        return new GradientCombiner.Combined(gradients, flags, part.loss, part.rows);
-    }
-
-    private static int bytesOf(List<String> dtypes, Chunks.Piece piece) {
-        return ShardedData.bytesOf(dtypes.get(piece.parameter));
+        return new GradientCombiner.Combined(combined, flags, part.loss, part.rows);
     }
 
     private static void checkKilled() {

@@ -38,6 +38,26 @@ final class GradientCombiner {
     }
 
     /**
+     * {@link #combine} of one result, without its arithmetic or copies: its weight is
+     * {@code rows / rows = 1.0} exactly and IEEE 754 {@code x * 1} is {@code x} (a NaN stays NaN), so
+     * the combined gradient is the result's own; a parameter without a gradient gets zeros, as there.
+     */
+    static Combined alone(ShardResult mine, List<String> dtypes, long[] sizes) {
+        int count = dtypes.size();
+        byte[][] gradients = new byte[count][];
+        boolean[] flags = new boolean[count];
+        for (int i = 0; i < count; i++) {
+            if (!"float32".equals(dtypes.get(i)) && !"float64".equals(dtypes.get(i))) {
+                throw noGradient(dtypes.get(i));
+            }
+            flags[i] = mine.rows > 0 && mine.flags[i];
+            gradients[i] = flags[i] ? mine.gradients[i]
+                    : new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+        }
+        return new Combined(gradients, flags, mine.rows > 0 ? mine.loss : 0.0, mine.rows);
+    }
+
+    /**
      * @param results one per partition, in partition order
      * @param dtypes each parameter's dtype ({@code float32} or {@code float64})
      * @param sizes each parameter's number of elements
@@ -113,9 +133,13 @@ final class GradientCombiner {
                 }
                 gradients[i] = out.array();
             } else {
-                throw new IllegalArgumentException("parameter dtype " + dtypes.get(i) + " cannot hold a gradient");
+                throw noGradient(dtypes.get(i));
             }
         }
         return new Combined(gradients, flags, loss, total);
+    }
+
+    private static IllegalArgumentException noGradient(String dtype) {
+        return new IllegalArgumentException("parameter dtype " + dtype + " cannot hold a gradient");
     }
 }

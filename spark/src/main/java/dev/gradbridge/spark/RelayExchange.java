@@ -30,7 +30,8 @@ final class RelayExchange implements GradientExchange {
 
     private static final byte[] NOTHING = new byte[0];
     private static final ClassTag<byte[][]> ANSWER = ClassTag$.MODULE$.apply(byte[][].class);
-    private static final RpcTimeout NO_TIMEOUT =
+    /** A request to the driver waits as long as it takes (a killed task gets out through {@link #await}). */
+    static final RpcTimeout NO_TIMEOUT =
             new RpcTimeout(FiniteDuration.apply(365, TimeUnit.DAYS), "gradbridge exchange");
     /** How often a waiting task checks whether Spark killed it (a sibling failed the stage). */
     private static final FiniteDuration CHECK = FiniteDuration.apply(200, TimeUnit.MILLISECONDS);
@@ -122,7 +123,8 @@ final class RelayExchange implements GradientExchange {
         return result;
     }
 
-    private static byte[][] await(Future<byte[][]> answer) {
+    /** @return the driver's answer, checking meanwhile whether Spark killed the task (a sibling failed the stage) */
+    static <T> T await(Future<T> answer) {
         TaskContext task = TaskContext.get();
         while (true) {
             try {

@@ -9,26 +9,28 @@ import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 
 /**
- * One training task's copy of the module, for one barrier stage: loaded from the state the driver
+ * One training task's copy of the module, for the run's barrier stage: loaded from the state the driver
  * holds (a module archive: parameters, optimizer state, learning rate), stepped by the task, and
- * saved back as an archive at the end of the stage. Every tensor the Spark trainer touches goes
+ * saved back as an archive at the end of each epoch. Every tensor the Spark trainer touches goes
  * through here: gradients out as raw little-endian bytes, the combined gradient in.
  */
 final class Replica implements AutoCloseable {
 
     private final TrainingModule module;
     private final Metadata metadata;
+    /** The gradients' arrays, one per parameter, reused by every {@link #gradients} call. */
+    private final byte[][] reused;
 
     private Replica(TrainingModule module) {
         this.module = module;
         this.metadata = module.getMetadata();
+        this.reused = new byte[metadata.getParameters().size()][];
     }
 
     /** Loads a module archive (the bytes of a .pt) through a temporary file. */
@@ -47,7 +49,8 @@ final class Replica implements AutoCloseable {
 
     /**
      * The gradients of the mean loss over {@code count} rows ({@code x}, {@code y}: their bytes in the
-     * metadata's dtypes), from zeroed gradients.
+     * metadata's dtypes), from zeroed gradients. Their arrays are this replica's, overwritten by the
+     * next call (a step's megabytes are not garbage every step): the exchange reads them before.
      */
     ShardResult gradients(int partition, byte[] x, byte[] y, int count) {
         byte[][] gradients = new byte[metadata.getParameters().size()][];
@@ -63,7 +66,12 @@ final class Replica implements AutoCloseable {
             List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
             for (int p = 0; p < grads.size(); p++) {
                 try (Tensor g = (Tensor) grads.get(p)) {
-                    gradients[p] = g.toBytes();
+                    ByteBuffer values = g.buffer();
+                    if (reused[p] == null || reused[p].length != values.remaining()) {
+                        reused[p] = new byte[values.remaining()];
+                    }
+                    values.get(reused[p]);
+                    gradients[p] = reused[p];
                 }
             }
             try (Tensor f = (Tensor) module.call(Protocol.GRADIENT_FLAGS)) {
@@ -93,19 +101,10 @@ final class Replica implements AutoCloseable {
 
     /** @return the module as it is now, as a checkpoint archive with {@code checkpoint} in its metadata */
     byte[] save(Metadata.Checkpoint checkpoint) {
-        Path file = null;
-        try {
-            file = Files.createTempFile("gradbridge-spark-", ".pt");
-            module.saveCheckpoint(file, checkpoint);
-            return Files.readAllBytes(file);
-        } catch (IOException e) {
-            throw new UncheckedIOException("cannot save the training module to a temporary file", e);
-        } finally {
-            deleteQuietly(file);
-        }
+        return module.checkpointArchive(checkpoint);
     }
 
-    /** @return the module (the driver reads its parameters for the history) */
+    /** @return the module (partition 0 reads its parameters for the history) */
     TrainingModule module() {
         return module;
     }
@@ -115,11 +114,11 @@ final class Replica implements AutoCloseable {
         module.close();
     }
 
+    /** A tensor in libtorch's memory, filled with {@code bytes} (no Java direct buffer to free per step). */
     private static Tensor create(TensorScope scope, byte[] bytes, long[] shape, String dtype) {
-        ByteBuffer buffer = ByteBuffer.allocateDirect(bytes.length).order(ByteOrder.nativeOrder());
-        buffer.put(bytes);
-        buffer.rewind();
-        return scope.add(Tensor.fromBuffer(buffer, DType.of(dtype), shape));
+        Tensor tensor = scope.add(Tensor.empty(DType.of(dtype), shape));
+        tensor.buffer().put(bytes);
+        return tensor;
     }
 
     private static long[] rowsShape(long[] spec, int count) {

@@ -92,9 +92,12 @@ public final class ShardedData {
         return fingerprint;
     }
 
-    /** Frees the cached partitions. */
+    /**
+     * Frees the cached partitions, waiting for the executors to answer: a removal still in flight
+     * when the application stops makes Spark log an ERROR.
+     */
     public void unpersist() {
-        shards.unpersist(false);
+        shards.unpersist(true);
     }
 
     private static long[] withRows(long[] shape, long rows) {

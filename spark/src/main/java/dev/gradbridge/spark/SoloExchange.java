@@ -1,18 +1,17 @@
 package dev.gradbridge.spark;
 
-import java.util.Collections;
 import java.util.List;
 
 /**
  * The exchange of a one-partition run: nothing to exchange, so no round trip and no copy; the
- * task's own result goes through the same {@link GradientCombiner} (weight 1), so the bits are the
- * relay's with K=1.
+ * task's own gradients are the combined ones ({@link GradientCombiner#alone}: weight 1, and
+ * {@code g * 1} is {@code g}), so the bits are the relay's with K=1.
  */
 final class SoloExchange implements GradientExchange {
 
     @Override
     public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
-        return GradientCombiner.combine(Collections.singletonList(mine), dtypes, sizes);
+        return GradientCombiner.alone(mine, dtypes, sizes);
     }
 
     @Override

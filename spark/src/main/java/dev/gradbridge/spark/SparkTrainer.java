@@ -21,8 +21,9 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.ExecutionException;
+import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaSparkContext;
-import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.scheduler.SparkListener;
 import org.apache.spark.scheduler.SparkListenerStageCompleted;
 import org.apache.spark.scheduler.SparkListenerTaskEnd;
@@ -32,18 +33,19 @@ import org.slf4j.LoggerFactory;
 /**
  * Synchronous data-parallel training of any exported module (protocol 2) on Apache Spark.
  *
- * <p>The data is dealt round-robin over K cached partitions ({@link ShardedData}). Each epoch is one
+ * <p>The data is dealt round-robin over K cached partitions ({@link ShardedData}). The run is one
  * barrier stage of K tasks that run together ({@link TrainingTask}); each task loads its replica of
- * the module from the state the driver holds and keeps it, with its partition, for the whole epoch.
+ * the module from the state the driver holds and keeps it, with its partition, for every epoch.
  * Each step takes the next {@code batch} rows of the epoch's order (the single-process Trainer's
  * order: {@link Shuffle#permutation} with shuffling, else 0..n-1); every task computes the gradients
  * of the mean loss over the rows of the batch it holds, the tasks exchange them among themselves
  * ({@link GradientExchange}) and each combines them in partition order ({@link GradientCombiner}: the
  * sample-weighted sum) and runs the exported optimizer once ({@code set_gradients},
  * {@code optimizer_step}). So every replica holds the same bits after every step, and no Spark job
- * runs per step. Partition 0 sends its module back at the end of the epoch: the driver's state for
- * the next epoch, the checkpoint and the history record. A failed task fails the stage, and Spark
- * retries the stage from the same state, so a retry repeats the epoch exactly.
+ * runs per step or per epoch. At each epoch's end partition 0 hands its module to the driver without
+ * ending the stage ({@link DriverState}, over Spark's RPC): the driver's state, the checkpoint and the
+ * history record. A failed task fails the stage, and Spark retries the stage, which starts from the
+ * last epoch end the driver holds, so a retry repeats that epoch exactly.
  *
  * <p>{@link #fit} leaves the module it is given as it was (it is the start state); the trained state
  * is in the checkpoint ({@link Builder#optCheckpoint}) and in {@link #getTrainedState()}. Histories
@@ -91,7 +93,7 @@ public final class SparkTrainer {
         }
 
         /**
-         * Test only: in the first attempt of the stage of epoch E, after partition P computed its
+         * Test only: in the first attempt of the run's stage, after partition P computed its
          * gradients of step S: {@code task@E:S:P} fails the task; {@code executor@E:S:P} also drops
          * the cached partitions of that JVM, as a lost executor would; {@code kill@E:S:P} ends the
          * executor's JVM with SIGKILL (a cluster only).
@@ -116,7 +118,7 @@ public final class SparkTrainer {
 
     /** Counters and timings summed over every run of this trainer (for the benchmark and the tests). */
     public static final class Stats {
-        /** Steps taken. */
+        /** Steps taken (by the stage attempt that succeeded: a retry repeats the epoch a failed one was in). */
         public long steps;
         /** Per step the slowest task's whole step (compute, exchange, optimizer), summed, ns. */
         public long stepNanos;
@@ -126,9 +128,11 @@ public final class SparkTrainer {
         public long exchangeNanos;
         /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
         public long optimizerNanos;
-        /** The driver's time in the epochs' barrier stages (launch, module loads, steps, results), ns. */
+        /** The driver's time in the run's barrier stage (launch, module loads, steps, epoch ends, results), ns. */
         public long stageNanos;
-        /** The slowest module load at a stage's start, summed over epochs, ns. */
+        /** Partition 0's time at the epochs' ends (saving its archive, reading the record's inputs, sending), ns. */
+        public long epochEndNanos;
+        /** The slowest module load at the stage's start, ns. */
         public long loadNanos;
         /** Bytes the busiest task sent in the exchange, all steps. */
         public long bytesSent;
@@ -136,7 +140,7 @@ public final class SparkTrainer {
         public long bytesReceived;
         /** Parameter bytes of the model (one copy). */
         public long parameterBytes;
-        /** Replicas loaded by the stages that succeeded (K per epoch). */
+        /** Replicas loaded by the stage attempt that succeeded (K per run). */
         public long moduleLoads;
         /** Task attempts that failed. */
         public int failedTasks;
@@ -144,7 +148,7 @@ public final class SparkTrainer {
         public int stagesRetried;
         /** Partitions. */
         public int partitions;
-        /** Per epoch trained, the executors its tasks ran on, in partition order. */
+        /** Per epoch trained, the executors of the stage attempt that trained it, in partition order. */
         public final List<List<String>> executors = new ArrayList<>();
         /** The exchange in use. */
         public String exchange;
@@ -154,12 +158,13 @@ public final class SparkTrainer {
             return String.format(
                     Locale.ROOT,
                     "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"exchange_s\": %.6f,"
-                            + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"load_s\": %.6f, \"bytes_sent\": %d,"
+                            + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"epoch_end_s\": %.6f, \"load_s\": %.6f,"
+                            + " \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
                             + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
                             + " \"executors\": %s}",
                     steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
-                    stageNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
+                    stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
                     failedTasks, stagesRetried, partitions, exchange, executorsJson());
         }
 
@@ -262,16 +267,18 @@ public final class SparkTrainer {
             sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
+        byte[] archive = Files.readAllBytes(from);
         // Where the tasks meet: the relay's endpoint, or a TCPStore for Gloo's rendezvous (a few keys per
         // stage attempt; the gradients go task to task).
         ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start() : null;
         GlooGroup.Store store = k > 1 && relay == null ? GlooGroup.Store.serve(GlooExchange.TIMEOUT) : null;
         String meeting = relay != null ? relay.name()
                 : store != null ? jsc.getConf().get("spark.driver.host") + ":" + store.port() : null;
+        // The state the driver holds: the module archive at the start of the next epoch to train.
+        DriverState held = DriverState.start(k, first, archive);
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, meeting);
-        // The state the driver holds: the module archive at the start of the next epoch.
-        byte[] state = Files.readAllBytes(from);
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, meeting, held.name(),
+                first + epochs, settings.isRecordValues());
         AtomicInteger failed = new AtomicInteger();
         AtomicInteger retried = new AtomicInteger();
         SparkListener listener =
@@ -298,33 +305,44 @@ public final class SparkTrainer {
                 : relay != null ? "relay reduce-scatter + all-gather" : "gloo all-to-all + all-gather";
         History history = new History();
         long started = System.nanoTime();
+        JavaFutureAction<List<TrainingTask.Result>> job = null;
         try {
-            for (int epoch = first; epoch < first + epochs; epoch++) {
-                List<TrainingTask.Result> results = epoch(jsc, data, state, run, epoch);
-                TrainingTask.Result lead = results.get(0);
-                double[] losses = lead.losses;
-                double last = losses.length == 0 ? 0 : losses[losses.length - 1];
-                if (lead.state == null) {
-                    int step = losses.length - 1;
-                    long from0 = (long) step * batch;
-                    throw new DivergenceException(
-                            Messages.divergence(last, epoch, step, from0, Math.min(n, from0 + batch) - 1) + "; "
-                                    + history.getRecords().size() + " completed epoch(s) kept",
-                            epoch, step, history);
+            job = TrainingTask.startStage(data.shards(), new TrainingTask(run));
+            // The epochs' ends arrive while the stage goes on: each one's record and checkpoint are
+            // written as it comes, so a run that fails later keeps them.
+            while (true) {
+                boolean done = job.isDone(); // once done, every end it handed over is queued
+                DriverState.EpochEnd end = held.next(done ? 0 : 50);
+                if (end == null && done) {
+                    break;
                 }
-                state = lead.state;
-                trainedState = state;
-                double loss = History.epochLoss(losses);
-                History.EpochRecord record;
-                try (Replica replica = Replica.load(state)) {
-                    record = History.record(replica.module(), epoch, loss, null, (System.nanoTime() - started) / 1e9,
-                            settings.isRecordValues());
+                if (end != null) {
+                    trainedState = end.archive;
+                    History.EpochRecord record = new History.EpochRecord(end.epoch, History.epochLoss(end.losses), null,
+                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs);
+                    history.add(record);
+                    stats.executors.add(end.executors);
+                    byte[] saved = end.archive;
+                    start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
                 }
-                history.add(record);
-                byte[] saved = state;
-                start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
+            }
+            List<TrainingTask.Result> results = results(job, k);
+            stats.stageNanos += System.nanoTime() - started;
+            TrainingTask.Result lead = results.get(0);
+            if (lead.divergedEpoch >= 0) {
+                double[] losses = lead.divergedLosses;
+                int step = losses.length - 1;
+                long from0 = (long) step * batch;
+                throw new DivergenceException(
+                        Messages.divergence(losses[step], lead.divergedEpoch, step, from0, Math.min(n, from0 + batch) - 1)
+                                + "; " + settings.kept(history),
+                        lead.divergedEpoch, step, history);
             }
         } finally {
+            if (job != null && !job.isDone()) {
+                job.cancel(true);
+            }
+            held.close();
             if (relay != null) {
                 relay.close();
             }
@@ -338,35 +356,29 @@ public final class SparkTrainer {
         return history;
     }
 
-    /** One epoch as one barrier stage: one task per partition, all running together. */
-    private List<TrainingTask.Result> epoch(JavaSparkContext jsc, ShardedData data, byte[] state,
-            TrainingTask.Run run, int epoch) {
-        long t0 = System.nanoTime();
-        Broadcast<byte[]> shipped = jsc.broadcast(state);
+    /** The run's results, one per partition in partition order, from the attempt that succeeded. */
+    private List<TrainingTask.Result> results(JavaFutureAction<List<TrainingTask.Result>> job, int partitions) {
         List<TrainingTask.Result> results;
-        boolean done = false;
         try {
-            results = new ArrayList<>(TrainingTask.runStage(data.shards(), new TrainingTask(shipped, run, epoch)));
-            done = true;
-        } finally {
-            // Blocking once the stage succeeded, so that no removal request to an executor is still in
-            // flight when the application stops (Spark logs that as an ERROR); not after a failure.
-            shipped.destroy(done);
+            results = new ArrayList<>(job.get());
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("interrupted while training", e);
+        } catch (ExecutionException e) {
+            Throwable cause = e.getCause();
+            throw cause instanceof RuntimeException ? (RuntimeException) cause : new IllegalStateException(cause);
         }
         results.sort((a, b) -> Integer.compare(a.partition, b.partition));
-        if (results.size() != data.getPartitions() || results.get(0).partition != 0) {
-            throw new IllegalStateException("expected " + data.getPartitions() + " task results, got " + results.size());
+        if (results.size() != partitions || results.get(0).partition != 0) {
+            throw new IllegalStateException("expected " + partitions + " task results, got " + results.size());
         }
-        stats.stageNanos += System.nanoTime() - t0;
-        int steps = results.get(0).losses.length;
+        int steps = results.get(0).stepNanos.length;
         long load = 0;
         long exchange = 0;
         long optimizer = 0;
         long sent = 0;
         long received = 0;
-        List<String> executors = new ArrayList<>();
         for (TrainingTask.Result r : results) {
-            executors.add(r.executor);
             load = Math.max(load, r.loadNanos);
             exchange = Math.max(exchange, r.exchangeNanos);
             optimizer = Math.max(optimizer, r.optimizerNanos);
@@ -385,12 +397,12 @@ public final class SparkTrainer {
         }
         stats.steps += steps;
         stats.loadNanos += load;
+        stats.epochEndNanos += results.get(0).endNanos;
         stats.exchangeNanos += exchange;
         stats.optimizerNanos += optimizer;
         stats.bytesSent += sent;
         stats.bytesReceived += received;
         stats.moduleLoads += results.size();
-        stats.executors.add(executors);
         return results;
     }
 }

@@ -9,42 +9,50 @@ import java.io.UncheckedIOException;
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.List;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
+import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaRDD;
-import org.apache.spark.broadcast.Broadcast;
+import org.apache.spark.rpc.RpcEndpointRef;
+import org.apache.spark.util.RpcUtils$;
+import scala.concurrent.Future;
 import scala.jdk.javaapi.CollectionConverters;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
 import scala.runtime.AbstractFunction1;
 
 /**
- * One partition's whole epoch, as a task of a barrier stage: it loads its replica from the state
- * the driver holds, then for every step computes the gradients of the rows of the step's batch it
- * holds, combines them with every other task's ({@link GradientExchange}: in partition order, the
- * same on every task) and runs the exported optimizer. Every replica thus takes the same steps on
- * the same bits. Partition 0 ends the epoch with the schedule step and sends its module back as a
- * checkpoint archive: the driver's state for the next epoch (and the checkpoint file).
+ * One partition's whole run, as a task of the run's one barrier stage: it asks the driver for the
+ * state to start from ({@link DriverState}: the last epoch end the driver holds), loads its replica
+ * and keeps it, with its partition, for every epoch. For every step it computes the gradients of the
+ * rows of the step's batch it holds, combines them with every other task's ({@link
+ * GradientExchange}: in partition order, the same on every task) and runs the exported optimizer;
+ * at each epoch's end every task runs the schedule step on the epoch's loss. Every replica thus takes
+ * the same steps on the same bits. Partition 0 hands each epoch's end state (a checkpoint archive and
+ * the epoch's losses and its history record's inputs) to the driver and goes on, without ending
+ * the stage.
  *
- * <p>A failed task fails the stage; Spark retries the stage as a whole from the same broadcast
- * state, so a retry repeats the same epoch exactly.
+ * <p>A failed task fails the stage; Spark retries the stage as a whole, and the retry starts from the
+ * last epoch end the driver holds, so it repeats that epoch exactly.
  */
 final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Shard>, scala.collection.Iterator<TrainingTask.Result>>
         implements Serializable {
     private static final long serialVersionUID = 1L;
 
     /**
-     * @return the epoch's results, one per partition, from a barrier stage over {@code shards}; the
-     *     stage ends in a shuffle because Spark retries a failed barrier stage only when it is a
-     *     shuffle map stage (a failed barrier result stage fails the job)
+     * @return the run's results, one per partition, from a barrier stage over {@code shards}, as a
+     *     job running in the background; the stage ends in a shuffle because Spark retries a failed
+     *     barrier stage only when it is a shuffle map stage (a failed barrier result stage fails the job)
      */
-    static List<Result> runStage(JavaRDD<Shard> shards, TrainingTask task) {
+    static JavaFutureAction<List<Result>> startStage(JavaRDD<Shard> shards, TrainingTask task) {
         ClassTag<Result> tag = ClassTag$.MODULE$.apply(Result.class);
-        return JavaRDD.fromRDD(shards.rdd().barrier().mapPartitions(task, false, tag), tag).repartition(1).collect();
+        return JavaRDD.fromRDD(shards.rdd().barrier().mapPartitions(task, false, tag), tag).repartition(1)
+                .collectAsync();
     }
 
-    /** The run: what every task of every epoch's stage needs. */
+    /** The run: what every task needs. */
     static final class Run implements Serializable {
         private static final long serialVersionUID = 1L;
         final long seed;
@@ -63,10 +71,16 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final String exchange;
         /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
         final String meeting;
+        /** The driver's {@link DriverState} endpoint. */
+        final String driverState;
+        /** The epoch after the run's last. */
+        final int endEpoch;
+        /** Whether the history keeps parameter values (else digests only). */
+        final boolean recordValues;
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
                 String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
-                String meeting) {
+                String meeting, String driverState, int endEpoch, boolean recordValues) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -81,6 +95,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.shardsRdd = shardsRdd;
             this.exchange = exchange;
             this.meeting = meeting;
+            this.driverState = driverState;
+            this.endEpoch = endEpoch;
+            this.recordValues = recordValues;
+        }
+
+        int stepsPerEpoch() {
+            return (int) ((rows + batch - 1) / batch);
         }
 
         long[] order(int epoch) {
@@ -96,35 +117,35 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         }
     }
 
-    /** What one task reports at the end of its epoch. */
+    /** What one task reports at the end of the run (its stage attempt's part of it). */
     static final class Result implements Serializable {
         private static final long serialVersionUID = 1L;
         int partition;
         int stageAttempt;
         String executor;
-        /** The combined step losses (the same on every task), up to and including a non-finite one. */
-        double[] losses;
-        /** Partition 0: the module after the epoch, a checkpoint archive; else null. */
-        byte[] state;
+        /** The epoch this attempt started from. */
+        int firstEpoch;
+        /** The epoch whose combined loss was not finite (the same on every task), or -1. */
+        int divergedEpoch = -1;
+        /** That epoch's combined step losses, up to and including the non-finite one; else null. */
+        double[] divergedLosses;
         long loadNanos;
-        /** Per step: this task's compute (its rows' forward and backward, reading the gradients). */
+        /** Per step of the attempt: this task's compute (its rows' forward and backward, reading the gradients). */
         long[] computeNanos;
-        /** Per step: the whole step, compute to optimizer step. */
+        /** Per step of the attempt: the whole step, compute to optimizer step. */
         long[] stepNanos;
         long exchangeNanos;
         long optimizerNanos;
+        /** Partition 0: its epoch ends (saving the archive, reading the record's inputs, handing them over). */
+        long endNanos;
         long bytesSent;
         long bytesReceived;
     }
 
-    private final Broadcast<byte[]> state;
     private final Run run;
-    private final int epoch;
 
-    TrainingTask(Broadcast<byte[]> state, Run run, int epoch) {
-        this.state = state;
+    TrainingTask(Run run) {
         this.run = run;
-        this.epoch = epoch;
     }
 
     @Override
@@ -143,9 +164,15 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
+        SparkEnv env = SparkEnv.get();
+        RpcEndpointRef driver = RpcUtils$.MODULE$.makeDriverRef(run.driverState, env.conf(), env.rpcEnv());
+        String executor = env.executorId();
+        Object[] start = RelayExchange.await(driver.ask(
+                new Object[] {DriverState.START, context.stageAttemptNumber(), shard.partition, executor},
+                RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Object[].class)));
         // closed however the task ends: a failed task's peers waiting in the exchange fail at once
         try (GradientExchange exchange = exchange(context, shard)) {
-            return epoch(shard, context, exchange);
+            return train(shard, context, exchange, driver, executor, (Integer) start[0], (byte[]) start[1]);
         }
     }
 
@@ -160,53 +187,85 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions);
     }
 
-    private Iterator<Result> epoch(Shard shard, BarrierTaskContext context, GradientExchange exchange)
-            throws IOException {
-        long[] order = run.order(epoch);
-        int steps = (int) ((run.rows + run.batch - 1) / run.batch);
+    private Iterator<Result> train(Shard shard, BarrierTaskContext context, GradientExchange exchange,
+            RpcEndpointRef driver, String executor, int firstEpoch, byte[] archive) throws IOException {
+        int perEpoch = run.stepsPerEpoch();
+        int attempt = context.stageAttemptNumber();
         Result result = new Result();
         result.partition = shard.partition;
-        result.stageAttempt = context.stageAttemptNumber();
-        result.executor = SparkEnv.get().executorId();
-        result.computeNanos = new long[steps];
-        result.stepNanos = new long[steps];
-        double[] losses = new double[steps];
+        result.stageAttempt = attempt;
+        result.executor = executor;
+        result.firstEpoch = firstEpoch;
+        int total = Math.max(0, run.endEpoch - firstEpoch) * perEpoch;
+        result.computeNanos = new long[total];
+        result.stepNanos = new long[total];
+        int taken = 0;
+        Future<Boolean> handover = null; // partition 0's last epoch end, on its way to the driver
         long loading = System.nanoTime();
-        try (Replica replica = Replica.load(state.value())) {
+        try (Replica replica = Replica.load(archive)) {
             result.loadNanos = System.nanoTime() - loading;
-            int step = 0;
-            boolean diverged = false;
-            for (int start = 0; start < run.rows; step++, start += run.batch) {
-                long t0 = System.nanoTime();
-                int end = (int) Math.min(run.rows, (long) start + run.batch);
-                ShardResult mine = slice(shard, order, start, end, replica);
-                long t1 = System.nanoTime();
-                injectFault(shard.partition, step, context.stageAttemptNumber());
-                GradientCombiner.Combined combined = exchange.combine(mine, run.dtypes, run.sizes);
-                long t2 = System.nanoTime();
-                replica.step(combined);
-                long t3 = System.nanoTime();
-                result.computeNanos[step] = t1 - t0;
-                result.stepNanos[step] = t3 - t0;
-                result.exchangeNanos += t2 - t1;
-                result.optimizerNanos += t3 - t2;
-                losses[step] = combined.loss;
-                if (Double.isNaN(combined.loss) || Double.isInfinite(combined.loss)) {
-                    diverged = true;
-                    step++;
-                    break; // every task sees the same loss and stops at the same step
+            for (int epoch = firstEpoch; epoch < run.endEpoch; epoch++) {
+                long[] order = run.order(epoch);
+                double[] losses = new double[perEpoch];
+                int step = 0;
+                boolean diverged = false;
+                for (int start = 0; start < run.rows; step++, start += run.batch) {
+                    long t0 = System.nanoTime();
+                    int end = (int) Math.min(run.rows, (long) start + run.batch);
+                    ShardResult mine = slice(shard, order, start, end, replica);
+                    long t1 = System.nanoTime();
+                    injectFault(epoch, shard.partition, step, attempt);
+                    GradientCombiner.Combined combined = exchange.combine(mine, run.dtypes, run.sizes);
+                    long t2 = System.nanoTime();
+                    replica.step(combined);
+                    long t3 = System.nanoTime();
+                    result.computeNanos[taken] = t1 - t0;
+                    result.stepNanos[taken] = t3 - t0;
+                    taken++;
+                    result.exchangeNanos += t2 - t1;
+                    result.optimizerNanos += t3 - t2;
+                    losses[step] = combined.loss;
+                    if (Double.isNaN(combined.loss) || Double.isInfinite(combined.loss)) {
+                        diverged = true;
+                        step++;
+                        break; // every task sees the same loss and stops at the same step
+                    }
+                }
+                if (diverged) {
+                    result.divergedEpoch = epoch;
+                    result.divergedLosses = Arrays.copyOf(losses, step);
+                    break;
+                }
+                replica.scheduleEpoch(History.epochLoss(losses));
+                if (shard.partition == 0) {
+                    long ending = System.nanoTime();
+                    byte[] state = replica.save(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
+                            run.xShape, run.yShape, run.shardsSha256));
+                    History.EpochRecord record = History.record(replica.module(), epoch, History.epochLoss(losses), null,
+                            0.0, run.recordValues);
+                    Object[] end = {DriverState.END, attempt, epoch, losses, state,
+                        new LinkedHashMap<>(record.getDigests()), new LinkedHashMap<>(record.getParameters()),
+                        record.getLrs()};
+                    // the previous end is held before this one goes (the driver takes them in order);
+                    // this one travels while the next epoch's steps run
+                    awaitHandover(handover);
+                    handover = driver.ask(end, RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Boolean.class));
+                    result.endNanos += System.nanoTime() - ending;
                 }
             }
-            result.losses = Arrays.copyOf(losses, step);
-            if (shard.partition == 0 && !diverged) {
-                replica.scheduleEpoch(History.epochLoss(result.losses));
-                result.state = replica.save(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
-                        run.xShape, run.yShape, run.shardsSha256));
-            }
         }
+        awaitHandover(handover);
+        result.computeNanos = Arrays.copyOf(result.computeNanos, taken);
+        result.stepNanos = Arrays.copyOf(result.stepNanos, taken);
         result.bytesSent = exchange.bytesSent();
         result.bytesReceived = exchange.bytesReceived();
         return Collections.singletonList(result).iterator();
+    }
+
+    private static void awaitHandover(Future<Boolean> handover) {
+        if (handover != null) {
+            RelayExchange.await(handover);
+        }
     }
 
     /** This partition's rows of the batch {@code order[start..end)}, and their gradients. */
@@ -237,12 +296,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     }
 
     /**
-     * Test hooks, first stage attempt only, after the task's gradients of that step: {@code task}
+     * Test hooks, first stage attempt of the run only, after the task's gradients of that epoch's step: {@code task}
      * fails the task; {@code executor} also drops this JVM's cached partitions of the data, so the
      * retried stage rebuilds them as after a lost executor; {@code kill} ends the executor's JVM
      * with SIGKILL (a cluster only: in local mode that JVM is the driver's).
      */
-    private void injectFault(int partition, int step, int stageAttempt) throws IOException {
+    private void injectFault(int epoch, int partition, int step, int stageAttempt) throws IOException {
         if (run.fault == null || stageAttempt != 0) {
             return;
         }
