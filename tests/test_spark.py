@@ -140,6 +140,7 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
                                      batch_size=BATCH, shuffle=False)
     assert_bitwise(History.load(history), replay)
     assert stats["exchange"] == "gloo all-to-all + all-gather", stats
+    assert stats["module_loads"] == 2, stats  # one stage for the run: each task loads its replica once
     import torch
 
     parameters = list(torch.jit.load(str(work["models"]["adam"])).parameters())

@@ -72,6 +72,9 @@ def test_a_killed_executor_then_a_resume_equal_the_replay(cluster, jar, work, tm
                                      batch_size=BATCH)
     assert_bitwise(history, replay[:2])
     assert stats["stages_retried"] >= 1, stats
+    # one stage for the run: the retry started from the end of epoch 0 the driver held, so the attempt
+    # that succeeded took epoch 1's steps only
+    assert stats["steps"] == -(-len(work["x"]) // BATCH), stats
     # the retried epoch runs on two executors again: the killed one's replacement took its partition
     last = stats["executors"][-1]
     assert len(set(last)) == 2 and len(set(stats["executors"][0]) | set(last)) == 3, stats
