@@ -13,6 +13,7 @@
 
 #include <dlfcn.h>
 #include <jni.h>
+#include <sched.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -826,6 +827,9 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_methodsStepWhileFinite(JNIEnv*
         if (!finite) break;
         calling = 3;
         call_method(3, {});
+        // Hand the core to any thread waiting for it (one syscall when none is): a run of
+        // micro-batches then holds a core for one of them at most, not for a scheduler tick.
+        if (stepped + 1 < n) sched_yield();
       }
       calling = -1;
     } catch (const c10::Error& e) {
