@@ -6,11 +6,11 @@
 // every gloo object is created inside libtorch, so the headers only have to compile).
 //
 // - Errors (a peer died, a timeout, a port in use) become one-line dev.gradbridge.NativeException,
-//   never an abort: the same guard as gradbridge_jni.cpp's, over this file's entry points.
+//   never an abort: the guard of gradbridge_jni.cpp (jni_support.h), keeping the first line.
 // - Collectives run on Gloo's own threads; Java starts one (a Work handle) and waits for it in
 //   short slices, so that a task Spark killed gets out ({@code glooWait}).
 // - CPU tensors over Java's direct buffers (bytes: the exchange sends raw little-endian bytes);
-//   each keeps a global reference to its buffer, released when libtorch drops the tensor.
+//   each keeps its buffer alive until libtorch drops the tensor (jni_support.h).
 // - A group is freed on a thread of its own: ProcessGroupGloo's destructor joins Gloo's threads,
 //   which wait for an operation in flight to end (its peer gone, or Gloo's timeout).
 
@@ -28,55 +28,17 @@
 #include <vector>
 
 #include "dev_gradbridge_Native.h"
+#include "jni_support.h"
 
 namespace {
 
-// A Java exception is pending: C++ unwinds to the guard, which leaves it pending.
-struct JavaPending {};
+using gradbridge::JavaPending;
+using gradbridge::Message;
+using gradbridge::Utf8;
+using gradbridge::longs;
+using gradbridge::tensor_over;
 
-void throw_java(JNIEnv* env, const std::string& message) {
-  if (env->ExceptionCheck()) return;
-  jclass type = env->FindClass("dev/gradbridge/NativeException");
-  if (type != nullptr) env->ThrowNew(type, message.c_str());
-}
-
-// The first line only: c10d's messages may carry context lines.
-std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
-
-template <typename R, typename F>
-R guarded(JNIEnv* env, R failed, F&& body) {
-  try {
-    return body();
-  } catch (const JavaPending&) {
-  } catch (const c10::Error& e) {
-    throw_java(env, first_line(e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    throw_java(env, first_line(e.what()));
-  } catch (...) {
-    throw_java(env, "unknown C++ exception in libtorch's Gloo");
-  }
-  return failed;
-}
-
-std::string utf8(JNIEnv* env, jstring s) {
-  if (s == nullptr) throw std::invalid_argument("a string argument is null");
-  const char* chars = env->GetStringUTFChars(s, nullptr);
-  if (chars == nullptr) throw JavaPending{};
-  std::string out(chars);
-  env->ReleaseStringUTFChars(s, chars);
-  return out;
-}
-
-std::vector<int64_t> longs(JNIEnv* env, jlongArray array) {
-  if (array == nullptr) throw std::invalid_argument("the split sizes are null");
-  std::vector<int64_t> out(env->GetArrayLength(array));
-  env->GetLongArrayRegion(array, 0, static_cast<jsize>(out.size()), reinterpret_cast<jlong*>(out.data()));
-  if (env->ExceptionCheck()) throw JavaPending{};
-  return out;
-}
-
-// A uint8 tensor over the first `bytes` of a direct buffer; the buffer stays referenced until
-// libtorch frees the tensor (a Work in flight holds its tensors, even after Java gave up on it).
+// A uint8 tensor over the first `bytes` of a direct buffer (the exchange sends raw bytes).
 at::Tensor bytes_of(JNIEnv* env, jobject buffer, int64_t bytes) {
   if (buffer == nullptr) throw std::invalid_argument("the buffer is null");
   auto* base = env->GetDirectBufferAddress(buffer);
@@ -85,25 +47,13 @@ at::Tensor bytes_of(JNIEnv* env, jobject buffer, int64_t bytes) {
     throw std::invalid_argument("the buffer holds " + std::to_string(env->GetDirectBufferCapacity(buffer)) +
                                 " bytes, the operation needs " + std::to_string(bytes));
   }
-  JavaVM* vm = nullptr;
-  if (env->GetJavaVM(&vm) != JNI_OK) throw std::runtime_error("no Java VM");
-  jobject keep = env->NewGlobalRef(buffer);
-  if (keep == nullptr) throw JavaPending{};
-  auto release = [vm, keep](void*) {
-    JNIEnv* e = nullptr;
-    if (vm->GetEnv(reinterpret_cast<void**>(&e), JNI_VERSION_1_8) == JNI_OK) {
-      e->DeleteGlobalRef(keep);
-    } else if (vm->AttachCurrentThreadAsDaemon(reinterpret_cast<void**>(&e), nullptr) == JNI_OK) {
-      e->DeleteGlobalRef(keep);
-      vm->DetachCurrentThread();
-    }
-  };
-  try {
-    return at::from_blob(base, {bytes}, release, at::TensorOptions().dtype(at::kByte));
-  } catch (...) {
-    env->DeleteGlobalRef(keep);
-    throw;
-  }
+  return tensor_over(env, buffer, base, {bytes}, at::kByte);
+}
+
+// This file's entry points: c10d's errors as their first line.
+template <typename R, typename F>
+R guarded(JNIEnv* env, R failed, F&& body) {
+  return gradbridge::guarded<Message::first_line>(env, failed, std::forward<F>(body));
 }
 
 using Store = c10::intrusive_ptr<c10d::Store>;
@@ -133,7 +83,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
     options.isServer = server;
     options.waitWorkers = false;  // the group's rendezvous waits for the peers
     options.timeout = std::chrono::milliseconds(timeout_ms);
-    Store store = c10::make_intrusive<c10d::TCPStore>(utf8(env, host), options);
+    Store store = c10::make_intrusive<c10d::TCPStore>(Utf8(env, host).str(), options);
     return reinterpret_cast<jlong>(new Store(std::move(store)));
   });
 }
@@ -155,9 +105,9 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooStoreFree(JNIEnv* env, jcl
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooGroup(
     JNIEnv* env, jclass, jlong store, jstring prefix, jstring host, jint rank, jint size, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(utf8(env, prefix), of<Store>(store, "store"));
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), of<Store>(store, "store"));
     auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(timeout_ms));
-    options->devices.push_back(device_for(utf8(env, host)));
+    options->devices.push_back(device_for(Utf8(env, host).str()));
     options->threads = 1;  // one collective at a time: the exchange waits for each
     Group group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
     return reinterpret_cast<jlong>(new Group(std::move(group)));
@@ -177,8 +127,8 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAlltoall(
     jlongArray receive_splits) {
   return guarded(env, jlong{0}, [&] {
     c10::AutoGradMode no_grad(false);
-    auto sends = longs(env, send_splits);
-    auto receives = longs(env, receive_splits);
+    auto sends = longs(env, send_splits, "split sizes");
+    auto receives = longs(env, receive_splits, "split sizes");
     int64_t out_bytes = 0, in_bytes = 0;
     for (auto s : sends) out_bytes += s;
     for (auto r : receives) in_bytes += r;

@@ -4,8 +4,9 @@
 // python/gradbridge/native.py; nothing here depends on a particular libtorch minor version.
 //
 // Rules every entry point follows:
-// - one guard (`guarded`) turns c10::Error, std::exception and anything else into a Java
-//   dev.gradbridge.NativeException carrying what_without_backtrace(); nothing escapes to the JVM;
+// - one guard (`guarded`, in jni_support.h with gradbridge_gloo.cpp) turns c10::Error,
+//   std::exception and anything else into a Java dev.gradbridge.NativeException carrying
+//   what_without_backtrace(); nothing escapes to the JVM;
 // - handles are `new`ed objects passed as jlong; Java frees each once;
 // - grad mode and the graph executor's optimization are thread-local in libtorch: every method
 //   call sets them with RAII guards for its own duration (autograd on, optimizer off) and gives
@@ -36,14 +37,14 @@
 #include <vector>
 
 #include "dev_gradbridge_Native.h"
+#include "jni_support.h"
 
 namespace {
 
-JavaVM* g_vm = nullptr;
+using namespace gradbridge;
 
 // Classes and methods cached once in JNI_OnLoad (global references).
 struct JavaTypes {
-  jclass native_exception, illegal_argument;
   jclass tensor;
   jmethodID tensor_new, tensor_handle;
   jclass boxed_double, boxed_long, boxed_integer, boxed_float, boxed_boolean, string;
@@ -61,49 +62,6 @@ jclass global_class(JNIEnv* env, const char* name) {
   env->DeleteLocalRef(local);
   return global;
 }
-
-// A Java exception is pending: C++ unwinds to the guard, which leaves it pending.
-struct JavaPending {};
-
-void check_java(JNIEnv* env) {
-  if (env->ExceptionCheck()) throw JavaPending{};
-}
-
-void throw_java(JNIEnv* env, const std::string& message) {
-  if (!env->ExceptionCheck()) env->ThrowNew(T.native_exception, message.c_str());
-}
-
-// The one guard around every entry point's body.
-template <typename R, typename F>
-R guarded(JNIEnv* env, R failed, F&& body) {
-  try {
-    return body();
-  } catch (const JavaPending&) {
-  } catch (const c10::Error& e) {
-    throw_java(env, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw_java(env, e.what());
-  } catch (...) {
-    throw_java(env, "unknown C++ exception in libtorch");
-  }
-  return failed;
-}
-
-// RAII holder for a jstring's UTF-8 characters.
-struct Utf8 {
-  JNIEnv* env;
-  jstring string;
-  const char* chars;
-  Utf8(JNIEnv* e, jstring s) : env(e), string(s), chars(nullptr) {
-    if (s == nullptr) throw std::invalid_argument("a string argument is null");
-    chars = env->GetStringUTFChars(s, nullptr);
-    if (chars == nullptr) throw JavaPending{};
-  }
-  ~Utf8() {
-    if (chars != nullptr) env->ReleaseStringUTFChars(string, chars);
-  }
-  std::string str() const { return std::string(chars); }
-};
 
 // A local reference deleted at scope exit (loops over many results must not pile them up).
 struct Local {
@@ -130,11 +88,7 @@ torch::jit::Module& module_of(jlong handle) {
 jlong new_handle(at::Tensor tensor) { return reinterpret_cast<jlong>(new at::Tensor(std::move(tensor))); }
 
 std::vector<int64_t> shape_of(JNIEnv* env, jlongArray shape) {
-  if (shape == nullptr) throw std::invalid_argument("the shape is null");
-  jsize n = env->GetArrayLength(shape);
-  std::vector<int64_t> dims(n);
-  env->GetLongArrayRegion(shape, 0, n, reinterpret_cast<jlong*>(dims.data()));
-  check_java(env);
+  auto dims = longs(env, shape, "shape");
   for (int64_t d : dims) {
     if (d < 0) throw std::invalid_argument("a tensor dimension is negative");
   }
@@ -382,11 +336,8 @@ bool all_finite(const at::Tensor& t) {
 extern "C" {
 
 JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM* vm, void*) {
-  g_vm = vm;
   JNIEnv* env = nullptr;
   if (vm->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_8) != JNI_OK) return JNI_ERR;
-  T.native_exception = global_class(env, "dev/gradbridge/NativeException");
-  T.illegal_argument = global_class(env, "java/lang/IllegalArgumentException");
   T.tensor = global_class(env, "dev/gradbridge/Tensor");
   T.boxed_double = global_class(env, "java/lang/Double");
   T.boxed_float = global_class(env, "java/lang/Float");
@@ -488,25 +439,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorFromBuffer(
     auto* base = static_cast<char*>(env->GetDirectBufferAddress(buffer));
     if (base == nullptr) throw std::invalid_argument("the buffer is not a direct buffer");
     auto dims = shape_of(env, shape);
-    // The storage's deleter drops the global reference that keeps the Java buffer alive:
-    // TorchScript may keep the tensor longer than its Java owner.
-    jobject keep = env->NewGlobalRef(buffer);
-    if (keep == nullptr) throw JavaPending{};
-    auto release = [keep](void*) {
-      JNIEnv* e = nullptr;
-      if (g_vm->GetEnv(reinterpret_cast<void**>(&e), JNI_VERSION_1_8) == JNI_OK) {
-        e->DeleteGlobalRef(keep);
-      } else if (g_vm->AttachCurrentThreadAsDaemon(reinterpret_cast<void**>(&e), nullptr) == JNI_OK) {
-        e->DeleteGlobalRef(keep);
-        g_vm->DetachCurrentThread();
-      }
-    };
-    try {
-      return new_handle(torch::from_blob(base + offset, dims, release, at::TensorOptions().dtype(scalar_type(type))));
-    } catch (...) {
-      env->DeleteGlobalRef(keep);
-      throw;
-    }
+    return new_handle(tensor_over(env, buffer, base + offset, dims, scalar_type(type)));
   });
 }
 

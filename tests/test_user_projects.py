@@ -127,7 +127,8 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry the libtorch jar"
     # the native library for the torch the wheel was built with, and its sources for any other torch
     assert [n for n in names if re.fullmatch(r"gradbridge/native_lib/libgradbridge_jni-torch[\d.]+-cxx11abi1\.so", n)]
-    assert "gradbridge/native_lib/gradbridge_jni.cpp" in names and "gradbridge/native_lib/dev_gradbridge_Native.h" in names
+    assert {f"gradbridge/native_lib/{name}" for name in ("gradbridge_jni.cpp", "jni_support.h",
+                                                       "dev_gradbridge_Native.h")} <= set(names)
     # the c10d Gloo part and the gloo headers it compiles against (every file of native/third_party/gloo)
     vendored = sorted(f"gradbridge/native_lib/{p.relative_to(REPO_ROOT / 'native').as_posix()}"
                       for p in (REPO_ROOT / "native" / "third_party" / "gloo").rglob("*") if p.is_file())

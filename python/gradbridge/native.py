@@ -1,4 +1,4 @@
-"""gradbridge's native library (``native/gradbridge_jni.cpp``, ``native/gradbridge_gloo.cpp``): Java's JNI layer over libtorch, built per torch.
+"""gradbridge's native library (``native/``): Java's JNI layer over libtorch, built per torch.
 
 The C++ ABI changes between libtorch minor versions, so the library is compiled against the very
 torch it runs on: this Python's (``torch/include``, ``torch/lib``, its ``_GLIBCXX_USE_CXX11_ABI``;
@@ -33,6 +33,8 @@ from .libtorch import torch_version
 CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
 SOURCE_NAME = "gradbridge_jni.cpp"
 GLOO_SOURCE_NAME = "gradbridge_gloo.cpp"
+#: What both C++ files include (beside them, in native/ and in the wheel's native_lib/).
+SUPPORT_NAME = "jni_support.h"
 #: The vendored gloo headers, beside the sources (in the checkout's native/ and in the wheel's native_lib/).
 GLOO_HEADERS = Path("third_party") / "gloo"
 HEADER_NAME = "dev_gradbridge_Native.h"
@@ -84,11 +86,13 @@ def _sources(header_dir: Optional[Path] = None) -> Dict[str, Path]:
         header_dir = header_dir or root / "build" / "native" / "include"
         header = _generate_header(root, header_dir)
         native = root / "native"
-        return {"source": native / SOURCE_NAME, "gloo": native / GLOO_SOURCE_NAME,
+        return {"source": native / SOURCE_NAME, "gloo": native / GLOO_SOURCE_NAME, "support": native / SUPPORT_NAME,
                 "gloo_headers": native / GLOO_HEADERS, "header": header}
-    if all((PACKAGED / name).exists() for name in (SOURCE_NAME, GLOO_SOURCE_NAME, GLOO_HEADERS, HEADER_NAME)):
+    names = (SOURCE_NAME, GLOO_SOURCE_NAME, SUPPORT_NAME, GLOO_HEADERS, HEADER_NAME)
+    if all((PACKAGED / name).exists() for name in names):
         return {"source": PACKAGED / SOURCE_NAME, "gloo": PACKAGED / GLOO_SOURCE_NAME,
-                "gloo_headers": PACKAGED / GLOO_HEADERS, "header": PACKAGED / HEADER_NAME}
+                "support": PACKAGED / SUPPORT_NAME, "gloo_headers": PACKAGED / GLOO_HEADERS,
+                "header": PACKAGED / HEADER_NAME}
     raise SetupError(f"gradbridge's native sources are missing ({PACKAGED / SOURCE_NAME}): reinstall gradbridge")
 
 
@@ -115,7 +119,7 @@ def current_build(sources: Optional[Dict[str, Path]] = None) -> Build:
 
     sources = sources or _sources()
     digest = hashlib.sha256()
-    for key in ("source", "gloo", "header"):
+    for key in ("source", "gloo", "support", "header"):
         digest.update(sources[key].read_bytes())
     for header in _gloo_headers(sources):
         digest.update(header.relative_to(sources["gloo_headers"]).as_posix().encode() + b"\0" + header.read_bytes())
@@ -243,6 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.with_sources:
             shutil.copyfile(sources["source"], folder / SOURCE_NAME)
             shutil.copyfile(sources["gloo"], folder / GLOO_SOURCE_NAME)
+            shutil.copyfile(sources["support"], folder / SUPPORT_NAME)
             shutil.rmtree(folder / GLOO_HEADERS, ignore_errors=True)
             shutil.copytree(sources["gloo_headers"], folder / GLOO_HEADERS)
             shutil.copyfile(sources["header"], folder / HEADER_NAME)
