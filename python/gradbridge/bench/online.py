@@ -169,19 +169,26 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
             i = (i + feedback_threads) % len(chunks)
 
     idle, busy, updates = [], [], []
-    for _ in range(rounds):  # as the Java side: an idle sample, then one with training on, per round
-        idle.append(latencies(service, predictions))
+    # As the Java side: an idle sample, then one with training on, per round; round -1 untimed,
+    # as long as the warm-up.
+    for r in range(-1, rounds):
+        calls = max(predictions, PREDICT_WARMUP) if r < 0 else predictions
+        idle_sample = latencies(service, calls)
         stop = threading.Event()
         feeders = [threading.Thread(target=feeder, args=(t, stop)) for t in range(feedback_threads)]
         for f in feeders:
             f.start()
         before = service.updates
-        busy.append(latencies(service, predictions))
-        updates.append(service.updates - before)
+        busy_sample = latencies(service, calls)
+        during = service.updates - before
         stop.set()
         for f in feeders:
             f.join()
         service.queue.join()
+        if r >= 0:
+            idle.append(idle_sample)
+            busy.append(busy_sample)
+            updates.append(during)
     service.close()
     figures["updates_during_predictions"] = updates
     figures.update(_latency_figures(idle, busy))

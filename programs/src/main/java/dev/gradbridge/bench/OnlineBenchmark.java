@@ -136,8 +136,12 @@ public final class OnlineBenchmark {
                 byRound.put(key, new ArrayList<>());
             }
             List<Long> updatesByRound = new ArrayList<>();
-            for (int round = 0; round < rounds; round++) {
-                long[] idleRound = predictLatencies(learner, one, predictions, predictThreads);
+            // Round -1 is untimed and as long as the warm-up: the JIT was still compiling the
+            // training-on path (feeders, trainer) in the first rounds with feeders, its C2 thread
+            // taking 20-50% of a core from the predictors (perf sched).
+            for (int round = -1; round < rounds; round++) {
+                int calls = round < 0 ? Math.max(predictions, warmup) : predictions;
+                long[] idleRound = predictLatencies(learner, one, calls, predictThreads);
                 AtomicBoolean stop = new AtomicBoolean();
                 List<Thread> feeders = new ArrayList<>();
                 for (int t = 0; t < feedbackThreads; t++) {
@@ -155,13 +159,17 @@ public final class OnlineBenchmark {
                     feeders.add(feeder);
                 }
                 long updatesBefore = learner.updates();
-                long[] busyRound = predictLatencies(learner, one, predictions, predictThreads);
-                updatesByRound.add(learner.updates() - updatesBefore);
+                long[] busyRound = predictLatencies(learner, one, calls, predictThreads);
+                long updatesDuring = learner.updates() - updatesBefore;
                 stop.set(true);
                 for (Thread feeder : feeders) {
                     feeder.join();
                 }
                 learner.awaitIdle(120, TimeUnit.SECONDS);
+                if (round < 0) {
+                    continue;
+                }
+                updatesByRound.add(updatesDuring);
                 System.arraycopy(idleRound, 0, idle, round * predictions, predictions);
                 System.arraycopy(busyRound, 0, busy, round * predictions, predictions);
                 byRound.get("idle_p50_us").add(percentile(idleRound, 0.50) / 1e3);
