@@ -153,7 +153,7 @@ public class TrainingModuleTest {
         // the guarded steps run zero_grad, the loss and backward, and the optimizer step compiled
         // once with their nested calls inlined; train_step goes through the graph executor
         for (String name : new String[] {"linear_regression.pt", "mlp_classifier.pt", "cnn_classifier.pt",
-                "mlp_regressor.pt"}) {
+                "mlp_regressor.pt", "mlp_finetune.pt"}) {
             try (TrainingModule stepped = TrainingModule.load(fixture(name));
                     TrainingModule guarded = TrainingModule.load(fixture(name));
                     TensorScope scope = new TensorScope()) {
