@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <jni.h>
+#include <sched.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -291,11 +292,25 @@ void copy_doubles(const at::Tensor& values, double* out) {
   }
 }
 
-// A method compiled for serving (Native.inferPlanOf): its module object and its flat program.
-struct InferPlan {
+// A method compiled once with its nested calls inlined (Native.planOf): its module object and its
+// flat program.
+struct Plan {
   c10::IValue self;
   torch::jit::Code code;
 };
+
+// Runs a plan on the module object and `inputs` (the interpreter does not check arity as a method
+// call does: a count that does not match is refused here, before it runs).
+c10::IValue run_plan(Plan& plan, std::vector<c10::IValue> inputs) {
+  if (plan.code.num_inputs() != inputs.size() + 1) {
+    throw std::invalid_argument("takes " + std::to_string(plan.code.num_inputs() - 1) + " arguments, not "
+                                + std::to_string(inputs.size()));
+  }
+  torch::jit::Stack stack{plan.self};
+  for (c10::IValue& input : inputs) stack.push_back(std::move(input));
+  torch::jit::InterpreterState(plan.code).run(stack);
+  return stack.empty() ? c10::IValue() : stack.back();
+}
 
 // Whether every element is finite: a plain loop over contiguous float32/float64 memory (the update
 // guard's common case, per micro-batch), libtorch's isfinite for anything else.
@@ -588,11 +603,12 @@ JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_moduleRun(
   });
 }
 
-// Serving: a one-tensor method compiled once with every call inlined, run without autograd.
-// The graph gets what the graph executor gives it with its optimizations off
-// (runNooptPassPipeline: the same ops, so the same values), but as one flat program: the executor
-// runs each nested module call (Sequential -> Linear -> ...) through a plan lookup of its own.
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanOf(JNIEnv* env, jclass, jlong module, jstring name) {
+// A method compiled once with every call inlined, for serving (inferPlanRun) and the guarded steps
+// (plansStepWhileFinite). The graph gets what the graph executor gives it with its optimizations
+// off (runNooptPassPipeline: the same ops in the same order, so the same values), but as one flat
+// program: the executor runs each nested module call (Sequential -> Linear -> ...) through a plan
+// lookup of its own.
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_planOf(JNIEnv* env, jclass, jlong module, jstring name) {
   return guarded(env, jlong{0}, [&] {
     torch::jit::Module& owner = module_of(module);
     torch::jit::Method method = method_of(owner, env, name);
@@ -613,30 +629,26 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanOf(JNIEnv* env, jcla
       before = after;
     }
     torch::jit::runNooptPassPipeline(graph);
-    return reinterpret_cast<jlong>(new InferPlan{owner._ivalue(), torch::jit::Code(graph, method.name())});
+    return reinterpret_cast<jlong>(new Plan{owner._ivalue(), torch::jit::Code(graph, method.name())});
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_inferPlanFree(JNIEnv* env, jclass, jlong plan) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_planFree(JNIEnv* env, jclass, jlong plan) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<InferPlan*>(plan);
+    delete reinterpret_cast<Plan*>(plan);
     return 0;
   });
 }
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jclass, jlong plan, jlong tensor) {
   return guarded(env, jlong{0}, [&] {
-    if (plan == 0) throw std::invalid_argument("the inference plan is closed");
-    auto& run = *reinterpret_cast<InferPlan*>(plan);
+    if (plan == 0) throw std::invalid_argument("the plan is closed");
+    auto& run = *reinterpret_cast<Plan*>(plan);
     at::NoGradGuard no_grad;
     torch::jit::GraphOptimizerEnabledGuard optimizer{false};
-    torch::jit::Stack stack{run.self, tensor_of(tensor)};
-    torch::jit::InterpreterState(run.code).run(stack);
-    if (stack.size() != 1 || !stack.back().isTensor()) {
-      throw std::invalid_argument("returned " + (stack.empty() ? std::string("nothing") : stack.back().tagKind())
-                                  + ", not a tensor");
-    }
-    return new_handle(stack.back().toTensor());
+    c10::IValue result = run_plan(run, {tensor_of(tensor)});
+    if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
+    return new_handle(result.toTensor());
   });
 }
 
@@ -711,25 +723,25 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* en
 // that is not finite, its gradients left in place for the caller to explain, or whose call fails:
 // that method's index into failed[0] (else -1), its message into error[0]. losses[i] gets each
 // computed loss. Returns how many micro-batches were stepped.
-JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_methodsStepWhileFinite(JNIEnv* env, jclass, jlongArray methods,
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_plansStepWhileFinite(JNIEnv* env, jclass, jlongArray plans,
     jlongArray xs, jlongArray ys, jdoubleArray losses, jintArray failed, jobjectArray error) {
   return guarded(env, jint{0}, [&] {
     const jsize n = env->GetArrayLength(xs);
-    if (env->GetArrayLength(methods) != 4 || env->GetArrayLength(ys) != n || env->GetArrayLength(losses) < n
+    if (env->GetArrayLength(plans) != 4 || env->GetArrayLength(ys) != n || env->GetArrayLength(losses) < n
         || env->GetArrayLength(failed) < 1 || env->GetArrayLength(error) < 1) {
-      throw std::invalid_argument("methods, xs, ys, losses, failed and error do not match");
+      throw std::invalid_argument("plans, xs, ys, losses, failed and error do not match");
     }
     jlong handles[4];
-    env->GetLongArrayRegion(methods, 0, 4, handles);
+    env->GetLongArrayRegion(plans, 0, 4, handles);
     std::vector<jlong> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
     env->GetLongArrayRegion(xs, 0, n, x.data());
     env->GetLongArrayRegion(ys, 0, n, y.data());
     check_java(env);
-    for (jlong method : handles) {
-      if (method == 0) throw std::invalid_argument("the method is closed");
+    for (jlong plan : handles) {
+      if (plan == 0) throw std::invalid_argument("the plan is closed");
     }
     auto call_method = [&](int index, std::vector<c10::IValue> inputs) {
-      return (*reinterpret_cast<torch::jit::Method*>(handles[index]))(std::move(inputs));
+      return run_plan(*reinterpret_cast<Plan*>(handles[index]), std::move(inputs));
     };
     jint calling = -1;
     jint stepped = 0;
@@ -759,6 +771,9 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_methodsStepWhileFinite(JNIEnv*
         if (!finite) break;
         calling = 3;
         call_method(3, {});
+        // Hand the core to any thread waiting for it (one syscall when none is): a run of
+        // micro-batches then holds a core for one of them at most, not for a scheduler tick.
+        if (stepped + 1 < n) sched_yield();
       }
       calling = -1;
     } catch (const c10::Error& e) {

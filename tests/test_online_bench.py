@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gradbridge.bench.online import FEEDERS
-from gradbridge.commands.main import ONLINE_BENCH_FEEDERS, main as cli_main
+from gradbridge.bench.online import EVENTS, FEEDERS
+from gradbridge.commands.main import ONLINE_BENCH_EVENTS, ONLINE_BENCH_FEEDERS, main as cli_main
 
 
 def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
@@ -29,7 +29,14 @@ def test_online_bench_reports_java_and_python_figures(jvm, tmp_path, capsys):
     assert figures["java"]["feeders"] == figures["feeders"] == 3
     assert "--feeders 3" in figures["command"]
     assert len(figures["load_average"]["start"]) == len(figures["load_average"]["end"]) == 3
+    # latency: one sample per round on each side, p99 judged round by round
+    for side in ("java", "python"):
+        by_round = figures[side]["predict_by_round"]
+        assert all(len(by_round[k]) == 5 and min(by_round[k]) > 0 for k in
+                   ("idle_p50_us", "idle_p99_us", "training_p50_us", "training_p99_us")), side
+        assert len(figures[side]["updates_during_predictions"]) == 5
+    assert " rounds (by round " in out
 
 
-def test_online_bench_feeders_default_agrees_with_the_parser():
-    assert ONLINE_BENCH_FEEDERS == FEEDERS
+def test_online_bench_defaults_agree_with_the_parser():
+    assert (ONLINE_BENCH_FEEDERS, ONLINE_BENCH_EVENTS) == (FEEDERS, EVENTS)

@@ -46,6 +46,10 @@ FEATURES = 16
 #: only compete for this machine's 2 cores); 1 is a single synchronous client, where every
 #: micro-batch waits for an fsync of its own under fsync always.
 FEEDERS = 4
+#: Feedback events per throughput round: at ~60,000 events/s a round of 8,192 lasted ~0.14 s, and
+#: the fused epoch's own rate moved 1.5x between such rounds on a quiet machine; longer rounds
+#: average the machine's moments out of the per-round ratios.
+EVENTS = 32768
 #: Predictions before the timed ones, on each side, from the same threads: the JVM compiles a method
 #: with C2 after ~10,000 calls, and fewer left the timed Java calls partly interpreted (p50 ~2x).
 PREDICT_WARMUP = 20_000
@@ -53,6 +57,19 @@ PREDICT_WARMUP = 20_000
 
 def _percentile(values, q):
     return float(np.sort(np.asarray(values))[min(len(values) - 1, int(np.floor(q * (len(values) - 1) + 0.5)))])
+
+
+def _latency_figures(idle, busy) -> Dict:
+    """p50/p99 in us pooled over the rounds' samples (ns), and per round, in the Java side's keys."""
+    figures: Dict = {}
+    by_round: Dict[str, list] = {}
+    for when, samples in (("idle", idle), ("training", busy)):
+        pooled = [v for sample in samples for v in sample]
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            figures[f"predict_{when}_{name}_us"] = _percentile(pooled, q) / 1e3
+            by_round[f"{when}_{name}_us"] = [_percentile(sample, q) / 1e3 for sample in samples]
+    figures["predict_by_round"] = by_round
+    return figures
 
 
 class PythonOnlineService:
@@ -141,10 +158,8 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
     figures: Dict = {}
     service = PythonOnlineService(model_path, batch)
     latencies(service, PREDICT_WARMUP)
-    idle = latencies(service, predictions)
-    stop = threading.Event()
 
-    def feeder(me):
+    def feeder(me, stop):
         i = me
         while not stop.is_set():
             try:
@@ -152,19 +167,31 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
             except queue.Full:
                 continue
             i = (i + feedback_threads) % len(chunks)
-    feeders = [threading.Thread(target=feeder, args=(t,)) for t in range(feedback_threads)]
-    for f in feeders:
-        f.start()
-    before = service.updates
-    busy = latencies(service, predictions)
-    figures["updates_during_predictions"] = service.updates - before
-    stop.set()
-    for f in feeders:
-        f.join()
+
+    idle, busy, updates = [], [], []
+    # As the Java side: an idle sample, then one with training on, per round; round -1 untimed,
+    # as long as the warm-up.
+    for r in range(-1, rounds):
+        calls = max(predictions, PREDICT_WARMUP) if r < 0 else predictions
+        idle_sample = latencies(service, calls)
+        stop = threading.Event()
+        feeders = [threading.Thread(target=feeder, args=(t, stop)) for t in range(feedback_threads)]
+        for f in feeders:
+            f.start()
+        before = service.updates
+        busy_sample = latencies(service, calls)
+        during = service.updates - before
+        stop.set()
+        for f in feeders:
+            f.join()
+        service.queue.join()
+        if r >= 0:
+            idle.append(idle_sample)
+            busy.append(busy_sample)
+            updates.append(during)
     service.close()
-    figures.update(predict_idle_p50_us=_percentile(idle, 0.5) / 1e3, predict_idle_p99_us=_percentile(idle, 0.99) / 1e3,
-                   predict_training_p50_us=_percentile(busy, 0.5) / 1e3,
-                   predict_training_p99_us=_percentile(busy, 0.99) / 1e3)
+    figures["updates_during_predictions"] = updates
+    figures.update(_latency_figures(idle, busy))
 
     def online_round():
         service = PythonOnlineService(model_path, batch)
@@ -234,7 +261,7 @@ def command_line(events: int, batch: int, predictions: int, publish_every: int, 
             f"--publish-every {publish_every} --rounds {rounds} --feeders {feeders}")
 
 
-def measure(events: int = 8192, batch: int = 32, predictions: int = 2000, predict_threads: int = 2,
+def measure(events: int = EVENTS, batch: int = 32, predictions: int = 2000, predict_threads: int = 2,
             feedback_threads: int = 2, publish_every: int = 1, rounds: int = 5,
             out_dir: str | os.PathLike = "build/online-bench", feeders: int = FEEDERS) -> Dict:
     """Both services' figures on the bench MLP, written to ``out_dir/online-bench.json`` (its ``path``)."""

@@ -150,6 +150,8 @@ _bench_threads.__name__ = messages.BENCH_THREADS
 #: `gradbridge online-bench --feeders` default (bench.online.FEEDERS; a test checks they agree), here
 #: so that the parser does not import torch.
 ONLINE_BENCH_FEEDERS = 4
+#: `gradbridge online-bench --events` default (bench.online.EVENTS; the same test checks them).
+ONLINE_BENCH_EVENTS = 32768
 
 
 def _memory_steps(text: str) -> int:
@@ -416,12 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     online_bench = commands.add_parser(
         "online-bench", help="online learner: predict latency with/without training, learning throughput; vs Python")
-    online_bench.add_argument("--events", type=int, default=8192, help="feedback events (default 8192)")
+    online_bench.add_argument("--events", type=int, default=ONLINE_BENCH_EVENTS,
+                              help=f"feedback events per throughput round (default {ONLINE_BENCH_EVENTS})")
     online_bench.add_argument("--batch", type=int, default=32, help="micro-batch size (default 32)")
-    online_bench.add_argument("--predictions", type=int, default=2000, help="predictions per measurement (default 2000)")
+    online_bench.add_argument("--predictions", type=int, default=2000,
+                              help="predictions per latency sample, one sample per round (default 2000)")
     online_bench.add_argument("--publish-every", type=int, default=1, help="java: a version every N updates (default 1)")
     online_bench.add_argument("--rounds", type=int, default=5,
-                              help="interleaved throughput rounds, java (default 5)")
+                              help="rounds: interleaved throughput rounds (java), latency samples (both) (default 5)")
     online_bench.add_argument("--feeders", type=_bench_threads, default=ONLINE_BENCH_FEEDERS,
                               help="java throughput: concurrent clients feeding the learner, each waiting for its "
                                    f"acknowledgement (default {ONLINE_BENCH_FEEDERS}; 1: one synchronous client)")

@@ -117,13 +117,14 @@ final class Native {
     static native Object moduleRun(long module, String method, Object[] args);
 
     /**
-     * Serving: the module's one-tensor method compiled once with every nested module call inlined
-     * (the ops the graph executor runs with its optimizations off, as one program). Run it with
-     * {@link #inferPlanRun}; free it with {@link #inferPlanFree}.
+     * The module's method compiled once with every nested module call inlined (the ops the graph
+     * executor runs with its optimizations off, in the same order, as one program), for serving
+     * ({@link #inferPlanRun}) and the guarded steps ({@link #plansStepWhileFinite}); free it with
+     * {@link #planFree}.
      */
-    static native long inferPlanOf(long module, String method);
+    static native long planOf(long module, String method);
 
-    static native void inferPlanFree(long plan);
+    static native void planFree(long plan);
 
     /** {@code method(tensor)} whose result is a tensor, autograd off; a new tensor handle the caller owns. */
     static native long inferPlanRun(long plan, long tensor);
@@ -157,15 +158,16 @@ final class Native {
 
     /**
      * {@code train_step}'s calls, guarded, for micro-batches {@code (xs[i], ys[i])} in order, in one
-     * call; {@code methods} are the looked-up {@code zero_grad}, {@code calculate_loss_and_backward},
-     * {@code get_gradients} and {@code optimizer_step}: zero_grad, the loss and backward (the loss
+     * call; {@code plans} are {@code zero_grad}, {@code calculate_loss_and_backward}, {@code
+     * get_gradients} and {@code optimizer_step} ({@link #planOf}), run as {@link #moduleRun} runs
+     * methods: zero_grad, the loss and backward (the loss
      * into {@code losses[i]}), then the step when the loss and every gradient are finite. Stops at
      * the first micro-batch that is not finite (its gradients left in place) or whose call fails
      * (that method's index into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
      *
      * @return how many micro-batches were stepped
      */
-    static native int methodsStepWhileFinite(long[] methods, long[] xs, long[] ys, double[] losses, int[] failed,
+    static native int plansStepWhileFinite(long[] plans, long[] xs, long[] ys, double[] losses, int[] failed,
             String[] error);
 
     // ---- c10d Gloo: a process group among Spark's training tasks (native/gradbridge_gloo.cpp) ----

@@ -18,7 +18,7 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class TorchScriptModule extends ScriptedModule {
 
-    /** {@link Native#methodsStepWhileFinite}'s methods, in its order. */
+    /** {@link Native#plansStepWhileFinite}'s methods, in its order. */
     private static final String[] STEP_METHODS = {Protocol.ZERO_GRAD, Protocol.CALCULATE_LOSS_AND_BACKWARD,
         Protocol.GET_GRADIENTS, Protocol.OPTIMIZER_STEP};
 
@@ -26,7 +26,7 @@ final class TorchScriptModule extends ScriptedModule {
     private final AtomicLong handle;
     private final Set<String> methodNames;
     private final Map<String, Long> hotMethods = new ConcurrentHashMap<>(); // guarded for writes by itself
-    private final Map<String, Long> inferPlans = new ConcurrentHashMap<>(); // the same
+    private final Map<String, Long> plans = new ConcurrentHashMap<>(); // the same
 
     private TorchScriptModule(Path path, long handle) {
         this.path = path;
@@ -84,7 +84,7 @@ final class TorchScriptModule extends ScriptedModule {
     @Override
     Tensor infer(String method, Tensor x) {
         checkArgument(method, 0, x);
-        long plan = cached(inferPlans, method, Native::inferPlanOf);
+        long plan = cached(plans, method, Native::planOf);
         try {
             return new Tensor(Native.inferPlanRun(plan, x.handle()));
         } catch (NativeException e) {
@@ -104,9 +104,9 @@ final class TorchScriptModule extends ScriptedModule {
 
     @Override
     int stepWhileFinite(Tensor[] xs, Tensor[] ys, double[] losses, MethodCallException[] failure) {
-        long[] methods = new long[STEP_METHODS.length];
-        for (int i = 0; i < methods.length; i++) {
-            methods[i] = hotMethod(STEP_METHODS[i]);
+        long[] steps = new long[STEP_METHODS.length];
+        for (int i = 0; i < steps.length; i++) {
+            steps[i] = cached(plans, STEP_METHODS[i], Native::planOf);
         }
         long[] x = new long[xs.length];
         long[] y = new long[ys.length];
@@ -118,7 +118,7 @@ final class TorchScriptModule extends ScriptedModule {
         String[] error = new String[1];
         int stepped;
         try {
-            stepped = Native.methodsStepWhileFinite(methods, x, y, losses, failed, error);
+            stepped = Native.plansStepWhileFinite(steps, x, y, losses, failed, error);
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + Protocol.TRAIN_STEP + " calls failed: " + libtorchSummary(e), e);
         }
@@ -236,11 +236,11 @@ final class TorchScriptModule extends ScriptedModule {
                 }
                 hotMethods.clear();
             }
-            synchronized (inferPlans) {
-                for (long plan : inferPlans.values()) {
-                    Native.inferPlanFree(plan);
+            synchronized (plans) {
+                for (long plan : plans.values()) {
+                    Native.planFree(plan);
                 }
-                inferPlans.clear();
+                plans.clear();
             }
             Native.moduleFree(value);
         }

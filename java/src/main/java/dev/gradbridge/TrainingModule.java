@@ -258,6 +258,9 @@ public final class TrainingModule implements AutoCloseable {
      * calculate_loss_and_backward}, then {@code optimizer_step} only when the loss and every
      * gradient are finite (as {@link #gradientsFinite}). Stops at the first micro-batch that is not
      * finite, leaving its gradients in place (neither stepped nor zeroed), or whose call fails.
+     * Between two micro-batches the thread yields its core to any thread waiting for one
+     * ({@code sched_yield}), so a long run holds a core for one micro-batch at a time rather than
+     * for a whole scheduler tick (predictions served beside training wait less).
      *
      * @param xs inputs matching the metadata's {@code x} spec, one per micro-batch
      * @param ys targets matching the metadata's {@code y} spec, as many, each as large as its x

@@ -30,7 +30,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * The online learner's figures in a JVM of its own (for {@code gradbridge online-bench}): predict
- * latency (p50, p99) with training off and with feedback clients keeping the trainer busy; and
+ * latency (p50, p99) with training off and with feedback clients keeping the trainer busy, one
+ * sample of each per round (pooled, and per round); and
  * learning throughput (events applied per second) in interleaved rounds on the same events and
  * micro-batch size: the {@link OnlineLearner} fed B-row {@code learn} calls from FEEDERS threads,
  * each waiting for its own acknowledgement as a client does (log written; fsync never, and always;
@@ -97,7 +98,7 @@ public final class OnlineBenchmark {
         Files.createDirectories(work);
         if (predictions > 0) {
             latency(out, model, work, chunks, one, batch, predictions, predictWarmup, predictThreads, feedbackThreads,
-                    publishEvery);
+                    publishEvery, rounds);
         }
         throughput(out, model, work, xs, ys, features, chunks, batch, publishEvery, rounds, variants, feeders);
         out.put("batch", batch);
@@ -114,45 +115,74 @@ public final class OnlineBenchmark {
                 .optFsync(fsync).optValidateTargets(false).optTimePhases(true).open(model, log);
     }
 
+    /**
+     * Predict latency in {@code rounds} rounds, each a sample of {@code predictions} calls with
+     * training off, then one with the feeders keeping the trainer busy: p50/p99 pooled over the
+     * rounds and per round (a p99 over one short sample is one hiccup of the machine or not).
+     */
     private static void latency(Map<String, Object> out, Path model, Path work, List<HostTensor[]> chunks,
             HostTensor one, int batch, int predictions, int warmup, int predictThreads, int feedbackThreads,
-            int publishEvery)
+            int publishEvery, int rounds)
             throws Exception {
         try (OnlineLearner learner = open(model, work.resolve("latency"), batch, predictThreads, publishEvery,
                 FsyncPolicy.NEVER)) {
             learner.learn(chunks.get(0)[0], chunks.get(0)[1]);
             learner.awaitIdle(60, TimeUnit.SECONDS);
             predictLatencies(learner, one, warmup, predictThreads); // the JIT compiles the predict path
-            long[] idle = predictLatencies(learner, one, predictions, predictThreads);
-            AtomicBoolean stop = new AtomicBoolean();
-            List<Thread> feeders = new ArrayList<>();
-            for (int t = 0; t < feedbackThreads; t++) {
-                final int me = t;
-                Thread feeder = new Thread(() -> {
-                    for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
-                        try {
-                            learner.learn(chunks.get(i)[0], chunks.get(i)[1], 10, TimeUnit.MILLISECONDS);
-                        } catch (QueueFullException e) {
-                            // no room within 10 ms: try again (blocking, not spinning)
+            long[] idle = new long[predictions * rounds];
+            long[] busy = new long[predictions * rounds];
+            Map<String, List<Double>> byRound = new LinkedHashMap<>();
+            for (String key : new String[] {"idle_p50_us", "idle_p99_us", "training_p50_us", "training_p99_us"}) {
+                byRound.put(key, new ArrayList<>());
+            }
+            List<Long> updatesByRound = new ArrayList<>();
+            // Round -1 is untimed and as long as the warm-up: the JIT was still compiling the
+            // training-on path (feeders, trainer) in the first rounds with feeders, its C2 thread
+            // taking 20-50% of a core from the predictors (perf sched).
+            for (int round = -1; round < rounds; round++) {
+                int calls = round < 0 ? Math.max(predictions, warmup) : predictions;
+                long[] idleRound = predictLatencies(learner, one, calls, predictThreads);
+                AtomicBoolean stop = new AtomicBoolean();
+                List<Thread> feeders = new ArrayList<>();
+                for (int t = 0; t < feedbackThreads; t++) {
+                    final int me = t;
+                    Thread feeder = new Thread(() -> {
+                        for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
+                            try {
+                                learner.learn(chunks.get(i)[0], chunks.get(i)[1], 10, TimeUnit.MILLISECONDS);
+                            } catch (QueueFullException e) {
+                                // no room within 10 ms: try again (blocking, not spinning)
+                            }
                         }
-                    }
-                });
-                feeder.start();
-                feeders.add(feeder);
+                    });
+                    feeder.start();
+                    feeders.add(feeder);
+                }
+                long updatesBefore = learner.updates();
+                long[] busyRound = predictLatencies(learner, one, calls, predictThreads);
+                long updatesDuring = learner.updates() - updatesBefore;
+                stop.set(true);
+                for (Thread feeder : feeders) {
+                    feeder.join();
+                }
+                learner.awaitIdle(120, TimeUnit.SECONDS);
+                if (round < 0) {
+                    continue;
+                }
+                updatesByRound.add(updatesDuring);
+                System.arraycopy(idleRound, 0, idle, round * predictions, predictions);
+                System.arraycopy(busyRound, 0, busy, round * predictions, predictions);
+                byRound.get("idle_p50_us").add(percentile(idleRound, 0.50) / 1e3);
+                byRound.get("idle_p99_us").add(percentile(idleRound, 0.99) / 1e3);
+                byRound.get("training_p50_us").add(percentile(busyRound, 0.50) / 1e3);
+                byRound.get("training_p99_us").add(percentile(busyRound, 0.99) / 1e3);
             }
-            long updatesBefore = learner.updates();
-            long[] busy = predictLatencies(learner, one, predictions, predictThreads);
-            long updatesDuring = learner.updates() - updatesBefore;
-            stop.set(true);
-            for (Thread feeder : feeders) {
-                feeder.join();
-            }
-            learner.awaitIdle(120, TimeUnit.SECONDS);
             out.put("predict_idle_p50_us", percentile(idle, 0.50) / 1e3);
             out.put("predict_idle_p99_us", percentile(idle, 0.99) / 1e3);
             out.put("predict_training_p50_us", percentile(busy, 0.50) / 1e3);
             out.put("predict_training_p99_us", percentile(busy, 0.99) / 1e3);
-            out.put("updates_during_predictions", updatesDuring);
+            out.put("predict_by_round", byRound);
+            out.put("updates_during_predictions", updatesByRound);
         }
     }
     /** The learning-throughput variants, timed in interleaved rounds (the order rotates each round). */
