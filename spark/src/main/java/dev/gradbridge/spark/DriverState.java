@@ -6,30 +6,20 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.UUID;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
-import org.apache.spark.SparkEnv;
 import org.apache.spark.rpc.RpcCallContext;
-import org.apache.spark.rpc.RpcEndpoint;
-import org.apache.spark.rpc.RpcEndpointRef;
-import org.apache.spark.rpc.RpcEnv;
-import scala.Function1;
-import scala.PartialFunction;
-import scala.runtime.AbstractPartialFunction;
-import scala.runtime.BoxedUnit;
 
 /**
- * The state of a run the driver holds, on an endpoint of Spark's own RPC environment (the channel
- * every executor already has to its driver): the module archive at the start of the next epoch to
+ * The state of a run the driver holds, on an endpoint of its RPC environment ({@link
+ * DriverEndpoint}): the module archive at the start of the next epoch to
  * train. The run's one barrier stage reads it at each attempt's start, and partition 0 hands it each
  * epoch's end state without ending the stage; the driver's main thread takes those ends in order
  * ({@link #next}) and writes the history record and the checkpoint. So a retried stage (a task
  * failed) starts from the last epoch end the driver holds.
  *
- * <p>Requests are {@code Object[]}, plain Java types so that no class of this jar is needed to read
- * them: {@code {"start", Integer attempt, Integer partition, String executor}} answers
+ * <p>Requests: {@code {"start", Integer attempt, Integer partition, String executor}} answers
  * {@code Object[] {Integer epoch, byte[] archive}}, the same for every task of one stage attempt
  * (fixed by its first request, so that the tasks of an attempt start from the same epoch even when an
  * end arrives between their requests); {@code {"end", Integer attempt, Integer epoch, double[] losses,
@@ -39,7 +29,7 @@ import scala.runtime.BoxedUnit;
  * driver already holds (a failed attempt's partition 0 may finish an epoch after the retry began from
  * its start: the same bits) is acknowledged and dropped.
  */
-final class DriverState implements RpcEndpoint {
+final class DriverState extends DriverEndpoint {
 
     static final String START = "start";
     static final String END = "end";
@@ -70,18 +60,15 @@ final class DriverState implements RpcEndpoint {
         }
     }
 
-    private final RpcEnv env;
     private final int partitions;
-    private final String name = "gradbridge-run-" + UUID.randomUUID();
     private final BlockingQueue<EpochEnd> ends = new LinkedBlockingQueue<>();
     private final Map<Integer, Object[]> attemptStarts = new HashMap<>();
     private final Map<Integer, String[]> attemptExecutors = new HashMap<>();
     private int nextEpoch;
     private byte[] archive;
-    private RpcEndpointRef ref;
 
-    private DriverState(RpcEnv env, int partitions, int firstEpoch, byte[] archive) {
-        this.env = env;
+    private DriverState(int partitions, int firstEpoch, byte[] archive) {
+        super("gradbridge-run");
         this.partitions = partitions;
         this.nextEpoch = firstEpoch;
         this.archive = archive;
@@ -89,14 +76,9 @@ final class DriverState implements RpcEndpoint {
 
     /** Registers the run's state on the driver's RPC environment, starting at {@code firstEpoch} from {@code archive}. */
     static DriverState start(int partitions, int firstEpoch, byte[] archive) {
-        DriverState state = new DriverState(SparkEnv.get().rpcEnv(), partitions, firstEpoch, archive);
-        state.ref = state.env.setupEndpoint(state.name, state);
+        DriverState state = new DriverState(partitions, firstEpoch, archive);
+        state.register();
         return state;
-    }
-
-    /** @return the endpoint's name, which the tasks look up on the driver */
-    String name() {
-        return name;
     }
 
     /** @return the next epoch end handed over, or null after {@code millis} without one */
@@ -109,38 +91,12 @@ final class DriverState implements RpcEndpoint {
         }
     }
 
-    /** Unregisters the endpoint. */
-    void close() {
-        env.stop(ref);
-    }
-
     @Override
-    public RpcEnv rpcEnv() {
-        return env;
+    synchronized void arrive(Object[] message, RpcCallContext caller) {
+        caller.reply(answer(message));
     }
 
-    @Override
-    public PartialFunction<Object, BoxedUnit> receiveAndReply(RpcCallContext context) {
-        return new AbstractPartialFunction<Object, BoxedUnit>() {
-            @Override
-            public boolean isDefinedAt(Object message) {
-                return message instanceof Object[];
-            }
-
-            @Override
-            public <A1, B1> B1 applyOrElse(A1 message, Function1<A1, B1> otherwise) {
-                if (!isDefinedAt(message)) {
-                    return otherwise.apply(message);
-                }
-                context.reply(arrive((Object[]) message));
-                @SuppressWarnings("unchecked")
-                B1 unit = (B1) BoxedUnit.UNIT;
-                return unit;
-            }
-        };
-    }
-
-    private synchronized Object arrive(Object[] message) {
+    private Object answer(Object[] message) {
         int attempt = (Integer) message[1];
         if (START.equals(message[0])) {
             attemptExecutors.computeIfAbsent(attempt, a -> new String[partitions])[(Integer) message[2]] =
