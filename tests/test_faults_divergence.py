@@ -33,12 +33,7 @@ def test_cli_divergence_keeps_every_completed_epoch(models, exploding, tmp_path)
     history, checkpoint = tmp_path / "h.jsonl", tmp_path / "c.pt"
     result = train_cli("--model", models["linear_regression.pt"], "--data", exploding, "--mode", "full",
                        "--epochs", 60, "--history", history, "--checkpoint", checkpoint)
-    line = one_error_line(result)
-    diverged = int(line.split("at epoch ")[1].split(",")[0])
-    assert diverged > 2, line
-    assert f"{diverged} completed epoch(s) kept in {history}" in line
-    kept = History.load(history)
-    assert [r.epoch for r in kept] == list(range(diverged))
+    diverged, kept = _kept_until_divergence(result, history)
     assert all(np.isfinite(r.loss) for r in kept)
     assert [l for l in result.stdout.splitlines() if l.startswith("epoch ")][-1].startswith(f"epoch {diverged - 1}:")
     assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == diverged
@@ -83,17 +78,23 @@ def test_spark_divergence_keeps_every_completed_epoch(models, exploding, tmp_pat
     result = sparkrun.run(["--master", "local[2]", "--model", models["linear_regression.pt"], "--data", exploding,
                            "--batch-size", 50, "--epochs", 60, "--history", history, "--checkpoint", checkpoint],
                           check=False)
+    diverged, kept = _kept_until_divergence(result, history)
+    replay = reference.train_sharded(models["linear_regression.pt"], *_arrays(exploding), epochs=diverged, shards=2,
+                                     batch_size=50)
+    assert [r.loss for r in kept] == [r.loss for r in replay]
+    assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == diverged
+    assert stray_files(tmp_path) == ["c.pt", "h.jsonl"]
+
+
+def _kept_until_divergence(result, history):
+    """The divergence line's epoch, and the history's records: every epoch before it, named in the line."""
     line = one_error_line(result)
     diverged = int(line.split("at epoch ")[1].split(",")[0])
     assert diverged > 2, line
     assert f"{diverged} completed epoch(s) kept in {history}" in line
     kept = History.load(history)
     assert [r.epoch for r in kept] == list(range(diverged))
-    replay = reference.train_sharded(models["linear_regression.pt"], *_arrays(exploding), epochs=diverged, shards=2,
-                                     batch_size=50)
-    assert [r.loss for r in kept] == [r.loss for r in replay]
-    assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == diverged
-    assert stray_files(tmp_path) == ["c.pt", "h.jsonl"]
+    return diverged, kept
 
 
 def _arrays(npz):
