@@ -1,6 +1,5 @@
 package dev.gradbridge;
 
-
 /**
  * Saves a loaded module with its current state (parameters, buffers, optimizer state, learning
  * rate: all module attributes) as a TorchScript archive that {@code torch.jit.load} reads, with

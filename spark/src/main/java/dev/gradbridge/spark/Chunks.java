@@ -71,9 +71,8 @@ final class Chunks {
         byte[][] out = new byte[pieces.size()][];
         for (int j = 0; j < out.length; j++) {
             Piece piece = pieces.get(j);
-            int width = elementBytes[piece.parameter];
-            out[j] = new byte[piece.length * width];
-            System.arraycopy(gradients[piece.parameter], piece.start * width, out[j], 0, out[j].length);
+            out[j] = new byte[bytes(piece)];
+            System.arraycopy(gradients[piece.parameter], offset(piece), out[j], 0, out[j].length);
         }
         return out;
     }
@@ -83,8 +82,7 @@ final class Chunks {
         List<Piece> pieces = pieces(chunk);
         for (int j = 0; j < pieceBytes.length; j++) {
             Piece piece = pieces.get(j);
-            System.arraycopy(pieceBytes[j], 0, gradients[piece.parameter], piece.start * elementBytes[piece.parameter],
-                    pieceBytes[j].length);
+            System.arraycopy(pieceBytes[j], 0, gradients[piece.parameter], offset(piece), pieceBytes[j].length);
         }
     }
 

@@ -97,16 +97,16 @@ final class GlooExchange implements GradientExchange {
         }
         send = direct(out);
         incoming = new byte[partitions][][];
+        List<Chunks.Piece> minePieces = chunks.pieces(partition);
         for (int q = 0; q < partitions; q++) {
-            List<Chunks.Piece> pieces = chunks.pieces(partition);
-            incoming[q] = new byte[pieces.size()][];
-            for (int j = 0; j < pieces.size(); j++) {
-                incoming[q][j] = new byte[chunks.bytes(pieces.get(j))];
+            incoming[q] = new byte[minePieces.size()][];
+            for (int j = 0; j < minePieces.size(); j++) {
+                incoming[q][j] = new byte[chunks.bytes(minePieces.get(j))];
             }
         }
         combined = new byte[dtypes.size()][];
         for (int i = 0; i < combined.length; i++) {
-            combined[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+            combined[i] = GradientCombiner.zeros(dtypes.get(i), sizes[i]);
         }
         receive = direct(recordBytes[partition] * partitions);
         mineCombined = direct(gatherBytes);

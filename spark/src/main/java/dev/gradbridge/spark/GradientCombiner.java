@@ -51,8 +51,7 @@ final class GradientCombiner {
                 throw noGradient(dtypes.get(i));
             }
             flags[i] = mine.rows > 0 && mine.flags[i];
-            gradients[i] = flags[i] ? mine.gradients[i]
-                    : new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+            gradients[i] = flags[i] ? mine.gradients[i] : zeros(dtypes.get(i), sizes[i]);
         }
         return new Combined(gradients, flags, mine.rows > 0 ? mine.loss : 0.0, mine.rows);
     }
@@ -137,6 +136,11 @@ final class GradientCombiner {
             }
         }
         return new Combined(gradients, flags, loss, total);
+    }
+
+    /** @return a zeroed array for the whole gradient of a parameter of {@code elements} {@code dtype} values */
+    static byte[] zeros(String dtype, long elements) {
+        return new byte[Math.toIntExact(elements * ShardedData.bytesOf(dtype))];
     }
 
     private static IllegalArgumentException noGradient(String dtype) {

@@ -95,7 +95,7 @@ final class RelayExchange implements GradientExchange {
         ShardResult combinedChunk = new ShardResult(partition, part.rows, part.loss, part.gradients, part.flags);
         byte[][] gradients = new byte[count][];
         for (int i = 0; i < count; i++) {
-            gradients[i] = new byte[Math.toIntExact(sizes[i] * ShardedData.bytesOf(dtypes.get(i)))];
+            gradients[i] = GradientCombiner.zeros(dtypes.get(i), sizes[i]);
         }
         byte[][] all = exchange("gather", new byte[][] {combinedChunk.encode()});
         for (int c = 0; c < partitions; c++) {

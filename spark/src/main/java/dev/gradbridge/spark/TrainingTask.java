@@ -236,12 +236,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                     result.divergedLosses = Arrays.copyOf(losses, step);
                     break;
                 }
-                replica.scheduleEpoch(History.epochLoss(losses));
+                double loss = History.epochLoss(losses);
+                replica.scheduleEpoch(loss);
                 if (shard.partition == 0) {
                     long ending = System.nanoTime();
                     byte[] state = replica.save(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
                             run.xShape, run.yShape, run.shardsSha256));
-                    History.EpochRecord record = History.record(replica.module(), epoch, History.epochLoss(losses), null,
+                    History.EpochRecord record = History.record(replica.module(), epoch, loss, null,
                             0.0, run.recordValues);
                     Object[] end = {DriverState.END, attempt, epoch, losses, state,
                         new LinkedHashMap<>(record.getDigests()), new LinkedHashMap<>(record.getParameters()),
