@@ -24,9 +24,9 @@ def _spread(values, digits: int = 2) -> str:
 def goals(figures) -> list:
     """The targets judged on one run: latency pooled over the rounds' samples (the p99 of every
     call timed, rounds x --predictions; each round's own p99 beside it, to show how often a round
-    alone misses); throughput as the median of the
-    per-round ratios to the fused epoch with a 95% bootstrap interval over rounds (met when the
-    whole interval is at or above the target, missed when all of it is below)."""
+    alone misses); throughput as the median of the per-round ratios to the fused epoch with a 95%
+    bootstrap interval over rounds (met when the whole interval is at or above the target, missed
+    when all of it is below)."""
     java, python = figures["java"], figures["python"]
     rounds = len(java["predict_by_round"]["training_p99_us"])
     lines = ["goals (java, this machine):"]
