@@ -13,11 +13,11 @@ import org.apache.spark.rpc.RpcCallContext;
 
 /**
  * The state of a run the driver holds, on an endpoint of its RPC environment ({@link
- * DriverEndpoint}): the module archive at the start of the next epoch to
- * train. The run's one barrier stage reads it at each attempt's start, and partition 0 hands it each
- * epoch's end state without ending the stage; the driver's main thread takes those ends in order
- * ({@link #next}) and writes the history record and the checkpoint. So a retried stage (a task
- * failed) starts from the last epoch end the driver holds.
+ * DriverEndpoint}): the module archive at the start of the next epoch to train. The run's one
+ * barrier stage reads it at each attempt's start, and partition 0 hands it each epoch's end state
+ * without ending the stage; the driver's main thread takes those ends in order ({@link #next}) and
+ * writes the history record and the checkpoint. So a retried stage (a task failed) starts from the
+ * last epoch end the driver holds.
  *
  * <p>Requests: {@code {"start", Integer attempt, Integer partition, String executor}} answers
  * {@code Object[] {Integer epoch, byte[] archive}}, the same for every task of one stage attempt
@@ -25,9 +25,9 @@ import org.apache.spark.rpc.RpcCallContext;
  * end arrives between their requests); {@code {"end", Integer attempt, Integer epoch, double[] losses,
  * byte[] archive, LinkedHashMap digests, LinkedHashMap values, double[] lrs}} (the history record's
  * inputs, read from partition 0's replica: the driver loads no module) answers {@code Boolean.TRUE}
- * once the driver holds it. An end of an epoch the
- * driver already holds (a failed attempt's partition 0 may finish an epoch after the retry began from
- * its start: the same bits) is acknowledged and dropped.
+ * once the driver holds it. An end of an epoch the driver already holds (a failed attempt's
+ * partition 0 may finish an epoch after the retry began from its start: the same bits) is
+ * acknowledged and dropped.
  */
 final class DriverState extends DriverEndpoint {
 

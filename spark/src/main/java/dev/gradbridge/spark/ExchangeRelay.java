@@ -11,9 +11,9 @@ import org.apache.spark.rpc.RpcCallContext;
  * RPC environments accept no connections, so Spark's RPC between tasks goes through the driver;
  * Spark's barrier all-gather does too, and polls its answer once a second.)
  *
- * <p>A request is {@code Object[] {String round ("stageId.attempt/step/name"), Integer partition, Integer partitions, byte[][]
- * payloads}}: one payload per
- * destination task, or one for all. The answer is {@code byte[K][]}, the task's own entry empty.
+ * <p>A request is {@code Object[] {String round ("stageId.attempt/step/name"), Integer partition,
+ * Integer partitions, byte[][] payloads}}: one payload per destination task, or one for all. The
+ * answer is {@code byte[K][]}, the task's own entry empty.
  */
 final class ExchangeRelay extends DriverEndpoint {
 
