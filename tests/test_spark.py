@@ -59,11 +59,14 @@ def work(tmp_path_factory):
             "parquet": folder / "data.parquet"}
 
 
-def spark_train(*args, master: str, exchange: str = "") -> tuple:
-    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange); (CompletedProcess,
-    stats dict) and assert success."""
+def spark_train(*args, master: str, exchange: str = "", one_round_bytes: int | None = None) -> tuple:
+    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange, and
+    ``one_round_bytes``, spark.gradbridge.exchange.oneRoundBytes); (CompletedProcess, stats dict) and
+    assert success."""
     stats = Path(args[args.index("--history") + 1]).with_suffix(".stats.json")
     options = [f"-Dspark.gradbridge.exchange={exchange}"] if exchange else []
+    if one_round_bytes is not None:
+        options.append(f"-Dspark.gradbridge.exchange.oneRoundBytes={one_round_bytes}")
     result = sparkrun.run(["--master", master, "--stats", stats, *map(str, args)], check=False, jvm_options=options)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(stats.read_text())
@@ -132,10 +135,18 @@ def gloo_bytes_per_step(parameters, k: int) -> int:
     return max(sum(record) - record[me] + (k - 1) * max(chunk) for me in range(k))
 
 
+def gloo_one_round_bytes_per_step(parameters, k: int) -> int:
+    """What a task sends per step over Gloo in one round (a gradient of at most oneRoundBytes): its whole
+    record (rows, loss, one flag per parameter, the float32 gradient) to the (K-1) others."""
+    total = sum(int(np.prod(p.shape)) for p in parameters)
+    return (k - 1) * (4 + 8 + len(parameters) + 4 * total)
+
+
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
+    """By chunk (oneRoundBytes 0: this small model would go in one round): the reduce-scatter's bytes."""
     history = tmp_path / "h.jsonl"
     _, stats = spark_train("--model", work["models"]["adam"], "--data", work["npz"], "--epochs", EPOCHS, "--no-shuffle",
-                "--history", history, master="local[2]")
+                "--history", history, master="local[2]", one_round_bytes=0)
     replay = reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=EPOCHS, shards=2,
                                      batch_size=BATCH, shuffle=False)
     assert_bitwise(History.load(history), replay)
@@ -148,17 +159,25 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
 
 
-@pytest.mark.parametrize("exchange", ["gloo", "relay"])
-def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange):
-    """Three partitions (chunks of unequal sizes, Gloo's all-gather padded): Gloo, the default, and
-    the driver relay (spark.gradbridge.exchange=relay) give the replay's bits."""
+@pytest.mark.parametrize("exchange, one_round_bytes, name", [
+    ("", None, "gloo all-gather of whole records"), ("", 0, "gloo all-to-all + all-gather"),
+    ("relay", None, "relay reduce-scatter + all-gather")], ids=["gloo-one-round", "gloo-by-chunk", "relay"])
+def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange, one_round_bytes, name):
+    """Three partitions: Gloo (the default) in one round, as this small gradient goes, and by chunk
+    (chunks of unequal sizes, the all-gather padded), and the driver relay
+    (spark.gradbridge.exchange=relay) give the replay's bits."""
     history = tmp_path / "h.jsonl"
     _, stats = spark_train("--model", work["models"]["sgd"], "--data", work["npz"], "--epochs", 1,
-                           "--history", history, master="local[3]", exchange=exchange)
+                           "--history", history, master="local[3]", exchange=exchange, one_round_bytes=one_round_bytes)
     replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=3,
                                      batch_size=BATCH)
     assert_bitwise(History.load(history), replay)
-    assert stats["exchange"].startswith(exchange), stats
+    assert stats["exchange"] == name, stats
+    if one_round_bytes is None and not exchange:
+        import torch
+
+        parameters = list(torch.jit.load(str(work["models"]["sgd"])).parameters())
+        assert stats["bytes_sent"] == stats["steps"] * gloo_one_round_bytes_per_step(parameters, 3), stats
 
 
 def test_adam_k1_equals_the_replay_and_single_process_training(work, tmp_path):

@@ -12,12 +12,17 @@ import java.util.List;
  * order by its owner) then an all-gather, so they give the same bits: {@link GlooExchange} (the
  * default) task to task over libtorch's c10d Gloo, {@link RelayExchange} over Spark's RPC through
  * the driver, for clusters whose executors cannot reach each other's ports. {@link SoloExchange}
- * for one partition. The Spark setting {@value #SETTING} picks one.
+ * for one partition. The Spark setting {@value #SETTING} picks one; over Gloo, a gradient of at most
+ * {@value #ONE_ROUND_SETTING} bytes goes in one all-gather of whole records instead (the same bits).
  */
 interface GradientExchange extends AutoCloseable {
 
     /** The Spark setting that picks the exchange of a run with more than one partition. */
     String SETTING = "spark.gradbridge.exchange";
+    /** The Spark setting: the largest gradient, in bytes, that Gloo exchanges in one round. */
+    String ONE_ROUND_SETTING = "spark.gradbridge.exchange.oneRoundBytes";
+    /** Its default: 256 KiB (a step that small is bound by latency, not bytes). */
+    long ONE_ROUND_BYTES = 256 * 1024;
     /** Task to task over c10d Gloo (the default). */
     String GLOO = "gloo";
     /** Through an endpoint on the driver, over Spark's RPC. */

@@ -225,6 +225,22 @@ public final class SparkTrainer {
         return exchange;
     }
 
+    /** @return the Spark setting {@value GradientExchange#ONE_ROUND_SETTING} (bytes, at least 0) */
+    private static long oneRoundBytesOf(JavaSparkContext jsc) {
+        String value = jsc.getConf().get(GradientExchange.ONE_ROUND_SETTING,
+                Long.toString(GradientExchange.ONE_ROUND_BYTES));
+        try {
+            long bytes = Long.parseLong(value.trim());
+            if (bytes >= 0) {
+                return bytes;
+            }
+        } catch (NumberFormatException e) {
+            // the line below says what was expected
+        }
+        throw new InvalidInputException(
+                GradientExchange.ONE_ROUND_SETTING + " must be a whole number of bytes >= 0, got " + value);
+    }
+
     static String modeName(int partitions, boolean shuffle) {
         return "spark:" + partitions + ":" + (shuffle ? "shuffle" : "ordered");
     }
@@ -241,6 +257,7 @@ public final class SparkTrainer {
     public History fit(JavaSparkContext jsc, TrainingModule module, ShardedData data) throws IOException {
         checkModule(module);
         String exchange = exchangeOf(jsc);
+        long oneRoundBytes = oneRoundBytesOf(jsc);
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
@@ -277,7 +294,7 @@ public final class SparkTrainer {
         // The state the driver holds: the module archive at the start of the next epoch to train.
         DriverState held = DriverState.start(k, first, archive);
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, meeting, held.name(),
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, meeting, held.name(),
                 first + epochs, settings.isRecordValues());
         AtomicInteger failed = new AtomicInteger();
         AtomicInteger retried = new AtomicInteger();
@@ -302,7 +319,8 @@ public final class SparkTrainer {
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
         stats.exchange = k == 1 ? "none (one partition)"
-                : relay != null ? "relay reduce-scatter + all-gather" : "gloo all-to-all + all-gather";
+                : relay != null ? "relay reduce-scatter + all-gather"
+                : stats.parameterBytes <= oneRoundBytes ? "gloo all-gather of whole records" : "gloo all-to-all + all-gather";
         History history = new History();
         long started = System.nanoTime();
         JavaFutureAction<List<TrainingTask.Result>> job = null;

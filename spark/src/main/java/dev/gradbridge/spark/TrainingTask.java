@@ -69,6 +69,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final int shardsRdd;
         /** {@link GradientExchange#GLOO} or {@link GradientExchange#RELAY} */
         final String exchange;
+        /** The largest gradient Gloo exchanges in one round ({@link GradientExchange#ONE_ROUND_SETTING}). */
+        final long oneRoundBytes;
         /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
         final String meeting;
         /** The driver's {@link DriverState} endpoint. */
@@ -80,7 +82,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
                 String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
-                String meeting, String driverState, int endEpoch, boolean recordValues) {
+                long oneRoundBytes, String meeting, String driverState, int endEpoch, boolean recordValues) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -94,6 +96,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.fault = fault;
             this.shardsRdd = shardsRdd;
             this.exchange = exchange;
+            this.oneRoundBytes = oneRoundBytes;
             this.meeting = meeting;
             this.driverState = driverState;
             this.endEpoch = endEpoch;
@@ -184,7 +187,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             return new RelayExchange(run.meeting, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
                     shard.partitions);
         }
-        return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions);
+        return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions, run.oneRoundBytes);
     }
 
     private Iterator<Result> train(Shard shard, BarrierTaskContext context, GradientExchange exchange,
