@@ -34,6 +34,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dev_gradbridge_Native.h"
@@ -331,6 +332,36 @@ bool all_finite(const at::Tensor& t) {
   return at::isfinite(t).all().item<bool>();
 }
 
+// Whether two distinct tensors anywhere in `value` (attributes, lists, dicts, submodules) share a
+// storage: IValue::deepcopy clones each tensor apart, so a copy would split them (and its archive
+// and its training would no longer be the module's).
+bool shares_storage(const c10::IValue& value, std::unordered_map<const void*, const void*>& owners) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined() || !t.has_storage()) return false;
+    auto [at, fresh] = owners.emplace(t.storage().unsafeGetStorageImpl(), t.unsafeGetTensorImpl());
+    return !fresh && at->second != t.unsafeGetTensorImpl();
+  }
+  if (value.isObject()) {
+    for (const auto& slot : value.toObjectRef().slots()) {
+      if (shares_storage(slot, owners)) return true;
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& e : value.toListRef()) {
+      if (shares_storage(e, owners)) return true;
+    }
+  } else if (value.isTuple()) {
+    for (const auto& e : value.toTupleRef().elements()) {
+      if (shares_storage(e, owners)) return true;
+    }
+  } else if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict()) {
+      if (shares_storage(e.key(), owners) || shares_storage(e.value(), owners)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 extern "C" {
@@ -532,6 +563,18 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleFree(JNIEnv* env, jclass
   guarded(env, 0, [&] {
     delete reinterpret_cast<torch::jit::Module*>(module);
     return 0;
+  });
+}
+
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleSnapshot(JNIEnv* env, jclass, jlong module) {
+  return guarded(env, jlong{0}, [&] {
+    const torch::jit::Module& original = module_of(module);
+    std::unordered_map<const void*, const void*> owners;
+    if (shares_storage(original._ivalue(), owners)) return jlong{0};
+    // autograd on: a clone of a parameter keeps requires_grad, which the archive records
+    at::AutoGradMode grad(true);
+    auto copy = std::make_unique<torch::jit::Module>(original.deepcopy());
+    return reinterpret_cast<jlong>(copy.release());
   });
 }
 

@@ -7,11 +7,14 @@ dropout) with Adam and with SGD + nesterov + weight decay. Expected: bitwise.
 
 from __future__ import annotations
 
+import json
+
+import jpype
 import numpy as np
 import pytest
 import torch
 
-from gradbridge import export_training_module
+from gradbridge import export_training_module, protocol
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
 from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZER_CONFIGS
@@ -131,8 +134,6 @@ def test_set_parameters_and_lr_from_java(jvm, tmp_path):
     module = jvm.load_module(path)
     try:
         params = module.getParameters()
-        import jpype
-
         zeros = jpype.JClass("java.util.LinkedHashMap")()
         for name in params.keySet():
             zeros.put(name, jpype.JArray(jpype.JDouble)(len(params.get(name))))
@@ -146,5 +147,55 @@ def test_set_parameters_and_lr_from_java(jvm, tmp_path):
         with pytest.raises(InvalidInputError, match="set_parameters: expected values for"):
             with jvm.java_errors():
                 module.setParameters(zeros)
+    finally:
+        module.close()
+
+
+class _RowBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 4)
+        self.register_buffer("first_row", torch.zeros(5))
+
+    def forward(self, x):
+        return self.lin(x) + self.first_row.sum()
+
+
+def test_a_snapshot_is_the_module_or_refused_when_tensors_share_a_storage(jvm, tmp_path):
+    """TrainingModule.snapshot (what gradbridge-spark saves each epoch's end from, off the step path):
+    after BatchNorm steps its archive is the module's byte for byte, and it stays so while the module
+    trains on; a module two of whose tensors share a storage gets none (a copy would split them)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(40, 1, 8, 8, generator=g), torch.randint(0, 3, (40,), generator=g)
+    path = export_training_module(SmallCNN(side=8, channels=4, classes=3), "cross_entropy",
+                                  {"name": "adamw", "lr": 0.01}, tmp_path / "cnn.pt", example_inputs=(x, y))
+    checkpoint = jpype.JClass("dev.gradbridge.Metadata$Checkpoint").progress(1, 0)
+    module = jvm.load_module(path)
+    try:
+        jx, jy = jvm.to_tensor(x.numpy()), jvm.to_tensor(y.numpy())
+        for _ in range(2):
+            module.trainStep(jx, jy)
+        now = bytes(module.checkpointArchive(checkpoint))
+        copy = module.snapshot().get()
+        try:
+            assert bytes(copy.checkpointArchive(checkpoint)) == now
+            module.trainStep(jx, jy)
+            assert bytes(copy.checkpointArchive(checkpoint)) == now != bytes(module.checkpointArchive(checkpoint))
+        finally:
+            copy.close()
+    finally:
+        module.close()
+    x = torch.randn(8, 5, generator=g)
+    path = export_training_module(_RowBuffer(), "mse", {"name": "sgd", "lr": 0.1}, tmp_path / "view.pt",
+                                  example_inputs=(x, torch.randn(8, 4, generator=g)))
+    # the exporter copies every tensor apart; a module edited after export can alias two
+    scripted = torch.jit.load(str(path))
+    scripted.model.first_row = scripted.model.lin.weight.detach()[0]
+    aliased = tmp_path / "aliased.pt"
+    torch.jit.save(scripted, str(aliased), _extra_files={protocol.METADATA_FILE: json.dumps(protocol.read_metadata(path))})
+    module = jvm.load_module(aliased)
+    try:
+        assert not module.snapshot().isPresent()
     finally:
         module.close()

@@ -97,6 +97,12 @@ final class Native {
 
     static native void moduleFree(long module);
 
+    /**
+     * {@code module.deepcopy()} with autograd on: a module of the same type whose tensors are clones;
+     * 0 when two distinct tensors of the module share a storage (a copy would not alias them).
+     */
+    static native long moduleSnapshot(long module);
+
     /** @return the module's method names */
     static native String[] moduleMethods(long module);
 

@@ -49,6 +49,12 @@ abstract class ScriptedModule implements AutoCloseable {
     abstract byte[] save(String metadataName, String metadataJson);
 
     /**
+     * A module of the same type whose attributes hold copies of this one's tensors (what it saves
+     * is what this one saves now), or null when two of its tensors share a storage.
+     */
+    abstract ScriptedModule snapshot();
+
+    /**
      * Runs a method by name and converts its result (see {@link TrainingModule#call} for the types).
      *
      * @throws ProtocolException when the module has no such method

@@ -69,6 +69,20 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
+    ScriptedModule snapshot() {
+        long copy = Native.moduleSnapshot(handle());
+        if (copy == 0) {
+            return null;
+        }
+        try {
+            return new TorchScriptModule(path, copy);
+        } catch (RuntimeException e) {
+            Native.moduleFree(copy);
+            throw e;
+        }
+    }
+
+    @Override
     Object invoke(String method, Object... args) {
         requireMethod(method);
         for (int i = 0; i < args.length; i++) {

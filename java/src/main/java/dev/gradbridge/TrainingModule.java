@@ -11,6 +11,7 @@ import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Set;
 import java.util.TreeMap;
 import org.slf4j.Logger;
@@ -622,6 +623,29 @@ public final class TrainingModule implements AutoCloseable {
     public byte[] checkpointArchive(Metadata.Checkpoint checkpoint) {
         try (ThreadGuard.Use use = use()) {
             return CheckpointWriter.archive(scripted, metadata.withCheckpoint(checkpoint));
+        }
+    }
+
+    /**
+     * A copy of the module as it is now (every attribute's tensors cloned: parameters, optimizer
+     * state, learning rate), to save or read on another thread while this one trains on: its {@link
+     * #checkpointArchive} is the bytes this module's gives now. The caller closes it.
+     *
+     * @return the copy, or empty when two of the module's tensors share a storage (a copy would
+     *     split them)
+     */
+    public Optional<TrainingModule> snapshot() {
+        try (ThreadGuard.Use use = use()) {
+            ScriptedModule copy = scripted.snapshot();
+            if (copy == null) {
+                return Optional.empty();
+            }
+            try {
+                return Optional.of(new TrainingModule(path, metadata, copy));
+            } catch (RuntimeException e) {
+                copy.close();
+                throw e;
+            }
         }
     }
 

@@ -308,4 +308,40 @@ public class TrainingModuleTest {
         IllegalStateException e = assertThrows(IllegalStateException.class, () -> module.getParameters());
         assertTrue(e.getMessage(), e.getMessage().contains("is closed"));
     }
+
+    /** One Adam step of the MLP classifier (4 features, 3 classes) on fixed rows. */
+    private static void stepOnce(TrainingModule mlp, float shift) {
+        try (TensorScope scope = new TensorScope()) {
+            float[] xs = new float[8 * 4];
+            for (int i = 0; i < xs.length; i++) {
+                xs[i] = (i % 7) * 0.25f - shift;
+            }
+            mlp.calculateLossAndBackward(scope.add(Tensor.of(xs, 8, 4)),
+                    scope.add(Tensor.of(new long[] {0, 1, 2, 0, 1, 2, 0, 1}, 8)));
+            mlp.optimizerStep();
+        }
+    }
+
+    @Test
+    public void aSnapshotSavesTheModulesBytesAndKeepsThemWhileTheModuleTrainsOn() {
+        Metadata.Checkpoint checkpoint = Metadata.Checkpoint.progress(1, 0);
+        for (String name : new String[] {"linear_regression.pt", "cnn_classifier.pt", "mlp_regressor.pt", "mlp_finetune.pt"}) {
+            try (TrainingModule loaded = TrainingModule.load(fixture(name));
+                    TrainingModule copy = loaded.snapshot().get()) {
+                assertArrayEquals(name, loaded.checkpointArchive(checkpoint), copy.checkpointArchive(checkpoint));
+            }
+        }
+        try (TrainingModule mlp = TrainingModule.load(fixture("mlp_classifier.pt"))) {
+            stepOnce(mlp, 0f);
+            stepOnce(mlp, 0.5f); // Adam's moments and step count are set
+            byte[] now = mlp.checkpointArchive(checkpoint);
+            try (TrainingModule copy = mlp.snapshot().get()) {
+                assertArrayEquals(now, copy.checkpointArchive(checkpoint));
+                stepOnce(mlp, 1f);
+                assertArrayEquals(now, copy.checkpointArchive(checkpoint));
+                assertNotEquals(Arrays.toString(now), Arrays.toString(mlp.checkpointArchive(checkpoint)));
+                assertEquals(mlp.getMetadata().getParameters().size(), copy.getParameters().size());
+            }
+        }
+    }
 }

@@ -17,7 +17,7 @@ import java.util.List;
 /**
  * One training task's copy of the module, for the run's barrier stage: loaded from the state the driver
  * holds (a module archive: parameters, optimizer state, learning rate), stepped by the task, and
- * saved back as an archive at the end of each epoch. Every tensor the Spark trainer touches goes
+ * snapshotted at the end of each epoch (partition 0: the driver gets its archive). Every tensor the Spark trainer touches goes
  * through here: gradients out as raw little-endian bytes, the combined gradient in.
  */
 final class Replica implements AutoCloseable {
@@ -99,12 +99,7 @@ final class Replica implements AutoCloseable {
         module.scheduleEpoch(loss);
     }
 
-    /** @return the module as it is now, as a checkpoint archive with {@code checkpoint} in its metadata */
-    byte[] save(Metadata.Checkpoint checkpoint) {
-        return module.checkpointArchive(checkpoint);
-    }
-
-    /** @return the module (partition 0 reads its parameters for the history) */
+    /** @return the module (partition 0 snapshots it at each epoch's end, for the driver) */
     TrainingModule module() {
         return module;
     }

@@ -2,6 +2,7 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.io.Serializable;
@@ -11,13 +12,17 @@ import java.util.Collections;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.rpc.RpcEndpointRef;
 import org.apache.spark.util.RpcUtils$;
-import scala.concurrent.Future;
 import scala.jdk.javaapi.CollectionConverters;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
@@ -31,8 +36,8 @@ import scala.runtime.AbstractFunction1;
  * GradientExchange}: in partition order, the same on every task) and runs the exported optimizer;
  * at each epoch's end every task runs the schedule step on the epoch's loss. Every replica thus takes
  * the same steps on the same bits. Partition 0 hands each epoch's end state (a checkpoint archive and
- * the epoch's losses and its history record's inputs) to the driver and goes on, without ending
- * the stage.
+ * the epoch's losses and its history record's inputs) to the driver, from a snapshot and on a
+ * thread of its own while the next epoch's steps run, without ending the stage.
  *
  * <p>A failed task fails the stage; Spark retries the stage as a whole, and the retry starts from the
  * last epoch end the driver holds, so it repeats that epoch exactly.
@@ -139,7 +144,10 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         long[] stepNanos;
         long exchangeNanos;
         long optimizerNanos;
-        /** Partition 0: its epoch ends (saving the archive, reading the record's inputs, handing them over). */
+        /**
+         * Partition 0: its epoch ends' time on the step path (the snapshot, and waiting for the previous
+         * end's hand-over; the archive and the record are made off it).
+         */
         long endNanos;
         long bytesSent;
         long bytesReceived;
@@ -203,7 +211,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         result.computeNanos = new long[total];
         result.stepNanos = new long[total];
         int taken = 0;
-        Future<Boolean> handover = null; // partition 0's last epoch end, on its way to the driver
+        CompletableFuture<Void> handover = null; // partition 0's last epoch end, on its way to the driver
+        ExecutorService ender = shard.partition == 0 ? Executors.newSingleThreadExecutor(TrainingTask::endThread) : null;
         long loading = System.nanoTime();
         try (Replica replica = Replica.load(archive)) {
             result.loadNanos = System.nanoTime() - loading;
@@ -243,19 +252,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 replica.scheduleEpoch(loss);
                 if (shard.partition == 0) {
                     long ending = System.nanoTime();
-                    byte[] state = replica.save(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
-                            run.xShape, run.yShape, run.shardsSha256));
-                    History.EpochRecord record = History.record(replica.module(), epoch, loss, null,
-                            0.0, run.recordValues);
-                    Object[] end = {DriverState.END, attempt, epoch, losses, state,
-                        new LinkedHashMap<>(record.getDigests()), new LinkedHashMap<>(record.getParameters()),
-                        record.getLrs()};
-                    // the previous end is held before this one goes (the driver takes them in order);
-                    // this one travels while the next epoch's steps run
-                    awaitHandover(handover);
-                    handover = driver.ask(end, RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Boolean.class));
+                    handover = endEpoch(replica.module(), attempt, epoch, losses, loss, driver, handover, ender);
                     result.endNanos += System.nanoTime() - ending;
                 }
+            }
+        } finally {
+            if (ender != null) {
+                ender.shutdown(); // a hand-over under way ends; a failed task's is of no use but harmless
             }
         }
         awaitHandover(handover);
@@ -266,9 +269,62 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         return Collections.singletonList(result).iterator();
     }
 
-    private static void awaitHandover(Future<Boolean> handover) {
-        if (handover != null) {
-            RelayExchange.await(handover);
+    /**
+     * Partition 0's end of an epoch: a snapshot of the replica (a memory copy) on the step path, and
+     * off it, on {@code ender}, its archive, its history record's inputs and their hand-over to the
+     * driver, while the next epoch's steps run. The previous end is handed over first (the driver
+     * takes them in order, and at most one snapshot waits). A module whose tensors share a storage
+     * cannot be copied apart, so its end is saved on the step path.
+     *
+     * @return the hand-over under way
+     */
+    private CompletableFuture<Void> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses,
+            double loss, RpcEndpointRef driver, CompletableFuture<Void> previous, ExecutorService ender) {
+        Optional<TrainingModule> snapshot = module.snapshot();
+        awaitHandover(previous);
+        if (!snapshot.isPresent()) {
+            handOver(module, attempt, epoch, losses, loss, driver);
+            return null;
+        }
+        return CompletableFuture.runAsync(() -> {
+            try (TrainingModule copy = snapshot.get()) {
+                handOver(copy, attempt, epoch, losses, loss, driver);
+            }
+        }, ender);
+    }
+
+    /** Saves {@code module}'s archive and its history record's inputs and hands them to the driver. */
+    private void handOver(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
+            RpcEndpointRef driver) {
+        byte[] state = module.checkpointArchive(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
+                run.xShape, run.yShape, run.shardsSha256));
+        History.EpochRecord record = History.record(module, epoch, loss, null, 0.0, run.recordValues);
+        Object[] end = {DriverState.END, attempt, epoch, losses, state, new LinkedHashMap<>(record.getDigests()),
+            new LinkedHashMap<>(record.getParameters()), record.getLrs()};
+        RelayExchange.await(driver.ask(end, RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Boolean.class)));
+    }
+
+    private static Thread endThread(Runnable run) {
+        Thread thread = new Thread(run, "gradbridge-epoch-end");
+        thread.setDaemon(true);
+        return thread;
+    }
+
+    /** Waits for a hand-over; its failure fails the task (the stage retries from the last end the driver holds). */
+    private static void awaitHandover(CompletableFuture<Void> handover) {
+        if (handover == null) {
+            return;
+        }
+        try {
+            handover.join();
+        } catch (CompletionException e) {
+            if (e.getCause() instanceof RuntimeException) {
+                throw (RuntimeException) e.getCause();
+            }
+            if (e.getCause() instanceof Error) {
+                throw (Error) e.getCause();
+            }
+            throw e;
         }
     }
 
