@@ -161,6 +161,7 @@ class _RowBuffer(torch.nn.Module):
         return self.lin(x) + self.first_row.sum()
 
 
+@pytest.mark.every_torch_java
 def test_a_snapshot_is_the_module_or_refused_when_tensors_share_a_storage(jvm, tmp_path):
     """TrainingModule.snapshot (what gradbridge-spark saves each epoch's end from, off the step path):
     after BatchNorm steps its archive is the module's byte for byte, and it stays so while the module

@@ -1,5 +1,6 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.GlooGroup;
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -14,11 +15,14 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.CompletionException;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.rpc.RpcEndpointRef;
@@ -310,21 +314,35 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         return thread;
     }
 
-    /** Waits for a hand-over; its failure fails the task (the stage retries from the last end the driver holds). */
+    /**
+     * Waits for a hand-over, checking as the exchanges do whether Spark killed the task; its failure
+     * fails the task (the stage retries from the last end the driver holds).
+     */
     private static void awaitHandover(CompletableFuture<Void> handover) {
         if (handover == null) {
             return;
         }
-        try {
-            handover.join();
-        } catch (CompletionException e) {
-            if (e.getCause() instanceof RuntimeException) {
-                throw (RuntimeException) e.getCause();
+        TaskContext task = TaskContext.get();
+        while (true) {
+            try {
+                handover.get(GlooGroup.CHECK_MILLIS, TimeUnit.MILLISECONDS);
+                return;
+            } catch (TimeoutException e) {
+                if (task != null) {
+                    task.killTaskIfInterrupted();
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("interrupted while handing an epoch's end to the driver", e);
+            } catch (ExecutionException e) {
+                if (e.getCause() instanceof RuntimeException) {
+                    throw (RuntimeException) e.getCause();
+                }
+                if (e.getCause() instanceof Error) {
+                    throw (Error) e.getCause();
+                }
+                throw new IllegalStateException(e.getCause());
             }
-            if (e.getCause() instanceof Error) {
-                throw (Error) e.getCause();
-            }
-            throw e;
         }
     }
 
