@@ -101,13 +101,14 @@ def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dic
                             # the slowest task's, so they include waiting for the slowest compute
                             "exchange": _spread(got["exchange"]), "optimizer": _spread(got["optimizer"])},
             # one barrier stage per run: its start (launch, meeting, module loads) once, and partition
-            # 0's epoch ends (archive, record inputs, hand-over; the others wait at the next step)
+            # 0's epoch ends on its step path (the snapshot; the archive is saved off it)
             "run_stage_s": s["stage_s"],
             "run_load_s": s["load_s"],
             "per_epoch_end_s": s["epoch_end_s"] / epochs,
             "bytes_per_task_per_step": {"sent": s["bytes_sent"] // s["steps"],
                                         "received": s["bytes_received"] // s["steps"]},
             "parameter_bytes": s["parameter_bytes"],
+            "one_round_bytes": s["one_round_bytes"],
         }
     rates = []
     for _ in range(rounds):
@@ -160,11 +161,12 @@ def _scaling_model(out: dict) -> dict:
     """Per step on N executors, each on its own machine:
         relay:  T(N) = C1/N + O_relay + E/S + 2*N*P/BW        (the driver forwards every task's 2P)
         gloo:   T(N) = C1/N + O_gloo + E/S + 2*P*(N-1)/N/BW    (task to task: all-to-all, then ring all-gather)
-                T(N) = C1/N + O_gloo + E/S + P*(N-1)/BW        (P at most oneRoundBytes: one all-gather of whole records)
+                T(N) = C1/N + O_gloo + E/S + P*(N-1)/BW        (P*(N-1) at most oneRoundBytes: one all-gather of whole records)
     C1: the whole batch's compute in one task (K=1); O: the per-step overhead measured at K=2 with
     that exchange (step minus the slowest task's compute: the exchange, the combine and the optimizer
-    step); E/S: partition 0's epoch end (saving its archive, the record's inputs, the hand-over to
-    the driver, while the others wait) over the epoch's S steps; P: the gradient bytes. The run's one
+    step; a small gradient's O is one round's, also where a larger N would go by chunk); E/S:
+    partition 0's epoch end on its step path (the snapshot; the others wait) over the epoch's S
+    steps; P: the gradient bytes. The run's one
     stage start (launch, meeting, module loads: R) is paid once per run, not per step, and is listed
     apart. Ideal compute scaling and an O that does not grow with N are optimistic."""
     c1 = out["K=1"]["per_step_ms"]["compute_slowest_task"]["median"] / 1e3
@@ -179,10 +181,9 @@ def _scaling_model(out: dict) -> dict:
                     - out["epochs"] * run["per_epoch_end_s"])
         if kind == "relay":
             wire = lambda n: 2 * n * p
-        elif run["exchange"].startswith("gloo all-gather of whole records"):
-            wire = lambda n: p * (n - 1)
-        else:
-            wire = lambda n: 2 * p * (n - 1) / n
+        else:  # the exchange's own rule (GlooExchange.oneRound), with the run's setting
+            one_round = run["one_round_bytes"]
+            wire = lambda n: p * (n - 1) if p * (n - 1) <= one_round else 2 * p * (n - 1) / n
         model[kind] = {"O_ms": overhead * 1e3, "E_per_step_ms": per_step_epoch * 1e3, "R_run_s": start,
                        "steps_per_s": {}}
         for name, bw in BANDWIDTHS.items():
@@ -229,7 +230,7 @@ def _table(results: list) -> str:
         lines.append("|---|" + "---|" * len(EXECUTORS))
         for kind in ("relay", "gloo"):
             for name, row in m[kind]["steps_per_s"].items():
-                lines.append(f"| {kind}, {name} | " + " | ".join(f"{row[n]:.1f}" for n in EXECUTORS) + " |")
+                lines.append(f"| {kind}, {name} | " + " | ".join(f"{row[n] if n in row else row[str(n)]:.1f}" for n in EXECUTORS) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -136,8 +136,8 @@ def gloo_bytes_per_step(parameters, k: int) -> int:
 
 
 def gloo_one_round_bytes_per_step(parameters, k: int) -> int:
-    """What a task sends per step over Gloo in one round (a gradient of at most oneRoundBytes): its whole
-    record (rows, loss, one flag per parameter, the float32 gradient) to the (K-1) others."""
+    """What a task sends per step over Gloo in one round ((K-1) times the gradient at most oneRoundBytes):
+    its whole record (rows, loss, one flag per parameter, the float32 gradient) to the (K-1) others."""
     total = sum(int(np.prod(p.shape)) for p in parameters)
     return (k - 1) * (4 + 8 + len(parameters) + 4 * total)
 
@@ -159,25 +159,30 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
 
 
-@pytest.mark.parametrize("exchange, one_round_bytes, name", [
-    ("", None, "gloo all-gather of whole records"), ("", 0, "gloo all-to-all + all-gather"),
-    ("relay", None, "relay reduce-scatter + all-gather")], ids=["gloo-one-round", "gloo-by-chunk", "relay"])
-def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange, one_round_bytes, name):
+@pytest.mark.parametrize("exchange, one_round, name", [
+    ("", "default", "gloo all-gather of whole records"), ("", "P", "gloo all-to-all + all-gather"),
+    ("relay", "default", "relay reduce-scatter + all-gather")], ids=["gloo-one-round", "gloo-by-chunk", "relay"])
+def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange, one_round, name):
     """Three partitions: Gloo (the default) in one round, as this small gradient goes, and by chunk
-    (chunks of unequal sizes, the all-gather padded), and the driver relay
-    (spark.gradbridge.exchange=relay) give the replay's bits."""
+    (oneRoundBytes = P, the gradient's bytes: a task would receive 2P in one round; chunks of unequal
+    sizes, the all-gather padded), and the driver relay (spark.gradbridge.exchange=relay) give the
+    replay's bits."""
+    import torch
+
+    parameters = list(torch.jit.load(str(work["models"]["sgd"])).parameters())
+    gradient_bytes = 4 * sum(int(np.prod(p.shape)) for p in parameters)
     history = tmp_path / "h.jsonl"
     _, stats = spark_train("--model", work["models"]["sgd"], "--data", work["npz"], "--epochs", 1,
-                           "--history", history, master="local[3]", exchange=exchange, one_round_bytes=one_round_bytes)
+                           "--history", history, master="local[3]", exchange=exchange,
+                           one_round_bytes=gradient_bytes if one_round == "P" else None)
     replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=3,
                                      batch_size=BATCH)
     assert_bitwise(History.load(history), replay)
     assert stats["exchange"] == name, stats
-    if one_round_bytes is None and not exchange:
-        import torch
-
-        parameters = list(torch.jit.load(str(work["models"]["sgd"])).parameters())
+    if name.startswith("gloo all-gather"):
         assert stats["bytes_sent"] == stats["steps"] * gloo_one_round_bytes_per_step(parameters, 3), stats
+    if name.startswith("gloo all-to-all"):
+        assert stats["bytes_sent"] == stats["steps"] * gloo_bytes_per_step(parameters, 3), stats
 
 
 def test_adam_k1_equals_the_replay_and_single_process_training(work, tmp_path):

@@ -28,11 +28,12 @@ import org.apache.spark.TaskContext;
  * Per step a task sends (K-1)/K of the gradient in each round (the all-gather is Gloo's ring):
  * about 2P(K-1)/K bytes, whatever K is.
  *
- * <p>A gradient of at most {@link GradientExchange#ONE_ROUND_SETTING} bytes goes in one round
- * instead: an {@code allgather} of every task's whole record, and every task combines all K in partition order
- * (the same arithmetic element by element, so the same bits). Such a step is bound by the
- * collectives' latency, not their bytes: one collective instead of two saves more than the K-fold
- * bytes cost (K P per task, at most 64 MiB a step at K = 256).
+ * <p>A small gradient goes in one round instead ({@link #oneRound}: when a task would receive at
+ * most {@link GradientExchange#ONE_ROUND_SETTING} bytes of it, (K-1) P): an {@code allgather} of
+ * every task's whole record, and every task combines all K in partition order (the same arithmetic
+ * element by element, so the same bits). Such a step is bound by the collectives' latency, not its
+ * bytes: one collective instead of two saves more than the extra bytes cost, and the bound keeps
+ * those bytes from growing with K (a larger K goes by chunk).
  *
  * <p>A task that fails closes its group, which fails the collective its peers wait in; a task
  * Spark killed gets out of the wait within {@link GlooGroup#CHECK_MILLIS} ms.
@@ -48,7 +49,7 @@ final class GlooExchange implements GradientExchange {
     private final int partitions;
     private final long oneRoundBytes;
     private Chunks chunks;
-    /** Whether this run's gradient is small enough for one all-gather of whole records. */
+    /** Whether this run's gradient goes in one all-gather of whole records ({@link #oneRound}). */
     private boolean whole;
     /** Per partition, its gradient in the whole-record round (reused every step). */
     private byte[][][] wholeFromAll;
@@ -78,7 +79,7 @@ final class GlooExchange implements GradientExchange {
      * others through the run's store on the driver.
      *
      * @param store the driver's {@code TCPStore}, as host:port
-     * @param oneRoundBytes the largest gradient exchanged in one all-gather of whole records
+     * @param oneRoundBytes the most gradient bytes a task receives in one all-gather of whole records
      */
     static GlooExchange join(BarrierTaskContext context, String store, int partition, int partitions,
             long oneRoundBytes) {
@@ -92,13 +93,21 @@ final class GlooExchange implements GradientExchange {
         }
     }
 
+    /**
+     * @return whether a gradient of {@code gradientBytes} goes in one all-gather among {@code
+     *     partitions} tasks: when each would receive at most {@code oneRoundBytes} of it
+     */
+    static boolean oneRound(long gradientBytes, int partitions, long oneRoundBytes) {
+        return gradientBytes * (partitions - 1) <= oneRoundBytes;
+    }
+
     private void layout(List<String> dtypes, long[] sizes) {
         chunks = new Chunks(dtypes, sizes, partitions);
         long gradientBytes = 0;
         for (int i = 0; i < sizes.length; i++) {
             gradientBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
-        whole = gradientBytes <= oneRoundBytes;
+        whole = oneRound(gradientBytes, partitions, oneRoundBytes);
         if (whole) {
             long record = HEADER + dtypes.size() + gradientBytes;
             send = direct(record);

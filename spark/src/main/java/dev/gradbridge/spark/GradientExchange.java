@@ -12,17 +12,21 @@ import java.util.List;
  * order by its owner) then an all-gather, so they give the same bits: {@link GlooExchange} (the
  * default) task to task over libtorch's c10d Gloo, {@link RelayExchange} over Spark's RPC through
  * the driver, for clusters whose executors cannot reach each other's ports. {@link SoloExchange}
- * for one partition. The Spark setting {@value #SETTING} picks one; over Gloo, a gradient of at most
- * {@value #ONE_ROUND_SETTING} bytes goes in one all-gather of whole records instead (the same bits).
+ * for one partition. The Spark setting {@value #SETTING} picks one; over Gloo, a gradient of which
+ * each task would receive at most {@value #ONE_ROUND_SETTING} bytes ((K-1) P) goes in one all-gather
+ * of whole records instead (the same bits).
  */
 interface GradientExchange extends AutoCloseable {
 
     /** The Spark setting that picks the exchange of a run with more than one partition. */
     String SETTING = "spark.gradbridge.exchange";
-    /** The Spark setting: the largest gradient, in bytes, that Gloo exchanges in one round. */
+    /** The Spark setting: the most gradient bytes a task receives when Gloo exchanges them in one round. */
     String ONE_ROUND_SETTING = "spark.gradbridge.exchange.oneRoundBytes";
-    /** Its default: 256 KiB (a step that small is bound by latency, not bytes). */
-    long ONE_ROUND_BYTES = 256 * 1024;
+    /**
+     * Its default, 128 KiB: at 1 Gb/s those bytes take about the millisecond the second collective
+     * would (a step that small is bound by latency, not bytes).
+     */
+    long ONE_ROUND_BYTES = 128 * 1024;
     /** Task to task over c10d Gloo (the default). */
     String GLOO = "gloo";
     /** Through an endpoint on the driver, over Spark's RPC. */

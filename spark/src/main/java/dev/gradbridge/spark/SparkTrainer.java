@@ -130,7 +130,7 @@ public final class SparkTrainer {
         public long optimizerNanos;
         /** The driver's time in the run's barrier stage (launch, module loads, steps, epoch ends, results), ns. */
         public long stageNanos;
-        /** Partition 0's time at the epochs' ends (saving its archive, reading the record's inputs, sending), ns. */
+        /** Partition 0's time at the epochs' ends on its step path (the snapshot, the wait for the last hand-over), ns. */
         public long epochEndNanos;
         /** The slowest module load at the stage's start, ns. */
         public long loadNanos;
@@ -152,6 +152,8 @@ public final class SparkTrainer {
         public final List<List<String>> executors = new ArrayList<>();
         /** The exchange in use. */
         public String exchange;
+        /** The setting {@value GradientExchange#ONE_ROUND_SETTING} in use. */
+        public long oneRoundBytes;
 
         /** @return the counters as a JSON object */
         public String toJson() {
@@ -162,10 +164,10 @@ public final class SparkTrainer {
                             + " \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
                             + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
-                            + " \"executors\": %s}",
+                            + " \"one_round_bytes\": %d, \"executors\": %s}",
                     steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
                     stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
-                    failedTasks, stagesRetried, partitions, exchange, executorsJson());
+                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, executorsJson());
         }
 
         private String executorsJson() {
@@ -318,9 +320,11 @@ public final class SparkTrainer {
         logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
+        stats.oneRoundBytes = oneRoundBytes;
         stats.exchange = k == 1 ? "none (one partition)"
                 : relay != null ? "relay reduce-scatter + all-gather"
-                : stats.parameterBytes <= oneRoundBytes ? "gloo all-gather of whole records" : "gloo all-to-all + all-gather";
+                : GlooExchange.oneRound(stats.parameterBytes, k, oneRoundBytes) ? "gloo all-gather of whole records"
+                : "gloo all-to-all + all-gather";
         History history = new History();
         long started = System.nanoTime();
         JavaFutureAction<List<TrainingTask.Result>> job = null;

@@ -78,7 +78,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final int shardsRdd;
         /** {@link GradientExchange#GLOO} or {@link GradientExchange#RELAY} */
         final String exchange;
-        /** The largest gradient Gloo exchanges in one round ({@link GradientExchange#ONE_ROUND_SETTING}). */
+        /** The most gradient bytes a task receives in one Gloo round ({@link GradientExchange#ONE_ROUND_SETTING}). */
         final long oneRoundBytes;
         /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
         final String meeting;
