@@ -136,11 +136,11 @@ def test_an_unknown_exchange_setting(files, tmp_path):
     assert stray_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("value", ["-1", "256k"])
+@pytest.mark.parametrize("value", ["-1", "256k", "536870913"])
 def test_a_bad_one_round_bytes_setting(files, tmp_path, value):
     result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
                            "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"],
                           check=False, jvm_options=[f"-Dspark.gradbridge.exchange.oneRoundBytes={value}"])
     assert one_error_line(result) == (
-        f"spark.gradbridge.exchange.oneRoundBytes must be a whole number of bytes >= 0, got {value}")
+        f"spark.gradbridge.exchange.oneRoundBytes must be a whole number of bytes in 0..536870912, got {value}")
     assert stray_files(tmp_path) == []

@@ -27,6 +27,8 @@ interface GradientExchange extends AutoCloseable {
      * would (a step that small is bound by latency, not bytes).
      */
     long ONE_ROUND_BYTES = 128 * 1024;
+    /** Its largest value, 512 MiB: the K records one round gathers stay within one direct buffer (2 GiB). */
+    long ONE_ROUND_MAX_BYTES = 512L * 1024 * 1024;
     /** Task to task over c10d Gloo (the default). */
     String GLOO = "gloo";
     /** Through an endpoint on the driver, over Spark's RPC. */

@@ -15,10 +15,10 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * One training task's copy of the module, for the run's barrier stage: loaded from the state the driver
- * holds (a module archive: parameters, optimizer state, learning rate), stepped by the task, and
- * snapshotted at the end of each epoch (partition 0: the driver gets its archive). Every tensor the Spark trainer touches goes
- * through here: gradients out as raw little-endian bytes, the combined gradient in.
+ * One training task's copy of the module, for the run's barrier stage: loaded from the state the
+ * driver holds (a module archive: parameters, optimizer state, learning rate) and stepped by the
+ * task; at each epoch's end partition 0 snapshots it for the driver. Every tensor the Spark trainer
+ * touches goes through here: gradients out as raw little-endian bytes, the combined gradient in.
  */
 final class Replica implements AutoCloseable {
 

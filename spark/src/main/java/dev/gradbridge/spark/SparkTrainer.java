@@ -227,20 +227,21 @@ public final class SparkTrainer {
         return exchange;
     }
 
-    /** @return the Spark setting {@value GradientExchange#ONE_ROUND_SETTING} (bytes, at least 0) */
+    /** @return the Spark setting {@value GradientExchange#ONE_ROUND_SETTING} (bytes, 0 to its maximum) */
     private static long oneRoundBytesOf(JavaSparkContext jsc) {
         String value = jsc.getConf().get(GradientExchange.ONE_ROUND_SETTING,
                 Long.toString(GradientExchange.ONE_ROUND_BYTES));
         try {
             long bytes = Long.parseLong(value.trim());
-            if (bytes >= 0) {
+            if (bytes >= 0 && bytes <= GradientExchange.ONE_ROUND_MAX_BYTES) {
                 return bytes;
             }
         } catch (NumberFormatException e) {
             // the line below says what was expected
         }
         throw new InvalidInputException(
-                GradientExchange.ONE_ROUND_SETTING + " must be a whole number of bytes >= 0, got " + value);
+                GradientExchange.ONE_ROUND_SETTING + " must be a whole number of bytes in 0.."
+                        + GradientExchange.ONE_ROUND_MAX_BYTES + ", got " + value);
     }
 
     static String modeName(int partitions, boolean shuffle) {

@@ -285,7 +285,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     private CompletableFuture<Void> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses,
             double loss, RpcEndpointRef driver, CompletableFuture<Void> previous, ExecutorService ender) {
         Optional<TrainingModule> snapshot = module.snapshot();
-        awaitHandover(previous);
+        try {
+            awaitHandover(previous);
+        } catch (RuntimeException | Error e) {
+            snapshot.ifPresent(TrainingModule::close);
+            throw e;
+        }
         if (!snapshot.isPresent()) {
             handOver(module, attempt, epoch, losses, loss, driver);
             return null;
