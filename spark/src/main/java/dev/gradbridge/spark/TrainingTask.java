@@ -1,6 +1,5 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.GlooGroup;
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -14,19 +13,17 @@ import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Optional;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
-import java.util.concurrent.TimeUnit;
-import java.util.concurrent.TimeoutException;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
-import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.rpc.RpcEndpointRef;
 import org.apache.spark.util.RpcUtils$;
+import scala.concurrent.Future;
+import scala.concurrent.Promise;
+import scala.concurrent.Promise$;
 import scala.jdk.javaapi.CollectionConverters;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
@@ -215,7 +212,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         result.computeNanos = new long[total];
         result.stepNanos = new long[total];
         int taken = 0;
-        CompletableFuture<Void> handover = null; // partition 0's last epoch end, on its way to the driver
+        Future<Object> handover = null; // partition 0's last epoch end, on its way to the driver
         ExecutorService ender = shard.partition == 0 ? Executors.newSingleThreadExecutor(TrainingTask::endThread) : null;
         long loading = System.nanoTime();
         try (Replica replica = Replica.load(archive)) {
@@ -282,8 +279,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
      *
      * @return the hand-over under way
      */
-    private CompletableFuture<Void> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses,
-            double loss, RpcEndpointRef driver, CompletableFuture<Void> previous, ExecutorService ender) {
+    private Future<Object> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
+            RpcEndpointRef driver, Future<Object> previous, ExecutorService ender) {
         Optional<TrainingModule> snapshot = module.snapshot();
         try {
             awaitHandover(previous);
@@ -295,11 +292,17 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             handOver(module, attempt, epoch, losses, loss, driver);
             return null;
         }
-        return CompletableFuture.runAsync(() -> {
+        // a Scala promise, so that the wait for it is the exchanges' own (RelayExchange.await)
+        Promise<Object> done = Promise$.MODULE$.apply();
+        ender.execute(() -> {
             try (TrainingModule copy = snapshot.get()) {
                 handOver(copy, attempt, epoch, losses, loss, driver);
+                done.success(null);
+            } catch (Throwable e) {
+                done.tryFailure(e); // a close that fails after success leaves the success
             }
-        }, ender);
+        });
+        return done.future();
     }
 
     /** Saves {@code module}'s archive and its history record's inputs and hands them to the driver. */
@@ -319,35 +322,10 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         return thread;
     }
 
-    /**
-     * Waits for a hand-over, checking as the exchanges do whether Spark killed the task; its failure
-     * fails the task (the stage retries from the last end the driver holds).
-     */
-    private static void awaitHandover(CompletableFuture<Void> handover) {
-        if (handover == null) {
-            return;
-        }
-        TaskContext task = TaskContext.get();
-        while (true) {
-            try {
-                handover.get(GlooGroup.CHECK_MILLIS, TimeUnit.MILLISECONDS);
-                return;
-            } catch (TimeoutException e) {
-                if (task != null) {
-                    task.killTaskIfInterrupted();
-                }
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                throw new IllegalStateException("interrupted while handing an epoch's end to the driver", e);
-            } catch (ExecutionException e) {
-                if (e.getCause() instanceof RuntimeException) {
-                    throw (RuntimeException) e.getCause();
-                }
-                if (e.getCause() instanceof Error) {
-                    throw (Error) e.getCause();
-                }
-                throw new IllegalStateException(e.getCause());
-            }
+    /** Waits for a hand-over; its failure fails the task (the stage retries from the last end the driver holds). */
+    private static void awaitHandover(Future<Object> handover) {
+        if (handover != null) {
+            RelayExchange.await(handover);
         }
     }
 
