@@ -128,19 +128,14 @@ def test_a_newer_protocol_version_is_refused_by_both_languages(files, tmp_path):
                     "Re-export the module with a matching gradbridge.")
 
 
-def test_an_unknown_exchange_setting(files, tmp_path):
+@pytest.mark.parametrize("setting, value, line", [
+    ("spark.gradbridge.exchange", "ring", "spark.gradbridge.exchange must be gloo or relay, got ring"),
+    *[("spark.gradbridge.exchange.oneRoundBytes", value,
+       f"spark.gradbridge.exchange.oneRoundBytes must be a whole number of bytes in 0..536870912, got {value}")
+      for value in ("-1", "256k", "536870913")]])
+def test_a_bad_exchange_setting(files, tmp_path, setting, value, line):
     result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
                            "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"],
-                          check=False, jvm_options=["-Dspark.gradbridge.exchange=ring"])
-    assert one_error_line(result) == "spark.gradbridge.exchange must be gloo or relay, got ring"
-    assert stray_files(tmp_path) == []
-
-
-@pytest.mark.parametrize("value", ["-1", "256k", "536870913"])
-def test_a_bad_one_round_bytes_setting(files, tmp_path, value):
-    result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
-                           "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"],
-                          check=False, jvm_options=[f"-Dspark.gradbridge.exchange.oneRoundBytes={value}"])
-    assert one_error_line(result) == (
-        f"spark.gradbridge.exchange.oneRoundBytes must be a whole number of bytes in 0..536870912, got {value}")
+                          check=False, jvm_options=[f"-D{setting}={value}"])
+    assert one_error_line(result) == line
     assert stray_files(tmp_path) == []

@@ -101,8 +101,8 @@ final class GlooExchange implements GradientExchange {
         return gradientBytes * (partitions - 1) <= oneRoundBytes;
     }
 
+    /** Sizes every buffer once per run (the first step's). */
     private void layout(List<String> dtypes, long[] sizes) {
-        chunks = new Chunks(dtypes, sizes, partitions);
         long gradientBytes = 0;
         for (int i = 0; i < sizes.length; i++) {
             gradientBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
@@ -121,6 +121,7 @@ final class GlooExchange implements GradientExchange {
             }
             return;
         }
+        chunks = new Chunks(dtypes, sizes, partitions);
         recordBytes = new long[partitions];
         chunkBytes = new long[partitions];
         for (int c = 0; c < partitions; c++) {
@@ -156,7 +157,7 @@ final class GlooExchange implements GradientExchange {
 
     @Override
     public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
-        if (chunks == null) {
+        if (send == null) {
             layout(dtypes, sizes);
         }
         if (whole) {
