@@ -29,7 +29,8 @@ def test_every_protocol_method_is_scripted(scripted, model_path):
 
 def test_metadata_describes_the_module(model_path):
     metadata = protocol.read_metadata(model_path)
-    assert tuple(metadata) == protocol.METADATA_KEYS
+    assert tuple(metadata) == protocol.METADATA_KEYS + (protocol.CAPTURE_KEY,)
+    assert metadata[protocol.CAPTURE_KEY] == {"kind": "script", "checked": True}
     assert metadata["torch_version"] == torch.__version__.split("+")[0]
     assert metadata["parameters"] == [
         {"name": "weight", "shape": [1], "dtype": "float32", "trainable": True},
@@ -167,7 +168,8 @@ def test_unscriptable_model_names_the_construct_and_line(tmp_path):
     assert "cannot script Unscriptable" in message
     assert "try blocks aren't supported" in message
     assert f"custom.py\", line {UNSCRIPTABLE_LINE}" in message
-    assert "Hint: pass example_inputs=(x, y) to trace the model instead" in message
+    assert "pass example_inputs=(x, y) to trace it instead" in message
+    assert "\n" not in message
     assert not (tmp_path / "m.pt").exists()
 
 

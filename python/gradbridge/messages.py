@@ -169,3 +169,42 @@ def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
 def data_parallel_accumulate(module: str, accumulate: int) -> str:
     return (f"{module}: exported with accumulate={accumulate}; data-parallel training splits each mini-batch "
             f"over partitions instead: export it with accumulate=1")
+
+
+# ---- export: capture and its check against the user's eager model (Python only) ----
+
+#: What the user can do when the check refuses a capture; the skip flag is named once here.
+CHECK_SKIP = "check=False (gradbridge export --no-check) skips this check"
+
+
+def export_already_captured(kind: str) -> str:
+    return (f"the model is already a TorchScript module ({kind}); pass the nn.Module itself: gradbridge scripts "
+            "or traces it with its training step around it (a scripted or traced module receives no gradients)")
+
+
+def export_capture_failed(model: str, how: str, reason: str) -> str:
+    return f"cannot {how} {model}: {reason}"
+
+
+def export_needs_example(model: str, reason: str) -> str:
+    return (f"cannot script {model}: {reason}; pass example_inputs=(x, y) to trace it "
+            "instead")
+
+
+def export_differs(method: str, tensor: str, element: int, eager: Any, exported: Any, capture: str) -> str:
+    hint = ("the trace does not reproduce the model (Python control flow or values frozen at trace time); "
+            "make the model scriptable" if capture == "trace" else "please report it with the model")
+    return (f"export check failed: {method}: {tensor} differs from your eager model at element {element}: "
+            f"eager {eager!r}, exported {exported!r}; {hint}; {CHECK_SKIP}")
+
+
+def export_mismatch(method: str, tensor: str, eager: str, exported: str) -> str:
+    return (f"export check failed: {method}: {tensor} is {exported} in the export but {eager} in your eager model; "
+            f"{CHECK_SKIP}")
+
+
+def export_random_draws(method: str, eager: str, exported: str, capture: str) -> str:
+    lost = " (a trace drops random draws whose result only steers Python control flow)" if capture == "trace" else ""
+    return (f"export check failed: {method}: your eager model draws random numbers as {eager}, the export as "
+            f"{exported}{lost}: its random masks would differ from step one; make the model scriptable or remove "
+            f"the draw; {CHECK_SKIP}")

@@ -105,10 +105,13 @@ METADATA_KEYS: tuple[str, ...] = (
 )
 
 #: Keys that follow METADATA_KEYS only when they apply: ``fine_tuning`` (export, when set up: see
-#: ``export.finetune.METADATA_KEY``) and ``checkpoint`` (written by Java's checkpoints, below).
+#: ``export.finetune.METADATA_KEY``), ``checkpoint`` (written by Java's checkpoints, below) and ``capture``.
 FINE_TUNING_KEY = "fine_tuning"
 CHECKPOINT_KEY = "checkpoint"
-OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY)
+#: How the model was captured (absent in modules exported before it): ``{"kind": "script" | "trace",
+#: "checked": bool}``, ``checked`` when the export's check against the eager model ran (``export.self_check``).
+CAPTURE_KEY = "capture"
+OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
 #: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``

@@ -35,7 +35,10 @@ from .torchscript import plain_graph_executor
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
     """The parameters and buffers stored in an exported module, by name."""
-    module = torchscript.load(str(model_path))
+    return _state_of(torchscript.load(str(model_path)))
+
+
+def _state_of(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
     names = module.parameter_names() + module.buffer_names()
     values = module.get_parameters() + module.get_buffers()
     return {name: value.detach().clone() for name, value in zip(names, values)}
@@ -55,18 +58,22 @@ class Reference:
     """Eager torch.optim training of the model in ``model_path`` (see the module docstring)."""
 
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
-                 optimizer: Optional[Dict[str, Any]] = None):
+                 optimizer: Optional[Dict[str, Any]] = None, loaded: Optional[torch.jit.ScriptModule] = None):
+        """``loaded``: the module at ``model_path`` already loaded, to read its initial state from (it
+        is not loaded again); with ``model`` given, the reference does not use it after that."""
         self.metadata = protocol.read_metadata(model_path)
-        scripted = torchscript.load(str(model_path))
+        scripted = loaded if loaded is not None else torchscript.load(str(model_path))
         protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
                                   scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
         if model is None:
             self.model: nn.Module = scripted.model
+            # A traced model's eval-mode trace (modules exported before it have the one model).
+            self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
             self.model = copy.deepcopy(model)
-            state = initial_state(model_path)
+            state = _state_of(scripted)
             tensors = list(self.model.named_parameters()) + list(self.model.named_buffers())
             missing = sorted({name for name, _ in tensors} - set(state))
             if missing:
@@ -74,6 +81,7 @@ class Reference:
             with torch.no_grad():
                 for name, tensor in tensors:
                     tensor.copy_(state[name])
+            self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
         # Frozen parameters as exported (a scripted model does not keep requires_grad=False).
@@ -112,25 +120,36 @@ class Reference:
         else:
             self.scheduler.step()
 
-    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
-        """One torch.optim step on (x, y); returns the loss (detached)."""
+    def backward(self, x: Tensor, y: Tensor) -> Tensor:
+        """zero_grad, then the loss on (x, y) and its backward; returns the loss (detached)."""
         with plain_graph_executor():
             self.optimizer.zero_grad()
-            if self.accumulate == 1:
-                loss = self.loss(self.model(x), y)
-                loss.backward()
-                loss = loss.detach()
-            else:  # the eager accumulation loop: (loss / k).backward() per micro-batch, one step
+            loss = self.loss(self.model(x), y)
+            loss.backward()
+        return loss.detach()
+
+    def step(self) -> None:
+        """Clipping, torch.optim's step and the per-step schedule, on the gradients there are."""
+        with plain_graph_executor():
+            self._clip()
+            self.optimizer.step()
+            if self.scheduler is not None and self.scheduler_interval == "step":
+                self.scheduler.step()
+
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One torch.optim step on (x, y); returns the loss (detached)."""
+        if self.accumulate == 1:
+            loss = self.backward(x, y)
+        else:  # the eager accumulation loop: (loss / k).backward() per micro-batch, one step
+            with plain_graph_executor():
+                self.optimizer.zero_grad()
                 size = (len(x) + self.accumulate - 1) // self.accumulate
                 loss = None
                 for xm, ym in zip(x.split(size), y.split(size)):
                     scaled = self.loss(self.model(xm), ym) / self.accumulate
                     scaled.backward()
                     loss = scaled.detach() if loss is None else loss + scaled.detach()
-            self._clip()
-            self.optimizer.step()
-            if self.scheduler is not None and self.scheduler_interval == "step":
-                self.scheduler.step()
+        self.step()
         return loss
 
     def sharded_step(self, x: Tensor, y: Tensor, rows: Sequence[int], shards: int) -> float:
@@ -158,10 +177,7 @@ class Reference:
             step_loss, combined = combine_shards(shard_results)
             for p, g in zip(parameters, combined):
                 p.grad = g
-            self._clip()
-            self.optimizer.step()
-            if self.scheduler is not None and self.scheduler_interval == "step":
-                self.scheduler.step()
+        self.step()
         return step_loss
 
     def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
@@ -171,12 +187,12 @@ class Reference:
 
     def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
         """The loss in eval mode without gradients; the model returns to training mode."""
-        self.model.eval()
+        self.eval_model.eval()
         try:
             with torch.no_grad(), plain_graph_executor():
-                return self.loss(self.model(x), y)
+                return self.loss(self.eval_model(x), y)
         finally:
-            self.model.train()
+            self.eval_model.train()
 
     def parameters(self) -> Dict[str, Tensor]:
         return {name: p.detach().clone() for name, p in self.model.named_parameters()}

@@ -35,10 +35,10 @@ def script(obj):
         return torch.jit.script(obj)
 
 
-def trace(model, example_inputs):
-    """``torch.jit.trace(model, example_inputs)`` without torch's deprecation warning."""
+def trace(model, example_inputs, **kwargs):
+    """``torch.jit.trace(model, example_inputs, **kwargs)`` without torch's deprecation warning."""
     with _intentional():
-        return torch.jit.trace(model, example_inputs)
+        return torch.jit.trace(model, example_inputs, **kwargs)
 
 
 def save(module, path, **kwargs) -> None:

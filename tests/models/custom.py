@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -28,3 +29,56 @@ def two_layer_regressor() -> nn.Module:
 
 
 UNSCRIPTABLE_LINE = Unscriptable.forward.__code__.co_firstlineno + 1  # the `try:` line
+
+
+class KeywordNet(nn.Module):
+    """Like an HF transformers model: ``**kwargs`` in forward (TorchScript cannot script it), dropout and
+    BatchNorm, so its training and eval modes compute differently."""
+
+    def __init__(self, features: int = 6, classes: int = 3):
+        super().__init__()
+        self.linear = nn.Linear(features, 16)
+        self.norm = nn.BatchNorm1d(16)
+        self.dropout = nn.Dropout(0.3)
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x, **kwargs):
+        return self.head(self.dropout(torch.relu(self.norm(self.linear(x)))))
+
+
+class LayerDropNet(KeywordNet):
+    """BART's LayerDrop: a random draw whose value only steers Python control flow (a trace drops it)."""
+
+    def forward(self, x, **kwargs):
+        hidden = self.linear(x)
+        if self.training and torch.rand([]) < 0.0:  # layerdrop 0: never skips, still draws
+            hidden = hidden.detach()
+        return self.head(self.dropout(hidden))
+
+
+class CumulativeNormNet(KeywordNet):
+    """BatchNorm with ``momentum=None`` (a cumulative average: its factor 1 / num_batches_tracked is a
+    Python float, which a trace freezes at its first value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(16, momentum=None)
+
+
+class IgnoredCallNet(nn.Module):
+    """Scripts, but cannot be saved: forward calls a Python function TorchScript leaves to Python."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+
+    @torch.jit.ignore
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._scale(self.linear(x))
+
+
+def layer_drop() -> nn.Module:
+    return LayerDropNet()

@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
         input_dtype=args.input_dtype, target_shape=args.target_shape, target_dtype=args.target_dtype,
         freeze=args.freeze, accumulate=args.accumulate, schedulers=args.scheduler or [], milestones=args.milestones,
         scheduler_interval=args.scheduler_interval, clip_norm=args.clip_norm, clip_norm_type=args.clip_norm_type,
-        clip_value=args.clip_value, init_weights=args.init_weights)
+        clip_value=args.clip_value, init_weights=args.init_weights, check=args.check)
     print(f"wrote {path}")
     return 0
 
@@ -298,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--clip-value", type=float, help="clip_grad_value_ before each step")
     tuning.add_argument("--accumulate", type=int, default=1, metavar="K",
                         help="gradient accumulation: K micro-batches per optimizer step")
+    export.add_argument("--no-check", dest="check", action="store_false",
+                        help="skip the check of the export against the eager model (two training steps and eval on "
+                             "an example batch, bit for bit); only for a model too large to run twice")
     _op_library_option(export)
     export.set_defaults(run=_export)
 

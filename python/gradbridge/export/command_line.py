@@ -109,18 +109,20 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
                         milestones: Optional[List[int]] = None, scheduler_interval: Optional[str] = None,
                         clip_norm: Optional[float] = None, clip_norm_type: Optional[float] = None,
                         clip_value: Optional[float] = None, init_weights=None,
-                        op_libraries: Sequence[str | os.PathLike] = ()) -> Path:
+                        op_libraries: Sequence[str | os.PathLike] = (), check: bool = True) -> Path:
     """Export ``model`` to ``output`` as `gradbridge export` does; returns the written path.
 
     ``optimizer``: the optimizer spec (name and the options given); ``groups``: ``PREFIX:KEY=VALUE,...``
     texts; ``loss_name`` (default mse) and ``loss``: the loss options given (``class_weights`` is
     torch's ``weight``); ``schedulers``: ``NAME:KEY=VALUE,...`` texts (several with ``milestones``:
-    a SequentialLR); the rest are the fine-tuning options under their CLI names.
+    a SequentialLR); ``check``: the export's check against the eager model (``--no-check``); the rest
+    are the fine-tuning options under their CLI names.
     """
     import torch
 
     from .. import ops, protocol
     from . import export_builtin, export_training_module
+    from .training_module import example_batch
 
     check_writable(output)
     ops.load(op_libraries)  # the model's custom operators must exist to script it
@@ -130,6 +132,7 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
     fine_tuning = _fine_tuning(freeze=freeze, accumulate=accumulate, schedulers=schedulers, milestones=milestones,
                                scheduler_interval=scheduler_interval, clip_norm=clip_norm,
                                clip_norm_type=clip_norm_type, clip_value=clip_value, init_weights=init_weights)
+    fine_tuning["check"] = check
     loss = {"name": loss_name or "mse", **(loss or {})}
     if "class_weights" in loss:
         loss["weight"] = loss.pop("class_weights")
@@ -154,9 +157,8 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
     if not isinstance(module, torch.nn.Module):
         raise GradbridgeError(f"model {model!r}: the factory must return a torch.nn.Module, "
                               f"got {type(module).__name__}")
-    # A zero batch of the declared shapes: checks model and loss fit, and allows tracing.
-    example = (torch.zeros(2, *x_shape, dtype=getattr(torch, input_dtype)),
-               torch.zeros(2, *y_shape, dtype=getattr(torch, y_dtype)))
+    # A batch of the declared shapes: checks model and loss fit, allows tracing, and the export's check runs on it.
+    example = example_batch(inputs)
     return export_training_module(module, loss, optimizer, output, example_inputs=example,
                                   model_name=model, **fine_tuning)
 

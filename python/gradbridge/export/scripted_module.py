@@ -1,6 +1,11 @@
 """The scripted training module: the protocol's methods (``gradbridge.protocol``) around a model, its
 loss and its optimizer, as ``export_training_module`` scripts it.
 
+The model comes twice: ``model`` runs in training mode and ``eval_model`` in eval mode (``_run`` picks by
+the module's mode). A scripted model is one module under both names, its own ``training`` flag deciding; a
+traced model is two traces, one taken in each mode (a trace freezes the mode it was taken in), sharing
+the same parameter and buffer tensors.
+
 The wrapper registers the model's own Parameter objects in an ``nn.ParameterList`` (identity
 survives ``torch.jit.save``/``load``, so gradients and in-place updates reach the tensors that
 ``forward`` uses), and the model's buffers in a list (they follow the model's in-place updates).
@@ -29,7 +34,7 @@ class _TrainingModule(nn.Module):
     trainable_index: List[int]
     group_index: List[List[int]]
 
-    def __init__(self, model: nn.Module, loss: nn.Module, optimizers: List[nn.Module],
+    def __init__(self, model: nn.Module, eval_model: nn.Module, loss: nn.Module, optimizers: List[nn.Module],
                  parameter_names: List[str], parameters: List[nn.Parameter],
                  buffer_names: List[str], buffers: List[Tensor], *,
                  trainable_index: List[int], group_index: List[List[int]],
@@ -37,6 +42,7 @@ class _TrainingModule(nn.Module):
                  clip: Dict[str, Any], accumulate: int):
         super().__init__()
         self.model = model
+        self.eval_model = eval_model
         self.loss = loss
         # One scripted optimizer per parameter group (torch.optim steps groups independently).
         self.optimizers = nn.ModuleList(optimizers)
@@ -60,7 +66,13 @@ class _TrainingModule(nn.Module):
             self._set_momenta(scheduler.momenta())
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        return self._run(x)
+
+    def _run(self, x: Tensor) -> Tensor:
+        """The model in the module's current mode (``train()`` / ``eval()``)."""
+        if self.training:
+            return self.model(x)
+        return self.eval_model(x)
 
     def _parameters_list(self) -> List[Tensor]:
         return [p for p in self.params]
@@ -72,7 +84,7 @@ class _TrainingModule(nn.Module):
     @torch.jit.export
     def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
         """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
-        loss = self.loss(self.model(x), y)
+        loss = self.loss(self._run(x), y)
         self._backward(loss)
         return loss.detach()
 
@@ -204,7 +216,7 @@ class _TrainingModule(nn.Module):
             ys = y.split(size)
             loss = torch.zeros([], dtype=x.dtype)
             for m in range(len(xs)):
-                scaled = self.loss(self.model(xs[m]), ys[m]) / self.accumulate
+                scaled = self.loss(self._run(xs[m]), ys[m]) / self.accumulate
                 self._backward(scaled)
                 if m == 0:
                     loss = scaled.detach()
@@ -228,7 +240,7 @@ class _TrainingModule(nn.Module):
     def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
         """The loss without gradients, in the module's current mode (call eval() first to validate)."""
         with torch.no_grad():
-            return self.loss(self.model(x), y)
+            return self.loss(self._run(x), y)
 
     @torch.jit.export
     def parameter_names(self) -> List[str]:

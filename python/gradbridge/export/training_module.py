@@ -19,7 +19,7 @@ from .._version import __version__
 from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import finetune, groups as param_groups, losses, optim, schedulers
+from . import capture as model_capture, finetune, groups as param_groups, losses, optim, schedulers, self_check
 from .scripted_module import _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -52,23 +52,6 @@ def _optimizer_spec(optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer]
     return dict(optimizer)
 
 
-def _script_model(model: nn.Module, example_inputs: Optional[Tuple[Tensor, Tensor]]) -> nn.Module:
-    """Script the model; if that fails, trace it on example_inputs, or say how to."""
-    try:
-        return torchscript.script(model)
-    except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
-        reason = str(ex).strip()
-        if example_inputs is None:
-            raise ExportError(
-                f"cannot script {type(model).__name__}: {reason}\n"
-                "Hint: pass example_inputs=(x, y) to trace the model instead; "
-                "tracing records one execution, so data-dependent control flow is frozen."
-            ) from ex
-        log.warning("scripting %s failed, tracing it on example_inputs instead: %s",
-                    type(model).__name__, reason.splitlines()[0])
-        return torchscript.trace(model, (example_inputs[0],))
-
-
 def export_training_module(
     model: nn.Module,
     loss: Union[str, Dict[str, Any], nn.Module],
@@ -86,6 +69,7 @@ def export_training_module(
     clip_grad_value: Optional[float] = None,
     accumulate: int = 1,
     init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
+    check: bool = True,
 ) -> Path:
     """Script ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
@@ -114,14 +98,20 @@ def export_training_module(
         accumulate: gradient accumulation, k micro-batches per optimizer step (see ``train_step``).
         init_weights: a ``state_dict`` (or a file saved with ``torch.save``, read with
             ``weights_only=True``) loaded into the copy of the model before export.
+        check: run the written module beside an eager copy of ``model`` and the torch.optim optimizer
+            on the example batch (two training steps, then ``evaluate`` and ``forward`` in eval mode)
+            and refuse the export at the first bit that differs (``self_check``). On by default; turn
+            it off only for a model too large to run twice.
 
     Returns the path written.
 
     Raises:
         ValueError: unknown loss or optimizer, a hyper-parameter out of range, a target dtype that
             does not fit the loss, or missing input specs; raised before anything is written.
-        ExportError: the model cannot be scripted and no example_inputs were given to trace it.
+        ExportError: the model cannot be scripted and no example_inputs were given to trace it, it is
+            already a TorchScript module, or the check found the export differs from the eager model.
     """
+    model_capture.refuse_captured(model)
     loss_spec = _loss_spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
@@ -172,11 +162,11 @@ def export_training_module(
         finetune.load_weights(model, init_weights)
 
     if example_inputs is not None:
-        # The check must not move BatchNorm statistics: the export holds the model's (or the
-        # init weights') buffers exactly.
+        # The check must not move BatchNorm statistics (the export holds the model's, or the init
+        # weights', buffers exactly) nor draw from the user's generator.
         saved_buffers = [(b, b.clone()) for b in model.buffers()]
         try:
-            with torch.no_grad():
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 loss_module(model(example_inputs[0]), example_inputs[1])
         except Exception as ex:
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
@@ -187,11 +177,13 @@ def export_training_module(
     else:
         _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
 
-    scripted_model = _script_model(model, example_inputs)
+    # The check's eager side: the model as exported (frozen, initial weights), before any capture runs it.
+    eager = copy.deepcopy(model) if check else None
+    captured = model_capture.capture(model, None if example_inputs is None else example_inputs[0])
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
-    named_buffers = list(scripted_model.named_buffers())
+    named_buffers = list(captured.train.named_buffers())
     wrapper = _TrainingModule(
-        scripted_model, loss_module, group_modules,
+        captured.train, captured.eval, loss_module, group_modules,
         [name for name, _ in named_parameters], parameters,
         [name for name, _ in named_buffers], [b for _, b in named_buffers],
         trainable_index=[i for i, t in enumerate(trainable) if t],
@@ -214,7 +206,27 @@ def export_training_module(
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
-    return _save_atomically(scripted, metadata, Path(path))
+    metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check}
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
+        if check:
+            x, y = example_inputs if example_inputs is not None else example_batch(specs)
+            self_check.check(tmp, eager, x, y, captured.kind)
+    log.info("wrote %s", path)
+    return path
+
+
+def example_batch(specs: Sequence[Dict[str, Any]]) -> Tuple[Tensor, Tensor]:
+    """A batch of two for the declared specs: floats drawn from a generator of its own (torch's is
+    left alone), integers zero (a valid index and class)."""
+    generator = torch.Generator().manual_seed(0)
+    batch = []
+    for spec in specs:
+        shape, dtype = [2 if d == -1 else d for d in spec["shape"]], getattr(torch, spec["dtype"])
+        batch.append(torch.randn(shape, generator=generator, dtype=dtype) if dtype.is_floating_point
+                     else torch.zeros(shape, dtype=dtype))
+    return batch[0], batch[1]
 
 
 def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, specs: Sequence[Dict[str, Any]],
@@ -230,13 +242,6 @@ def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, s
         reason = " ".join(str(ex).split())
         raise ValueError(f"inputs x {specs[0]['shape']} {specs[0]['dtype']}, y {specs[1]['shape']} {specs[1]['dtype']} "
                          f"do not fit model {name} with loss {loss_name}: {reason}") from ex
-
-
-def _save_atomically(scripted: torch.jit.ScriptModule, metadata: Dict[str, Any], path: Path) -> Path:
-    with atomic_path(path) as tmp:
-        torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
-    log.info("wrote %s", path)
-    return path
 
 
 #: Built-in models' default loss and input specs, for `gradbridge export NAME`.

@@ -47,6 +47,7 @@ public final class Metadata {
     private List<String> customOps;
     private Checkpoint checkpoint;
     private Map<String, Object> fineTuning;
+    private Map<String, Object> capture; // absent in modules exported before the export's check
     private transient JsonObject document;
 
     private Metadata() {}
@@ -377,6 +378,16 @@ public final class Metadata {
      */
     public Map<String, Object> getFineTuning() {
         return fineTuning == null ? Collections.<String, Object>emptyMap() : Collections.unmodifiableMap(fineTuning);
+    }
+
+    /**
+     * How the export captured the model: {@code kind} ({@code script} or {@code trace}) and
+     * {@code checked} (whether it was checked against the eager model bit for bit before it was written).
+     *
+     * @return the capture, empty for modules exported before it was recorded
+     */
+    public Map<String, Object> getCapture() {
+        return capture == null ? Collections.<String, Object>emptyMap() : Collections.unmodifiableMap(capture);
     }
 
     /** @return the names of the parameters that train, in protocol order */

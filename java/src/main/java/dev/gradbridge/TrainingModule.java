@@ -199,7 +199,8 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * Runs {@code forward(x)}.
+     * Runs {@code forward(x)} in eval mode (predictions, as eager {@code model.eval(); model(x)}:
+     * no dropout, BatchNorm's running statistics), then returns the module to training mode.
      *
      * @param x input matching the metadata's {@code x} spec
      * @return predictions, a new tensor the caller closes
@@ -207,12 +208,17 @@ public final class TrainingModule implements AutoCloseable {
     public Tensor forward(Tensor x) {
         try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            return (Tensor) invoke(Protocol.FORWARD, x);
+            scripted.setTraining(false);
+            try {
+                return (Tensor) invoke(Protocol.FORWARD, x);
+            } finally {
+                scripted.setTraining(true);
+            }
         }
     }
 
     /**
-     * Runs {@code forward(x)} without autograd, as eager PyTorch under {@code torch.no_grad()}:
+     * Runs {@code forward(x)} in eval mode without autograd, as eager PyTorch under {@code torch.no_grad()}:
      * the same values as {@link #forward}, without recording a graph for a backward (serving).
      *
      * @param x input matching the metadata's {@code x} spec
@@ -221,7 +227,12 @@ public final class TrainingModule implements AutoCloseable {
     public Tensor predict(Tensor x) {
         try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            return scripted.infer(Protocol.FORWARD, x);
+            scripted.setTraining(false);
+            try {
+                return scripted.infer(Protocol.FORWARD, x);
+            } finally {
+                scripted.setTraining(true);
+            }
         }
     }
 

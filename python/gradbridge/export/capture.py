@@ -1,0 +1,95 @@
+"""Capture the user's model for the training module: scripted when TorchScript can script (and save)
+it, else traced on the example batch, once in each mode.
+
+A trace freezes the mode it was taken in (dropout on or off, BatchNorm's batch or running statistics),
+so a traced model comes as two traces, one taken in training mode for the training step and one in
+eval mode for ``forward`` and ``evaluate``; they share the model's parameter and buffer tensors.
+Tracing runs the example batch, so the model's buffers (BatchNorm's running statistics) are restored
+afterwards and torch's generator is left as it was: the export holds the model's own state.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .. import messages, torchscript
+from ..errors import ExportError
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "script"
+TRACE = "trace"
+
+
+@dataclass
+class Capture:
+    """The model as the training module runs it: ``train`` in training mode, ``eval`` in eval mode."""
+
+    train: nn.Module
+    eval: nn.Module
+    kind: str  # SCRIPT or TRACE
+
+
+def _reason(ex: BaseException) -> str:
+    """torch's error text on one line: its first line and the first place in the user's code it names
+    (the rest is TorchScript's excerpt of that code)."""
+    lines = [line.strip() for line in str(ex).splitlines() if line.strip()]
+    if not lines:
+        return type(ex).__name__
+    where = next((line for line in lines[1:] if re.match(r'File ".*", line \d+', line)), None)
+    return f"{lines[0].rstrip(':')} ({where})" if where else lines[0]
+
+
+def refuse_captured(model: nn.Module) -> None:
+    """A module the user already scripted or traced would run without gradients: refuse it."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ExportError(messages.export_already_captured(
+            "traced" if isinstance(model, torch.jit.TracedModule) else "scripted"))
+
+
+def capture(model: nn.Module, example_x: Optional[Tensor]) -> Capture:
+    """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``."""
+    name = type(model).__name__
+    try:
+        scripted = torchscript.script(model)
+        # Some models script but cannot be saved (a Python call TorchScript compiled lazily).
+        torchscript.save(scripted, io.BytesIO())
+        return Capture(scripted, scripted, SCRIPT)
+    except OSError:
+        raise  # the machine's trouble, not the model's
+    except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
+        if example_x is None:
+            raise ExportError(messages.export_needs_example(name, _reason(ex))) from ex
+        script_failure = _reason(ex)
+        log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
+    train, evaluate = _trace_both_modes(model, example_x, name, script_failure)
+    return Capture(train, evaluate, TRACE)
+
+
+def _trace_both_modes(model: nn.Module, x: Tensor, name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
+    was_training = model.training
+    saved = [(b, b.clone()) for b in model.buffers()]
+    devices = sorted({t.device.index or 0 for t in [x, *model.parameters()] if t.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices):
+            # check_trace=False: torch's own re-run check fails on any random op; the export's check
+            # against the eager model replaces it.
+            train = torchscript.trace(model.train(), (x,), check_trace=False)
+            evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
+            torchscript.save(train, io.BytesIO())
+    except Exception as ex:
+        raise ExportError(messages.export_capture_failed(
+            name, "script or trace", f"scripting: {script_failure}; tracing: {_reason(ex)}")) from ex
+    finally:
+        model.train(was_training)
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+    return train, evaluate

@@ -1,0 +1,145 @@
+"""Exported means eager: a module the exporter writes trains like the user's own nn.Module, or the export
+is refused with one line (``export.capture`` and ``export.self_check``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradbridge import export_training_module, protocol, reference
+from gradbridge.errors import ExportError
+from gradbridge.torchscript import load
+from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet
+
+ROOT = Path(__file__).resolve().parents[1]
+ADAM = {"name": "adam", "lr": 0.01}
+
+
+def _data(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+
+
+def _capture(path):
+    return protocol.read_metadata(path)[protocol.CAPTURE_KEY]
+
+
+@pytest.mark.every_torch_java
+def test_a_traced_model_trains_and_validates_from_java_like_the_users_model(jvm, tmp_path):
+    """Dropout and BatchNorm in a model TorchScript cannot script: the training step traced in training
+    mode, evaluate in eval mode; Java equals the user's eager model and torch.optim bit for bit."""
+    from gradbridge import java
+
+    torch.manual_seed(0)
+    model = KeywordNet()
+    x, y = _data()
+    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x[:8], y[:8]))
+    assert _capture(path) == {"kind": "trace", "checked": True}
+    vx, vy = _data(16, seed=1)
+    arrays = dict(x=x.numpy(), y=y.numpy(), val=(vx.numpy(), vy.numpy()), epochs=2, batch_size=8)
+    for mode in ("step", "fused"):
+        java_history = java.train(path, mode=mode, **arrays)
+        eager_history = reference.train(path, mode=mode, model=model, **arrays)
+        for mine, theirs in zip(java_history, eager_history):
+            assert mine.loss == theirs.loss and mine.val_loss == theirs.val_loss, mode
+            assert mine.digests == theirs.digests, mode
+    # evaluate is eval mode: no dropout, so two calls agree, and equal eager model.eval()
+    module = load(str(path))
+    module.eval()
+    first, second = module.evaluate(vx, vy), module.evaluate(vx, vy)
+    model.eval()
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(vx), vy)
+    assert torch.equal(first, second) and torch.equal(first, expected)
+
+
+def test_tracing_leaves_the_models_buffers_and_the_generator_as_they_were(tmp_path):
+    torch.manual_seed(0)
+    model = KeywordNet()
+    model.norm.running_mean.add_(0.5)  # a "pretrained" statistic the export must keep
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    generator = torch.get_rng_state()
+    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    assert torch.equal(torch.get_rng_state(), generator)
+    exported = reference.initial_state(path)
+    for name, value in before.items():
+        assert torch.equal(exported[name], value), name
+        assert torch.equal(dict(model.named_buffers())[name], value), name
+
+
+def test_a_random_draw_the_trace_drops_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ExportError) as info:
+        export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    message = str(info.value)
+    assert message.startswith("export check failed: train_step 1: your eager model draws random numbers as "
+                              "rand x1, bernoulli_ x1, the export as bernoulli_ x1")
+    assert "\n" not in message and "check=False" in message
+    assert list(tmp_path.iterdir()) == []
+    # the documented way out writes it, and says it was not checked
+    path = export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8),
+                                  check=False)
+    assert _capture(path) == {"kind": "trace", "checked": False}
+
+
+def test_a_value_the_trace_froze_is_caught_at_the_second_step(tmp_path):
+    with pytest.raises(ExportError, match=r"^export check failed: train_step 2: buffer norm\.running_mean differs "
+                                          r"from your eager model at element \d+: eager .*, exported .*; the trace "
+                                          r"does not reproduce the model"):
+        export_training_module(CumulativeNormNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["script", "trace"])
+def test_a_module_already_scripted_or_traced_is_refused(tmp_path, how):
+    net = torch.nn.Sequential(torch.nn.Linear(6, 3))
+    captured = torch.jit.script(net) if how == "script" else torch.jit.trace(net, (_data(4)[0],))
+    kind = "scripted" if how == "script" else "traced"
+    with pytest.raises(ExportError, match=rf"^the model is already a TorchScript module \({kind}\); pass the "
+                                          r"nn.Module itself"):
+        export_training_module(captured, "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(4))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_that_scripts_but_cannot_be_saved_is_traced(tmp_path):
+    inputs = [protocol.tensor_spec("x", [-1, 6], "float32"), protocol.tensor_spec("y", [-1], "int64")]
+    with pytest.raises(ExportError, match=r"^cannot script IgnoredCallNet: .*; pass example_inputs=\(x, y\) to "
+                                          r"trace it instead$"):
+        export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", inputs=inputs)
+    path = export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(8))
+    assert _capture(path) == {"kind": "trace", "checked": True}
+
+
+def test_a_scripted_model_with_dropout_predicts_in_eval_mode(tmp_path):
+    """forward is the eval-mode prediction for a scripted model too (Java's forward and predict)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
+    x, y = _data(8)
+    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x, y))
+    assert _capture(path) == {"kind": "script", "checked": True}
+    module = load(str(path))
+    module.eval()
+    with torch.no_grad():
+        assert torch.equal(module.forward(x), model.eval()(x))
+
+
+def test_the_command_line_checks_and_skips_with_no_check(tmp_path):
+    def export(*extra):
+        return subprocess.run([sys.executable, "-m", "gradbridge", "export", "tests.models.custom:layer_drop", "-o",
+                               tmp_path / "m.pt", "--input-shape", "6", "--loss", "cross_entropy", *extra],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    refused = export()
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1].startswith("gradbridge: error: export check failed: train_step 1:")
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "m.pt").exists()
+    written = export("--no-check")
+    assert written.returncode == 0, written.stderr
+    assert _capture(tmp_path / "m.pt") == {"kind": "trace", "checked": False}
+    assert np.isfinite(reference.initial_state(tmp_path / "m.pt")["head.weight"].numpy()).all()
