@@ -10,9 +10,11 @@ afterwards and torch's generator is left as it was: the export holds the model's
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 import re
+import traceback
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -57,20 +59,54 @@ def refuse_captured(model: nn.Module) -> None:
 def capture(model: nn.Module, example_x: Optional[Tensor]) -> Capture:
     """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``."""
     name = type(model).__name__
-    try:
-        scripted = torchscript.script(model)
-        # Some models script but cannot be saved (a Python call TorchScript compiled lazily).
-        torchscript.save(scripted, io.BytesIO())
+    scripted, script_failure = _script(model)
+    if scripted is not None:
         return Capture(scripted, scripted, SCRIPT)
-    except OSError:
-        raise  # the machine's trouble, not the model's
-    except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
-        if example_x is None:
-            raise ExportError(messages.export_needs_example(name, _reason(ex))) from ex
-        script_failure = _reason(ex)
-        log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
+    if example_x is None:
+        raise ExportError(messages.export_needs_example(name, script_failure))
+    log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
     train, evaluate = _trace_both_modes(model, example_x, name, script_failure)
     return Capture(train, evaluate, TRACE)
+
+
+def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
+    """The scripted model, or why scripting (or saving the script) failed."""
+    try:
+        scripted = torchscript.script(model)
+        try:
+            # Some models script but cannot be saved (a Python call TorchScript left to Python).
+            torchscript.save(scripted, io.BytesIO())
+        except OSError:
+            raise  # the machine's trouble, not the model's
+        except Exception as ex:
+            return None, _forget(ex)
+        return scripted, ""
+    except OSError as ex:
+        if "source" not in str(ex):  # inspect.getsource: TorchScript cannot read the model's code
+            raise
+        return None, _forget(ex)
+    except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
+        return None, _forget(ex)
+
+
+def _forget(ex: BaseException) -> str:
+    """The reason in one line; then the failed compilation's frames are freed here, on this thread.
+
+    A failed ``torch.jit.script`` leaves a ``torch._C.CallStack`` in a frame of the traceback, in a
+    reference cycle. Collected later on another thread (the JVM's reference-queue thread in a JPype
+    process runs Python), its destructor pops a thread-local stack that is empty there: a segfault in
+    ``ErrorReport::CallStack::~CallStack``. So the frames are cleared and the cycles collected now.
+    """
+    reason = _reason(ex)
+    chained: Optional[BaseException] = ex
+    seen = set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)
+        chained.__traceback__ = None
+        chained = chained.__cause__ or chained.__context__
+    gc.collect()
+    return reason
 
 
 def _trace_both_modes(model: nn.Module, x: Tensor, name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:

@@ -1,0 +1,136 @@
+"""The model zoo: models users fine-tune, from the libraries they come from (HF transformers, torchvision,
+timm), built from tiny configs with random weights (nothing downloads), wrapped as a user would
+(one input tensor in, logits out), each with a batch of data and what gradbridge does with it.
+
+``expected`` is either ``"bitwise"`` (exported, and Java trains it like the user's eager model bit for
+bit) or the start of the one line the export refuses it with. README.md's model table says the same
+(tests/test_model_zoo.py pins them together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Tuple
+
+import torch
+from torch import Tensor, nn
+
+VOCAB, LENGTH, CLASSES = 100, 12, 3
+EOS, PAD = 2, 1
+
+
+class TokenClassifier(nn.Module):
+    """An HF sequence classifier fed token ids, returning its logits."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.model(input_ids=input_ids).logits
+
+
+class ImageClassifier(nn.Module):
+    """An HF image classifier fed pixels, returning its logits."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def _tokens(n: int, seed: int) -> Tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(3, VOCAB, (n, LENGTH), generator=g)
+    x[:, -1] = EOS  # one end-of-sequence token per row (BART and T5 classify at it)
+    return x, torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def _images(n: int, seed: int, side: int = 16) -> Tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, side, side, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=VOCAB,
+              max_position_embeddings=64, num_labels=CLASSES)
+
+
+def bert() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.BertForSequenceClassification(hf.BertConfig(**_SMALL)))
+
+
+def distilbert() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.DistilBertForSequenceClassification(hf.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=37, max_position_embeddings=64,
+        num_labels=CLASSES)))
+
+
+def roberta() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.RobertaForSequenceClassification(hf.RobertaConfig(**_SMALL, pad_token_id=PAD)))
+
+
+def gpt2() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.GPT2ForSequenceClassification(hf.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, num_labels=CLASSES, pad_token_id=0)))
+
+
+def t5() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.T5ForSequenceClassification(hf.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=37, num_layers=2, num_heads=2, num_labels=CLASSES,
+        eos_token_id=EOS, pad_token_id=0, decoder_start_token_id=0)))
+
+
+def bart() -> nn.Module:
+    import transformers as hf
+    return TokenClassifier(hf.BartForSequenceClassification(hf.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+        num_labels=CLASSES, eos_token_id=EOS, pad_token_id=PAD)))
+
+
+def vit() -> nn.Module:
+    import transformers as hf
+    return ImageClassifier(hf.ViTForImageClassification(hf.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, image_size=16,
+        patch_size=4, num_labels=CLASSES)))
+
+
+def resnet18() -> nn.Module:
+    import torchvision
+    return torchvision.models.resnet18(num_classes=CLASSES)
+
+
+def timm_mobilevitv2() -> nn.Module:
+    import timm
+    return timm.create_model("mobilevitv2_050", num_classes=CLASSES)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    library: str
+    build: Callable[[], nn.Module]
+    data: Callable[[int, int], Tuple[Tensor, Tensor]]
+    #: "bitwise", or the start of the export's one-line refusal
+    expected: str
+
+
+CASES = (
+    Case("BERT", "transformers", bert, _tokens, "bitwise"),
+    Case("DistilBERT", "transformers", distilbert, _tokens, "bitwise"),
+    Case("RoBERTa", "transformers", roberta, _tokens, "bitwise"),
+    Case("GPT-2", "transformers", gpt2, _tokens, "unsupported dtype 'bool' for 'model.transformer.h.0.attn.bias'"),
+    Case("T5", "transformers", t5, _tokens, "bitwise"),
+    Case("BART", "transformers", bart, _tokens,
+         "export check failed: train_step 1: your eager model draws random numbers as"),
+    Case("ViT", "transformers", vit, _images, "bitwise"),
+    Case("ResNet-18 (BatchNorm)", "torchvision", resnet18, _images, "bitwise"),
+    Case("MobileViTv2", "timm", timm_mobilevitv2, lambda n, seed: _images(n, seed, 64), "bitwise"),
+)

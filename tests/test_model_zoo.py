@@ -1,0 +1,72 @@
+"""The model zoo (tests/models/zoo.py): models users fine-tune, as a user exports them, trained from Java in
+this process and in a JVM of its own, against the user's own eager nn.Module and torch.optim, bit for bit;
+or refused at export with their one line. Runs on both ends of the torch range (`make test`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradbridge import classpath, export_training_module, java, launcher, reference
+from gradbridge.errors import ExportError
+from tests.models import zoo
+
+pytestmark = pytest.mark.every_torch_java
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIMIZER = {"name": "adamw", "lr": 1e-3}
+EPOCHS, BATCH, SAMPLES = 2, 4, 8
+
+
+def _same_run(mine, theirs, label):
+    assert len(mine) == len(theirs) == EPOCHS
+    for a, b in zip(mine, theirs):
+        assert (a.loss, a.val_loss) == (b.loss, b.val_loss), f"{label}: epoch {a.epoch}"
+        assert a.digests == b.digests, f"{label}: epoch {a.epoch} parameters differ"
+
+
+@pytest.fixture
+def own_jvm_on_this_torch(monkeypatch):
+    """A JVM of its own on this Python's libtorch (as an installed wheel runs it): the classpath
+    without DJL's libtorch jar, so it is compared bit for bit too."""
+    entries = [e for e in classpath.resolve().entries if not Path(e).name.startswith(classpath.NATIVE_JAR_PREFIX)]
+    monkeypatch.setenv(classpath.CLASSPATH_ENV, os.pathsep.join(entries))
+
+
+@pytest.mark.parametrize("case", zoo.CASES, ids=lambda case: case.name)
+def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_jvm_on_this_torch, tmp_path, case):
+    torch.manual_seed(0)
+    model = case.build()
+    x, y = case.data(SAMPLES, 0)
+    vx, vy = case.data(BATCH, 1)
+    path = tmp_path / "model.pt"
+    if case.expected != "bitwise":
+        with pytest.raises((ExportError, ValueError)) as info:
+            export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=(x[:BATCH], y[:BATCH]))
+        assert str(info.value).startswith(case.expected), str(info.value)
+        assert "\n" not in str(info.value) and not path.exists()
+        return
+    export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=(x[:BATCH], y[:BATCH]))
+    arrays = dict(x=x.numpy(), y=y.numpy(), val=(vx.numpy(), vy.numpy()))
+    settings = dict(epochs=EPOCHS, batch_size=BATCH, mode="step")
+    eager = reference.train(path, model=model, **arrays, **settings)
+    _same_run(java.train(path, **arrays, **settings), eager, "Java in this process")
+    np.savez(tmp_path / "train.npz", x=arrays["x"], y=arrays["y"])
+    np.savez(tmp_path / "val.npz", x=arrays["val"][0], y=arrays["val"][1])
+    separate = launcher.train(path, tmp_path / "train.npz", val=tmp_path / "val.npz", history=tmp_path / "h.jsonl",
+                              **settings)
+    _same_run(separate, eager, "Java in a JVM of its own")
+
+
+def test_the_readme_table_says_what_the_zoo_does():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for case in zoo.CASES:
+        row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \|$", readme, re.MULTILINE)
+        assert row, f"README.md has no model-table row for {case.name}"
+        said = row.group(1)
+        assert (said == "bitwise") if case.expected == "bitwise" else case.expected in said, (case.name, said)
