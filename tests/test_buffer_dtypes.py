@@ -140,8 +140,21 @@ class ComplexBuffer(nn.Module):
         return self.linear(x) * self.phase.real
 
 
-def test_a_buffer_dtype_java_cannot_hold_is_refused_at_export_with_one_line(tmp_path):
+class HalfParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(FEATURES, CLASSES).half()
+
+    def forward(self, x):
+        return self.linear(x.half()).float()
+
+
+@pytest.mark.parametrize("model, line", [
+    (ComplexBuffer, messages.unsupported_dtype("buffer", "'phase'", "complex64", protocol.BUFFER_DTYPES)),
+    (HalfParameter, messages.unsupported_dtype("parameter", "'linear.weight'", "float16", protocol.DTYPES)),
+], ids=["complex-buffer", "float16-parameter"])
+def test_a_dtype_gradbridge_cannot_carry_is_refused_at_export_with_one_line(tmp_path, model, line):
     with pytest.raises(ValueError) as info:
-        export_training_module(ComplexBuffer(), "cross_entropy", ADAM, tmp_path / "complex.pt", example_inputs=_data(8))
-    assert str(info.value) == messages.unsupported_dtype("buffer", "'phase'", "complex64", protocol.BUFFER_DTYPES)
-    assert not (tmp_path / "complex.pt").exists()
+        export_training_module(model(), "cross_entropy", ADAM, tmp_path / "refused.pt", example_inputs=_data(8))
+    assert str(info.value) == line
+    assert not (tmp_path / "refused.pt").exists()
