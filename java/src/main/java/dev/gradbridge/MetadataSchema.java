@@ -23,7 +23,7 @@ final class MetadataSchema {
     /** The dtypes of parameters and inputs (Python: {@code protocol.DTYPES}). */
     private static final List<String> DTYPES = Arrays.asList("float32", "float64", "int64");
     /** The dtypes of buffers: every {@link DType} (Python: {@code protocol.BUFFER_DTYPES}). */
-    static final List<String> BUFFER_DTYPES = bufferDtypes();
+    private static final List<String> BUFFER_DTYPES = bufferDtypes();
 
     private final String path;
 
