@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import History, compare_histories, export_training_module, java, messages, protocol, reference
+from gradbridge import (History, compare_histories, export_training_module, java, messages, protocol, reference,
+                        torchscript)
 from gradbridge.export import state_dict_of
 
 pytestmark = pytest.mark.every_torch_java
@@ -118,7 +119,7 @@ def test_checkpoint_and_resume_keep_the_buffers_and_equal_eager(jvm, model, expo
     report = compare_histories(eager, History(first.records + rest.records), labels=("eager", "java resumed"))
     assert report.bitwise, report.table()
     # The checkpoint holds every buffer in its dtype: the constant ones as exported, steps counted on
-    trained = torch.jit.load(str(checkpoint))
+    trained = torchscript.load(str(checkpoint))
     saved = dict(zip(trained.buffer_names(), trained.get_buffers()))
     for name in CONSTANT:
         original = getattr(model, name)
