@@ -210,8 +210,9 @@ def test_metadata_is_complete_for_a_general_model(tmp_path):
     assert metadata["model"] == "SmallCNN"
     assert metadata["inputs"] == [{"name": "x", "shape": [-1, 1, 8, 8], "dtype": "float32"},
                                   {"name": "y", "shape": [-1], "dtype": "int64"}]
-    assert {"name": "features.1.running_mean", "shape": [8], "dtype": "float32"} in metadata["buffers"]
-    assert {"name": "features.1.num_batches_tracked", "shape": [], "dtype": "int64"} in metadata["buffers"]
+    buffers = metadata["buffers"]
+    assert {"name": "features.1.running_mean", "shape": [8], "dtype": "float32", "persistent": True} in buffers
+    assert {"name": "features.1.num_batches_tracked", "shape": [], "dtype": "int64", "persistent": True} in buffers
     assert metadata["parameters"][0] == {"name": "features.0.weight", "shape": [8, 1, 3, 3], "dtype": "float32",
                                       "trainable": True}
     assert metadata["optimizer"] == {"name": "adamw", "lr": 0.002, "betas": [0.9, 0.999], "eps": 1e-8,

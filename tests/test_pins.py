@@ -60,6 +60,13 @@ def test_java_protocol_constants_match_python(jvm):
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name
 
 
+def test_buffer_dtypes_are_javas_dtypes(jvm):
+    """A buffer may have any dtype Java's DType moves, named in its order (the schema's line lists them)."""
+    DType = jpype.JClass("dev.gradbridge.DType")
+    assert tuple(str(t.torchName()) for t in DType.values()) == protocol.BUFFER_DTYPES
+    assert all(hasattr(torch, name) for name in protocol.BUFFER_DTYPES)
+
+
 def test_native_library_runs_the_torch_python_loaded(jvm):
     Versions = jpype.JClass("dev.gradbridge.Versions")
     assert str(Versions.libtorch()) == torch.__version__.split("+")[0]

@@ -85,6 +85,11 @@ def parameter_mismatch(path: str, name: str, declared: str, actual: str) -> str:
     return f"{path}: parameter {name} is {actual} in the module but gradbridge.json declares {declared}"
 
 
+def unsupported_dtype(kind: str, name: str, dtype: str, supported: Sequence[str]) -> str:
+    """A tensor the export cannot carry (``kind``: parameter, buffer, input)."""
+    return f"{kind} {name} has dtype {dtype}, which gradbridge does not support; {kind}s may be {', '.join(supported)}"
+
+
 # ---- arguments ----
 
 INT_MAX = (1 << 31) - 1

@@ -120,15 +120,29 @@ OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPT
 CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
                                     "data_sha256", "shards_sha256")
 
-#: The dtypes a tensor spec may name (torch's names without the ``torch.`` prefix).
+#: The dtypes of parameters and of the inputs x and y (torch's names without the ``torch.`` prefix):
+#: what data files hold and what history digests hash.
 DTYPES = ("float32", "float64", "int64")
+#: The dtypes of buffers: every element type torch's CPU kernels handle that Java moves (Java's
+#: ``dev.gradbridge.DType``, in its order; ``tests/test_pins.py`` ties the two). Complex, quantized,
+#: float8 and the wider unsigned types are refused at export.
+BUFFER_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool", "bfloat16")
 
 
-def tensor_spec(name: str, shape: Sequence[int], dtype: str) -> Dict[str, Any]:
-    """One named tensor in the metadata. ``-1`` in ``shape`` marks the batch dimension."""
+def tensor_spec(name: str, shape: Sequence[int], dtype: str, *, kind: str = "input") -> Dict[str, Any]:
+    """One named tensor in the metadata (an input, or with ``kind="parameter"`` a parameter). ``-1``
+    in ``shape`` marks the batch dimension."""
     if dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} for {name!r}; expected one of {DTYPES}")
+        raise ValueError(messages.unsupported_dtype(kind, repr(name), dtype, DTYPES))
     return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
+
+
+def buffer_spec(name: str, shape: Sequence[int], dtype: str, persistent: bool) -> Dict[str, Any]:
+    """One buffer in the metadata, of any of ``BUFFER_DTYPES``; ``persistent: false`` marks one that
+    torch keeps out of ``state_dict()`` (``register_buffer(..., persistent=False)``)."""
+    if dtype not in BUFFER_DTYPES:
+        raise ValueError(messages.unsupported_dtype("buffer", repr(name), dtype, BUFFER_DTYPES))
+    return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype, "persistent": bool(persistent)}
 
 
 def build_metadata(
@@ -219,7 +233,7 @@ def check_schema(path: str, document: Any) -> None:
             raise fail(where, expected, obj.get(key, ...))
         return obj[key]
 
-    def specs(key: str) -> list:
+    def specs(key: str, dtypes: Sequence[str] = DTYPES) -> list:
         items = array(document, key, key, "a list of tensor specs")
         for i, spec in enumerate(items):
             where = f"{key}[{i}]"
@@ -229,8 +243,10 @@ def check_schema(path: str, document: Any) -> None:
             shape = array(spec, "shape", f"{where}.shape", "a list of integers")
             if not all(is_integer(d) for d in shape):
                 raise fail(f"{where}.shape", "a list of integers", shape)
-            if string(spec, "dtype", f"{where}.dtype") not in DTYPES:
-                raise fail(f"{where}.dtype", f"one of {', '.join(DTYPES)}", spec["dtype"])
+            if string(spec, "dtype", f"{where}.dtype") not in dtypes:
+                raise fail(f"{where}.dtype", f"one of {', '.join(dtypes)}", spec["dtype"])
+            if not isinstance(spec.get("persistent", True), bool):
+                raise fail(f"{where}.persistent", "true or false", spec["persistent"])
         return items
 
     def named(key: str) -> None:
@@ -248,7 +264,7 @@ def check_schema(path: str, document: Any) -> None:
         if not isinstance(method, str):
             raise fail(f"methods[{i}]", "a string", method)
     specs("parameters")
-    specs("buffers")
+    specs("buffers", BUFFER_DTYPES)
     named("loss")
     named("optimizer")
     names = [spec["name"] for spec in specs("inputs")]

@@ -178,17 +178,20 @@ def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Te
 
 def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
     """The model's state_dict inside an exported module or a Java checkpoint (its current values:
-    a checkpoint holds the trained ones), for ``model.load_state_dict``."""
+    a checkpoint holds the trained ones), for ``model.load_state_dict``: as the model's own
+    ``state_dict()``, without the buffers registered with ``persistent=False`` (a TorchScript
+    module does not keep that flag; the metadata does)."""
     from .. import protocol
 
     path = Path(module_path)
-    protocol.read_metadata(path)  # identifies the file before torch reads it
+    metadata = protocol.read_metadata(path)  # identifies the file before torch reads it
+    transient = {spec["name"] for spec in metadata["buffers"] if not spec.get("persistent", True)}
     try:
         module = torchscript.load(str(path), map_location="cpu")
         model = module.model
     except (RuntimeError, AttributeError) as ex:
         raise FineTuneError(f"{path}: not a loadable gradbridge module: {str(ex).strip().splitlines()[0]}") from ex
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+    return {key: value.detach().clone() for key, value in model.state_dict().items() if key not in transient}
 
 
 def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:

@@ -192,11 +192,12 @@ def export_training_module(
         clip=plan.clip, accumulate=plan.accumulate,
     )
     scripted = torchscript.script(wrapper)
+    persistent = model.state_dict(keep_vars=True)  # torch leaves out register_buffer(..., persistent=False)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype)), "trainable": p.requires_grad}
-                    for n, p in named_parameters],
-        buffers=[protocol.tensor_spec(n, b.shape, _dtype_name(b.dtype)) for n, b in named_buffers],
+        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype), kind="parameter"),
+                     "trainable": p.requires_grad} for n, p in named_parameters],
+        buffers=[protocol.buffer_spec(n, b.shape, _dtype_name(b.dtype), n in persistent) for n, b in named_buffers],
         loss=loss_spec,
         optimizer=optimizer_spec,
         inputs=specs,

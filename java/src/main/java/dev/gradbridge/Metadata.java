@@ -175,6 +175,7 @@ public final class Metadata {
         private long[] shape;
         private String dtype;
         private Boolean trainable; // absent in modules exported before frozen parameters
+        private Boolean persistent; // buffers only; absent in modules exported before it
 
         /** @return the tensor's name */
         public String getName() {
@@ -197,6 +198,14 @@ public final class Metadata {
          */
         public boolean isTrainable() {
             return trainable == null || trainable;
+        }
+
+        /**
+         * @return whether the buffer is in the model's {@code state_dict()} ({@code false}: registered
+         *     with {@code persistent=False}, e.g. a causal mask); {@code true} for parameters and inputs
+         */
+        public boolean isPersistent() {
+            return persistent == null || persistent;
         }
 
         /**

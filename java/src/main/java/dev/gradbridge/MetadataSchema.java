@@ -8,6 +8,7 @@ import java.math.BigDecimal;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.List;
 
 /**
@@ -19,7 +20,10 @@ import java.util.List;
 final class MetadataSchema {
 
     static final String MISSING = "nothing (the key is missing)";
+    /** The dtypes of parameters and inputs (Python: {@code protocol.DTYPES}). */
     private static final List<String> DTYPES = Arrays.asList("float32", "float64", "int64");
+    /** The dtypes of buffers: every {@link DType} (Python: {@code protocol.BUFFER_DTYPES}). */
+    private static final List<String> BUFFER_DTYPES = bufferDtypes();
 
     private final String path;
 
@@ -49,12 +53,12 @@ final class MetadataSchema {
                 throw fail("methods[" + i + "]", "a string", text(methods.get(i)));
             }
         }
-        specs(doc, "parameters");
-        specs(doc, "buffers");
+        specs(doc, "parameters", DTYPES);
+        specs(doc, "buffers", BUFFER_DTYPES);
         named(doc, "loss");
         named(doc, "optimizer");
         List<String> names = new ArrayList<>();
-        JsonArray inputs = specs(doc, "inputs");
+        JsonArray inputs = specs(doc, "inputs", DTYPES);
         for (JsonElement spec : inputs) {
             names.add(spec.getAsJsonObject().get("name").getAsString());
         }
@@ -63,7 +67,7 @@ final class MetadataSchema {
         }
     }
 
-    private JsonArray specs(JsonObject doc, String key) {
+    private JsonArray specs(JsonObject doc, String key, List<String> dtypes) {
         JsonArray specs = array(doc, key, key, "a list of tensor specs");
         for (int i = 0; i < specs.size(); i++) {
             String where = key + "[" + i + "]";
@@ -80,8 +84,12 @@ final class MetadataSchema {
                 }
             }
             String dtype = string(object, "dtype", where + ".dtype");
-            if (!DTYPES.contains(dtype)) {
-                throw fail(where + ".dtype", "one of " + String.join(", ", DTYPES), text(object.get("dtype")));
+            if (!dtypes.contains(dtype)) {
+                throw fail(where + ".dtype", "one of " + String.join(", ", dtypes), text(object.get("dtype")));
+            }
+            JsonElement persistent = object.get("persistent");
+            if (persistent != null && !(persistent.isJsonPrimitive() && persistent.getAsJsonPrimitive().isBoolean())) {
+                throw fail(where + ".persistent", "true or false", text(persistent));
             }
         }
         return specs;
@@ -116,6 +124,14 @@ final class MetadataSchema {
             throw fail(where, expected, value == null ? MISSING : text(value));
         }
         return value.getAsJsonArray();
+    }
+
+    private static List<String> bufferDtypes() {
+        List<String> names = new ArrayList<>();
+        for (DType type : DType.values()) {
+            names.add(type.torchName());
+        }
+        return Collections.unmodifiableList(names);
     }
 
     private static boolean isString(JsonElement value) {
