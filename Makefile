@@ -20,20 +20,29 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(VENV)/.installed gradle
 
+# The model zoo's vision libraries (tests/models/zoo.py; transformers is in the test extra): timm and
+# torchvision go in without dependencies, so they never move the venv's torch. PyPI has torchvision
+# builds up to 0.29.2 (torch 2.14); the newest venv runs that one beside a newer torch.
+TIMM := timm==1.0.31
+TORCHVISION_OLDEST := torchvision==0.22.1
+TORCHVISION_NEWEST := torchvision==0.29.2
+
 # The venv holds torch $(DJL_TORCH) (DJL's release, gradle.properties), JPype, numpy, pytest.
-$(VENV)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt gradle.properties
+$(VENV)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt gradle.properties Makefile
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(DJL_TORCH)'
+	$(PY) -m pip install --quiet --no-deps '$(TIMM)' '$(TORCHVISION_OLDEST)'
 	touch $@
 
 # A second venv: the same checkout on the newest torch that the supported range allows (pip picks
 # it; its cache makes a re-creation cheap).
 newest: $(NEWEST)/.installed
-$(NEWEST)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt
+$(NEWEST)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt Makefile
 	$(PYTHON3) -m venv $(NEWEST)
 	$(PY_NEWEST) -m pip install --quiet --upgrade pip
 	$(PY_NEWEST) -m pip install --quiet --upgrade -e '.[test]'
+	$(PY_NEWEST) -m pip install --quiet --no-deps '$(TIMM)' '$(TORCHVISION_NEWEST)'
 	touch $@
 
 # Debian's gradle (4.4.1) is the Gradle these machines can install; gpg checks signed publications.

@@ -3,6 +3,7 @@ is refused with one line (``export.capture`` and ``export.self_check``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,29 @@ def test_the_command_line_checks_and_skips_with_no_check(tmp_path):
     assert written.returncode == 0, written.stderr
     assert _capture(tmp_path / "m.pt") == {"kind": "trace", "checked": False}
     assert np.isfinite(reference.initial_state(tmp_path / "m.pt")["head.weight"].numpy()).all()
+
+
+def test_parity_compares_with_the_users_model_and_says_which_reference_it_used(tmp_path):
+    """An export that skipped the check (a trace that dropped a random draw): against the stored model
+    parity is bitwise and says it is not the user's model; against the user's model it differs."""
+    def gradbridge(*args):
+        return subprocess.run([sys.executable, "-m", "gradbridge", *map(str, args)], capture_output=True, text=True,
+                              cwd=ROOT)
+
+    model = tmp_path / "m.pt"
+    assert gradbridge("export", "tests.models.custom:layer_drop", "-o", model, "--input-shape", "6", "--loss",
+                      "cross_entropy", "--no-check").returncode == 0
+    x, y = _data(32)
+    np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
+    common = ("parity", model, "--data", tmp_path / "train.npz", "--epochs", 2, "--batch-size", 8)
+    stored = gradbridge(*common)
+    assert stored.returncode == 0, stored.stdout + stored.stderr
+    assert ("reference: the model stored in the .pt (TorchScript, trace) and torch.optim, not your nn.Module (the "
+            "export was NOT checked against your nn.Module); pass --model-factory MODULE:FACTORY") in stored.stdout
+    users = gradbridge(*common, "--model-factory", "tests.models.custom:layer_drop", "--report", tmp_path / "r.json")
+    assert users.returncode == 1, users.stdout + users.stderr
+    assert "reference: your eager nn.Module (tests.models.custom:layer_drop) and torch.optim" in users.stdout
+    assert "bitwise identical" not in users.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["config"]["reference"].startswith("your eager nn.Module")
+    assert not report["comparisons"][0]["bitwise"]

@@ -64,7 +64,11 @@ def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_
 
 
 def test_the_readme_table_says_what_the_zoo_does():
+    import timm
+    import transformers
+
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"transformers {transformers.__version__}, timm {timm.__version__}" in readme
     for case in zoo.CASES:
         row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \|$", readme, re.MULTILINE)
         assert row, f"README.md has no model-table row for {case.name}"

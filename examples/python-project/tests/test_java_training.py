@@ -26,9 +26,11 @@ def exported(tmp_path):
 
 def test_java_training_equals_python(exported, java_trainer):
     from gradbridge import reference
+    from regressor import make_regressor
 
     path, x, y = exported
-    python = reference.train(path, x, y, epochs=4, batch_size=16, seed=1)
+    # the eager side is your own nn.Module (its initial tensors are the export's) and torch.optim
+    python = reference.train(path, x, y, epochs=4, batch_size=16, seed=1, model=make_regressor())
     java = java_trainer(path, x, y, epochs=4, batch_size=16, seed=1)
     assert_histories_match(python, java)          # rtol = atol = 0: bit for bit
     assert java[-1].loss < java[0].loss

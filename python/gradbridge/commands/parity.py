@@ -11,10 +11,22 @@ from typing import Callable, Optional, Sequence
 
 from .. import data, java, launcher, ops, parity_report, protocol, reference
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from ..export.command_line import build_model
 from ..files import check_writable
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")
+
+
+def reference_label(metadata: dict, model_factory: Optional[str]) -> str:
+    """Which eager model the comparison ran against, in words (printed, and in the report)."""
+    if model_factory is not None:
+        return f"your eager nn.Module ({model_factory}) and torch.optim"
+    capture = metadata.get(protocol.CAPTURE_KEY, {})
+    checked = ("the export was checked against your nn.Module bit for bit" if capture.get("checked")
+               else "the export was NOT checked against your nn.Module")
+    return (f"the model stored in the .pt (TorchScript, {capture.get('kind', 'script')}) and torch.optim, not your "
+            f"nn.Module ({checked}); pass --model-factory MODULE:FACTORY to compare with it")
 
 
 def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str | os.PathLike | None = None,
@@ -22,7 +34,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         mode: str = protocol.DEFAULT_MODE, java_mode: str = "inprocess",
         rtol: Optional[float] = None, atol: Optional[float] = None, report_path: str | os.PathLike | None = None,
         plot_path: str | os.PathLike | None = None, op_libraries: Sequence[str | os.PathLike] = (),
-        out: Callable[[str], None] = print) -> int:
+        model_factory: Optional[str] = None, out: Callable[[str], None] = print) -> int:
     """Returns the exit code: 0 only when every comparison is within tolerance.
 
     Tolerances: in-process Java shares this process's libtorch and is compared exactly unless
@@ -30,6 +42,9 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     A Java variant that fails does not discard the other: its table and report are kept, the
     failure is one error line on stderr, exit code 1. When every variant fails, the first
     failure is raised. ``op_libraries`` are loaded into this process and into every JVM first.
+    ``model_factory`` (``MODULE:FACTORY``): the user's own nn.Module for the eager side, started from
+    the module's initial tensors; without it, the eager side runs the model stored in the .pt, and
+    the output says so.
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
@@ -44,8 +59,9 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     x, y = data.load_checked(metadata, data_path)
     val = None if val_path is None else data.load_checked(metadata, val_path)
     settings = dict(epochs=epochs, batch_size=batch_size, seed=seed, mode=mode)
+    user_model = None if model_factory is None else build_model(model_factory)
 
-    python = reference.train(model, x, y, val=val, **settings)
+    python = reference.train(model, x, y, val=val, model=user_model, **settings)
     settings["op_libraries"] = op_libraries
     others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
@@ -70,11 +86,14 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
 
     out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
         f"{len(x)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
+    eager_side = reference_label(metadata, model_factory)
+    out(f"reference: {eager_side}")
     for parity in reports:
         out("")
         out(parity.table())
     config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
-              "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries]}
+              "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries],
+              "reference": eager_side}
     if report_path is not None:
         failed = {label: str(ex) for label, ex in failures.items()}
         out(f"report: {parity_report.write_json(report_path, config, reports, failed)}")

@@ -35,6 +35,21 @@ def load_factory(reference: str):
     return getattr(module, attribute)
 
 
+def build_model(reference: str):
+    """The nn.Module that ``package.module:factory`` returns; GradbridgeError in one line otherwise."""
+    import torch
+
+    factory = load_factory(reference)
+    try:
+        module = factory()
+    except Exception as ex:  # the user's code: any error, reported in one line
+        raise GradbridgeError(f"model {reference!r}: the factory raised {type(ex).__name__}: {ex}") from ex
+    if not isinstance(module, torch.nn.Module):
+        raise GradbridgeError(f"model {reference!r}: the factory must return a torch.nn.Module, "
+                              f"got {type(module).__name__}")
+    return module
+
+
 def _value(text: str) -> Any:
     """A CLI option value: int, float, true/false, a |-separated list, else the text."""
     if "|" in text:
@@ -148,15 +163,8 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
     if model in BUILTIN_MODELS:
         return export_builtin(model, output, seed=seed, optimizer=optimizer, loss=loss, inputs=inputs,
                               fine_tuning=fine_tuning, **_builtin_sizes(model, x_shape, y_shape, loss["name"]))
-    factory = load_factory(model)
     torch.manual_seed(seed)
-    try:
-        module = factory()
-    except Exception as ex:  # the user's code: any error, reported in one line
-        raise GradbridgeError(f"model {model!r}: the factory raised {type(ex).__name__}: {ex}") from ex
-    if not isinstance(module, torch.nn.Module):
-        raise GradbridgeError(f"model {model!r}: the factory must return a torch.nn.Module, "
-                              f"got {type(module).__name__}")
+    module = build_model(model)
     # A batch of the declared shapes: checks model and loss fit, allows tracing, and the export's check runs on it.
     example = example_batch(inputs)
     return export_training_module(module, loss, optimizer, output, example_inputs=example,
