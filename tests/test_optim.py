@@ -2,7 +2,8 @@
 
 For every optimizer configuration x {3-layer MLP, small CNN with BatchNorm, MLP with dropout}:
 50 train_step calls on the scripted module driven from Python equal 50 eager torch.optim steps
-exactly: losses, parameters, buffers and optimizer state after every step.
+exactly: losses, parameters, buffers and optimizer state after every step. The state holds
+torch.optim's keys and no others, so a saved module is no bigger than that state asks.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def test_exported_optimizer_equals_torch_optim(tmp_path, optimizer, model_name):
             _assert_same(params, dict(zip(names, scripted.get_parameters())), "parameter", step)
             _assert_same(buffers, dict(zip(buffer_names, scripted.get_buffers())), "buffer", step)
             exported_state = scripted.optimizer_state()
+            assert exported_state.keys() == state.keys(), step
             for key, values in state.items():
                 _assert_same({i: v for i, v in enumerate(values)}, dict(enumerate(exported_state[key])),
                              f"optimizer state {key}", step)
@@ -103,11 +105,135 @@ def test_shared_parameters_are_updated_once(tmp_path):
                  "parameter", 20)
 
 
-def test_optimizer_state_round_trip_equals_uninterrupted_training(tmp_path):
+# Every optimizer's configurations that change which keys torch.optim's state holds.
+STATE_VARIANTS = {
+    **OPTIMIZERS,
+    "sgd-momentum": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+    "adam-amsgrad": {"name": "adam", "lr": 1e-2, "amsgrad": True},
+    "adamw-amsgrad": {"name": "adamw", "lr": 1e-2, "amsgrad": True},
+    "rmsprop": {"name": "rmsprop", "lr": 1e-3},
+    "rmsprop-momentum": {"name": "rmsprop", "lr": 1e-3, "momentum": 0.5},
+    "rmsprop-centered": {"name": "rmsprop", "lr": 1e-3, "centered": True},
+}
+
+
+def _torch_state(optimizer: torch.optim.Optimizer) -> dict:
+    """torch.optim's state as ``{key: [tensor of each parameter that holds the key]}`` in state_dict order."""
+    state: dict = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state[p].items():
+                state.setdefault(key, []).append(value)
+    return state
+
+
+def _assert_state_is_torchs(expected: dict, actual: dict):
+    assert sorted(actual) == sorted(expected)
+    for key, values in expected.items():
+        assert len(actual[key]) == len(values), key
+        for i, (e, a) in enumerate(zip(values, actual[key])):
+            assert a.dtype == e.dtype and torch.equal(a, e), f"{key}[{i}]"
+
+
+@pytest.mark.parametrize("optimizer", STATE_VARIANTS, ids=str)
+def test_state_holds_torch_optims_keys_and_tensors_after_one_step(tmp_path, optimizer):
+    torch.manual_seed(0)
+    model = mlp(in_features=6, hidden=(16,), out_features=3)
+    x, y = _data((6,))
+    path = export_training_module(model, "cross_entropy", STATE_VARIANTS[optimizer], tmp_path / "m.pt",
+                                  example_inputs=(x, y))
+    reference, scripted = Reference(path, model), torch.jit.load(str(path))
+    with plain_graph_executor():
+        assert torch.equal(scripted.train_step(x, y), reference.train_step(x, y))
+    _assert_state_is_torchs(_torch_state(reference.optimizer), scripted.optimizer_state())
+
+
+@pytest.mark.parametrize("cls, first, second", [(torch.optim.SGD, {"momentum": 0.9, "dampening": 0.1}, {}),
+                                                (torch.optim.Adam, {}, {"amsgrad": True}),
+                                                (torch.optim.RMSprop, {"centered": True}, {"momentum": 0.5})],
+                         ids=lambda v: v.__name__ if isinstance(v, type) else None)
+def test_each_group_holds_the_keys_its_options_call_for(tmp_path, cls, first, second):
+    # Given two groups, of which one holds a key the other does not (torch.optim's state follows the group)
+    torch.manual_seed(0)
+    model = mlp(in_features=6, hidden=(16,), out_features=3)
+    x, y = _data((6,))
+    optimizer = cls([{"params": model[0].parameters(), **first}, {"params": model[2].parameters(), **second}],
+                    lr=0.01)
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y))
+    reference, scripted, resumed = Reference(path, model), torch.jit.load(str(path)), torch.jit.load(str(path))
+    # When both step, and a copy resumes from the exported state
+    with plain_graph_executor():
+        for _ in range(3):
+            assert torch.equal(scripted.train_step(x, y), reference.train_step(x, y))
+        resumed.set_parameters(scripted.get_parameters())
+        resumed.load_optimizer_state(scripted.optimizer_state())
+        for _ in range(3):
+            loss = reference.train_step(x, y)
+            assert torch.equal(scripted.train_step(x, y), loss) and torch.equal(resumed.train_step(x, y), loss)
+    # Then each holds torch.optim's state, key by key, in group order
+    _assert_state_is_torchs(_torch_state(reference.optimizer), scripted.optimizer_state())
+    _assert_state_is_torchs(_torch_state(reference.optimizer), resumed.optimizer_state())
+
+
+def test_a_state_with_a_key_the_optimizer_does_not_hold_is_refused(tmp_path):
+    x, y = _data((6,))
+    path = export_training_module(mlp(6, (8,), 3), "cross_entropy", {"name": "adam", "lr": 0.01}, tmp_path / "m.pt",
+                                  example_inputs=(x, y))
+    scripted = torch.jit.load(str(path))
+    state = scripted.optimizer_state()
+    state["max_exp_avg_sq"] = state["exp_avg_sq"]  # AMSGrad's buffer, which amsgrad=False has not
+    with pytest.raises(torch.jit.Error, match="load_optimizer_state: unexpected key max_exp_avg_sq"):
+        scripted.load_optimizer_state(state)
+
+
+@pytest.mark.parametrize("name", ["sgd", "rmsprop"])
+def test_momentum_a_schedule_sets_gets_its_buffer_at_the_first_step(tmp_path, name):
+    # Given no momentum in the spec, and OneCycleLR, which cycles it (torch sets 0.95 when it is made)
+    torch.manual_seed(0)
+    model = mlp(in_features=6, hidden=(16,), out_features=3)
+    x, y = _data((6,))
+    path = export_training_module(model, "cross_entropy", {"name": name, "lr": 0.01}, tmp_path / "m.pt",
+                                  example_inputs=(x, y), scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 10})
+    reference, scripted, fresh = Reference(path, model), torch.jit.load(str(path)), torch.jit.load(str(path))
+    assert "momentum_buffer" not in scripted.optimizer_state()
+    # When both step, the buffer is created as torch.optim creates it
+    with plain_graph_executor():
+        for _ in range(5):
+            assert torch.equal(scripted.train_step(x, y), reference.train_step(x, y))
+    state = scripted.optimizer_state()
+    _assert_state_is_torchs(_torch_state(reference.optimizer), state)
+    # and a copy that never stepped takes that state in, buffer included
+    fresh.load_optimizer_state(state)
+    _assert_state_is_torchs(state, fresh.optimizer_state())
+
+
+@pytest.mark.parametrize("spec", [{"name": "adam", "lr": 1e-3}, {"name": "adam", "lr": 1e-3, "amsgrad": True},
+                                  {"name": "sgd", "lr": 0.1}, {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+                                  {"name": "rmsprop", "lr": 0.01}], ids=str)
+def test_saved_module_is_parameters_gradient_buffers_and_torchs_state(tmp_path, spec):
+    torch.manual_seed(0)
+    model = mlp(in_features=32, hidden=(256, 256), out_features=10)
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    path = export_training_module(model, "cross_entropy", spec, tmp_path / "m.pt", example_inputs=(x, y))
+    reference = Reference(path, model)
+    with plain_graph_executor():
+        reference.train_step(x, y)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    state_bytes = sum(t.numel() * t.element_size() for values in _torch_state(reference.optimizer).values()
+                      for t in values)
+    # parameters, the module's gradient buffers (as many bytes), torch.optim's state after a step,
+    # and code + metadata (about 50 KB, under half the parameter bytes here)
+    limit = 2 * parameter_bytes + state_bytes + parameter_bytes // 2
+    assert path.stat().st_size < limit, f"{path.stat().st_size} bytes, {path.stat().st_size / parameter_bytes:.2f}x"
+
+
+@pytest.mark.parametrize("spec", [{"name": "adam", "lr": 1e-2, "amsgrad": True},
+                                  OPTIMIZERS["sgd-momentum-dampening"], OPTIMIZERS["rmsprop-centered-momentum"]],
+                         ids=lambda spec: spec["name"])
+def test_optimizer_state_round_trip_equals_uninterrupted_training(tmp_path, spec):
     torch.manual_seed(0)
     model = mlp(in_features=6, hidden=(16, 16), out_features=3, dropout=0.2)
     x, y = _data((6,))
-    spec = {"name": "adam", "lr": 1e-2, "amsgrad": True}
     first = export_training_module(model, "cross_entropy", spec, tmp_path / "a.pt", example_inputs=(x, y))
     second = export_training_module(model, "cross_entropy", spec, tmp_path / "b.pt", example_inputs=(x, y))
     batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]

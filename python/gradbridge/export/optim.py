@@ -1,9 +1,15 @@
 """Optimizers as TorchScript modules, op for op the single-tensor paths of torch.optim 2.7.1.
 
-Each class holds its hyper-parameters and per-parameter state (the same keys as torch.optim's
-``optimizer.state[p]``, plus ``step`` for SGD) and has one scripted method::
+Each class holds its hyper-parameters and per-parameter state: the keys torch.optim's
+``optimizer.state[p]`` holds after a step with the same hyper-parameters, no others (SGD without
+momentum has none; Adam's ``max_exp_avg_sq`` only with amsgrad; RMSprop's ``momentum_buffer`` only
+with momentum, ``grad_avg`` only centered), so a saved module is its parameters, their gradient
+buffers and torch's own state. Each has these scripted methods::
 
     step(params, grads, has_grad)   # under torch.no_grad(); skips parameters without a gradient
+    state()                         # {key: [tensor per parameter]}, the live tensors
+    allocate(params)                # create the state a momentum set after construction calls for
+    loaded()                        # load_optimizer_state copied a state in
 
 ``has_grad[i]`` is False where torch.optim would see ``p.grad is None`` (the parameter took no
 part in the loss since the last ``zero_grad``): such a parameter and its state stay untouched,
@@ -29,7 +35,7 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _zeros_like(params: Sequence[Tensor]) -> List[Tensor]:
+def _zeros_like(params: List[Tensor]) -> List[Tensor]:
     return [torch.zeros_like(p, memory_format=torch.preserve_format).detach() for p in params]
 
 
@@ -38,7 +44,23 @@ def _steps(params: Sequence[Tensor]) -> List[Tensor]:
     return [torch.tensor(0.0, dtype=torch.float32) for _ in params]
 
 
-class SGD(nn.Module):
+class _Optimizer(nn.Module):
+    """Hooks for state that depends on a hyper-parameter a schedule can change (OneCycleLR's
+    momentum): no-ops here; SGD and RMSprop override them."""
+
+    @torch.jit.export
+    def allocate(self, params: List[Tensor]) -> None:
+        """Create the state lists the hyper-parameters as they are now call for, if missing (a
+        schedule set them after construction); ``step`` and ``load_optimizer_state`` call it first."""
+        pass
+
+    @torch.jit.export
+    def loaded(self) -> None:
+        """After ``load_optimizer_state`` copied a state in."""
+        pass
+
+
+class SGD(_Optimizer):
     """torch.optim.SGD. For each parameter p with gradient g::
 
         g = -g                                   if maximize
@@ -50,12 +72,15 @@ class SGD(nn.Module):
         p.add_(g, alpha=-lr)
 
     Defaults: lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, maximize=False.
-    State: momentum_buffer, step (steps taken; torch.optim has no SGD step, it marks the first).
+    State: momentum_buffer while momentum != 0 (none without momentum), as torch.optim. Allocated
+    with the optimizer, or at the first step with momentum (OneCycleLR can set it later);
+    ``has_buffer[i]`` (not state) stands for torch's ``momentum_buffer is not None``: set by the
+    parameter's first step with momentum, and by a load (torch's loaded state holds a buffer).
     """
 
     torch_name = "SGD"
     momentum_buffer: List[Tensor]
-    steps: List[Tensor]
+    has_buffer: List[bool]
 
     def __init__(self, params: Sequence[Tensor], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
@@ -70,8 +95,8 @@ class SGD(nn.Module):
         self.weight_decay = float(weight_decay)
         self.nesterov = bool(nesterov)
         self.maximize = bool(maximize)
-        self.momentum_buffer = _zeros_like(params)
-        self.steps = _steps(params)
+        self.momentum_buffer = _zeros_like(params) if self.momentum != 0 else []
+        self.has_buffer = [False for _ in params]
 
     def hyperparameters(self) -> Dict[str, Any]:
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
@@ -79,6 +104,7 @@ class SGD(nn.Module):
 
     @torch.jit.export
     def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        self.allocate(params)
         for i in range(len(params)):
             if not has_grad[i]:
                 continue
@@ -88,23 +114,36 @@ class SGD(nn.Module):
                 grad = grad.add(param, alpha=self.weight_decay)
             if self.momentum != 0:
                 buf = self.momentum_buffer[i]
-                if float(self.steps[i].item()) == 0.0:
+                if not self.has_buffer[i]:
                     buf.copy_(grad)
+                    self.has_buffer[i] = True
                 else:
                     buf.mul_(self.momentum).add_(grad, alpha=1 - self.dampening)
                 if self.nesterov:
                     grad = grad.add(buf, alpha=self.momentum)
                 else:
                     grad = buf
-            self.steps[i].add_(1)
             param.add_(grad, alpha=-self.lr)
 
     @torch.jit.export
     def state(self) -> Dict[str, List[Tensor]]:
-        return {"momentum_buffer": self.momentum_buffer, "step": self.steps}
+        state: Dict[str, List[Tensor]] = {}
+        if len(self.momentum_buffer) > 0:
+            state["momentum_buffer"] = self.momentum_buffer
+        return state
+
+    @torch.jit.export
+    def allocate(self, params: List[Tensor]) -> None:
+        if self.momentum != 0 and len(self.momentum_buffer) == 0:
+            self.momentum_buffer = _zeros_like(params)
+
+    @torch.jit.export
+    def loaded(self) -> None:
+        if len(self.momentum_buffer) > 0:
+            self.has_buffer = [True for _ in self.momentum_buffer]
 
 
-class Adam(nn.Module):
+class Adam(_Optimizer):
     """torch.optim.Adam (and AdamW with ``decoupled_weight_decay=True``). For each p with g::
 
         g = -g                                          if maximize
@@ -121,7 +160,7 @@ class Adam(nn.Module):
         p.addcdiv_(exp_avg, denom, value=-step_size)
 
     Defaults: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize=False.
-    State: step, exp_avg, exp_avg_sq, max_exp_avg_sq.
+    State: step, exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad (as torch.optim).
     """
 
     torch_name = "Adam"
@@ -150,7 +189,7 @@ class Adam(nn.Module):
         self.steps = _steps(params)
         self.exp_avg = _zeros_like(params)
         self.exp_avg_sq = _zeros_like(params)
-        self.max_exp_avg_sq = _zeros_like(params)
+        self.max_exp_avg_sq = _zeros_like(params) if self.amsgrad else []
 
     def hyperparameters(self) -> Dict[str, Any]:
         return {"lr": self.lr, "betas": [self.beta1, self.beta2], "eps": self.eps, "weight_decay": self.weight_decay,
@@ -189,8 +228,10 @@ class Adam(nn.Module):
 
     @torch.jit.export
     def state(self) -> Dict[str, List[Tensor]]:
-        return {"step": self.steps, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
-                "max_exp_avg_sq": self.max_exp_avg_sq}
+        state = {"step": self.steps, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        if self.amsgrad:
+            state["max_exp_avg_sq"] = self.max_exp_avg_sq
+        return state
 
 
 class AdamW(Adam):
@@ -208,7 +249,7 @@ class AdamW(Adam):
                          maximize=maximize)
 
 
-class RMSprop(nn.Module):
+class RMSprop(_Optimizer):
     """torch.optim.RMSprop. For each p with g::
 
         g = -g                                          if maximize
@@ -227,7 +268,9 @@ class RMSprop(nn.Module):
             p.addcdiv_(g, avg, value=-lr)
 
     Defaults: lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
-    maximize=False. State: step, square_avg, momentum_buffer, grad_avg.
+    maximize=False. State: step, square_avg, momentum_buffer with momentum > 0, grad_avg if
+    centered (as torch.optim). A momentum set after construction (OneCycleLR) allocates
+    momentum_buffer at the next step (zeros, as torch's first step of a parameter does).
     """
 
     torch_name = "RMSprop"
@@ -253,8 +296,8 @@ class RMSprop(nn.Module):
         self.maximize = bool(maximize)
         self.steps = _steps(params)
         self.square_avg = _zeros_like(params)
-        self.momentum_buffer = _zeros_like(params)
-        self.grad_avg = _zeros_like(params)
+        self.momentum_buffer = _zeros_like(params) if self.momentum > 0 else []
+        self.grad_avg = _zeros_like(params) if self.centered else []
 
     def hyperparameters(self) -> Dict[str, Any]:
         return {"lr": self.lr, "alpha": self.alpha, "eps": self.eps, "weight_decay": self.weight_decay,
@@ -262,6 +305,7 @@ class RMSprop(nn.Module):
 
     @torch.jit.export
     def step(self, params: List[Tensor], grads: List[Tensor], has_grad: List[bool]) -> None:
+        self.allocate(params)
         for i in range(len(params)):
             if not has_grad[i]:
                 continue
@@ -288,11 +332,20 @@ class RMSprop(nn.Module):
 
     @torch.jit.export
     def state(self) -> Dict[str, List[Tensor]]:
-        return {"step": self.steps, "square_avg": self.square_avg, "momentum_buffer": self.momentum_buffer,
-                "grad_avg": self.grad_avg}
+        state = {"step": self.steps, "square_avg": self.square_avg}
+        if len(self.momentum_buffer) > 0:
+            state["momentum_buffer"] = self.momentum_buffer
+        if self.centered:
+            state["grad_avg"] = self.grad_avg
+        return state
+
+    @torch.jit.export
+    def allocate(self, params: List[Tensor]) -> None:
+        if self.momentum > 0 and len(self.momentum_buffer) == 0:
+            self.momentum_buffer = _zeros_like(params)
 
 
-class Adagrad(nn.Module):
+class Adagrad(_Optimizer):
     """torch.optim.Adagrad (dense gradients). For each p with g::
 
         step += 1

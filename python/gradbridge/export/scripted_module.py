@@ -343,7 +343,13 @@ class _TrainingModule(nn.Module):
     @torch.jit.export
     def load_optimizer_state(self, state: Dict[str, List[Tensor]]) -> None:
         """Restore what ``optimizer_state()`` returned (keys, counts and shapes must match)."""
+        params = self._parameters_list()
+        for g, opt in enumerate(self.optimizers):
+            opt.allocate([params[i] for i in self.group_index[g]])
         own = self._optimizer_state()
+        for key in state.keys():
+            if key not in own:
+                raise RuntimeError("load_optimizer_state: unexpected key " + key)
         for key, values in own.items():
             if key not in state:
                 raise RuntimeError("load_optimizer_state: missing key " + key)
@@ -358,3 +364,5 @@ class _TrainingModule(nn.Module):
             for key, values in own.items():
                 for i in range(len(values)):
                     values[i].copy_(state[key][i])
+        for opt in self.optimizers:
+            opt.loaded()

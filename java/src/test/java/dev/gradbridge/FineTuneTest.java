@@ -8,6 +8,7 @@ import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.data.Dataset;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.Map;
 import java.util.Random;
 import org.junit.Test;
@@ -70,7 +71,8 @@ public class FineTuneTest {
             assertArrayEquals(new double[] {0.05, 0.025}, history.getRecords().get(0).getLrs(), 0.0);
             assertArrayEquals(new double[] {0.0125, 0.00625}, history.getRecords().get(2).getLrs(), 0.0);
             assertTrue(history.toJsonLines().contains("\"lrs\":[0.05,0.025]"));
-            // the frozen layer has no gradient and its optimizer state is absent (SGD: step + buffer)
+            // the frozen layer has no gradient and its optimizer state is absent (SGD: the momentum buffer)
+            assertEquals(Collections.singleton("momentum_buffer"), module.getOptimizerState().keySet());
             assertEquals(4, module.getOptimizerState().get("momentum_buffer").size());
         }
     }
