@@ -170,3 +170,27 @@ def test_parity_compares_with_the_users_model_and_says_which_reference_it_used(t
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["config"]["reference"].startswith("your eager nn.Module")
     assert not report["comparisons"][0]["bitwise"]
+
+
+def test_a_model_returning_a_model_output_is_refused_with_what_to_do(tmp_path):
+    class Outputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return {"logits": self.linear(x)}
+
+    with pytest.raises(ExportError, match=r"^Outputs returns dict, the loss needs one tensor: wrap the model so that "
+                                          r"forward returns it"):
+        export_training_module(Outputs(), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(4))
+
+
+def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    compiled = torch.compile(model)
+    optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    path = export_training_module(compiled, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(4))
+    assert load(str(path)).parameter_names() == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert _capture(path) == {"kind": "script", "checked": True}

@@ -191,6 +191,11 @@ def export_capture_failed(model: str, how: str, reason: str) -> str:
     return f"cannot {how} {model}: {reason}"
 
 
+def export_output_not_tensor(model: str, output: str) -> str:
+    return (f"{model} returns {output}, the loss needs one tensor: wrap the model so that forward returns it "
+            "(e.g. an HF model's .logits)")
+
+
 def export_needs_example(model: str, reason: str) -> str:
     return (f"cannot script {model}: {reason}; pass example_inputs=(x, y) to trace it "
             "instead")

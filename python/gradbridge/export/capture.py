@@ -49,6 +49,12 @@ def _reason(ex: BaseException) -> str:
     return f"{lines[0].rstrip(':')} ({where})" if where else lines[0]
 
 
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module under ``torch.compile`` (the same parameters; compiled code is not eager's bits)."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
 def refuse_captured(model: nn.Module) -> None:
     """A module the user already scripted or traced would run without gradients: refuse it."""
     if isinstance(model, torch.jit.ScriptModule):

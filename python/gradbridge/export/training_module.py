@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import libtorch, ops, protocol, torchscript
+from .. import libtorch, messages, ops, protocol, torchscript
 from .._version import __version__
 from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
@@ -111,6 +111,7 @@ def export_training_module(
         ExportError: the model cannot be scripted and no example_inputs were given to trace it, it is
             already a TorchScript module, or the check found the export differs from the eager model.
     """
+    model = model_capture.uncompiled(model)
     model_capture.refuse_captured(model)
     loss_spec = _loss_spec(loss)
     loss_module = losses.build(loss_spec)
@@ -167,9 +168,15 @@ def export_training_module(
         saved_buffers = [(b, b.clone()) for b in model.buffers()]
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                loss_module(model(example_inputs[0]), example_inputs[1])
+                output = model(example_inputs[0])
+                if not isinstance(output, Tensor):
+                    raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
+                loss_module(output, example_inputs[1])
+        except ExportError:
+            raise
         except Exception as ex:
-            raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {ex}") from ex
+            reason = " ".join(str(ex).split())
+            raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {reason}") from ex
         finally:
             with torch.no_grad():
                 for buffer, value in saved_buffers:
