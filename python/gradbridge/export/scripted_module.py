@@ -48,7 +48,9 @@ class _TrainingModule(nn.Module):
         self.optimizers = nn.ModuleList(optimizers)
         self.params = nn.ParameterList(parameters)
         self.names = parameter_names
-        self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for p in parameters]
+        # Allocated at a parameter's first gradient (``_grad_buffer``), so an exported file holds the
+        # parameters and torch.optim's state, not a zero gradient per parameter.
+        self.grads = [torch.empty(0, dtype=p.dtype) for p in parameters]
         self.has_grad = [False for _ in parameters]
         self.buffer_list = buffers
         self.buffer_name_list = buffer_names
@@ -97,8 +99,15 @@ class _TrainingModule(nn.Module):
                 if self.has_grad[i]:
                     self.grads[i].add_(grad)
                 else:
-                    self.grads[i].copy_(grad)
+                    self._grad_buffer(i).copy_(grad)
                     self.has_grad[i] = True
+
+    def _grad_buffer(self, i: int) -> Tensor:
+        """Parameter i's gradient buffer (contiguous, the parameter's shape), allocated at first use."""
+        p = self._parameters_list()[i]
+        if self.grads[i].shape != p.shape:
+            self.grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
+        return self.grads[i]
 
     @torch.jit.export
     def zero_grad(self) -> None:
@@ -252,7 +261,7 @@ class _TrainingModule(nn.Module):
 
     @torch.jit.export
     def get_gradients(self) -> List[Tensor]:
-        return [g.clone() for g in self.grads]
+        return [self._grad_buffer(i).clone() for i in range(len(self.grads))]
 
     @torch.jit.export
     def gradient_flags(self) -> Tensor:
@@ -273,19 +282,19 @@ class _TrainingModule(nn.Module):
         trainable = [False for _ in self.names]
         for i in self.trainable_index:
             trainable[i] = True
-        for i, g in enumerate(self.grads):
-            if values[i].shape != g.shape or values[i].dtype != g.dtype:
-                raise RuntimeError("set_gradients: " + self.names[i] + " must have shape " + str(g.shape)
-                                   + " and dtype " + str(g.dtype))
+        for i, p in enumerate(self._parameters_list()):
+            if values[i].shape != p.shape or values[i].dtype != p.dtype:
+                raise RuntimeError("set_gradients: " + self.names[i] + " must have shape " + str(p.shape)
+                                   + " and dtype " + str(p.dtype))
             if present[i] and not trainable[i]:
                 raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
         with torch.no_grad():
-            for i, g in enumerate(self.grads):
+            for i in range(len(self.grads)):
                 if present[i]:
-                    g.copy_(values[i])
+                    self._grad_buffer(i).copy_(values[i])
                     self.has_grad[i] = True
                 else:
-                    g.zero_()
+                    self.grads[i].zero_()
                     self.has_grad[i] = False
 
     @torch.jit.export
