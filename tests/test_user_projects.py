@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import gradbridge
-from gradbridge import History, reference
+from gradbridge import History, libtorch, reference
 from gradbridge._devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 
@@ -94,14 +94,11 @@ def newest_user_env(wheel, tmp_path_factory):
                  cwd=REPO_ROOT)
     assert probe.returncode == 0, probe.stderr
     purelib, torch_version = probe.stdout.split()
-    from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from gradbridge import libtorch
-
-    upper = next(Version(s.version) for s in Requirement(libtorch.supported()).specifier if s.operator == "<")
-    assert Version(torch_version).release[:2] == (upper.major, upper.minor - 1), \
-        f".venv-newest holds torch {torch_version}, not the newest minor release below {upper}"
+    verified = Version(libtorch.verified_up_to())
+    assert Version(torch_version).release[:2] >= verified.release, \
+        f".venv-newest holds torch {torch_version}, older than the verified {verified}.x"
     bin_dir, env, pip_output = _fresh_env(wheel, tmp_path_factory.mktemp("newest-user-env"), Path(purelib))
     return bin_dir, env, pip_output, torch_version
 
@@ -140,11 +137,12 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert f"\nVersion: {VERSION}\n" in metadata
     from packaging.requirements import Requirement
 
-    from gradbridge import libtorch
-
     required = [Requirement(line.split(": ", 1)[1]) for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
     torch_pins = [r for r in required if r.name == "torch"]
     assert [r.specifier for r in torch_pins] == [Requirement(libtorch.supported()).specifier], torch_pins
+    # a lower end only: pip neither refuses nor downgrades a torch newer than the verified releases
+    assert [s.operator for s in torch_pins[0].specifier] == [">="], torch_pins
+    assert "gradbridge/VERIFIED_TORCH" in names
     jar_path = wheel.parent / "inspect.jar"
     jar_path.write_bytes(jar_bytes)
     try:
@@ -374,7 +372,7 @@ def test_wheel_keeps_the_users_newer_torch_and_doctor_reports_it(newest_user_env
     assert version.stdout.strip() == newest
     doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
     rows = {line[:22].strip(): line[22:].strip() for line in doctor.stdout.splitlines()}
-    assert rows["torch"].startswith(f"{newest.split('+')[0]} (supported: torch>=2.7.1,<2.16; "), doctor.stdout
+    assert rows["torch"].startswith(f"{newest.split('+')[0]} (supported: {libtorch.supported()}; "), doctor.stdout
     assert rows["TorchScript"].startswith("deprecated (torch.jit.load, torch.jit.save, torch.jit.script warn"), rows
     # the wheel's prebuilt native library is for the torch it was built with: this one is built on first use
     assert "native library" in rows, doctor.stdout
