@@ -5,7 +5,7 @@ The supported range is the torch line of ``requirements.txt`` (the wheel's depen
 end only, so that pip never refuses or downgrades a newer torch; a torch below it is refused with one
 line before any JVM starts. ``VERIFIED_TORCH`` beside it names the newest minor release the project
 ran its whole version matrix on ("verified up to"); a newer torch needs a passing self-check on the
-machine it runs on first (``gradbridge.selfcheck``).
+machine it runs on first (``gradbridge.torch_gate``).
 
 In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
 through gradbridge's native library built for that torch (``gradbridge.native``). A separate JVM uses

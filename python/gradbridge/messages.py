@@ -220,7 +220,7 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
             f"the draw; {CHECK_SKIP}")
 
 
-# ---- a torch newer than the verified releases (gradbridge.selfcheck, gradbridge verify) ----
+# ---- a torch newer than the verified releases (gradbridge.torch_gate, gradbridge verify) ----
 
 def _newer(version: str, verified: str) -> str:
     return f"torch {version} is newer than the releases gradbridge verified (up to {verified}.x)"

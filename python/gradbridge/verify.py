@@ -12,7 +12,7 @@ Groups, one progress line each, stopping at the first case that differs:
 5. **in-process Java**: a few exported models trained by Java in this process and by eager torch
    (``java.train`` against ``reference.train``, ``parity.compare_histories``, bit for bit).
 
-The verdict is recorded per torch build (``selfcheck.record``): the gate before every training run
+The verdict is recorded per torch build (``torch_gate.record``): the gate before every training run
 reads it for a torch newer than the verified releases.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import libtorch, selfcheck
+from . import libtorch, torch_gate
 from .models import SmallCNN, linear, mlp
 
 #: Every optimizer option the exporter supports, one case each (also tests/test_optim.py and
@@ -294,13 +294,13 @@ def run(out: Callable[[str], None] = print) -> Verdict:
     """Run every group on this torch, print one line per group, record the verdict for this torch build."""
     from .errors import GradbridgeError
 
-    build = selfcheck.torch_build()
+    build = torch_gate.torch_build()
     verified = libtorch.is_verified(libtorch.torch_version())
     out(f"gradbridge verify: torch {build.version} (build {build.build_hash}), "
         f"{'a' if verified else 'newer than every'} verified release (up to {libtorch.verified_up_to()}.x)")
     started = time.monotonic()
     failure = None
-    with selfcheck.checking(), tempfile.TemporaryDirectory(prefix="gradbridge-verify-") as scratch:
+    with torch_gate.checking(), tempfile.TemporaryDirectory(prefix="gradbridge-verify-") as scratch:
         for name, group in GROUPS:
             began = time.monotonic()
             try:
@@ -316,6 +316,6 @@ def run(out: Callable[[str], None] = print) -> Verdict:
             out(f"  {name:<16} ok: {summary} ({time.monotonic() - began:.1f} s)")
     seconds = time.monotonic() - started
     verdict = Verdict(failure is None, failure or f"{len(GROUPS)} groups passed", seconds)
-    path = selfcheck.record(verdict.passed, verdict.line, seconds, build)
+    path = torch_gate.record(verdict.passed, verdict.line, seconds, build)
     out(f"{'passed' if verdict.passed else 'FAILED'} in {seconds:.0f} s; verdict recorded in {path}")
     return verdict

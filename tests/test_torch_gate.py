@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from packaging.version import Version
 
 from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, reference
-from gradbridge import selfcheck, verify
+from gradbridge import torch_gate, verify
 from gradbridge.commands import verify as verify_command
 from gradbridge.errors import CLI_ERROR_PREFIX, SetupError
 
@@ -45,7 +45,7 @@ def _cache(folder: Path) -> Path:
 def _gradbridge(args, cwd, cache, **env):
     """`gradbridge ARGS` in a fresh process with the lowered mark and ``cache`` as the cache folder."""
     code = _PREAMBLE + "import sys; from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))"
-    environment = {k: v for k, v in os.environ.items() if k != selfcheck.AUTO_ENV}
+    environment = {k: v for k, v in os.environ.items() if k != torch_gate.AUTO_ENV}
     environment.update({native.CACHE_ENV: str(cache), **env})
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           env=environment, timeout=600)
@@ -83,7 +83,7 @@ def lowered(monkeypatch, tmp_path):
     cache = _cache(tmp_path)
     monkeypatch.setattr(libtorch, "verified_up_to", lambda: LOWERED)
     monkeypatch.setenv(native.CACHE_ENV, str(cache))
-    monkeypatch.delenv(selfcheck.AUTO_ENV, raising=False)
+    monkeypatch.delenv(torch_gate.AUTO_ENV, raising=False)
     return cache
 
 
@@ -102,10 +102,10 @@ def test_the_first_training_call_runs_the_self_check_once_and_passes(drill):
     for name, _ in verify.GROUPS:
         assert [line for line in lines if line.strip().startswith(f"{name} ") and " ok: " in line], (name, lines)
     assert "java: bitwise identical over 2 epochs" in first.stdout
-    (verdict_file,) = (cache / selfcheck.FOLDER).glob("*.json")
+    (verdict_file,) = (cache / torch_gate.FOLDER).glob("*.json")
     verdict = json.loads(verdict_file.read_text())
     assert verdict["passed"] and verdict["torch"] == torch.__version__, verdict
-    assert verdict_file.name == f"{selfcheck.torch_build().name}.json"
+    assert verdict_file.name == f"{torch_gate.torch_build().name}.json"
 
 
 def test_a_second_process_reuses_the_verdict(drill):
@@ -126,24 +126,24 @@ def test_another_torch_build_is_not_covered_by_the_verdict(drill, monkeypatch):
     cache, _, _ = drill
     monkeypatch.setattr(libtorch, "verified_up_to", lambda: LOWERED)
     monkeypatch.setenv(native.CACHE_ENV, str(cache))
-    monkeypatch.setenv(selfcheck.AUTO_ENV, "0")
-    assert selfcheck.require_torch() == libtorch.torch_version()  # this build: the verdict holds
-    other = selfcheck.TorchBuild(torch.__version__, "0" * 16)
-    monkeypatch.setattr(selfcheck, "torch_build", lambda: other)
+    monkeypatch.setenv(torch_gate.AUTO_ENV, "0")
+    assert torch_gate.require_torch() == libtorch.torch_version()  # this build: the verdict holds
+    other = torch_gate.TorchBuild(torch.__version__, "0" * 16)
+    monkeypatch.setattr(torch_gate, "torch_build", lambda: other)
     with pytest.raises(SetupError) as refused:
-        selfcheck.require_torch()
-    assert str(refused.value) == messages.torch_unchecked(libtorch.torch_version(), LOWERED, selfcheck.AUTO_ENV)
+        torch_gate.require_torch()
+    assert str(refused.value) == messages.torch_unchecked(libtorch.torch_version(), LOWERED, torch_gate.AUTO_ENV)
 
 
 def test_without_automatic_checks_an_unchecked_torch_is_one_line(regressor, tmp_path):
     cache = _cache(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    result = _parity(regressor, work, cache, **{selfcheck.AUTO_ENV: "0"})
+    result = _parity(regressor, work, cache, **{torch_gate.AUTO_ENV: "0"})
     assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
     assert result.stderr.splitlines() == [
-        CLI_ERROR_PREFIX + messages.torch_unchecked(libtorch.torch_version(), LOWERED, selfcheck.AUTO_ENV)]
-    assert not list(work.iterdir()) and not list(cache.glob(f"{selfcheck.FOLDER}/*.json"))
+        CLI_ERROR_PREFIX + messages.torch_unchecked(libtorch.torch_version(), LOWERED, torch_gate.AUTO_ENV)]
+    assert not list(work.iterdir()) and not list(cache.glob(f"{torch_gate.FOLDER}/*.json"))
 
 
 def test_a_failing_case_refuses_training_with_its_line(lowered, regressor, tmp_path, monkeypatch):
@@ -157,7 +157,7 @@ def test_a_failing_case_refuses_training_with_its_line(lowered, regressor, tmp_p
     printed = []
     assert verify_command.run(printed.append) == 1
     failed = [line for line in printed if "FAILED" in line]
-    line = json.loads(selfcheck.verdict_path().read_text())["line"]
+    line = json.loads(torch_gate.verdict_path().read_text())["line"]
     assert line.startswith("losses / name=mse: loss ") and "vs torch.nn.functional's" in line, line
     assert failed == [f"  {'losses':<16} FAILED: {line}", failed[-1]] and failed[-1].startswith("FAILED in "), printed
     assert not [p for p in printed if "in-process Java" in p]  # it stops at the first failing group
@@ -211,4 +211,4 @@ def test_verify_says_in_one_line_that_this_torch_refuses_torchscript(lowered, mo
     expected = "TorchScript: " + messages.torchscript_unavailable(
         torch.__version__, "torch.jit.script", "RuntimeError: TorchScript has been removed; use torch.export")
     assert f"  {'TorchScript':<16} FAILED: {expected}" in printed, printed
-    assert json.loads(selfcheck.verdict_path().read_text())["line"] == expected
+    assert json.loads(torch_gate.verdict_path().read_text())["line"] == expected
