@@ -122,7 +122,7 @@ def test_doctor_reports_the_self_checked_torch(drill, tmp_path):
     assert rows["torch self-check"].startswith("self-checked on this machine (`gradbridge verify` passed here "), rows
 
 
-def test_another_torch_build_is_not_covered_by_the_verdict(drill, monkeypatch):
+def test_another_torch_build_is_checked_again(drill, monkeypatch):
     cache, _, _ = drill
     monkeypatch.setattr(libtorch, "verified_up_to", lambda: LOWERED)
     monkeypatch.setenv(native.CACHE_ENV, str(cache))
@@ -133,6 +133,11 @@ def test_another_torch_build_is_not_covered_by_the_verdict(drill, monkeypatch):
     with pytest.raises(SetupError) as refused:
         torch_gate.require_torch()
     assert str(refused.value) == messages.torch_unchecked(libtorch.torch_version(), LOWERED, torch_gate.AUTO_ENV)
+    # with automatic checks on, that build is checked again (the self-check itself is the drill's first run)
+    monkeypatch.delenv(torch_gate.AUTO_ENV)
+    checked = []
+    monkeypatch.setattr(torch_gate, "_self_check", lambda version: checked.append(version) or {"passed": True})
+    assert torch_gate.require_torch() == libtorch.torch_version() and checked == [libtorch.torch_version()]
 
 
 def test_without_automatic_checks_an_unchecked_torch_is_one_line(regressor, tmp_path):

@@ -11,8 +11,9 @@ the self-check (``gradbridge verify``) it relies on for a torch newer than the p
   ``gradbridge verify`` has run (a CI step). A failed self-check refuses that build with its line.
 
 Callers: ``jvm.start`` (in-process Java: ``java.train``, the pytest plugin's fixtures, ``gradcheck``),
-``launcher.command`` (a JVM of its own: ``parity --java subprocess``, ``demo``, ``serve``),
-``sparkrun.command`` (gradbridge-spark) and ``gradbridge parity`` before its eager run.
+``launcher.command`` (a JVM of its own: ``parity --java subprocess``, ``serve``),
+``sparkrun.command`` (gradbridge-spark), and before they write or train anything ``gradbridge parity``,
+``gradcheck.check`` and ``gradbridge demo``.
 """
 
 from __future__ import annotations
