@@ -1,10 +1,10 @@
 """The supported torch range, on whichever torch of it this venv holds (`make test` runs this file on
 the oldest, .venv, and on the newest, .venv-newest).
 
-- The range is defined once (python/gradbridge/requirements.txt) and read by the library; its oldest
-  release is the libtorch of the separate JVM's distribution (gradle.properties), and this venv's
-  torch is one of its ends.
-- A torch outside the range gets one line naming the range before any JVM starts; in range, Java in
+- The range is defined once (python/gradbridge/requirements.txt) and read by the library: a lower end
+  only, the libtorch of the separate JVM's distribution (gradle.properties); "verified up to" is
+  VERIFIED_TORCH beside it, and the README names both (tests/test_torch_gate.py: a newer torch).
+- A torch below the range gets one line naming the range before any JVM starts; in range, Java in
   this process runs on this torch through gradbridge's native library built for it, bit for bit.
 - gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
 - A module exported here trains in a separate JVM on DJL's own libtorch and matches eager torch.
@@ -26,7 +26,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gradbridge import export_training_module, launcher, libtorch, reference, torchscript
+from gradbridge import export_training_module, launcher, libtorch, reference, torch_gate, torchscript
 from gradbridge.commands import doctor
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 
@@ -66,6 +66,8 @@ def test_readme_names_the_range_and_the_verified_releases():
     assert f"`{libtorch.supported()}`" in readme
     verified = libtorch.verified_up_to()
     assert f"verified up to {verified}.x" in readme.lower()
+    # where the verdicts are kept, and how CI turns the automatic self-check off
+    assert f"`~/.cache/gradbridge/{torch_gate.FOLDER}`" in readme and f"`{torch_gate.AUTO_ENV}=0`" in readme
     # the release table's last row is the verified minor release
     rows = re.findall(r"^\| (\d+\.\d+)\.\d+\+\w+ \|", readme, re.MULTILINE)
     assert rows and rows[-1] == verified, rows
