@@ -5,8 +5,8 @@
 
 For each minor release from the range's lower end (python/gradbridge/requirements.txt) up to the
 verified one (python/gradbridge/VERIFIED_TORCH: 2.7 ... 2.15 for ``torch>=2.7.1`` and 2.15), or for
-``--minors`` (a newer release is verified this way: run it, then raise VERIFIED_TORCH), it creates a venv under build/version-matrix/ with this checkout and the
-newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
+``--minors`` (a newer release is verified this way: run it, then raise VERIFIED_TORCH), it creates
+a venv under build/version-matrix/ with this checkout and the newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
 marked ``every_torch`` or ``every_torch_java`` there (the set `make test` runs on the newest torch:
 the Python-side parity, the range's checks, quiet exports, a module exported there trained in a
 separate JVM on DJL's libtorch, and the fast in-process Java parity cases on that torch's own
