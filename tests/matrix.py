@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gradbridge import protocol
+from gradbridge import protocol, verify
 from gradbridge.models import SmallCNN, linear, mlp
 
 OPTIMIZERS: Dict[str, dict] = {
@@ -23,21 +23,9 @@ OPTIMIZERS: Dict[str, dict] = {
     "adamw": {"name": "adamw", "lr": 0.005, "weight_decay": 0.01},
 }
 MODES = protocol.MODES
-# Every optimizer option the exporter supports, one case each (tests/test_optim.py, test_parity_java_general.py)
-OPTIMIZER_VARIANTS = {
-    "sgd": {"name": "sgd", "lr": 0.05},
-    "sgd-momentum-dampening": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.1},
-    "sgd-nesterov-wd": {"name": "sgd", "lr": 0.01, "momentum": 0.8, "nesterov": True,
-                                 "weight_decay": 1e-3},
-    "adam": {"name": "adam", "lr": 1e-2},
-    "adam-amsgrad-wd": {"name": "adam", "lr": 1e-2, "betas": [0.8, 0.99], "weight_decay": 1e-2, "amsgrad": True},
-    "adamw": {"name": "adamw", "lr": 1e-2, "weight_decay": 0.1},
-    "rmsprop-centered-momentum": {"name": "rmsprop", "lr": 1e-3, "momentum": 0.5, "centered": True,
-                                  "weight_decay": 1e-3},
-    "adagrad": {"name": "adagrad", "lr": 5e-2, "lr_decay": 1e-3, "weight_decay": 1e-3,
-                "initial_accumulator_value": 0.1},
-    "sgd-maximize": {"name": "sgd", "lr": 1e-3, "maximize": True},
-}
+# Every optimizer option the exporter supports, one case each: `gradbridge verify`'s (tests/test_optim.py,
+# test_parity_java_general.py)
+OPTIMIZER_VARIANTS = verify.OPTIMIZER_VARIANTS
 RESULTS = []  # (case, mode, side, verdict) for the parity-matrix table printed at the end of the session
 BATCH = 32
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradbridge import export_training_module
+from gradbridge import export_training_module, verify
 from gradbridge.export import optim
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
@@ -22,21 +22,9 @@ from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZERS
 pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too
 
 STEPS = 50
-BATCH = 16
-
-
-MODELS = {
-    "mlp": (lambda: mlp(in_features=6, hidden=(16, 16), out_features=3), (6,)),
-    "cnn-batchnorm": (lambda: SmallCNN(side=8, channels=4, classes=3), (1, 8, 8)),
-    "mlp-dropout": (lambda: mlp(in_features=6, hidden=(16, 16), out_features=3, dropout=0.3), (6,)),
-}
-
-
-def _data(shape, n=64, classes=3):
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(n, *shape, generator=generator)
-    y = torch.randint(0, classes, (n,), generator=generator)
-    return x, y
+BATCH = verify.OPTIMIZER_BATCH
+MODELS = verify.OPTIMIZER_MODELS
+_data = verify.classification_data
 
 
 def _assert_same(expected: dict, actual: dict, what: str, step: int):
@@ -49,42 +37,18 @@ def _assert_same(expected: dict, actual: dict, what: str, step: int):
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=str)
 @pytest.mark.parametrize("model_name", MODELS, ids=str)
 def test_exported_optimizer_equals_torch_optim(tmp_path, optimizer, model_name):
+    """Given the eager model, torch.optim and the exported module from the same initial tensors, STEPS
+    steps of each agree exactly, state keys included (`gradbridge verify` runs the same comparison)."""
     factory, shape = MODELS[model_name]
     torch.manual_seed(0)
     model = factory()
     x, y = _data(shape)
     path = export_training_module(model, "cross_entropy", OPTIMIZERS[optimizer], tmp_path / "m.pt",
                                   example_inputs=(x[:BATCH], y[:BATCH]))
-
-    # Given the eager model, torch.optim and the exported module, from the same initial tensors
-    reference = Reference(path, model)
-    scripted = torch.jit.load(str(path))
-    names = scripted.parameter_names()
-    buffer_names = scripted.buffer_names()
     batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
-
-    # When each takes STEPS steps with the same generator state (dropout draws the same masks)
-    torch.manual_seed(1234)
-    eager = []
-    for step in range(STEPS):
-        loss = reference.train_step(*batches[step % len(batches)])
-        eager.append((loss, reference.parameters(), reference.buffers(), reference.optimizer_state()))
-    torch.manual_seed(1234)
-    with plain_graph_executor():
-        for step in range(STEPS):
-            loss = scripted.train_step(*batches[step % len(batches)])
-            expected_loss, params, buffers, state = eager[step]
-            # Then every step agrees exactly
-            assert torch.equal(loss, expected_loss), f"step {step}: loss {loss.item()!r} vs {expected_loss.item()!r}"
-            _assert_same(params, dict(zip(names, scripted.get_parameters())), "parameter", step)
-            _assert_same(buffers, dict(zip(buffer_names, scripted.get_buffers())), "buffer", step)
-            exported_state = scripted.optimizer_state()
-            assert exported_state.keys() == state.keys(), step
-            for key, values in state.items():
-                _assert_same({i: v for i, v in enumerate(values)}, dict(enumerate(exported_state[key])),
-                             f"optimizer state {key}", step)
+    assert verify.optimizer_difference(path, model, batches, STEPS) is None
     if model_name == "cnn-batchnorm":
-        assert any("running_mean" in n for n in buffer_names)
+        assert any("running_mean" in n for n in torch.jit.load(str(path)).buffer_names())
 
 
 def test_shared_parameters_are_updated_once(tmp_path):

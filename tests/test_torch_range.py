@@ -1,10 +1,10 @@
 """The supported torch range, on whichever torch of it this venv holds (`make test` runs this file on
 the oldest, .venv, and on the newest, .venv-newest).
 
-- The range is defined once (python/gradbridge/requirements.txt) and read by the library; its oldest
-  release is the libtorch of the separate JVM's distribution (gradle.properties), and this venv's
-  torch is one of its ends.
-- A torch outside the range gets one line naming the range before any JVM starts; in range, Java in
+- The range is defined once (python/gradbridge/requirements.txt) and read by the library: a lower end
+  only, the libtorch of the separate JVM's distribution (gradle.properties); "verified up to" is
+  VERIFIED_TORCH beside it, and the README names both (tests/test_torch_gate.py: a newer torch).
+- A torch below the range gets one line naming the range before any JVM starts; in range, Java in
   this process runs on this torch through gradbridge's native library built for it, bit for bit.
 - gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
 - A module exported here trains in a separate JVM on DJL's own libtorch and matches eager torch.
@@ -26,7 +26,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gradbridge import export_training_module, launcher, libtorch, reference, torchscript
+from gradbridge import export_training_module, launcher, libtorch, reference, torch_gate, torchscript
 from gradbridge.commands import doctor
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 
@@ -37,9 +37,10 @@ DJL_TORCH = re.search(r"^torchVersion=(\S+)$", (REPO_ROOT / "gradle.properties")
 RANGE_LINE = f"gradbridge supports {libtorch.supported()}: pip install '{libtorch.supported()}'"
 
 
-def _bounds():
+def _lower_end():
     specifiers = {s.operator: Version(s.version) for s in Requirement(libtorch.supported()).specifier}
-    return specifiers[">="], specifiers["<"]
+    assert list(specifiers) == [">="], f"{libtorch.supported()}: the range has a lower end only (pip keeps a newer torch)"
+    return specifiers[">="]
 
 
 def test_range_is_read_from_the_wheels_requirements():
@@ -50,16 +51,26 @@ def test_range_is_read_from_the_wheels_requirements():
 
 
 def test_the_range_starts_at_djls_release_and_holds_this_torch():
-    oldest, upper = _bounds()
-    assert oldest == Version(DJL_TORCH)
+    assert _lower_end() == Version(DJL_TORCH)
     assert libtorch.in_range(libtorch.torch_version())
-    for version, inside in [(DJL_TORCH, True), ("2.15.0+cu132", True), ("2.7.0", False), ("2.16.0", False),
-                            (f"{upper.major}.{upper.minor - 1}.9", True)]:
+    verified = Version(libtorch.verified_up_to())
+    newer = f"{verified.major}.{verified.minor + 1}.0"
+    for version, inside, checked in [(DJL_TORCH, True, True), ("2.15.0+cu132", True, True), ("2.7.0", False, False),
+                                     (f"{verified}.9", True, True), (newer, True, False), ("3.0.0", True, False)]:
         assert libtorch.in_range(version) is inside, version
+        assert libtorch.is_verified(version) is checked, version
 
 
-def test_readme_names_the_range():
-    assert f"`{libtorch.supported()}`" in (REPO_ROOT / "README.md").read_text()
+def test_readme_names_the_range_and_the_verified_releases():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"`{libtorch.supported()}`" in readme
+    verified = libtorch.verified_up_to()
+    assert f"verified up to {verified}.x" in readme.lower()
+    # where the verdicts are kept, and how CI turns the automatic self-check off
+    assert f"`~/.cache/gradbridge/{torch_gate.FOLDER}`" in readme and f"`{torch_gate.AUTO_ENV}=0`" in readme
+    # the release table's last row is the verified minor release
+    rows = re.findall(r"^\| (\d+\.\d+)\.\d+\+\w+ \|", readme, re.MULTILINE)
+    assert rows and rows[-1] == verified, rows
 
 
 def _gradbridge(args, cwd, torch_version=None):
@@ -83,7 +94,7 @@ def regressor(tmp_path_factory):
     return path, x, y
 
 
-@pytest.mark.parametrize("outside", ["2.6.0+cpu", "2.16.0"])
+@pytest.mark.parametrize("outside", ["2.6.0+cpu", "2.7.0"])
 @pytest.mark.parametrize("java", ["inprocess", "subprocess"])
 def test_torch_outside_the_range_is_one_line_before_a_jvm_starts(regressor, tmp_path, outside, java):
     path, _, _ = regressor
@@ -96,9 +107,9 @@ def test_torch_outside_the_range_is_one_line_before_a_jvm_starts(regressor, tmp_
 
 
 def test_doctor_names_the_range_for_a_torch_outside_it(tmp_path):
-    result = _gradbridge(["doctor"], tmp_path, "2.16.0")
+    result = _gradbridge(["doctor"], tmp_path, "2.6.0")
     problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
-    assert result.returncode == 1 and problems == [f"problem: torch: torch 2.16.0 is installed, but {RANGE_LINE}"], \
+    assert result.returncode == 1 and problems == [f"problem: torch: torch 2.6.0 is installed, but {RANGE_LINE}"], \
         result.stdout
 
 
@@ -141,6 +152,10 @@ def test_doctor_reports_torch_its_range_and_torchscripts_status():
     else:
         assert rows["TorchScript"] == "supported (torch.jit.script, save and load give no deprecation warning)"
     assert f"torch{libtorch.torch_version()}" in rows["native library"], rows
+    # (and when `gradbridge verify` ran on this machine, when it passed); a newer torch: its self-check
+    verified = f"verified (the project's matrix ran on every release up to {libtorch.verified_up_to()}.x)"
+    assert rows["torch self-check"].startswith(
+        verified if libtorch.is_verified(libtorch.torch_version()) else ("self-checked ", "not self-checked yet ")), rows
 
 
 def test_exports_and_the_reference_print_no_torchscript_deprecation_warning(tmp_path, regressor):

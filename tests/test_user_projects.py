@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import gradbridge
-from gradbridge import History, reference
+from gradbridge import History, libtorch, reference
 from gradbridge._devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 
@@ -84,9 +84,8 @@ def user_env(wheel, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def newest_user_env(wheel, tmp_path_factory):
-    """A fresh venv that already has the newest torch of the range (`make newest`'s), then the wheel:
-    returns (bin folder, environment, pip's output, that torch's version)."""
+def newest_torch():
+    """The newest torch pip finds (`make newest`'s venv): (its site-packages, its version)."""
     result = _run(["make", "-s", "newest"], cwd=REPO_ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     probe = _run([REPO_ROOT / ".venv-newest" / "bin" / "python", "-c",
@@ -94,15 +93,20 @@ def newest_user_env(wheel, tmp_path_factory):
                  cwd=REPO_ROOT)
     assert probe.returncode == 0, probe.stderr
     purelib, torch_version = probe.stdout.split()
-    from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from gradbridge import libtorch
+    verified = Version(libtorch.verified_up_to())
+    assert Version(torch_version).release[:2] >= verified.release, \
+        f".venv-newest holds torch {torch_version}, older than the verified {verified}.x"
+    return Path(purelib), torch_version
 
-    upper = next(Version(s.version) for s in Requirement(libtorch.supported()).specifier if s.operator == "<")
-    assert Version(torch_version).release[:2] == (upper.major, upper.minor - 1), \
-        f".venv-newest holds torch {torch_version}, not the newest minor release below {upper}"
-    bin_dir, env, pip_output = _fresh_env(wheel, tmp_path_factory.mktemp("newest-user-env"), Path(purelib))
+
+@pytest.fixture(scope="session")
+def newest_user_env(wheel, newest_torch, tmp_path_factory):
+    """A fresh venv that already has the newest torch (`make newest`'s), then the wheel: returns (bin
+    folder, environment, pip's output, that torch's version)."""
+    purelib, torch_version = newest_torch
+    bin_dir, env, pip_output = _fresh_env(wheel, tmp_path_factory.mktemp("newest-user-env"), purelib)
     return bin_dir, env, pip_output, torch_version
 
 
@@ -140,11 +144,12 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert f"\nVersion: {VERSION}\n" in metadata
     from packaging.requirements import Requirement
 
-    from gradbridge import libtorch
-
     required = [Requirement(line.split(": ", 1)[1]) for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
     torch_pins = [r for r in required if r.name == "torch"]
     assert [r.specifier for r in torch_pins] == [Requirement(libtorch.supported()).specifier], torch_pins
+    # a lower end only: pip neither refuses nor downgrades a torch newer than the verified releases
+    assert [s.operator for s in torch_pins[0].specifier] == [">="], torch_pins
+    assert "gradbridge/VERIFIED_TORCH" in names
     jar_path = wheel.parent / "inspect.jar"
     jar_path.write_bytes(jar_bytes)
     try:
@@ -335,8 +340,8 @@ def test_bad_installation_is_one_line(user_env, outside, case):
     else:                       # torch's version seen as a release outside the range
         command = [bin_dir / "python", "-c", "import sys, torch; torch.__version__ = '2.6.0+cpu'; "
                    "from gradbridge.commands.main import main; sys.exit(main(sys.argv[1:]))", *command[1:]]
-        expected = r"torch 2\.6\.0 is installed, but gradbridge supports torch>=2\.7\.1,<2\.16: " \
-                   r"pip install 'torch>=2\.7\.1,<2\.16'"
+        expected = (rf"torch 2\.6\.0 is installed, but gradbridge supports {re.escape(libtorch.supported())}: "
+                    rf"pip install '{re.escape(libtorch.supported())}'")
     result = _run(command, cwd=outside, env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stdout + result.stderr
@@ -374,7 +379,7 @@ def test_wheel_keeps_the_users_newer_torch_and_doctor_reports_it(newest_user_env
     assert version.stdout.strip() == newest
     doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=outside, env=env)
     rows = {line[:22].strip(): line[22:].strip() for line in doctor.stdout.splitlines()}
-    assert rows["torch"].startswith(f"{newest.split('+')[0]} (supported: torch>=2.7.1,<2.16; "), doctor.stdout
+    assert rows["torch"].startswith(f"{newest.split('+')[0]} (supported: {libtorch.supported()}; "), doctor.stdout
     assert rows["TorchScript"].startswith("deprecated (torch.jit.load, torch.jit.save, torch.jit.script warn"), rows
     # the wheel's prebuilt native library is for the torch it was built with: this one is built on first use
     assert "native library" in rows, doctor.stdout
@@ -394,6 +399,43 @@ def test_python_half_runs_on_the_newest_torch_without_deprecation_warnings(newes
                    "--java", "inprocess"], cwd=outside, env=env)
     assert parity.returncode == 0, parity.stdout + parity.stderr
     assert "bitwise" in parity.stdout.lower() or "identical" in parity.stdout.lower(), parity.stdout
+
+
+def test_release_day_a_torch_newer_than_the_wheels_mark_is_self_checked_once(wheel, newest_torch, tmp_path_factory):
+    """The wheel with "verified up to" below the newest torch (as if that torch came out after the wheel):
+    pip keeps that torch; the first in-process training runs `gradbridge verify` from the installed wheel
+    once and is bitwise; the next process reuses the verdict; doctor reports it."""
+    from packaging.version import Version
+
+    purelib, newest = newest_torch
+    base = tmp_path_factory.mktemp("release-day")
+    bin_dir, env, pip_output = _fresh_env(wheel, base, purelib)
+    assert "torch" not in pip_output.split("Successfully installed")[-1].lower(), pip_output
+    release = Version(libtorch.release(newest))
+    next(base.glob("venv/lib/python3*/site-packages/gradbridge/VERIFIED_TORCH")).write_text(
+        f"{release.major}.{release.minor - 1}\n")
+    cache = base / "cache"  # verdicts of this test only; the native libraries already built are shared
+    cache.mkdir()
+    from gradbridge.native import cache_dir
+
+    (cache_dir() / "native").mkdir(parents=True, exist_ok=True)
+    (cache / "native").symlink_to(cache_dir() / "native")
+    env = {**env, "GRADBRIDGE_CACHE_DIR": str(cache)}
+    work = base / "work"
+    work.mkdir()
+    _write_regressor(work, bin_dir, env)
+    parity = [bin_dir / "gradbridge", "parity", "m.pt", "--data", "train.npz", "--epochs", 2, "--java", "inprocess"]
+    first, second = _run(parity, cwd=work, env=env), _run(parity, cwd=work, env=env)
+    for result in (first, second):
+        assert result.returncode == 0 and "java: bitwise identical over 2 epochs" in result.stdout, \
+            result.stdout + result.stderr
+    assert first.stderr.count("checking it once on this machine") == 1, first.stderr
+    assert re.search(r"^passed in \d+ s; verdict recorded in ", first.stderr, re.MULTILINE), first.stderr
+    assert "gradbridge verify" not in second.stderr, second.stderr
+    doctor = _run([bin_dir / "gradbridge", "doctor"], cwd=work, env=env)
+    rows = {line[:22].strip(): line[22:].strip() for line in doctor.stdout.splitlines()}
+    assert rows["torch self-check"].startswith("self-checked on this machine"), doctor.stdout
+    assert doctor.returncode == 0, doctor.stdout
 
 
 # ---- the Maven artifact and a Gradle application that uses it ----

@@ -3,9 +3,10 @@
     .venv/bin/python tools/version_matrix.py                         # every minor of the range
     .venv/bin/python tools/version_matrix.py --minors 2.7 2.11 2.15 --use .venv --use .venv-newest
 
-For each minor release of the range in python/gradbridge/requirements.txt (2.7 ... 2.15 for
-``torch>=2.7.1,<2.16``) it creates a venv under build/version-matrix/ with this checkout and the
-newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
+For each minor release from the range's lower end (python/gradbridge/requirements.txt) up to the
+verified one (python/gradbridge/VERIFIED_TORCH: 2.7 ... 2.15 for ``torch>=2.7.1`` and 2.15), or for
+``--minors`` (a newer release is verified this way: run it, then raise VERIFIED_TORCH), it creates
+a venv under build/version-matrix/ with this checkout and the newest patch release pip finds for that minor (pip's cache makes a rerun cheap), runs the tests
 marked ``every_torch`` or ``every_torch_java`` there (the set `make test` runs on the newest torch:
 the Python-side parity, the range's checks, quiet exports, a module exported there trained in a
 separate JVM on DJL's libtorch, and the fast in-process Java parity cases on that torch's own
@@ -34,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "python"))
 
 from gradbridge import libtorch  # noqa: E402  (the range's one definition)
+from packaging.version import Version  # noqa: E402
 
 OUT = REPO_ROOT / "build" / "version-matrix"
 MARKERS = "every_torch or every_torch_java"  # as `make test` on the newest torch
@@ -41,15 +43,17 @@ _CROSS = re.compile(r"torch \S+ vs DJL's libtorch \S+: (.+)")
 
 
 def minors() -> List[str]:
-    """Every minor release the supported range includes: ["2.7", ..., "2.15"]."""
-    from packaging.requirements import Requirement
-    from packaging.version import Version
-
-    bounds = {s.operator: Version(s.version) for s in Requirement(libtorch.supported()).specifier}
-    low, high = bounds[">="], bounds["<"]
+    """Every minor release from the range's lower end to the verified one: ["2.7", ..., "2.15"]."""
+    low, high = _lowest(), Version(libtorch.verified_up_to())
     if low.major != high.major:
         raise SystemExit(f"{libtorch.supported()}: a range across major releases needs a list of minors (--minors)")
-    return [f"{low.major}.{minor}" for minor in range(low.minor, high.minor)]
+    return [f"{low.major}.{minor}" for minor in range(low.minor, high.minor + 1)]
+
+
+def _lowest() -> Version:
+    from packaging.requirements import Requirement
+
+    return next(Version(s.version) for s in Requirement(libtorch.supported()).specifier if s.operator == ">=")
 
 
 def _python(venv: Path) -> Path:
@@ -118,7 +122,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the venvs this run creates")
     args = parser.parse_args(argv)
     wanted = args.minors or minors()
-    outside = [m for m in wanted if m not in minors()]
+    lowest = _lowest()
+    outside = [m for m in wanted if Version(m).release[:2] < lowest.release[:2]]
     if outside:
         parser.error(f"{', '.join(outside)} outside the supported range {libtorch.supported()}")
     existing = {}

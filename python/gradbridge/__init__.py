@@ -26,6 +26,7 @@ from .errors import (
     ModuleLoadError,
     ProtocolError,
     SetupError,
+    TorchScriptUnavailableError,
     TrainingError,
     WriteError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "ModuleLoadError",
     "ProtocolError",
     "SetupError",
+    "TorchScriptUnavailableError",
     "TrainingError",
     "WriteError",
 ]

@@ -34,6 +34,11 @@ class SetupError(GradbridgeError):
     """
 
 
+class TorchScriptUnavailableError(SetupError):
+    """The installed torch refuses torch.jit.script or torch.jit.load, which gradbridge's training
+    modules need (one line naming the call and torch's reason)."""
+
+
 class JavaBuildMissingError(SetupError):
     """The Java library's jars are missing (not built, not bundled, or a classpath names missing files)."""
 

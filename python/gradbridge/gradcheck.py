@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from . import data, messages, ops, protocol
+from . import data, messages, ops, protocol, torch_gate
 from .errors import InvalidInputError
 
 #: Finite-difference step and tolerances: torch.autograd.gradcheck's defaults for float64.
@@ -149,6 +149,7 @@ def check(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size:
         raise InvalidInputError(messages.argument("batch_size", "at least 1", batch_size))
     if max_elements < 1:
         raise InvalidInputError(messages.argument("max_elements", "at least 1", max_elements))
+    torch_gate.require_torch()  # before any gradient is computed
     metadata = protocol.read_metadata(model)
     ops.prepare(metadata, op_libraries, str(model))
     x, y = data.load_checked(metadata, data_path)

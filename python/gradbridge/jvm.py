@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import classpath, errors, jdk, libtorch
+from . import classpath, errors, jdk, libtorch, torch_gate
 
 #: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". A JVM that rejects one exits the process.
 JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
@@ -51,7 +51,7 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
         return
     path = classpath.resolve()
     user = classpath.user_entries(extra_classpath, classpath_source)
-    libtorch.require_supported()
+    torch_gate.require_torch()
     options = libtorch.java_options()  # builds the native library for this torch once, when needed
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)

@@ -11,7 +11,7 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, libtorch, protocol
+from . import classpath, jdk, libtorch, protocol, torch_gate
 from .errors import GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
@@ -28,7 +28,7 @@ def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Se
     classpath followed by ``extra_classpath``."""
     core = classpath.resolve()
     path = classpath.Classpath([*core.entries, *extra_classpath], core.source)
-    libtorch.require_supported()
+    torch_gate.require_torch()
     return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
             "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
 

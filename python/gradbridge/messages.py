@@ -218,3 +218,37 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
     return (f"export check failed: {method}: your eager model draws random numbers as {eager}, the export as "
             f"{exported}{lost}: its random masks would differ from step one; make the model scriptable or remove "
             f"the draw; {CHECK_SKIP}")
+
+
+# ---- a torch newer than the verified releases (gradbridge.torch_gate, gradbridge verify) ----
+
+def _newer(version: str, verified: str) -> str:
+    return f"torch {version} is newer than the releases gradbridge verified (up to {verified}.x)"
+
+
+def torch_self_check_starts(version: str, verified: str) -> str:
+    return f"{_newer(version, verified)}: checking it once on this machine (`gradbridge verify`, about a minute) ..."
+
+
+def torch_unchecked(version: str, verified: str, env: str) -> str:
+    return (f"{_newer(version, verified)} and was not self-checked on this machine: run `gradbridge verify` "
+            f"first (with {env}=0 it does not run on first use)")
+
+
+def torch_unchecked_status(version: str, verified: str) -> str:
+    return (f"not self-checked yet ({_newer(version, verified)}): the first training runs `gradbridge verify`, "
+            f"or run it now")
+
+
+def torch_self_check_failed(version: str, line: str) -> str:
+    return (f"torch {version} failed gradbridge's self-check on this machine: {line}; Java would not match eager "
+            f"torch here: use a verified torch, or run `gradbridge verify` again after a fix")
+
+
+def torch_self_check_incomplete(version: str, reason: str) -> str:
+    return f"the self-check of torch {version} (`gradbridge verify`) did not finish: {reason}"
+
+
+def torchscript_unavailable(version: str, call: str, reason: str) -> str:
+    return (f"torch {version} refuses {call} ({reason}): gradbridge's training modules are TorchScript, which "
+            f"this torch no longer runs; use a torch that does (see `gradbridge doctor`)")

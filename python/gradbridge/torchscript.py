@@ -11,6 +11,9 @@ from typing import Iterator
 
 import torch
 
+from . import messages
+from .errors import TorchScriptUnavailableError
+
 # torch deprecates TorchScript (2.11.0 and 2.15.0 do; 2.7.1 does not): every torch.jit.script/trace/save/
 # load call warns (FutureWarning;
 # DeprecationWarning for some helpers) "`torch.jit.X` is deprecated. Please switch to ...". gradbridge's
@@ -30,9 +33,14 @@ def _intentional() -> Iterator[None]:
 
 
 def script(obj):
-    """``torch.jit.script(obj)`` without torch's deprecation warning."""
+    """``torch.jit.script(obj)`` without torch's deprecation warning; TorchScriptUnavailableError when
+    this torch refuses scripting altogether (not just this object)."""
     with _intentional():
-        return torch.jit.script(obj)
+        try:
+            return torch.jit.script(obj)
+        except Exception as ex:
+            _raise_if_unavailable("torch.jit.script", ex)
+            raise
 
 
 def trace(model, example_inputs, **kwargs):
@@ -48,24 +56,60 @@ def save(module, path, **kwargs) -> None:
 
 
 def load(path, **kwargs):
-    """``torch.jit.load(path, **kwargs)`` without torch's deprecation warning."""
+    """``torch.jit.load(path, **kwargs)`` without torch's deprecation warning; TorchScriptUnavailableError
+    when this torch refuses loading altogether (not just this file)."""
     with _intentional():
-        return torch.jit.load(path, **kwargs)
+        try:
+            return torch.jit.load(path, **kwargs)
+        except Exception as ex:
+            _raise_if_unavailable("torch.jit.load", ex)
+            raise
+
+
+class _Probe(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def _round_trip() -> None:
+    """Script, save and load a one-line module in memory, as gradbridge's export and loading do."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(_Probe()), buffer)
+    buffer.seek(0)
+    torch.jit.load(buffer)
+
+
+def _unavailable(call: str, ex: Exception) -> TorchScriptUnavailableError:
+    return TorchScriptUnavailableError(messages.torchscript_unavailable(
+        torch.__version__, call, " ".join(f"{type(ex).__name__}: {ex}".split()) or type(ex).__name__))
+
+
+def require_available() -> None:
+    """TorchScriptUnavailableError (one line) when this torch refuses torch.jit.script, save or load."""
+    for call, attempt in (("torch.jit.script", lambda: torch.jit.script(_Probe())), ("torch.jit.load", _round_trip)):
+        try:
+            with _intentional():
+                attempt()
+        except Exception as ex:
+            raise _unavailable(call, ex) from ex
+
+
+def _raise_if_unavailable(call: str, ex: Exception) -> None:
+    """After ``call`` failed with ``ex``: TorchScriptUnavailableError when a one-line module fails too
+    (this torch no longer runs TorchScript), else nothing (the caller's object or file is at fault)."""
+    try:
+        require_available()
+    except TorchScriptUnavailableError:
+        raise _unavailable(call, ex) from ex
 
 
 def deprecation_status() -> str:
     """The installed torch's TorchScript status in words, probed by scripting, saving and loading a
-    one-line module (`gradbridge doctor`)."""
-    class _Probe(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + 1
-
+    one-line module (`gradbridge doctor`); TorchScriptUnavailableError when this torch refuses them."""
+    require_available()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        buffer = io.BytesIO()
-        torch.jit.save(torch.jit.script(_Probe()), buffer)
-        buffer.seek(0)
-        torch.jit.load(buffer)
+        _round_trip()
     warned = sorted({re.search(_DEPRECATION, str(w.message)).group(1) for w in caught
                      if issubclass(w.category, (FutureWarning, DeprecationWarning))
                      and re.search(_DEPRECATION, str(w.message))})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import java, launcher, reference
+from .. import java, launcher, reference, torch_gate
 from ..export import export_builtin
 from ..history import History
 from ..models import SEED_LR as LR
@@ -24,6 +24,7 @@ def run_demo(*, epochs: int, out_dir: str | Path) -> int:
     out = Path(out_dir).resolve()
     model = out / "linear_regression.pt"
     java_history_file = out / "history-separate-jvm.jsonl"
+    torch_gate.require_torch()  # before anything is written
     export_builtin("linear-regression", model, seed=0, lr=LR)
     print(f"[1/4] exported {model}")
 

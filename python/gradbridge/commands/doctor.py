@@ -1,7 +1,8 @@
 """`gradbridge doctor`: what this installation runs on, and one line per problem.
 
 Checks: the Python package, where the Java library's jars come from and their versions, torch
-against the supported range and its TorchScript status, the native library Java would use on this
+against the supported range, whether it is verified, self-checked here or failed its self-check
+(``torch_gate.status``), its TorchScript status, the native library Java would use on this
 Python's libtorch, the JVM that would start in this process (started in a process of its own with
 the user's JVM options), and the `java` a separate JVM would run. Exit code 1 when any is off.
 """
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .. import _devtree, classpath, jdk, libtorch, native
+from .. import _devtree, classpath, jdk, libtorch, native, torch_gate
 from .._version import __version__
 from ..errors import GradbridgeError
 
@@ -54,6 +55,8 @@ def run(out: Callable[[str], None] = print) -> int:
         return f"{version} (supported: {libtorch.supported()}; libtorch: {libtorch.lib_dir()})"
 
     torch_ok = check("torch", torch) is not None
+    if torch_ok:
+        check("torch self-check", torch_gate.status)
     if torch_ok:
         from .. import torchscript
 

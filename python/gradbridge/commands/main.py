@@ -197,6 +197,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return run()
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import run
+
+    return run()
+
+
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run
 
@@ -443,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "
                                              "when there is any.")
     doctor.set_defaults(run=_doctor)
+
+    verify = commands.add_parser(
+        "verify", help="self-check the installed torch: Java and the scripted optimizers and losses bit for bit "
+                       "against eager torch (about a minute)",
+        description="Runs the fast parity cases the project's tests run on every torch, on this torch, and "
+                    "records the verdict for this torch build: a torch newer than the releases gradbridge verified "
+                    "trains only after it passed. One line per group; exit code 1 naming the first case that differs.")
+    verify.set_defaults(run=_verify)
     return parser
 
 

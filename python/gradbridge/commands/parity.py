@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import data, java, launcher, ops, parity_report, protocol, reference
+from .. import data, java, launcher, ops, parity_report, protocol, reference, torch_gate
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..export.command_line import build_model
 from ..files import check_writable
@@ -54,6 +54,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     for output in (report_path, plot_path):
         if output is not None:
             check_writable(output)  # before the training, not after it
+    torch_gate.require_torch()  # before the eager run: a refused torch trains nothing
     metadata = protocol.read_metadata(model)
     ops.prepare(metadata, op_libraries, str(model))
     x, y = data.load_checked(metadata, data_path)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import messages, torchscript
-from ..errors import ExportError
+from ..errors import ExportError, TorchScriptUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
         if "source" not in str(ex):  # inspect.getsource: TorchScript cannot read the model's code
             raise
         return None, _forget(ex)
+    except TorchScriptUnavailableError:
+        raise  # this torch scripts nothing: tracing would not save either
     except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
         return None, _forget(ex)
 

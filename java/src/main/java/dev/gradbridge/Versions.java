@@ -22,7 +22,7 @@ public final class Versions {
     public static final String GRADBRIDGE;
     /** The libtorch (and Python torch) version the jar's native library was built for. */
     public static final String TORCH;
-    /** The torch releases gradbridge supports, as pip writes them: e.g. {@code torch>=2.7.1,<2.16}. */
+    /** The torch releases gradbridge supports, as pip writes them: e.g. {@code torch>=2.7.1}. */
     public static final String TORCH_RANGE;
 
     static {
