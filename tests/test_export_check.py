@@ -194,3 +194,47 @@ def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
     path = export_training_module(compiled, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(4))
     assert load(str(path)).parameter_names() == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert _capture(path) == {"kind": "script", "checked": True}
+
+
+def test_a_model_left_in_eval_mode_is_exported_to_train_in_training_mode(tmp_path):
+    """Java trains the module in the mode it was saved in: training mode, as eager training runs."""
+    from gradbridge.reference import Reference
+    from gradbridge.torchscript import load_for_python
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)).eval()
+    x, y = _data(8)
+    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x, y))
+    assert not model.training  # the user's model is left as it was
+    module, eager = load_for_python(path), Reference(path, model)
+    for step in range(3):
+        torch.manual_seed(step)
+        loss = module.train_step(x, y)
+        torch.manual_seed(step)
+        assert torch.equal(loss, eager.train_step(x, y))
+
+
+def test_an_unused_parameter_and_its_missing_optimizer_state_pass_the_check(tmp_path):
+    class WithUnused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = torch.nn.Linear(6, 3)
+            self.unused = torch.nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    path = export_training_module(WithUnused(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    assert _capture(path)["checked"]
+
+
+def test_an_error_inside_the_check_is_one_line(tmp_path, monkeypatch):
+    from gradbridge.reference import Reference
+
+    def broken(self, x, y):
+        raise RuntimeError("boom\n  at some line")
+
+    monkeypatch.setattr(Reference, "backward", broken)
+    with pytest.raises(ExportError, match=r"^export check failed: train_step 1 raised: boom at some line; check=False"):
+        export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    assert list(tmp_path.iterdir()) == []

@@ -213,6 +213,10 @@ def export_mismatch(method: str, tensor: str, eager: str, exported: str) -> str:
             f"{CHECK_SKIP}")
 
 
+def export_check_raised(method: str, reason: str) -> str:
+    return f"export check failed: {method} raised: {reason}; {CHECK_SKIP}"
+
+
 def export_random_draws(method: str, eager: str, exported: str, capture: str) -> str:
     lost = " (a trace drops random draws whose result only steers Python control flow)" if capture == "trace" else ""
     return (f"export check failed: {method}: your eager model draws random numbers as {eager}, the export as "

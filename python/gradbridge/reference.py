@@ -78,6 +78,9 @@ class Reference:
             missing = sorted({name for name, _ in tensors} - set(state))
             if missing:
                 raise ValueError(f"{model_path} has no values for {missing}: is it this model's export?")
+            extra = sorted(set(state) - {name for name, _ in tensors})
+            if extra:
+                raise ValueError(f"{model_path} holds {extra}, which the given model lacks: is it this model's export?")
             with torch.no_grad():
                 for name, tensor in tensors:
                     tensor.copy_(state[name])

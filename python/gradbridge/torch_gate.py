@@ -159,12 +159,11 @@ def _self_check(version: str) -> dict:
               file=sys.stderr, flush=True)
         last = ""
         with tempfile.TemporaryDirectory(prefix="gradbridge-verify-") as folder:
-            process = subprocess.Popen([sys.executable, "-m", "gradbridge", "verify"], cwd=folder,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for line in process.stdout:
-                sys.stderr.write(line)
-                last = line.strip() or last
-            process.wait()
+            with subprocess.Popen([sys.executable, "-m", "gradbridge", "verify"], cwd=folder,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+                for line in process.stdout:
+                    sys.stderr.write(line)
+                    last = line.strip() or last
         verdict = read_verdict(build)
     if verdict is None:
         raise SetupError(messages.torch_self_check_incomplete(version, last or f"exit code {process.returncode}"))

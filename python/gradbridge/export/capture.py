@@ -127,10 +127,13 @@ def _trace_both_modes(model: nn.Module, x: Tensor, name: str, script_failure: st
             # against the eager model replaces it.
             train = torchscript.trace(model.train(), (x,), check_trace=False)
             evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
-            torchscript.save(train, io.BytesIO())
+            for traced in (train, evaluate):
+                torchscript.save(traced, io.BytesIO())
+    except TorchScriptUnavailableError:
+        raise
     except Exception as ex:
         raise ExportError(messages.export_capture_failed(
-            name, "script or trace", f"scripting: {script_failure}; tracing: {_reason(ex)}")) from ex
+            name, "script or trace", f"scripting: {script_failure}; tracing: {_forget(ex)}")) from None
     finally:
         model.train(was_training)
         with torch.no_grad():

@@ -92,19 +92,19 @@ class _TrainingModule(nn.Module):
 
     def _backward(self, loss: Tensor) -> None:
         """Add d(loss)/d(p) to the gradient buffers of the trainable parameters."""
-        grads = torch.autograd.grad([loss], self._trainable_list(), allow_unused=True)
+        trainable = self._trainable_list()
+        grads = torch.autograd.grad([loss], trainable, allow_unused=True)
         for k, grad in enumerate(grads):
             i = self.trainable_index[k]
             if grad is not None:
                 if self.has_grad[i]:
                     self.grads[i].add_(grad)
                 else:
-                    self._grad_buffer(i).copy_(grad)
+                    self._grad_buffer(i, trainable[k]).copy_(grad)
                     self.has_grad[i] = True
 
-    def _grad_buffer(self, i: int) -> Tensor:
-        """Parameter i's gradient buffer (contiguous, the parameter's shape), allocated at first use."""
-        p = self._parameters_list()[i]
+    def _grad_buffer(self, i: int, p: Tensor) -> Tensor:
+        """Parameter i's (``p``'s) gradient buffer (contiguous, its shape), allocated at first use."""
         if self.grads[i].shape != p.shape:
             self.grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
         return self.grads[i]
@@ -261,7 +261,9 @@ class _TrainingModule(nn.Module):
 
     @torch.jit.export
     def get_gradients(self) -> List[Tensor]:
-        return [self._grad_buffer(i).clone() for i in range(len(self.grads))]
+        # zeros for a parameter without a gradient, as its zeroed buffer held; nothing is allocated
+        return [self.grads[i].clone() if self.has_grad[i] else torch.zeros_like(p, memory_format=torch.contiguous_format)
+                for i, p in enumerate(self._parameters_list())]
 
     @torch.jit.export
     def gradient_flags(self) -> Tensor:
@@ -289,9 +291,9 @@ class _TrainingModule(nn.Module):
             if present[i] and not trainable[i]:
                 raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
         with torch.no_grad():
-            for i in range(len(self.grads)):
+            for i, p in enumerate(self._parameters_list()):
                 if present[i]:
-                    self._grad_buffer(i).copy_(values[i])
+                    self._grad_buffer(i, p).copy_(values[i])
                     self.has_grad[i] = True
                 else:
                     self.grads[i].zero_()

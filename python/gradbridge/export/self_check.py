@@ -50,8 +50,9 @@ def _draws_text(ops: Sequence[str]) -> str:
     return ", ".join(f"{op} x{n}" for op, n in counts.items()) if ops else "no draws"
 
 
-def _first_difference(expected: Tensor, actual: Tensor) -> Optional[int]:
-    """The flat index of the first element whose bits differ, else None (same dtype and shape)."""
+def first_difference(expected: Tensor, actual: Tensor) -> Optional[int]:
+    """The flat index of the first element whose bits differ, else None (same dtype and shape): -0.0
+    is not 0.0, a NaN only equals the same NaN."""
     if expected.numel() == 0:
         return None
     a = expected.detach().contiguous().reshape(-1).view(torch.uint8).reshape(expected.numel(), -1)
@@ -77,7 +78,7 @@ class _Comparison:
         if expected.dtype != actual.dtype or list(expected.shape) != list(actual.shape):
             raise ExportError(messages.export_mismatch(method, name, f"{expected.dtype} {list(expected.shape)}",
                                                        f"{actual.dtype} {list(actual.shape)}"))
-        i = _first_difference(expected, actual)
+        i = first_difference(expected, actual)
         if i is not None:
             raise ExportError(messages.export_differs(method, name, i, _value(expected, i), _value(actual, i),
                                                       self.capture))
@@ -93,52 +94,105 @@ class _Comparison:
                                                            self.capture))
 
 
-def check(path: str | os.PathLike, eager_model: nn.Module, x: Tensor, y: Tensor, capture: str) -> None:
-    """Compare the module at ``path`` with ``eager_model`` (a copy the check may change) on (x, y)."""
-    from ..reference import Reference
+def _seed(seed: int, devices: Sequence[int]) -> None:
+    """Seed the CPU generator and the CUDA devices the check runs on (those ``fork_rng`` restores)."""
+    torch.default_generator.manual_seed(seed)
+    for device in devices:
+        torch.cuda.default_generators[device].manual_seed(seed)
 
-    module = torchscript.load_for_python(path)
-    reference = Reference(path, eager_model, loaded=module.module)
-    module.module.train()
-    names = module.parameter_names()
-    buffer_names = module.buffer_names()
-    compare = _Comparison(capture)
-    devices = sorted({t.device.index or 0 for t in (x, y) if t.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
-        for step in range(STEPS):
-            method = f"train_step {step + 1}"
-            torch.manual_seed(SEED + step)
-            with _RandomDraws() as eager_draws:
-                eager_loss = reference.backward(x, y)
-                eager_grads = {n: None if p.grad is None else p.grad.clone() for n, p in reference.model.named_parameters()}
-                reference.step()
-            eager_state = torch.get_rng_state()
-            torch.manual_seed(SEED + step)
-            with _RandomDraws() as exported_draws:
-                module.zero_grad()
-                loss = module.calculate_loss_and_backward(x, y)
-                flags = module.gradient_flags().tolist()
-                grads = {n: (g if flag else None) for n, g, flag in zip(names, module.get_gradients(), flags)}
-                module.optimizer_step()
-            compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
-            compare.tensor(method, "loss", eager_loss, loss)
-            compare.named(method, "gradient of", eager_grads, grads)
-            compare.named(method, "parameter", reference.parameters(), dict(zip(names, module.get_parameters())))
-            compare.named(method, "buffer", reference.buffers(), dict(zip(buffer_names, module.get_buffers())))
-            exported_state = module.optimizer_state()
-            for key, values in reference.optimizer_state().items():
-                # torch.optim's state order: trainable parameters, group by group
-                compare.named(method, f"optimizer state {key} #", {str(i): v for i, v in enumerate(values)},
-                              {str(i): v for i, v in enumerate(exported_state.get(key, []))})
 
+def _optimizer_state(optimizer: torch.optim.Optimizer, key: str) -> List[Optional[Tensor]]:
+    """torch.optim's ``key`` state in the export's layout: a tensor per parameter of the groups that hold
+    the key, in group order; None where torch holds none (a parameter that never had a gradient)."""
+    values: List[Optional[Tensor]] = []
+    for group in optimizer.param_groups:
+        states = [optimizer.state.get(p, {}) for p in group["params"]]
+        if any(key in state for state in states):
+            values.extend(state.get(key) for state in states)
+    return values
+
+
+class _Check:
+    """One run of the check; ``method`` names the step under way for a one-line error."""
+
+    def __init__(self, path: str | os.PathLike, eager_model: nn.Module, capture: str):
+        from ..reference import Reference
+
+        self.method = "loading the export"
+        self.module = torchscript.load_for_python(path)
+        self.reference = Reference(path, eager_model, loaded=self.module.module)  # in training mode
+        self.names = self.module.parameter_names()
+        self.buffer_names = self.module.buffer_names()
+        self.compare = _Comparison(capture)
+
+    def run(self, x: Tensor, y: Tensor) -> None:
+        devices = sorted({t.device.index or 0 for t in (x, y, *self.reference.model.parameters())
+                          if t.device.type == "cuda"})
+        with torch.random.fork_rng(devices=devices):
+            for step in range(STEPS):
+                self.method = f"train_step {step + 1}"
+                self._step(x, y, SEED + step, devices)
+            self.method = "evaluate (eval mode)"
+            self._eval(x, y, devices)
+
+    def _step(self, x: Tensor, y: Tensor, seed: int, devices: Sequence[int]) -> None:
+        module, reference, compare, method = self.module, self.reference, self.compare, self.method
+        _seed(seed, devices)
+        with _RandomDraws() as eager_draws:
+            eager_loss = reference.backward(x, y)
+            eager_grads = {n: None if p.grad is None else p.grad.clone() for n, p in reference.model.named_parameters()}
+            reference.step()
+        eager_state = torch.get_rng_state()
+        _seed(seed, devices)
+        with _RandomDraws() as exported_draws:
+            module.zero_grad()
+            loss = module.calculate_loss_and_backward(x, y)
+            flags = module.gradient_flags().tolist()
+            grads = {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)}
+            module.optimizer_step()
+        compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
+        compare.tensor(method, "loss", eager_loss, loss)
+        compare.named(method, "gradient of", eager_grads, grads)
+        compare.named(method, "parameter", reference.parameters(), dict(zip(self.names, module.get_parameters())))
+        compare.named(method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
+        exported_state = module.optimizer_state()
+        eager_keys = sorted({key for state in reference.optimizer.state.values() for key, value in state.items()
+                             if torch.is_tensor(value)})
+        if eager_keys != sorted(exported_state):
+            raise ExportError(messages.export_mismatch(method, "the optimizer state's keys", str(eager_keys),
+                                                       str(sorted(exported_state))))
+        for key, values in exported_state.items():
+            expected = _optimizer_state(reference.optimizer, key)
+            if len(expected) != len(values):
+                raise ExportError(messages.export_mismatch(method, f"optimizer state {key}", f"{len(expected)} tensors",
+                                                           f"{len(values)} tensors"))
+            for i, (mine, theirs) in enumerate(zip(values, expected)):
+                if theirs is not None:
+                    compare.tensor(method, f"optimizer state {key} #{i}", theirs, mine)
+
+    def _eval(self, x: Tensor, y: Tensor, devices: Sequence[int]) -> None:
+        module, reference, compare = self.module, self.reference, self.compare
         module.module.eval()
         reference.model.eval()
-        torch.manual_seed(SEED + STEPS)
+        _seed(SEED + STEPS, devices)
         with torch.no_grad():
             expected_loss = reference.loss(reference.model(x), y)
             expected_out = reference.model(x)
-        compare.tensor("evaluate (eval mode)", "loss", expected_loss, module.evaluate(x, y))
+        compare.tensor(self.method, "loss", expected_loss, module.evaluate(x, y))
+        self.method = "forward (eval mode)"
         with torch.no_grad():
-            compare.tensor("forward (eval mode)", "output", expected_out, module.forward(x))
-        compare.named("evaluate (eval mode)", "buffer", reference.buffers(),
-                      dict(zip(buffer_names, module.get_buffers())))
+            compare.tensor(self.method, "output", expected_out, module.forward(x))
+        compare.named(self.method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
+
+
+def check(path: str | os.PathLike, eager_model: nn.Module, x: Tensor, y: Tensor, capture: str) -> None:
+    """Compare the module at ``path`` with ``eager_model`` (a copy the check may change) on (x, y)."""
+    run: Optional[_Check] = None
+    try:
+        run = _Check(path, eager_model, capture)
+        run.run(x, y)
+    except ExportError:
+        raise
+    except Exception as ex:  # the model raised on one side: still one line, naming where
+        reason = " ".join(str(ex).split()) or type(ex).__name__
+        raise ExportError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex

@@ -186,6 +186,9 @@ def export_training_module(
 
     # The check's eager side: the model as exported (frozen, initial weights), before any capture runs it.
     eager = copy.deepcopy(model) if check else None
+    # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
+    # dropout off; TorchScript keeps each module's flag).
+    model.train()
     captured = model_capture.capture(model, None if example_inputs is None else example_inputs[0])
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
     named_buffers = list(captured.train.named_buffers())
