@@ -26,6 +26,7 @@ from gradbridge import TorchScriptUnavailableError, export_training_module, libt
 from gradbridge import torch_gate, verify
 from gradbridge.commands import verify as verify_command
 from gradbridge.errors import CLI_ERROR_PREFIX, SetupError
+from tests.models.custom import export_regressor
 
 _TORCH = Version(libtorch.torch_version())
 #: A "verified up to" below this torch: this torch is the release newer than every verified one.
@@ -54,13 +55,7 @@ def _gradbridge(args, cwd, cache, **env):
 @pytest.fixture(scope="module")
 def regressor(tmp_path_factory):
     folder = tmp_path_factory.mktemp("regressor")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    x = np.random.default_rng(0).normal(size=(48, 3)).astype(np.float32)
-    y = x.sum(1, keepdims=True).astype(np.float32)
-    np.savez(folder / "train.npz", x=x, y=y)
-    path = export_training_module(model, "mse", {"name": "adam", "lr": 0.01}, folder / "m.pt",
-                                  example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
+    path, _, _ = export_regressor(folder)
     return path, folder / "train.npz"
 
 

@@ -20,7 +20,6 @@ import tomllib
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from packaging.requirements import Requirement
@@ -29,6 +28,7 @@ from packaging.version import Version
 from gradbridge import export_training_module, launcher, libtorch, reference, torch_gate, torchscript
 from gradbridge.commands import doctor
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
+from tests.models.custom import export_regressor
 
 pytestmark = pytest.mark.every_torch
 
@@ -84,14 +84,7 @@ def _gradbridge(args, cwd, torch_version=None):
 @pytest.fixture(scope="module")
 def regressor(tmp_path_factory):
     folder = tmp_path_factory.mktemp("range")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    x = np.random.default_rng(0).normal(size=(48, 3)).astype(np.float32)
-    y = x.sum(1, keepdims=True).astype(np.float32)
-    np.savez(folder / "train.npz", x=x, y=y)
-    path = export_training_module(model, "mse", {"name": "adam", "lr": 0.01}, folder / "m.pt",
-                                  example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
-    return path, x, y
+    return export_regressor(folder)
 
 
 @pytest.mark.parametrize("outside", ["2.6.0+cpu", "2.7.0"])

@@ -82,3 +82,20 @@ class IgnoredCallNet(nn.Module):
 
 def layer_drop() -> nn.Module:
     return LayerDropNet()
+
+
+def export_regressor(folder):
+    """A 3-8-1 regressor with Adam exported to ``folder / "m.pt"``, its data in ``folder / "train.npz"``:
+    (path, x, y), for the tests of the torch range and its gate."""
+    import numpy as np
+
+    from gradbridge import export_training_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = np.random.default_rng(0).normal(size=(48, 3)).astype(np.float32)
+    y = x.sum(1, keepdims=True).astype(np.float32)
+    np.savez(folder / "train.npz", x=x, y=y)
+    path = export_training_module(model, "mse", {"name": "adam", "lr": 0.01}, folder / "m.pt",
+                                  example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
+    return path, x, y
