@@ -79,22 +79,22 @@ def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
     """The scripted model, or why scripting (or saving the script) failed."""
     try:
         scripted = torchscript.script(model)
-        try:
-            # Some models script but cannot be saved (a Python call TorchScript left to Python).
-            torchscript.save(scripted, io.BytesIO())
-        except OSError:
-            raise  # the machine's trouble, not the model's
-        except Exception as ex:
-            return None, _forget(ex)
-        return scripted, ""
+    except TorchScriptUnavailableError:
+        raise  # this torch scripts nothing: tracing would not save either
     except OSError as ex:
         if "source" not in str(ex):  # inspect.getsource: TorchScript cannot read the model's code
             raise
         return None, _forget(ex)
-    except TorchScriptUnavailableError:
-        raise  # this torch scripts nothing: tracing would not save either
     except Exception as ex:  # torch raises several types (NotSupportedError, RuntimeError, ...)
         return None, _forget(ex)
+    try:
+        # Some models script but cannot be saved (a Python call TorchScript left to Python).
+        torchscript.save(scripted, io.BytesIO())
+    except OSError:
+        raise  # the machine's trouble, not the model's
+    except Exception as ex:
+        return None, _forget(ex)
+    return scripted, ""
 
 
 def _forget(ex: BaseException) -> str:
