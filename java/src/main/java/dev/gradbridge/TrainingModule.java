@@ -14,6 +14,7 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
 import java.util.TreeMap;
+import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -208,12 +209,7 @@ public final class TrainingModule implements AutoCloseable {
     public Tensor forward(Tensor x) {
         try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            scripted.setTraining(false);
-            try {
-                return (Tensor) invoke(Protocol.FORWARD, x);
-            } finally {
-                scripted.setTraining(true);
-            }
+            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, x));
         }
     }
 
@@ -227,12 +223,7 @@ public final class TrainingModule implements AutoCloseable {
     public Tensor predict(Tensor x) {
         try (ThreadGuard.Use use = use()) {
             checkTensor("x", x);
-            scripted.setTraining(false);
-            try {
-                return scripted.infer(Protocol.FORWARD, x);
-            } finally {
-                scripted.setTraining(true);
-            }
+            return inEvalMode(() -> scripted.infer(Protocol.FORWARD, x));
         }
     }
 
@@ -384,12 +375,17 @@ public final class TrainingModule implements AutoCloseable {
      */
     public double evaluate(Tensor x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
-            scripted.setTraining(false);
-            try {
-                return scalarLoss(Protocol.EVALUATE, x, y);
-            } finally {
-                scripted.setTraining(true);
-            }
+            return inEvalMode(() -> scalarLoss(Protocol.EVALUATE, x, y));
+        }
+    }
+
+    /** Runs {@code call} with the module in eval mode, then returns it to training mode. */
+    private <T> T inEvalMode(Supplier<T> call) {
+        scripted.setTraining(false);
+        try {
+            return call.get();
+        } finally {
+            scripted.setTraining(true);
         }
     }
 
