@@ -238,3 +238,15 @@ def test_an_error_inside_the_check_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match=r"^export check failed: train_step 1 raised: boom at some line; check=False"):
         export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_parity_refuses_a_factory_of_another_model_in_one_line(tmp_path):
+    path = export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    x, y = _data(16)
+    np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
+    result = subprocess.run([sys.executable, "-m", "gradbridge", "parity", str(path), "--data", str(tmp_path / "train.npz"),
+                             "--batch-size", "8", "--model-factory", "tests.models.custom:two_layer_regressor"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradbridge: error: ") and "is it this model's export?" in lines[0]
