@@ -46,7 +46,7 @@ CASES = {
     "string_persistent": (_set(["buffers"], [{"name": "mask", "shape": [2], "dtype": "bool", "persistent": "no"}]),
                           _key("buffers[0].persistent", "true or false", '"no"')),
     "no_y": (_set(["inputs"], [{"name": "x", "shape": [-1, 1], "dtype": "float32"}]),
-             _key("inputs", "the specs of x and y", '["x"]')),
+             _key("inputs", messages.INPUT_SPECS, '["x"]')),
     "missing_methods": (_set(["methods"], KeyError), _key("methods", "a list of strings", messages.MISSING)),
 }
 

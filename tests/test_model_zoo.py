@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import classpath, export_training_module, java, launcher, reference
+from gradbridge import classpath, export_training_module, inputs, java, launcher, reference
 from gradbridge.errors import ExportError
 from tests.models import zoo
 
@@ -21,6 +21,10 @@ pytestmark = pytest.mark.every_torch_java
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZER = {"name": "adamw", "lr": 1e-3}
 EPOCHS, BATCH, SAMPLES = 2, 4, 8
+
+
+def _one_or_named(arrays):
+    return arrays["x"] if list(arrays) == ["x"] else arrays
 
 
 def _same_run(mine, theirs, label):
@@ -45,19 +49,22 @@ def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_
     x, y = case.data(SAMPLES, 0)
     vx, vy = case.data(BATCH, 1)
     path = tmp_path / "model.pt"
+    example = (inputs.select(x, torch.arange(BATCH)), y[:BATCH])
     if case.expected != "bitwise":
         with pytest.raises((ExportError, ValueError)) as info:
-            export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=(x[:BATCH], y[:BATCH]))
+            export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example)
         assert str(info.value).startswith(case.expected), str(info.value)
         assert "\n" not in str(info.value) and not path.exists()
         return
-    export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=(x[:BATCH], y[:BATCH]))
-    arrays = dict(x=x.numpy(), y=y.numpy(), val=(vx.numpy(), vy.numpy()))
+    export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example)
+    as_numpy = lambda batch: {n: t.numpy() for n, t in inputs.arrays(batch).items()}  # noqa: E731
+    arrays = dict(x=_one_or_named(as_numpy(x)), y=y.numpy(), val=(_one_or_named(as_numpy(vx)), vy.numpy()))
     settings = dict(epochs=EPOCHS, batch_size=BATCH, mode="step")
     eager = reference.train(path, model=model, **arrays, **settings)
     _same_run(java.train(path, **arrays, **settings), eager, "Java in this process")
-    np.savez(tmp_path / "train.npz", x=arrays["x"], y=arrays["y"])
-    np.savez(tmp_path / "val.npz", x=arrays["val"][0], y=arrays["val"][1])
+    # the data files a user writes: one array per input, named as forward names it
+    np.savez(tmp_path / "train.npz", **as_numpy(x), y=arrays["y"])
+    np.savez(tmp_path / "val.npz", **as_numpy(vx), y=arrays["val"][1])
     separate = launcher.train(path, tmp_path / "train.npz", val=tmp_path / "val.npz", history=tmp_path / "h.jsonl",
                               **settings)
     _same_run(separate, eager, "Java in a JVM of its own")

@@ -98,6 +98,12 @@ def test_shared_wording_matches(jvm):
     for source in ("data.npz", ""):
         assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
             == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])
+    # a model's inputs
+    assert str(Messages.INPUT_SPECS) == messages.INPUT_SPECS
+    needs = ["input_ids", "attention_mask", "y"]
+    java_list = lambda items: jpype.java.util.ArrayList(jpype.java.util.Arrays.asList(*items))  # noqa: E731
+    assert str(Messages.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
+        == messages.input_missing("d.npz", "y", ["x"], needs)
     # why an operator library is refused before it is loaded
     assert str(Messages.NOT_ELF) == messages.NOT_ELF
     assert str(Messages.elfClass(32)) == messages.elf_class(32)

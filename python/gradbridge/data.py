@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 
-from . import messages
+from . import inputs, messages
 from .errors import InvalidInputError
 
 
@@ -47,36 +47,43 @@ def _check_npz_headers(path: Path) -> None:
                     check_npy_header(fp, info.file_size, str(path), info.filename[:-4])
 
 
-def load_npz(path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
-    """``x`` and ``y`` from an .npz written with ``numpy.savez(path, x=..., y=...)``."""
+def load_npz(path: str | os.PathLike, input_names: Sequence[str] = (inputs.X,)) -> Tuple[Any, np.ndarray]:
+    """The inputs and ``y`` from an .npz written with ``numpy.savez(path, x=..., y=...)``, or one array
+    per input named as the module names them (``inputs.names``): ``x`` is then a dict of arrays."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInputError(f"{path}: no such data file")
+    needs = [*input_names, inputs.Y]
     try:
         _check_npz_headers(path)
         with np.load(path, allow_pickle=False) as arrays:
             names = list(arrays.keys())
-            for name in ("x", "y"):
+            for name in needs:
                 if name not in names:
-                    raise InvalidInputError(f"{path}: missing array '{name}'; the file holds [{', '.join(names)}] "
-                                            "(save with numpy.savez(path, x=..., y=...))")
-            return arrays["x"], arrays["y"]
+                    raise InvalidInputError(messages.input_missing(str(path), name, names, needs))
+            if inputs.is_single(input_names):
+                return arrays[inputs.X], arrays[inputs.Y]
+            return {name: arrays[name] for name in input_names}, arrays[inputs.Y]
     except (zipfile.BadZipFile, ValueError, OSError) as ex:
         raise InvalidInputError(f"{path}: not a readable .npz file: {ex}") from ex
 
 
-def load_checked(metadata: Dict[str, Any], path: str | os.PathLike) -> Tuple[np.ndarray, np.ndarray]:
-    """``load_npz`` then ``check`` against the module's metadata, naming the file."""
-    x, y = load_npz(path)
+def load_checked(metadata: Dict[str, Any], path: str | os.PathLike) -> Tuple[Any, np.ndarray]:
+    """``load_npz`` of the module's inputs then ``check`` against its metadata, naming the file."""
+    x, y = load_npz(path, inputs.names(metadata))
     check(metadata, x, y, str(path))
     return x, y
 
 
-def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -> None:
+def check(metadata: Dict[str, Any], x: Any, y: np.ndarray, source: str) -> None:
     """Dtypes and shapes (all but the batch dimension) against the metadata, equal sample
-    counts, at least one sample, only finite values."""
+    counts, at least one sample, only finite values. ``x``: an array, or a dict of arrays by input."""
     specs = {spec["name"]: spec for spec in metadata["inputs"]}
-    for name, array in (("x", x), ("y", y)):
+    given = {**inputs.arrays(x), inputs.Y: y}
+    for name in [*inputs.names(metadata), inputs.Y]:
+        if name not in given:
+            raise InvalidInputError(messages.input_missing(source, name, list(given), list(specs)))
+        array = np.asarray(given[name])
         spec = specs[name]
         shape_ok = array.ndim == len(spec["shape"]) and list(array.shape[1:]) == spec["shape"][1:]
         if str(array.dtype) != spec["dtype"] or not shape_ok:
@@ -84,7 +91,10 @@ def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -
                                                          array.shape))
         if np.issubdtype(array.dtype, np.floating) and array.size and not np.isfinite(array).all():
             raise InvalidInputError(f"{source}: {name} holds NaN or infinite values; clean the data first")
-    if len(x) == 0:
+    first = inputs.names(metadata)[0]
+    n = len(given[first])
+    if n == 0:
         raise InvalidInputError(f"{source}: the dataset is empty (0 samples)")
-    if len(y) != len(x):
-        raise InvalidInputError(f"{source}: x has {len(x)} samples but y has {len(y)}")
+    for name in [*inputs.names(metadata)[1:], inputs.Y]:
+        if len(given[name]) != n:
+            raise InvalidInputError(f"{source}: {first} has {n} samples but {name} has {len(given[name])}")

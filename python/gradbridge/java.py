@@ -9,11 +9,11 @@ alive and unchanged during the call, which these functions guarantee by holding 
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import messages, protocol
+from . import inputs, messages, protocol
 from .data import check as check_data
 from .errors import DivergenceError, InvalidInputError
 from .history import History
@@ -26,24 +26,35 @@ def _as_java_long(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def dataset(x: np.ndarray, y: np.ndarray, source: str):
-    """A Java ``Dataset`` over the memory of ``x`` and ``y`` (keep them alive while it is used; close it)."""
+def dataset(x: Any, y: np.ndarray, source: str):
+    """A Java ``Dataset`` over the memory of ``x`` (an array, or a dict of arrays by input name) and
+    ``y`` (keep them alive while it is used; close it)."""
     Dataset = jclass("dev.gradbridge.data.Dataset")
+    ArrayList = jclass("java.util.ArrayList")
+    named = {**inputs.arrays(x), inputs.Y: y}
+    lists = [ArrayList() for _ in range(4)]
+    for name, array in named.items():
+        lists[0].add(name)
+        lists[1].add(direct_buffer(array, f"{source} {name}"))
+        lists[2].add(jclass("long[]")([int(d) for d in array.shape]))
+        lists[3].add(dtype_name(array))
     with java_errors():
-        return Dataset.fromBuffers(
-            source,
-            direct_buffer(x, f"{source} x"), [int(d) for d in x.shape], dtype_name(x),
-            direct_buffer(y, f"{source} y"), [int(d) for d in y.shape], dtype_name(y))
+        return Dataset.fromBuffers(source, *lists)
 
 
-def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,
+def _contiguous(x: Any) -> Any:
+    return {name: np.ascontiguousarray(a) for name, a in x.items()} if isinstance(x, dict) else np.ascontiguousarray(x)
+
+
+def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
           record_values: bool = True, allow_different_data: bool = False,
           op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
-    Same arguments and semantics as ``gradbridge.reference.train``; ``checkpoint`` is written
+    Same arguments and semantics as ``gradbridge.reference.train`` (``x``: an array, or for a model of
+    several inputs a dict of arrays by input name); ``checkpoint`` is written
     after every epoch (a module loaded from a checkpoint resumes after its epochs).
     ``batch_size``, ``seed`` and ``mode`` default to 32, 0 and ``step``, or to the checkpoint's
     values when ``model_path`` is a checkpoint (a different value is refused, and so is other
@@ -60,7 +71,7 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
         batch_size = messages.check_integer("batch_size", batch_size, 1, messages.INT_MAX)
     if seed is not None:
         seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
-    arrays = [np.ascontiguousarray(a) for a in (x, y, *(val or ()))]
+    arrays = [_contiguous(a) for a in (x, y, *(val or ()))]
     metadata = protocol.read_metadata(model_path)
     check_data(metadata, arrays[0], arrays[1], "training data")  # Java's checks and words, before any copy
     if val is not None:

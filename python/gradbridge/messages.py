@@ -224,6 +224,43 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
             f"the draw; {CHECK_SKIP}")
 
 
+# ---- a model's inputs (gradbridge.inputs; Java: dev.gradbridge.Inputs) ----
+
+#: What the metadata's ``inputs`` must hold (Java: ``Messages.INPUT_SPECS``).
+INPUT_SPECS = "the specs of the model's inputs (x, or several by name) then y, each name once"
+
+def inputs_unnamed(model: str, count: int) -> str:
+    return (f"example inputs: {count} tensors but {model}.forward does not name {count} parameters to pass them to; "
+            "pass a dict naming each input (e.g. {'input_ids': ..., 'attention_mask': ...})")
+
+
+def inputs_kind(kind: str) -> str:
+    return f"example inputs: expected a tensor, a tuple of tensors or a dict of named tensors, got {kind}"
+
+
+def input_not_tensor(name: str, kind: str) -> str:
+    return f"input {name}: expected a tensor, got {kind}"
+
+
+def input_name(name: Any) -> str:
+    return (f"input name {name!r}: expected a Python identifier other than 'y' (the target) naming a parameter "
+            "of the model's forward")
+
+
+def input_name_twice(names: Sequence[str]) -> str:
+    return f"inputs {list(names)}: each input name must appear once"
+
+
+def input_not_a_parameter(model: str, name: str, takes: Sequence[str]) -> str:
+    return f"input {name}: {model}.forward has no parameter {name!r} (it takes {', '.join(takes) or 'none by name'})"
+
+
+def input_missing(source: str, name: str, holds: Sequence[str], needs: Sequence[str]) -> str:
+    """A data file without an array the module needs (``needs``: the inputs then y)."""
+    return (f"{source}: missing array '{name}'; the file holds [{', '.join(holds)}] "
+            f"(save with numpy.savez(path, {', '.join(n + '=...' for n in needs)}))")
+
+
 # ---- a torch newer than the verified releases (gradbridge.torch_gate, gradbridge verify) ----
 
 def _newer(version: str, verified: str) -> str:

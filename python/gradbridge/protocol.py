@@ -120,7 +120,7 @@ OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPT
 CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
                                     "data_sha256", "shards_sha256")
 
-#: The dtypes of parameters and of the inputs x and y (torch's names without the ``torch.`` prefix):
+#: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge.inputs``) and y (torch's names without the ``torch.`` prefix):
 #: what data files hold and what history digests hash.
 DTYPES = ("float32", "float64", "int64")
 #: The dtypes of buffers: every element type torch's CPU kernels handle that Java moves (Java's
@@ -268,8 +268,8 @@ def check_schema(path: str, document: Any) -> None:
     named("loss")
     named("optimizer")
     names = [spec["name"] for spec in specs("inputs")]
-    if not (len(names) == 2 and set(names) == {"x", "y"}):
-        raise fail("inputs", "the specs of x and y", names)
+    if len(names) < 2 or names[-1] != "y" or len(set(names)) != len(names):
+        raise fail("inputs", messages.INPUT_SPECS, names)
 
 
 def check_parameters(path: str, metadata: Dict[str, Any], names: Sequence[str], values: Sequence[Any]) -> None:

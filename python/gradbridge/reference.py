@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import messages, protocol, shuffle
+from . import inputs, messages, protocol, shuffle
 from . import shuffle as shuffle_module
 from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
 from .export import finetune, groups, losses, optim, schedulers
@@ -67,6 +67,10 @@ class Reference:
                                   scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
+        self.input_names = inputs.names(self.metadata)
+        # The model in the .pt takes the inputs as the exported methods do (a list, for several).
+        self._takes_list = model is None and not inputs.is_single(self.input_names)
+        self._prefix = "model." if self._takes_list else ""
         if model is None:
             self.model: nn.Module = scripted.model
             # A traced model's eval-mode trace (modules exported before it have the one model).
@@ -89,11 +93,11 @@ class Reference:
         self.loss = losses.build(self.metadata["loss"])
         # Frozen parameters as exported (a scripted model does not keep requires_grad=False).
         frozen = {spec["name"] for spec in self.metadata["parameters"] if not spec.get("trainable", True)}
-        for name, p in self.model.named_parameters():
+        for name, p in self.named_parameters():
             p.requires_grad_(name not in frozen)
         spec = optimizer or self.metadata["optimizer"]
         self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
-                                               groups.torch_param_groups(spec, list(self.model.named_parameters())))
+                                               groups.torch_param_groups(spec, self.named_parameters()))
         # An optimizer override (the seed's sgd_step lr) is not the module's: no lrs recorded then.
         self._records_lrs = optimizer is None
         tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
@@ -123,11 +127,19 @@ class Reference:
         else:
             self.scheduler.step()
 
-    def backward(self, x: Tensor, y: Tensor) -> Tensor:
+    def method_argument(self, x: inputs.Batch) -> Any:
+        """``x`` as the exported module's methods take it (a tensor, or a list of the named inputs)."""
+        return inputs.method_argument(x, self.input_names)
+
+    def forward(self, model: nn.Module, x: inputs.Batch) -> Tensor:
+        """``model`` (``self.model`` or ``self.eval_model``) on one batch's inputs."""
+        return model(self.method_argument(x)) if self._takes_list else inputs.call(model, x)
+
+    def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """zero_grad, then the loss on (x, y) and its backward; returns the loss (detached)."""
         with plain_graph_executor():
             self.optimizer.zero_grad()
-            loss = self.loss(self.model(x), y)
+            loss = self.loss(self.forward(self.model, x), y)
             loss.backward()
         return loss.detach()
 
@@ -139,23 +151,23 @@ class Reference:
             if self.scheduler is not None and self.scheduler_interval == "step":
                 self.scheduler.step()
 
-    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+    def train_step(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """One torch.optim step on (x, y); returns the loss (detached)."""
         if self.accumulate == 1:
             loss = self.backward(x, y)
         else:  # the eager accumulation loop: (loss / k).backward() per micro-batch, one step
             with plain_graph_executor():
                 self.optimizer.zero_grad()
-                size = (len(x) + self.accumulate - 1) // self.accumulate
+                size = (len(y) + self.accumulate - 1) // self.accumulate
                 loss = None
-                for xm, ym in zip(x.split(size), y.split(size)):
-                    scaled = self.loss(self.model(xm), ym) / self.accumulate
+                for xm, ym in zip(inputs.split(x, size), y.split(size)):
+                    scaled = self.loss(self.forward(self.model, xm), ym) / self.accumulate
                     scaled.backward()
                     loss = scaled.detach() if loss is None else loss + scaled.detach()
         self.step()
         return loss
 
-    def sharded_step(self, x: Tensor, y: Tensor, rows: Sequence[int], shards: int) -> float:
+    def sharded_step(self, x: inputs.Batch, y: Tensor, rows: Sequence[int], shards: int) -> float:
         """One synchronous data-parallel step on the global mini-batch ``rows`` (indices into x, y),
         as gradbridge-spark takes it on ``shards`` partitions; returns the step loss.
 
@@ -164,7 +176,7 @@ class Reference:
         parameters; then ``combine_shards`` (the sample-weighted sum in partition order) gives
         each ``p.grad``, and torch.optim steps once (after clipping, as ``optimizer_step`` does).
         """
-        parameters = [p for _, p in self.model.named_parameters()]
+        parameters = [p for _, p in self.named_parameters()]
         shard_results = []
         with plain_graph_executor():
             for k in range(shards):
@@ -173,7 +185,7 @@ class Reference:
                     continue
                 self.optimizer.zero_grad()  # set_to_none: an unused parameter keeps no gradient
                 selected = torch.tensor(index, dtype=torch.int64)
-                loss = self.loss(self.model(x.index_select(0, selected)), y.index_select(0, selected))
+                loss = self.loss(self.forward(self.model, inputs.select(x, selected)), y.index_select(0, selected))
                 loss.backward()
                 shard_results.append((len(index), float(loss.detach()),
                                       [None if p.grad is None else p.grad.clone() for p in parameters]))
@@ -183,25 +195,30 @@ class Reference:
         self.step()
         return step_loss
 
-    def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
+    def train_epoch(self, x: inputs.Batch, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
         """``train_step`` on ``index_select(0, perm[i:i + batch_size])`` batches, as ``train_epoch`` does."""
-        return [self.train_step(x.index_select(0, perm[i:i + batch_size]), y.index_select(0, perm[i:i + batch_size]))
+        return [self.train_step(inputs.select(x, perm[i:i + batch_size]), y.index_select(0, perm[i:i + batch_size]))
                 for i in range(0, len(perm), batch_size)]
 
-    def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
+    def evaluate(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """The loss in eval mode without gradients; the model returns to training mode."""
         self.eval_model.eval()
         try:
             with torch.no_grad(), plain_graph_executor():
-                return self.loss(self.eval_model(x), y)
+                return self.loss(self.forward(self.eval_model, x), y)
         finally:
             self.eval_model.train()
 
+    def named_parameters(self) -> List[tuple]:
+        """The model's parameters by the model's names (the .pt's model of several inputs sits in
+        ``capture.keyword_call``, under ``model.``)."""
+        return [(name[len(self._prefix):], p) for name, p in self.model.named_parameters()]
+
     def parameters(self) -> Dict[str, Tensor]:
-        return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        return {name: p.detach().clone() for name, p in self.named_parameters()}
 
     def buffers(self) -> Dict[str, Tensor]:
-        return {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        return {name[len(self._prefix):]: b.detach().clone() for name, b in self.model.named_buffers()}
 
     def record(self, epoch: int, loss: float, val_loss: Optional[float], elapsed_s: float,
                with_values: bool = True) -> EpochRecord:
@@ -316,12 +333,13 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     return history
 
 
-def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int,
+def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
           mode: str = protocol.DEFAULT_MODE, val: Optional[tuple] = None, model: Optional[nn.Module] = None,
           start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None) -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 
+    ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
     Each epoch seeds torch with ``shuffle.torch_seed(seed, epoch)``; ``full`` mode takes one step
     on all data, ``step`` and ``fused`` (the same arithmetic here) step through
     ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
@@ -334,8 +352,8 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
-    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
-    n = len(xs)
+    xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
+    n = len(ys)
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
         raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")
@@ -365,7 +383,7 @@ def train(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs
                                         f"{len(history)} completed epoch(s) kept in error.history")
                 error.history = history  # every epoch before the divergent one
                 raise error
-        val_loss = None if val is None else float(reference.evaluate(torch.from_numpy(np.ascontiguousarray(val[0])),
+        val_loss = None if val is None else float(reference.evaluate(inputs.to_torch(val[0]),
                                                                      torch.from_numpy(np.ascontiguousarray(val[1]))))
         # per-epoch schedules step here (ReduceLROnPlateau on the validation loss, else the training loss)
         reference.end_epoch(val_loss if val_loss is not None else epoch_loss(values))

@@ -86,7 +86,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         raise next(iter(failures.values()))
 
     out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
-        f"{len(x)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
+        f"{len(y)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
     eager_side = reference_label(metadata, model_factory)
     out(f"reference: {eager_side}")
     for parity in reports:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import gc
 import io
+import linecache
 import logging
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import Tensor, nn
 
-from .. import messages, torchscript
+from .. import inputs, messages, torchscript
 from ..errors import ExportError, TorchScriptUnavailableError
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,37 @@ class Capture:
     train: nn.Module
     eval: nn.Module
     kind: str  # SCRIPT or TRACE
+    prefix: str = ""  # "model." when captured inside a keyword_call
+
+    def named_buffers(self) -> List[Tuple[str, Tensor]]:
+        """The captured model's buffers under the model's own names."""
+        return [(name[len(self.prefix):], b) for name, b in self.train.named_buffers()]
+
+
+_CALL = "NamedInputs"
+_calls: Dict[Tuple[str, ...], Type[nn.Module]] = {}
+
+
+def keyword_call(input_names: Sequence[str]) -> Type[nn.Module]:
+    """A module class whose forward takes the inputs as a list and passes each to ``self.model`` by
+    name: ``self.model(input_ids=xs[0], attention_mask=xs[1])``. TorchScript scripts it (and the model
+    with it) from source, so its source is generated and registered in ``linecache`` for
+    ``inspect.getsource``, as dataclasses and torch.fx do for the code they generate."""
+    key = tuple(input_names)
+    if key not in _calls:
+        arguments = ", ".join(f"{name}=xs[{i}]" for i, name in enumerate(key))
+        source = (f"class {_CALL}(nn.Module):\n"
+                  f"    def __init__(self, model: nn.Module):\n"
+                  f"        super().__init__()\n"
+                  f"        self.model = model\n\n"
+                  f"    def forward(self, xs: List[Tensor]) -> Tensor:\n"
+                  f"        return self.model({arguments})\n")
+        filename = f"<gradbridge inputs {' '.join(key)}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace = {"nn": nn, "List": List, "Tensor": Tensor, "__name__": __name__}
+        exec(compile(source, filename, "exec"), namespace)
+        _calls[key] = namespace[_CALL]
+    return _calls[key]
 
 
 def _reason(ex: BaseException) -> str:
@@ -62,17 +94,23 @@ def refuse_captured(model: nn.Module) -> None:
             "traced" if isinstance(model, torch.jit.TracedModule) else "scripted"))
 
 
-def capture(model: nn.Module, example_x: Optional[Tensor]) -> Capture:
-    """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``."""
+def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,)) -> Capture:
+    """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``. A model
+    of several inputs is captured inside ``keyword_call``, which takes them as a list."""
     name = type(model).__name__
+    prefix = ""
+    if not inputs.is_single(input_names):
+        model, prefix = keyword_call(input_names)(model), "model."
+        if example_x is not None:
+            example_x = inputs.method_argument(example_x, input_names)
     scripted, script_failure = _script(model)
     if scripted is not None:
-        return Capture(scripted, scripted, SCRIPT)
+        return Capture(scripted, scripted, SCRIPT, prefix)
     if example_x is None:
         raise ExportError(messages.export_needs_example(name, script_failure))
     log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
     train, evaluate = _trace_both_modes(model, example_x, name, script_failure)
-    return Capture(train, evaluate, TRACE)
+    return Capture(train, evaluate, TRACE, prefix)
 
 
 def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
@@ -117,10 +155,11 @@ def _forget(ex: BaseException) -> str:
     return reason
 
 
-def _trace_both_modes(model: nn.Module, x: Tensor, name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
+def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
     was_training = model.training
     saved = [(b, b.clone()) for b in model.buffers()]
-    devices = sorted({t.device.index or 0 for t in [x, *model.parameters()] if t.device.type == "cuda"})
+    devices = sorted({t.device.index or 0 for t in [*(x if isinstance(x, list) else [x]), *model.parameters()]
+                      if t.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices):
             # check_trace=False: torch's own re-run check fails on any random op; the export's check

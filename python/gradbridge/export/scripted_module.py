@@ -67,14 +67,37 @@ class _TrainingModule(nn.Module):
             self._set_lrs(lrs)
             self._set_momenta(scheduler.momenta())
 
+    # The methods that take the model's input: one Tensor here, a list in ``_SeveralInputs``. Each
+    # calls its list-based twin (``_forward``, ...), which both classes share.
     def forward(self, x: Tensor) -> Tensor:
-        return self._run(x)
+        return self._run([x])
 
-    def _run(self, x: Tensor) -> Tensor:
-        """The model in the module's current mode (``train()`` / ``eval()``)."""
+    @torch.jit.export
+    def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
+        """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
+        return self._loss_and_backward([x], y)
+
+    @torch.jit.export
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss.
+        (``_train_step`` says how gradient accumulation splits the batch.)"""
+        return self._train_step([x], y)
+
+    @torch.jit.export
+    def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
+        """``train_step`` on ``x.index_select(0, perm[i:i + batch_size])`` for each batch; the losses."""
+        return self._train_epoch([x], y, perm, batch_size)
+
+    @torch.jit.export
+    def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
+        """The loss without gradients, in the module's current mode (call eval() first to validate)."""
+        return self._evaluate([x], y)
+
+    def _run(self, xs: List[Tensor]) -> Tensor:
+        """The model in the module's current mode (``train()`` / ``eval()``) on the inputs ``xs``."""
         if self.training:
-            return self.model(x)
-        return self.eval_model(x)
+            return self.model(xs[0])
+        return self.eval_model(xs[0])
 
     def _parameters_list(self) -> List[Tensor]:
         return [p for p in self.params]
@@ -83,10 +106,8 @@ class _TrainingModule(nn.Module):
         params = self._parameters_list()
         return [params[i] for i in self.trainable_index]
 
-    @torch.jit.export
-    def calculate_loss_and_backward(self, x: Tensor, y: Tensor) -> Tensor:
-        """Forward, loss, backward; gradients add up as with ``loss.backward()``."""
-        loss = self.loss(self._run(x), y)
+    def _loss_and_backward(self, xs: List[Tensor], y: Tensor) -> Tensor:
+        loss = self.loss(self._run(xs), y)
         self._backward(loss)
         return loss.detach()
 
@@ -207,25 +228,24 @@ class _TrainingModule(nn.Module):
                     p.add_(self.grads[i], alpha=-lr)
         self.zero_grad()
 
-    @torch.jit.export
-    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+    def _train_step(self, xs: List[Tensor], y: Tensor) -> Tensor:
         """zero_grad, loss and backward, optimizer step: torch.optim's order. Returns the loss.
 
         With gradient accumulation k > 1: the batch is split into micro-batches of
-        ceil(n / k) rows (``x.split``), each adds the gradients of ``loss / k`` (the eager
-        ``(loss / k).backward()`` loop), then one optimizer step; returns the sum of the
+        ceil(n / k) rows (``split`` of every input), each adds the gradients of ``loss / k`` (the
+        eager ``(loss / k).backward()`` loop), then one optimizer step; returns the sum of the
         ``loss / k`` values, in order.
         """
         self.zero_grad()
         if self.accumulate == 1:
-            loss = self.calculate_loss_and_backward(x, y)
+            loss = self._loss_and_backward(xs, y)
         else:
-            size = (x.size(0) + self.accumulate - 1) // self.accumulate
-            xs = x.split(size)
+            size = (y.size(0) + self.accumulate - 1) // self.accumulate
+            parts = [x.split(size) for x in xs]
             ys = y.split(size)
-            loss = torch.zeros([], dtype=x.dtype)
-            for m in range(len(xs)):
-                scaled = self.loss(self._run(xs[m]), ys[m]) / self.accumulate
+            loss = torch.zeros([], dtype=xs[0].dtype)
+            for m in range(len(ys)):
+                scaled = self.loss(self._run([part[m] for part in parts]), ys[m]) / self.accumulate
                 self._backward(scaled)
                 if m == 0:
                     loss = scaled.detach()
@@ -234,22 +254,18 @@ class _TrainingModule(nn.Module):
         self.optimizer_step()
         return loss
 
-    @torch.jit.export
-    def train_epoch(self, x: Tensor, y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
-        """``train_step`` on ``x.index_select(0, perm[i:i + batch_size])`` for each batch; the losses."""
+    def _train_epoch(self, xs: List[Tensor], y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
         if batch_size < 1:
             raise RuntimeError("train_epoch: batch_size must be at least 1, got " + str(batch_size))
         batch_losses: List[Tensor] = []
         for start in range(0, perm.size(0), batch_size):
             index = perm[start:start + batch_size]
-            batch_losses.append(self.train_step(x.index_select(0, index), y.index_select(0, index)))
+            batch_losses.append(self._train_step([x.index_select(0, index) for x in xs], y.index_select(0, index)))
         return torch.stack(batch_losses)
 
-    @torch.jit.export
-    def evaluate(self, x: Tensor, y: Tensor) -> Tensor:
-        """The loss without gradients, in the module's current mode (call eval() first to validate)."""
+    def _evaluate(self, xs: List[Tensor], y: Tensor) -> Tensor:
         with torch.no_grad():
-            return self.loss(self._run(x), y)
+            return self.loss(self._run(xs), y)
 
     @torch.jit.export
     def parameter_names(self) -> List[str]:
@@ -377,3 +393,33 @@ class _TrainingModule(nn.Module):
                     values[i].copy_(state[key][i])
         for opt in self.optimizers:
             opt.loaded()
+
+
+class _SeveralInputs(_TrainingModule):
+    """The protocol around a model of several named inputs: the methods that take the model's input
+    take the list of its tensors, in the metadata's order (``gradbridge.inputs``); ``model`` and
+    ``eval_model`` take that list too (``capture.keyword_call`` passes each tensor by name)."""
+
+    def forward(self, xs: List[Tensor]) -> Tensor:
+        return self._run(xs)
+
+    @torch.jit.export
+    def calculate_loss_and_backward(self, xs: List[Tensor], y: Tensor) -> Tensor:
+        return self._loss_and_backward(xs, y)
+
+    @torch.jit.export
+    def train_step(self, xs: List[Tensor], y: Tensor) -> Tensor:
+        return self._train_step(xs, y)
+
+    @torch.jit.export
+    def train_epoch(self, xs: List[Tensor], y: Tensor, perm: Tensor, batch_size: int) -> Tensor:
+        return self._train_epoch(xs, y, perm, batch_size)
+
+    @torch.jit.export
+    def evaluate(self, xs: List[Tensor], y: Tensor) -> Tensor:
+        return self._evaluate(xs, y)
+
+    def _run(self, xs: List[Tensor]) -> Tensor:
+        if self.training:
+            return self.model(xs)
+        return self.eval_model(xs)

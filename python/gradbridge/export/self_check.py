@@ -6,7 +6,8 @@ user's model with the real torch.optim optimizer (``reference.Reference``) on th
 - ``STEPS`` training steps in training mode, each from the same generator seed on both sides: the loss,
   every gradient (and which parameters have one), every parameter, buffer and optimizer-state tensor
   after the step, and the random draws (the ops that consume torch's generator, in order, and the
-  generator's state afterwards);
+  generator's state afterwards); with gradient accumulation, ``train_step`` against the eager
+  micro-batch loop instead (the step consumes the gradients, so they are not compared);
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``.
 
 All bit for bit. The first difference is one line naming the method, the tensor, the element and both
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import messages, torchscript
+from .. import inputs, messages, torchscript
 from ..errors import ExportError
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
@@ -125,9 +126,9 @@ class _Check:
         self.buffer_names = self.module.buffer_names()
         self.compare = _Comparison(capture)
 
-    def run(self, x: Tensor, y: Tensor) -> None:
-        devices = sorted({t.device.index or 0 for t in (x, y, *self.reference.model.parameters())
-                          if t.device.type == "cuda"})
+    def run(self, x: inputs.Batch, y: Tensor) -> None:
+        tensors = [*inputs.arrays(x).values(), y, *self.reference.model.parameters()]
+        devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
         with torch.random.fork_rng(devices=devices):
             for step in range(STEPS):
                 self.method = f"train_step {step + 1}"
@@ -135,24 +136,33 @@ class _Check:
             self.method = "evaluate (eval mode)"
             self._eval(x, y, devices)
 
-    def _step(self, x: Tensor, y: Tensor, seed: int, devices: Sequence[int]) -> None:
+    def _step(self, x: inputs.Batch, y: Tensor, seed: int, devices: Sequence[int]) -> None:
         module, reference, compare, method = self.module, self.reference, self.compare, self.method
+        accumulating = reference.accumulate != 1
         _seed(seed, devices)
         with _RandomDraws() as eager_draws:
-            eager_loss = reference.backward(x, y)
-            eager_grads = {n: None if p.grad is None else p.grad.clone() for n, p in reference.model.named_parameters()}
-            reference.step()
+            if accumulating:  # train_step's micro-batches; the step consumes the gradients
+                eager_loss = reference.train_step(x, y)
+            else:
+                eager_loss = reference.backward(x, y)
+                eager_grads = {n: None if p.grad is None else p.grad.clone()
+                               for n, p in reference.model.named_parameters()}
+                reference.step()
         eager_state = torch.get_rng_state()
         _seed(seed, devices)
         with _RandomDraws() as exported_draws:
-            module.zero_grad()
-            loss = module.calculate_loss_and_backward(x, y)
-            flags = module.gradient_flags().tolist()
-            grads = {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)}
-            module.optimizer_step()
+            if accumulating:
+                loss = module.train_step(reference.method_argument(x), y)
+            else:
+                module.zero_grad()
+                loss = module.calculate_loss_and_backward(reference.method_argument(x), y)
+                flags = module.gradient_flags().tolist()
+                grads = {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)}
+                module.optimizer_step()
         compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
         compare.tensor(method, "loss", eager_loss, loss)
-        compare.named(method, "gradient of", eager_grads, grads)
+        if not accumulating:
+            compare.named(method, "gradient of", eager_grads, grads)
         compare.named(method, "parameter", reference.parameters(), dict(zip(self.names, module.get_parameters())))
         compare.named(method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
         exported_state = module.optimizer_state()
@@ -170,22 +180,23 @@ class _Check:
                 if theirs is not None:
                     compare.tensor(method, f"optimizer state {key} #{i}", theirs, mine)
 
-    def _eval(self, x: Tensor, y: Tensor, devices: Sequence[int]) -> None:
+    def _eval(self, x: inputs.Batch, y: Tensor, devices: Sequence[int]) -> None:
         module, reference, compare = self.module, self.reference, self.compare
+        argument = reference.method_argument(x)
         module.module.eval()
         reference.model.eval()
         _seed(SEED + STEPS, devices)
         with torch.no_grad():
-            expected_loss = reference.loss(reference.model(x), y)
-            expected_out = reference.model(x)
-        compare.tensor(self.method, "loss", expected_loss, module.evaluate(x, y))
+            expected_loss = reference.loss(inputs.call(reference.model, x), y)
+            expected_out = inputs.call(reference.model, x)
+        compare.tensor(self.method, "loss", expected_loss, module.evaluate(argument, y))
         self.method = "forward (eval mode)"
         with torch.no_grad():
-            compare.tensor(self.method, "output", expected_out, module.forward(x))
+            compare.tensor(self.method, "output", expected_out, module.forward(argument))
         compare.named(self.method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
 
 
-def check(path: str | os.PathLike, eager_model: nn.Module, x: Tensor, y: Tensor, capture: str) -> None:
+def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: Tensor, capture: str) -> None:
     """Compare the module at ``path`` with ``eager_model`` (a copy the check may change) on (x, y)."""
     run: Optional[_Check] = None
     try:

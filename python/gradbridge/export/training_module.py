@@ -14,13 +14,13 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import libtorch, messages, ops, protocol, torchscript
+from .. import inputs as model_inputs, libtorch, messages, ops, protocol, torchscript
 from .._version import __version__
 from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from . import capture as model_capture, finetune, groups as param_groups, losses, optim, schedulers, self_check
-from .scripted_module import _TrainingModule
+from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def export_training_module(
     optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer],
     path: Union[str, os.PathLike],
     *,
-    example_inputs: Optional[Tuple[Tensor, Tensor]] = None,
+    example_inputs: Optional[Tuple[Any, Tensor]] = None,
     inputs: Optional[Sequence[Dict[str, Any]]] = None,
     model_name: Optional[str] = None,
     freeze: Sequence[str] = (),
@@ -84,7 +84,11 @@ def export_training_module(
             left half-written.
         example_inputs: one batch ``(x, y)``. Gives the input specs, is run once through the
             model and loss to check them, and is used to trace the model when it cannot be scripted.
-        inputs: the specs of ``x`` and ``y`` (``protocol.tensor_spec``) when no example is given.
+            ``x`` is one tensor, or for a model of several inputs a dict of tensors by name
+            (``{"input_ids": ..., "attention_mask": ...}``, passed to forward by keyword) or a tuple
+            (named after forward's parameters, in order).
+        inputs: the specs of the inputs then ``y`` (``protocol.tensor_spec``) when no example is
+            given: ``[x, y]``, or one spec per named input then ``y``.
         model_name: recorded in the metadata; defaults to the model's class name.
         freeze: parameter-name prefixes to freeze (``requires_grad=False``) in the export, as
             well as any parameter already frozen in ``model``. Frozen parameters are exported but
@@ -117,17 +121,24 @@ def export_training_module(
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
 
+    example_x = None
     if example_inputs is not None:
-        if len(example_inputs) != 2:
-            raise ValueError(f"example_inputs must be (x, y), got {len(example_inputs)} tensors")
-        specs = [_spec_from_example("x", example_inputs[0]), _spec_from_example("y", example_inputs[1])]
+        if not isinstance(example_inputs, (tuple, list)) or len(example_inputs) != 2:
+            raise ValueError(f"example_inputs must be (x, y), got {_count(example_inputs)}")
+        if not isinstance(example_inputs[1], Tensor):
+            raise ValueError(messages.input_not_tensor("y", type(example_inputs[1]).__name__))
+        input_names, example_x = model_inputs.of_example(model, example_inputs[0])
+        specs = [_spec_from_example(n, t) for n, t in model_inputs.arrays(example_x).items()]
+        specs.append(_spec_from_example("y", example_inputs[1]))
     elif inputs is not None:
         specs = [dict(spec) for spec in inputs]
+        input_names = [spec.get("name") for spec in specs[:-1]]
+        if len(specs) < 2 or specs[-1].get("name") != "y":
+            raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {[s.get('name') for s in specs]}")
+        model_inputs.check_names(model, input_names)
     else:
         raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
-    if [spec["name"] for spec in specs] != ["x", "y"]:
-        raise ValueError(f"inputs must be the specs of 'x' and 'y', got {[s['name'] for s in specs]}")
-    target_dtype = specs[1]["dtype"]
+    target_dtype = specs[-1]["dtype"]
     if target_dtype not in loss_module.target_dtypes:
         raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
                          f"got {target_dtype}")
@@ -168,7 +179,7 @@ def export_training_module(
         saved_buffers = [(b, b.clone()) for b in model.buffers()]
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                output = model(example_inputs[0])
+                output = model_inputs.call(model, example_x)
                 if not isinstance(output, Tensor):
                     raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
                 loss_module(output, example_inputs[1])
@@ -189,10 +200,11 @@ def export_training_module(
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
-    captured = model_capture.capture(model, None if example_inputs is None else example_inputs[0])
+    captured = model_capture.capture(model, example_x, input_names)
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
-    named_buffers = list(captured.train.named_buffers())
-    wrapper = _TrainingModule(
+    named_buffers = captured.named_buffers()
+    wrapper_class = _TrainingModule if model_inputs.is_single(input_names) else _SeveralInputs
+    wrapper = wrapper_class(
         captured.train, captured.eval, loss_module, group_modules,
         [name for name, _ in named_parameters], parameters,
         [name for name, _ in named_buffers], [b for _, b in named_buffers],
@@ -222,37 +234,44 @@ def export_training_module(
     with atomic_path(path) as tmp:
         torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
         if check:
-            x, y = example_inputs if example_inputs is not None else example_batch(specs)
+            x, y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
             self_check.check(tmp, eager, x, y, captured.kind)
     log.info("wrote %s", path)
     return path
 
 
-def example_batch(specs: Sequence[Dict[str, Any]]) -> Tuple[Tensor, Tensor]:
-    """A batch of two for the declared specs: floats drawn from a generator of its own (torch's is
-    left alone), integers zero (a valid index and class)."""
+def _count(example: Any) -> str:
+    return f"{len(example)} items" if isinstance(example, (tuple, list)) else type(example).__name__
+
+
+def example_batch(specs: Sequence[Dict[str, Any]]) -> Tuple[model_inputs.Batch, Tensor]:
+    """A batch of two for the declared specs (the inputs, then y): floats drawn from a generator of its
+    own (torch's is left alone), integers zero (a valid index and class)."""
     generator = torch.Generator().manual_seed(0)
-    batch = []
+    batch = {}
     for spec in specs:
         shape, dtype = [2 if d == -1 else d for d in spec["shape"]], getattr(torch, spec["dtype"])
-        batch.append(torch.randn(shape, generator=generator, dtype=dtype) if dtype.is_floating_point
-                     else torch.zeros(shape, dtype=dtype))
-    return batch[0], batch[1]
+        batch[spec["name"]] = (torch.randn(shape, generator=generator, dtype=dtype) if dtype.is_floating_point
+                               else torch.zeros(shape, dtype=dtype))
+    y = batch.pop("y")
+    return (batch["x"] if model_inputs.is_single(list(batch)) else batch), y
 
 
 def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, specs: Sequence[Dict[str, Any]],
                      name: str) -> None:
     """Run a zero batch of the declared shapes through a throwaway copy (eval mode, no grad), so
     a module that could never take a step is refused at export, not on its first step."""
-    batch = [torch.zeros([2 if d == -1 else d for d in spec["shape"]], dtype=getattr(torch, spec["dtype"]))
-             for spec in specs]
+    batch = {spec["name"]: torch.zeros([2 if d == -1 else d for d in spec["shape"]], dtype=getattr(torch, spec["dtype"]))
+             for spec in specs}
+    y = batch.pop("y")
     try:
         with torch.no_grad():
-            loss_module(copy.deepcopy(model).eval()(batch[0]), batch[1])
+            loss_module(model_inputs.call(copy.deepcopy(model).eval(),
+                                          batch["x"] if model_inputs.is_single(list(batch)) else batch), y)
     except Exception as ex:  # torch raises RuntimeError, IndexError, ValueError...
         reason = " ".join(str(ex).split())
-        raise ValueError(f"inputs x {specs[0]['shape']} {specs[0]['dtype']}, y {specs[1]['shape']} {specs[1]['dtype']} "
-                         f"do not fit model {name} with loss {loss_name}: {reason}") from ex
+        described = ", ".join(f"{s['name']} {s['shape']} {s['dtype']}" for s in specs)
+        raise ValueError(f"inputs {described} do not fit model {name} with loss {loss_name}: {reason}") from ex
 
 
 #: Built-in models' default loss and input specs, for `gradbridge export NAME`.

@@ -213,6 +213,58 @@ public final class Messages {
         return "--op-library " + library + ": cannot load it: " + reason;
     }
 
+    // ---- a model's inputs (Inputs; Python: gradbridge.inputs) ----
+
+    /** What the metadata's {@code inputs} must hold. */
+    public static final String INPUT_SPECS =
+            "the specs of the model's inputs (x, or several by name) then y, each name once";
+
+    /**
+     * @param source the data file
+     * @param name the array it lacks
+     * @param holds the arrays it holds
+     * @param needs the arrays the module needs: its inputs, then y
+     * @return the line for a data file without an array the module needs
+     */
+    public static String inputMissing(String source, String name, java.util.List<String> holds,
+            java.util.List<String> needs) {
+        StringBuilder save = new StringBuilder();
+        for (String need : needs) {
+            save.append(save.length() == 0 ? "" : ", ").append(need).append("=...");
+        }
+        return source + ": missing array '" + name + "'; the file holds [" + String.join(", ", holds)
+                + "] (save with numpy.savez(path, " + save + "))";
+    }
+
+    /**
+     * @param method the method called with one tensor
+     * @param names the inputs the model takes
+     * @return the line for a one-tensor call on a model of several inputs
+     */
+    public static String namedInputsNeeded(String method, java.util.List<String> names) {
+        return method + ": the model takes the inputs " + names + ": pass them by name (a Map of name to Tensor)";
+    }
+
+    /**
+     * @param method the method called
+     * @param name the input it was given that the model does not take
+     * @param names the inputs the model takes
+     * @return the line for an unknown input name
+     */
+    public static String unknownInput(String method, String name, java.util.List<String> names) {
+        return method + ": input " + name + ": the model takes no such input (it takes " + names + ")";
+    }
+
+    /**
+     * @param method the method called
+     * @param name the input it was not given
+     * @param names the inputs the model takes
+     * @return the line for a missing input
+     */
+    public static String missingInput(String method, String name, java.util.List<String> names) {
+        return method + ": input " + name + " is missing (the model takes " + names + ")";
+    }
+
     // why a file is not a shared library for this machine (checked before the dynamic linker maps
     // it: a truncated library kills the JVM with SIGBUS instead of failing)
 

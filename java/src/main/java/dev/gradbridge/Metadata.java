@@ -366,9 +366,29 @@ public final class Metadata {
         return Collections.unmodifiableMap(optimizer);
     }
 
-    /** @return the input ({@code x}) and target ({@code y}) specs */
+    /** @return the specs of the model's inputs ({@code x}, or several by name), then the target's ({@code y}) */
     public List<TensorSpec> getInputs() {
         return Collections.unmodifiableList(inputs);
+    }
+
+    /**
+     * @return the model's input names in order: {@code [x]} for a model of one input tensor, else
+     *     the names its forward takes them by (e.g. {@code [input_ids, attention_mask]})
+     */
+    public List<String> getInputNames() {
+        List<String> names = new java.util.ArrayList<>();
+        for (TensorSpec spec : inputs.subList(0, inputs.size() - 1)) {
+            names.add(spec.getName());
+        }
+        return Collections.unmodifiableList(names);
+    }
+
+    /**
+     * @return whether the model takes several named inputs (its methods then take a list of
+     *     tensors in {@link #getInputNames()} order), rather than the one tensor {@code x}
+     */
+    public boolean hasNamedInputs() {
+        return !(inputs.size() == 2 && inputs.get(0).getName().equals("x"));
     }
 
     /**
@@ -430,7 +450,7 @@ public final class Metadata {
     /**
      * Returns one input spec by name.
      *
-     * @param name {@code x} or {@code y}
+     * @param name an input's name ({@link #getInputNames()}) or {@code y}
      * @return the spec
      * @throws ProtocolException when the metadata has no such input
      */

@@ -9,6 +9,7 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
+import java.util.HashSet;
 import java.util.List;
 
 /**
@@ -62,8 +63,8 @@ final class MetadataSchema {
         for (JsonElement spec : inputs) {
             names.add(spec.getAsJsonObject().get("name").getAsString());
         }
-        if (!(names.size() == 2 && names.contains("x") && names.contains("y"))) {
-            throw fail("inputs", "the specs of x and y", text(toJson(names)));
+        if (names.size() < 2 || !names.get(names.size() - 1).equals("y") || new HashSet<>(names).size() != names.size()) {
+            throw fail("inputs", Messages.INPUT_SPECS, text(toJson(names)));
         }
     }
 

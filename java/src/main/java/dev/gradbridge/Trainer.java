@@ -4,7 +4,9 @@ import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
 import java.nio.file.Path;
+import java.util.LinkedHashMap;
 import java.util.Locale;
+import java.util.Map;
 import me.tongfei.progressbar.ProgressBar;
 import me.tongfei.progressbar.ProgressBarBuilder;
 import me.tongfei.progressbar.ProgressBarStyle;
@@ -175,7 +177,8 @@ public final class Trainer {
         int batch = runMode == Mode.FULL ? run.checkBatch(n, n, train.getSource()) : run.batchSize(n, train.getSource());
         int first = run.firstEpoch();
         int epochs = settings.getEpochs();
-        long[] xShape = train.getX().shape();
+        // a model of several inputs: its first input's shape (the data's digest covers them all)
+        long[] xShape = train.getInputs().values().iterator().next().shape();
         long[] yShape = train.getY().shape();
         String fingerprint = resumed != null || settings.getCheckpoint() != null ? train.fingerprint() : null;
         run.checkSameData(train.getSource(), xShape, yShape, resumed == null ? null : resumed.getDataSha256(),
@@ -193,7 +196,7 @@ public final class Trainer {
                 double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
                 double loss = History.epochLoss(losses);
                 Double valLoss =
-                        validation == null ? null : module.evaluate(validation.getX(), validation.getY());
+                        validation == null ? null : module.evaluate(validation.getInputs(), validation.getY());
                 // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau
                 // on the validation loss, else on the training loss).
                 module.scheduleEpoch(valLoss != null ? valLoss : loss);
@@ -230,7 +233,7 @@ public final class Trainer {
 
     private double[] runEpoch(
             TrainingModule module, Dataset train, Mode mode, long runSeed, int epoch, int batch, History done) {
-        Tensor x = train.getX();
+        Map<String, Tensor> x = train.getInputs();
         Tensor y = train.getY();
         int n = train.size();
         if (mode == Mode.FULL) {
@@ -249,12 +252,21 @@ public final class Trainer {
             // values as gathering each batch, without a gather between every two steps (which
             // measured about twice as slow per epoch).
             double[] losses = new double[(n + batch - 1) / batch];
-            try (Tensor xs = x.index(order);
-                    Tensor ys = y.index(order)) {
+            try (TensorScope scope = new TensorScope()) {
+                Map<String, Tensor> xs = new LinkedHashMap<>();
+                for (Map.Entry<String, Tensor> input : x.entrySet()) {
+                    xs.put(input.getKey(), scope.add(input.getValue().index(order)));
+                }
+                Tensor ys = scope.add(y.index(order));
                 for (int b = 0; b < losses.length; b++) {
-                    try (Tensor xb = xs.rows((long) b * batch, Math.min(n, (long) (b + 1) * batch));
-                            Tensor yb = ys.rows((long) b * batch, Math.min(n, (long) (b + 1) * batch))) {
-                        losses[b] = module.trainStep(xb, yb);
+                    long from = (long) b * batch;
+                    long to = Math.min(n, (long) (b + 1) * batch);
+                    try (TensorScope rows = new TensorScope()) {
+                        Map<String, Tensor> xb = new LinkedHashMap<>();
+                        for (Map.Entry<String, Tensor> input : xs.entrySet()) {
+                            xb.put(input.getKey(), rows.add(input.getValue().rows(from, to)));
+                        }
+                        losses[b] = module.trainStep(xb, rows.add(ys.rows(from, to)));
                     }
                     checkFinite(losses[b], epoch, b, batch, n, done);
                 }

@@ -49,8 +49,9 @@ public final class TrainingModule implements AutoCloseable {
     private final List<String> parameterNames;
     private final List<String> bufferNames;
     private final ThreadGuard guard;
-    private final Tensors.SpecCheck xCheck;
+    private final Map<String, Tensors.SpecCheck> inputChecks = new LinkedHashMap<>();
     private final Tensors.SpecCheck yCheck;
+    private final List<String> inputNames;
 
     private TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
         this.path = path;
@@ -58,8 +59,11 @@ public final class TrainingModule implements AutoCloseable {
         this.scripted = scripted;
         this.methodNames = scripted.methodNames();
         this.guard = new ThreadGuard(path.toString());
-        this.xCheck = specCheck(metadata, "x");
         this.yCheck = specCheck(metadata, "y");
+        this.inputNames = metadata.getInputNames();
+        for (String name : inputNames) {
+            inputChecks.put(name, specCheck(metadata, name));
+        }
         List<String> missing = new ArrayList<>();
         for (String method : Protocol.REQUIRED_METHODS) {
             if (!methodNames.contains(method)) {
@@ -200,6 +204,14 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
+     * @return the model's input names: {@code [x]} for a model of one input tensor, else the names
+     *     the methods taking a {@code Map} of inputs expect (e.g. {@code [input_ids, attention_mask]})
+     */
+    public List<String> getInputNames() {
+        return inputNames;
+    }
+
+    /**
      * Runs {@code forward(x)} in eval mode (predictions, as eager {@code model.eval(); model(x)}:
      * no dropout, BatchNorm's running statistics), then returns the module to training mode.
      *
@@ -207,9 +219,20 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, a new tensor the caller closes
      */
     public Tensor forward(Tensor x) {
+        return forward(single(Protocol.FORWARD, x));
+    }
+
+    /**
+     * {@link #forward(Tensor)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
+     * @return predictions, a new tensor the caller closes
+     * @throws InvalidInputException naming the input that is missing, unknown or does not match
+     */
+    public Tensor forward(Map<String, Tensor> x) {
         try (ThreadGuard.Use use = use()) {
-            checkTensor("x", x);
-            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, x));
+            Object argument = argument(Protocol.FORWARD, x, null, false);
+            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, argument));
         }
     }
 
@@ -221,9 +244,22 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, a new tensor the caller closes
      */
     public Tensor predict(Tensor x) {
+        return predict(single(Protocol.FORWARD, x));
+    }
+
+    /**
+     * {@link #predict(Tensor)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
+     * @return predictions, a new tensor the caller closes
+     */
+    public Tensor predict(Map<String, Tensor> x) {
         try (ThreadGuard.Use use = use()) {
-            checkTensor("x", x);
-            return inEvalMode(() -> scripted.infer(Protocol.FORWARD, x));
+            Object argument = argument(Protocol.FORWARD, x, null, false);
+            if (argument instanceof Tensor) {
+                return inEvalMode(() -> scripted.infer(Protocol.FORWARD, (Tensor) argument));
+            }
+            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, argument));
         }
     }
 
@@ -236,6 +272,17 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double calculateLossAndBackward(Tensor x, Tensor y) {
+        return calculateLossAndBackward(single(Protocol.CALCULATE_LOSS_AND_BACKWARD, x), y);
+    }
+
+    /**
+     * {@link #calculateLossAndBackward(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
+     * @param y targets matching the metadata's {@code y} spec, as many samples
+     * @return the loss, exactly (float32 widened to double)
+     */
+    public double calculateLossAndBackward(Map<String, Tensor> x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
         }
@@ -250,6 +297,17 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double trainStep(Tensor x, Tensor y) {
+        return trainStep(single(Protocol.TRAIN_STEP, x), y);
+    }
+
+    /**
+     * {@link #trainStep(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
+     * @param y targets matching the metadata's {@code y} spec, as many samples
+     * @return the loss computed before the step
+     */
+    public double trainStep(Map<String, Tensor> x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             return scalarLoss(Protocol.TRAIN_STEP, x, y);
         }
@@ -338,8 +396,22 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss of each batch
      */
     public double[] trainEpoch(Tensor x, Tensor y, Tensor perm, int batchSize) {
+        return trainEpoch(single(Protocol.TRAIN_EPOCH, x), y, perm, batchSize);
+    }
+
+    /**
+     * {@link #trainEpoch(Tensor, Tensor, Tensor, int)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name: all inputs of the epoch
+     * @param y all targets of the epoch
+     * @param perm int64 sample order, a permutation of (a subset of) {@code 0..n-1}
+     * @param batchSize samples per batch, 1..n; the last batch may be smaller
+     * @return the loss of each batch
+     */
+    public double[] trainEpoch(Map<String, Tensor> x, Tensor y, Tensor perm, int batchSize) {
         try (ThreadGuard.Use use = use()) {
-            long n = checkBatch(Protocol.TRAIN_EPOCH, x, y);
+            Object argument = argument(Protocol.TRAIN_EPOCH, x, y, true);
+            long n = rows(argument);
             if (perm == null || perm.isClosed()) {
                 throw new InvalidInputException(Protocol.TRAIN_EPOCH + ": perm: expected a Tensor, got "
                         + (perm == null ? "null" : "a closed one"));
@@ -361,7 +433,12 @@ public final class TrainingModule implements AutoCloseable {
                                     + ", outside 0.." + (n - 1));
                 }
             }
-            return scripted.invokeToDoubles(Protocol.TRAIN_EPOCH, x, y, perm, batchSize);
+            if (argument instanceof Tensor) {
+                return scripted.invokeToDoubles(Protocol.TRAIN_EPOCH, (Tensor) argument, y, perm, batchSize);
+            }
+            try (Tensor losses = (Tensor) invoke(Protocol.TRAIN_EPOCH, argument, y, perm, (long) batchSize)) {
+                return losses.toExactDoubles();
+            }
         }
     }
 
@@ -374,6 +451,17 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss, without gradients
      */
     public double evaluate(Tensor x, Tensor y) {
+        return evaluate(single(Protocol.EVALUATE, x), y);
+    }
+
+    /**
+     * {@link #evaluate(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
+     *
+     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
+     * @param y targets matching the metadata's {@code y} spec, as many samples
+     * @return the loss, without gradients
+     */
+    public double evaluate(Map<String, Tensor> x, Tensor y) {
         try (ThreadGuard.Use use = use()) {
             return inEvalMode(() -> scalarLoss(Protocol.EVALUATE, x, y));
         }
@@ -389,21 +477,70 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    private double scalarLoss(String method, Tensor x, Tensor y) {
-        checkBatch(method, x, y);
-        return scripted.invokeToDouble(method, x, y); // the hot path: see ScriptedModule
+    private double scalarLoss(String method, Map<String, Tensor> x, Tensor y) {
+        Object argument = argument(method, x, y, true);
+        if (argument instanceof Tensor) {
+            return scripted.invokeToDouble(method, (Tensor) argument, y); // the hot path: see ScriptedModule
+        }
+        try (Tensor loss = (Tensor) invoke(method, argument, y)) {
+            return loss.toExactDoubles()[0];
+        }
+    }
+
+    /** A one-tensor call's input as the map the named path takes; refused for a model of several inputs. */
+    private Map<String, Tensor> single(String method, Tensor x) {
+        if (!inputNames.equals(Collections.singletonList("x"))) {
+            throw new InvalidInputException(Messages.namedInputsNeeded(method, inputNames));
+        }
+        return Collections.singletonMap("x", x);
+    }
+
+    /**
+     * The inputs as the scripted method takes them, after checking them against the metadata and
+     * each other: the tensor {@code x} for a model of one input, else the list of the named inputs
+     * in metadata order. With {@code target}, {@code y} is checked too, with as many samples.
+     */
+    private Object argument(String method, Map<String, Tensor> x, Tensor y, boolean target) {
+        if (x == null) {
+            throw new InvalidInputException(method + ": inputs: expected a map of " + inputNames + ", got null");
+        }
+        for (String name : x.keySet()) {
+            if (!inputNames.contains(name)) {
+                throw new InvalidInputException(Messages.unknownInput(method, String.valueOf(name), inputNames));
+            }
+        }
+        List<Tensor> tensors = new ArrayList<>(inputNames.size());
+        String first = inputNames.get(0);
+        for (String name : inputNames) {
+            Tensor tensor = x.get(name);
+            if (tensor == null && !x.containsKey(name)) {
+                throw new InvalidInputException(Messages.missingInput(method, name, inputNames));
+            }
+            checkTensor(name, tensor);
+            if (!tensors.isEmpty() && tensor.size(0) != tensors.get(0).size(0)) {
+                throw new InvalidInputException(method + ": " + first + " has " + tensors.get(0).size(0)
+                        + " samples but " + name + " has " + tensor.size(0));
+            }
+            tensors.add(tensor);
+        }
+        long n = tensors.get(0).size(0);
+        if (target) {
+            checkTensor("y", y);
+            if (n != y.size(0)) {
+                throw new InvalidInputException(method + ": " + first + " has " + n + " samples but y has " + y.size(0));
+            }
+        }
+        return metadata.hasNamedInputs() ? tensors : tensors.get(0);
+    }
+
+    /** The batch size of a checked {@link #argument}. */
+    private static long rows(Object argument) {
+        return (argument instanceof Tensor ? (Tensor) argument : (Tensor) ((List<?>) argument).get(0)).size(0);
     }
 
     /** Checks x and y against the metadata and each other; returns the number of samples. */
     private long checkBatch(String method, Tensor x, Tensor y) {
-        checkTensor("x", x);
-        checkTensor("y", y);
-        long n = x.size(0);
-        if (n != y.size(0)) {
-            throw new InvalidInputException(
-                    method + ": x has " + n + " samples but y has " + y.size(0));
-        }
-        return n;
+        return rows(argument(method, single(method, x), y, true));
     }
 
     /** Runs {@code zero_grad()}. */
@@ -725,7 +862,7 @@ public final class TrainingModule implements AutoCloseable {
         if (array == null || array.isClosed()) {
             throw new InvalidInputException(name + ": expected a Tensor, got " + (array == null ? "null" : "a closed one"));
         }
-        Tensors.SpecCheck fast = "x".equals(name) ? xCheck : "y".equals(name) ? yCheck : null;
+        Tensors.SpecCheck fast = "y".equals(name) ? yCheck : inputChecks.get(name);
         if (fast != null && fast.fits(array)) {
             return; // the per-call path: no allocation; anything else gets the full check's message
         }

@@ -15,6 +15,8 @@ import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.security.MessageDigest;
 import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
 import java.util.Enumeration;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -24,23 +26,42 @@ import java.util.zip.ZipException;
 import java.util.zip.ZipFile;
 
 /**
- * Inputs {@code x} and targets {@code y} for training or validation, as {@link Tensor}s. Read
- * from {@code .npz} (arrays named {@code x} and {@code y}) or two {@code .npy} files, or wrapped
- * around existing tensors or buffers. {@link #check} compares them with a module's metadata
- * before any training starts.
+ * Inputs and targets {@code y} for training or validation, as {@link Tensor}s: one input {@code x},
+ * or for a model of several inputs one tensor per input name. Read from {@code .npz} (arrays named
+ * {@code x} and {@code y}, or one per input name and {@code y}) or two {@code .npy} files, or
+ * wrapped around existing tensors or buffers. {@link #check} compares them with a module's
+ * metadata before any training starts.
  */
 public final class Dataset implements AutoCloseable {
 
     private final String source;
-    private final Tensor x;
+    /** The inputs by name; {@link #check} puts them in the module's order and drops the others. */
+    private Map<String, Tensor> inputs;
     private final Tensor y;
     private final boolean owned;
+    /** The arrays' names as the source holds them (a file's order), for messages. */
+    private final List<String> held;
 
-    private Dataset(String source, Tensor x, Tensor y, boolean owned) {
+    private Dataset(String source, Map<String, Tensor> inputs, Tensor y, boolean owned, List<String> held) {
         this.source = source;
-        this.x = x;
+        this.inputs = new LinkedHashMap<>(inputs);
         this.y = y;
         this.owned = owned;
+        this.held = held;
+    }
+
+    private Dataset(String source, Map<String, Tensor> inputs, Tensor y, boolean owned) {
+        this(source, inputs, y, owned, withY(inputs.keySet()));
+    }
+
+    private Dataset(String source, Tensor x, Tensor y, boolean owned) {
+        this(source, Collections.singletonMap("x", x), y, owned);
+    }
+
+    private static List<String> withY(java.util.Collection<String> names) {
+        List<String> all = new ArrayList<>(names);
+        all.add("y");
+        return all;
     }
 
     /**
@@ -53,6 +74,18 @@ public final class Dataset implements AutoCloseable {
      */
     public static Dataset of(String source, Tensor x, Tensor y) {
         return new Dataset(source, x, y, false);
+    }
+
+    /**
+     * Wraps existing tensors of a model's several inputs (the caller keeps ownership).
+     *
+     * @param source a name for error messages
+     * @param inputs each input by name (as the module's metadata names them), batch dimension first
+     * @param y targets, batch dimension first
+     * @return the dataset
+     */
+    public static Dataset of(String source, Map<String, Tensor> inputs, Tensor y) {
+        return new Dataset(source, inputs, y, false);
     }
 
     /**
@@ -72,21 +105,53 @@ public final class Dataset implements AutoCloseable {
             String source,
             ByteBuffer x, long[] xShape, String xType,
             ByteBuffer y, long[] yShape, String yType) {
-        Tensor xs = Tensor.fromBuffer(x, dataType(source, "x", xType), xShape);
+        return fromBuffers(source, Arrays.asList("x", "y"), Arrays.asList(x, y), Arrays.asList(xShape, yShape),
+                Arrays.asList(xType, yType));
+    }
+
+    /**
+     * Wraps direct buffers of several named arrays, the inputs then {@code y}, without copying them
+     * (as {@link #fromBuffers(String, ByteBuffer, long[], String, ByteBuffer, long[], String)}).
+     *
+     * @param source a name for error messages
+     * @param names the arrays' names: the inputs, then {@code y}
+     * @param data each array's bytes
+     * @param shapes each array's shape
+     * @param dtypes each array's dtype name ({@code float32}, {@code float64}, {@code int64})
+     * @return the dataset; closing it frees the tensors, not the buffers
+     */
+    public static Dataset fromBuffers(
+            String source, List<String> names, List<ByteBuffer> data, List<long[]> shapes, List<String> dtypes) {
+        int count = names.size();
+        if (count < 2 || !"y".equals(names.get(count - 1)) || data.size() != count || shapes.size() != count
+                || dtypes.size() != count) {
+            throw new InvalidInputException(source + ": expected the inputs then y, each with data, shape and dtype; got "
+                    + names + " with " + data.size() + " buffers, " + shapes.size() + " shapes and " + dtypes.size()
+                    + " dtypes");
+        }
+        Map<String, Tensor> tensors = new LinkedHashMap<>();
         try {
-            return new Dataset(source, xs, Tensor.fromBuffer(y, dataType(source, "y", yType), yShape), true);
+            for (int i = 0; i < count; i++) {
+                tensors.put(names.get(i), Tensor.fromBuffer(data.get(i), dataType(source, names.get(i), dtypes.get(i)),
+                        shapes.get(i)));
+            }
+            Tensor y = tensors.remove("y");
+            return new Dataset(source, tensors, y, true);
         } catch (RuntimeException e) {
-            xs.close();
+            for (Tensor tensor : tensors.values()) {
+                tensor.close();
+            }
             throw e;
         }
     }
 
     /**
-     * Reads {@code x} and {@code y} from an {@code .npz} file.
+     * Reads the arrays of an {@code .npz} file: {@code y} and the inputs ({@code x}, or one array
+     * per input name: {@link #check} names one the module needs that the file lacks).
      *
      * @param file the .npz
      * @return the dataset (close it to free the tensors)
-     * @throws InvalidInputException when the file is missing, unreadable or lacks x or y
+     * @throws InvalidInputException when the file is missing or unreadable
      */
     public static Dataset loadNpz(Path file) {
         Map<String, Tensor> arrays = new LinkedHashMap<>();
@@ -108,20 +173,10 @@ public final class Dataset implements AutoCloseable {
                 }
             }
             List<String> names = new ArrayList<>(arrays.keySet()); // the file's order, as Python lists them
-            Tensor x = arrays.remove("x");
-            Tensor y = arrays.remove("y");
-            if (x == null || y == null) {
-                if (x != null) {
-                    x.close();
-                }
-                if (y != null) {
-                    y.close();
-                }
-                throw new InvalidInputException(
-                        file + ": missing array '" + (x == null ? "x" : "y") + "'; the file holds " + names
-                                + " (save with numpy.savez(path, x=..., y=...))");
-            }
-            return new Dataset(file.toString(), x, y, true);
+            Tensor y = arrays.remove("y"); // null when missing: check names it, after any missing input
+            Dataset data = new Dataset(file.toString(), arrays, y, true, names);
+            arrays.clear(); // the dataset owns them now
+            return data;
         } catch (NoSuchFileException e) {
             throw new InvalidInputException(file + ": no such data file");
         } catch (ZipException e) {
@@ -205,19 +260,37 @@ public final class Dataset implements AutoCloseable {
         return source;
     }
 
-    /** @return the inputs */
+    /**
+     * @return the one input {@code x} (a model of several inputs: {@link #getInputs()})
+     * @throws InvalidInputException when the data has no array {@code x}
+     */
     public Tensor getX() {
+        Tensor x = inputs.get("x");
+        if (x == null) {
+            throw new InvalidInputException(Messages.inputMissing(source, "x", held, Arrays.asList("x", "y")));
+        }
         return x;
     }
 
-    /** @return the targets */
+    /** @return the inputs by name; after {@link #check}, exactly the module's, in its order */
+    public Map<String, Tensor> getInputs() {
+        return Collections.unmodifiableMap(inputs);
+    }
+
+    /**
+     * @return the targets
+     * @throws InvalidInputException when the file has no array {@code y}
+     */
     public Tensor getY() {
+        if (y == null) {
+            throw new InvalidInputException(Messages.inputMissing(source, "y", held, withY(inputs.keySet())));
+        }
         return y;
     }
 
     /** @return the number of samples */
     public int size() {
-        return Math.toIntExact(x.size(0));
+        return Math.toIntExact(getY().size(0));
     }
 
     /**
@@ -228,15 +301,43 @@ public final class Dataset implements AutoCloseable {
      * @throws InvalidInputException naming the file, the array and expected versus actual
      */
     public void check(Metadata metadata) {
-        checkArray("x", x, metadata.getInput("x"));
+        List<String> names = metadata.getInputNames();
+        List<String> needs = withY(names);
+        Map<String, Tensor> ordered = new LinkedHashMap<>();
+        for (String name : names) {
+            Tensor array = inputs.get(name);
+            if (array == null) {
+                throw new InvalidInputException(Messages.inputMissing(source, name, held, needs));
+            }
+            ordered.put(name, array);
+        }
+        if (y == null) {
+            throw new InvalidInputException(Messages.inputMissing(source, "y", held, needs));
+        }
+        for (String name : names) {
+            checkArray(name, ordered.get(name), metadata.getInput(name));
+        }
         checkArray("y", y, metadata.getInput("y"));
-        long n = x.size(0);
+        String first = names.get(0);
+        long n = ordered.get(first).size(0);
         if (n == 0) {
             throw new InvalidInputException(source + ": the dataset is empty (0 samples)");
         }
-        if (y.size(0) != n) {
-            throw new InvalidInputException(source + ": x has " + n + " samples but y has " + y.size(0));
+        for (String name : needs.subList(1, needs.size())) {
+            Tensor array = "y".equals(name) ? y : ordered.get(name);
+            if (array.size(0) != n) {
+                throw new InvalidInputException(source + ": " + first + " has " + n + " samples but " + name + " has "
+                        + array.size(0));
+            }
         }
+        if (owned) { // arrays of the file that the module does not take
+            for (Map.Entry<String, Tensor> entry : inputs.entrySet()) {
+                if (!ordered.containsKey(entry.getKey())) {
+                    entry.getValue().close();
+                }
+            }
+        }
+        inputs = ordered;
     }
 
     private void checkArray(String name, Tensor array, Metadata.TensorSpec spec) {
@@ -252,13 +353,16 @@ public final class Dataset implements AutoCloseable {
     }
 
     /**
-     * Identifies the data a run trains on, for checkpoints: SHA-256 of x's bytes, then y's.
+     * Identifies the data a run trains on, for checkpoints: SHA-256 of the inputs' bytes (x, or
+     * each input in the module's order after {@link #check}), then y's.
      *
      * @return lowercase hex digest
      */
     public String fingerprint() {
         MessageDigest sha = Digests.sha256();
-        sha.update(x.buffer());
+        for (Tensor input : inputs.values()) {
+            sha.update(input.buffer());
+        }
         sha.update(y.buffer());
         return Digests.hex(sha.digest());
     }
@@ -267,8 +371,12 @@ public final class Dataset implements AutoCloseable {
     @Override
     public void close() {
         if (owned) {
-            x.close();
-            y.close();
+            for (Tensor input : inputs.values()) {
+                input.close();
+            }
+            if (y != null) {
+                y.close();
+            }
         }
     }
 }
