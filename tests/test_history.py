@@ -61,3 +61,8 @@ def test_java_writes_the_same_schema_and_digests(jvm):
     assert parsed[0].digests["weight"] == digest(np.array(weight, dtype=np.float32), "float32")
     assert np.isnan(parsed[1].loss) and parsed[1].val_loss == 0.125 and parsed[1].parameters == {}
     assert float(JavaHistory.epochLoss(jpype.JArray(jpype.JDouble)([1e16, 1.0, -1e16]))) == epoch_loss([1e16, 1.0, -1e16])
+    # in this process the records cross as binary arrays (java.train): the same records as the text
+    binary = History.from_java(history)
+    assert [r.to_json() for r in binary][0] == parsed[0].to_json()
+    assert np.isnan(binary[1].loss) and binary[1].val_loss == 0.125 and binary[1].parameters == {}
+    assert binary[0].parameters["weight"].dtype == np.float64

@@ -135,6 +135,25 @@ class History:
                 records.append(EpochRecord.from_json(document, where=f"{where}:{number}"))
         return cls(records)
 
+    @classmethod
+    def from_java(cls, history) -> "History":
+        """A Java ``dev.gradbridge.History`` of this process's JVM (JPype), read as binary arrays:
+        each parameter's double[] is copied as one block (an 11-million-parameter record as JSON
+        text took seconds to write and parse, every epoch)."""
+        records = []
+        for record in history.getRecords():
+            val_loss, lrs = record.getValLoss(), record.getLrs()
+            records.append(EpochRecord(
+                epoch=int(record.getEpoch()),
+                loss=float(record.getLoss()),
+                parameters={str(name): np.array(values, dtype=np.float64)
+                            for name, values in record.getParameters().items()},
+                val_loss=None if val_loss is None else float(val_loss.doubleValue()),
+                elapsed_s=float(record.getElapsedSeconds()),
+                digests={str(name): str(value) for name, value in record.getDigests().items()},
+                lrs=None if lrs is None else [float(v) for v in lrs]))
+        return cls(records)
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically: a temporary file in the same folder, then a rename."""
         path = Path(path)

@@ -100,10 +100,10 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
             history = builder.build().fit(module, train_data)
-            return History.from_jsonl(str(history.toJsonLines()), where="java history")
+            return History.from_java(history)
     except DivergenceError as error:
         # The epochs completed before the divergent one travel on the error.
-        error.history = History.from_jsonl(str(error.__cause__.getHistory().toJsonLines()), where="java history")
+        error.history = History.from_java(error.__cause__.getHistory())
         raise
     finally:
         for data in datasets:
