@@ -45,6 +45,20 @@ def one_error_line(result: subprocess.CompletedProcess, prefix: str = "error: ")
     return errors[0][len(prefix):]
 
 
+def minimal_elf(payload: bytes = b"") -> bytes:
+    """An ELF64 shared-object header for this machine with no program or section headers, then ``payload``:
+    a file that passes the ELF checks but is never meant to be loaded."""
+    import platform
+    import struct
+
+    from gradbridge.ops import ELF_MACHINES
+
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 3, ELF_MACHINES.get(platform.machine().lower(), 62), 1, 0, 0, 0,
+                                 0, 64, 56, 0, 64, 0, 0)
+    return header + payload
+
+
 def stray_files(folder: Path, keep=()) -> list:
     """Files in ``folder`` other than ``keep`` (names)."""
     return sorted(p.name for p in Path(folder).iterdir() if p.name not in set(keep))

@@ -159,6 +159,32 @@ def elf_truncated(needed: int, size: int) -> str:
     return f"truncated: its headers need {needed} bytes, the file has {size}"
 
 
+# ---- the native layer: gradbridge's native library and its cache (Java: Messages, same sentences) ----
+
+CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
+
+
+def digest_mismatch(recorded: str, actual: str) -> str:
+    return f"its SHA-256 is {actual}, not the {recorded} recorded when it was built (damaged or replaced)"
+
+
+def cache_damaged(what: str, folder: str, reason: str, action: str) -> str:
+    return f"gradbridge: the cached {what} in {folder} is damaged ({reason}): {action}"
+
+
+def cache_unwritable(folder: str, reason: str) -> str:
+    return (f"cannot write gradbridge's cache folder {folder} ({CACHE_ENV}, by default ~/.cache/gradbridge): "
+            f"{reason}; set {CACHE_ENV} to a writable folder")
+
+
+def no_compiler(cxx: str | None, torch_version: str) -> str:
+    if cxx is not None:
+        return (f"CXX={cxx} names no compiler (not a file and not on PATH), needed to build gradbridge's native "
+                f"library for torch {torch_version}: set CXX to a C++ compiler such as g++, or unset it")
+    return (f"no C++ compiler to build gradbridge's native library for torch {torch_version}: install g++ "
+            f"(e.g. apt-get install g++) or set CXX to one")
+
+
 # ---- data-parallel training (gradbridge-spark, reference shards) ----
 
 def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> str:
