@@ -26,11 +26,12 @@ def train_cli(*args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(TRAIN_SCRIPT), *map(str, args)], capture_output=True, text=True, **kwargs)
 
 
-def gradbridge_cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    """``python -m gradbridge`` with this checkout's package first on the path."""
+def gradbridge_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """``python -m gradbridge`` with this checkout's package first on the path (``env``: more variables)."""
     import os
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_SRC), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([str(PYTHON_SRC), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "gradbridge", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=env)
 

@@ -85,6 +85,6 @@ def check(metadata: Dict[str, Any], x: np.ndarray, y: np.ndarray, source: str) -
         if np.issubdtype(array.dtype, np.floating) and array.size and not np.isfinite(array).all():
             raise InvalidInputError(f"{source}: {name} holds NaN or infinite values; clean the data first")
     if len(x) == 0:
-        raise InvalidInputError(f"{source}: the dataset is empty (0 samples)")
+        raise InvalidInputError(messages.empty_dataset(source))
     if len(y) != len(x):
         raise InvalidInputError(f"{source}: x has {len(x)} samples but y has {len(y)}")

@@ -38,6 +38,10 @@ def npy_header(source: str, array: str, reason: str) -> str:
 
 # ---- training runs ----
 
+def empty_dataset(source: str) -> str:
+    return f"{source}: the dataset is empty (0 samples)"
+
+
 def java_double(value: float) -> str:
     """A non-finite float as Java's Double.toString writes it (NaN, Infinity, -Infinity)."""
     return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(repr(float(value)), repr(float(value)))
@@ -183,6 +187,11 @@ def no_compiler(cxx: str | None, torch_version: str) -> str:
                 f"library for torch {torch_version}: set CXX to a C++ compiler such as g++, or unset it")
     return (f"no C++ compiler to build gradbridge's native library for torch {torch_version}: install g++ "
             f"(e.g. apt-get install g++) or set CXX to one")
+
+
+def jvm_options_refused(where: str, reason: str) -> str:
+    """A JVM that does not start with the user's extra options (``GRADBRIDGE_JVM_OPTIONS=...``)."""
+    return f"a JVM does not start with {where}: {reason}; correct or unset GRADBRIDGE_JVM_OPTIONS"
 
 
 # ---- data-parallel training (gradbridge-spark, reference shards) ----
