@@ -363,3 +363,47 @@ def test_a_damaged_cached_native_library_is_built_again_with_one_line(cached_bui
                                                f"damaged ({library.name}: "), err
     assert err[0].endswith("): building it again"), err
     assert ("truncated: its headers need " if damage == "truncated" else "its SHA-256 is ") in err[0]
+
+
+def test_a_self_check_verdict_that_cannot_be_written_names_gradbridge_cache_dir(tmp_path, monkeypatch):
+    from gradbridge import torch_gate
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    monkeypatch.setenv(native.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(SetupError) as info:
+        torch_gate.record(True, "passed", 1.0)
+    assert str(info.value) == (f"cannot write gradbridge's cache folder {blocker / 'cache' / torch_gate.FOLDER} "
+                               "(GRADBRIDGE_CACHE_DIR, by default ~/.cache/gradbridge): Not a directory; set "
+                               "GRADBRIDGE_CACHE_DIR to a writable folder")
+
+
+def _foreign_libraries() -> list:
+    """Shared libraries that are not gradbridge's: one the linker refuses (no segments), and zlib's when
+    it is where Debian-like systems keep it (it loads, and has no JNI entry points)."""
+    cases = ["no segments"]
+    if Path("/lib/x86_64-linux-gnu/libz.so.1").is_file() and os.uname().machine == "x86_64":
+        cases.append("/lib/x86_64-linux-gnu/libz.so.1")
+    return cases
+
+
+@pytest.mark.parametrize("foreign", _foreign_libraries())
+def test_a_shared_library_that_is_not_gradbridges_is_one_line(models, data, tmp_path, foreign):
+    library = tmp_path / "libnot-gradbridge.so"
+    if foreign == "no segments":
+        library.write_bytes(minimal_elf())
+    else:
+        shutil.copyfile(foreign, library)
+    library.with_suffix(".properties").write_text(f"torch_version={_jar_build()['torch_version']}\ncxx11_abi=1\n")
+    result = _train(models, data, tmp_path, GRADBRIDGE_NATIVE_LIBRARY=str(library))
+    line = one_error_line(result)
+    expected = ("object file has no loadable segments" if foreign == "no segments"
+                else "it is not gradbridge's JNI library (")
+    assert line.startswith(f"cannot load gradbridge's native library {library}") and expected in line, line
+    _no_crash(result, tmp_path)
+
+
+def test_a_folder_named_as_the_native_library_is_one_line(models, data, tmp_path):
+    result = _train(models, data, tmp_path, GRADBRIDGE_NATIVE_LIBRARY=str(tmp_path))
+    assert one_error_line(result) == (f"gradbridge's native library {tmp_path} (GRADBRIDGE_NATIVE_LIBRARY) is a "
+                                      "folder: name the .so file in it")

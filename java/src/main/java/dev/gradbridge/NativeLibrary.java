@@ -146,7 +146,7 @@ final class NativeLibrary {
             String source = source(LIBRARY_PROPERTY, LIBRARY_ENV);
             if (!Files.isRegularFile(library)) {
                 throw new GradbridgeException("gradbridge's native library " + library + " (" + source
-                        + ") does not exist");
+                        + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
             }
             if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
                 throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
@@ -195,7 +195,15 @@ final class NativeLibrary {
                     + " (built for libtorch " + builtFor + ", C++11 ABI " + abi + ") on " + libtorch + ": "
                     + e.getMessage());
         }
-        if (!builtFor.equals(Native.torchVersion()) || !String.valueOf(Native.cxx11Abi()).equals(abi)) {
+        String reported;
+        try {
+            reported = Native.torchVersion();
+        } catch (UnsatisfiedLinkError e) { // a shared library, but not gradbridge's: no JNI entry points
+            throw new GradbridgeException("cannot load gradbridge's native library " + library + ": it is not"
+                    + " gradbridge's JNI library (" + e.getMessage() + " is missing from it): name the .so that"
+                    + " python -m gradbridge.native build --out DIR wrote");
+        }
+        if (!builtFor.equals(reported) || !String.valueOf(Native.cxx11Abi()).equals(abi)) {
             throw new GradbridgeException("gradbridge's native library " + library + " reports libtorch "
                     + Native.torchVersion() + " (C++11 ABI " + Native.cxx11Abi() + ") but its properties file says "
                     + builtFor + " (" + abi + "): rebuild it");
