@@ -29,7 +29,10 @@ import java.util.stream.Stream;
  * libraries: extracted once into the cache folder and checked. The native library comes from
  * {@value #LIBRARY_PROPERTY} (or {@value #LIBRARY_ENV}), else the one this jar carries. Its
  * properties file says which libtorch version and C++ ABI it was compiled for; a libtorch of
- * another version is refused with one line saying what mismatched.
+ * another version is refused with one line saying what mismatched. No library reaches {@code
+ * System.load} unchecked: each must be a whole ELF shared object for this machine ({@link
+ * #libraryProblem}), and the cached copies must match the SHA-256 recorded when they were made
+ * (else they are extracted again, with one line).
  */
 final class NativeLibrary {
 
@@ -392,7 +395,8 @@ final class NativeLibrary {
                 return new String(Files.readAllBytes(zip), StandardCharsets.UTF_8).trim().split("\\+")[0];
             }
         } catch (IOException e) {
-            throw new UncheckedIOException(e);
+            throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds: "
+                    + ioReason(e), e);
         }
         throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds (it has no"
                 + " pytorch.properties, ../version.py or ../build-version)");
@@ -406,7 +410,7 @@ final class NativeLibrary {
                 files.add(file);
             }
         } catch (IOException e) {
-            throw new UncheckedIOException(e);
+            throw new GradbridgeException("cannot read the libtorch folder " + named(folder) + ": " + ioReason(e), e);
         }
         files.add(folder.resolve("libc10.so"));
         files.add(folder.resolve("libtorch_cpu.so"));
