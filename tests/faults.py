@@ -26,11 +26,12 @@ def train_cli(*args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(TRAIN_SCRIPT), *map(str, args)], capture_output=True, text=True, **kwargs)
 
 
-def gradbridge_cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    """``python -m gradbridge`` with this checkout's package first on the path."""
+def gradbridge_cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """``python -m gradbridge`` with this checkout's package first on the path (``env``: more variables)."""
     import os
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PYTHON_SRC), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([str(PYTHON_SRC), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "gradbridge", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=env)
 
@@ -43,6 +44,20 @@ def one_error_line(result: subprocess.CompletedProcess, prefix: str = "error: ")
     errors = [line for line in text.splitlines() if line.startswith(prefix)]
     assert len(errors) == 1, text
     return errors[0][len(prefix):]
+
+
+def minimal_elf(payload: bytes = b"") -> bytes:
+    """An ELF64 shared-object header for this machine with no program or section headers, then ``payload``:
+    a file that passes the ELF checks but is never meant to be loaded."""
+    import platform
+    import struct
+
+    from gradbridge.ops import ELF_MACHINES
+
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 3, ELF_MACHINES.get(platform.machine().lower(), 62), 1, 0, 0, 0,
+                                 0, 64, 56, 0, 64, 0, 0)
+    return header + payload
 
 
 def stray_files(folder: Path, keep=()) -> list:

@@ -178,3 +178,56 @@ def test_online_bench_refuses_a_bad_feeder_count(capsys, value):
     assert _line(capsys, ["online-bench", "--feeders", value]) == (
         f"argument --feeders: invalid threads (an integer from 1 to 1024) value: '{value}' "
         "(see gradbridge online-bench --help)")
+
+
+def test_a_model_without_parameters_is_told_so(factories):
+    (factories / "noparams.py").write_text(
+        "import torch\n"
+        "class Scale(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.register_buffer('k', torch.ones(1))\n"
+        "    def forward(self, x):\n        return x * self.k\n"
+        "def relu():\n    return torch.nn.ReLU()\n"
+        "def scale():\n    return Scale()\n")
+    for factory, name in (("relu", "ReLU"), ("scale", "Scale")):
+        result = gradbridge_cli("export", f"noparams:{factory}", "-o", factories / "m.pt", "--input-shape", "3",
+                                cwd=factories)
+        assert one_error_line(result, PREFIX) == (f"{name} has no parameters: nothing to train; export a model with "
+                                                  "at least one parameter")
+        assert not (factories / "m.pt").exists()
+
+
+def test_parity_with_a_factory_whose_parameter_has_another_shape_names_both_shapes(factories):
+    (factories / "shapes.py").write_text(
+        "import torch\n"
+        "class Dot(torch.nn.Module):\n"
+        "    def __init__(self, shape):\n        super().__init__()\n        self.w = torch.nn.Parameter(torch.ones(shape))\n"
+        "    def forward(self, x):\n        return (x * self.w).sum(-1, keepdim=True)\n"
+        "def flat():\n    return Dot([2])\n"
+        "def row():\n    return Dot([1, 2])\n")
+    model = factories / "flat.pt"
+    exported = gradbridge_cli("export", "shapes:flat", "-o", model, "--input-shape", "2", cwd=factories)
+    assert exported.returncode == 0, exported.stderr
+    np.savez(factories / "d.npz", x=np.ones((8, 2), np.float32), y=np.ones((8, 1), np.float32))
+    result = gradbridge_cli("parity", model, "--data", factories / "d.npz", "--epochs", 1, "--batch-size", 4,
+                            "--model-factory", "shapes:row", cwd=factories)
+    assert one_error_line(result, PREFIX) == (f"{model} holds w of shape [2], the given model's w has shape [1, 2]: "
+                                              "is it this model's export?")
+
+
+@pytest.mark.parametrize("options, reason", [
+    ("-Xmx1k", "Error occurred during initialization of VM; Too small maximum heap"),
+    ("-Xbogus", "Unrecognized option: -Xbogus"),
+    ("-Xmx64m -Xss1k", "The Java thread stack size specified is too small. Specify at least "),
+])
+def test_jvm_options_the_jvm_refuses_are_one_line_naming_gradbridge_jvm_options(model_path, tmp_path, options,
+                                                                                 reason):
+    # Given options with which a JVM in this process would end it with the JVM's own lines
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 1), np.float32), y=np.zeros((4, 1), np.float32))
+    result = gradbridge_cli("parity", model_path, "--data", tmp_path / "d.npz", "--epochs", 1, "--batch-size", 2,
+                            "--report", tmp_path / "r.json", env={"GRADBRIDGE_JVM_OPTIONS": options})
+    # Then gradbridge's line is the only one: the JVM's reason inside it, nothing printed before it
+    line = one_error_line(result, PREFIX)
+    assert line.startswith(f"a JVM does not start with GRADBRIDGE_JVM_OPTIONS={options}: {reason}"), line
+    assert line.endswith("; correct or unset GRADBRIDGE_JVM_OPTIONS"), line
+    assert result.stderr.strip().splitlines() == [PREFIX + line]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]

@@ -41,6 +41,26 @@ def test_zero_samples(jvm, model_path):
     assert str(info.value) == "training data: the dataset is empty (0 samples)"
 
 
+@pytest.mark.parametrize("train", ["train", "train_sharded"])
+def test_zero_samples_in_the_reference_are_refused_in_javas_words(model_path, train):
+    empty = np.zeros((0, 1), np.float32)
+    kwargs = {"shards": 2} if train == "train_sharded" else {}
+    with pytest.raises(InvalidInputError) as info:
+        getattr(reference, train)(model_path, empty, empty, epochs=1, batch_size=8, **kwargs)
+    assert str(info.value) == "training data: the dataset is empty (0 samples)"
+
+
+def test_histories_whose_parameter_shapes_differ_name_both_shapes():
+    from gradbridge import EpochRecord, History
+    from gradbridge.parity import compare_histories
+
+    a = History([EpochRecord(0, 1.0, {"w": np.zeros(2)})])
+    b = History([EpochRecord(0, 1.0, {"w": np.zeros((2, 1))})])
+    with pytest.raises(ValueError) as info:
+        compare_histories(a, b)
+    assert str(info.value) == "epoch 0: parameter w has shape [2] in python but [2, 1] in java"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n=-1), "n must be an integer in 1..2147483647, got -1"),
     (dict(n=2**31), "n must be an integer in 1..2147483647, got 2147483648"),

@@ -113,6 +113,13 @@ def test_shared_wording_matches(jvm):
     assert str(Messages.elfTruncated(294968, 98322)) == messages.elf_truncated(294968, 98322)
     assert str(Messages.opLibraryUnloadable("lib.so", "no such file")) == \
         messages.op_library_unloadable("lib.so", "no such file")
+    # the native layer's cache: a damaged library, a folder that cannot be written
+    assert str(Messages.CACHE_ENV) == messages.CACHE_ENV
+    assert str(Messages.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)
+    assert str(Messages.cacheDamaged("libtorch", "/c", "x.so: truncated", "extracting it again")) == \
+        messages.cache_damaged("libtorch", "/c", "x.so: truncated", "extracting it again")
+    assert str(Messages.cacheUnwritable("/c/native", "Permission denied")) == \
+        messages.cache_unwritable("/c/native", "Permission denied")
 
 
 def test_metadata_keys_match_java(jvm):

@@ -94,7 +94,7 @@ def check(metadata: Dict[str, Any], x: Any, y: np.ndarray, source: str) -> None:
     first = inputs.names(metadata)[0]
     n = len(given[first])
     if n == 0:
-        raise InvalidInputError(f"{source}: the dataset is empty (0 samples)")
+        raise InvalidInputError(messages.empty_dataset(source))
     for name in [*inputs.names(metadata)[1:], inputs.Y]:
         if len(given[name]) != n:
             raise InvalidInputError(f"{source}: {first} has {n} samples but {name} has {len(given[name])}")

@@ -15,9 +15,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import classpath, errors, jdk, libtorch, torch_gate
+from . import classpath, errors, jdk, libtorch, messages, torch_gate
 
-#: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". A JVM that rejects one exits the process.
+#: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". Tried first in a JVM of its own
+#: (``check_options``): a JVM that rejects one, or dies of one, would end this process with its own lines.
 JVM_OPTIONS_ENV = "GRADBRIDGE_JVM_OPTIONS"
 #: Inside Python, Java logs warnings only (the CLIs log progress at info); an option in
 #: GRADBRIDGE_JVM_OPTIONS comes later and wins.
@@ -57,7 +58,9 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
     version = jdk.libjvm_version(libjvm)
     if version is not None:
         jdk.require(version, libjvm)
-    extra = [*os.environ.get(JVM_OPTIONS_ENV, "").split(), *extra_options]
+    user_options = os.environ.get(JVM_OPTIONS_ENV, "").split()
+    extra = [*user_options, *extra_options]
+    check_options(extra, libjvm, f"{JVM_OPTIONS_ENV}={' '.join(user_options)}" if user_options else None)
     try:
         jpype.startJVM(*options, _QUIET_LOGGING, *extra, jvmpath=libjvm,
                        classpath=[*path.entries, *user], convertStrings=False)
@@ -65,6 +68,35 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
         raise errors.GradbridgeError(f"cannot start the JVM ({libjvm}, extra options: {extra or 'none'}): {ex}") from ex
     jdk.require(str(jpype.JClass("java.lang.System").getProperty("java.version")), libjvm)
     jpype.JClass("dev.gradbridge.cli.ConsoleLogging").applyDefaults()
+
+
+#: Starts a JVM in a process of its own with the options given as arguments (libjvm first), as
+#: jpype.startJVM does here; the JVM's own lines go to stderr.
+_OPTIONS_PROBE = ("import sys, jpype\ntry:\n    jpype.startJVM(*sys.argv[2:], jvmpath=sys.argv[1])\n"
+                  "except Exception:\n    sys.exit(1)\n")
+
+
+def check_options(options: Sequence[str], libjvm: str, env: str | None) -> None:
+    """Start a JVM with the extra ``options`` in a process of its own first: one the JVM refuses
+    (``-Xbogus``) or dies of (``-Xmx1k``) would otherwise end this process, or print the JVM's own
+    lines before gradbridge's. SetupError naming ``env`` (``GRADBRIDGE_JVM_OPTIONS=...``, when the
+    options came from it) and the JVM's own reason."""
+    import subprocess
+    import sys
+
+    if not options:
+        return
+    try:
+        result = subprocess.run([sys.executable, "-c", _OPTIONS_PROBE, libjvm, *options], capture_output=True,
+                                text=True, timeout=300, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        reason = "the JVM did not start within 300 s"
+    else:
+        if result.returncode == 0:
+            return
+        lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        reason = "; ".join(lines[:2]) or f"exit code {result.returncode}"
+    raise errors.SetupError(messages.jvm_options_refused(env or f"extra_options={list(options)}", reason))
 
 
 def jclass(name: str):

@@ -38,6 +38,10 @@ def npy_header(source: str, array: str, reason: str) -> str:
 
 # ---- training runs ----
 
+def empty_dataset(source: str) -> str:
+    return f"{source}: the dataset is empty (0 samples)"
+
+
 def java_double(value: float) -> str:
     """A non-finite float as Java's Double.toString writes it (NaN, Infinity, -Infinity)."""
     return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(repr(float(value)), repr(float(value)))
@@ -157,6 +161,37 @@ def elf_machine(found: int, machine: str, expected: int) -> str:
 
 def elf_truncated(needed: int, size: int) -> str:
     return f"truncated: its headers need {needed} bytes, the file has {size}"
+
+
+# ---- the native layer: gradbridge's native library and its cache (Java: Messages, same sentences) ----
+
+CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
+
+
+def digest_mismatch(recorded: str, actual: str) -> str:
+    return f"its SHA-256 is {actual}, not the {recorded} recorded when it was built (damaged or replaced)"
+
+
+def cache_damaged(what: str, folder: str, reason: str, action: str) -> str:
+    return f"gradbridge: the cached {what} in {folder} is damaged ({reason}): {action}"
+
+
+def cache_unwritable(folder: str, reason: str) -> str:
+    return (f"cannot write gradbridge's cache folder {folder} ({CACHE_ENV}, by default ~/.cache/gradbridge): "
+            f"{reason}; set {CACHE_ENV} to a writable folder")
+
+
+def no_compiler(cxx: str | None, torch_version: str) -> str:
+    if cxx is not None:
+        return (f"CXX={cxx} names no compiler (not a file and not on PATH), needed to build gradbridge's native "
+                f"library for torch {torch_version}: set CXX to a C++ compiler such as g++, or unset it")
+    return (f"no C++ compiler to build gradbridge's native library for torch {torch_version}: install g++ "
+            f"(e.g. apt-get install g++) or set CXX to one")
+
+
+def jvm_options_refused(where: str, reason: str) -> str:
+    """A JVM that does not start with the user's extra options (``GRADBRIDGE_JVM_OPTIONS=...``)."""
+    return f"a JVM does not start with {where}: {reason}; correct or unset GRADBRIDGE_JVM_OPTIONS"
 
 
 # ---- data-parallel training (gradbridge-spark, reference shards) ----

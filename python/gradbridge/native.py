@@ -6,7 +6,10 @@ C++17, or C++20 where the headers require it; the Gloo part also against the glo
 ``native/third_party/gloo``, which pip torch does not ship). Built libraries are cached per torch build (version,
 C++ ABI and a hash of the sources) under the cache folder; an installed wheel carries one prebuilt
 for the torch it was built with. The file name and a properties file beside it record the libtorch
-version and ABI; Java (``dev.gradbridge.NativeLibrary``) checks them when it loads the library.
+version and ABI, and the library's SHA-256 (``library_sha256``) as it was built; Java
+(``dev.gradbridge.NativeLibrary``) checks them when it loads the library. A library whose content
+no longer matches its digest, or that is not a whole ELF shared object, never reaches the dynamic
+linker: a cached one is built again (one line), a prebuilt one is passed over for the cache.
 
 Gradle calls ``python -m gradbridge.native build --out DIR`` to put the library for the venv's torch
 into the jar (for a JVM of its own on DJL's libtorch 2.7.1 build).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import _devtree, jdk
+from . import _devtree, jdk, messages
 from .errors import CLI_ERROR_PREFIX, SetupError
 from .libtorch import torch_version
 
 #: Overrides the cache folder (default ~/.cache/gradbridge).
-CACHE_ENV = "GRADBRIDGE_CACHE_DIR"
+CACHE_ENV = messages.CACHE_ENV
+#: The key of the properties file that holds the library's SHA-256 (Java: NativeLibrary.LIBRARY_DIGEST_KEY).
+DIGEST_KEY = "library_sha256"
 SOURCE_NAME = "gradbridge_jni.cpp"
 GLOO_SOURCE_NAME = "gradbridge_gloo.cpp"
 #: What both C++ files include (beside them, in native/ and in the wheel's native_lib/).
@@ -64,9 +70,32 @@ class Build:
     def properties(self, folder: Path) -> Path:
         return folder / f"{self.stem}.properties"
 
-    def properties_text(self) -> str:
+    def properties_text(self, library_sha256: str) -> str:
         return (f"torch_version={self.torch_version}\ncxx11_abi={self.cxx11_abi}\n"
-                f"source_sha256={self.source_hash}\n")
+                f"source_sha256={self.source_hash}\n{DIGEST_KEY}={library_sha256}\n")
+
+    def identity(self) -> Dict[str, str]:
+        """What the properties file must say for a library of this build (besides its digest)."""
+        return {"torch_version": self.torch_version, "cxx11_abi": str(self.cxx11_abi),
+                "source_sha256": self.source_hash}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_properties(path: Path) -> Dict[str, str]:
+    """``key=value`` lines (the subset of Java's properties format gradbridge writes)."""
+    values = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "!")):
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
 
 
 def cache_dir() -> Path:
@@ -139,18 +168,25 @@ def _cxx_standard(include: Path) -> str:
 
 def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet: bool = False) -> Path:
     """Compile the library for this Python's torch into ``folder`` (atomically: temp file, then rename)."""
-    compiler = shutil.which(os.environ["CXX"]) if os.environ.get("CXX") else shutil.which("g++") or shutil.which("c++")
+    cxx = os.environ.get("CXX", "").strip() or None
+    words = shlex.split(cxx) if cxx is not None else []
+    compiler = (shutil.which(words[0]) if words else None) if cxx is not None \
+        else shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        raise SetupError("no C++ compiler to build gradbridge's native library for torch "
-                         f"{build.torch_version}: install g++ (e.g. apt-get install g++)")
+        raise SetupError(messages.no_compiler(cxx, build.torch_version))
+    compiler_args = [compiler, *words[1:]]  # CXX="ccache g++" as make takes it
     java_home = Path(jdk.checked_java()).resolve().parent.parent
     include = torch_dir() / "include"
-    folder.mkdir(parents=True, exist_ok=True)
     target = build.library(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch_folder = tempfile.TemporaryDirectory(dir=folder)
+    except OSError as ex:
+        raise SetupError(messages.cache_unwritable(str(folder), _reason(ex))) from ex
     if not quiet:
         print(f"gradbridge: building the native library for torch {build.torch_version} (once, ~30 s) ...",
               file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+    with scratch_folder as scratch:
         tmp = Path(scratch) / target.name
         flags = [_cxx_standard(include), "-O2", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={build.cxx11_abi}",
                  f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
@@ -159,12 +195,12 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
                  "-DUSE_C10D_GLOO", f"-isystem{sources['gloo_headers']}"]
         # The two files compile at once (each takes most of the build), then link.
         objects = [Path(scratch) / f"{sources[key].stem}.o" for key in ("source", "gloo")]
-        compiles = [subprocess.Popen([compiler, *flags, "-c", str(sources[key]), "-o", str(obj)],
+        compiles = [subprocess.Popen([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     for key, obj in zip(("source", "gloo"), objects)]
         results = [(c.returncode, err) for c in compiles for _, err in [c.communicate()]]
         if all(code == 0 for code, _ in results):
-            link = subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(tmp),
+            link = subprocess.run([*compiler_args, "-shared", *map(str, objects), "-o", str(tmp),
                                    # No rpath: Java loads libc10 and libtorch_cpu first, from the folder it was given.
                                    "-Wl,--as-needed", f"-L{torch_dir() / 'lib'}", "-ltorch_cpu", "-lc10"],
                                   capture_output=True, text=True)
@@ -175,15 +211,46 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
                 raise SetupError(f"building gradbridge's native library failed ({compiler}): "
                                  f"{errors[0] if errors else 'no output'}")
         properties = Path(scratch) / build.properties(folder).name
-        properties.write_text(build.properties_text(), encoding="utf-8")
-        os.replace(properties, build.properties(folder))
-        os.replace(tmp, target)
+        properties.write_text(build.properties_text(sha256_file(tmp)), encoding="utf-8")
+        try:  # the library first: a properties file never names a library that is not there yet
+            os.replace(tmp, target)
+            os.replace(properties, build.properties(folder))
+        except OSError as ex:
+            raise SetupError(messages.cache_unwritable(str(folder), _reason(ex))) from ex
     return target
 
 
+def _reason(ex: OSError) -> str:
+    return ex.strerror or str(ex)
+
+
+def _problem(build: Build, folder: Path) -> Optional[str]:
+    """Whether ``folder`` holds the library of ``build``, whole: None when it does, "" when it holds none
+    for this build (other torch, other sources, none yet), else what is wrong with the one it holds:
+    not an ELF shared object inside its file, or content other than the SHA-256 its properties record."""
+    from .ops import library_problem
+
+    library, props = build.library(folder), build.properties(folder)
+    try:
+        if not library.is_file() or not props.is_file():
+            return ""
+        values = read_properties(props)
+        if any(values.get(key) != value for key, value in build.identity().items()):
+            return ""
+        recorded = values.get(DIGEST_KEY)
+        if not recorded:
+            return f"{props.name} records no {DIGEST_KEY} (written by an older gradbridge)"
+        problem = library_problem(library)
+        if problem is not None:
+            return f"{library.name}: {problem}"
+        actual = sha256_file(library)
+    except OSError as ex:
+        return f"cannot read it: {_reason(ex)}"
+    return None if actual == recorded else f"{library.name}: {messages.digest_mismatch(recorded, actual)}"
+
+
 def _matches(build: Build, folder: Path) -> bool:
-    props = build.properties(folder)
-    return build.library(folder).is_file() and props.is_file() and props.read_text(encoding="utf-8") == build.properties_text()
+    return _problem(build, folder) is None
 
 
 def _prebuilt_folders() -> List[Path]:
@@ -195,16 +262,31 @@ def _prebuilt_folders() -> List[Path]:
     return folders
 
 
+def cache_folder(build: Build) -> Path:
+    return cache_dir() / "native" / f"torch{build.torch_version}-cxx11abi{build.cxx11_abi}-{build.source_hash}"
+
+
 def ensure(quiet: bool = False) -> Path:
-    """The native library for this Python's torch: the wheel's prebuilt one, else the cache's, else built now."""
+    """The native library for this Python's torch: the wheel's prebuilt one, else the cache's, else built now.
+
+    Each is checked in full first (ELF, then the SHA-256 recorded when it was built): a damaged prebuilt
+    one is passed over, a damaged cached one is built again, each with one line on stderr."""
     sources = _sources()
     build = current_build(sources)
     for prebuilt in _prebuilt_folders():
-        if _matches(build, prebuilt):
+        problem = _problem(build, prebuilt)
+        if problem is None:
             return build.library(prebuilt)
-    folder = cache_dir() / "native" / f"torch{build.torch_version}-cxx11abi{build.cxx11_abi}-{build.source_hash}"
-    if _matches(build, folder):
+        if problem:
+            print(messages.cache_damaged("gradbridge's native library", str(prebuilt), problem,
+                                         "using the cache folder's instead"), file=sys.stderr, flush=True)
+    folder = cache_folder(build)
+    problem = _problem(build, folder)
+    if problem is None:
         return build.library(folder)
+    if problem:
+        print(messages.cache_damaged("gradbridge's native library", str(folder), problem, "building it again"),
+              file=sys.stderr, flush=True)
     return compile_library(build, sources, folder, quiet=quiet)
 
 
@@ -214,7 +296,7 @@ def describe() -> str:
     for prebuilt in _prebuilt_folders():
         if _matches(build, prebuilt):
             return f"{build.library(prebuilt)} (prebuilt)"
-    folder = cache_dir() / "native" / f"torch{build.torch_version}-cxx11abi{build.cxx11_abi}-{build.source_hash}"
+    folder = cache_folder(build)
     if _matches(build, folder):
         return f"{build.library(folder)} (cached)"
     return f"none yet for torch {build.torch_version}: built on first use into {folder}"
@@ -242,7 +324,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not _matches(spec, folder):
             compile_library(spec, sources, folder)
         if args.jar_layout:
-            (folder / JAR_PROPERTIES).write_text(spec.properties_text() + f"library={spec.library(folder).name}\n",
+            digest = sha256_file(spec.library(folder))
+            (folder / JAR_PROPERTIES).write_text(spec.properties_text(digest) + f"library={spec.library(folder).name}\n",
                                                  encoding="utf-8")
         if args.with_sources:
             shutil.copyfile(sources["source"], folder / SOURCE_NAME)

@@ -156,7 +156,8 @@ def compare_histories(a: History, b: History, *, rtol: float = 0.0, atol: float 
             for name, va in ra.parameters.items():
                 vb = rb.parameters[name]
                 if va.shape != vb.shape:
-                    raise ValueError(f"epoch {ra.epoch}: parameter {name} has {va.size} values vs {vb.size}")
+                    raise ValueError(f"epoch {ra.epoch}: parameter {name} has shape {list(va.shape)} in "
+                                     f"{labels[0]} but {list(vb.shape)} in {labels[1]}")
                 va, vb = _common(va), _common(vb)
                 differ = _bits(va) != _bits(vb)
                 if not differ.any():

@@ -85,6 +85,10 @@ class Reference:
             extra = sorted(set(state) - {name for name, _ in tensors})
             if extra:
                 raise ValueError(f"{model_path} holds {extra}, which the given model lacks: is it this model's export?")
+            for name, tensor in tensors:
+                if tuple(tensor.shape) != tuple(state[name].shape):
+                    raise ValueError(f"{model_path} holds {name} of shape {list(state[name].shape)}, the given "
+                                     f"model's {name} has shape {list(tensor.shape)}: is it this model's export?")
             with torch.no_grad():
                 for name, tensor in tensors:
                     tensor.copy_(state[name])
@@ -309,6 +313,8 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     n = len(xs)
+    if n == 0:
+        raise InvalidInputError(messages.empty_dataset("training data"))
     if not 1 <= batch_size <= n:
         raise InvalidInputError(f"batch size must be in 1..{n}, got {batch_size}")
     if shards > n:
@@ -354,6 +360,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
     n = len(ys)
+    if n == 0:  # the words of java.train and of a data file's check
+        raise InvalidInputError(messages.empty_dataset("training data"))
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
         raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")

@@ -89,11 +89,15 @@ def record(passed: bool, line: str, seconds: float, build: Optional[TorchBuild] 
 
     build = build or torch_build()
     path = verdict_path(build)
-    path.parent.mkdir(parents=True, exist_ok=True)
     verdict = {"gradbridge": __version__, "torch": build.version, "build_hash": build.build_hash, "passed": passed,
                "line": line, "seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(verdict, indent=2) + "\n", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(verdict, indent=2) + "\n", encoding="utf-8")
+    except OSError as ex:  # WriteError too: the cache folder is the user's setting to correct
+        reason = ex.__cause__ if isinstance(ex.__cause__, OSError) else ex
+        raise SetupError(messages.cache_unwritable(str(path.parent), reason.strerror or str(reason))) from ex
     return path
 
 

@@ -108,6 +108,8 @@ def _start_jvm() -> str:
     if result.returncode != 0:
         # the JVM's own lines first (it prints them and may exit the process itself), else the probe's
         lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        if lines and lines[0].startswith(f"a JVM does not start with {JVM_OPTIONS_ENV}="):
+            raise GradbridgeError(lines[0])  # jvm.check_options said it, in the commands' own words
         reason = "; ".join(lines[:2]) or f"exit code {result.returncode}"
         where = f"with {JVM_OPTIONS_ENV}={options}" if options else "here"
         raise GradbridgeError(f"a JVM does not start {where}: {reason}"

@@ -148,6 +148,9 @@ def export_training_module(
     named_parameters = list(model.named_parameters())
     parameters = [p for _, p in named_parameters]
     names = [n for n, _ in named_parameters]
+    if not parameters:
+        raise ValueError(f"{type(model).__name__} has no parameters: nothing to train; export a model with at least "
+                         "one parameter")
     finetune.freeze(named_parameters, freeze)
     trainable = [p.requires_grad for p in parameters]
     if isinstance(optimizer, torch.optim.Optimizer):

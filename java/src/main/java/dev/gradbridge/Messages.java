@@ -314,6 +314,105 @@ public final class Messages {
         return "truncated: its headers need " + needed + " bytes, the file has " + size;
     }
 
+    // ---- the native layer: libtorch and gradbridge's native library (NativeLibrary) ----
+
+    /** The environment variable that moves gradbridge's cache folder (python: native.CACHE_ENV). */
+    public static final String CACHE_ENV = "GRADBRIDGE_CACHE_DIR";
+
+    /**
+     * @param property the system property, e.g. {@code gradbridge.numThreads}
+     * @param value its value
+     * @param max the most threads accepted
+     * @return the line for a thread count that is not a whole number in 1..max
+     */
+    public static String threadCount(String property, String value, int max) {
+        return "-D" + property + "=" + value + ": expected a whole number of threads in 1.." + max;
+    }
+
+    /**
+     * @param property the system property
+     * @param value its value
+     * @param reason libtorch's refusal
+     * @return the line for a thread count libtorch refused
+     */
+    public static String threadCountRefused(String property, String value, String reason) {
+        return "-D" + property + "=" + value + ": libtorch refused it: " + reason;
+    }
+
+    /**
+     * @param library the native library as named
+     * @param source where it was named ({@code -Dgradbridge.native.library} or {@code GRADBRIDGE_NATIVE_LIBRARY})
+     * @return the line for a native library whose name does not end in {@code .so}
+     */
+    public static String nativeLibraryName(String library, String source) {
+        return "gradbridge's native library " + library + " (" + source + ") is not named *.so: name the .so file"
+                + " that python -m gradbridge.native build --out DIR wrote (its .properties file lies beside it)";
+    }
+
+    /**
+     * @param properties the properties file beside the native library
+     * @param library the native library
+     * @param key the key it lacks or holds badly
+     * @param value what it holds ({@code null} when the key is missing)
+     * @return the line for a properties file that does not say what the library was built for
+     */
+    public static String nativeProperties(String properties, String library, String key, String value) {
+        return properties + " (what gradbridge's native library " + library + " was built for) "
+                + (value == null ? "has no " + key : "holds " + key + "=" + value) + ": rebuild the library with"
+                + " python -m gradbridge.native build --out DIR, which writes both files";
+    }
+
+    /**
+     * @param library the native library
+     * @param source where it was named, or "cached", "this jar's"
+     * @param reason why it cannot be loaded (an ELF problem, a digest mismatch)
+     * @return the line for a native library that must not reach the dynamic linker
+     */
+    public static String nativeLibraryUnloadable(String library, String source, String reason) {
+        return "cannot load gradbridge's native library " + library + " (" + source + "): " + reason;
+    }
+
+    /**
+     * @param file one of libtorch's libraries
+     * @param source where its folder was named, or "extracted from the pytorch-native jar"
+     * @param reason why it cannot be loaded
+     * @return the line for a libtorch library that must not reach the dynamic linker
+     */
+    public static String libtorchUnloadable(String file, String source, String reason) {
+        return "cannot load libtorch's " + file + " (" + source + "): " + reason;
+    }
+
+    /**
+     * @param recorded the SHA-256 recorded when the file was made
+     * @param actual the file's SHA-256 now
+     * @return the reason for a file whose content changed since it was made
+     */
+    public static String digestMismatch(String recorded, String actual) {
+        return "its SHA-256 is " + actual + ", not the " + recorded + " recorded when it was built (damaged or"
+                + " replaced)";
+    }
+
+    /**
+     * @param what the cached thing, e.g. "libtorch" or "gradbridge's native library"
+     * @param folder its cache folder
+     * @param reason what is wrong with it
+     * @param action what happens now, e.g. "extracting it again"
+     * @return the one line printed when a cached library is made again
+     */
+    public static String cacheDamaged(String what, String folder, String reason, String action) {
+        return "gradbridge: the cached " + what + " in " + folder + " is damaged (" + reason + "): " + action;
+    }
+
+    /**
+     * @param folder the folder that cannot be written
+     * @param reason the system's reason
+     * @return the line for a cache folder gradbridge cannot write
+     */
+    public static String cacheUnwritable(String folder, String reason) {
+        return "cannot write gradbridge's cache folder " + folder + " (" + CACHE_ENV + ", by default"
+                + " ~/.cache/gradbridge): " + reason + "; set " + CACHE_ENV + " to a writable folder";
+    }
+
     // ---- data-parallel training (gradbridge-spark, reference shards) ----
 
     /**

@@ -29,7 +29,10 @@ import java.util.stream.Stream;
  * libraries: extracted once into the cache folder and checked. The native library comes from
  * {@value #LIBRARY_PROPERTY} (or {@value #LIBRARY_ENV}), else the one this jar carries. Its
  * properties file says which libtorch version and C++ ABI it was compiled for; a libtorch of
- * another version is refused with one line saying what mismatched.
+ * another version is refused with one line saying what mismatched. No library reaches {@code
+ * System.load} unchecked: each must be a whole ELF shared object for this machine ({@link
+ * #libraryProblem}), and the cached copies must match the SHA-256 recorded when they were made
+ * (else they are extracted again, with one line).
  */
 final class NativeLibrary {
 
@@ -69,21 +72,52 @@ final class NativeLibrary {
         }
         loading = true;
         try {
-            description = loadOnce();
+            // checked before anything loads: a bad setting is one line, not a half-started engine
+            Integer threads = threadCount(THREADS_PROPERTY);
+            Integer interop = threadCount(INTEROP_THREADS_PROPERTY);
+            String loaded = loadOnce();
+            NativeMemory.tune(); // once: freed tensor memory stays in the process (see NativeMemory)
+            if (threads != null) {
+                applyThreads(THREADS_PROPERTY, () -> Native.setNumThreads(threads));
+            }
+            if (interop != null) {
+                applyThreads(INTEROP_THREADS_PROPERTY, () -> Native.setNumInteropThreads(interop));
+            }
+            description = loaded;
         } catch (GradbridgeException e) {
             failure = e;
             throw e;
         } finally {
             loading = false;
         }
-        NativeMemory.tune(); // once: freed tensor memory stays in the process (see NativeMemory)
-        String threads = System.getProperty(THREADS_PROPERTY);
-        if (threads != null) {
-            Native.setNumThreads(Integer.parseInt(threads.trim()));
+    }
+
+    /** The most threads {@value #THREADS_PROPERTY} and {@value #INTEROP_THREADS_PROPERTY} take (OpenMP aborts the process when it cannot create them). */
+    static final int MAX_THREADS = 4096;
+
+    /** A thread-count property: {@code null} when unset, else a whole number in 1..{@value #MAX_THREADS}. */
+    private static Integer threadCount(String property) {
+        String value = System.getProperty(property);
+        if (value == null) {
+            return null;
         }
-        String interop = System.getProperty(INTEROP_THREADS_PROPERTY);
-        if (interop != null) {
-            Native.setNumInteropThreads(Integer.parseInt(interop.trim()));
+        try {
+            int threads = Integer.parseInt(value.trim());
+            if (threads >= 1 && threads <= MAX_THREADS) {
+                return threads;
+            }
+        } catch (NumberFormatException e) {
+            // the line below
+        }
+        throw new GradbridgeException(Messages.threadCount(property, value, MAX_THREADS));
+    }
+
+    private static void applyThreads(String property, Runnable set) {
+        try {
+            set.run();
+        } catch (NativeException e) { // libtorch: inter-op threads can be set once, before any inter-op work
+            throw new GradbridgeException(
+                    Messages.threadCountRefused(property, System.getProperty(property), e.getMessage()), e);
         }
     }
 
@@ -112,11 +146,20 @@ final class NativeLibrary {
         String configured = setting(LIBRARY_PROPERTY, LIBRARY_ENV);
         if (configured != null) {
             library = Paths.get(configured).toAbsolutePath();
+            String source = source(LIBRARY_PROPERTY, LIBRARY_ENV);
             if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException("gradbridge's native library " + library + " ("
-                        + source(LIBRARY_PROPERTY, LIBRARY_ENV) + ") does not exist");
+                throw new GradbridgeException("gradbridge's native library " + library + " (" + source
+                        + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
+            }
+            if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
+                throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
             }
             built = readProperties(propertiesBeside(library));
+            checkBuiltFor(built, propertiesBeside(library), library);
+            String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
+            if (problem != null) {
+                throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
+            }
         } else {
             built = jarProperties();
             library = extractJarLibrary(built);
@@ -131,6 +174,8 @@ final class NativeLibrary {
                             + " (python -m gradbridge.native build --out DIR with that torch installed,"
                             + " then -D" + LIBRARY_PROPERTY + "=DIR/<file>.so)");
         }
+        List<Path> files = libtorchFiles(libtorch);
+        checkLibtorchFiles(libtorch);
         int folderAbi = cxx11Abi(libtorch);
         if (!String.valueOf(folderAbi).equals(abi)) {
             throw new GradbridgeException(named(libtorch) + " holds libtorch " + libtorchVersion + " built with the "
@@ -139,7 +184,7 @@ final class NativeLibrary {
                     + abi + ": name a libtorch of C++11 ABI " + abi + " (pip's torch is one), or build the native"
                     + " library against this one (python -m gradbridge.native build)");
         }
-        for (Path file : libtorchFiles(libtorch)) {
+        for (Path file : files) {
             try {
                 System.load(file.toString());
             } catch (UnsatisfiedLinkError e) {
@@ -153,13 +198,105 @@ final class NativeLibrary {
                     + " (built for libtorch " + builtFor + ", C++11 ABI " + abi + ") on " + libtorch + ": "
                     + e.getMessage());
         }
-        if (!builtFor.equals(Native.torchVersion()) || !String.valueOf(Native.cxx11Abi()).equals(abi)) {
+        String reported;
+        try {
+            reported = Native.torchVersion();
+        } catch (UnsatisfiedLinkError e) { // a shared library, but not gradbridge's: no JNI entry points
+            throw new GradbridgeException("cannot load gradbridge's native library " + library + ": it is not"
+                    + " gradbridge's JNI library (" + e.getMessage() + " is missing from it): name the .so that"
+                    + " python -m gradbridge.native build --out DIR wrote");
+        }
+        if (!builtFor.equals(reported) || !String.valueOf(Native.cxx11Abi()).equals(abi)) {
             throw new GradbridgeException("gradbridge's native library " + library + " reports libtorch "
                     + Native.torchVersion() + " (C++11 ABI " + Native.cxx11Abi() + ") but its properties file says "
                     + builtFor + " (" + abi + "): rebuild it");
         }
         return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
                 + " from " + libtorch;
+    }
+
+    /** The key of a native library's properties that holds the library's SHA-256 (python: native.Build). */
+    static final String LIBRARY_DIGEST_KEY = "library_sha256";
+    private static final Pattern VERSION = Pattern.compile("\\d+(\\.\\w+)+");
+
+    /** The properties must say which libtorch and C++ ABI the library was built for: else one line, never "null". */
+    private static void checkBuiltFor(Properties built, Path properties, Path library) {
+        String version = built.getProperty("torch_version");
+        if (version == null || !VERSION.matcher(version.trim()).matches()) {
+            throw new GradbridgeException(Messages.nativeProperties(properties.toString(),
+                    library.getFileName().toString(), "torch_version", version));
+        }
+        String abi = built.getProperty("cxx11_abi");
+        if (!"0".equals(abi) && !"1".equals(abi)) {
+            throw new GradbridgeException(Messages.nativeProperties(properties.toString(),
+                    library.getFileName().toString(), "cxx11_abi", abi));
+        }
+    }
+
+    /**
+     * Why {@code file} must not reach the dynamic linker, or {@code null}: not an ELF shared object this
+     * machine can map (a truncated one is SIGBUS; OperatorLibraries' check), or, with a recorded SHA-256,
+     * content that differs from it (a damaged one can be SIGILL).
+     */
+    static String libraryProblem(Path file, String recordedSha256) {
+        String problem = OperatorLibraries.libraryProblem(file);
+        if (problem != null || recordedSha256 == null || recordedSha256.isEmpty()) {
+            return problem;
+        }
+        try {
+            String actual = Digests.sha256Hex(file);
+            return actual.equals(recordedSha256.trim()) ? null : Messages.digestMismatch(recordedSha256.trim(), actual);
+        } catch (IOException e) {
+            return "cannot read it: " + ioReason(e);
+        }
+    }
+
+    /**
+     * Every library of a libtorch folder is an ELF shared object inside its file before any is loaded:
+     * those Java loads and those the dynamic linker pulls in beside them (libtorch_cpu.so needs libgomp).
+     */
+    private static void checkLibtorchFiles(Path folder) {
+        Pattern library = Pattern.compile("lib.*\\.so(\\.\\d+)*");
+        List<Path> files = new ArrayList<>();
+        try (Stream<Path> entries = Files.list(folder)) {
+            entries.filter(f -> library.matcher(f.getFileName().toString()).matches() && Files.isRegularFile(f))
+                    .sorted()
+                    .forEach(files::add);
+        } catch (IOException e) {
+            throw new GradbridgeException("cannot read the libtorch folder " + named(folder) + ": " + ioReason(e), e);
+        }
+        for (Path file : files) {
+            String problem = OperatorLibraries.libraryProblem(file);
+            if (problem != null) {
+                throw new GradbridgeException(Messages.libtorchUnloadable(file.toString(), libtorchSource(folder),
+                        problem));
+            }
+        }
+    }
+
+    /** Where a libtorch folder came from, for messages. */
+    private static String libtorchSource(Path folder) {
+        String configured = setting(LIBTORCH_PROPERTY, LIBTORCH_ENV);
+        return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
+                ? source(LIBTORCH_PROPERTY, LIBTORCH_ENV)
+                : "extracted from the pytorch-native jar";
+    }
+
+    /** The system's reason for an I/O failure, in words (AccessDeniedException's message is only the path). */
+    static String ioReason(IOException e) {
+        if (e instanceof java.nio.file.AccessDeniedException) {
+            return "Permission denied";
+        }
+        if (e instanceof FileAlreadyExistsException) {
+            return "a file is in the way: " + e.getMessage();
+        }
+        if (e instanceof java.nio.file.NoSuchFileException) {
+            return "No such file or directory: " + e.getMessage();
+        }
+        if (e instanceof java.nio.file.FileSystemException && ((java.nio.file.FileSystemException) e).getReason() != null) {
+            return ((java.nio.file.FileSystemException) e).getReason();
+        }
+        return String.valueOf(e.getMessage());
     }
 
     private static String setting(String property, String env) {
@@ -258,7 +395,8 @@ final class NativeLibrary {
                 return new String(Files.readAllBytes(zip), StandardCharsets.UTF_8).trim().split("\\+")[0];
             }
         } catch (IOException e) {
-            throw new UncheckedIOException(e);
+            throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds: "
+                    + ioReason(e), e);
         }
         throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds (it has no"
                 + " pytorch.properties, ../version.py or ../build-version)");
@@ -272,19 +410,28 @@ final class NativeLibrary {
                 files.add(file);
             }
         } catch (IOException e) {
-            throw new UncheckedIOException(e);
+            throw new GradbridgeException("cannot read the libtorch folder " + named(folder) + ": " + ioReason(e), e);
         }
         files.add(folder.resolve("libc10.so"));
         files.add(folder.resolve("libtorch_cpu.so"));
         return files;
     }
 
-    /** DJL's libtorch extracted once into the cache (temp folder, then a rename); sizes checked on every start. */
+    /**
+     * DJL's libtorch extracted once into the cache (temp folder, then a rename), each file's SHA-256
+     * recorded as it is written. Every start checks each file against its record: in full when the
+     * file's size, times or inode changed since it was last checked (libtorch_cpu.so is ~450 MB; any
+     * write to a file changes its ctime), else by that stat alone. A damaged copy is extracted again.
+     */
     private static Path extractDjlLibtorch(Properties djl) {
         String version = djl.getProperty("version", "unknown");
         String[] names = djl.getProperty("libraries", "").split(",");
         Path target = cacheFolder().resolve("libtorch").resolve(version + "-cpu-linux-x86_64");
-        if (!complete(target, names, DJL_FOLDER)) {
+        String problem = cacheProblem(target, names, false);
+        if (problem != null) {
+            if (!problem.isEmpty()) {
+                System.err.println(Messages.cacheDamaged("libtorch", target.toString(), problem, "extracting it again"));
+            }
             extract(target, names, DJL_FOLDER, DJL_PROPERTIES, "pytorch.properties");
         }
         return target;
@@ -296,70 +443,180 @@ final class NativeLibrary {
             throw new GradbridgeException("this gradbridge jar carries no native library (" + JAR_PROPERTIES
                     + "): set -D" + LIBRARY_PROPERTY + " to one built with python -m gradbridge.native build");
         }
+        checkBuiltFor(built, Paths.get(JAR_PROPERTIES), Paths.get(built.getProperty("library", "?")));
         return built;
     }
 
+    /** This jar's native library, extracted once into the cache; checked in full (it is small) at every start. */
     private static Path extractJarLibrary(Properties built) {
         String name = built.getProperty("library");
         Path target = cacheFolder().resolve("native").resolve("jar-torch" + built.getProperty("torch_version")
                 + "-cxx11abi" + built.getProperty("cxx11_abi") + "-" + built.getProperty("source_sha256"));
-        if (!complete(target, new String[] {name}, JAR_FOLDER)) {
+        String problem = cacheProblem(target, new String[] {name}, true);
+        if (problem != null) {
+            if (!problem.isEmpty()) {
+                System.err.println(Messages.cacheDamaged("gradbridge's native library", target.toString(), problem,
+                        "extracting it again"));
+            }
             extract(target, new String[] {name}, JAR_FOLDER, JAR_PROPERTIES, "native.properties");
         }
-        return target.resolve(name);
+        Path library = target.resolve(name);
+        String recorded = built.getProperty(LIBRARY_DIGEST_KEY);
+        String elf = libraryProblem(library, recorded); // the jar's own record, when it carries one
+        if (elf != null) {
+            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), "this jar's", elf));
+        }
+        return library;
     }
 
-    /** Whether every file is there with the size of its jar entry. */
-    private static boolean complete(Path folder, String[] names, String resourceFolder) {
-        for (String name : names) {
-            Path file = folder.resolve(name.trim());
+    /** In an extracted folder: each file's SHA-256 as extracted, and the stat it had when last checked. */
+    static final String DIGESTS = "gradbridge-sha256.properties";
+    private static final String STAT_PREFIX = "stat.";
+
+    /**
+     * Whether an extracted folder is complete and undamaged: {@code null} when it is, "" when it is not
+     * there yet, else what is wrong (for the one line). {@code always}: hash every file at every start.
+     */
+    private static String cacheProblem(Path folder, String[] names, boolean always) {
+        if (!Files.isDirectory(folder)) {
+            return "";
+        }
+        Path digestsFile = folder.resolve(DIGESTS);
+        if (!Files.isRegularFile(digestsFile)) {
+            return "it has no " + DIGESTS + " (extracted by an older gradbridge, or cut short)";
+        }
+        Properties digests = new Properties();
+        try (InputStream in = Files.newInputStream(digestsFile)) {
+            digests.load(in);
+        } catch (IOException | IllegalArgumentException e) {
+            return "cannot read " + DIGESTS + ": " + e.getMessage();
+        }
+        boolean restat = false;
+        for (String raw : names) {
+            String name = raw.trim();
+            Path file = folder.resolve(name);
+            String recorded = digests.getProperty(name);
+            if (recorded == null) {
+                return name + ": no SHA-256 recorded";
+            }
+            if (!Files.isRegularFile(file)) {
+                return name + " is missing";
+            }
+            String stat = stat(file);
+            if (!always && stat != null && stat.equals(digests.getProperty(STAT_PREFIX + name))) {
+                continue; // unchanged since it was last hashed
+            }
             try {
-                long expected = NativeLibrary.class.getClassLoader().getResource(resourceFolder + name.trim())
-                        .openConnection().getContentLengthLong();
-                if (!Files.isRegularFile(file) || Files.size(file) != expected) {
-                    return false;
+                String actual = Digests.sha256Hex(file);
+                if (!actual.equals(recorded)) {
+                    return name + ": " + Messages.digestMismatch(recorded, actual);
                 }
-            } catch (IOException | NullPointerException e) {
-                return false;
+            } catch (IOException e) {
+                return name + ": cannot read it: " + ioReason(e);
+            }
+            if (!always && stat != null) {
+                digests.setProperty(STAT_PREFIX + name, stat);
+                restat = true;
             }
         }
-        return true;
+        if (restat) { // hashed again and found intact (e.g. copied or touched): remember its new stat
+            try {
+                writeDigests(folder, digests);
+            } catch (IOException e) {
+                // a read-only cache: it is hashed again at the next start
+            }
+        }
+        return null;
     }
 
+    /** A file's size, modification and change times and inode: any write to it changes its ctime. */
+    private static String stat(Path file) {
+        try {
+            java.util.Map<String, Object> unix = Files.readAttributes(file, "unix:size,lastModifiedTime,ctime,ino");
+            return unix.get("size") + ":" + ((java.nio.file.attribute.FileTime) unix.get("lastModifiedTime"))
+                    .to(java.util.concurrent.TimeUnit.NANOSECONDS) + ":" + ((java.nio.file.attribute.FileTime)
+                    unix.get("ctime")).to(java.util.concurrent.TimeUnit.NANOSECONDS) + ":" + unix.get("ino");
+        } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
+            return null; // no unix view: hashed in full every time
+        }
+    }
+
+    private static void writeDigests(Path folder, Properties digests) throws IOException {
+        Path tmp = Files.createTempFile(folder, DIGESTS, ".tmp");
+        try {
+            try (java.io.OutputStream out = Files.newOutputStream(tmp)) {
+                digests.store(out, "SHA-256 of each file as extracted; stat.<name>: its stat when last checked");
+            }
+            Files.move(tmp, folder.resolve(DIGESTS), StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+        } finally {
+            Files.deleteIfExists(tmp);
+        }
+    }
+
+    /**
+     * Extracts into a temp folder beside {@code target} (each file's SHA-256 computed as it is written,
+     * recorded in {@value #DIGESTS}), then renames it to {@code target}; a damaged {@code target} is
+     * renamed aside first and removed after, so another JVM never sees a half-written folder.
+     */
     private static void extract(Path target, String[] names, String resourceFolder, String properties, String as) {
+        Path tmp;
         try {
             Files.createDirectories(target.getParent());
-            Path tmp = Files.createTempDirectory(target.getParent(), target.getFileName() + ".tmp");
-            try {
-                for (String name : names) {
-                    copyResource(resourceFolder + name.trim(), tmp.resolve(name.trim()));
+            tmp = Files.createTempDirectory(target.getParent(), target.getFileName() + ".tmp");
+        } catch (IOException e) {
+            throw new GradbridgeException(Messages.cacheUnwritable(target.getParent().toString(), ioReason(e)), e);
+        }
+        try {
+            Properties digests = new Properties();
+            for (String name : names) {
+                Path file = tmp.resolve(name.trim());
+                digests.setProperty(name.trim(), copyResource(resourceFolder + name.trim(), file));
+                String stat = stat(file);
+                if (stat != null) {
+                    digests.setProperty(STAT_PREFIX + name.trim(), stat);
                 }
-                copyResource(properties, tmp.resolve(as));
-                if (Files.exists(target)) {
-                    deleteTree(target); // incomplete or stale: another JVM may have died while extracting
-                }
+            }
+            copyResource(properties, tmp.resolve(as));
+            writeDigests(tmp, digests);
+            if (Files.exists(target)) { // damaged or stale: aside, then gone
+                Path aside = Files.createTempDirectory(target.getParent(), target.getFileName() + ".old");
+                Files.delete(aside);
                 try {
-                    Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE);
-                } catch (FileAlreadyExistsException | AtomicMoveNotSupportedException e) {
-                    // another JVM won the race: its copy is complete
+                    Files.move(target, aside, StandardCopyOption.ATOMIC_MOVE);
+                    deleteTree(aside);
+                } catch (java.nio.file.NoSuchFileException e) {
+                    // another JVM moved it first
                 }
-            } finally {
+            }
+            try {
+                Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE);
+            } catch (FileAlreadyExistsException | java.nio.file.DirectoryNotEmptyException
+                    | AtomicMoveNotSupportedException e) {
+                // another JVM won the race: its copy is complete
+            }
+        } catch (IOException e) {
+            throw new GradbridgeException(Messages.cacheUnwritable(target.getParent().toString(), ioReason(e)), e);
+        } finally {
+            try {
                 if (Files.exists(tmp)) {
                     deleteTree(tmp);
                 }
+            } catch (IOException e) {
+                // left for the next extraction
             }
-        } catch (IOException e) {
-            throw new GradbridgeException("cannot extract libtorch into " + target + ": " + e.getMessage(), e);
         }
     }
 
-    private static void copyResource(String resource, Path file) throws IOException {
+    /** Copies a resource to {@code file}; returns the SHA-256 of the bytes written. */
+    private static String copyResource(String resource, Path file) throws IOException {
+        java.security.MessageDigest digest = Digests.sha256();
         try (InputStream in = NativeLibrary.class.getClassLoader().getResourceAsStream(resource)) {
             if (in == null) {
-                throw new IOException("the classpath lacks " + resource);
+                throw new GradbridgeException("cannot extract " + resource + ": the classpath lacks it");
             }
-            Files.copy(in, file);
+            Files.copy(new java.security.DigestInputStream(in, digest), file);
         }
+        return Digests.hex(digest.digest());
     }
 
     private static void deleteTree(Path folder) throws IOException {
@@ -379,9 +636,10 @@ final class NativeLibrary {
         Properties properties = new Properties();
         try (InputStream in = Files.newInputStream(file)) {
             properties.load(in);
-        } catch (IOException e) {
+        } catch (IOException | IllegalArgumentException e) { // IllegalArgumentException: a malformed unicode escape
             throw new GradbridgeException("cannot read " + file + " (what the native library was built for): "
-                    + e.getMessage(), e);
+                    + (e instanceof IOException ? ioReason((IOException) e) : e.getMessage())
+                    + "; python -m gradbridge.native build --out DIR writes the library and this file", e);
         }
         return properties;
     }
