@@ -301,8 +301,8 @@ public final class Messages {
      * @return the line for a master URL Spark cannot run on
      */
     public static String sparkMaster(String source, String master) {
-        return source + " " + master + ": not a Spark master URL; expected local, local[K], local[K,F] (K, F at"
-                + " least 1, K may be *), local-cluster[N,C,M], spark://HOST:PORT, or one a cluster manager on the"
+        return source + " " + master + ": not a Spark master URL; expected local, local[K], local[K,F] (K at"
+                + " least 1 or *), local-cluster[N,C,M], spark://HOST:PORT, or one a cluster manager on the"
                 + " classpath accepts (yarn, k8s://URL)";
     }
 

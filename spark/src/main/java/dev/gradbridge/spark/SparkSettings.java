@@ -68,7 +68,7 @@ final class SparkSettings {
         Matcher failures = LOCAL_N_FAILURES.matcher(master);
         if (n.matches() || failures.matches()) {
             Matcher m = n.matches() ? n : failures;
-            boolean ok = positive(m.group(1)) && (m == n || positive(m.group(2)));
+            boolean ok = positive(m.group(1)) && (m == n || m.group(2).length() <= 9); // F: any int
             if (!ok) {
                 throw new InvalidInputException(Messages.sparkMaster(source, master));
             }
