@@ -316,8 +316,16 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(port);  // 0 on the server: a free port
     options.isServer = server;
-    if (server) {
-      // c10d's own server listens on every interface; this socket only on `host`
+    options.waitWorkers = false;  // the group's rendezvous waits for the peers
+    options.timeout = std::chrono::milliseconds(timeout_ms);
+    if (!server) {
+      Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
+      return reinterpret_cast<jlong>(new Store(std::move(store)));
+    }
+    // c10d's own server listens on every interface; this socket only on `host`. Handed over as
+    // masterListenFd, which the legacy backend takes (libuv's refuses it on torch 2.7; it is tried
+    // second, for a libtorch without the legacy backend).
+    for (bool libuv : {false, true}) {
       int fd = listen_on(where, port);
       sockaddr_storage bound{};
       socklen_t length = sizeof(bound);
@@ -325,11 +333,15 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
       options.port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
       options.masterListenFd = fd;
+      options.useLibUV = libuv;
+      try {
+        Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
+        return reinterpret_cast<jlong>(new Store(std::move(store)));
+      } catch (const std::exception&) {
+        if (libuv) throw;
+      }
     }
-    options.waitWorkers = false;  // the group's rendezvous waits for the peers
-    options.timeout = std::chrono::milliseconds(timeout_ms);
-    Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
-    return reinterpret_cast<jlong>(new Store(std::move(store)));
+    throw std::logic_error("unreachable");
   });
 }
 
