@@ -139,3 +139,137 @@ def test_a_bad_exchange_setting(files, tmp_path, setting, value, line):
                           check=False, jvm_options=[f"-D{setting}={value}"])
     assert one_error_line(result) == line
     assert stray_files(tmp_path) == []
+
+
+def test_bad_exchange_settings_are_refused_before_spark_starts(files, tmp_path):
+    """With a bad driver port too (which only the starting context reads): the exchange's line comes,
+    so the setting was checked before Spark started."""
+    result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
+                           "--history", tmp_path / "h.jsonl"], check=False,
+                          jvm_options=["-Dspark.gradbridge.exchange=ring", "-Dspark.driver.port=abc"])
+    assert one_error_line(result) == "spark.gradbridge.exchange must be gloo or relay, got ring"
+    assert result.stderr.strip().splitlines() == ["error: spark.gradbridge.exchange must be gloo or relay, got ring"]
+    assert stray_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "local[0]", "local[x]", "locals"])
+def test_a_master_spark_cannot_run_on_is_one_line(files, tmp_path, master):
+    """Refused before Spark starts: no Spark ERROR line, no stack trace, the error line alone."""
+    result = sparkrun.run(["--master", master, "--model", files["good"], "--data", files["folder"] / "data.npz",
+                           "--history", tmp_path / "h.jsonl"], check=False)
+    line = one_error_line(result)
+    assert line.startswith(f"--master {master}: not a Spark master URL; expected local, local[K]"), line
+    assert result.stderr.strip().splitlines() == [f"error: {line}"]
+    assert stray_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("setting, host, reason", [
+    ("spark.driver.host", "203.0.113.7", "not an address of this machine"),  # TEST-NET-3: never this machine's
+    ("spark.driver.bindAddress", "no-such-host.invalid", "no such host")])
+def test_a_driver_address_that_is_not_this_machines_is_one_line(files, tmp_path, setting, host, reason):
+    """Spark would try 16 ports there (a warning each) and fail with its stack trace: the line comes alone."""
+    result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
+                           "--history", tmp_path / "h.jsonl"], check=False, jvm_options=[f"-D{setting}={host}"])
+    line = one_error_line(result)
+    assert line == messages_driver_address(setting, host, reason)
+    assert result.stderr.strip().splitlines() == [f"error: {line}"]
+    assert stray_files(tmp_path) == []
+
+
+def messages_driver_address(setting: str, host: str, reason: str) -> str:
+    """Messages.sparkDriverAddress (Java only: the Python side starts no Spark)."""
+    return f"{setting} {host}: the driver cannot listen there ({reason}); name an address of this machine, or leave it unset"
+
+
+def test_a_spark_start_failure_is_one_line(files, tmp_path):
+    """A setting only Spark reads, refused as its context starts: Spark's reason in one line, no ERROR line or trace."""
+    result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
+                           "--history", tmp_path / "h.jsonl"], check=False, jvm_options=["-Dspark.driver.port=abc"])
+    assert one_error_line(result) == "Spark could not start: spark.driver.port should be int, but was abc"
+    assert "ERROR" not in result.stderr
+    assert stray_files(tmp_path) == []
+
+
+def _listening(pid: int) -> list:
+    """The TCP sockets process ``pid`` listens on, as (address, port), from /proc (IPv4-mapped IPv6 as IPv4)."""
+    import ipaddress
+    import os
+    import re
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            match = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+        if match:
+            inodes.add(match.group(1))
+    found = []
+    for table, width in (("tcp", 4), ("tcp6", 16)):
+        for row in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = fields[1].split(":")
+            # /proc prints each 32-bit word in host (little-endian) order
+            words = [bytes.fromhex(raw[i:i + 8])[::-1] for i in range(0, len(raw), 8)]
+            address = ipaddress.ip_address(b"".join(words)) if width == 16 else ipaddress.ip_address(words[0])
+            if getattr(address, "ipv4_mapped", None):
+                address = address.ipv4_mapped
+            found.append((str(address), int(port, 16)))
+    return found
+
+
+def test_a_local_run_listens_on_loopback_only_and_its_store_refuses_a_client_without_the_secret(files, tmp_path):
+    """While a local[2] Gloo run trains, every socket its JVM listens on is bound to 127.0.0.1 (never the
+    wildcard, never the external address), and a c10d client (torch's TCPStore) or raw bytes sent to
+    each of them get no store: refused. The run is not disturbed: bitwise the replay."""
+    import socket
+    import subprocess
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tests.test_spark import assert_bitwise
+    from gradbridge.history import History
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((600, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 600).astype(np.int64)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    history = tmp_path / "h.jsonl"
+    process = subprocess.Popen(sparkrun.command(["--master", "local[2]", "--model", files["good"], "--data",
+                                                 tmp_path / "data.npz", "--epochs", "3", "--batch-size", "4",
+                                                 "--history", history]),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, answered = set(), []
+    try:
+        while process.poll() is None:
+            for address, port in _listening(process.pid):
+                if (address, port) in seen:
+                    continue
+                seen.add((address, port))
+                try:
+                    store = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=2),
+                                          wait_for_workers=False)
+                    store.set("gradbridge/intruder", b"1")
+                    answered.append((address, port))
+                except Exception:
+                    pass  # refused: no store answers there
+                try:
+                    with socket.create_connection((address, port), timeout=2) as raw:
+                        raw.sendall(b"\x00" * 64 + bytes(range(256)))
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err[-3000:]
+    assert seen, "the run's sockets were not seen"
+    assert {address for address, _ in seen} == {"127.0.0.1"}, seen
+    assert answered == []
+    replay = reference.train_sharded(files["good"], x, y, epochs=3, shards=2, batch_size=4)
+    assert_bitwise(History.load(history), replay)

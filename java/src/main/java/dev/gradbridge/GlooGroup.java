@@ -7,8 +7,11 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * A process group of libtorch's c10d Gloo (the one TorchDistributor's workers use) over bytes: the
  * collective gradbridge-spark's training tasks exchange gradients with. Ranks meet through a c10d
- * {@code TCPStore} that one process serves ({@link Store#serve}: gradbridge-spark's driver) and the
- * ranks connect to ({@link Store#connect}), each group under a prefix of its own.
+ * store, each group under a prefix of its own: either one whose keys a Java object keeps ({@link
+ * Store#over}, a {@link Rendezvous}: gradbridge-spark's is on its driver, over Spark's RPC, and
+ * answers only a task that presents the run's secret), which opens no socket, or a {@code TCPStore}
+ * that one process serves on a host it names ({@link Store#serve}: never every interface) and the
+ * ranks connect to ({@link Store#connect}). A group's own sockets listen on the host it joins with.
  *
  * <p>Each collective runs on Gloo's thread and blocks the caller until it ends, calling {@code
  * check} every {@link #CHECK_MILLIS} ms meanwhile, so that a caller that must stop (Spark killed the
@@ -25,7 +28,42 @@ public final class GlooGroup implements AutoCloseable {
     private final int rank;
     private final int size;
 
-    /** The rendezvous: a c10d {@code TCPStore}, served by one rank, connected to by the others. */
+    /**
+     * The keys of a store kept in Java ({@link Store#over}). libtorch calls these on the joining
+     * thread or one of its own; an exception thrown here fails the operation with its text.
+     */
+    public interface Rendezvous {
+        /** Sets {@code key} to {@code value}. */
+        void set(String key, byte[] value);
+
+        /** @return the value of {@code key}, or null when it is absent */
+        byte[] get(String key);
+
+        /**
+         * Sets {@code key} to {@code desired} when it holds {@code expected} (or is absent and {@code
+         * expected} is empty).
+         *
+         * @return the value {@code key} holds afterwards
+         */
+        byte[] compareSet(String key, byte[] expected, byte[] desired);
+
+        /** @return the counter {@code key} (0 when absent) plus {@code delta}, now stored */
+        long add(String key, long delta);
+
+        /** @return whether {@code key} was there to delete */
+        boolean delete(String key);
+
+        /** @return the number of keys */
+        long count();
+
+        /**
+         * @param millis how long to wait (0: only look)
+         * @return whether every key is present, waiting up to {@code millis} for them
+         */
+        boolean await(String[] keys, long millis);
+    }
+
+    /** The rendezvous: a store kept in Java, or a c10d {@code TCPStore}, served by one rank, connected to by the others. */
     public static final class Store implements AutoCloseable {
         private final AtomicLong handle;
 
@@ -34,12 +72,31 @@ public final class GlooGroup implements AutoCloseable {
         }
 
         /**
+         * @param keeper keeps the keys (every rank's store calls its own keeper; they must share the keys)
+         * @param timeout how long a rank waits for a key
+         * @return a store that opens no socket: each operation calls {@code keeper}
+         */
+        public static Store over(Rendezvous keeper, Duration timeout) {
+            NativeLibrary.load();
+            return new Store(Native.glooStoreOver(keeper, millis(timeout)));
+        }
+
+        /**
+         * @param host an address of this machine: the server listens there only (never on every interface)
          * @param timeout how long the store's operations wait
-         * @return the server, listening on every interface, on a free port ({@link #port()})
+         * @return the server, on a free port ({@link #port()})
+         */
+        public static Store serve(String host, Duration timeout) {
+            NativeLibrary.load();
+            return new Store(Native.glooStore(host, 0, true, millis(timeout)));
+        }
+
+        /**
+         * @param timeout how long the store's operations wait
+         * @return the server, listening on the loopback address only, on a free port ({@link #port()})
          */
         public static Store serve(Duration timeout) {
-            NativeLibrary.load();
-            return new Store(Native.glooStore("127.0.0.1", 0, true, millis(timeout)));
+            return serve("127.0.0.1", timeout);
         }
 
         /** @return a client of the server at {@code host:port} */
@@ -48,7 +105,7 @@ public final class GlooGroup implements AutoCloseable {
             return new Store(Native.glooStore(host, port, false, millis(timeout)));
         }
 
-        /** @return the port the server listens on */
+        /** @return the port the server listens on (a {@code TCPStore} only) */
         public int port() {
             return Native.glooStorePort(live());
         }

@@ -445,4 +445,54 @@ public final class Messages {
         return module + ": exported with accumulate=" + accumulate + "; data-parallel training splits each"
                 + " mini-batch over partitions instead: export it with accumulate=1";
     }
+
+    /**
+     * @param source where the master came from ({@code --master} or {@code spark.master})
+     * @param master the master URL
+     * @return the line for a master URL Spark cannot run on
+     */
+    public static String sparkMaster(String source, String master) {
+        return source + " " + master + ": not a Spark master URL; expected local, local[K], local[K,F] (K at"
+                + " least 1 or *), local-cluster[N,C,M], spark://HOST:PORT, or one a cluster manager on the"
+                + " classpath accepts (yarn, k8s://URL)";
+    }
+
+    /**
+     * @param key the setting ({@code spark.driver.host} or {@code spark.driver.bindAddress})
+     * @param host its value
+     * @param reason why the driver cannot listen there
+     * @return the line for a driver address that is not this machine's
+     */
+    public static String sparkDriverAddress(String key, String host, String reason) {
+        return key + " " + host + ": the driver cannot listen there (" + reason + "); name an address of this"
+                + " machine, or leave it unset";
+    }
+
+    /**
+     * @param reason Spark's own message, first line
+     * @return the line for a Spark context that failed to start
+     */
+    public static String sparkStart(String reason) {
+        return "Spark could not start: " + reason;
+    }
+
+    /**
+     * @param setting the exchange setting
+     * @param allowed the values it takes
+     * @param value the value given
+     * @return the line for an exchange that does not exist
+     */
+    public static String sparkExchange(String setting, java.util.List<String> allowed, String value) {
+        return setting + " must be " + String.join(" or ", allowed) + ", got " + value;
+    }
+
+    /**
+     * @param setting the one-round bytes setting
+     * @param most its largest value
+     * @param value the value given
+     * @return the line for a byte count out of range
+     */
+    public static String sparkOneRoundBytes(String setting, long most, String value) {
+        return setting + " must be a whole number of bytes in 0.." + most + ", got " + value;
+    }
 }

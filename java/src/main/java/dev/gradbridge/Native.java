@@ -179,10 +179,16 @@ final class Native {
     // ---- c10d Gloo: a process group among Spark's training tasks (native/gradbridge_gloo.cpp) ----
 
     /**
-     * A c10d {@code TCPStore}: the server (on every interface; port 0 picks a free one) or a client
-     * of the server at host:port.
+     * A c10d {@code TCPStore}: the server, listening on {@code host} only (port 0 picks a free one), or
+     * a client of the server at host:port.
      */
     static native long glooStore(String host, int port, boolean server, int timeoutMillis);
+
+    /**
+     * A c10d store whose keys {@code keeper} (a {@code GlooGroup.Rendezvous}: an Object, as this
+     * class compiles alone for {@code javac -h}) keeps; no socket: each operation calls it.
+     */
+    static native long glooStoreOver(Object keeper, int timeoutMillis);
 
     /** @return the store's port (the one the server picked) */
     static native int glooStorePort(long store);

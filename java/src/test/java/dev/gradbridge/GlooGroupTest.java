@@ -1,6 +1,7 @@
 package dev.gradbridge;
 
 import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertSame;
 import static org.junit.Assert.assertThrows;
@@ -148,5 +149,113 @@ public class GlooGroupTest {
                 () -> GlooGroup.Store.connect("127.0.0.1", closed, Duration.ofSeconds(2)));
         assertFalse(e.getMessage(), e.getMessage().contains("\n"));
         assertTrue(e.getMessage(), !e.getMessage().isEmpty());
+    }
+
+    @Test
+    public void theServerListensOnItsHostOnlyNeverEveryInterface() throws Exception {
+        try (GlooGroup.Store server = GlooGroup.Store.serve("127.0.0.1", TIMEOUT)) {
+            String port = String.format(":%04X ", server.port());
+            List<String> listening = new ArrayList<>();
+            for (String table : new String[] {"/proc/net/tcp", "/proc/net/tcp6"}) {
+                for (String row : java.nio.file.Files.readAllLines(java.nio.file.Paths.get(table))) {
+                    String[] fields = row.trim().split("\\s+");
+                    if (fields.length > 3 && "0A".equals(fields[3]) && (fields[1] + " ").endsWith(port)) {
+                        listening.add(fields[1]); // LISTEN on the store's port
+                    }
+                }
+            }
+            assertEquals(listening.toString(), java.util.Collections.singletonList("0100007F" + port.trim()), listening);
+        }
+    }
+
+    @Test
+    public void ranksMeetThroughAStoreKeptInJavaWithoutASocket() throws Exception {
+        java.util.Map<String, byte[]> keys = new java.util.concurrent.ConcurrentHashMap<>();
+        GlooGroup.Rendezvous kept = new GlooGroup.Rendezvous() {
+            @Override
+            public void set(String key, byte[] value) {
+                keys.put(key, value);
+            }
+
+            @Override
+            public byte[] get(String key) {
+                return keys.get(key);
+            }
+
+            @Override
+            public synchronized byte[] compareSet(String key, byte[] expected, byte[] desired) {
+                byte[] current = keys.get(key);
+                if ((current == null && expected.length == 0) || java.util.Arrays.equals(current, expected)) {
+                    keys.put(key, desired);
+                    return desired;
+                }
+                return current == null ? expected : current;
+            }
+
+            @Override
+            public synchronized long add(String key, long delta) {
+                byte[] current = keys.get(key);
+                long value = (current == null ? 0 : Long.parseLong(new String(current))) + delta;
+                keys.put(key, Long.toString(value).getBytes());
+                return value;
+            }
+
+            @Override
+            public boolean delete(String key) {
+                return keys.remove(key) != null;
+            }
+
+            @Override
+            public long count() {
+                return keys.size();
+            }
+
+            @Override
+            public boolean await(String[] names, long millis) {
+                long deadline = System.currentTimeMillis() + millis;
+                while (!keys.keySet().containsAll(java.util.Arrays.asList(names))) {
+                    if (System.currentTimeMillis() >= deadline) {
+                        return false;
+                    }
+                    try {
+                        Thread.sleep(2);
+                    } catch (InterruptedException e) {
+                        throw new IllegalStateException(e);
+                    }
+                }
+                return true;
+            }
+        };
+        ExecutorService pool = Executors.newFixedThreadPool(2);
+        try {
+            List<Future<GlooGroup>> joins = new ArrayList<>();
+            for (int r = 0; r < 2; r++) {
+                int rank = r;
+                joins.add(pool.submit(() -> {
+                    try (GlooGroup.Store store = GlooGroup.Store.over(kept, TIMEOUT)) {
+                        return GlooGroup.join(store, "kept", "127.0.0.1", rank, 2, TIMEOUT);
+                    }
+                }));
+            }
+            List<GlooGroup> groups = new ArrayList<>();
+            for (Future<GlooGroup> join : joins) {
+                groups.add(join.get(60, TimeUnit.SECONDS));
+            }
+            List<Future<int[]>> gathered = new ArrayList<>();
+            for (GlooGroup g : groups) {
+                gathered.add(pool.submit(() -> {
+                    ByteBuffer out = ByteBuffer.allocateDirect(2);
+                    g.allgather(bytes(10 + g.rank()), out, 1, NOTHING);
+                    return read(out);
+                }));
+            }
+            for (Future<int[]> each : gathered) {
+                assertArrayEquals(new int[] {10, 11}, each.get(60, TimeUnit.SECONDS));
+            }
+            assertTrue(keys.keySet().stream().allMatch(k -> k.startsWith("kept")));
+            groups.forEach(GlooGroup::close);
+        } finally {
+            pool.shutdownNow();
+        }
     }
 }

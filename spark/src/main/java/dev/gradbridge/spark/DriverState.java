@@ -67,16 +67,19 @@ final class DriverState extends DriverEndpoint {
     private int nextEpoch;
     private byte[] archive;
 
-    private DriverState(int partitions, int firstEpoch, byte[] archive) {
-        super("gradbridge-run");
+    private DriverState(int partitions, int firstEpoch, byte[] archive, byte[] secret) {
+        super("gradbridge-run", secret);
         this.partitions = partitions;
         this.nextEpoch = firstEpoch;
         this.archive = archive;
     }
 
-    /** Registers the run's state on the driver's RPC environment, starting at {@code firstEpoch} from {@code archive}. */
-    static DriverState start(int partitions, int firstEpoch, byte[] archive) {
-        DriverState state = new DriverState(partitions, firstEpoch, archive);
+    /**
+     * Registers the run's state on the driver's RPC environment, starting at {@code firstEpoch} from
+     * {@code archive}, answering requests that carry the run's {@code secret}.
+     */
+    static DriverState start(int partitions, int firstEpoch, byte[] archive, byte[] secret) {
+        DriverState state = new DriverState(partitions, firstEpoch, archive, secret);
         state.register();
         return state;
     }

@@ -34,13 +34,13 @@ final class ExchangeRelay extends DriverEndpoint {
         }
     }
 
-    private ExchangeRelay() {
-        super("gradbridge-exchange");
+    private ExchangeRelay(byte[] secret) {
+        super("gradbridge-exchange", secret);
     }
 
-    /** Registers a relay on the driver's RPC environment. */
-    static ExchangeRelay start() {
-        ExchangeRelay relay = new ExchangeRelay();
+    /** Registers a relay on the driver's RPC environment, answering requests that carry the run's {@code secret}. */
+    static ExchangeRelay start(byte[] secret) {
+        ExchangeRelay relay = new ExchangeRelay(secret);
         relay.register();
         return relay;
     }

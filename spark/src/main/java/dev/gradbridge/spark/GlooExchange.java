@@ -14,10 +14,12 @@ import org.apache.spark.TaskContext;
 /**
  * The reduce-scatter by chunk then all-gather of {@link RelayExchange}, task to task over
  * libtorch's c10d Gloo ({@link GlooGroup}): the driver is not in the path of the gradients. The
- * tasks meet at each stage attempt's start through a c10d {@code TCPStore} that the driver serves
- * for the run ({@link SparkTrainer}; its address travels in the task): each task publishes its Gloo
- * address under the stage attempt's keys, so a retry never meets a failed attempt's tasks. (Not
- * through Spark's barrier all-gather: every caller sleeps at least a second in it.)
+ * tasks meet at each stage attempt's start through the run's store on the driver ({@link RunStore}:
+ * c10d's store kept behind the driver's RPC and the run's secret, no socket of its own; its name
+ * travels in the task): each task publishes its Gloo address under the stage attempt's keys, so a
+ * retry never meets a failed attempt's tasks. Each task's Gloo sockets listen on its executor's
+ * Spark host (the block manager's), never on every interface. (Not through Spark's barrier
+ * all-gather: every caller sleeps at least a second in it.)
  *
  * <p>Per step, round 1 is Gloo's {@code alltoall_base}: to each owner c a record of fixed size
  * (rows, loss, every parameter's flag, then chunk c of the gradient, left unread when the task has no
@@ -78,16 +80,15 @@ final class GlooExchange implements GradientExchange {
      * Joins the stage attempt's group (every task of the stage calls it at its start), meeting the
      * others through the run's store on the driver.
      *
-     * @param store the driver's {@code TCPStore}, as host:port
+     * @param store the driver's {@link RunStore} endpoint
+     * @param secret the secret the stage carried ({@link DriverEndpoint.Caller})
      * @param oneRoundBytes the most gradient bytes a task receives in one all-gather of whole records
      */
-    static GlooExchange join(BarrierTaskContext context, String store, int partition, int partitions,
+    static GlooExchange join(BarrierTaskContext context, String store, byte[] secret, int partition, int partitions,
             long oneRoundBytes) {
         String host = SparkEnv.get().blockManager().blockManagerId().host();
         String attempt = "gradbridge/" + context.stageId() + "." + context.stageAttemptNumber();
-        int colon = store.lastIndexOf(':');
-        try (GlooGroup.Store client = GlooGroup.Store.connect(store.substring(0, colon),
-                Integer.parseInt(store.substring(colon + 1)), TIMEOUT)) {
+        try (GlooGroup.Store client = GlooGroup.Store.over(new RunStore.Client(store, secret), TIMEOUT)) {
             return new GlooExchange(GlooGroup.join(client, attempt, host, partition, partitions, TIMEOUT), partition,
                     partitions, oneRoundBytes);
         }

@@ -1,12 +1,19 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import java.net.URISyntaxException;
 import java.net.URL;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.function.Supplier;
 import org.apache.logging.log4j.Level;
 import org.apache.logging.log4j.LogManager;
 import org.apache.logging.log4j.core.LoggerContext;
 import org.apache.logging.log4j.core.config.Configuration;
 import org.apache.logging.log4j.core.config.DefaultConfiguration;
+import org.apache.logging.log4j.core.config.LoggerConfig;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 
@@ -23,18 +30,73 @@ import org.apache.spark.SparkContext;
 final class QuietLogging {
 
     static final String RESOURCE = "gradbridge-spark-log4j2.properties";
+    /** The loggers through which Spark reports a context that fails to start. */
+    private static final List<String> START_REPORTS = Arrays.asList("org.apache.spark.SparkContext",
+            "org.apache.spark.util.Utils", "org.apache.spark.SparkEnv");
     private static volatile boolean applied;
 
     private QuietLogging() {}
 
-    /** On the driver, before its Spark context starts. */
+    /**
+     * On the driver, before its Spark context starts (and before Spark's settings are first read:
+     * Spark then logs its address warnings). Where nothing configured logging yet, {@value #RESOURCE}.
+     */
     static void driver(SparkConf conf) {
         LoggerContext context = sparkContext();
+        URL ours = QuietLogging.class.getClassLoader().getResource(RESOURCE);
+        if (context != null && ours != null && context.getConfiguration() instanceof DefaultConfiguration) {
+            try {
+                context.setConfigLocation(ours.toURI());
+            } catch (URISyntaxException e) {
+                // Spark's defaults, at WARN below
+            }
+        }
         if (context != null && byDefault(context) && !conf.contains("spark.log.level")) {
             context.getConfiguration().getRootLogger().setLevel(Level.WARN);
             context.updateLoggers();
             conf.set("spark.log.level", "WARN");
         }
+    }
+
+    /**
+     * Starts Spark on the driver. A failure is one line ({@link Messages#sparkStart}: Spark's reason),
+     * and, unless the user configured logging, Spark's own report of it (an ERROR line and its stack
+     * trace, the start-up retries' warnings) is not printed.
+     */
+    static <T> T start(Supplier<T> start) {
+        LoggerContext context = sparkContext();
+        Configuration configuration = context == null || !byDefault(context) ? null : context.getConfiguration();
+        List<String> silenced = new ArrayList<>();
+        if (configuration != null) {
+            for (String name : START_REPORTS) {
+                if (!configuration.getLoggers().containsKey(name)) {
+                    configuration.addLogger(name, new LoggerConfig(name, Level.OFF, false));
+                    silenced.add(name);
+                }
+            }
+            context.updateLoggers();
+        }
+        try {
+            return start.get();
+        } catch (RuntimeException e) {
+            throw new InvalidInputException(Messages.sparkStart(reason(e)));
+        } finally {
+            if (!silenced.isEmpty() && context.getConfiguration() == configuration) {
+                silenced.forEach(configuration::removeLogger);
+                context.updateLoggers();
+            }
+        }
+    }
+
+    /** The first line of the innermost message of {@code e}'s causes. */
+    private static String reason(Throwable e) {
+        String reason = e.toString();
+        for (Throwable t = e; t != null && t.getCause() != t; t = t.getCause()) {
+            if (t.getMessage() != null && !t.getMessage().isBlank()) {
+                reason = t.getMessage();
+            }
+        }
+        return reason.strip().split("\\R", 2)[0];
     }
 
     /** On an executor: {@value #RESOURCE} in place of the defaults, once per JVM. */
@@ -64,7 +126,7 @@ final class QuietLogging {
         String location = configuration.getConfigurationSource() == null
                 ? null : configuration.getConfigurationSource().getLocation();
         return configuration instanceof DefaultConfiguration || location == null
-                || location.endsWith("org/apache/spark/log4j2-defaults.properties");
+                || location.endsWith("org/apache/spark/log4j2-defaults.properties") || location.endsWith(RESOURCE);
     }
 
     /** The log4j2 context Spark's own classes log through (this class may sit in a child class loader). */

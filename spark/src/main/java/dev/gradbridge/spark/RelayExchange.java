@@ -4,17 +4,12 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
-import org.apache.spark.rpc.RpcEndpointRef;
 import org.apache.spark.rpc.RpcTimeout;
-import org.apache.spark.util.RpcUtils$;
 import scala.concurrent.Await;
 import scala.concurrent.Future;
 import scala.concurrent.duration.Duration;
 import scala.concurrent.duration.FiniteDuration;
-import scala.reflect.ClassTag;
-import scala.reflect.ClassTag$;
 
 /**
  * A reduce-scatter then an all-gather, both in partition order, over Spark's RPC through the
@@ -29,14 +24,13 @@ import scala.reflect.ClassTag$;
 final class RelayExchange implements GradientExchange {
 
     private static final byte[] NOTHING = new byte[0];
-    private static final ClassTag<byte[][]> ANSWER = ClassTag$.MODULE$.apply(byte[][].class);
     /** A request to the driver waits as long as it takes (a killed task gets out through {@link #await}). */
     static final RpcTimeout NO_TIMEOUT =
             new RpcTimeout(FiniteDuration.apply(365, TimeUnit.DAYS), "gradbridge exchange");
     /** How often a waiting task checks whether Spark killed it (a sibling failed the stage). */
     private static final FiniteDuration CHECK = FiniteDuration.apply(200, TimeUnit.MILLISECONDS);
 
-    private final RpcEndpointRef relay;
+    private final DriverEndpoint.Caller relay;
     private final String stage;
     private final int partition;
     private final int partitions;
@@ -47,11 +41,11 @@ final class RelayExchange implements GradientExchange {
 
     /**
      * @param relayName the driver's relay endpoint
+     * @param secret the secret the stage carried ({@link DriverEndpoint.Caller})
      * @param stage names the stage attempt (rounds of different attempts never mix)
      */
-    RelayExchange(String relayName, String stage, int partition, int partitions) {
-        SparkEnv env = SparkEnv.get();
-        this.relay = RpcUtils$.MODULE$.makeDriverRef(relayName, env.conf(), env.rpcEnv());
+    RelayExchange(String relayName, byte[] secret, String stage, int partition, int partitions) {
+        this.relay = new DriverEndpoint.Caller(relayName, secret);
         this.stage = stage;
         this.partition = partition;
         this.partitions = partitions;
@@ -113,7 +107,7 @@ final class RelayExchange implements GradientExchange {
             sent += p.length;
         }
         Object[] request = {stage + "/" + step + "/" + round, partition, partitions, payloads};
-        Future<byte[][]> answer = relay.ask(request, NO_TIMEOUT, ANSWER);
+        Future<byte[][]> answer = relay.ask(request, byte[][].class);
         byte[][] result = await(answer);
         for (int q = 0; q < result.length; q++) {
             if (q != partition) {

@@ -78,16 +78,18 @@ public final class SparkTrainCommand implements Callable<Integer> {
         }
         SparkConf conf = new SparkConf().setAppName("gradbridge-spark-train");
         QuietLogging.driver(conf);
-        // The module first: a module that cannot train data-parallel is refused before Spark starts.
+        String source = master != null ? "--master" : "spark.master";
+        if (master != null) {
+            conf.setMaster(master);
+        } else if (!conf.contains("spark.master")) {
+            conf.setMaster("local[2]");
+        }
+        conf.setIfMissing("spark.ui.enabled", "false");
+        // The settings and the module first: each refused before Spark starts (which takes seconds).
+        SparkSettings.check(conf, source);
         try (TrainingModule module = TrainingModule.load(modelFile)) {
             SparkTrainer.checkModule(module);
-            if (master != null) {
-                conf.setMaster(master);
-            } else if (!conf.contains("spark.master")) {
-                conf.setMaster("local[2]");
-            }
-            conf.setIfMissing("spark.ui.enabled", "false");
-            SparkSession spark = SparkSession.builder().config(conf).getOrCreate();
+            SparkSession spark = QuietLogging.start(() -> SparkSession.builder().config(conf).getOrCreate());
             try {
                 JavaSparkContext jsc = JavaSparkContext.fromSparkContext(spark.sparkContext());
                 int k = partitions != null ? partitions : jsc.defaultParallelism();

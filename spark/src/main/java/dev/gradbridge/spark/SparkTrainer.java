@@ -2,7 +2,6 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.AtomicFiles;
 import dev.gradbridge.DivergenceException;
-import dev.gradbridge.GlooGroup;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
@@ -217,33 +216,6 @@ public final class SparkTrainer {
         }
     }
 
-    /** @return the exchange the Spark setting {@value GradientExchange#SETTING} names (default gloo) */
-    private static String exchangeOf(JavaSparkContext jsc) {
-        String exchange = jsc.getConf().get(GradientExchange.SETTING, GradientExchange.GLOO);
-        if (!GradientExchange.GLOO.equals(exchange) && !GradientExchange.RELAY.equals(exchange)) {
-            throw new InvalidInputException(GradientExchange.SETTING + " must be " + GradientExchange.GLOO + " or "
-                    + GradientExchange.RELAY + ", got " + exchange);
-        }
-        return exchange;
-    }
-
-    /** @return the Spark setting {@value GradientExchange#ONE_ROUND_SETTING} (bytes, 0 to its maximum) */
-    private static long oneRoundBytesOf(JavaSparkContext jsc) {
-        String value = jsc.getConf().get(GradientExchange.ONE_ROUND_SETTING,
-                Long.toString(GradientExchange.ONE_ROUND_BYTES));
-        try {
-            long bytes = Long.parseLong(value.trim());
-            if (bytes >= 0 && bytes <= GradientExchange.ONE_ROUND_MAX_BYTES) {
-                return bytes;
-            }
-        } catch (NumberFormatException e) {
-            // the line below says what was expected
-        }
-        throw new InvalidInputException(
-                GradientExchange.ONE_ROUND_SETTING + " must be a whole number of bytes in 0.."
-                        + GradientExchange.ONE_ROUND_MAX_BYTES + ", got " + value);
-    }
-
     static String modeName(int partitions, boolean shuffle) {
         return "spark:" + partitions + ":" + (shuffle ? "shuffle" : "ordered");
     }
@@ -259,8 +231,8 @@ public final class SparkTrainer {
      */
     public History fit(JavaSparkContext jsc, TrainingModule module, ShardedData data) throws IOException {
         checkModule(module);
-        String exchange = exchangeOf(jsc);
-        long oneRoundBytes = oneRoundBytesOf(jsc);
+        String exchange = SparkSettings.exchange(jsc.getConf());
+        long oneRoundBytes = SparkSettings.oneRoundBytes(jsc.getConf());
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
@@ -288,16 +260,19 @@ public final class SparkTrainer {
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
         byte[] archive = Files.readAllBytes(from);
-        // Where the tasks meet: the relay's endpoint, or a TCPStore for Gloo's rendezvous (a few keys per
-        // stage attempt; the gradients go task to task).
-        ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start() : null;
-        GlooGroup.Store store = k > 1 && relay == null ? GlooGroup.Store.serve(GlooExchange.TIMEOUT) : null;
-        String meeting = relay != null ? relay.name()
-                : store != null ? jsc.getConf().get("spark.driver.host") + ":" + store.port() : null;
+        // The secret every request of the run's tasks to the driver carries (DriverEndpoint).
+        byte[] carried = DriverEndpoint.runSecret(jsc.getConf());
+        byte[] secret = DriverEndpoint.secretOf(carried);
+        // Where the tasks meet: the relay's endpoint, or the store of Gloo's rendezvous (a few keys per
+        // stage attempt; the gradients go task to task). Both on the driver's RPC: no socket of their own.
+        ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start(secret) : null;
+        RunStore store = k > 1 && relay == null ? RunStore.start(secret) : null;
+        String meeting = relay != null ? relay.name() : store != null ? store.name() : null;
         // The state the driver holds: the module archive at the start of the next epoch to train.
-        DriverState held = DriverState.start(k, first, archive);
+        DriverState held = DriverState.start(k, first, archive, secret);
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, meeting, held.name(),
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, meeting, carried,
+                held.name(),
                 first + epochs, settings.isRecordValues());
         AtomicInteger failed = new AtomicInteger();
         AtomicInteger retried = new AtomicInteger();

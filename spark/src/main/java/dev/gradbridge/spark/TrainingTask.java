@@ -19,8 +19,6 @@ import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaRDD;
-import org.apache.spark.rpc.RpcEndpointRef;
-import org.apache.spark.util.RpcUtils$;
 import scala.concurrent.Future;
 import scala.concurrent.Promise;
 import scala.concurrent.Promise$;
@@ -77,8 +75,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final String exchange;
         /** The most gradient bytes a task receives in one Gloo round ({@link GradientExchange#ONE_ROUND_SETTING}). */
         final long oneRoundBytes;
-        /** Where the tasks meet: the driver's relay endpoint (relay) or its TCPStore's host:port (gloo); null for K = 1. */
+        /** Where the tasks meet: the driver's relay endpoint (relay) or its {@link RunStore} (gloo); null for K = 1. */
         final String meeting;
+        /**
+         * The run's secret, which every request to the driver's endpoints carries ({@link DriverEndpoint}); null
+         * when {@code spark.authenticate} is on (Spark's own secret is the run's then).
+         */
+        final byte[] secret;
         /** The driver's {@link DriverState} endpoint. */
         final String driverState;
         /** The epoch after the run's last. */
@@ -88,7 +91,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
                 String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
-                long oneRoundBytes, String meeting, String driverState, int endEpoch, boolean recordValues) {
+                long oneRoundBytes, String meeting, byte[] secret, String driverState, int endEpoch,
+                boolean recordValues) {
             this.seed = seed;
             this.shuffle = shuffle;
             this.batch = batch;
@@ -104,6 +108,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.exchange = exchange;
             this.oneRoundBytes = oneRoundBytes;
             this.meeting = meeting;
+            this.secret = secret;
             this.driverState = driverState;
             this.endEpoch = endEpoch;
             this.recordValues = recordValues;
@@ -176,12 +181,11 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
-        SparkEnv env = SparkEnv.get();
-        RpcEndpointRef driver = RpcUtils$.MODULE$.makeDriverRef(run.driverState, env.conf(), env.rpcEnv());
-        String executor = env.executorId();
+        DriverEndpoint.Caller driver = new DriverEndpoint.Caller(run.driverState, run.secret);
+        String executor = SparkEnv.get().executorId();
         Object[] start = RelayExchange.await(driver.ask(
                 new Object[] {DriverState.START, context.stageAttemptNumber(), shard.partition, executor},
-                RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Object[].class)));
+                Object[].class));
         // closed however the task ends: a failed task's peers waiting in the exchange fail at once
         try (GradientExchange exchange = exchange(context, shard)) {
             return train(shard, context, exchange, driver, executor, (Integer) start[0], (byte[]) start[1]);
@@ -193,14 +197,14 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             return new SoloExchange();
         }
         if (GradientExchange.RELAY.equals(run.exchange)) {
-            return new RelayExchange(run.meeting, context.stageId() + "." + context.stageAttemptNumber(), shard.partition,
-                    shard.partitions);
+            return new RelayExchange(run.meeting, run.secret, context.stageId() + "." + context.stageAttemptNumber(),
+                    shard.partition, shard.partitions);
         }
-        return GlooExchange.join(context, run.meeting, shard.partition, shard.partitions, run.oneRoundBytes);
+        return GlooExchange.join(context, run.meeting, run.secret, shard.partition, shard.partitions, run.oneRoundBytes);
     }
 
     private Iterator<Result> train(Shard shard, BarrierTaskContext context, GradientExchange exchange,
-            RpcEndpointRef driver, String executor, int firstEpoch, byte[] archive) throws IOException {
+            DriverEndpoint.Caller driver, String executor, int firstEpoch, byte[] archive) throws IOException {
         int perEpoch = run.stepsPerEpoch();
         int attempt = context.stageAttemptNumber();
         Result result = new Result();
@@ -280,7 +284,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
      * @return the hand-over under way
      */
     private Future<Object> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
-            RpcEndpointRef driver, Future<Object> previous, ExecutorService ender) {
+            DriverEndpoint.Caller driver, Future<Object> previous, ExecutorService ender) {
         Optional<TrainingModule> snapshot = module.snapshot();
         try {
             awaitHandover(previous);
@@ -307,13 +311,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
 
     /** Saves {@code module}'s archive and its history record's inputs and hands them to the driver. */
     private void handOver(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
-            RpcEndpointRef driver) {
+            DriverEndpoint.Caller driver) {
         byte[] state = module.checkpointArchive(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
                 run.xShape, run.yShape, run.shardsSha256));
         History.EpochRecord record = History.record(module, epoch, loss, null, 0.0, run.recordValues);
         Object[] end = {DriverState.END, attempt, epoch, losses, state, new LinkedHashMap<>(record.getDigests()),
             new LinkedHashMap<>(record.getParameters()), record.getLrs()};
-        RelayExchange.await(driver.ask(end, RelayExchange.NO_TIMEOUT, ClassTag$.MODULE$.apply(Boolean.class)));
+        RelayExchange.await(driver.ask(end, Boolean.class));
     }
 
     private static Thread endThread(Runnable run) {
