@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gradbridge import ProtocolError, messages, protocol, reference, sparkrun
 from gradbridge.export import export_builtin
@@ -98,6 +99,27 @@ def test_module_with_buffers_is_refused(files, tmp_path):
     assert buffers  # BatchNorm statistics
     expected = messages.data_parallel_buffers(str(files["cnn"]), buffers)
     assert refused(files, tmp_path, "--model", files["cnn"], "--data", files["folder"] / "data.npz") == expected
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2, 3)
+        self.b = torch.nn.Linear(2, 3)
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        return self.a(left) + self.b(right)
+
+
+def test_module_of_several_inputs_is_refused(files, tmp_path):
+    x = {"left": torch.zeros(4, 2), "right": torch.zeros(4, 2)}
+    path = training_module.export_training_module(_TwoInputs(), "cross_entropy", "sgd", files["folder"] / "two.pt",
+                                                   example_inputs=(x, torch.zeros(4, dtype=torch.int64)))
+    expected = messages.one_input_only(str(path), "gradbridge-spark", ["left", "right"])
+    assert refused(files, tmp_path, "--model", path, "--data", files["folder"] / "data.npz") == expected
+    with pytest.raises(ValueError) as error:
+        reference.train_sharded(path, x, np.zeros(4, dtype=np.int64), epochs=1, shards=2)
+    assert str(error.value) == expected
 
 
 def test_parquet_column_of_the_wrong_dtype(files, tmp_path):

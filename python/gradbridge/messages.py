@@ -206,6 +206,12 @@ def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
             f"training cannot keep equal across partitions; export the model without them")
 
 
+def one_input_only(module: str, tool: str, names: Sequence[str]) -> str:
+    """A module of several named inputs given to a tool that takes modules of one input ``x``."""
+    return (f"{module}: takes several inputs [{', '.join(names)}]; {tool} trains modules of one input x for now "
+            f"(train it with gradbridge-train or the Java Trainer)")
+
+
 def data_parallel_accumulate(module: str, accumulate: int) -> str:
     return (f"{module}: exported with accumulate={accumulate}; data-parallel training splits each mini-batch "
             f"over partitions instead: export it with accumulate=1")

@@ -291,6 +291,8 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
     missing = [m for m in protocol.DATA_PARALLEL_METHODS if m not in metadata["methods"]]
     if missing:
         raise ProtocolError(messages.data_parallel_methods(str(model_path), metadata["protocol_version"], missing))
+    if not inputs.is_single(inputs.names(metadata)):
+        raise ValueError(messages.one_input_only(str(model_path), "gradbridge-spark", inputs.names(metadata)))
     if metadata["buffers"]:
         raise ValueError(messages.data_parallel_buffers(str(model_path), [b["name"] for b in metadata["buffers"]]))
     accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
