@@ -313,6 +313,7 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     shards = messages.check_integer("shards", shards, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    check_data_parallel(model_path, protocol.read_metadata(model_path))
     xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     n = len(xs)
     if n == 0:
@@ -322,7 +323,6 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     if shards > n:
         raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
     reference = Reference(model_path, model)
-    check_data_parallel(model_path, reference.metadata)
     history = History()
     started = time.perf_counter()
     for epoch in range(start_epoch, start_epoch + epochs):
