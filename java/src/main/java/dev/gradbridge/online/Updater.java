@@ -13,7 +13,7 @@ import java.util.Map;
  */
 final class Updater implements AutoCloseable {
 
-    private final TrainingModule training;
+    private TrainingModule training; // replaced by the copy taken before an update that is undone
     private final Metadata metadata;
     private final ModuleCalls calls;
     private final UpdateGuard guard;
@@ -37,7 +37,10 @@ final class Updater implements AutoCloseable {
 
     /**
      * The micro-batch's loss and gradients, then the optimizer step unless the guard refuses: the
-     * same calls as {@code train_step} when it goes through, no step (gradients zeroed) when not.
+     * same calls as {@code train_step} when it goes through, no step (gradients zeroed) when not. A
+     * step that leaves a parameter or the optimizer's state not finite (finite but extreme inputs
+     * can do that with a finite loss and finite gradients) is undone: the module goes back to the
+     * copy taken before the step, and the micro-batch is refused like a non-finite gradient.
      *
      * @return null when applied (and counted), else why not
      */
@@ -49,9 +52,7 @@ final class Updater implements AutoCloseable {
                 ? guard.refuse(loss, training.getParameterNames(), training.getGradients())
                 : null;
         if (refusal == null) {
-            training.optimizerStep();
-            updates++;
-            lastLoss = loss;
+            refusal = checkedStep(loss);
         } else {
             training.zeroGrad();
         }
@@ -59,36 +60,121 @@ final class Updater implements AutoCloseable {
         return refusal;
     }
 
+    /** The optimizer step on the gradients in place, undone when it leaves the state not finite. */
+    private String checkedStep(double loss) {
+        TrainingModule backup = backup();
+        training.optimizerStep();
+        String refusal = undoUnlessFinite(backup);
+        if (refusal == null) {
+            updates++;
+            lastLoss = loss;
+        }
+        return refusal;
+    }
+
+    /** A copy of the module as it is now (parameters, optimizer state, learning rate), or null when it cannot be copied. */
+    private TrainingModule backup() {
+        return training.snapshot().orElse(null);
+    }
+
+    /**
+     * Keeps the step when every parameter and optimizer tensor is finite (and frees the backup);
+     * else names the first that is not, makes the backup the module and returns the reason.
+     *
+     * @throws IllegalStateException when the state is not finite and there is no backup (two
+     *     tensors of the module share a storage): training cannot go on without poisoning the model
+     */
+    private String undoUnlessFinite(TrainingModule backup) {
+        if (training.stateFinite()) {
+            if (backup != null) {
+                backup.close();
+            }
+            return null;
+        }
+        String reason = "the update makes " + firstNotFinite() + " not finite";
+        if (backup == null) {
+            throw new IllegalStateException(reason + ", and the module cannot be restored (two of its tensors share a"
+                    + " storage, so it cannot be copied before each update)");
+        }
+        training.close();
+        training = backup;
+        return reason;
+    }
+
+    /** The first parameter (protocol order), else the first optimizer state (by key, then parameter), that is not finite. */
+    private String firstNotFinite() {
+        Map<String, double[]> parameters = training.getParameters();
+        List<String> names = training.getParameterNames();
+        for (String name : names) {
+            if (!finite(parameters.get(name))) {
+                return "parameter " + name;
+            }
+        }
+        for (Map.Entry<String, List<double[]>> state : training.getOptimizerState().entrySet()) {
+            List<double[]> perParameter = state.getValue();
+            for (int i = 0; i < perParameter.size(); i++) {
+                if (!finite(perParameter.get(i))) {
+                    return "the optimizer's " + state.getKey() + (i < names.size() ? " of " + names.get(i) : "");
+                }
+            }
+        }
+        return "the optimizer's state";
+    }
+
+    private static boolean finite(double[] values) {
+        if (values != null) {
+            for (double value : values) {
+                if (!Double.isFinite(value)) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
     /**
      * Applies micro-batches in order until one is refused: with no norm limit, in one native call
      * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
      * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
+     * The native call's run is checked once at its end (a parameter or optimizer state that is not
+     * finite stays so under every later step of the exported optimizers: NaN and infinity
+     * propagate): when it is not finite, the module goes back to the copy taken before the run and
+     * the run is applied again one {@link #apply} at a time, which finds the micro-batch to refuse.
      *
      * @return how many were applied, and why the next was not (if it was reached)
      */
     Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
         if (guard.readsGradients()) {
-            for (int i = 0; i < xs.size(); i++) {
-                String refusal;
-                try {
-                    refusal = apply(xs.get(i), ys.get(i));
-                } catch (RuntimeException e) {
-                    return new Run(i, null, e);
-                }
-                if (refusal != null) {
-                    return new Run(i, refusal, null);
-                }
-            }
-            return new Run(xs.size(), null, null);
+            return applyEach(xs, ys);
         }
         long t = PhaseTimes.clock(phases);
+        TrainingModule backup = backup();
+        long updatesBefore = updates;
+        double lossBefore = lastLoss;
         TrainingModule.GuardedSteps steps;
         try {
             steps = calls.stepWhileFinite(training, xs, ys);
         } catch (RuntimeException e) {
+            if (backup != null) {
+                backup.close();
+            }
             return new Run(0, null, e); // refused before any call
         }
         int applied = steps.stepped();
+        if (applied > 0 && !training.stateFinite()) {
+            if (backup == null) {
+                undoUnlessFinite(null); // throws: nothing to go back to
+            }
+            training.close();
+            training = backup;
+            updates = updatesBefore;
+            lastLoss = lossBefore;
+            PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+            return applyEach(xs, ys);
+        }
+        if (backup != null) {
+            backup.close();
+        }
         updates += applied;
         if (applied > 0) {
             lastLoss = steps.loss(applied - 1);
@@ -98,17 +184,30 @@ final class Updater implements AutoCloseable {
             double loss = steps.loss(applied);
             String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
             if (refusal == null) { // libtorch and the guard disagree: the guard decides, as in apply
-                training.optimizerStep();
-                updates++;
-                lastLoss = loss;
-                run = new Run(applied + 1, null, null);
+                refusal = checkedStep(loss);
             } else {
                 training.zeroGrad();
-                run = new Run(applied, refusal, null);
             }
+            run = refusal == null ? new Run(applied + 1, null, null) : new Run(applied, refusal, null);
         }
         PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
         return run;
+    }
+
+    /** One {@link #apply} per micro-batch until one is refused or fails. */
+    private Run applyEach(List<List<byte[]>> xs, List<List<byte[]>> ys) {
+        for (int i = 0; i < xs.size(); i++) {
+            String refusal;
+            try {
+                refusal = apply(xs.get(i), ys.get(i));
+            } catch (RuntimeException e) {
+                return new Run(i, null, e);
+            }
+            if (refusal != null) {
+                return new Run(i, refusal, null);
+            }
+        }
+        return new Run(xs.size(), null, null);
     }
 
     /**
