@@ -41,13 +41,14 @@ final class ErrorLines extends ErrorHandler {
             return true;
         }
         response.getHeaders().put(HttpHeader.CONTENT_TYPE, "text/plain; charset=utf-8");
-        byte[] line = ("error: " + describe(code, message) + "\n").getBytes(StandardCharsets.UTF_8);
+        long declared = request.getHeaders().getLongField(HttpHeader.CONTENT_LENGTH);
+        byte[] line = ("error: " + describe(code, message, declared) + "\n").getBytes(StandardCharsets.UTF_8);
         response.write(true, ByteBuffer.wrap(line), callback);
         return true;
     }
 
     /** The one line for a status Jetty answers by itself. */
-    String describe(int code, String message) {
+    String describe(int code, String message, long declaredLength) {
         String reason = message == null ? "" : message.replaceAll("[\\r\\n]+", " ").trim();
         if (reason.length() > 200) {
             reason = reason.substring(0, 200) + "...";
@@ -56,7 +57,8 @@ final class ErrorLines extends ErrorHandler {
             case HttpStatus.BAD_REQUEST_400:
                 return "malformed HTTP request" + (reason.isEmpty() || reason.equals(HttpStatus.getMessage(code)) ? "" : ": " + reason);
             case HttpStatus.PAYLOAD_TOO_LARGE_413:
-                return "body exceeds the limit of " + maxBodyBytes + " bytes (--max-body-bytes)";
+                return "body " + (declaredLength > maxBodyBytes ? "of " + declaredLength + " bytes " : "")
+                        + "exceeds the limit of " + maxBodyBytes + " bytes (--max-body-bytes)";
             case HttpStatus.URI_TOO_LONG_414:
                 return "request URI too long";
             case HttpStatus.REQUEST_HEADER_FIELDS_TOO_LARGE_431:
