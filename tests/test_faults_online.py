@@ -606,6 +606,10 @@ def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agre
             status, body = service.post("/feedback", {"x": x, "y": y})
             assert status == 200, body
         assert service.post("/feedback", {"x": [[0.5, 0.6, 0.7, 0.8]], "y": [1]})[0] == 200
+        # One request of four events: applied as one run of micro-batches, the bad one in its middle.
+        status, body = service.post("/feedback", {"x": [[0.2, 0.1, 0.4, 0.3], [3e38, 3e38, -3e38, 3e38],
+                                                        [0.3, 0.3, 0.1, 0.2], [0.9, 0.1, 0.5, 0.2]], "y": [0, 2, 1, 2]})
+        assert status == 200, body
         status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
         assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
         code, _, err = service.terminate()
@@ -613,10 +617,10 @@ def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agre
         service.kill()
     assert code == 0, err
     log = replay_mod.read_log(log_dir)
-    assert [q.first_seq for q in log.quarantines] == [1, 2], log.quarantines
+    assert [q.first_seq for q in log.quarantines] == [1, 2, 5], log.quarantines
     assert all(q.reason.startswith("the update makes ") and q.reason.endswith(" not finite") for q in log.quarantines)
-    report = _replay_bitwise(log_dir, model, 4)
-    assert report.quarantined == 2 and report.batches == 2
+    report = _replay_bitwise(log_dir, model, 8)
+    assert report.quarantined == 3 and report.batches == 5
     restarted = Service(serve_script, model, log_dir, "--fsync", "never")  # resumes through the same decisions
     try:
         status, body = restarted.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})

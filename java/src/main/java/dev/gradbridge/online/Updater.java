@@ -2,6 +2,8 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -13,7 +15,12 @@ import java.util.Map;
  */
 final class Updater implements AutoCloseable {
 
-    private TrainingModule training; // replaced by the copy taken before an update that is undone
+    /** Updates after which a new backup is taken (see {@link #refreshBackup}). */
+    static final int BACKUP_EVERY = 64;
+
+    private TrainingModule training; // replaced by the backup when an update is undone
+    private TrainingModule backup; // a copy of the module some updates ago, or null
+    private final List<List<List<byte[]>>> since = new ArrayList<>(); // micro-batches applied after the backup
     private final Metadata metadata;
     private final ModuleCalls calls;
     private final UpdateGuard guard;
@@ -52,7 +59,7 @@ final class Updater implements AutoCloseable {
                 ? guard.refuse(loss, training.getParameterNames(), training.getGradients())
                 : null;
         if (refusal == null) {
-            refusal = checkedStep(loss);
+            refusal = checkedStep(xs, ys, loss);
         } else {
             training.zeroGrad();
         }
@@ -61,44 +68,55 @@ final class Updater implements AutoCloseable {
     }
 
     /** The optimizer step on the gradients in place, undone when it leaves the state not finite. */
-    private String checkedStep(double loss) {
-        TrainingModule backup = backup();
+    private String checkedStep(List<byte[]> xs, List<byte[]> ys, double loss) {
+        refreshBackup();
         training.optimizerStep();
-        String refusal = undoUnlessFinite(backup);
-        if (refusal == null) {
-            updates++;
-            lastLoss = loss;
+        if (!training.stateFinite()) {
+            String reason = "the update makes " + firstNotFinite() + " not finite";
+            rollBack(reason);
+            return reason;
         }
-        return refusal;
-    }
-
-    /** A copy of the module as it is now (parameters, optimizer state, learning rate), or null when it cannot be copied. */
-    private TrainingModule backup() {
-        return training.snapshot().orElse(null);
+        since.add(Arrays.asList(new ArrayList<>(xs), new ArrayList<>(ys)));
+        updates++;
+        lastLoss = loss;
+        return null;
     }
 
     /**
-     * Keeps the step when every parameter and optimizer tensor is finite (and frees the backup);
-     * else names the first that is not, makes the backup the module and returns the reason.
-     *
-     * @throws IllegalStateException when the state is not finite and there is no backup (two
-     *     tensors of the module share a storage): training cannot go on without poisoning the model
+     * Before a step: a copy of the module (parameters, optimizer state, learning rate) when there is
+     * none or {@value #BACKUP_EVERY} updates came after it. Copying is dear next to a small step, so
+     * the copy is taken now and then and the micro-batches applied since are kept: undoing a step
+     * is going back to the copy and applying them again, which gives the same bits.
      */
-    private String undoUnlessFinite(TrainingModule backup) {
-        if (training.stateFinite()) {
+    private void refreshBackup() {
+        if (backup == null || since.size() >= BACKUP_EVERY) {
             if (backup != null) {
                 backup.close();
             }
-            return null;
+            backup = training.snapshot().orElse(null);
+            since.clear();
         }
-        String reason = "the update makes " + firstNotFinite() + " not finite";
+    }
+
+    /**
+     * Brings the module back to where it was before the step (or run) in progress: the backup plus
+     * the micro-batches applied since it, applied again with the same calls.
+     *
+     * @throws IllegalStateException when there is no backup (two tensors of the module share a
+     *     storage, so it cannot be copied): training cannot go on without poisoning the model
+     */
+    private void rollBack(String reason) {
         if (backup == null) {
             throw new IllegalStateException(reason + ", and the module cannot be restored (two of its tensors share a"
-                    + " storage, so it cannot be copied before each update)");
+                    + " storage, so it cannot be copied)");
         }
         training.close();
         training = backup;
-        return reason;
+        backup = training.snapshot().orElse(null); // still the backup of training + since (null: a new one next time)
+        for (List<List<byte[]>> batch : since) {
+            calls.lossAndBackward(training, batch.get(0), batch.get(1));
+            training.optimizerStep();
+        }
     }
 
     /** The first parameter (protocol order), else the first optimizer state (by key, then parameter), that is not finite. */
@@ -148,32 +166,22 @@ final class Updater implements AutoCloseable {
             return applyEach(xs, ys);
         }
         long t = PhaseTimes.clock(phases);
-        TrainingModule backup = backup();
-        long updatesBefore = updates;
-        double lossBefore = lastLoss;
+        refreshBackup();
         TrainingModule.GuardedSteps steps;
         try {
             steps = calls.stepWhileFinite(training, xs, ys);
         } catch (RuntimeException e) {
-            if (backup != null) {
-                backup.close();
-            }
             return new Run(0, null, e); // refused before any call
         }
         int applied = steps.stepped();
         if (applied > 0 && !training.stateFinite()) {
-            if (backup == null) {
-                undoUnlessFinite(null); // throws: nothing to go back to
-            }
-            training.close();
-            training = backup;
-            updates = updatesBefore;
-            lastLoss = lossBefore;
+            // A step of this run left the state not finite: back to before the run, then one at a time.
+            rollBack("an update of micro-batches " + updates + ".." + (updates + applied - 1) + " leaves the state not finite");
             PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
             return applyEach(xs, ys);
         }
-        if (backup != null) {
-            backup.close();
+        for (int i = 0; i < applied; i++) {
+            since.add(Arrays.asList(new ArrayList<>(xs.get(i)), new ArrayList<>(ys.get(i))));
         }
         updates += applied;
         if (applied > 0) {
@@ -184,7 +192,7 @@ final class Updater implements AutoCloseable {
             double loss = steps.loss(applied);
             String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
             if (refusal == null) { // libtorch and the guard disagree: the guard decides, as in apply
-                refusal = checkedStep(loss);
+                refusal = checkedStep(xs.get(applied), ys.get(applied), loss);
             } else {
                 training.zeroGrad();
             }
@@ -254,6 +262,9 @@ final class Updater implements AutoCloseable {
 
     @Override
     public void close() {
+        if (backup != null) {
+            backup.close();
+        }
         training.close();
     }
 }
