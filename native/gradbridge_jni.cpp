@@ -740,8 +740,40 @@ JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_methodRunToDoubles(
   });
 }
 
-// A looked-up method without arguments whose result is a list of tensors (get_gradients): whether
-// every element of every one is finite, decided here without a tensor crossing into Java.
+// Whether every tensor in a method's result (a tensor list, a dict of tensor lists, ...) is finite;
+// false for a result that holds no tensor container at all.
+bool all_finite_tensors(const c10::IValue& value) {
+  if (value.isTensor()) return all_finite(value.toTensor());
+  if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) {
+      if (!all_finite(t)) return false;
+    }
+    return true;
+  }
+  if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) {
+      if (!all_finite_tensors(item)) return false;
+    }
+    return true;
+  }
+  if (value.isTuple()) {
+    for (const c10::IValue& item : value.toTupleRef().elements()) {
+      if (!all_finite_tensors(item)) return false;
+    }
+    return true;
+  }
+  if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) {
+      if (!all_finite_tensors(entry.value())) return false;
+    }
+    return true;
+  }
+  return true;  // a number or a string: not a tensor to check
+}
+
+// A looked-up method without arguments whose result is a list of tensors (get_gradients,
+// get_parameters) or a dict of tensor lists (optimizer_state): whether every element of every
+// tensor is finite, decided here without a tensor crossing into Java.
 JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* env, jclass, jlong method) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
     if (method == 0) throw std::invalid_argument("the method is closed");
@@ -751,11 +783,10 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* en
       TrainingCall call;
       result = run(std::vector<c10::IValue>{});
     }
-    if (!result.isTensorList()) throw std::invalid_argument("returned " + result.tagKind() + ", not a list of tensors");
-    for (const at::Tensor& t : result.toTensorVector()) {
-      if (!all_finite(t)) return jboolean{JNI_FALSE};
+    if (!result.isTensorList() && !result.isGenericDict() && !result.isList() && !result.isTuple()) {
+      throw std::invalid_argument("returned " + result.tagKind() + ", not a list or dict of tensors");
     }
-    return jboolean{JNI_TRUE};
+    return all_finite_tensors(result) ? jboolean{JNI_TRUE} : jboolean{JNI_FALSE};
   });
 }
 

@@ -189,11 +189,11 @@ def test_token_by_default_idempotent_retries_across_a_restart(serve_script, mode
 
 def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models, tmp_path):
     model = models["mlp_classifier.pt"]
-    for args, expected in ((("--max-body-bytes", -5), "--max-body-bytes must be >= 1, got -5"),
+    for args, expected in ((("--max-body-bytes", -5), "--max-body-bytes must be in 1..1073741824, got -5"),
                            (("--port", 70000), "--port must be in 0..65535"),
                            (("--fsync", "sometimes"), "unknown fsync policy 'sometimes'"),
                            (("--max-grad-norm", "-1"), "max grad norm must be a finite number >= 0, got -1.0"),
-                           (("--group-commit-ms", "-1"), "group commit must be >= 0 ms, got -1"),
+                           (("--group-commit-ms", "-1"), "--group-commit-ms must be in 0..3600000, got -1"),
                            (("--max-batch", "x"), "Invalid value for option '--max-batch'")):
         log_dir = tmp_path / f"log{len(expected)}"
         result = _serve(serve_script, "--model", model, "--log", log_dir, *args)
@@ -591,3 +591,296 @@ def test_a_bad_keystore_or_password_is_one_line_and_leaves_nothing(serve_script,
         service.kill()
     assert code == 0, err
     _replay_bitwise(log_dir, model, acknowledged)
+
+
+# ---- issue 34: extreme feedback, slow clients, checkpoints, tokens, options, Jetty's own answers ----
+
+def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agrees(serve_script, models, tmp_path):
+    """3e38 features on a classifier: loss and gradients are finite, the Adam update is not. The step is
+    undone (the model stays as it was), the micro-batch quarantined, predictions stay numbers."""
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0)
+    try:
+        assert service.post("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [0]})[0] == 200
+        for x, y in (([[3e38, -3e38, 3e38, 3e38]], [1]), ([[-3e38, 3e38, 3e38, -3e38]], [2])):
+            status, body = service.post("/feedback", {"x": x, "y": y})
+            assert status == 200, body
+        assert service.post("/feedback", {"x": [[0.5, 0.6, 0.7, 0.8]], "y": [1]})[0] == 200
+        # One request of four events: applied as one run of micro-batches, the bad one in its middle.
+        status, body = service.post("/feedback", {"x": [[0.2, 0.1, 0.4, 0.3], [3e38, 3e38, -3e38, 3e38],
+                                                        [0.3, 0.3, 0.1, 0.2], [0.9, 0.1, 0.5, 0.2]], "y": [0, 2, 1, 2]})
+        assert status == 200, body
+        status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
+        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0, err
+    log = replay_mod.read_log(log_dir)
+    assert [q.first_seq for q in log.quarantines] == [1, 2, 5], log.quarantines
+    assert all(q.reason.startswith("the update makes ") and q.reason.endswith(" not finite") for q in log.quarantines)
+    report = _replay_bitwise(log_dir, model, 8)
+    assert report.quarantined == 3 and report.batches == 5
+    restarted = Service(serve_script, model, log_dir, "--fsync", "never")  # resumes through the same decisions
+    try:
+        status, body = restarted.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
+        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+
+
+def test_slow_clients_on_the_main_port_cannot_starve_health_checks_or_predictions(serve_script, models, tmp_path):
+    """Clients that send their headers and then a byte of body now and then hold no handler thread
+    (bodies are read before a handler runs) and are cut below --min-body-rate: /healthz and
+    /predict on the same port keep answering, with 8 threads and 60 such clients."""
+    import threading
+    import time
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 3000)
+    host, port = service.url.split("//")[1].split(":")
+    stop, answers, lock = threading.Event(), [], threading.Lock()
+
+    def dribble(s):
+        try:
+            s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+            while not stop.is_set():
+                time.sleep(0.5)
+                s.sendall(b" ")
+        except OSError:
+            pass
+        try:
+            s.settimeout(5)
+            text = s.recv(4096).decode(errors="replace")
+        except OSError:
+            text = ""
+        with lock:
+            answers.append(text)
+
+    sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(60)]
+    threads = [threading.Thread(target=dribble, args=(s,)) for s in sockets]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1)
+        for _ in range(3):
+            started = time.monotonic()
+            status, text = service.get("/healthz", timeout=5)
+            assert status == 200 and time.monotonic() - started < 2, text
+            started = time.monotonic()
+            status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
+            assert status == 200 and time.monotonic() - started < 2, body
+            time.sleep(0.5)
+        acknowledged = _feed(service, 8, 9)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=20)
+        refused = [a for a in answers if a.startswith("HTTP/1.1 408")]
+        assert refused and all("\r\n\r\nerror: the request body arrived too slowly" in a for a in refused), answers[:3]
+        assert service.terminate()[0] == 0
+    finally:
+        stop.set()
+        for s in sockets:
+            s.close()
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def _damage_an_entry(archive: Path) -> str:
+    """Flips a byte inside the largest entry of a zip, keeping the archive's structure (libtorch's
+    reader checks no CRC); returns the entry's name."""
+    import zipfile
+
+    with zipfile.ZipFile(archive) as z:
+        info = max(z.infolist(), key=lambda i: i.compress_size)
+    data = bytearray(archive.read_bytes())
+    header = info.header_offset
+    start = header + 30 + int.from_bytes(data[header + 26:header + 28], "little") + int.from_bytes(data[header + 28:header + 30], "little")
+    data[start + info.compress_size // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_a_damaged_checkpoint_or_module_is_refused_at_start_naming_the_file(serve_script, models, tmp_path):
+    import shutil
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
+    try:
+        acknowledged = _feed(service, 12, 11)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    checkpoint = next(log_dir.glob("checkpoint-v*.pt"))
+    entry = _damage_an_entry(checkpoint)
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+    assert f"checkpoint {checkpoint}" in line and "is damaged" in line and entry in line, line
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before, "a refused start changed the folder"
+    # What the line says to do: without the descriptor the whole log is applied again.
+    (log_dir / "checkpoint.json").rename(tmp_path / "checkpoint.json")
+    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+    damaged = tmp_path / "damaged.pt"
+    shutil.copy(model, damaged)
+    _damage_an_entry(damaged)
+    line = one_error_line(_serve(serve_script, "--model", damaged, "--log", tmp_path / "fresh", "--port", 0))
+    assert f"training module {damaged} is damaged" in line, line
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_token_rules(serve_script, models, tmp_path, monkeypatch):
+    model = models["mlp_classifier.pt"]
+    long_token = tmp_path / "long.token"
+    long_token.write_text("t" * 100_000)
+    long_token.chmod(0o600)
+    monkeypatch.setenv("GRADBRIDGE_TEST_SHORT_TOKEN", "short")
+    for args, expected in ((("--token-file", long_token), "must be 16 to 1024 visible ASCII characters, got 100000"),
+                           (("--token-env", "GRADBRIDGE_TEST_SHORT_TOKEN"), "must be 16 to 1024 visible ASCII characters")):
+        log_dir = tmp_path / f"log{len(expected)}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args)
+        assert expected in one_error_line(result), result.stderr
+        assert not result.stderr.startswith("Error") and not log_dir.exists()
+    # An empty or blank generated key in an existing log folder: refused at start, nothing changed.
+    for content in ("", "  \n"):
+        log_dir = tmp_path / "blank"
+        log_dir.mkdir(exist_ok=True)
+        (log_dir / "serve.key").write_text(content)
+        line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+        assert f"{log_dir / 'serve.key'}" in line and "is empty" in line, line
+        assert sorted(p.name for p in log_dir.iterdir()) == ["serve.key"]
+    # A world-readable token file: a warning line (no error line); the scheme is case-insensitive.
+    token_file = tmp_path / "open.token"
+    token_file.write_text("abcdefghijklmnop-0123456789\n")
+    token_file.chmod(0o644)
+    service = Service(serve_script, model, tmp_path / "log", "--fsync", "never", "--token-file", token_file)
+    try:
+        assert service.token == "abcdefghijklmnop-0123456789"
+        for scheme in ("bearer", "BEARER", "Bearer"):
+            status, text = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]},
+                                        headers={"Authorization": f"{scheme} {service.token}"}, token=False)
+            assert status == 200, (scheme, text)
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0 and f"warning: token file {token_file} has mode rw-r--r--" in err and "error:" not in err, err
+
+
+def test_options_are_range_checked_before_anything_is_created(serve_script, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for args, expected in ((("--max-batch", 2147483647), "--max-batch must be in 1..1000000, got 2147483647"),
+                           (("--queue-capacity", 2147483647), "--queue-capacity must be in 1..10000000, got 2147483647"),
+                           (("--predictors", 100000), "--predictors must be in 1..256"),
+                           (("--max-body-bytes", 1 << 40), "--max-body-bytes must be in 1..1073741824"),
+                           (("--max-connections", 0), "--max-connections must be in 1..1000000, got 0"),
+                           (("--host", "256.1.1.1"), "--host 256.1.1.1 is neither an IP address nor a host name")):
+        log_dir = tmp_path / f"log{len(expected)}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args)
+        line = one_error_line(result)
+        assert expected in line and "null" not in line, result.stderr
+        assert not log_dir.exists()
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", a_file, "--port", 0))
+    assert line == f"--log {a_file} is a file, not a folder; name a folder (created when missing)", line
+
+
+def test_starting_on_a_full_disk_is_one_line_naming_the_file_and_leaves_no_folder(serve_script, models, small_disk):
+    model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
+    import os
+
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)  # fill the tmpfs
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0)
+    line = one_error_line(result)
+    assert "No space left on device" in line and str(log_dir) in line, line
+    assert not log_dir.exists()
+
+
+def test_client_errors_and_jettys_own_refusals_are_one_line_4xx(serve_script, models, tmp_path):
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never")
+    host, port = service.url.split("//")[1].split(":")
+
+    def raw(request: bytes) -> str:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(request)
+            return s.recv(65536).decode(errors="replace")
+
+    try:
+        auth = f"Authorization: Bearer {service.token}\r\n".encode()
+        answer = raw(b"POST /feedback HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n")
+        assert answer.startswith("HTTP/1.1 400") and answer.split("\r\n\r\n", 1)[1].startswith("error: "), answer
+        for request in (b"GARBAGE\r\n\r\n", b"GET /predict HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"):
+            answer = raw(request)
+            status, body = answer.split("\r\n", 1)[0], answer.split("\r\n\r\n", 1)[1]
+            assert status in ("HTTP/1.1 400 Bad Request", "HTTP/1.1 431 Request Header Fields Too Large"), answer
+            assert body.startswith("error: ") and body.count("\n") == 1 and "<html" not in body, answer
+        status, text = service.post("/feedback", b'{"x": [[0.1, 0.2, 0.3, 0.4]], "y": [1e1000000000]}')
+        assert status == 400 and text.startswith("error: field 'y' must hold int64 integers"), text
+        status, text = service.post("/feedback", b'{"x": [[0.1, 0.2, 0.3, 0.4]], "y": [1]}}')
+        assert status == 400 and "setStrictness" not in text and "LENIENT" not in text and "https://" not in text, text
+        status, text = service.post("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [99]})
+        assert status == 400 and "Target 99 is out of bounds" in text and "TorchScript interpreter" not in text, text
+        acknowledged = _feed(service, 8, 12)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_a_jks_whose_key_password_differs_is_refused_in_one_line(serve_script, models, tmp_path):
+    import shutil
+
+    keytool = shutil.which("keytool")
+    keystore, password_file = tmp_path / "server.jks", tmp_path / "tls.password"
+    subprocess.run([keytool, "-genkeypair", "-alias", "serve", "-keyalg", "EC", "-groupname", "secp256r1", "-validity", "2",
+                    "-dname", "CN=localhost", "-storetype", "JKS", "-keystore", str(keystore),
+                    "-storepass", "store-pass-1", "-keypass", "other-key-pass"], check=True, capture_output=True, timeout=120)
+    password_file.write_text("store-pass-1\n")
+    log_dir = tmp_path / "log"
+    result = _serve(serve_script, "--model", models["mlp_classifier.pt"], "--log", log_dir, "--port", 0,
+                    "--tls-keystore", keystore, "--tls-password-file", password_file)
+    line = one_error_line(result)
+    assert f"keystore {keystore}: the key 'serve' has a password other than the keystore's" in line, line
+    assert not log_dir.exists()
+
+
+def test_the_duplicate_flag_is_each_requests_own(serve_script, models, tmp_path):
+    """One client retries a key while others send new keys: a new request is never answered as a
+    duplicate (the flag comes from the queue's answer to that request, not a shared counter)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 16)
+    body = {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [1]}
+    try:
+        assert not json.loads(service.post("/feedback", body, headers={"Idempotency-Key": "retried"})[1])["duplicate"]
+
+        def retry(_):
+            return json.loads(service.post("/feedback", body, headers={"Idempotency-Key": "retried"})[1])["duplicate"]
+
+        def new(i):
+            return json.loads(service.post("/feedback", body, headers={"Idempotency-Key": f"new-{i}"})[1])["duplicate"]
+
+        with ThreadPoolExecutor(8) as pool:
+            retries = pool.map(retry, range(150))
+            news = pool.map(new, range(150))
+            assert all(retries) and not any(news)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    _replay_bitwise(log_dir, model, 151)

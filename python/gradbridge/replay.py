@@ -112,10 +112,11 @@ def _rows(rows: List[bytes], dtype: str, shape: List[int]):
 
 
 def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tuple[float, str | None]:
-    """The Java learner's update (dev.gradbridge.online.UpdateGuard): loss and gradients, then
-    torch.optim's step unless the loss or a gradient is not finite or the gradient norm (summed in
-    float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit).
-    Returns the loss and None when applied, else the reason it was not."""
+    """The Java learner's update (dev.gradbridge.online.UpdateGuard, Updater): loss and gradients,
+    then torch.optim's step unless the loss or a gradient is not finite or the gradient norm (summed
+    in float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit); a
+    step that leaves a parameter or the optimizer's state not finite is undone. Returns the loss and
+    None when applied, else the reason it was not."""
     from .torchscript import plain_graph_executor
 
     with plain_graph_executor():
@@ -142,13 +143,58 @@ def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tu
             if reason is None and max_grad_norm > 0 and not norm <= max_grad_norm:
                 reason = f"gradient norm {norm} exceeds --max-grad-norm {max_grad_norm}"
         if reason is None:
+            saved = _state(reference)
             reference._clip()
             reference.optimizer.step()
             if reference.scheduler is not None and reference.scheduler_interval == "step":
                 reference.scheduler.step()
-        else:
+            bad = _not_finite(reference, names)
+            if bad is not None:  # the Java learner undoes such a step (Updater.undoUnlessFinite)
+                _restore(reference, saved)
+                reason = f"the update makes {bad} not finite"
+        if reason is not None:
             reference.optimizer.zero_grad()
     return value, reason
+
+
+def _state(reference):
+    """The parameters, optimizer and scheduler state before a step, to undo it."""
+    import copy
+
+    params = {name: p.detach().clone() for name, p in reference.model.named_parameters()}
+    optimizer = copy.deepcopy(reference.optimizer.state_dict())
+    scheduler = copy.deepcopy(reference.scheduler.state_dict()) if reference.scheduler is not None else None
+    return params, optimizer, scheduler
+
+
+def _restore(reference, saved) -> None:
+    import torch
+
+    params, optimizer, scheduler = saved
+    with torch.no_grad():
+        for name, p in reference.model.named_parameters():
+            p.copy_(params[name])
+    reference.optimizer.load_state_dict(optimizer)
+    if scheduler is not None:
+        reference.scheduler.load_state_dict(scheduler)
+
+
+def _not_finite(reference, names: List[str]) -> str | None:
+    """The first parameter (protocol order), else optimizer state (by key, then parameter), that is
+    not finite after a step, as the Java learner names it; None when all are finite."""
+    import torch
+
+    params = dict(reference.model.named_parameters())
+    for name in names:
+        if not torch.isfinite(params[name].detach()).all():
+            return f"parameter {name}"
+    states = [reference.optimizer.state.get(params[name], {}) for name in names]
+    for key in sorted({key for state in states for key in state}):
+        for name, state in zip(names, states):
+            value = state.get(key)
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+                return f"the optimizer's {key} of {name}"
+    return None
 
 
 def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None, *,

@@ -674,6 +674,16 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
+    /**
+     * @return whether every parameter and every tensor of the optimizer's state is finite, decided
+     *     in libtorch without copying them out (the online learner's check after an update)
+     */
+    public boolean stateFinite() {
+        try (ThreadGuard.Use use = use()) {
+            return scripted.allFinite(Protocol.GET_PARAMETERS) && scripted.allFinite(Protocol.OPTIMIZER_STATE);
+        }
+    }
+
     /** @return buffer values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getBuffers() {
         try (ThreadGuard.Use use = use()) {

@@ -6,6 +6,7 @@ import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
 import dev.gradbridge.AtomicFiles;
+import dev.gradbridge.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.LogCorruptException;
@@ -42,6 +43,7 @@ final class Checkpoints {
         final long nextSeq;
         final long scanOffset;
         final Map<String, String> digests;
+        String fileSha256; // the checkpoint module's SHA-256 (null in descriptors written before it was kept)
 
         Descriptor(String file, String modelSha256, long version, long updates, double loss, long nextSeq,
                 long scanOffset, Map<String, String> digests) {
@@ -78,9 +80,16 @@ final class Checkpoints {
             double loss = json.has("loss") && !json.get("loss").isJsonNull() ? json.get("loss").getAsDouble() : Double.NaN;
             Map<String, String> digests =
                     GSON.fromJson(json.get("digests"), new TypeToken<Map<String, String>>() {}.getType());
-            return new Descriptor(json.get("file").getAsString(), json.get("model_sha256").getAsString(),
+            Descriptor descriptor = new Descriptor(json.get("file").getAsString(), json.get("model_sha256").getAsString(),
                     json.get("version").getAsLong(), json.get("updates").getAsLong(), loss,
                     json.get("next_seq").getAsLong(), json.get("scan_offset").getAsLong(), digests);
+            if (json.has("file_sha256")) {
+                descriptor.fileSha256 = json.get("file_sha256").getAsString();
+            }
+            if (!descriptor.file.matches("checkpoint-v[0-9]+\\.pt")) {
+                throw new LogCorruptException(file + " names '" + descriptor.file + "', not a checkpoint-vNNNNNNNN.pt of its folder");
+            }
+            return descriptor;
         } catch (JsonParseException | IllegalStateException | ClassCastException | NumberFormatException e) {
             throw new LogCorruptException(file + " is not a valid checkpoint descriptor");
         }
@@ -114,10 +123,29 @@ final class Checkpoints {
                 + " checkpoints: the log was cut or replaced");
     }
 
+    /**
+     * Refuses a checkpoint module that is missing, damaged (a zip entry whose checksum does not
+     * match) or other than the one the descriptor recorded (its SHA-256), before libtorch reads it.
+     */
+    static void verifyModule(Path dir, Descriptor checkpoint) throws IOException {
+        Path module = dir.resolve(checkpoint.file).toAbsolutePath();
+        String what = "checkpoint " + module + " (named by " + dir.resolve(FILE).toAbsolutePath() + ")";
+        String problem = ModuleArchives.problem(module);
+        if (problem != null) {
+            throw new LogCorruptException(what + " " + problem + "; move the log folder's checkpoint.json aside to"
+                    + " resume from the whole log instead");
+        }
+        if (checkpoint.fileSha256 != null && !checkpoint.fileSha256.equals(Digests.sha256Hex(module))) {
+            throw new LogCorruptException(what + " is damaged: its SHA-256 is not the one recorded when it was"
+                    + " written; move the log folder's checkpoint.json aside to resume from the whole log instead");
+        }
+    }
+
     /** Writes the module, then the descriptor; removes older checkpoint modules. */
     static void write(Path dir, TrainingModule training, Descriptor checkpoint) throws IOException {
-        training.saveCheckpoint(dir.resolve(checkpoint.file),
+        byte[] archive = training.checkpointArchive(
                 Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
+        AtomicFiles.write(dir.resolve(checkpoint.file), archive);
         JsonObject json = new JsonObject();
         json.addProperty("file", checkpoint.file);
         json.addProperty("model_sha256", checkpoint.modelSha256);
@@ -127,6 +155,7 @@ final class Checkpoints {
         json.addProperty("next_seq", checkpoint.nextSeq);
         json.addProperty("scan_offset", checkpoint.scanOffset);
         json.add("digests", GSON.toJsonTree(checkpoint.digests));
+        json.addProperty("file_sha256", Digests.sha256Hex(archive));
         AtomicFiles.write(dir.resolve(FILE), GSON.toJson(json).getBytes(StandardCharsets.UTF_8));
         try (DirectoryStream<Path> old = Files.newDirectoryStream(dir, "checkpoint-v*.pt")) {
             for (Path file : old) {

@@ -54,8 +54,8 @@ final class Ingest {
         this.phases = phases;
     }
 
-    /** See {@link OnlineLearner#learn(HostTensor, HostTensor, String, long, TimeUnit)}. */
-    long learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+    /** See {@link OnlineLearner#offer(HostTensor, HostTensor, String, long, TimeUnit)}. */
+    OnlineLearner.Receipt learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
         long t = PhaseTimes.clock(phases);
         long rows = rows("x", xSpec, x);
         if (rows("y", ySpec, y) != rows) {
@@ -94,7 +94,7 @@ final class Ingest {
             fail.accept(e); // what is durable is unknown now: stop rather than acknowledge anything more
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
         }
-        return done.firstSeq;
+        return new OnlineLearner.Receipt(done.firstSeq, rows, done.duplicate);
     }
 
     /**

@@ -2,6 +2,7 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.DType;
 import dev.gradbridge.GradbridgeException;
+import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
@@ -30,10 +31,21 @@ final class ModuleCalls {
         this.ySpec = ySpec;
         this.xType = DType.of(xSpec.getDtype());
         this.yType = DType.of(ySpec.getDtype());
-        this.xBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, xRowBytes)).order(ByteOrder.nativeOrder());
-        this.yBatch = ByteBuffer.allocateDirect(Math.multiplyExact(maxBatch, yRowBytes)).order(ByteOrder.nativeOrder());
+        this.xBatch = ByteBuffer.allocateDirect(batchBytes(maxBatch, xSpec, xRowBytes)).order(ByteOrder.nativeOrder());
+        this.yBatch = ByteBuffer.allocateDirect(batchBytes(maxBatch, ySpec, yRowBytes)).order(ByteOrder.nativeOrder());
         xRun.add(xBatch);
         yRun.add(yBatch);
+    }
+
+    /** Bytes of a micro-batch of {@code maxBatch} rows, which must fit one buffer. */
+    private static int batchBytes(int maxBatch, Metadata.TensorSpec spec, int rowBytes) {
+        long bytes = (long) maxBatch * rowBytes;
+        if (bytes > Integer.MAX_VALUE - 8) {
+            throw new InvalidInputException("max batch " + maxBatch + " is too large for input " + spec.getName() + ": "
+                    + maxBatch + " rows of " + rowBytes + " bytes exceed a buffer's 2 GiB; at most "
+                    + (Integer.MAX_VALUE - 8) / Math.max(1, rowBytes) + " rows");
+        }
+        return (int) bytes;
     }
 
     /**

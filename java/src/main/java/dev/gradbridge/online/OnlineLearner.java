@@ -7,12 +7,15 @@ import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
 import dev.gradbridge.online.log.LogCorruptException;
 import dev.gradbridge.online.log.LogHeader;
+import dev.gradbridge.online.log.LogReader;
 import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.file.FileSystemException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
@@ -102,8 +105,19 @@ public final class OnlineLearner implements AutoCloseable {
         private double maxGradNorm;
         private boolean validateTargets = true;
         private boolean timePhases;
+        private List<Path> opLibraries = Collections.emptyList();
 
         private Builder() {}
+
+        /**
+         * @param libraries custom-operator libraries the module calls, loaded before it (as
+         *     {@link TrainingModule#load(Path, List)}); default none
+         * @return this
+         */
+        public Builder optOpLibraries(List<Path> libraries) {
+            this.opLibraries = new ArrayList<>(libraries);
+            return this;
+        }
 
         /**
          * @param time record where the time goes, per phase ({@link OnlineLearner#phaseTimes}),
@@ -250,13 +264,21 @@ public final class OnlineLearner implements AutoCloseable {
         this.phases = options.timePhases ? new PhaseTimes() : null;
         List<AutoCloseable> opened = new ArrayList<>();
         try {
-            TrainingModule original = TrainingModule.load(modelPath);
+            if (Files.isRegularFile(modelPath)) {
+                String damage = ModuleArchives.problem(modelPath);
+                if (damage != null) {
+                    throw new InvalidInputException("training module " + modelPath + " " + damage);
+                }
+            }
+            TrainingModule original = TrainingModule.load(modelPath, options.opLibraries);
             opened.add(original);
             this.metadata = original.getMetadata();
             checkSupported(modelPath, original);
             String modelSha256 = Digests.sha256Hex(modelPath);
             this.xSpec = metadata.getInput("x");
             Metadata.TensorSpec ySpec = metadata.getInput("y");
+            // Sized now, before the log folder is created: a B too large for its buffers is one line.
+            ModuleCalls calls = new ModuleCalls(xSpec, ySpec, options.maxBatch, Ingest.rowBytes(xSpec), Ingest.rowBytes(ySpec));
             LogHeader wanted = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm,
                     0, 0, xSpec.getDtype(), Ingest.sampleShape(xSpec), ySpec.getDtype(), Ingest.sampleShape(ySpec));
 
@@ -268,12 +290,11 @@ public final class OnlineLearner implements AutoCloseable {
             Recovery recovery = Recovery.read(this.logDir, log, wanted, modelSha256);
             TrainingModule training = original;
             if (recovery.checkpointModule() != null) {
-                training = TrainingModule.load(recovery.checkpointModule());
+                training = TrainingModule.load(recovery.checkpointModule(), options.opLibraries);
                 opened.add(training);
                 opened.remove(original);
                 original.close();
             }
-            ModuleCalls calls = new ModuleCalls(xSpec, ySpec, options.maxBatch, Ingest.rowBytes(xSpec), Ingest.rowBytes(ySpec));
             this.updater = new Updater(training, calls, new UpdateGuard(options.maxGradNorm), phases);
             this.predictors = new PredictorPool(modelPath, options.predictors);
             opened.add(predictors);
@@ -291,6 +312,13 @@ public final class OnlineLearner implements AutoCloseable {
                 } catch (Exception suppressed) {
                     e.addSuppressed(suppressed);
                 }
+            }
+            if (e instanceof IOException && !(e instanceof FileSystemException)) {
+                // A write to the log (e.g. "No space left on device"): say which file.
+                FileSystemException named = new FileSystemException(LogReader.file(this.logDir).toString(), null,
+                        e.getMessage());
+                named.initCause(e);
+                throw named;
             }
             throw e;
         }
@@ -359,7 +387,51 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws KeyConflictException when the key came with other x or y before; nothing was logged
      */
     public long learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+        return offer(x, y, key, timeout, unit).getFirstSeq();
+    }
+
+    /**
+     * Like {@link #learn(HostTensor, HostTensor, String, long, TimeUnit)}, and says whether the
+     * request was this one's or answered from an earlier one with the same key (a retry): the
+     * queue's own answer for this request, whatever other callers do meanwhile.
+     *
+     * @param x inputs
+     * @param y targets
+     * @param key 1 to {@value #MAX_KEY_LENGTH} visible ASCII characters, or null for none
+     * @param timeout the longest wait for room (0: do not wait)
+     * @param unit its unit
+     * @return the request's events and whether it was a duplicate
+     */
+    public Receipt offer(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
         return ingest.learn(x, y, key, timeout, unit);
+    }
+
+    /** What became of one feedback request. */
+    public static final class Receipt {
+        private final long firstSeq;
+        private final long events;
+        private final boolean duplicate;
+
+        Receipt(long firstSeq, long events, boolean duplicate) {
+            this.firstSeq = firstSeq;
+            this.events = events;
+            this.duplicate = duplicate;
+        }
+
+        /** @return the sequence number of the (first request's) first event; the others follow consecutively */
+        public long getFirstSeq() {
+            return firstSeq;
+        }
+
+        /** @return the request's events (one per row) */
+        public long getEvents() {
+            return events;
+        }
+
+        /** @return whether the key was accepted before with this request, so nothing was logged again */
+        public boolean isDuplicate() {
+            return duplicate;
+        }
     }
 
     // ---- prediction ----

@@ -10,6 +10,8 @@ import java.util.List;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.function.Supplier;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * Copies of the module that serve predictions (and check feedback's loss), never the training
@@ -89,7 +91,13 @@ final class PredictorPool implements AutoCloseable {
         }
     }
 
-    /** libtorch's own reason, first line only, without Java or C++ frames (e.g. "index 9 is out of bounds"). */
+    private static final Pattern ERROR_LINE = Pattern.compile("^\\s*(?:[\\w.]*\\.)?\\w*(?:Error|Exception): (.+)$");
+
+    /**
+     * libtorch's own reason, one line, without Java or C++ frames (e.g. "Target 99 is out of
+     * bounds."): TorchScript puts "The following operation failed in the TorchScript interpreter."
+     * and a traceback first and the error ({@code RuntimeError: ...}) after them.
+     */
     static String libtorchReason(Throwable e) {
         String text = String.valueOf(e.getMessage());
         for (Throwable cause = e.getCause(); cause != null; cause = cause.getCause()) {
@@ -97,7 +105,25 @@ final class PredictorPool implements AutoCloseable {
                 text = cause.getMessage();
             }
         }
-        String line = text.split("\n", 2)[0].trim();
+        String[] lines = text.split("\n");
+        String line = null;
+        for (int i = lines.length - 1; i >= 0 && line == null; i--) { // the last "XxxError: reason" line
+            Matcher error = ERROR_LINE.matcher(lines[i]);
+            if (error.matches() && !error.group(1).trim().isEmpty()) {
+                line = error.group(1).trim();
+            }
+        }
+        if (line == null) {
+            line = lines[0].trim();
+            if (line.startsWith("The following operation failed in the TorchScript interpreter")) {
+                for (int i = lines.length - 1; i > 0; i--) { // else the last line that says something
+                    if (!lines[i].trim().isEmpty()) {
+                        line = lines[i].trim();
+                        break;
+                    }
+                }
+            }
+        }
         int colon = line.lastIndexOf(": ");
         if (line.matches(".*\\b(ai\\.djl|java\\.|dev\\.gradbridge)\\..*") && colon >= 0) {
             line = line.substring(colon + 2);

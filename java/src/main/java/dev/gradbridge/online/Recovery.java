@@ -74,6 +74,7 @@ final class Recovery {
         }
         if (checkpoint != null) {
             Checkpoints.check(logDir, checkpoint, modelSha256, contents);
+            Checkpoints.verifyModule(logDir, checkpoint);
         }
         return new Recovery(logDir, log, wanted, checkpoint, contents);
     }

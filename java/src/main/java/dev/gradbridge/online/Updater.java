@@ -2,6 +2,8 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -13,7 +15,12 @@ import java.util.Map;
  */
 final class Updater implements AutoCloseable {
 
-    private final TrainingModule training;
+    /** Updates after which a new backup is taken (see {@link #refreshBackup}). */
+    static final int BACKUP_EVERY = 64;
+
+    private TrainingModule training; // replaced by the backup when an update is undone
+    private TrainingModule backup; // a copy of the module some updates ago, or null
+    private final List<List<List<byte[]>>> since = new ArrayList<>(); // micro-batches applied after the backup
     private final Metadata metadata;
     private final ModuleCalls calls;
     private final UpdateGuard guard;
@@ -37,7 +44,10 @@ final class Updater implements AutoCloseable {
 
     /**
      * The micro-batch's loss and gradients, then the optimizer step unless the guard refuses: the
-     * same calls as {@code train_step} when it goes through, no step (gradients zeroed) when not.
+     * same calls as {@code train_step} when it goes through, no step (gradients zeroed) when not. A
+     * step that leaves a parameter or the optimizer's state not finite (finite but extreme inputs
+     * can do that with a finite loss and finite gradients) is undone: the module goes back to the
+     * copy taken before the step, and the micro-batch is refused like a non-finite gradient.
      *
      * @return null when applied (and counted), else why not
      */
@@ -49,9 +59,7 @@ final class Updater implements AutoCloseable {
                 ? guard.refuse(loss, training.getParameterNames(), training.getGradients())
                 : null;
         if (refusal == null) {
-            training.optimizerStep();
-            updates++;
-            lastLoss = loss;
+            refusal = checkedStep(xs, ys, loss);
         } else {
             training.zeroGrad();
         }
@@ -59,29 +67,106 @@ final class Updater implements AutoCloseable {
         return refusal;
     }
 
+    /** The optimizer step on the gradients in place, undone when it leaves the state not finite. */
+    private String checkedStep(List<byte[]> xs, List<byte[]> ys, double loss) {
+        refreshBackup();
+        training.optimizerStep();
+        if (!training.stateFinite()) {
+            String reason = "the update makes " + firstNotFinite() + " not finite";
+            rollBack(reason);
+            return reason;
+        }
+        since.add(Arrays.asList(new ArrayList<>(xs), new ArrayList<>(ys)));
+        updates++;
+        lastLoss = loss;
+        return null;
+    }
+
+    /**
+     * Before a step: a copy of the module (parameters, optimizer state, learning rate) when there is
+     * none or {@value #BACKUP_EVERY} updates came after it. Copying is dear next to a small step, so
+     * the copy is taken now and then and the micro-batches applied since are kept: undoing a step
+     * is going back to the copy and applying them again, which gives the same bits.
+     */
+    private void refreshBackup() {
+        if (backup == null || since.size() >= BACKUP_EVERY) {
+            if (backup != null) {
+                backup.close();
+            }
+            backup = training.snapshot().orElse(null);
+            since.clear();
+        }
+    }
+
+    /**
+     * Brings the module back to where it was before the step (or run) in progress: the backup plus
+     * the micro-batches applied since it, applied again with the same calls.
+     *
+     * @throws IllegalStateException when there is no backup (two tensors of the module share a
+     *     storage, so it cannot be copied): training cannot go on without poisoning the model
+     */
+    private void rollBack(String reason) {
+        if (backup == null) {
+            throw new IllegalStateException(reason + ", and the module cannot be restored (two of its tensors share a"
+                    + " storage, so it cannot be copied)");
+        }
+        training.close();
+        training = backup;
+        backup = training.snapshot().orElse(null); // still the backup of training + since (null: a new one next time)
+        for (List<List<byte[]>> batch : since) {
+            calls.lossAndBackward(training, batch.get(0), batch.get(1));
+            training.optimizerStep();
+        }
+    }
+
+    /** The first parameter (protocol order), else the first optimizer state (by key, then parameter), that is not finite. */
+    private String firstNotFinite() {
+        Map<String, double[]> parameters = training.getParameters();
+        List<String> names = training.getParameterNames();
+        for (String name : names) {
+            if (!finite(parameters.get(name))) {
+                return "parameter " + name;
+            }
+        }
+        for (Map.Entry<String, List<double[]>> state : training.getOptimizerState().entrySet()) {
+            List<double[]> perParameter = state.getValue();
+            for (int i = 0; i < perParameter.size(); i++) {
+                if (!finite(perParameter.get(i))) {
+                    return "the optimizer's " + state.getKey() + (i < names.size() ? " of " + names.get(i) : "");
+                }
+            }
+        }
+        return "the optimizer's state";
+    }
+
+    private static boolean finite(double[] values) {
+        if (values != null) {
+            for (double value : values) {
+                if (!Double.isFinite(value)) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
     /**
      * Applies micro-batches in order until one is refused: with no norm limit, in one native call
      * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
      * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
+     * The native call's run is checked once at its end (a parameter or optimizer state that is not
+     * finite stays so under every later step of the exported optimizers: NaN and infinity
+     * propagate): when it is not finite, the module goes back to the copy taken before the run and
+     * the run is applied again one {@link #apply} at a time, which finds the micro-batch to refuse.
      *
      * @return how many were applied, and why the next was not (if it was reached)
      */
     Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
         if (guard.readsGradients()) {
-            for (int i = 0; i < xs.size(); i++) {
-                String refusal;
-                try {
-                    refusal = apply(xs.get(i), ys.get(i));
-                } catch (RuntimeException e) {
-                    return new Run(i, null, e);
-                }
-                if (refusal != null) {
-                    return new Run(i, refusal, null);
-                }
-            }
-            return new Run(xs.size(), null, null);
+            return applyEach(xs, ys);
         }
         long t = PhaseTimes.clock(phases);
+        refreshBackup();
         TrainingModule.GuardedSteps steps;
         try {
             steps = calls.stepWhileFinite(training, xs, ys);
@@ -89,6 +174,15 @@ final class Updater implements AutoCloseable {
             return new Run(0, null, e); // refused before any call
         }
         int applied = steps.stepped();
+        if (applied > 0 && !training.stateFinite()) {
+            // A step of this run left the state not finite: back to before the run, then one at a time.
+            rollBack("an update of micro-batches " + updates + ".." + (updates + applied - 1) + " leaves the state not finite");
+            PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+            return applyEach(xs, ys);
+        }
+        for (int i = 0; i < applied; i++) {
+            since.add(Arrays.asList(new ArrayList<>(xs.get(i)), new ArrayList<>(ys.get(i))));
+        }
         updates += applied;
         if (applied > 0) {
             lastLoss = steps.loss(applied - 1);
@@ -98,17 +192,30 @@ final class Updater implements AutoCloseable {
             double loss = steps.loss(applied);
             String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
             if (refusal == null) { // libtorch and the guard disagree: the guard decides, as in apply
-                training.optimizerStep();
-                updates++;
-                lastLoss = loss;
-                run = new Run(applied + 1, null, null);
+                refusal = checkedStep(xs.get(applied), ys.get(applied), loss);
             } else {
                 training.zeroGrad();
-                run = new Run(applied, refusal, null);
             }
+            run = refusal == null ? new Run(applied + 1, null, null) : new Run(applied, refusal, null);
         }
         PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
         return run;
+    }
+
+    /** One {@link #apply} per micro-batch until one is refused or fails. */
+    private Run applyEach(List<List<byte[]>> xs, List<List<byte[]>> ys) {
+        for (int i = 0; i < xs.size(); i++) {
+            String refusal;
+            try {
+                refusal = apply(xs.get(i), ys.get(i));
+            } catch (RuntimeException e) {
+                return new Run(i, null, e);
+            }
+            if (refusal != null) {
+                return new Run(i, refusal, null);
+            }
+        }
+        return new Run(xs.size(), null, null);
     }
 
     /**
@@ -155,6 +262,9 @@ final class Updater implements AutoCloseable {
 
     @Override
     public void close() {
+        if (backup != null) {
+            backup.close();
+        }
         training.close();
     }
 }

@@ -33,7 +33,10 @@ import org.eclipse.jetty.server.HttpConnectionFactory;
 import org.eclipse.jetty.server.SecureRequestCustomizer;
 import org.eclipse.jetty.server.ServerConnector;
 import org.eclipse.jetty.server.SslConnectionFactory;
+import org.eclipse.jetty.server.NetworkConnectionLimit;
+import org.eclipse.jetty.server.handler.EagerContentHandler;
 import org.eclipse.jetty.server.handler.GracefulHandler;
+import org.eclipse.jetty.server.handler.MinimumDataRateHandler;
 import org.eclipse.jetty.util.thread.QueuedThreadPool;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -102,12 +105,22 @@ final class HttpApi {
      * HTTPS when {@code tls} is not null.
      */
     Javalin server(String host, int port, int threads, long readTimeoutMillis, long stopTimeoutMillis, boolean withAdmin,
-            Tls tls) {
+            Tls tls, int maxConnections, long minBodyRate) {
         return Javalin.create(config -> {
             common(config, host, port, threads, readTimeoutMillis, tls);
             config.jetty.modifyServer(server -> {
                 server.setStopTimeout(stopTimeoutMillis);
+                // Bodies are read without a thread (a slow client holds a connection, never a handler)
+                // up to the limit (413 beyond it), at no less than minBodyRate bytes/s (408 below it).
+                server.insertHandler(new EagerContentHandler(
+                        new EagerContentHandler.RetainedContentLoaderFactory(maxBodyBytes, -1, true)));
+                server.insertHandler(new MinimumDataRateHandler(minBodyRate, 0));
                 server.insertHandler(new GracefulHandler()); // stop waits for the requests in flight
+                // At most maxConnections open at once: past it Jetty stops accepting (the kernel's
+                // backlog holds new ones) and closes connections idle for a second.
+                NetworkConnectionLimit limit = new NetworkConnectionLimit(maxConnections, server);
+                limit.setEndPointIdleTimeout(Math.min(1000, readTimeoutMillis));
+                server.addBean(limit);
             });
             config.routes.post("/predict", authorized(this::predict));
             config.routes.post("/feedback", authorized(this::feedback));
@@ -131,7 +144,11 @@ final class HttpApi {
         config.http.maxRequestSize = maxBodyBytes;
         // Bounded: at most `threads` handlers run at once (Jetty queues the rest).
         config.jetty.threadPool = new QueuedThreadPool(threads, Math.min(4, threads), 60_000);
-        config.jetty.modifyHttpConfiguration(http -> http.setSendServerVersion(false));
+        config.jetty.modifyHttpConfiguration(http -> {
+            http.setSendServerVersion(false);
+            http.setIdleTimeout(readTimeoutMillis); // a request whose body stalls this long fails (408)
+        });
+        config.jetty.modifyServer(server -> server.setErrorHandler(new ErrorLines(maxBodyBytes)));
         // A connection that sends nothing for readTimeoutMillis (a slow or stuck client) is closed.
         config.jetty.addConnector((server, http) -> {
             ServerConnector connector;
@@ -197,15 +214,20 @@ final class HttpApi {
         if (declared > maxBodyBytes) {
             throw new BodyTooLarge("body of " + declared + " bytes exceeds the limit of " + maxBodyBytes + " bytes");
         }
-        ByteArrayOutputStream out = new ByteArrayOutputStream((int) Math.min(Math.max(declared, 1024), maxBodyBytes));
+        ByteArrayOutputStream out = new ByteArrayOutputStream((int) Math.min(Math.max(declared, 1024), Math.min(maxBodyBytes, 1 << 20)));
         byte[] buffer = new byte[8192];
         try (InputStream in = ctx.req().getInputStream()) {
             for (int n; (n = in.read(buffer)) > 0; ) {
                 if (out.size() + (long) n > maxBodyBytes) {
-                    throw new BodyTooLarge("body exceeds the limit of " + maxBodyBytes + " bytes");
+                    throw new BodyTooLarge("body exceeds the limit of " + maxBodyBytes + " bytes (--max-body-bytes)");
                 }
                 out.write(buffer, 0, n);
             }
+        } catch (IOException | RuntimeException e) {
+            if (e instanceof BodyTooLarge) {
+                throw e;
+            }
+            throw readFailure(e);
         }
         String text = new String(out.toByteArray(), StandardCharsets.UTF_8);
         try {
@@ -215,7 +237,41 @@ final class HttpApi {
             }
             return json.getAsJsonObject();
         } catch (JsonParseException e) {
-            throw new InvalidInputException("body is not valid JSON: " + JsonTensors.abbreviate(ServeCommand.rootMessage(e)));
+            throw new InvalidInputException("body is not valid JSON: " + JsonTensors.abbreviate(gsonReason(e)));
+        }
+    }
+
+    /** Gson's reason without its advice to the programmer (lenient parsing, a troubleshooting URL). */
+    static String gsonReason(Throwable e) {
+        String message = String.valueOf(ServeCommand.rootMessage(e)).split("\n", 2)[0];
+        return message.replaceAll("^(?:[a-z]+\\.)+[A-Za-z]*Exception: ", "")
+                // what Gson's JsonParser says of text after the value, as advice to call setStrictness
+                .replace("Use JsonReader.setStrictness(Strictness.LENIENT) to accept malformed JSON ", "text after the JSON value ")
+                .replace("Use JsonReader.setLenient(true) to accept malformed JSON ", "text after the JSON value ")
+                .replaceAll("\\s*See https?://\\S+", "")
+                .trim();
+    }
+
+    /** A body that could not be read whole: the client's fault (malformed chunks, too slow, gone). */
+    private static RuntimeException readFailure(Exception e) {
+        for (Throwable cause = e; cause != null; cause = cause.getCause()) {
+            if (cause instanceof java.util.concurrent.TimeoutException) {
+                return new BodyUnreadable(408, "the request body arrived too slowly (--read-timeout-ms, or under the"
+                        + " minimum rate); send it whole, at once");
+            }
+        }
+        String reason = String.valueOf(ServeCommand.rootMessage(e)).split("\n", 2)[0];
+        return new BodyUnreadable(400, "cannot read the request body (malformed chunked encoding, or it ended before its"
+                + " length): " + JsonTensors.abbreviate(reason));
+    }
+
+    private static final class BodyUnreadable extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+        final int status;
+
+        BodyUnreadable(int status, String message) {
+            super(message);
+            this.status = status;
         }
     }
 
@@ -240,6 +296,8 @@ final class HttpApi {
             fail(ctx, 400, e.getMessage());
         } catch (BodyTooLarge e) {
             fail(ctx, 413, e.getMessage());
+        } catch (BodyUnreadable e) {
+            fail(ctx, e.status, e.getMessage());
         } finally {
             sample.stop(predictLatency);
         }
@@ -252,17 +310,18 @@ final class HttpApi {
             HostTensor x = JsonTensors.parse("x", body.get("x"), learner.getMetadata().getInput("x").getDtype());
             HostTensor y = JsonTensors.parse("y", body.get("y"), learner.getMetadata().getInput("y").getDtype());
             String key = ctx.header("Idempotency-Key");
-            long duplicatesBefore = learner.duplicateEvents();
-            long first = learner.learn(x, y, key, 0, TimeUnit.NANOSECONDS);
+            OnlineLearner.Receipt receipt = learner.offer(x, y, key, 0, TimeUnit.NANOSECONDS);
             JsonObject out = new JsonObject();
-            out.addProperty("accepted", x.rows());
-            out.addProperty("first_seq", first);
-            out.addProperty("duplicate", key != null && learner.duplicateEvents() != duplicatesBefore);
+            out.addProperty("accepted", receipt.getEvents());
+            out.addProperty("first_seq", receipt.getFirstSeq());
+            out.addProperty("duplicate", receipt.isDuplicate()); // this request's own answer from the queue
             ctx.contentType("application/json").result(GSON.toJson(out));
         } catch (InvalidInputException e) {
             fail(ctx, 400, e.getMessage());
         } catch (BodyTooLarge e) {
             fail(ctx, 413, e.getMessage());
+        } catch (BodyUnreadable e) {
+            fail(ctx, e.status, e.getMessage());
         } catch (KeyConflictException e) {
             fail(ctx, 422, e.getMessage());
         } catch (QueueFullException e) {

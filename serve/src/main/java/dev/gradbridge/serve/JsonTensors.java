@@ -7,6 +7,7 @@ import com.google.gson.JsonPrimitive;
 import dev.gradbridge.DType;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
+import java.math.BigDecimal;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
@@ -36,16 +37,10 @@ final class JsonTensors {
         DType type = DType.of(dtype);
         ByteBuffer bytes = ByteBuffer.allocate(values.size() * width).order(DType.FILE_ORDER);
         for (JsonPrimitive value : values) {
-            double number = value.getAsDouble();
             if (type.isFloating()) {
-                type.put(bytes, number);
+                type.put(bytes, value.getAsDouble()); // beyond the dtype's range: infinite, refused later
             } else {
-                long integer = value.getAsLong(); // not through a double: int64 beyond 2^53 stays exact
-                if (integer != number) {
-                    throw new InvalidInputException(
-                            "field '" + field + "' must hold integers (int64), got " + abbreviate(value));
-                }
-                bytes.putLong(integer);
+                bytes.putLong(integer(field, value));
             }
         }
         long[] dims = new long[shape.size()];
@@ -53,6 +48,37 @@ final class JsonTensors {
             dims[i] = shape.get(i);
         }
         return HostTensor.of(dtype, dims, bytes.array());
+    }
+
+    /** The number as written (exact), or a one-line refusal for text that is no number. */
+    private static BigDecimal number(String field, JsonPrimitive value) {
+        try {
+            return new BigDecimal(value.getAsString());
+        } catch (NumberFormatException e) { // NaN or Infinity, which lenient JSON lets through
+            throw new InvalidInputException("field '" + field + "' must hold finite numbers, got " + abbreviate(value));
+        }
+    }
+
+    /**
+     * An int64 from its text, not through a double (beyond 2^53 it stays exact), without ever
+     * expanding a huge exponent (1e1000000000 is refused, not computed).
+     */
+    private static long integer(String field, JsonPrimitive value) {
+        BigDecimal number = number(field, value);
+        BigDecimal whole = number.signum() == 0 ? BigDecimal.ZERO : number.stripTrailingZeros();
+        if (whole.scale() > 0) {
+            throw new InvalidInputException("field '" + field + "' must hold integers (int64), got " + abbreviate(value));
+        }
+        if (whole.precision() - whole.scale() > 19) {
+            throw new InvalidInputException("field '" + field + "' must hold int64 integers (at most 2^63-1 in size), got "
+                    + abbreviate(value));
+        }
+        try {
+            return whole.longValueExact();
+        } catch (ArithmeticException e) {
+            throw new InvalidInputException("field '" + field + "' must hold int64 integers (at most 2^63-1 in size), got "
+                    + abbreviate(value));
+        }
     }
 
     private static void flatten(String field, JsonElement json, List<Long> shape, int depth, List<JsonPrimitive> out) {

@@ -9,9 +9,13 @@ import java.io.IOException;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.net.ServerSocket;
+import java.net.UnknownHostException;
+import java.nio.file.FileSystemException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -118,6 +122,18 @@ public final class ServeCommand implements Callable<Integer> {
             description = "on SIGTERM, longest wait for requests in flight (default ${DEFAULT-VALUE})")
     long stopTimeoutMillis;
 
+    @Option(names = "--max-connections", defaultValue = "1000",
+            description = "connections open at once on --port; more wait to be accepted (default ${DEFAULT-VALUE})")
+    int maxConnections;
+
+    @Option(names = "--min-body-rate", defaultValue = "1024",
+            description = "a request body arriving slower than this many bytes/s is refused with 408 (default ${DEFAULT-VALUE})")
+    long minBodyRate;
+
+    @Option(names = "--op-library", paramLabel = "FILE",
+            description = "custom-operator library the module calls, loaded before it (repeatable)")
+    List<Path> opLibraries = new ArrayList<>();
+
     /**
      * Runs the service until SIGTERM or SIGINT; exit code 0 after a clean drain, 1 with one
      * {@code error:} line otherwise.
@@ -130,29 +146,70 @@ public final class ServeCommand implements Callable<Integer> {
         System.exit(OneLineErrors.install(new CommandLine(new ServeCommand())).execute(args));
     }
 
+    /** Every option against its range, and what must exist, before anything is created. */
     private void checkOptions() {
         checkPort("--port", port, false);
         checkPort("--admin-port", adminPort, true);
-        positive("--max-body-bytes", maxBodyBytes);
-        positive("--read-timeout-ms", readTimeoutMillis);
-        positive("--stop-timeout-ms", stopTimeoutMillis);
-        if (threads < 4) {
-            throw new GradbridgeException("--threads must be >= 4, got " + threads);
+        range("--max-batch", maxBatch, 1, MAX_BATCH);
+        range("--max-wait-ms", maxWaitMillis, 0, HOUR_MS);
+        range("--publish-every", publishEvery, 1, Integer.MAX_VALUE);
+        range("--checkpoint-every", checkpointEvery, 1, Integer.MAX_VALUE);
+        range("--queue-capacity", queueCapacity, 1, MAX_EVENTS);
+        if (predictors != null) {
+            range("--predictors", predictors, 1, MAX_PREDICTORS);
         }
+        range("--group-commit-ms", groupCommitMillis, 0, HOUR_MS);
+        range("--max-body-bytes", maxBodyBytes, 1, MAX_BODY_BYTES);
+        range("--threads", threads, 4, MAX_THREADS);
+        range("--read-timeout-ms", readTimeoutMillis, 1, HOUR_MS);
+        range("--stop-timeout-ms", stopTimeoutMillis, 1, HOUR_MS);
+        range("--max-connections", maxConnections, 1, MAX_CONNECTIONS);
+        range("--min-body-rate", minBodyRate, 0, Integer.MAX_VALUE);
         if (noAuth && (tokenFile != null || tokenEnv != null)) {
             throw new GradbridgeException("--no-auth and a token option contradict each other; give one");
         }
-    }
-
-    private static void checkPort(String name, int value, boolean optional) {
-        if (value > 65535 || value < (optional ? -1 : 0)) {
-            throw new GradbridgeException(name + " must be in 0..65535, got " + value);
+        address("--host", host);
+        address("--admin-host", adminHost);
+        if (Files.exists(log) && !Files.isDirectory(log)) {
+            throw new GradbridgeException("--log " + log.toAbsolutePath() + " is a file, not a folder; name a folder"
+                    + " (created when missing)");
+        }
+        for (Path library : opLibraries) {
+            if (!Files.isRegularFile(library)) {
+                throw new GradbridgeException("--op-library " + library.toAbsolutePath() + ": no such file");
+            }
         }
     }
 
-    private static void positive(String name, long value) {
-        if (value < 1) {
-            throw new GradbridgeException(name + " must be >= 1, got " + value);
+    /** Largest --max-batch (its rows are one buffer per input) and --queue-capacity (events held in memory). */
+    static final int MAX_BATCH = 1_000_000;
+    static final int MAX_EVENTS = 10_000_000;
+    static final int MAX_PREDICTORS = 256;
+    static final int MAX_THREADS = 10_000;
+    static final int MAX_CONNECTIONS = 1_000_000;
+    /** Largest --max-body-bytes: a body is read into one array. */
+    static final long MAX_BODY_BYTES = 1L << 30;
+    static final long HOUR_MS = 3_600_000;
+
+    private static void checkPort(String name, int value, boolean optional) {
+        if (value > 65535 || value < (optional ? -1 : 0)) {
+            throw new GradbridgeException(name + " must be in " + (optional ? "-1" : "0") + "..65535, got " + value);
+        }
+    }
+
+    private static void range(String name, long value, long min, long max) {
+        if (value < min || value > max) {
+            throw new GradbridgeException(name + " must be in " + min + ".." + max + ", got " + value);
+        }
+    }
+
+    /** An address this machine can listen on: a literal IP or a name that resolves. */
+    private static void address(String name, String value) {
+        try {
+            InetAddress.getByName(value);
+        } catch (UnknownHostException | SecurityException e) {
+            throw new GradbridgeException(name + " " + value + " is neither an IP address nor a host name this machine"
+                    + " resolves (e.g. 127.0.0.1, 0.0.0.0 or ::1)");
         }
     }
 
@@ -164,7 +221,7 @@ public final class ServeCommand implements Callable<Integer> {
         try (ServerSocket socket = new ServerSocket()) {
             socket.bind(new InetSocketAddress(InetAddress.getByName(host), port));
         } catch (IOException e) {
-            throw new GradbridgeException("cannot listen on " + host + ":" + port + ": " + e.getMessage());
+            throw new GradbridgeException("cannot listen on " + host + ":" + port + ": " + Tokens.reason(e));
         }
     }
 
@@ -184,15 +241,32 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException(e.getMessage());
         }
         if (!Files.isRegularFile(model)) {
-            throw new GradbridgeException("no training module at " + model.toAbsolutePath());
+            throw new GradbridgeException("no training module at " + model.toAbsolutePath() + " (--model: the .pt that"
+                    + " gradbridge export wrote)");
         }
+        builder.optOpLibraries(opLibraries);
         String token = noAuth ? null : Tokens.named(tokenFile, tokenEnv);
+        if (!noAuth && token == null && Files.isDirectory(log)) {
+            token = Tokens.existingKey(log); // an empty or bad serve.key is refused now, before anything is opened
+        }
         Tls tls = Tls.open(tlsKeystore, tlsPasswordFile, tlsPasswordEnv);
         probe(host, port);
         probe(adminHost, adminPort);
         boolean logExisted = Files.exists(log);
 
-        OnlineLearner learner = builder.open(model, log);
+        OnlineLearner learner;
+        try {
+            learner = builder.open(model, log);
+        } catch (IOException | RuntimeException e) {
+            if (!logExisted) {
+                deleteTree(log.toAbsolutePath()); // a refused start leaves no log folder behind
+            }
+            if (e instanceof IOException) {
+                throw new GradbridgeException("cannot open the log folder " + log.toAbsolutePath() + ": "
+                        + ioLine((IOException) e), e);
+            }
+            throw e;
+        }
         Javalin app;
         Javalin admin = null;
         String tokenSource;
@@ -200,11 +274,14 @@ public final class ServeCommand implements Callable<Integer> {
             if (!noAuth && token == null) {
                 token = Tokens.generated(learner.getLogDir());
                 tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
+            } else if (!noAuth && tokenFile == null && tokenEnv == null) {
+                tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
             } else {
                 tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
             }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
-            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls).start();
+            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls, maxConnections,
+                    minBodyRate).start();
             if (adminPort >= 0) {
                 admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
             }
@@ -213,7 +290,8 @@ public final class ServeCommand implements Callable<Integer> {
             if (!logExisted) {
                 deleteTree(learner.getLogDir());
             }
-            throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": " + rootMessage(e), e);
+            throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": "
+                    + (e instanceof IOException ? ioLine((IOException) e) : rootMessage(e)), e);
         }
         CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
         for (String name : new String[] {"TERM", "INT"}) {
@@ -272,6 +350,17 @@ public final class ServeCommand implements Callable<Integer> {
         } catch (IOException ignored) {
             // best effort: the folder was ours and empty of anything acknowledged
         }
+    }
+
+    /** An I/O error as one line that names the file (Java's FileSystemException keeps it apart from the reason). */
+    static String ioLine(IOException e) {
+        if (e instanceof FileSystemException && ((FileSystemException) e).getFile() != null
+                && !String.valueOf(e.getMessage()).startsWith("cannot")) {
+            FileSystemException fs = (FileSystemException) e;
+            return fs.getFile() + (fs.getOtherFile() != null ? " -> " + fs.getOtherFile() : "") + ": "
+                    + (fs.getReason() != null ? fs.getReason() : e.getClass().getSimpleName());
+        }
+        return String.valueOf(e.getMessage());
     }
 
     static String rootMessage(Throwable e) {

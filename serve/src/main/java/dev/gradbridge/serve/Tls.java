@@ -7,6 +7,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.GeneralSecurityException;
 import java.security.KeyStore;
+import java.security.UnrecoverableKeyException;
 import java.util.Collections;
 import org.eclipse.jetty.util.ssl.SslContextFactory;
 
@@ -72,7 +73,16 @@ final class Tls {
         try {
             boolean hasKey = false;
             for (String alias : Collections.list(store.aliases())) {
-                hasKey |= store.isKeyEntry(alias);
+                if (store.isKeyEntry(alias)) {
+                    hasKey = true;
+                    try {
+                        store.getKey(alias, password.toCharArray()); // Jetty opens the key with the same password
+                    } catch (UnrecoverableKeyException e) {
+                        throw new GradbridgeException("keystore " + keystore.toAbsolutePath() + ": the key '" + alias
+                                + "' has a password other than the keystore's (--tls-keystore needs one password for"
+                                + " both: keytool -keypasswd -alias " + alias + ")");
+                    }
+                }
             }
             if (!hasKey) {
                 throw new GradbridgeException("keystore " + keystore.toAbsolutePath() + " holds no private key"
