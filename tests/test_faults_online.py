@@ -884,3 +884,26 @@ def test_the_duplicate_flag_is_each_requests_own(serve_script, models, tmp_path)
     finally:
         service.kill()
     _replay_bitwise(log_dir, model, 151)
+
+
+def test_a_module_of_several_inputs_is_refused_at_start_in_one_line(serve_script, tmp_path):
+    import torch
+
+    from gradbridge import export_training_module, messages
+
+    class TwoInputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(2, 3)
+            self.b = torch.nn.Linear(2, 3)
+
+        def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+            return self.a(left) + self.b(right)
+
+    x = {"left": torch.zeros(4, 2), "right": torch.zeros(4, 2)}
+    model = export_training_module(TwoInputs(), "cross_entropy", "sgd", tmp_path / "two.pt",
+                                   example_inputs=(x, torch.zeros(4, dtype=torch.int64)))
+    log_dir = tmp_path / "log"
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
+    assert line == messages.one_input_only(str(model), "online learning", ["left", "right"])
+    assert not log_dir.exists()

@@ -2,6 +2,7 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
@@ -330,6 +331,10 @@ public final class OnlineLearner implements AutoCloseable {
 
     /** Modules with buffers or gradient accumulation are refused. */
     private static void checkSupported(Path modelPath, TrainingModule module) {
+        if (module.getMetadata().hasNamedInputs()) {
+            throw new InvalidInputException(
+                    Messages.oneInputOnly(modelPath.toString(), "online learning", module.getInputNames()));
+        }
         if (!module.getBufferNames().isEmpty()) {
             throw new InvalidInputException(
                     modelPath + " has buffers " + module.getBufferNames() + "; online learning"
