@@ -447,11 +447,17 @@ final class NativeLibrary {
         return built;
     }
 
-    /** This jar's native library, extracted once into the cache; checked in full (it is small) at every start. */
+    /**
+     * This jar's native library, extracted once into the cache; checked in full (it is small) at every
+     * start. The folder is named by the library's own SHA-256 (older jars: by their sources'): two builds
+     * of the same sources differ in their bytes, and each keeps its own copy.
+     */
     private static Path extractJarLibrary(Properties built) {
         String name = built.getProperty("library");
+        String identity = built.getProperty(LIBRARY_DIGEST_KEY, built.getProperty("source_sha256", "unversioned"));
         Path target = cacheFolder().resolve("native").resolve("jar-torch" + built.getProperty("torch_version")
-                + "-cxx11abi" + built.getProperty("cxx11_abi") + "-" + built.getProperty("source_sha256"));
+                + "-cxx11abi" + built.getProperty("cxx11_abi") + "-"
+                + identity.substring(0, Math.min(32, identity.length())));
         String problem = cacheProblem(target, new String[] {name}, true);
         if (problem != null) {
             if (!problem.isEmpty()) {
