@@ -116,7 +116,7 @@ def start(folder, port: int = 0, timeout: float = 90.0) -> str:
     log = open(folder / "broker.out", "ab")
     if not (data / "meta.properties").is_file():
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        result = subprocess.run([_java(), *TOOL_HEAP, "-cp", cp, "kafka.tools.StorageTool", "format", "-t", cluster,
+        result = subprocess.run([_java(), *TOOL_HEAP, "-cp", cp, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}",
                                  "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             raise BrokerError(f"kafka-storage format failed (exit {result.returncode}); see {folder / 'broker.out'}")
