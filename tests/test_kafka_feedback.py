@@ -180,3 +180,74 @@ def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, 
     assert statuses.count(feedback_log.POSITION_DUPLICATE) == 2
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+
+
+def _refused_start(script, model, log_dir, *options):
+    result = subprocess.run([str(script), "--model", str(model), "--log", str(log_dir), "--port", "0", "--no-auth",
+                             *map(str, options)], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return result.returncode, lines
+
+
+def test_bad_kafka_options_are_one_line_and_leave_no_log_folder(serve_script, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    log_dir = tmp_path / "log"
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-topic", "t")
+    assert code == 1 and lines == ["error: Kafka feedback needs both --kafka-bootstrap and --kafka-topic"], lines
+    props = tmp_path / "client.properties"
+    props.write_text("security.protocol=PLAINTEXT\nenable.auto.commit=true\n")
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t",
+                                 "--kafka-properties", props)
+    assert code == 1 and len(lines) == 1 and "enable.auto.commit is set by gradbridge-serve" in lines[0], lines
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t",
+                                 "--kafka-properties", tmp_path / "missing.properties")
+    assert code == 1 and len(lines) == 1 and "missing.properties: no such file" in lines[0], lines
+    assert not log_dir.exists()
+
+
+def test_a_topic_that_does_not_exist_is_one_line_and_leaves_no_log_folder(serve_script, broker, models, tmp_path):
+    log_dir = tmp_path / "log"
+    code, lines = _refused_start(serve_script, models["mlp_classifier.pt"], log_dir,
+                                 *_kafka_options(broker, "no-such-topic"))
+    assert code == 1 and len(lines) == 1 and "Kafka topic 'no-such-topic' does not exist" in lines[0], lines
+    assert not log_dir.exists()
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_script, broker, models, tmp_path):
+    """Four kill -9 at random points while records arrive, a broker restart in the middle; then exactly once and bitwise."""
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-slow"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 16, "--max-wait-ms", 1, "--publish-every", 3, "--checkpoint-every", 4,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    rng = np.random.default_rng(7)
+    records = []
+    for round_ in range(5):
+        batch = [(k, v) for k, v, _, _ in _records(300, 10 + round_, f"r{round_}")]
+        if records:
+            batch.append(records[int(rng.integers(len(records)))])  # a duplicate of an earlier record
+        kafka_broker.produce(broker, topic, batch)
+        records += batch
+        service = Service(serve_script, model, log_dir, *options)
+        try:
+            if round_ == 2:
+                kafka_broker.stop(broker)  # the service waits for it
+                time.sleep(2)
+                kafka_broker.start(broker)
+            time.sleep(float(rng.uniform(1.0, 4.0)))
+            if round_ < 4:
+                service.process.send_signal(signal.SIGKILL)
+                service.process.wait(timeout=30)
+            else:
+                _wait_for_records(log_dir, len(records), timeout=300)
+                code, _, err = service.terminate()
+                assert code == 0, err
+        finally:
+            service.kill()
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    produced = _produced(broker, topic, records)
+    _check_exactly_once(log_dir, topic, end_offsets, produced)
+    report = replay_mod.replay(log_dir, model)
+    assert report.bitwise, report.table()
