@@ -43,16 +43,23 @@ def jvm(request):
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
-                     help="parity matrix: 20 epochs and every case through a subprocess too")
+                     help="parity matrix: 20 epochs and every case through a subprocess too; the slow scenarios"
+                          " (tests marked slow: Kafka broker restarts, repeated kill -9)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """With --full, the tests marked every_torch_full join every_torch (the newest torch's run)."""
+    """With --full, the tests marked every_torch_full join every_torch (the newest torch's run), and the
+    tests marked slow run; without it they are deselected (not skipped: they are not part of the default run)."""
     if config.getoption("--full"):
         for item in items:
             if item.get_closest_marker("every_torch_full"):
                 item.add_marker(pytest.mark.every_torch)
+    else:
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -5,7 +5,9 @@ tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge
 
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
 payload, whose first byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B``
-micro-batch, ``Q`` quarantined micro-batch, ``V`` version). Only an incomplete last frame (a torn
+micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``P`` the offsets of an external source such as a
+Kafka topic that the events of the same write were read from: replay needs only the events and batches, so
+it ignores them; `positions` checks that they cover the source without gap or overlap). Only an incomplete last frame (a torn
 tail) may end the log early; any other frame that does not check is an error naming its offset, as
 in Java.
 """
@@ -29,7 +31,10 @@ FORMAT_VERSION = 2
 FRAME_HEADER = 12
 MAX_PAYLOAD = 64 << 20
 #: record types (the payload's first byte)
-RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V"}
+RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V",
+                "position": b"P"}
+#: a P record's item status: the record's events were logged / answered from an earlier key / refused
+POSITION_LOGGED, POSITION_DUPLICATE, POSITION_REFUSED = 0, 1, 2
 
 
 def _crc_table():
@@ -81,6 +86,16 @@ class Version:
 
 
 @dataclass
+class Position:
+    """One read of an external source: per partition the offsets [from, to) it consumed, and per record
+    (partition, offset, first_seq, count, status)."""
+    source: str
+    ranges: List[Tuple[int, int, int]]
+    items: List[Tuple[int, int, int, int, int]]
+    offset: int = 0
+
+
+@dataclass
 class FeedbackLog:
     """A parsed log: header, events by sequence number, keys, and batches, quarantines and versions in file order."""
 
@@ -92,6 +107,7 @@ class FeedbackLog:
     quarantines: List[Quarantine] = field(default_factory=list)
     versions: List[Version] = field(default_factory=list)
     order: List[object] = field(default_factory=list)  #: batches, quarantines and versions in file order
+    positions: List[Position] = field(default_factory=list)  #: reads of external sources, in file order
     end: int = 0
     torn_bytes: int = 0
 
@@ -177,6 +193,18 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                 version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
                 log.versions.append(version)
                 log.order.append(version)
+            elif kind == b"P":
+                (n,) = struct.unpack_from("<H", payload, 1)
+                source = payload[3:3 + n].decode("utf-8")
+                at = 3 + n
+                (count,) = struct.unpack_from("<I", payload, at)
+                ranges = [struct.unpack_from("<iqq", payload, at + 4 + 20 * i) for i in range(count)]
+                at += 4 + 20 * count
+                (count,) = struct.unpack_from("<I", payload, at)
+                items = [struct.unpack_from("<iqqIb", payload, at + 4 + 25 * i) for i in range(count)]
+                if at + 4 + 25 * count != len(payload):
+                    raise ValueError("lengths do not add up")
+                log.positions.append(Position(source, ranges, items, offset=offset))
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (struct.error, ValueError, UnicodeDecodeError) as ex:

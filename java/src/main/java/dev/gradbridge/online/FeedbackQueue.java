@@ -1,11 +1,13 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.online.log.LogRecord;
 import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -64,6 +66,40 @@ final class FeedbackQueue {
         }
     }
 
+    /** One record of an external source, checked: its rows, or why it gives none. */
+    static final class SourceItem {
+        final int partition;
+        final long offset;
+        final String key; // null: none
+        final byte[] sha256; // with a key
+        final List<byte[]> xRows; // null: refused
+        final List<byte[]> yRows;
+        final String refusal; // null unless refused
+
+        SourceItem(int partition, long offset, String key, byte[] sha256, List<byte[]> xRows, List<byte[]> yRows,
+                String refusal) {
+            this.partition = partition;
+            this.offset = offset;
+            this.key = key;
+            this.sha256 = sha256;
+            this.xRows = xRows;
+            this.yRows = yRows;
+            this.refusal = refusal;
+        }
+
+        int rows() {
+            return xRows == null ? 0 : xRows.size();
+        }
+    }
+
+    /** What {@link #offerSourced} did. */
+    static final class SourcedResult {
+        long end;
+        long logged; // events
+        long duplicates; // events answered from earlier keys
+        final List<String> refusals = new ArrayList<>(); // "partition/offset: reason"
+    }
+
     private final int capacity;
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition notEmpty = lock.newCondition();
@@ -71,6 +107,7 @@ final class FeedbackQueue {
     private final Condition notFull = lock.newCondition();
     private final ArrayDeque<Event> queue = new ArrayDeque<>(); // guarded by lock
     private final Map<String, Key> keys = new HashMap<>(); // guarded by lock
+    private final Map<String, Map<Integer, Long>> positions = new HashMap<>(); // guarded by lock: source -> partition -> next offset
     private long nextSeq; // guarded by lock
     private long appliedEvents; // guarded by lock: events applied or quarantined, in seq order
     private boolean closing; // guarded by lock
@@ -83,9 +120,11 @@ final class FeedbackQueue {
     }
 
     /** Sets the state recovery found (before the training thread starts). */
-    void restore(long nextSeq, long appliedEvents, List<Event> pending, Map<String, Key> seenKeys) {
+    void restore(long nextSeq, long appliedEvents, List<Event> pending, Map<String, Key> seenKeys,
+            Map<String, Map<Integer, Long>> sourcePositions) {
         lock.lock();
         try {
+            sourcePositions.forEach((source, map) -> positions.put(source, new HashMap<>(map)));
             this.nextSeq = nextSeq;
             this.appliedEvents = appliedEvents;
             queue.addAll(pending);
@@ -126,6 +165,124 @@ final class FeedbackQueue {
         }
         PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_APPEND, t);
         return accepted;
+    }
+
+    /** @return the next unread offset of each partition of {@code source} the log holds (a copy) */
+    Map<Integer, Long> positions(String source) {
+        lock.lock();
+        try {
+            return new HashMap<>(positions.getOrDefault(source, Collections.emptyMap()));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Logs what one read of {@code source} gave, in one write with the offsets it consumed, and
+     * queues its events: each record's rows (or a known key's answer, or its refusal). The ranges
+     * must continue exactly where the log's last ones for the source ended (no gap, no overlap).
+     *
+     * @param ranges partition -> {from, to}: the offsets this read consumed
+     * @throws IllegalArgumentException when a range does not continue the logged position or an
+     *     item lies outside its partition's range (nothing was logged)
+     * @throws QueueFullException when there is no room after {@code timeout} (nothing was logged)
+     * @throws UncheckedIOException when the log cannot be written (nothing was logged)
+     */
+    SourcedResult offerSourced(LogWriter log, String source, List<SourceItem> items, Map<Integer, long[]> ranges,
+            long timeout, TimeUnit unit) {
+        SourcedResult result = new SourcedResult();
+        lock.lock();
+        try {
+            checkOpen();
+            Map<Integer, Long> known = positions.getOrDefault(source, Collections.emptyMap());
+            Map<Integer, Long> next = new HashMap<>();
+            for (Map.Entry<Integer, long[]> range : ranges.entrySet()) {
+                Long at = known.get(range.getKey());
+                long[] r = range.getValue();
+                if ((at != null && at != r[0]) || r[1] < r[0]) {
+                    throw new IllegalArgumentException(source + " partition " + range.getKey() + ": offsets " + r[0] + ".." + r[1]
+                            + " do not continue the logged position " + at + " (a gap or an overlap); nothing was logged");
+                }
+                next.put(range.getKey(), r[0]);
+            }
+            int rows = 0;
+            for (SourceItem item : items) {
+                long[] r = ranges.get(item.partition);
+                Long expected = next.get(item.partition);
+                if (r == null || item.offset < expected || item.offset >= r[1]) {
+                    throw new IllegalArgumentException(source + " partition " + item.partition + " offset " + item.offset
+                            + " is outside the range read or out of order; nothing was logged");
+                }
+                next.put(item.partition, item.offset + 1);
+                rows += item.rows();
+            }
+            waitForRoom(rows, timeout, unit);
+            long first = nextSeq;
+            long seq = first;
+            List<byte[]> xRows = new ArrayList<>(rows);
+            List<byte[]> yRows = new ArrayList<>(rows);
+            List<LogWriter.KeyEntry> keyEntries = new ArrayList<>();
+            Map<String, Key> fresh = new HashMap<>();
+            long[][] logged = new long[items.size()][];
+            for (int i = 0; i < items.size(); i++) {
+                SourceItem item = items.get(i);
+                String refusal = item.refusal;
+                Key seen = item.key == null || refusal != null ? null
+                        : fresh.containsKey(item.key) ? fresh.get(item.key) : keys.get(item.key);
+                if (seen != null && (!Arrays.equals(seen.sha256, item.sha256) || seen.count != item.rows())) {
+                    refusal = "idempotency key '" + item.key + "' was used for another request (events " + seen.firstSeq + ".."
+                            + (seen.firstSeq + seen.count - 1) + ")";
+                }
+                if (refusal != null) {
+                    logged[i] = new long[] {item.partition, item.offset, -1, 0, LogRecord.Position.REFUSED};
+                    result.refusals.add(item.partition + "/" + item.offset + ": " + refusal);
+                } else if (seen != null) {
+                    logged[i] = new long[] {item.partition, item.offset, seen.firstSeq, seen.count, LogRecord.Position.DUPLICATE};
+                    result.duplicates += seen.count;
+                } else {
+                    logged[i] = new long[] {item.partition, item.offset, seq, item.rows(), LogRecord.Position.LOGGED};
+                    if (item.key != null) {
+                        fresh.put(item.key, new Key(seq, item.rows(), item.sha256, 0));
+                        keyEntries.add(new LogWriter.KeyEntry(seq, item.rows(), item.sha256, item.key));
+                    }
+                    xRows.addAll(item.xRows);
+                    yRows.addAll(item.yRows);
+                    seq += item.rows();
+                }
+            }
+            long[][] rangeList = new long[ranges.size()][];
+            int r = 0;
+            for (Map.Entry<Integer, long[]> range : new java.util.TreeMap<>(ranges).entrySet()) {
+                rangeList[r++] = new long[] {range.getKey(), range.getValue()[0], range.getValue()[1]};
+            }
+            long[] offsets;
+            try {
+                offsets = log.appendSourced(first, xRows, yRows, keyEntries, source, rangeList, logged);
+            } catch (IOException e) {
+                throw new UncheckedIOException("cannot append to " + log.getFile() + " (" + e.getMessage()
+                        + "); nothing of this read of " + source + " was logged", e);
+            }
+            for (int i = 0; i < xRows.size(); i++) {
+                queue.add(new Event(first + i, offsets[i], xRows.get(i), yRows.get(i)));
+            }
+            nextSeq = seq;
+            long end = offsets[xRows.size()];
+            for (Map.Entry<String, Key> k : fresh.entrySet()) {
+                Key key = k.getValue();
+                keys.put(k.getKey(), new Key(key.firstSeq, key.count, key.sha256, end));
+            }
+            Map<Integer, Long> moved = positions.computeIfAbsent(source, s -> new HashMap<>());
+            ranges.forEach((partition, range) -> moved.put(partition, range[1]));
+            result.logged = seq - first;
+            result.end = end;
+            if (!xRows.isEmpty()) {
+                notEmpty.signal();
+            }
+            passOnRoom();
+        } finally {
+            lock.unlock();
+        }
+        return result;
     }
 
     /** Waits (lock held) up to {@code timeout} for room for {@code rows} events. */

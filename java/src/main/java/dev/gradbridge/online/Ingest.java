@@ -11,6 +11,7 @@ import java.security.MessageDigest;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
@@ -39,6 +40,7 @@ final class Ingest {
     final AtomicLong accepted = new AtomicLong();
     final AtomicLong refused = new AtomicLong();
     final AtomicLong duplicates = new AtomicLong();
+    final AtomicLong sourceRefused = new AtomicLong(); // source records refused (not feedback the module takes)
 
     Ingest(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int queueCapacity, PredictorPool lossCheck,
             FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases) {
@@ -95,6 +97,66 @@ final class Ingest {
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
         }
         return new OnlineLearner.Receipt(done.firstSeq, rows, done.duplicate);
+    }
+
+    /**
+     * See {@link OnlineLearner#learnFromSource}: each record checked as {@link #learn} checks a
+     * request (a record that fails is refused, not thrown), then one write with the offsets read.
+     */
+    FeedbackQueue.SourcedResult learnSourced(String source, List<SourceRecord> records, Map<Integer, long[]> ranges,
+            long timeout, TimeUnit unit) {
+        List<FeedbackQueue.SourceItem> items = new ArrayList<>(records.size());
+        for (SourceRecord record : records) {
+            items.add(check(record));
+        }
+        FeedbackQueue.SourcedResult done;
+        try {
+            done = queue.offerSourced(log, source, items, ranges, timeout, unit);
+        } catch (QueueFullException e) {
+            long rows = items.stream().mapToLong(FeedbackQueue.SourceItem::rows).sum();
+            refused.addAndGet(rows);
+            throw e;
+        }
+        accepted.addAndGet(done.logged);
+        duplicates.addAndGet(done.duplicates);
+        sourceRefused.addAndGet(done.refusals.size());
+        try {
+            log.sync(done.end);
+        } catch (IOException e) {
+            fail.accept(e);
+            throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
+        }
+        return done;
+    }
+
+    private FeedbackQueue.SourceItem check(SourceRecord record) {
+        if (record.refusal != null) {
+            return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, record.refusal);
+        }
+        try {
+            long rows = rows("x", xSpec, record.x);
+            if (rows("y", ySpec, record.y) != rows) {
+                throw new InvalidInputException("x has " + rows + " rows but y has " + record.y.rows());
+            }
+            if (!record.x.allFinite() || !record.y.allFinite()) {
+                throw new InvalidInputException("feedback holds NaN or infinite values");
+            }
+            if (rows > queueCapacity / 2) {
+                throw new InvalidInputException(rows + " events in one record exceed half the queue capacity " + queueCapacity);
+            }
+            byte[] sha = null;
+            if (record.key != null) {
+                checkKey(record.key);
+                sha = requestSha256(record.x, record.y);
+            }
+            if (lossCheck != null) {
+                lossCheck.checkLoss(record.x, record.y);
+            }
+            return new FeedbackQueue.SourceItem(record.partition, record.offset, record.key, sha,
+                    split(record.x.bytes(), xRowBytes), split(record.y.bytes(), yRowBytes), null);
+        } catch (InvalidInputException e) {
+            return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, e.getMessage());
+        }
     }
 
     /**

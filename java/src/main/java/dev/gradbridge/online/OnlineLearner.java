@@ -18,6 +18,7 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
@@ -436,6 +437,74 @@ public final class OnlineLearner implements AutoCloseable {
         /** @return whether the key was accepted before with this request, so nothing was logged again */
         public boolean isDuplicate() {
             return duplicate;
+        }
+    }
+
+    // ---- learning from an external source (a Kafka topic) ----
+
+    /**
+     * Logs what one read of an external source gave, in one write with the source offsets it
+     * consumed (a {@code P} record), and queues its events: exactly once, since a restart resumes
+     * the source from {@link #sourcePositions} (the log), never from anywhere else. Each record is
+     * checked as {@link #learn} checks a request; a record that fails (or whose key came with
+     * other feedback before) is logged as refused, its offset consumed. A record whose key was
+     * seen with the same feedback is a duplicate: nothing is applied again.
+     *
+     * @param source the source's name (the topic)
+     * @param records the records read, in the order to learn them; offsets increasing per partition
+     * @param ranges partition -> {from, to}: every offset the read consumed (records, and what lies
+     *     between them such as transaction markers); {@code from} must be the partition's {@link
+     *     #sourcePositions position} when the log has one
+     * @param timeout the longest wait for room in the queue
+     * @param unit its unit
+     * @return events logged, duplicates, refusals
+     * @throws IllegalArgumentException when the ranges leave a gap or overlap what the log holds
+     * @throws QueueFullException when the queue has no room in time (nothing was logged)
+     */
+    public SourceResult learnFromSource(String source, List<SourceRecord> records, Map<Integer, long[]> ranges,
+            long timeout, TimeUnit unit) {
+        FeedbackQueue.SourcedResult done = ingest.learnSourced(source, records, ranges, timeout, unit);
+        return new SourceResult(done.logged, done.duplicates, done.refusals);
+    }
+
+    /**
+     * @param source the source's name (the topic)
+     * @return partition -> the next offset to read, as the log says (empty: the log holds none)
+     */
+    public Map<Integer, Long> sourcePositions(String source) {
+        return queue.positions(source);
+    }
+
+    /** @return source records refused since this learner opened (not feedback the module takes) */
+    public long refusedSourceRecords() {
+        return ingest.sourceRefused.get();
+    }
+
+    /** What became of one read of a source ({@link #learnFromSource}). */
+    public static final class SourceResult {
+        private final long events;
+        private final long duplicates;
+        private final List<String> refusals;
+
+        SourceResult(long events, long duplicates, List<String> refusals) {
+            this.events = events;
+            this.duplicates = duplicates;
+            this.refusals = Collections.unmodifiableList(refusals);
+        }
+
+        /** @return events logged and queued */
+        public long getEvents() {
+            return events;
+        }
+
+        /** @return events answered from earlier records with the same key (applied once) */
+        public long getDuplicates() {
+            return duplicates;
+        }
+
+        /** @return one line per refused record: "partition/offset: reason" */
+        public List<String> getRefusals() {
+            return refusals;
         }
     }
 

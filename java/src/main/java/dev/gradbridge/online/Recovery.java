@@ -114,6 +114,7 @@ final class Recovery {
         Map<Long, LogRecord.Event> pending = new TreeMap<>();
         Map<Long, LogRecord.Version> loggedByUpdates = new HashMap<>();
         Map<String, FeedbackQueue.Key> keys = new HashMap<>();
+        Map<String, Map<Integer, Long>> positions = new HashMap<>(); // source -> partition -> next offset
         boolean versionZeroLogged = checkpoint != null;
         for (LogRecord record : contents.getRecords()) {
             if (record instanceof LogRecord.Version) {
@@ -124,6 +125,18 @@ final class Recovery {
                 LogRecord.Key key = (LogRecord.Key) record;
                 keys.put(key.getKey(), new FeedbackQueue.Key(key.getFirstSeq(), key.getCount(), key.sha256(), 0));
                 maxSeq = Math.max(maxSeq, key.getFirstSeq() + key.getCount() - 1);
+            } else if (record instanceof LogRecord.Position) {
+                LogRecord.Position position = (LogRecord.Position) record;
+                Map<Integer, Long> partitions = positions.computeIfAbsent(position.getSource(), s -> new HashMap<>());
+                for (long[] range : position.ranges()) {
+                    Long at = partitions.get((int) range[0]);
+                    if (at != null && at != range[1]) {
+                        throw new LogCorruptException(file + ": offset " + position.getOffset() + ": " + position.getSource()
+                                + " partition " + range[0] + " continues at offset " + range[1] + " but the log had reached "
+                                + at + " (a gap or an overlap)");
+                    }
+                    partitions.put((int) range[0], range[2]);
+                }
             }
         }
         List<ModelVersion> missing = new ArrayList<>(); // versions to append, in order
@@ -218,7 +231,7 @@ final class Recovery {
         for (LogRecord.Event event : pending.values()) {
             queued.add(new FeedbackQueue.Event(event.getSeq(), event.getOffset(), event.x(), event.y()));
         }
-        queue.restore(nextSeq, pending.isEmpty() ? nextSeq : appliedSeq, queued, keys);
+        queue.restore(nextSeq, pending.isEmpty() ? nextSeq : appliedSeq, queued, keys, positions);
         if (reapplied > 0 || !pending.isEmpty() || contents.getTornBytes() > 0) {
             logger.info("{}: resumed at {}: {} micro-batches applied again, {} events queued again, {} torn bytes cut",
                     logDir, last, reapplied, pending.size(), contents.getTornBytes());

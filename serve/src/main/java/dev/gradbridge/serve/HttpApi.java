@@ -100,6 +100,19 @@ final class HttpApi {
                 .publishPercentileHistogram().register(registry);
     }
 
+    /** Meters of the Kafka feedback source: lag per partition, records read and refused. */
+    void meter(KafkaFeedback kafka) {
+        for (org.apache.kafka.common.TopicPartition tp : kafka.partitions()) {
+            Gauge.builder("gradbridge_kafka_lag", kafka, k -> k.lag(tp.partition()))
+                    .description("records in the partition not yet read (consumer lag)")
+                    .tag("topic", tp.topic()).tag("partition", Integer.toString(tp.partition())).register(registry);
+        }
+        FunctionCounter.builder("gradbridge_kafka_records", kafka, KafkaFeedback::records)
+                .description("Kafka records read and logged (learned, duplicates and refused)").register(registry);
+        FunctionCounter.builder("gradbridge_kafka_records_refused", kafka, KafkaFeedback::refused)
+                .description("Kafka records refused: not feedback this module takes (logged as refused)").register(registry);
+    }
+
     /**
      * The main server: /predict and /feedback, plus /healthz and /metrics when {@code withAdmin};
      * HTTPS when {@code tls} is not null.

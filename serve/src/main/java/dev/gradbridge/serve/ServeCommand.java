@@ -130,6 +130,21 @@ public final class ServeCommand implements Callable<Integer> {
             description = "a request body arriving slower than this many bytes/s is refused with 408 (default ${DEFAULT-VALUE})")
     long minBodyRate;
 
+    @Option(names = "--kafka-bootstrap", paramLabel = "HOST:PORT[,...]",
+            description = "also learn from a Kafka topic at these brokers (record value: the JSON of /feedback; key: the"
+                    + " idempotency key), exactly once: positions live in the log")
+    String kafkaBootstrap;
+
+    @Option(names = "--kafka-topic", description = "the topic to learn from (every partition, in a defined order)")
+    String kafkaTopic;
+
+    @Option(names = "--kafka-group", description = "consumer group to commit offsets to, for monitoring only (default: none)")
+    String kafkaGroup;
+
+    @Option(names = "--kafka-properties", paramLabel = "FILE",
+            description = "Kafka client properties (security: security.protocol, sasl.*, ssl.*); secrets go here, never on the command line")
+    Path kafkaProperties;
+
     @Option(names = "--op-library", paramLabel = "FILE",
             description = "custom-operator library the module calls, loaded before it (repeatable)")
     List<Path> opLibraries = new ArrayList<>();
@@ -179,7 +194,18 @@ public final class ServeCommand implements Callable<Integer> {
                 throw new GradbridgeException("--op-library " + library.toAbsolutePath() + ": no such file");
             }
         }
+        if (kafkaBootstrap != null || kafkaTopic != null || kafkaGroup != null || kafkaProperties != null) {
+            if (kafkaBootstrap == null || kafkaBootstrap.trim().isEmpty() || kafkaTopic == null || kafkaTopic.trim().isEmpty()) {
+                throw new GradbridgeException("Kafka feedback needs both --kafka-bootstrap and --kafka-topic");
+            }
+            if (kafkaProperties != null && !Files.isRegularFile(kafkaProperties)) {
+                throw new GradbridgeException("--kafka-properties " + kafkaProperties.toAbsolutePath() + ": no such file");
+            }
+            kafkaClient = KafkaFeedback.properties(kafkaProperties);
+        }
     }
+
+    private java.util.Properties kafkaClient; // read by checkOptions when Kafka is on
 
     /** Largest --max-batch (its rows are one buffer per input) and --queue-capacity (events held in memory). */
     static final int MAX_BATCH = 1_000_000;
@@ -269,6 +295,7 @@ public final class ServeCommand implements Callable<Integer> {
         }
         Javalin app;
         Javalin admin = null;
+        KafkaFeedback kafka = null;
         String tokenSource;
         try {
             if (!noAuth && token == null) {
@@ -279,14 +306,29 @@ public final class ServeCommand implements Callable<Integer> {
             } else {
                 tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
             }
+            if (kafkaClient != null) {
+                kafka = KafkaFeedback.start(learner, kafkaBootstrap, kafkaTopic, kafkaGroup, kafkaClient, java.time.Duration.ofSeconds(30));
+            }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
+            if (kafka != null) {
+                api.meter(kafka);
+            }
             app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls, maxConnections,
                     minBodyRate).start();
             if (adminPort >= 0) {
                 admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
             }
         } catch (RuntimeException | IOException e) {
+            if (kafka != null) {
+                kafka.close();
+            }
             learner.halt(); // nothing was served: leave the log as it was
+            if (e instanceof GradbridgeException && kafka == null && kafkaClient != null) {
+                if (!logExisted) {
+                    deleteTree(learner.getLogDir());
+                }
+                throw e; // the Kafka source's own line
+            }
             if (!logExisted) {
                 deleteTree(learner.getLogDir());
             }
@@ -312,8 +354,27 @@ public final class ServeCommand implements Callable<Integer> {
         }
         System.out.flush();
 
-        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null) {
+        if (kafka != null) {
+            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' (" + kafka.partitions().size()
+                    + " partitions) at " + kafkaBootstrap + ", positions from the log");
+        }
+        System.out.flush();
+        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
+                && (kafka == null || kafka.getFailure() == null)) {
             // serve
+        }
+        if (kafka != null) {
+            kafka.close(); // the read in progress is logged whole or not at all
+            if (kafka.getFailure() != null && learner.getFailure() == null) {
+                app.stop();
+                learner.close();
+                if (admin != null) {
+                    admin.stop();
+                }
+                System.err.println("error: Kafka feedback from '" + kafkaTopic + "' stopped: " + rootMessage(kafka.getFailure())
+                        + " (everything read is in " + learner.getLogDir() + "; a restart reads on from there)");
+                return 1;
+            }
         }
         boolean failed = learner.getFailure() != null;
         if (failed) {

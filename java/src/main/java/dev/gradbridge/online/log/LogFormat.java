@@ -39,6 +39,11 @@ public final class LogFormat {
     public static final byte QUARANTINE = 'Q';
     /** Record type: a published version. */
     public static final byte VERSION = 'V';
+    /**
+     * Record type: the positions in an external source (a Kafka topic's partitions) that the
+     * events before it, in the same write, were read from. Only logs fed from a source hold it.
+     */
+    public static final byte POSITION = 'P';
 
     private LogFormat() {}
 

@@ -21,7 +21,13 @@ import java.util.Map;
  *   <li>{@code Q} {@link Quarantine}: {@code i64 index, i64 first seq, u32 count, UTF-8 reason}
  *       (after its {@code B}: the micro-batch was not applied and does not count as an update);
  *   <li>{@code V} {@link Version}: {@code i64 id, i64 updates, f64 loss}, UTF-8 JSON of the
- *       parameter digests.
+ *       parameter digests;
+ *   <li>{@code P} {@link Position}: {@code u16 n, UTF-8 source name (a Kafka topic), u32 ranges,
+ *       each (i32 partition, i64 from, i64 to), u32 items, each (i32 partition, i64 offset, i64
+ *       first seq, u32 count, u8 status)}: the source offsets {@code [from, to)} of each partition
+ *       that the write it ends consumed, and what became of each source record (status {@link
+ *       Position#LOGGED}, {@link Position#DUPLICATE} or {@link Position#REFUSED}); after that
+ *       write's events and keys, in the same write.
  * </ul>
  */
 public abstract class LogRecord {
@@ -70,6 +76,20 @@ public abstract class LogRecord {
                 .put(LogFormat.VERSION).putLong(id).putLong(updates).putDouble(loss).put(json).array();
     }
 
+    static byte[] position(String source, long[][] ranges, long[][] items) {
+        byte[] name = source.getBytes(StandardCharsets.UTF_8);
+        ByteBuffer p = payload(1 + 2 + name.length + 4 + ranges.length * 20 + 4 + items.length * 25)
+                .put(LogFormat.POSITION).putShort((short) name.length).put(name).putInt(ranges.length);
+        for (long[] r : ranges) {
+            p.putInt((int) r[0]).putLong(r[1]).putLong(r[2]);
+        }
+        p.putInt(items.length);
+        for (long[] item : items) {
+            p.putInt((int) item[0]).putLong(item[1]).putLong(item[2]).putInt((int) item[3]).put((byte) item[4]);
+        }
+        return p.array();
+    }
+
     /** Parses a checked payload; a payload that does not parse is corruption (its checksum held). */
     static LogRecord parse(String file, long offset, byte[] bytes) {
         ByteBuffer p = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
@@ -108,6 +128,20 @@ public abstract class LogRecord {
                             .forEach(e -> digests.put(e.getKey(), e.getValue().getAsString()));
                     return new Version(offset, id, updates, loss, digests);
                 }
+                case LogFormat.POSITION: {
+                    byte[] name = new byte[p.getShort() & 0xffff];
+                    p.get(name);
+                    long[][] ranges = new long[checkedCount(p, 20)][];
+                    for (int i = 0; i < ranges.length; i++) {
+                        ranges[i] = new long[] {p.getInt(), p.getLong(), p.getLong()};
+                    }
+                    long[][] items = new long[checkedCount(p, 25)][];
+                    for (int i = 0; i < items.length; i++) {
+                        items[i] = new long[] {p.getInt(), p.getLong(), p.getLong(), p.getInt() & 0xffffffffL, p.get()};
+                    }
+                    end(p);
+                    return new Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items);
+                }
                 default:
                     throw new LogCorruptException(file + ": offset " + offset + ": unknown record type " + (type & 0xff));
             }
@@ -116,6 +150,15 @@ public abstract class LogRecord {
         } catch (RuntimeException e) {
             throw new LogCorruptException(file + ": offset " + offset + ": the record's fields do not add up to its length");
         }
+    }
+
+    /** A count of fixed-size entries that must fit in what is left. */
+    private static int checkedCount(ByteBuffer p, int entryBytes) {
+        int count = p.getInt();
+        if (count < 0 || (long) count * entryBytes > p.remaining()) {
+            throw new BufferUnderflowException();
+        }
+        return count;
     }
 
     private static void end(ByteBuffer p) {
@@ -293,6 +336,46 @@ public abstract class LogRecord {
         /** @return parameter digests by name */
         public Map<String, String> getDigests() {
             return digests;
+        }
+    }
+
+    /**
+     * Where the events of one write came from in an external source (a Kafka topic): for each
+     * partition read, the offsets {@code [from, to)} consumed (every record in that range, control
+     * records included, is accounted for), and per source record its events or why it gave none.
+     */
+    public static final class Position extends LogRecord {
+        /** The record's events were logged: {@code count} events from {@code firstSeq}. */
+        public static final int LOGGED = 0;
+        /** The record's idempotency key was seen with the same content: its events are {@code count} from {@code firstSeq}. */
+        public static final int DUPLICATE = 1;
+        /** The record was refused (not feedback this module takes): no events. */
+        public static final int REFUSED = 2;
+
+        private final String source;
+        private final long[][] ranges;
+        private final long[][] items;
+
+        Position(long offset, String source, long[][] ranges, long[][] items) {
+            super(offset);
+            this.source = source;
+            this.ranges = ranges;
+            this.items = items;
+        }
+
+        /** @return the source's name (the topic) */
+        public String getSource() {
+            return source;
+        }
+
+        /** @return each partition's range: {partition, from, to} (shared: do not modify) */
+        public long[][] ranges() {
+            return ranges;
+        }
+
+        /** @return each source record: {partition, offset, first seq, count, status} (shared: do not modify) */
+        public long[][] items() {
+            return items;
         }
     }
 }

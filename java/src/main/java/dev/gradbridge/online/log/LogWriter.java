@@ -190,6 +190,62 @@ public final class LogWriter implements AutoCloseable {
         return offsets;
     }
 
+    /** A request's idempotency key as {@link #appendSourced} logs it. */
+    public static final class KeyEntry {
+        final long firstSeq;
+        final int count;
+        final byte[] sha256;
+        final String key;
+
+        /**
+         * @param firstSeq the request's first event
+         * @param count its events
+         * @param sha256 SHA-256 of its x and y bytes
+         * @param key the key
+         */
+        public KeyEntry(long firstSeq, int count, byte[] sha256, String key) {
+            this.firstSeq = firstSeq;
+            this.count = count;
+            this.sha256 = sha256;
+            this.key = key;
+        }
+    }
+
+    /**
+     * Appends what one read from an external source gave, in one write: the events (consecutive
+     * numbers from {@code firstSeq}), the keys of the requests among them, then the {@code P}
+     * record of the source offsets consumed (see {@link LogRecord.Position}); not yet forced.
+     *
+     * @param firstSeq the first event's sequence number
+     * @param xRows x bytes of each event
+     * @param yRows y bytes of each event
+     * @param keys the keyed requests among the events
+     * @param source the source's name (a topic)
+     * @param ranges per partition {partition, from, to}
+     * @param items per source record {partition, offset, first seq, count, status}
+     * @return each event's offset, then the end offset
+     * @throws IOException when the write fails; nothing of it stays in the file
+     */
+    public synchronized long[] appendSourced(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, List<KeyEntry> keys,
+            String source, long[][] ranges, long[][] items) throws IOException {
+        int n = xRows.size();
+        byte[][] payloads = new byte[n + keys.size() + 1][];
+        long[] offsets = new long[n + 1];
+        long position = end;
+        for (int i = 0; i < n; i++) {
+            payloads[i] = LogRecord.event(firstSeq + i, xRows.get(i), yRows.get(i));
+            offsets[i] = position;
+            position += LogFormat.frameLength(payloads[i].length);
+        }
+        for (int i = 0; i < keys.size(); i++) {
+            KeyEntry k = keys.get(i);
+            payloads[n + i] = LogRecord.key(k.firstSeq, k.count, k.sha256, k.key);
+        }
+        payloads[payloads.length - 1] = LogRecord.position(source, ranges, items);
+        offsets[n] = append(frames(payloads));
+        return offsets;
+    }
+
     /**
      * Appends a micro-batch boundary (before the batch is applied).
      *

@@ -56,6 +56,29 @@ public class LogWriterTest {
     }
 
     @Test
+    public void aSourcedWriteHoldsItsEventsKeysAndOffsetsAndIsKeptBeforeTheScanOffset() throws Exception {
+        Path dir = folder.newFolder().toPath();
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, true)) {
+            log.begin(log.read(0), HEADER);
+            long[] offsets = log.appendSourced(7, Arrays.asList(new byte[16], new byte[16]), Arrays.asList(new byte[8], new byte[8]),
+                    Collections.singletonList(new LogWriter.KeyEntry(8, 1, new byte[32], "k-1")), "clicks",
+                    new long[][] {{0, 10, 12}, {2, 0, 5}},
+                    new long[][] {{0, 10, 7, 1, LogRecord.Position.LOGGED}, {0, 11, 8, 1, LogRecord.Position.LOGGED},
+                        {2, 4, -1, 0, LogRecord.Position.REFUSED}});
+            assertEquals(3, offsets.length);
+            assertEquals(log.end(), offsets[2]);
+        }
+        // P and K records are kept even before keepFrom (a checkpoint's scan offset); events are not
+        List<LogRecord> records = LogReader.read(LogReader.file(dir), Long.MAX_VALUE).getRecords();
+        assertEquals(2, records.size());
+        LogRecord.Position position = (LogRecord.Position) records.get(1);
+        assertEquals("clicks", position.getSource());
+        assertArrayEquals(new long[] {2, 0, 5}, position.ranges()[1]);
+        assertArrayEquals(new long[] {2, 4, -1, 0, LogRecord.Position.REFUSED}, position.items()[2]);
+        assertEquals("k-1", ((LogRecord.Key) records.get(0)).getKey());
+    }
+
+    @Test
     public void onlyAnIncompleteLastFrameIsATornTail() throws Exception {
         Path dir = folder.newFolder().toPath();
         Path file = write(dir);

@@ -1,0 +1,253 @@
+"""gradbridge-serve learning from a real Kafka broker (Apache Kafka's own jars, KRaft, loopback), exactly once.
+
+The broker comes from tools/kafka_broker.py (Gradle fetches the jars; storage formatted in a temporary
+folder; a free port on 127.0.0.1; stopped by its PID). No mocks. The checks, after kill -9 of the service
+mid-stream and restarts: the log's source offsets cover every partition of the topic from its first offset
+to its end without gap or overlap, each record's events are logged once (a duplicate key is answered from
+the first record, a poison record is logged as refused), every logged event is applied exactly once, and
+`gradbridge replay` of the log equals the service bit for bit.
+
+The default run has one case (`test_kill_9_mid_stream_then_restart_applies_every_record_once`); the slower
+scenarios are marked `slow` and run with `pytest --full` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradbridge import feedback_log
+from gradbridge import replay as replay_mod
+
+from .test_online_serve import SCRIPT, Service, serve_script  # noqa: F401  (the fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _broker_module():
+    spec = importlib.util.spec_from_file_location("kafka_broker", REPO / "tools" / "kafka_broker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kafka_broker = _broker_module()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """One KRaft broker for the module: formatted, started on a free loopback port, stopped by PID."""
+    folder = tmp_path_factory.mktemp("kafka")
+    kafka_broker.start(folder)
+    try:
+        yield folder
+    finally:
+        kafka_broker.stop(folder)
+        assert not kafka_broker.is_running(folder)
+
+
+def _records(n, seed, prefix):
+    """n feedback records (one event each) for mlp_classifier.pt: (key, JSON value, x row, y)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+    return [(f"{prefix}-{i}", json.dumps({"x": [x[i].tolist()], "y": [int(y[i])]}), x[i], int(y[i])) for i in range(n)]
+
+
+def _kafka_options(broker, topic):
+    return ["--kafka-bootstrap", kafka_broker.bootstrap(broker), "--kafka-topic", topic, "--kafka-group", "gb-test"]
+
+
+def _wait_for_records(log_dir, total, timeout=120):
+    """Until the log accounts for `total` source records (reading a live log: a torn tail is fine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            log = feedback_log.read_log(log_dir)
+            seen = sum(len(p.items) for p in log.positions)
+        except Exception:  # the first write may not be there yet
+            seen = -1
+        if seen >= total:
+            return
+        assert time.monotonic() < deadline, f"the service logged {seen} of {total} records"
+        time.sleep(0.3)
+
+
+def _check_exactly_once(log_dir, topic, end_offsets, produced):
+    """Every offset of every partition accounted for once, each record's events as produced, each event applied once."""
+    log = feedback_log.read_log(log_dir)
+    reads = [p for p in log.positions if p.source == topic]
+    covered = {}
+    items = {}
+    for read in reads:
+        for partition, start, stop in read.ranges:
+            assert covered.get(partition, 0) == start, f"partition {partition}: read {start}..{stop} after {covered.get(partition, 0)}"
+            covered[partition] = stop
+        for partition, offset, first_seq, count, status in read.items:
+            assert (partition, offset) not in items, f"record {partition}/{offset} logged twice"
+            items[(partition, offset)] = (first_seq, count, status)
+    assert covered == end_offsets, (covered, end_offsets)
+    assert len(items) == sum(end_offsets.values())
+    # produced: (partition, offset) -> (key, value); the first record of each key owns its events
+    first_of_key = {}
+    seqs = []
+    for (partition, offset), (first_seq, count, status) in sorted(items.items()):
+        key, value = produced[(partition, offset)]
+        if status == feedback_log.POSITION_LOGGED:
+            body = json.loads(value)
+            x = np.asarray(body["x"], dtype=np.float32)
+            assert count == x.shape[0]
+            for i in range(count):
+                ex, ey = log.events[first_seq + i]
+                assert ex == x[i].tobytes() and ey == np.asarray(body["y"][i], dtype=np.int64).tobytes()
+            seqs.extend(range(first_seq, first_seq + count))
+            assert key not in first_of_key
+            first_of_key[key] = (first_seq, count)
+    for (partition, offset), (first_seq, count, status) in sorted(items.items()):
+        key, value = produced[(partition, offset)]
+        if status == feedback_log.POSITION_DUPLICATE:
+            assert first_of_key[key] == (first_seq, count)
+    assert sorted(seqs) == sorted(log.events) and len(set(seqs)) == len(seqs), "events logged that no record gave, or twice"
+    applied = []
+    for record in log.order:
+        if isinstance(record, feedback_log.Batch):
+            applied.extend(range(record.first_seq, record.first_seq + record.count))
+    assert sorted(applied) == sorted(seqs), "an event applied twice or never"
+    return items
+
+
+def _produced(broker, topic, records):
+    """(partition, offset) -> (key, value): what the topic holds, read back with Kafka's own console consumer."""
+    out = subprocess.run(
+        ["java", *kafka_broker.TOOL_HEAP, "-cp", kafka_broker.classpath(), "org.apache.kafka.tools.consumer.ConsoleConsumer",
+         "--bootstrap-server", kafka_broker.bootstrap(broker), "--topic", topic, "--from-beginning", "--timeout-ms", "8000",
+         "--property", "print.partition=true", "--property", "print.offset=true", "--property", "print.key=true",
+         "--property", "key.separator=\t"], capture_output=True, text=True)
+    held = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"Partition:(\d+)\tOffset:(\d+)\t([^\t]*)\t(.*)$", line)
+        if m:
+            held[(int(m.group(1)), int(m.group(2)))] = (None if m.group(3) == "null" else m.group(3), m.group(4))
+    assert sorted(held.values()) == sorted(records), "the console consumer did not read back what was produced"
+    return held
+
+
+def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, broker, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-fast"
+    kafka_broker.create_topic(broker, topic, partitions=3)
+    first = [(k, v) for k, v, _, _ in _records(150, 0, "a")]
+    # a duplicate (same key, same value), a poison record, a key used with other feedback, a NaN
+    first += [first[5], ("poison-1", "{not json"), (first[7][0], first[8][1]), ("nan-1", '{"x": [[NaN, 0, 0, 0]], "y": [0]}')]
+    kafka_broker.produce(broker, topic, first)
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 5,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    service = Service(serve_script, model, log_dir, *options)
+    try:
+        _wait_for_records(log_dir, 40)
+        service.process.send_signal(signal.SIGKILL)  # mid-stream: records read, some not logged, some not applied
+        service.process.wait(timeout=30)
+    finally:
+        service.kill()
+    second = [(k, v) for k, v, _, _ in _records(100, 1, "b")] + [first[20]]  # a duplicate across the restart
+    kafka_broker.produce(broker, topic, second)
+    records = first + second
+    service = Service(serve_script, model, log_dir, *options)
+    try:
+        _wait_for_records(log_dir, len(records))
+        status, metrics = service.get("/metrics")
+        assert status == 200 and "gradbridge_kafka_lag{" in metrics and "gradbridge_kafka_records_refused_total" in metrics
+        code, out, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    assert sum(end_offsets.values()) == len(records)
+    produced = _produced(broker, topic, records)
+    items = _check_exactly_once(log_dir, topic, end_offsets, produced)
+    statuses = [status for _, _, status in items.values()]
+    assert statuses.count(feedback_log.POSITION_REFUSED) == 3  # poison, key conflict, NaN
+    assert statuses.count(feedback_log.POSITION_DUPLICATE) == 2
+    report = replay_mod.replay(log_dir, model)
+    assert report.bitwise, report.table()
+
+
+def _refused_start(script, model, log_dir, *options):
+    result = subprocess.run([str(script), "--model", str(model), "--log", str(log_dir), "--port", "0", "--no-auth",
+                             *map(str, options)], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return result.returncode, lines
+
+
+def test_bad_kafka_options_are_one_line_and_leave_no_log_folder(serve_script, models, tmp_path):
+    model = models["mlp_classifier.pt"]
+    log_dir = tmp_path / "log"
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-topic", "t")
+    assert code == 1 and lines == ["error: Kafka feedback needs both --kafka-bootstrap and --kafka-topic"], lines
+    props = tmp_path / "client.properties"
+    props.write_text("security.protocol=PLAINTEXT\nenable.auto.commit=true\n")
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t",
+                                 "--kafka-properties", props)
+    assert code == 1 and len(lines) == 1 and "enable.auto.commit is set by gradbridge-serve" in lines[0], lines
+    code, lines = _refused_start(serve_script, model, log_dir, "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t",
+                                 "--kafka-properties", tmp_path / "missing.properties")
+    assert code == 1 and len(lines) == 1 and "missing.properties: no such file" in lines[0], lines
+    assert not log_dir.exists()
+
+
+def test_a_topic_that_does_not_exist_is_one_line_and_leaves_no_log_folder(serve_script, broker, models, tmp_path):
+    log_dir = tmp_path / "log"
+    code, lines = _refused_start(serve_script, models["mlp_classifier.pt"], log_dir,
+                                 *_kafka_options(broker, "no-such-topic"))
+    assert code == 1 and len(lines) == 1 and "Kafka topic 'no-such-topic' does not exist" in lines[0], lines
+    assert not log_dir.exists()
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_script, broker, models, tmp_path):
+    """Four kill -9 at random points while records arrive, a broker restart in the middle; then exactly once and bitwise."""
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-slow"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 16, "--max-wait-ms", 1, "--publish-every", 3, "--checkpoint-every", 4,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    rng = np.random.default_rng(7)
+    records = []
+    for round_ in range(5):
+        batch = [(k, v) for k, v, _, _ in _records(300, 10 + round_, f"r{round_}")]
+        if records:
+            batch.append(records[int(rng.integers(len(records)))])  # a duplicate of an earlier record
+        kafka_broker.produce(broker, topic, batch)
+        records += batch
+        service = Service(serve_script, model, log_dir, *options)
+        try:
+            if round_ == 2:
+                kafka_broker.stop(broker)  # the service waits for it
+                time.sleep(2)
+                kafka_broker.start(broker)
+            time.sleep(float(rng.uniform(1.0, 4.0)))
+            if round_ < 4:
+                service.process.send_signal(signal.SIGKILL)
+                service.process.wait(timeout=30)
+            else:
+                _wait_for_records(log_dir, len(records), timeout=300)
+                code, _, err = service.terminate()
+                assert code == 0, err
+        finally:
+            service.kill()
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    produced = _produced(broker, topic, records)
+    _check_exactly_once(log_dir, topic, end_offsets, produced)
+    report = replay_mod.replay(log_dir, model)
+    assert report.bitwise, report.table()
