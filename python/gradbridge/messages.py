@@ -371,3 +371,8 @@ def aten_unbound(name: str) -> str:
 
 def program_entry_missing(path: str, entry: str) -> str:
     return f"{path}: the protocol-3 module lacks {entry} (a truncated or edited file); export it again"
+
+
+def protocol3_needs_model(path: str) -> str:
+    return (f"{path}: a protocol-3 module (format='export') holds no Python model: pass model= (your eager "
+            "nn.Module) to compare against")

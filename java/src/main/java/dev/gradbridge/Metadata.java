@@ -280,7 +280,8 @@ public final class Metadata {
     }
 
     private static ZipEntry findMetadataEntry(ZipFile archive) {
-        return findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
+        ZipEntry root = archive.getEntry(Protocol.METADATA_FILE); // a protocol-3 zip holds it at its root
+        return root != null ? root : findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
     }
 
     private static ZipEntry findEntry(ZipFile archive, String suffix) {

@@ -161,7 +161,7 @@ public final class TrainingModule implements AutoCloseable {
         OperatorLibraries.load(opLibraries);
         ScriptedModule scripted;
         try {
-            scripted = ScriptedModule.load(file);
+            scripted = ScriptedModule.load(file, metadata);
         } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
