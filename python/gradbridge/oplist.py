@@ -48,8 +48,7 @@ MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format
                   "channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
 
 
-class OpListError(ValueError):
-    """An op list this gradbridge cannot write or run (one line naming what)."""
+from .errors import OpListError  # noqa: E402  (re-exported: oplist.OpListError)
 
 
 def _name(value: Any, table: Mapping[str, Any], kind: str) -> str:

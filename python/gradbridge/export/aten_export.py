@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -84,7 +85,9 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
+            warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
             gm, signature = aot_export_module(exported.module(), args, trace_joint=joint,
                                               output_loss_index=0 if joint else None, decompositions={})
