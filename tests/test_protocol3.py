@@ -168,3 +168,15 @@ def test_checkpoints_are_refused_in_one_line(jvm, mlp, tmp_path):
         assert "protocol-3 modules (format='export') do not support snapshots yet" in str(info.value.getMessage())
     finally:
         module.close()
+
+
+def test_python_tools_that_read_torchscript_refuse_a_protocol_3_module_in_one_line(mlp):
+    from gradbridge import torchscript
+    from gradbridge.errors import ProtocolError
+
+    _, path = mlp
+    with pytest.raises(ProtocolError) as info:
+        torchscript.load(str(path))
+    assert "a protocol-3 module (format='export') is not TorchScript" in str(info.value)
+    with pytest.raises(ProtocolError, match="a protocol-3 module .* holds no Python model: pass model="):
+        reference.Reference(path)

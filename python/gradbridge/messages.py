@@ -376,3 +376,9 @@ def program_entry_missing(path: str, entry: str) -> str:
 def protocol3_needs_model(path: str) -> str:
     return (f"{path}: a protocol-3 module (format='export') holds no Python model: pass model= (your eager "
             "nn.Module) to compare against")
+
+
+def protocol3_not_torchscript(path: str) -> str:
+    return (f"{path}: a protocol-3 module (format='export') is not TorchScript; this command reads TorchScript "
+            "modules only for now (Java's TrainingModule and Trainer, java.train and reference.train(model=...) "
+            "take it)")

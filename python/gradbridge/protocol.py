@@ -223,7 +223,7 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     check_schema(str(path), document)
     if document.get("protocol_version") not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
-                            f"this gradbridge reads {' and '.join(map(str, SUPPORTED_VERSIONS))}")
+                            f"this gradbridge reads {', '.join(map(str, SUPPORTED_VERSIONS[:-1]))} and {SUPPORTED_VERSIONS[-1]}")
     return document
 
 
