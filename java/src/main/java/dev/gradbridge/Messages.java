@@ -517,4 +517,11 @@ public final class Messages {
         return path + ": protocol-3 modules (format='export') do not support " + what + " yet; export with"
                 + " format='torchscript' for them";
     }
+
+    /** A protocol-3 module captured with another torch release than the libtorch this JVM runs. */
+    public static String protocol3OtherTorch(String path, String captured, String engine) {
+        return path + " was captured with torch " + captured + " but this JVM runs libtorch " + engine
+                + ": a protocol-3 module (format='export') runs on the torch release it was captured with;"
+                + " export it with that torch, or run Java on this torch's libtorch";
+    }
 }
