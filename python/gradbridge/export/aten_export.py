@@ -356,8 +356,6 @@ def _dtype(t: Tensor) -> str:
 
 def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor]]:
     """A protocol-3 file's metadata, graphs and state tensors (one line naming what is missing)."""
-    import numpy as np
-
     metadata = protocol.read_metadata(path)
     if metadata.get("protocol_version") != protocol.EXPORT_PROTOCOL_VERSION:
         raise protocol.ProtocolError(f"{path}: protocol {metadata.get('protocol_version')}, not a protocol-3 module")
@@ -377,7 +375,6 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
             dtype = oplist.DTYPES[spec["dtype"]]
             flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
             state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
-    del np
     return metadata, graphs, state
 
 
@@ -388,8 +385,7 @@ def _check(eager: nn.Module, loss_module: nn.Module, spec: Dict[str, Any], graph
     steps at the example's size, one at one more, then evaluate and forward in eval mode; bit for bit."""
     compare = self_check._Comparison("export")
     twin = program.Program(graphs, state, names, spec)
-    torch_spec = {k: v for k, v in spec.items()}
-    optimizer = optim.torch_optimizer(torch_spec, eager.parameters())
+    optimizer = optim.torch_optimizer(spec, eager.parameters())
     eager.train()
     batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
     try:
