@@ -141,12 +141,12 @@ def test_empty_partition(files, tmp_path):
 
 
 def test_a_newer_protocol_version_is_refused_by_both_languages(files, tmp_path):
-    future = rewrite_metadata(files["good"], files["folder"] / "protocol3.pt",
-                              lambda document: {**document, "protocol_version": 3})
-    with pytest.raises(ProtocolError, match=r"protocol version 3, this gradbridge reads 1 and 2$"):
+    future = rewrite_metadata(files["good"], files["folder"] / "protocol4.pt",
+                              lambda document: {**document, "protocol_version": 4})
+    with pytest.raises(ProtocolError, match=r"protocol version 4, this gradbridge reads 1, 2 and 3$"):
         protocol.read_metadata(future)
     line = refused(files, tmp_path, "--model", future, "--data", files["folder"] / "data.npz")
-    assert line == (f"{future}: protocol version 3, this gradbridge reads versions [1, 2]. "
+    assert line == (f"{future}: protocol version 4, this gradbridge reads versions [1, 2, 3]. "
                     "Re-export the module with a matching gradbridge.")
 
 

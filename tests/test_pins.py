@@ -51,6 +51,9 @@ def test_java_protocol_constants_match_python(jvm):
     # protocol 2 ("v-next"): what data-parallel training needs, and the versions both languages read
     assert [int(v) for v in Protocol.SUPPORTED_VERSIONS] == list(protocol.SUPPORTED_VERSIONS)
     assert [str(m) for m in Protocol.DATA_PARALLEL_METHODS] == list(protocol.DATA_PARALLEL_METHODS)
+    # protocol 3 (format="export"): its version and the metadata key of its program
+    assert int(Protocol.EXPORT_VERSION) == protocol.EXPORT_PROTOCOL_VERSION
+    assert str(Protocol.PROGRAM_KEY) == protocol.PROGRAM_KEY
     java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
     methods = protocol.REQUIRED_METHODS + protocol.DATA_PARALLEL_METHODS
     python_names = {name for name, value in vars(protocol).items()
@@ -115,6 +118,8 @@ def test_shared_wording_matches(jvm):
     assert str(Messages.elfTruncated(294968, 98322)) == messages.elf_truncated(294968, 98322)
     assert str(Messages.opLibraryUnloadable("lib.so", "no such file")) == \
         messages.op_library_unloadable("lib.so", "no such file")
+    # a protocol-3 file without one of its entries
+    assert str(Messages.programEntryMissing("m.pt", "state/0.bin")) == messages.program_entry_missing("m.pt", "state/0.bin")
     # the native layer's cache: a damaged library, a folder that cannot be written
     assert str(Messages.CACHE_ENV) == messages.CACHE_ENV
     assert str(Messages.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)

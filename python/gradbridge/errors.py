@@ -80,3 +80,7 @@ class LogError(GradbridgeError):
 class WriteError(GradbridgeError, OSError):
     """A file gradbridge was asked to write cannot be written: one line naming the user's path
     (never the temp file's)."""
+
+
+class OpListError(GradbridgeError, ValueError):
+    """A protocol-3 op list (``gradbridge.oplist``) this gradbridge cannot write or run: one line naming what."""

@@ -334,3 +334,51 @@ def torch_self_check_incomplete(version: str, reason: str) -> str:
 def torchscript_unavailable(version: str, call: str, reason: str) -> str:
     return (f"torch {version} refuses {call} ({reason}): gradbridge's training modules are TorchScript, which "
             f"this torch no longer runs; use a torch that does (see `gradbridge doctor`)")
+
+
+# ---- protocol 3 (export_training_module(..., format="export")) ----
+
+def aten_option_refused(option: str) -> str:
+    return (f"format='export' does not support {option} yet; export with format='torchscript' (the default) "
+            "or leave it out")
+
+
+def aten_optimizer_refused(name: str, supported: Any) -> str:
+    return f"format='export' does not support optimizer {name} yet (it exports {', '.join(supported)})"
+
+
+def aten_capture_failed(model: str, reason: str) -> str:
+    return f"torch.export cannot capture {model}'s training step: {reason}"
+
+
+def aten_batch_dependent(reason: str) -> str:
+    return (f"format='export': the captured graph depends on the batch size beyond its sizes ({reason}); "
+            "export with format='torchscript'")
+
+
+def aten_batch_too_small(batch: int, minimum: int) -> str:
+    return f"format='export' needs an example batch of at least {minimum} samples, got {batch}"
+
+
+def aten_no_gradient(name: str) -> str:
+    return (f"format='export': parameter {name} gets no gradient from the loss; protocol 3 does not support "
+            "parameters without gradients yet")
+
+
+def aten_unbound(name: str) -> str:
+    return f"format='export': a graph reads {name}, which the model does not hold"
+
+
+def program_entry_missing(path: str, entry: str) -> str:
+    return f"{path}: the protocol-3 module lacks {entry} (a truncated or edited file); export it again"
+
+
+def protocol3_needs_model(path: str) -> str:
+    return (f"{path}: a protocol-3 module (format='export') holds no Python model: pass model= (your eager "
+            "nn.Module) to compare against")
+
+
+def protocol3_not_torchscript(path: str) -> str:
+    return (f"{path}: a protocol-3 module (format='export') is not TorchScript; this command reads TorchScript "
+            "modules only for now (Java's TrainingModule and Trainer, java.train and reference.train(model=...) "
+            "take it)")

@@ -39,6 +39,8 @@ CACHE_ENV = messages.CACHE_ENV
 DIGEST_KEY = "library_sha256"
 SOURCE_NAME = "gradbridge_jni.cpp"
 GLOO_SOURCE_NAME = "gradbridge_gloo.cpp"
+#: Protocol 3's interpreter of op lists over libtorch's dispatcher.
+EXPORTED_SOURCE_NAME = "gradbridge_exported.cpp"
 #: What both C++ files include (beside them, in native/ and in the wheel's native_lib/).
 SUPPORT_NAME = "jni_support.h"
 #: The vendored gloo headers, beside the sources (in the checkout's native/ and in the wheel's native_lib/).
@@ -115,11 +117,13 @@ def _sources(header_dir: Optional[Path] = None) -> Dict[str, Path]:
         header_dir = header_dir or root / "build" / "native" / "include"
         header = _generate_header(root, header_dir)
         native = root / "native"
-        return {"source": native / SOURCE_NAME, "gloo": native / GLOO_SOURCE_NAME, "support": native / SUPPORT_NAME,
+        return {"source": native / SOURCE_NAME, "gloo": native / GLOO_SOURCE_NAME,
+                "exported": native / EXPORTED_SOURCE_NAME, "support": native / SUPPORT_NAME,
                 "gloo_headers": native / GLOO_HEADERS, "header": header}
-    names = (SOURCE_NAME, GLOO_SOURCE_NAME, SUPPORT_NAME, GLOO_HEADERS, HEADER_NAME)
+    names = (SOURCE_NAME, GLOO_SOURCE_NAME, EXPORTED_SOURCE_NAME, SUPPORT_NAME, GLOO_HEADERS, HEADER_NAME)
     if all((PACKAGED / name).exists() for name in names):
         return {"source": PACKAGED / SOURCE_NAME, "gloo": PACKAGED / GLOO_SOURCE_NAME,
+                "exported": PACKAGED / EXPORTED_SOURCE_NAME,
                 "support": PACKAGED / SUPPORT_NAME, "gloo_headers": PACKAGED / GLOO_HEADERS,
                 "header": PACKAGED / HEADER_NAME}
     raise SetupError(f"gradbridge's native sources are missing ({PACKAGED / SOURCE_NAME}): reinstall gradbridge")
@@ -148,7 +152,7 @@ def current_build(sources: Optional[Dict[str, Path]] = None) -> Build:
 
     sources = sources or _sources()
     digest = hashlib.sha256()
-    for key in ("source", "gloo", "support", "header"):
+    for key in ("source", "gloo", "exported", "support", "header"):
         digest.update(sources[key].read_bytes())
     for header in _gloo_headers(sources):
         digest.update(header.relative_to(sources["gloo_headers"]).as_posix().encode() + b"\0" + header.read_bytes())
@@ -193,11 +197,12 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
                  f"-I{sources['header'].parent}", f"-I{java_home / 'include'}", f"-I{java_home / 'include' / 'linux'}",
                  # ProcessGroupGloo.hpp declares its classes only with USE_C10D_GLOO (as torch was built).
                  "-DUSE_C10D_GLOO", f"-isystem{sources['gloo_headers']}"]
-        # The two files compile at once (each takes most of the build), then link.
-        objects = [Path(scratch) / f"{sources[key].stem}.o" for key in ("source", "gloo")]
+        # The files compile at once (each takes most of the build), then link.
+        keys = ("source", "gloo", "exported")
+        objects = [Path(scratch) / f"{sources[key].stem}.o" for key in keys]
         compiles = [subprocess.Popen([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                    for key, obj in zip(("source", "gloo"), objects)]
+                    for key, obj in zip(keys, objects)]
         results = [(c.returncode, err) for c in compiles for _, err in [c.communicate()]]
         if all(code == 0 for code, _ in results):
             link = subprocess.run([*compiler_args, "-shared", *map(str, objects), "-o", str(tmp),
@@ -330,6 +335,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.with_sources:
             shutil.copyfile(sources["source"], folder / SOURCE_NAME)
             shutil.copyfile(sources["gloo"], folder / GLOO_SOURCE_NAME)
+            shutil.copyfile(sources["exported"], folder / EXPORTED_SOURCE_NAME)
             shutil.copyfile(sources["support"], folder / SUPPORT_NAME)
             shutil.rmtree(folder / GLOO_HEADERS, ignore_errors=True)
             shutil.copytree(sources["gloo_headers"], folder / GLOO_HEADERS)

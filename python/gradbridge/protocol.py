@@ -18,7 +18,13 @@ from .errors import ProtocolError
 #: The version new exports write. Version 2 ("v-next") adds ``DATA_PARALLEL_METHODS``; nothing was
 #: removed or changed, so modules of every version in ``SUPPORTED_VERSIONS`` load and train.
 PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+#: Protocol 3: a training step captured with torch.export as gradbridge's own op lists (``oplist``), run
+#: op by op by the native layer (``export_training_module(..., format="export")``; docs/architecture.md).
+#: The same methods, another file: a zip of ``gradbridge.json`` (with ``PROGRAM_KEY``), op lists and state.
+EXPORT_PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
+#: The export formats: TorchScript (protocols 1 and 2) or torch.export (protocol 3).
+FORMATS = ("torchscript", "export")
 METADATA_FILE = "gradbridge.json"
 METADATA_FORMAT = "gradbridge.training-module"
 
@@ -82,6 +88,9 @@ REQUIRED_METHODS: tuple[str, ...] = (
     LOAD_OPTIMIZER_STATE,
 )
 
+#: The methods a protocol-3 module runs (the required ones, get_lrs and set_group_lr for its one group).
+PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR)
+
 #: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
 OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
 
@@ -111,7 +120,10 @@ CHECKPOINT_KEY = "checkpoint"
 #: How the model was captured (absent in modules exported before it): ``{"kind": "script" | "trace",
 #: "checked": bool}``, ``checked`` when the export's check against the eager model ran (``export.self_check``).
 CAPTURE_KEY = "capture"
-OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY)
+#: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
+#: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
+PROGRAM_KEY = "program"
+OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
 #: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``
@@ -156,15 +168,17 @@ def build_metadata(
     torch_version: str,
     gradbridge_version: str,
     custom_ops: Sequence[str] = (),
+    protocol_version: int = PROTOCOL_VERSION,
+    methods: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
     document = {
         "format": METADATA_FORMAT,
-        "protocol_version": PROTOCOL_VERSION,
+        "protocol_version": protocol_version,
         "gradbridge_version": gradbridge_version,
         "torch_version": torch_version,
         "model": model,
-        "methods": list(REQUIRED_METHODS) + list(OPTIONAL_METHODS) + list(DATA_PARALLEL_METHODS),
+        "methods": list(methods) or list(REQUIRED_METHODS) + list(OPTIONAL_METHODS) + list(DATA_PARALLEL_METHODS),
         "parameters": parameters,
         "buffers": buffers,
         "loss": loss,
@@ -191,7 +205,8 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
-            entries = [n for n in names if n.endswith("/extra/" + METADATA_FILE)]
+            # a TorchScript archive holds it under <name>/extra/, a protocol-3 zip at its root
+            entries = [n for n in names if n.endswith("/extra/" + METADATA_FILE) or n == METADATA_FILE]
             if not entries and not any("/code/" in n for n in names):
                 raise ProtocolError(f"{path}: a torch.save file, not a TorchScript archive; export the model "
                                     "with `gradbridge export`")
@@ -208,7 +223,7 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     check_schema(str(path), document)
     if document.get("protocol_version") not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
-                            f"this gradbridge reads {' and '.join(map(str, SUPPORTED_VERSIONS))}")
+                            f"this gradbridge reads {', '.join(map(str, SUPPORTED_VERSIONS[:-1]))} and {SUPPORTED_VERSIONS[-1]}")
     return document
 
 

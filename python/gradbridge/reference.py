@@ -35,7 +35,17 @@ from .torchscript import plain_graph_executor
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
     """The parameters and buffers stored in an exported module, by name."""
+    if protocol.read_metadata(model_path)["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION:
+        return _program_state(model_path)
     return _state_of(torchscript.load(str(model_path)))
+
+
+def _program_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
+    """A protocol-3 module's parameters and buffers, by name (read from its state entries)."""
+    from .export.aten_export import read_program
+
+    _, _, state = read_program(model_path)
+    return {name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")}
 
 
 def _state_of(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
@@ -62,9 +72,13 @@ class Reference:
         """``loaded``: the module at ``model_path`` already loaded, to read its initial state from (it
         is not loaded again); with ``model`` given, the reference does not use it after that."""
         self.metadata = protocol.read_metadata(model_path)
-        scripted = loaded if loaded is not None else torchscript.load(str(model_path))
-        protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
-                                  scripted.get_parameters())
+        program = self.metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION
+        if program and model is None:
+            raise ProtocolError(messages.protocol3_needs_model(str(model_path)))
+        scripted = None if program else loaded if loaded is not None else torchscript.load(str(model_path))
+        if scripted is not None:
+            protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
+                                      scripted.get_parameters())
         if model is None and _is_seed_model(self.metadata):
             model = LinearRegression()
         self.input_names = inputs.names(self.metadata)
@@ -77,7 +91,7 @@ class Reference:
             self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
             self.model = copy.deepcopy(model)
-            state = _state_of(scripted)
+            state = _program_state(model_path) if program else _state_of(scripted)
             tensors = list(self.model.named_parameters()) + list(self.model.named_buffers())
             missing = sorted({name for name, _ in tensors} - set(state))
             if missing:

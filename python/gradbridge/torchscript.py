@@ -57,13 +57,29 @@ def save(module, path, **kwargs) -> None:
 
 def load(path, **kwargs):
     """``torch.jit.load(path, **kwargs)`` without torch's deprecation warning; TorchScriptUnavailableError
-    when this torch refuses loading altogether (not just this file)."""
+    when this torch refuses loading altogether (not just this file); ProtocolError (one line) for a
+    protocol-3 module, which is not TorchScript."""
+    _refuse_protocol3(path)
     with _intentional():
         try:
             return torch.jit.load(path, **kwargs)
         except Exception as ex:
             _raise_if_unavailable("torch.jit.load", ex)
             raise
+
+
+def _refuse_protocol3(path) -> None:
+    import os
+    import zipfile
+
+    from . import messages
+    from .errors import ProtocolError
+    from .protocol import METADATA_FILE
+
+    if isinstance(path, (str, os.PathLike)) and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if METADATA_FILE in archive.namelist():
+                raise ProtocolError(messages.protocol3_not_torchscript(str(path)))
 
 
 class _Probe(torch.nn.Module):

@@ -70,6 +70,7 @@ def export_training_module(
     accumulate: int = 1,
     init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
     check: bool = True,
+    format: str = "torchscript",
 ) -> Path:
     """Script ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
@@ -106,6 +107,11 @@ def export_training_module(
             on the example batch (two training steps, then ``evaluate`` and ``forward`` in eval mode)
             and refuse the export at the first bit that differs (``self_check``). On by default; turn
             it off only for a model too large to run twice.
+        format: ``"torchscript"`` (the default: protocol 2) or ``"export"``: protocol 3, the training
+            step captured with torch.export as aten op lists that the native layer runs op by op
+            (``export.aten_export``). Today it takes example_inputs (a batch of at least 2), SGD, Adam or
+            AdamW with one parameter group, every parameter trainable; it refuses freeze, scheduler,
+            clipping, accumulate and init_weights in one line.
 
     Returns the path written.
 
@@ -117,6 +123,16 @@ def export_training_module(
     """
     model = model_capture.uncompiled(model)
     model_capture.refuse_captured(model)
+    if format not in protocol.FORMATS:
+        raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
+    if format == "export":
+        from . import aten_export
+
+        options = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
+                       clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights,
+                       inputs=inputs)
+        return aten_export.export(model, loss, optimizer, Path(path), example_inputs=example_inputs,
+                                  model_name=model_name, check=check, options=options)
     loss_spec = _loss_spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}

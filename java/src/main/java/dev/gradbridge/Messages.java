@@ -506,4 +506,22 @@ public final class Messages {
     public static String sparkOneRoundBytes(String setting, long most, String value) {
         return setting + " must be a whole number of bytes in 0.." + most + ", got " + value;
     }
+
+    /** A protocol-3 file without one of its entries (python: messages.program_entry_missing). */
+    public static String programEntryMissing(String path, String entry) {
+        return path + ": the protocol-3 module lacks " + entry + " (a truncated or edited file); export it again";
+    }
+
+    /** What protocol-3 modules do not support yet. */
+    public static String protocol3Refuses(String path, String what) {
+        return path + ": protocol-3 modules (format='export') do not support " + what + " yet; export with"
+                + " format='torchscript' for them";
+    }
+
+    /** A protocol-3 module captured with another torch release than the libtorch this JVM runs. */
+    public static String protocol3OtherTorch(String path, String captured, String engine) {
+        return path + " was captured with torch " + captured + " but this JVM runs libtorch " + engine
+                + ": a protocol-3 module (format='export') runs on the torch release it was captured with;"
+                + " export it with that torch, or run Java on this torch's libtorch";
+    }
 }

@@ -48,6 +48,7 @@ public final class Metadata {
     private Checkpoint checkpoint;
     private Map<String, Object> fineTuning;
     private Map<String, Object> capture; // absent in modules exported before the export's check
+    private JsonObject program; // protocol 3 only: the graphs and state entries (ExportedModule reads them)
     private transient JsonObject document;
 
     private Metadata() {}
@@ -280,7 +281,8 @@ public final class Metadata {
     }
 
     private static ZipEntry findMetadataEntry(ZipFile archive) {
-        return findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
+        ZipEntry root = archive.getEntry(Protocol.METADATA_FILE); // a protocol-3 zip holds it at its root
+        return root != null ? root : findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
     }
 
     private static ZipEntry findEntry(ZipFile archive, String suffix) {

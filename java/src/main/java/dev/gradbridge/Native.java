@@ -176,6 +176,38 @@ final class Native {
     static native int plansStepWhileFinite(long[] plans, long[] xs, long[] ys, double[] losses, int[] failed,
             String[] error);
 
+    // ---- protocol 3: op lists run over libtorch's dispatcher (native/gradbridge_exported.cpp) ----
+
+    /**
+     * A protocol-3 module from its program (JSON: optimizer, min_batch, parameters, inputs, graphs) and its
+     * state tensors by binding name (cloned: the caller keeps and frees its own).
+     */
+    static native long exportedLoad(String program, String[] stateNames, long[] stateTensors);
+
+    static native void exportedFree(long module);
+
+    /** Runs a method over the inputs (in metadata order) and target; returns the result tensors (caller owns). */
+    static native long[] exportedCall(long module, String method, long[] inputs, long target);
+
+    /** {@code train_step} over the batches {@code perm[i:i + batch]}: each batch's loss. */
+    static native double[] exportedTrainEpoch(long module, long[] inputs, long target, long perm, long batch);
+
+    /** The state tensors' binding names, sorted. */
+    static native String[] exportedStateNames(long module);
+
+    /** Copies of state tensors by binding name (an absent gradient: zeros); the caller owns them. */
+    static native long[] exportedGet(long module, String[] names);
+
+    /** Replaces state tensors by binding name with copies of the given ones. */
+    static native void exportedSet(long module, String[] names, long[] tensors);
+
+    static native double exportedLr(long module);
+
+    static native void exportedSetLr(long module, double lr);
+
+    /** {@code p -= lr * grad} for each parameter with a gradient, then the gradients are dropped. */
+    static native void exportedSgdStep(long module, double lr);
+
     // ---- c10d Gloo: a process group among Spark's training tasks (native/gradbridge_gloo.cpp) ----
 
     /**

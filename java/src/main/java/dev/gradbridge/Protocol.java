@@ -18,7 +18,15 @@ public final class Protocol {
     public static final int VERSION = 2;
     /** Protocol versions this library reads. */
     public static final List<Integer> SUPPORTED_VERSIONS =
-            Collections.unmodifiableList(Arrays.asList(1, 2));
+            Collections.unmodifiableList(Arrays.asList(1, 2, 3));
+    /**
+     * Protocol 3: a training step captured with torch.export as gradbridge's op lists, run op by op by
+     * the native layer ({@link ExportedModule}); the file is a zip of {@link #METADATA_FILE} (with
+     * {@link #PROGRAM_KEY}), the op lists and the state tensors.
+     */
+    public static final int EXPORT_VERSION = 3;
+    /** The metadata key of a protocol-3 module's program (graphs and state entries). */
+    public static final String PROGRAM_KEY = "program";
     /** Name of the metadata file stored inside the .pt archive. */
     public static final String METADATA_FILE = "gradbridge.json";
     /** Value of the metadata's {@code format} key. */

@@ -6,8 +6,8 @@ import java.util.Set;
 /**
  * The engine boundary: everything gradbridge asks of a loaded training module, and nothing of
  * how an engine does it. {@link TorchScriptModule} implements it over gradbridge's native layer
- * (libtorch's TorchScript runtime through JNI); a backend for exported aten graphs
- * (torch.export) would implement the same methods. {@link TrainingModule} is its only caller.
+ * (libtorch's TorchScript runtime through JNI); {@link ExportedModule} over protocol 3's op lists
+ * (torch.export), run op by op through libtorch's dispatcher. {@link TrainingModule} is its only caller.
  *
  * <p>Contract for every implementation: methods run with autograd on and without the
  * optimizing graph executor (its fused subgraphs drift from eager autograd in the last bits),
@@ -17,11 +17,16 @@ import java.util.Set;
 abstract class ScriptedModule implements AutoCloseable {
 
     /**
-     * Loads a module file with the engine that reads it (TorchScript today), in training mode.
+     * Loads a module file with the engine that reads it, chosen by the metadata's protocol version:
+     * TorchScript (protocols 1 and 2) or gradbridge's op lists over libtorch's dispatcher (protocol 3,
+     * {@link ExportedModule}), in training mode.
      *
      * @throws NativeException when the engine cannot load it (nothing stays allocated)
      */
-    static ScriptedModule load(Path file) {
+    static ScriptedModule load(Path file, Metadata metadata) {
+        if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION) {
+            return ExportedModule.load(file, metadata);
+        }
         return TorchScriptModule.load(file);
     }
 

@@ -153,6 +153,13 @@ public final class TrainingModule implements AutoCloseable {
         }
         Metadata metadata = Metadata.read(file);
         String engineVersion = ScriptedModule.engineVersion();
+        if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION
+                && !minorRelease(engineVersion).equals(minorRelease(metadata.getTorchVersion()))) {
+            // op lists hold the ops one torch release's autograd and export chose: another release's kernels
+            // and formulas are not bitwise with it
+            throw new ModuleLoadException(Messages.protocol3OtherTorch(file.toString(), metadata.getTorchVersion(),
+                    engineVersion));
+        }
         if (!engineVersion.equals(metadata.getTorchVersion())) {
             logger.warn(
                     "{} was exported with torch {} but libtorch here is {}; results may differ",
@@ -161,7 +168,7 @@ public final class TrainingModule implements AutoCloseable {
         OperatorLibraries.load(opLibraries);
         ScriptedModule scripted;
         try {
-            scripted = ScriptedModule.load(file);
+            scripted = ScriptedModule.load(file, metadata);
         } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
@@ -176,6 +183,12 @@ public final class TrainingModule implements AutoCloseable {
             scripted.close();
             throw e;
         }
+    }
+
+    /** {@code 2.15} of {@code 2.15.0+cpu}. */
+    private static String minorRelease(String version) {
+        String[] parts = String.valueOf(version).split("[.+]");
+        return parts.length < 2 ? String.valueOf(version) : parts[0] + "." + parts[1];
     }
 
     /** @return the absolute path the module was loaded from */

@@ -1,0 +1,261 @@
+"""gradbridge's op list: one aten graph as JSON that the native layer runs op by op (protocol 3).
+
+Not torch's ExportedProgram schema (it moves with torch): a small format of gradbridge's own, versioned by
+``VERSION``. A graph is::
+
+    {"oplist_version": 1,
+     "inputs": ["param:fc.weight", "input:x", "target", "scalar:neg_lr", ...],   # slots 0..k-1
+     "nodes": [{"op": "aten::addmm", "overload": "default", "args": [ARG, ...], "outputs": 1}, ...],
+     "outputs": [{"ref": SLOT, "to": "loss"}, {"ref": SLOT, "to": "grad:fc.weight"}, ...]}
+
+Each node's results take the next slots (``outputs`` of them; an op returning a list takes one slot, and
+``#item`` picks an element). ``args`` holds every argument of the op's schema, in schema order (defaults
+filled in at export), each one of ``ARG_KINDS``: ``{"t": slot}`` a value, ``{"tl": [slots]}`` a tensor
+list, ``{"otl": [slot | null]}`` a list of optional tensors, ``null`` None, ``{"i": n}``, ``{"f": hex}``
+(``float.hex``: exact, and inf/nan), ``{"b": bool}``, ``{"il": [n]}``, ``{"sl": [n | {"bx": [a, c]}]}`` an
+int list whose ``bx`` elements are ``a * batch + c``, ``{"bx": [a, c]}`` an int so computed, ``{"fl":
+[hex]}``, ``{"bl": [bool]}``, ``{"s": text}``, ``{"dtype": name}``, ``{"layout": name}``, ``{"device":
+name}``, ``{"mf": name}``. ``batch`` is the first dimension of the call's first ``input:`` binding (else of
+``target``). Binding
+names (inputs and outputs): ``param:NAME``, ``buffer:NAME``, ``grad:NAME``, ``const:NAME``,
+``state:KEY:NAME`` (optimizer state), ``input:NAME``, ``target``, ``scalar:NAME`` (a double the host
+computes per step by the optimizer's formula, ``host_scalars``), ``loss``, ``output``.
+
+``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
+export's bitwise check before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+VERSION = 1
+#: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
+ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
+#: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
+ITEM = "#item"
+#: Ops dropped at export: checks of tensor metadata that compute nothing.
+DROPPED = ("aten::_assert_tensor_metadata",)
+
+DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+          "int64": torch.int64, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64,
+          "bool": torch.bool, "bfloat16": torch.bfloat16}
+LAYOUTS = {"strided": torch.strided}
+MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format,
+                  "channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
+
+
+from .errors import OpListError  # noqa: E402  (re-exported: oplist.OpListError)
+
+
+def _name(value: Any, table: Mapping[str, Any], kind: str) -> str:
+    for name, known in table.items():
+        if known == value:
+            return name
+    raise OpListError(f"op list: unsupported {kind} {value}")
+
+
+def encode_arg(value: Any, slot_of: Dict[Any, int], type_text: str) -> Any:
+    """One argument of an FX node as an op-list argument (``slot_of`` maps FX nodes to slots)."""
+    import torch.fx as fx
+
+    if isinstance(value, fx.Node):
+        return {"t": slot_of[value]}
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return {"b": value}
+    if isinstance(value, int):
+        return {"i": value}
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    if isinstance(value, torch.dtype):
+        return {"dtype": _name(value, DTYPES, "dtype")}
+    if isinstance(value, torch.layout):
+        return {"layout": _name(value, LAYOUTS, "layout")}
+    if isinstance(value, torch.memory_format):
+        return {"mf": _name(value, MEMORY_FORMATS, "memory format")}
+    if isinstance(value, torch.device):
+        if value.type != "cpu":
+            raise OpListError(f"op list: device {value} (gradbridge runs on the CPU)")
+        return {"device": "cpu"}
+    if isinstance(value, str):
+        return {"s": value}
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        if "Tensor?" in type_text:
+            return {"otl": [None if v is None else slot_of[v] for v in items]}
+        if "Tensor" in type_text:
+            return {"tl": [slot_of[v] for v in items]}
+        if all(isinstance(v, bool) for v in items) and ("bool" in type_text or items):
+            return {"bl": items}
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            return {"il": items}
+        if all(isinstance(v, float) for v in items):
+            return {"fl": [v.hex() for v in items]}
+    raise OpListError(f"op list: unsupported argument {value!r} of type {type_text}")
+
+
+def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[str, Any]:
+    """An FX graph (placeholders in ``inputs``' order, an output tuple in ``outputs``' order; an output
+    binding ``None`` drops that output) as an op list."""
+    import operator
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise OpListError(f"op list: the graph takes {len(placeholders)} inputs, {len(inputs)} bindings given")
+    slot_of: Dict[Any, int] = {n: i for i, n in enumerate(placeholders)}
+    list_results = set()
+    nodes: List[Dict[str, Any]] = []
+    next_slot = len(placeholders)
+    result = None
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            result = node.args[0]
+            continue
+        if node.op == "get_attr":
+            raise OpListError(f"op list: graph attribute {node.target} (constants are lifted to state)")
+        if node.op != "call_function":
+            raise OpListError(f"op list: unsupported node {node.op} {node.target}")
+        if node.target is operator.getitem:
+            base, index = node.args
+            if base in list_results:
+                nodes.append({"op": ITEM, "overload": "", "args": [{"t": slot_of[base]}, {"i": index}], "outputs": 1})
+                slot_of[node] = next_slot
+                next_slot += 1
+            else:
+                slot_of[node] = slot_of[base] + index
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise OpListError(f"op list: unsupported call {node.target} (not an aten operator)")
+        schema = node.target._schema
+        if schema.name in DROPPED:
+            continue
+        args = []
+        for i, argument in enumerate(schema.arguments):
+            if i < len(node.args) and not argument.kwarg_only:
+                value = node.args[i]
+            elif argument.name in node.kwargs:
+                value = node.kwargs[argument.name]
+            elif argument.has_default_value():
+                value = argument.default_value
+            else:
+                raise OpListError(f"op list: {schema.name} misses argument {argument.name}")
+            args.append(encode_arg(value, slot_of, str(argument.type)))
+        returns = len(schema.returns)
+        if returns == 1 and "[]" in str(schema.returns[0].type):
+            list_results.add(node)
+        nodes.append({"op": schema.name, "overload": schema.overload_name or "default", "args": args,
+                      "outputs": returns})
+        slot_of[node] = next_slot
+        next_slot += max(returns, 1)
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    if len(results) != len(outputs):
+        raise OpListError(f"op list: the graph returns {len(results)} values, {len(outputs)} bindings given")
+    return {"oplist_version": VERSION, "inputs": list(inputs), "nodes": nodes,
+            "outputs": [{"ref": slot_of[r], "to": to} for r, to in zip(results, outputs) if to is not None]}
+
+
+def batch_affine(small: Any, large: Any, b1: int, b2: int, where: str = "graph") -> Any:
+    """Two op lists of one graph captured at batch sizes ``b1 < b2`` as one whose differing ints are
+    ``{"bx": [a, c]}`` (``a * batch + c``); anything else that differs is refused."""
+    if isinstance(small, dict) and isinstance(large, dict):
+        if set(small) != set(large):
+            raise OpListError(f"{where} changes with the batch size")
+        if set(small) == {"i"} and small["i"] != large["i"]:
+            return _affine(small["i"], large["i"], b1, b2, where)
+        if set(small) in ({"il"}, {"sl"}) and small != large:
+            a, b = small.get("il", small.get("sl")), large.get("il", large.get("sl"))
+            if len(a) != len(b):
+                raise OpListError(f"{where} changes rank with the batch size")
+            return {"sl": [x if x == y else _affine(x, y, b1, b2, where) for x, y in zip(a, b)]}
+        return {k: batch_affine(small[k], large[k], b1, b2, f"{where}.{k}") for k in small}
+    if isinstance(small, list) and isinstance(large, list):
+        if len(small) != len(large):
+            raise OpListError(f"{where} changes with the batch size ({len(small)} vs {len(large)} items)")
+        return [batch_affine(x, y, b1, b2, f"{where}[{i}]") for i, (x, y) in enumerate(zip(small, large))]
+    if small != large:
+        raise OpListError(f"{where} changes with the batch size ({small!r} vs {large!r})")
+    return small
+
+
+def _affine(x: Any, y: Any, b1: int, b2: int, where: str) -> Dict[str, List[int]]:
+    if not (isinstance(x, int) and isinstance(y, int)) or (y - x) % (b2 - b1):
+        raise OpListError(f"{where} changes with the batch size ({x!r} vs {y!r})")
+    a = (y - x) // (b2 - b1)
+    return {"bx": [a, x - a * b1]}
+
+
+# ---- the Python interpreter (the native one's twin) ----
+
+def _overload(op: str, overload: str) -> Any:
+    namespace, name = op.split("::", 1)
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError) as ex:
+        raise OpListError(f"op list: unknown operator {op}.{overload}") from ex
+
+
+def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
+    if arg is None:
+        return None
+    (kind, value), = arg.items()
+    if kind == "t":
+        return slots[value]
+    if kind == "tl":
+        return [slots[v] for v in value]
+    if kind == "otl":
+        return [None if v is None else slots[v] for v in value]
+    if kind in ("i", "b", "il", "bl", "s"):
+        return value
+    if kind == "bx":
+        return value[0] * batch + value[1]
+    if kind == "sl":
+        return [v if isinstance(v, int) else v["bx"][0] * batch + v["bx"][1] for v in value]
+    if kind == "f":
+        return float.fromhex(value)
+    if kind == "fl":
+        return [float.fromhex(v) for v in value]
+    if kind == "dtype":
+        return DTYPES[value]
+    if kind == "layout":
+        return LAYOUTS[value]
+    if kind == "mf":
+        return MEMORY_FORMATS[value]
+    if kind == "device":
+        return torch.device(value)
+    raise OpListError(f"op list: unknown argument kind {kind!r}")
+
+
+def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
+    """Run an op list on ``values`` (binding name -> tensor or double) under no_grad; returns its outputs
+    by binding (``grad:`` outputs as returned, not accumulated: the caller accumulates)."""
+    if graph.get("oplist_version") != VERSION:
+        raise OpListError(f"op list version {graph.get('oplist_version')}, this gradbridge runs {VERSION}")
+    slots: List[Any] = [values[name] for name in graph["inputs"]]
+    first = next((name for name in graph["inputs"] if name.startswith("input:")),
+                 "target" if "target" in graph["inputs"] else None)
+    batch = int(values[first].shape[0]) if first is not None else 0
+    with torch.no_grad():
+        for node in graph["nodes"]:
+            args = [_decode(a, slots, batch) for a in node["args"]]
+            if node["op"] == ITEM:
+                slots.append(args[0][args[1]])
+                continue
+            op = _overload(node["op"], node["overload"])
+            schema = op._schema
+            positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
+            keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
+            result = op(*positional, **keywords)
+            if node["outputs"] == 1:
+                slots.append(result)
+            elif node["outputs"] > 1:
+                slots.extend(result)
+            else:
+                slots.append(None)
+    return {out["to"]: slots[out["ref"]] for out in graph["outputs"]}
