@@ -32,6 +32,7 @@ import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.clients.consumer.CloseOptions;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
@@ -173,7 +174,7 @@ public final class KafkaFeedback implements AutoCloseable {
             partitions.sort(Comparator.comparingInt(TopicPartition::partition));
             return new KafkaFeedback(learner, topic, group, consumer, partitions);
         } catch (RuntimeException e) {
-            consumer.close(Duration.ofSeconds(1));
+            consumer.close(CloseOptions.timeout(Duration.ofSeconds(1)));
             throw e;
         }
     }
@@ -270,7 +271,7 @@ public final class KafkaFeedback implements AutoCloseable {
             } catch (RuntimeException ignored) {
                 // monitoring only
             }
-            consumer.close(Duration.ofSeconds(5));
+            consumer.close(CloseOptions.timeout(Duration.ofSeconds(5)));
         }
     }
 
