@@ -25,8 +25,6 @@ from gradbridge import jdk, libtorch
 
 MAIN = "dev.gradbridge.spark.SparkTrainCommand"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: What the --spark-lines runs gave: (Spark version, Scala version, test, result), for the summary table.
-RESULTS: list = []
 
 
 def gradle_properties() -> dict:
@@ -42,9 +40,8 @@ def cluster_versions() -> List[str]:
 def scala_of(spark_version: str) -> str:
     """The Scala version of the gradbridge-spark artifact for ``spark_version``: the line it belongs to."""
     props = gradle_properties()
-    line = ".".join(props["spark35Version"].split(".")[:2])
-    return props["spark35ScalaBinaryVersion"] if spark_version.split(".")[:2] == line.split(".") \
-        else props["scalaBinaryVersion"]
+    same_line = spark_version.split(".")[:2] == props["spark35Version"].split(".")[:2]
+    return props["spark35ScalaBinaryVersion"] if same_line else props["scalaBinaryVersion"]
 
 
 def submit_jar_task(scala: str) -> str:

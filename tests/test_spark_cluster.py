@@ -60,8 +60,9 @@ def jar(spark_home):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, spark_home, spark_release):
     with Cluster(tmp_path_factory.mktemp("cluster"), home=spark_home) as running:
-        if spark_release is not None:
-            assert running.spark_version == spark_release, (running.spark_version, spark_release)
+        if spark_release is not None:  # pip's pyspark of that version, with Spark's jars of that line's Scala
+            expected = (spark_release, spark_cluster.scala_of(spark_release))
+            assert (running.spark_version, running.scala_version) == expected
         yield running
 
 

@@ -455,8 +455,9 @@ public final class Messages {
      */
     public static String sparkLine(String scala, String built, String spark, String sparkScala) {
         return "gradbridge-spark_" + scala + " is built for Spark " + built + " (Scala " + scala + "), this is Spark "
-                + spark + " on Scala " + sparkScala + "; use gradbridge-spark_2.12 (spark-submit: gradbridge-spark-submit_2.12)"
-                + " for Spark 3.5.x on Scala 2.12, gradbridge-spark_2.13 (gradbridge-spark-submit_2.13) for Spark 4.0 to 4.3";
+                + spark + " on Scala " + sparkScala + "; use gradbridge-spark_2.12 (spark-submit:"
+                + " gradbridge-spark-submit_2.12) for Spark 3.5.x on Scala 2.12, gradbridge-spark_2.13"
+                + " (gradbridge-spark-submit_2.13) for Spark 4.0 to 4.3";
     }
 
     /**
