@@ -45,6 +45,10 @@ def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", default=False,
                      help="parity matrix: 20 epochs and every case through a subprocess too; the slow scenarios"
                           " (tests marked slow: Kafka broker restarts, repeated kill -9)")
+    parser.addoption("--spark-lines", action="store_true", default=False,
+                     help="the real-cluster Spark cases (tests/test_spark_cluster.py) on pip's oldest and newest "
+                          "pyspark of each Scala line (gradle.properties sparkClusterVersions), each in its own "
+                          "venv .venv-spark/<version>, instead of this venv's pyspark")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,10 +66,34 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
+#: (Spark version, Scala version, test, outcome) of the real-cluster cases, for the summary table.
+SPARK_RESULTS: list = []
+
+
+def pytest_runtest_logreport(report):
+    """Keeps the outcome of each real-cluster case (tests/test_spark_cluster.py marks them with the Spark it ran on)."""
+    spark = dict(report.user_properties).get("spark_cluster")
+    if spark and (report.when == "call" or report.outcome == "failed"):
+        outcome = {"passed": "bitwise with the replay", "skipped": "skipped"}.get(report.outcome, "FAILED")
+        SPARK_RESULTS.append((*spark, report.nodeid.split("::")[-1], outcome))
+
+
+def _spark_summary(terminalreporter):
+    lines = [f"{'spark':<7} {'scala':<6} {'case':<72} result"]
+    lines += [f"{version:<7} {scala:<6} {case:<72} {outcome}" for version, scala, case, outcome in SPARK_RESULTS]
+    terminalreporter.write_sep("=", "gradbridge-spark on standalone clusters")
+    terminalreporter.write_line("\n".join(lines))
+    out = REPO_ROOT / "build" / "spark-lines.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|."""
+    """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|; the Spark clusters'."""
     import sys
 
+    if SPARK_RESULTS:
+        _spark_summary(terminalreporter)
     matrix_tests = sys.modules.get("tests.matrix")
     if matrix_tests is None or not matrix_tests.RESULTS:
         return

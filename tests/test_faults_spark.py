@@ -6,6 +6,11 @@ line. (Task and executor failures mid-step are in ``test_spark.py``: they must n
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +19,7 @@ from gradbridge import ProtocolError, messages, protocol, reference, sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.export import training_module
 from tests.faults import one_error_line, rewrite_metadata, stray_files, train_cli
+from tests.spark_cluster import gradle_properties
 
 INPUTS = [protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")]
 
@@ -295,3 +301,23 @@ def test_a_local_run_listens_on_loopback_only_and_its_store_refuses_a_client_wit
     assert answered == []
     replay = reference.train_sharded(files["good"], x, y, epochs=3, shards=2, batch_size=4)
     assert_bitwise(History.load(history), replay)
+
+
+def test_the_artifact_of_another_spark_line_is_refused(files, tmp_path):
+    """gradbridge-spark_2.12 (built for Spark 3.5.x) on Spark 4.0 (Scala 2.13): one line naming the artifact to
+    take, before Spark starts (else the first Scala call fails in a task, with a stack trace per attempt)."""
+    command = sparkrun.command(["--master", "local[1]", "--model", files["good"], "--data",
+                                files["folder"] / "data.npz", "--history", tmp_path / "h.jsonl"])
+    at = command.index("-cp") + 1
+    entries = command[at].split(os.pathsep)
+    other = [re.sub(r"gradbridge-spark_2\.13-(?=[^/]*\.jar$)", "gradbridge-spark_2.12-", e) for e in entries]
+    assert other != entries and all(Path(e).exists() for e in other)
+    command[at] = os.pathsep.join(other)
+    scala = next(re.search(r"scala-library-(2\.13\.\d+)\.jar$", e).group(1) for e in entries
+                 if re.search(r"scala-library-2\.13\.\d+\.jar$", e))
+    line = one_error_line(subprocess.run(command, capture_output=True, text=True, check=False, timeout=300))
+    assert line == (f"gradbridge-spark_2.12 is built for Spark 3.5.x (Scala 2.12), this is Spark "
+                    f"{gradle_properties()['sparkVersion']} on Scala {scala}; use gradbridge-spark_2.12 (spark-submit: "
+                    "gradbridge-spark-submit_2.12) for Spark 3.5.x on Scala 2.12, gradbridge-spark_2.13 "
+                    "(gradbridge-spark-submit_2.13) for Spark 4.0 to 4.3")
+    assert stray_files(tmp_path) == []

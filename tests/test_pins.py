@@ -13,13 +13,12 @@ import torch
 from gradbridge import protocol
 from gradbridge import classpath
 from gradbridge import libtorch
+from tests import spark_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gradle_properties() -> dict:
-    text = (REPO_ROOT / "gradle.properties").read_text()
-    return dict(re.findall(r"^(\w+)=(\S+)$", text, flags=re.MULTILINE))
+_gradle_properties = spark_cluster.gradle_properties
 
 
 def test_default_venv_holds_the_jars_libtorch_release():
@@ -32,6 +31,23 @@ def test_pyspark_pin_matches_spark_version():
     """The test cluster (pip's pyspark) runs the Spark the subproject compiles against."""
     test_extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert f"pyspark=={_gradle_properties()['sparkVersion']}" in test_extra
+
+
+def test_spark_lines_cover_3_5_and_4_x():
+    """One artifact per Scala version: gradbridge-spark_2.13 built against Spark 4.0.x, _2.12 against the first
+    3.5 release; the real-cluster matrix (--spark-lines) holds the oldest and newest pip pyspark of each line."""
+    props = _gradle_properties()
+    assert props["sparkVersion"].startswith("4.0.") and props["scalaBinaryVersion"] == "2.13"
+    assert props["spark35Version"] == "3.5.0" and props["spark35ScalaBinaryVersion"] == "2.12"
+    versions = spark_cluster.cluster_versions()
+    lines = {}
+    for version in versions:
+        lines.setdefault(spark_cluster.scala_of(version), []).append(tuple(map(int, version.split("."))))
+    assert set(lines) == {"2.12", "2.13"}, versions
+    assert min(lines["2.12"]) == (3, 5, 0) and max(lines["2.12"])[:2] == (3, 5), versions
+    assert min(lines["2.13"]) == (4, 0, 0) and max(lines["2.13"])[:2] == (4, 3), versions
+    assert spark_cluster.submit_jar_task("2.13") == ":spark:sparkSubmitJar"
+    assert spark_cluster.submit_jar_task("2.12") == ":spark:sparkSubmitJar_2_12"
 
 
 def test_built_classpath_uses_the_pinned_artifacts():

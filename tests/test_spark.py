@@ -317,7 +317,7 @@ def test_spark_submit_jar_runs_on_sparks_own_classpath(work, tmp_path, full_only
     root = _devtree.require_root("the spark-submit jar")
     built = run_task(":spark:sparkSubmitJar")
     assert built.returncode == 0, built.stderr[-3000:]
-    jar = next((root / "spark" / "build" / "libs").glob("gradbridge-spark-submit-*.jar"))
+    jar = next((root / "spark" / "build" / "libs").glob("gradbridge-spark-submit_2.13-*.jar"))
     names = zipfile.ZipFile(jar).namelist()
     assert "dev/gradbridge/spark/SparkTrainCommand.class" in names and "dev/gradbridge/TrainingModule.class" in names
     assert not any(n.startswith("org/apache/spark/") for n in names)

@@ -1,6 +1,8 @@
 """gradbridge-spark on a real standalone cluster: a master and two one-core workers on 127.0.0.1
 (pip's pyspark at the pinned sparkVersion, ``tests/spark_cluster.py``), ``spark-submit`` of the
-submit jar, bit for bit against the replay (``reference.train_sharded``).
+submit jar of the cluster's Scala version, bit for bit against the replay (``reference.train_sharded``).
+``--spark-lines`` runs every case on each Spark of ``sparkClusterVersions`` instead (3.5.x on the
+``_2.12`` jar, 4.x on the ``_2.13`` one), each from a pyspark in a venv of its own.
 
 Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
 shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
@@ -17,26 +19,57 @@ import pytest
 from gradbridge import protocol, reference, sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
+from tests import spark_cluster
 from tests.spark_cluster import Cluster
 from tests.test_spark import assert_bitwise
 
 BATCH = 32
 
 
+def pytest_generate_tests(metafunc):
+    """--spark-lines: every case once per Spark of the matrix (one cluster at a time)."""
+    if "spark_release" in metafunc.fixturenames and metafunc.config.getoption("--spark-lines"):
+        versions = spark_cluster.cluster_versions()
+        metafunc.parametrize("spark_release", versions, ids=[f"spark-{v}" for v in versions], scope="module")
+
+
 @pytest.fixture(scope="module")
-def jar():
+def spark_release():
+    """The Spark the cluster runs: None, this venv's pyspark (without --spark-lines)."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def spark_home(spark_release):
+    return spark_cluster.spark_home(spark_release)
+
+
+@pytest.fixture(scope="module")
+def jar(spark_home):
+    """The submit jar of the cluster's Scala version (gradbridge-spark-submit_2.12 for Spark 3.5, _2.13 for 4.x)."""
     from gradbridge import _devtree
     from gradbridge.gradle import run_task
 
-    built = run_task(":spark:sparkSubmitJar")
+    scala = spark_cluster.spark_jars_version(spark_home)[1]
+    built = run_task(spark_cluster.submit_jar_task(scala))
     assert built.returncode == 0, built.stderr[-3000:]
-    return next((_devtree.require_root("the submit jar") / "spark" / "build" / "libs").glob("gradbridge-spark-submit-*.jar"))
+    libs = _devtree.require_root("the submit jar") / "spark" / "build" / "libs"
+    return next(libs.glob(f"gradbridge-spark-submit_{scala}-*.jar"))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("cluster")) as running:
+def cluster(tmp_path_factory, spark_home, spark_release):
+    with Cluster(tmp_path_factory.mktemp("cluster"), home=spark_home) as running:
+        if spark_release is not None:  # pip's pyspark of that version, with Spark's jars of that line's Scala
+            expected = (spark_release, spark_cluster.scala_of(spark_release))
+            assert (running.spark_version, running.scala_version) == expected
         yield running
+
+
+@pytest.fixture(autouse=True)
+def _ran_on(request, cluster):
+    """Names the Spark each case ran on, for the summary table (tests/conftest.py)."""
+    request.node.user_properties.append(("spark_cluster", (cluster.spark_version, cluster.scala_version)))
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +118,12 @@ def test_a_killed_executor_then_a_resume_equal_the_replay(cluster, jar, work, tm
                                     work["folder"] / "data.parquet", "--epochs", 1)
     assert_bitwise(resumed, replay[2:])
     assert stats["stages_retried"] == 0
-    # quiet: warnings on stderr, no error; the only INFO lines are the three Spark logs as its context
-    # starts, before spark.log.level applies (QuietLogging); one line per epoch on stdout
+    # quiet: warnings on stderr, no error; the only INFO lines are Spark 4's three logs as its context
+    # starts, before spark.log.level applies (QuietLogging; Spark 3.5 prints none); one line per epoch on stdout
     lines = result.stderr.splitlines()
     assert not [line for line in lines if " ERROR " in line], result.stderr
-    assert [line.split(" INFO ")[1].split(":")[0] for line in lines if " INFO " in line] == ["SparkContext"] * 3, \
-        result.stderr
+    starts = [] if cluster.spark_version.startswith("3.") else ["SparkContext"] * 3
+    assert [line.split(" INFO ")[1].split(":")[0] for line in lines if " INFO " in line] == starts, result.stderr
     # nor at the executors' normal end (their workers stop them with SIGTERM)
     logs = cluster.executor_logs()
     assert len(logs) == 2 and not [log for log in logs if " ERROR " in log.read_text(errors="replace")], \

@@ -458,6 +458,20 @@ public final class Messages {
     }
 
     /**
+     * @param scala the Scala version of the gradbridge-spark artifact that runs
+     * @param built the Spark versions that artifact is built for
+     * @param spark the Spark version that runs
+     * @param sparkScala the Scala version that runs
+     * @return the line for a gradbridge-spark artifact on a Spark of another line
+     */
+    public static String sparkLine(String scala, String built, String spark, String sparkScala) {
+        return "gradbridge-spark_" + scala + " is built for Spark " + built + " (Scala " + scala + "), this is Spark "
+                + spark + " on Scala " + sparkScala + "; use gradbridge-spark_2.12 (spark-submit:"
+                + " gradbridge-spark-submit_2.12) for Spark 3.5.x on Scala 2.12, gradbridge-spark_2.13"
+                + " (gradbridge-spark-submit_2.13) for Spark 4.0 to 4.3";
+    }
+
+    /**
      * @param source where the master came from ({@code --master} or {@code spark.master})
      * @param master the master URL
      * @return the line for a master URL Spark cannot run on

@@ -43,6 +43,7 @@ final class SparkSettings {
      * @param source where the master came from, for the error line
      */
     static void check(SparkConf conf, String source) {
+        checkLine();
         String master = conf.get("spark.master");
         checkMaster(source, master);
         exchange(conf);
@@ -52,6 +53,18 @@ final class SparkSettings {
             conf.set("spark.driver.host", LOOPBACK);
         }
         checkDriverAddress(conf);
+    }
+
+    /**
+     * Refuses a Spark of another line than this artifact's ({@link SparkLine}): a jar of the other Scala
+     * version would fail at its first Scala call, in a task, with a stack trace.
+     */
+    static void checkLine() {
+        String spark = org.apache.spark.package$.MODULE$.SPARK_VERSION();
+        String scalaVersion = scala.util.Properties$.MODULE$.versionNumberString();
+        if (!SparkLine.runsOn(spark) || !scalaVersion.startsWith(SparkLine.SCALA + ".")) {
+            throw new InvalidInputException(Messages.sparkLine(SparkLine.SCALA, SparkLine.SPARK, spark, scalaVersion));
+        }
     }
 
     /** @return whether {@code master} runs in this JVM (local, local[K], local[K,F]) */

@@ -233,6 +233,7 @@ public final class SparkTrainer {
      * @throws IOException when the checkpoint or history cannot be written
      */
     public History fit(JavaSparkContext jsc, TrainingModule module, ShardedData data) throws IOException {
+        SparkSettings.checkLine();
         checkModule(module);
         String exchange = SparkSettings.exchange(jsc.getConf());
         long oneRoundBytes = SparkSettings.oneRoundBytes(jsc.getConf());

@@ -22,7 +22,6 @@ import org.apache.spark.api.java.JavaRDD;
 import scala.concurrent.Future;
 import scala.concurrent.Promise;
 import scala.concurrent.Promise$;
-import scala.jdk.javaapi.CollectionConverters;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
 import scala.runtime.AbstractFunction1;
@@ -168,7 +167,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     @Override
     public scala.collection.Iterator<Result> apply(scala.collection.Iterator<Shard> shards) {
         try {
-            return CollectionConverters.asScala(call(CollectionConverters.asJava(shards)));
+            return SparkLine.asScala(call(SparkLine.asJava(shards)));
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
