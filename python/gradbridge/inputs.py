@@ -51,11 +51,6 @@ def method_argument(x: Batch, input_names: Sequence[str]) -> Union[Tensor, List[
     return [x[name] for name in input_names]
 
 
-def rows(x: Any) -> int:
-    """The batch size (the first dimension, shared by every input)."""
-    return len(x) if not isinstance(x, Mapping) else len(next(iter(x.values())))
-
-
 def select(x: Batch, index: Tensor) -> Batch:
     """``index_select(0, index)`` of every input."""
     return x.index_select(0, index) if isinstance(x, Tensor) else {n: t.index_select(0, index) for n, t in x.items()}

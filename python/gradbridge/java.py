@@ -9,7 +9,7 @@ alive and unchanged during the call, which these functions guarantee by holding 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
