@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import signal
 import subprocess
@@ -28,7 +27,7 @@ import pytest
 from gradbridge import feedback_log
 from gradbridge import replay as replay_mod
 
-from .test_online_serve import SCRIPT, Service, serve_script  # noqa: F401  (the fixture)
+from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
-from torch import Tensor
 
 VERSION = 1
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.

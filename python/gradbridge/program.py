@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping
 
-import torch
 from torch import Tensor
 
 from . import oplist
