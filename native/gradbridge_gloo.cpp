@@ -45,6 +45,7 @@
 namespace {
 
 using gradbridge::JavaPending;
+using gradbridge::Local;
 using gradbridge::Message;
 using gradbridge::Utf8;
 using gradbridge::longs;
@@ -249,18 +250,6 @@ class JavaStore : public c10d::Store {
   }
 
  private:
-  // A local reference, deleted at the end of the scope.
-  struct Local {
-    JNIEnv* env;
-    jobject ref;
-    Local(JNIEnv* e, jobject r) : env(e), ref(r) {}
-    ~Local() {
-      if (ref != nullptr) env->DeleteLocalRef(ref);
-    }
-    Local(const Local&) = delete;
-    Local& operator=(const Local&) = delete;
-  };
-
   // Whether every key is present, waiting up to `millis` (0: only looking).
   bool await(const std::vector<std::string>& keys, int64_t millis) {
     Attached a(keeper_->vm);

@@ -64,18 +64,6 @@ jclass global_class(JNIEnv* env, const char* name) {
   return global;
 }
 
-// A local reference deleted at scope exit (loops over many results must not pile them up).
-struct Local {
-  JNIEnv* env;
-  jobject ref;
-  Local(JNIEnv* e, jobject r) : env(e), ref(r) {}
-  ~Local() {
-    if (ref != nullptr) env->DeleteLocalRef(ref);
-  }
-  Local(const Local&) = delete;
-  Local& operator=(const Local&) = delete;
-};
-
 at::Tensor& tensor_of(jlong handle) {
   if (handle == 0) throw std::invalid_argument("the tensor is closed");
   return *reinterpret_cast<at::Tensor*>(handle);

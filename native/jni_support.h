@@ -51,6 +51,18 @@ R guarded(JNIEnv* env, R failed, F&& body) {
   return failed;
 }
 
+// A local reference deleted at scope exit (loops over many results must not pile them up).
+struct Local {
+  JNIEnv* env;
+  jobject ref;
+  Local(JNIEnv* e, jobject r) : env(e), ref(r) {}
+  ~Local() {
+    if (ref != nullptr) env->DeleteLocalRef(ref);
+  }
+  Local(const Local&) = delete;
+  Local& operator=(const Local&) = delete;
+};
+
 // RAII holder for a jstring's UTF-8 characters.
 struct Utf8 {
   JNIEnv* env;
