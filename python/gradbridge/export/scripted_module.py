@@ -10,10 +10,15 @@ The wrapper registers the model's own Parameter objects in an ``nn.ParameterList
 survives ``torch.jit.save``/``load``, so gradients and in-place updates reach the tensors that
 ``forward`` uses), and the model's buffers in a list (they follow the model's in-place updates).
 
-Gradients live in explicit buffers (``grads``) filled by ``torch.autograd.grad``, with a
+Gradients live in an explicit list (``grads``) filled by ``torch.autograd.grad``, with a
 ``has_grad`` flag per parameter that plays the part of ``p.grad is None``. This sidesteps the
 TorchScript trap in which an unset ``.grad`` is an undefined tensor that an ``is not None``
 test lets through, and gives the gradients a fixed order, that of ``parameter_names()``.
+As eager's ``AccumulateGrad`` steals the gradient autograd computed and ``zero_grad`` sets it to
+None, the list takes autograd's (contiguous) tensors as they are and ``zero_grad`` drops them: no
+copy, no zeroing pass per step. Two entries may then share one tensor (autograd hands the same
+gradient to both inputs of an addition), so nothing writes into a gradient in place: accumulation
+and clipping make new tensors (the same values as eager's in-place ops).
 """
 
 from typing import Any, Dict, List
@@ -48,8 +53,8 @@ class _TrainingModule(nn.Module):
         self.optimizers = nn.ModuleList(optimizers)
         self.params = nn.ParameterList(parameters)
         self.names = parameter_names
-        # Allocated at a parameter's first gradient (``_grad_buffer``), so an exported file holds the
-        # parameters and torch.optim's state, not a zero gradient per parameter.
+        # Empty while a parameter has no gradient, so an exported file holds the parameters and
+        # torch.optim's state, not a gradient per parameter.
         self.grads = [torch.empty(0, dtype=p.dtype) for p in parameters]
         self.has_grad = [False for _ in parameters]
         self.buffer_list = buffers
@@ -119,23 +124,19 @@ class _TrainingModule(nn.Module):
             i = self.trainable_index[k]
             if grad is not None:
                 if self.has_grad[i]:
-                    self.grads[i].add_(grad)
+                    self.grads[i] = self.grads[i] + grad
                 else:
-                    self._grad_buffer(i, trainable[k]).copy_(grad)
+                    # contiguous as a parameter's: eager clones a gradient of other strides
+                    self.grads[i] = grad.detach().contiguous()
                     self.has_grad[i] = True
-
-    def _grad_buffer(self, i: int, p: Tensor) -> Tensor:
-        """Parameter i's (``p``'s) gradient buffer (contiguous, its shape), allocated at first use."""
-        if self.grads[i].shape != p.shape:
-            self.grads[i] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
-        return self.grads[i]
 
     @torch.jit.export
     def zero_grad(self) -> None:
         """Like ``optimizer.zero_grad()`` (set_to_none): no parameter has a gradient afterwards."""
-        for i, grad in enumerate(self.grads):
-            grad.zero_()
-            self.has_grad[i] = False
+        for i in range(len(self.grads)):
+            if self.has_grad[i]:
+                self.grads[i] = torch.empty(0, dtype=self.grads[i].dtype)
+                self.has_grad[i] = False
 
     @torch.jit.export
     def optimizer_step(self) -> None:
@@ -166,26 +167,25 @@ class _TrainingModule(nn.Module):
         """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ on CPU: their foreach path (the default)."""
         if self.clip_kind == "none":
             return
-        grads: List[Tensor] = []
+        present: List[int] = []
         for i in range(len(self.grads)):
             if self.has_grad[i]:
-                grads.append(self.grads[i])
-        if len(grads) == 0:
+                present.append(i)
+        if len(present) == 0:
             return
-        # TorchScript runs the in-place _foreach_*_ ops on copies (measured: the grads stay as they
-        # were), so the in-place steps go tensor by tensor: on CPU the foreach kernels are these
-        # same element-wise ops one tensor at a time (the "slow" path), so the bits agree.
+        # Tensor by tensor, out of place (see the module's docstring): on CPU the foreach kernels are
+        # these same element-wise ops one tensor at a time (the "slow" path), so the bits agree.
         if self.clip_kind == "value":
-            for g in grads:
-                g.clamp_min_(-self.clip_max).clamp_max_(self.clip_max)
+            for i in present:
+                self.grads[i] = self.grads[i].clamp_min(-self.clip_max).clamp_max(self.clip_max)
             return
-        norms = torch._foreach_norm(grads, self.clip_norm_type)
+        norms = torch._foreach_norm([self.grads[i] for i in present], self.clip_norm_type)
         total_norm = torch.linalg.vector_norm(torch.stack(norms), self.clip_norm_type)
         # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
         clip_coef = (total_norm + 1e-6).reciprocal() * self.clip_max
         clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
-        for g in grads:
-            g.mul_(clip_coef_clamped)
+        for i in present:
+            self.grads[i] = self.grads[i] * clip_coef_clamped
 
     @torch.jit.export
     def schedule_epoch(self, metric: float) -> None:
@@ -306,14 +306,12 @@ class _TrainingModule(nn.Module):
                                    + " and dtype " + str(p.dtype))
             if present[i] and not trainable[i]:
                 raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
+        self.zero_grad()
         with torch.no_grad():
-            for i, p in enumerate(self._parameters_list()):
+            for i in range(len(self.names)):
                 if present[i]:
-                    self._grad_buffer(i, p).copy_(values[i])
+                    self.grads[i] = values[i].clone(memory_format=torch.contiguous_format)
                     self.has_grad[i] = True
-                else:
-                    self.grads[i].zero_()
-                    self.has_grad[i] = False
 
     @torch.jit.export
     def set_parameters(self, values: List[Tensor]) -> None:
