@@ -165,3 +165,26 @@ def test_breakdown_times_the_layers_of_a_call(tmp_path):
     assert set(parts["median_s"]) == {"bare", "train_step"}
     assert set(parts["vs_bare"]) == {"train_step"}
     assert all(len(v) == 2 and min(v) > 0 for v in parts["per_call_seconds"].values())
+
+
+@pytest.mark.gradle
+def test_a_real_model_case_judges_java_fused_against_eager(tmp_path):
+    """The real-shape cases (ResNet-18, transformer encoder, LSTM) time Java's fused epoch against
+    eager and judge "<= 1.0x"; the LSTM, the smallest, runs here."""
+    result = subprocess.run([sys.executable, "-m", "gradbridge", "bench", "--quick", "--cases", "lstm", "--rounds", "2",
+                             "--only", "a,d*", "--steps-only", "--out-dir", tmp_path],
+                            capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads((tmp_path / "bench.json").read_text())
+    (case,) = document["steps"]
+    assert case["key"] == "lstm" and set(case["variants"]) == {"a", "d*"}
+    assert case["variants"]["d*"]["steps_per_block"] >= 8  # a fused call is an epoch of batches
+    (target,) = document["targets"]
+    assert target["target"].startswith("Java fused in Python (d*) <= 1.0x eager Python (a)")
+    assert target["verdict"] in {MET, MISSED, CANNOT_TELL}
+
+
+def test_the_resnet_case_without_torchvision_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` raises ImportError
+    with pytest.raises(cases.SetupError, match="^bench case resnet18 needs the torchvision package"):
+        next(case for case in cases.CASES if case.key == "resnet18").build()

@@ -124,6 +124,10 @@ BENCH_THREADS = "threads (an integer from 1 to 1024)"
 ENV_ASSIGNMENT = "environment assignment (NAME=VALUE)"
 
 
+def bench_needs(case: str, package: str) -> str:
+    return f"bench case {case} needs the {package} package, which is not installed here: pip install {package}"
+
+
 def bench_choice(what: str, allowed: Sequence[str]) -> str:
     """argparse's name for a comma-separated choice ("invalid <this> value: 'x'")."""
     return f"{what} (comma-separated, from {', '.join(allowed)})"

@@ -12,14 +12,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import jpype
 import numpy as np
 import torch
 from torch import nn
 
-from .. import classpath, jdk, jvm, libtorch, torchscript
+from .. import classpath, jdk, jvm, libtorch, messages, torchscript
+from ..errors import SetupError
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
@@ -51,21 +52,65 @@ class Case:
     build: Callable[[], nn.Module]
     loss: str
     optimizer: dict
-    features: int
+    input_shape: Tuple[int, ...]  # one sample's
     classes: int  # 0: regression with targets [n, 1]
     batch: int
     samples: int  # the fused epoch's size (a multiple of batch)
     calls: int  # calls per block (step variants); fused variants scale to about the same steps
 
 
+def _resnet18() -> nn.Module:
+    try:
+        import torchvision
+    except ImportError:
+        raise SetupError(messages.bench_needs("resnet18", "torchvision")) from None
+    return torchvision.models.resnet18(num_classes=10)
+
+
+class _Encoder(nn.Module):
+    """A 2-layer transformer encoder (d=128, 4 heads, sequences of 64) over features, mean-pooled."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(128, 4, dim_feedforward=512, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+class _Recurrent(nn.Module):
+    """A 2-layer LSTM (hidden 128) over sequences of 32 steps of 32 features; the last step's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(32, 128, num_layers=2, batch_first=True)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+ADAM = {"name": "adam", "lr": 1e-3}
 CASES = [
     Case("seed", "linear regression (seed, 100 samples, full batch)", LinearRegression, "mse",
-         {"name": "sgd", "lr": SEED_LR}, 1, 0, 100, 100, 400),
+         {"name": "sgd", "lr": SEED_LR}, (1,), 0, 100, 100, 400),
     Case("mlp", "MLP 32-64-64-10, batch 64", lambda: mlp(32, (64, 64), 10), "cross_entropy",
-         {"name": "adam", "lr": 1e-3}, 32, 10, 64, 1024, 300),
+         ADAM, (32,), 10, 64, 1024, 300),
     Case("big", "compute-bound MLP 512-1024-512-10 (1.05M params), batch 1024", lambda: mlp(512, (1024, 512), 10),
-         "cross_entropy", {"name": "adam", "lr": 1e-4}, 512, 10, 1024, 4096, 8),
+         "cross_entropy", {"name": "adam", "lr": 1e-4}, (512,), 10, 1024, 4096, 8),
+    # Real model shapes (issue "Real models at eager speed"): the Java fused epoch against eager.
+    Case("resnet18", "torchvision ResNet-18, 32x32 images, batch 32", _resnet18, "cross_entropy",
+         ADAM, (3, 32, 32), 10, 32, 256, 8),
+    Case("transformer", "transformer encoder (2 layers, d=128, 4 heads, seq 64), batch 32", _Encoder,
+         "cross_entropy", ADAM, (64, 128), 10, 32, 256, 8),
+    Case("lstm", "LSTM (2 layers, hidden 128, seq 32), batch 32", _Recurrent, "cross_entropy",
+         ADAM, (32, 32), 10, 32, 256, 16),
 ]
+#: The cases of real model shapes, where Java's fused epoch is to be at most eager's time.
+REAL_MODELS = ("resnet18", "transformer", "lstm")
 
 
 def _data(case: Case, n: int, seed: int = 0):
@@ -73,7 +118,7 @@ def _data(case: Case, n: int, seed: int = 0):
     if case.classes == 0:  # the seed's data: y = 2x + 1 + noise, x in [0, 10)
         x = (g.random((n, 1)) * 10).astype(np.float32)
         return x, (2 * x + 1 + (g.random((n, 1)) - 0.5) * 2).astype(np.float32)
-    x = g.standard_normal((n, case.features)).astype(np.float32)
+    x = g.standard_normal((n, *case.input_shape)).astype(np.float32)
     return x, g.integers(0, case.classes, n).astype(np.int64)
 
 

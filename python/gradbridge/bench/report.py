@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from . import memory as bench_memory
-from .cases import IN_PROCESS, VARIANTS
+from .cases import IN_PROCESS, REAL_MODELS, VARIANTS
 from .stats import CANNOT_TELL, MET, MISSED, compare, verdict
 
 def _ratio_target(text: str, case: Dict, key: str, base: str, limit: float) -> Dict | None:
@@ -39,6 +39,11 @@ def targets(results: Dict) -> List[Dict]:
     if "big" in steps:
         found.append(_ratio_target("Java train_step (c) in its own JVM within 3% of eager Python (a)",
                                    steps["big"], "c", "a", 1.03))
+    # Real model shapes: Java's fused epoch at most eager's time, in this process and in its own JVM.
+    for key in REAL_MODELS:
+        if key in steps:
+            found.append(_ratio_target("Java fused (d) <= 1.0x eager Python (a)", steps[key], "d", "a", 1.0))
+            found.append(_ratio_target("Java fused in Python (d*) <= 1.0x eager Python (a)", steps[key], "d*", "a", 1.0))
     if "transfer" in results:
         speed = results["transfer"]["one_copy_vs_numpy_copy_speed"]
         # ">= 0.5x numpy's speed" as "numpy's speed / ours <= 2"

@@ -125,7 +125,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 #: `gradbridge bench --cases/--only` names (bench.cases.CASES keys, VARIANTS + IN_PROCESS keys; a test
 #: checks they agree), here so that the parser does not import torch.
-BENCH_CASES = ("seed", "mlp", "big")
+BENCH_CASES = ("seed", "mlp", "big", "resnet18", "transformer", "lstm")
 BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "c*", "d*")
 
 
@@ -375,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where bench.json, bench.png and the exported modules go (the native loop: build/bench-native)")
     bench.add_argument("--cases", type=_choices(BENCH_CASES, "models"), default=[],
                        help="models, comma-separated: seed (linear regression), mlp (32-64-64-10), "
-                            "big (512-1024-512-10)")
+                            "big (512-1024-512-10), resnet18 (torchvision's, 32x32 images), "
+                            "transformer (2-layer encoder, d=128, seq 64), lstm (2 layers, hidden 128); default: all")
     bench.add_argument("--only", type=_choices(BENCH_VARIANTS, "variants"), default=[],
                        help="variants, comma-separated: " + ", ".join(BENCH_VARIANTS) + " (see benchmarks/README.md)")
     bench.add_argument("--threads", type=_bench_threads,
