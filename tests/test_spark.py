@@ -238,36 +238,43 @@ class MaskedTokens(torch.nn.Module):
         return self.out(h.sum(1) / attention_mask.sum(1, keepdim=True))
 
 
-@pytest.fixture(scope="module")
-def several(tmp_path_factory):
-    """The recommender (SGD with momentum, mse) and the masked-token model (Adam, cross-entropy), each with
-    its data as .npz and as Parquet (user and item: bigint columns, context and y: array<float>;
-    input_ids and attention_mask: array<bigint>)."""
-    folder = tmp_path_factory.mktemp("spark-several")
+def recommender_case(folder: Path, n: int = 90) -> dict:
+    """The recommender exported with SGD (momentum) and mse, and ``n`` rows of its data as an .npz (user and
+    item ids, context features, y); ``parquet``: where its Parquet copy goes (``sparkrun.to_parquet``)."""
     g = torch.Generator().manual_seed(0)
-    n = 90
     torch.manual_seed(0)
-    recommender = Recommender()
+    model = Recommender()
     x = {"user": torch.randint(0, 10, (n,), generator=g), "item": torch.randint(0, 20, (n,), generator=g),
          "context": torch.randn(n, 3, generator=g)}
     y = torch.randn(n, 1, generator=g)
-    rec_path = export_training_module(recommender, "mse", torch.optim.SGD(recommender.parameters(), lr=0.05,
-                                                                          momentum=0.9),
-                                      folder / "recommender.pt", example_inputs=(x, y))
+    path = export_training_module(model, "mse", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  folder / "recommender.pt", example_inputs=(x, y))
+    return _case(folder, "recommender", model, path, x, y)
+
+
+def _case(folder: Path, name: str, model, path: Path, x: dict, y) -> dict:
+    arrays = {k: t.numpy() for k, t in x.items()}
+    np.savez(folder / f"{name}.npz", **arrays, y=y.numpy())
+    return {"model": model, "path": path, "x": arrays, "y": y.numpy(), "npz": folder / f"{name}.npz",
+            "parquet": folder / f"{name}.parquet"}
+
+
+@pytest.fixture(scope="module")
+def several(tmp_path_factory):
+    """The recommender and the masked-token model (Adam, cross-entropy), each with its data as .npz and as
+    Parquet (user and item: bigint columns, context and y: array<float>; input_ids and attention_mask:
+    array<bigint>)."""
+    folder = tmp_path_factory.mktemp("spark-several")
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
     tokens = MaskedTokens()
     mask = (torch.arange(7) < torch.randint(2, 8, (48, 1), generator=g)).to(torch.int64)
-    tx = {"input_ids": torch.randint(0, 30, (48, 7), generator=g), "attention_mask": mask}
-    ty = torch.randint(0, 3, (48,), generator=g)
-    tok_path = export_training_module(tokens, "cross_entropy", torch.optim.Adam(tokens.parameters(), lr=0.01),
-                                      folder / "tokens.pt", example_inputs=({k: t[:8] for k, t in tx.items()}, ty[:8]))
-    assert protocol.read_metadata(tok_path)["capture"]["kind"] == "trace"
-    cases = {}
-    for name, model, path, inputs, target in (("recommender", recommender, rec_path, x, y),
-                                              ("tokens", tokens, tok_path, tx, ty)):
-        arrays = {k: t.numpy() for k, t in inputs.items()}
-        np.savez(folder / f"{name}.npz", **arrays, y=target.numpy())
-        cases[name] = {"model": model, "path": path, "x": arrays, "y": target.numpy(),
-                       "npz": folder / f"{name}.npz", "parquet": folder / f"{name}.parquet"}
+    x = {"input_ids": torch.randint(0, 30, (48, 7), generator=g), "attention_mask": mask}
+    y = torch.randint(0, 3, (48,), generator=g)
+    path = export_training_module(tokens, "cross_entropy", torch.optim.Adam(tokens.parameters(), lr=0.01),
+                                  folder / "tokens.pt", example_inputs=({k: t[:8] for k, t in x.items()}, y[:8]))
+    assert protocol.read_metadata(path)["capture"]["kind"] == "trace"
+    cases = {"recommender": recommender_case(folder), "tokens": _case(folder, "tokens", tokens, path, x, y)}
     sparkrun.to_parquet([(case["npz"], case["parquet"]) for case in cases.values()])
     return {"folder": folder, **cases}
 
