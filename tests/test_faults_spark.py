@@ -54,6 +54,16 @@ def _export_protocol_one(path):
     return rewrite_metadata(raw, path, as_version_one)
 
 
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(2, 3)
+        self.b = torch.nn.Linear(2, 3)
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        return self.a(left) + self.b(right)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spark-faults")
@@ -64,14 +74,22 @@ def files(tmp_path_factory):
     np.savez(folder / "three_rows.npz", x=x[:3], y=y[:3])
     np.savez(folder / "x64.npz", x=x.astype(np.float64), y=y)
     np.savez(folder / "x3.npz", x=x[:, :3].copy(), y=y)
-    sparkrun.to_parquet([(folder / "x64.npz", folder / "x64.parquet"), (folder / "x3.npz", folder / "x3.parquet")])
+    # a module of two named inputs, and Parquet without one of them, or with a column it does not take
+    two = training_module.export_training_module(
+        _TwoInputs(), "cross_entropy", "sgd", folder / "two.pt",
+        example_inputs=({"left": torch.zeros(4, 2), "right": torch.zeros(4, 2)}, torch.zeros(4, dtype=torch.int64)))
+    left, right = x[:, :2].copy(), x[:, 2:].copy()
+    np.savez(folder / "two_missing.npz", left=left, y=y)
+    np.savez(folder / "two_unknown.npz", left=left, right=right, extra=right, y=y)
+    sparkrun.to_parquet([(folder / f"{name}.npz", folder / f"{name}.parquet")
+                         for name in ("x64", "x3", "two_missing", "two_unknown")])
     good = export_builtin("mlp", folder / "mlp.pt", seed=0, in_features=4, hidden=(8,), out_features=3,
                           loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1}, inputs=INPUTS)
     cnn = export_builtin("small-cnn", folder / "cnn.pt", seed=0, side=8, channels=2, classes=3,
                          loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
                          inputs=[protocol.tensor_spec("x", [-1, 1, 8, 8], "float32"),
                                  protocol.tensor_spec("y", [-1], "int64")])
-    return {"folder": folder, "x": x, "y": y, "good": good, "cnn": cnn,
+    return {"folder": folder, "x": x, "y": y, "good": good, "cnn": cnn, "two": two,
             "v1": _export_protocol_one(folder / "protocol1.pt")}
 
 
@@ -107,25 +125,27 @@ def test_module_with_buffers_is_refused(files, tmp_path):
     assert refused(files, tmp_path, "--model", files["cnn"], "--data", files["folder"] / "data.npz") == expected
 
 
-class _TwoInputs(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(2, 3)
-        self.b = torch.nn.Linear(2, 3)
-
-    def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        return self.a(left) + self.b(right)
+def test_an_input_column_missing(files, tmp_path):
+    """A module of several inputs (left, right) on Parquet without the column of one: the line names it."""
+    data = files["folder"] / "two_missing.parquet"
+    line = refused(files, tmp_path, "--model", files["two"], "--data", data)
+    assert line == (f"{data}: no column right; expected a column right of array<float> (float32 of shape [-1, 2] "
+                    "in the model's metadata), found columns [left, y]")
 
 
-def test_module_of_several_inputs_is_refused(files, tmp_path):
-    x = {"left": torch.zeros(4, 2), "right": torch.zeros(4, 2)}
-    path = training_module.export_training_module(_TwoInputs(), "cross_entropy", "sgd", files["folder"] / "two.pt",
-                                                   example_inputs=(x, torch.zeros(4, dtype=torch.int64)))
-    expected = messages.one_input_only(str(path), "gradbridge-spark", ["left", "right"])
-    assert refused(files, tmp_path, "--model", path, "--data", files["folder"] / "data.npz") == expected
-    with pytest.raises(ValueError) as error:
-        reference.train_sharded(path, x, np.zeros(4, dtype=np.int64), epochs=1, shards=2)
-    assert str(error.value) == expected
+def test_a_column_the_model_does_not_take(files, tmp_path):
+    """A module of several inputs takes exactly its inputs' columns and y: a feature column it does not take
+    is refused, naming it (Messages.unknownColumn), rather than dropped without a word."""
+    data = files["folder"] / "two_unknown.parquet"
+    line = refused(files, tmp_path, "--model", files["two"], "--data", data)
+    assert line == (f"{data}: column extra is not an input of the model (it takes [left, right] and y); a model of "
+                    "several inputs trains on exactly its inputs' columns and y: drop the others")
+
+
+def test_an_npz_without_an_input_is_the_trainers_line(files, tmp_path):
+    data = files["folder"] / "two_missing.npz"
+    line = refused(files, tmp_path, "--model", files["two"], "--data", data)
+    assert line == messages.input_missing(str(data), "right", ["left", "y"], ["left", "right", "y"])
 
 
 def test_parquet_column_of_the_wrong_dtype(files, tmp_path):

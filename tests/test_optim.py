@@ -171,6 +171,74 @@ def test_momentum_a_schedule_sets_gets_its_buffer_at_the_first_step(tmp_path, na
     _assert_state_is_torchs(state, fresh.optimizer_state())
 
 
+class _Gated(torch.nn.Module):
+    """``b`` takes part only in batches with a large first feature: until then it has no gradient, and
+    torch.optim.SGD no momentum_buffer for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 3)
+        self.b = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.a(x)
+        if bool((x[:, 0] > 10.0).any()):
+            out = out + self.b(x)
+        return out
+
+
+def test_a_parameter_without_a_momentum_buffer_in_torchs_state_stays_without_one(tmp_path):
+    # Given SGD with dampening, and a state saved after a step in which b had no gradient
+    torch.manual_seed(0)
+    model = _Gated()
+    x, y = _data((6,))
+    wide = x.clone()
+    wide[0, 0] = 20.0
+    path = export_training_module(model, "cross_entropy",
+                                  torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=0.5),
+                                  tmp_path / "m.pt", example_inputs=(x, y))
+    reference, scripted, resumed = Reference(path, model), torch.jit.load(str(path)), torch.jit.load(str(path))
+    with plain_graph_executor():
+        assert torch.equal(scripted.train_step(x, y), reference.train_step(x, y))
+        held = [reference.optimizer.state[p] for p in reference.optimizer.param_groups[0]["params"]]
+        assert ["momentum_buffer" in state for state in held] == [True, True, False, False]
+        # torch's state in the export's layout: an empty tensor where torch holds no buffer, as optimizer_state says
+        state = {"momentum_buffer": [s.get("momentum_buffer", torch.empty(0)) for s in held]}
+        _assert_state_is_torchs(state, scripted.optimizer_state())
+        # When a copy resumes from it, b's first step copies its gradient into a new buffer (no dampening)
+        resumed.set_parameters(scripted.get_parameters())
+        resumed.load_optimizer_state(state)
+        for batch in (wide, wide, x):
+            loss = reference.train_step(batch, y)
+            assert torch.equal(resumed.train_step(batch, y), loss)
+    # Then it holds torch.optim's parameters and state, bit for bit
+    _assert_same(reference.parameters(), dict(zip(resumed.parameter_names(), resumed.get_parameters())), "parameter", 3)
+    _assert_state_is_torchs(_torch_state(reference.optimizer), resumed.optimizer_state())
+
+
+@pytest.mark.parametrize("scheduler", [None, {"name": "onecycle", "max_lr": 0.1, "total_steps": 10}],
+                         ids=["momentum", "onecycle-momentum"])
+def test_a_state_saved_before_any_step_holds_no_buffer_and_loads_as_torch_loads_it(tmp_path, scheduler):
+    # Given SGD with momentum (dampened), or none with OneCycleLR cycling one in, and no step taken
+    torch.manual_seed(0)
+    model = mlp(in_features=6, hidden=(16,), out_features=3)
+    x, y = _data((6,))
+    spec = {"name": "sgd", "lr": 0.01, **({} if scheduler else {"momentum": 0.9, "dampening": 0.5})}
+    path = export_training_module(model, "cross_entropy", spec, tmp_path / "m.pt", example_inputs=(x, y),
+                                  **({"scheduler": scheduler} if scheduler else {}))
+    reference, scripted, fresh = Reference(path, model), torch.jit.load(str(path)), torch.jit.load(str(path))
+    # torch's state dict holds no momentum_buffer yet, nor does the export's
+    assert _torch_state(reference.optimizer) == {} and scripted.optimizer_state() == {}
+    # When a fresh copy loads that state (torch.optim loads it too: its first step makes the buffers)
+    reference.optimizer.load_state_dict(reference.optimizer.state_dict())
+    fresh.load_optimizer_state(scripted.optimizer_state())
+    with plain_graph_executor():
+        for _ in range(5):
+            assert torch.equal(fresh.train_step(x, y), reference.train_step(x, y))
+    # Then it trains as torch.optim does, buffers created at the first step
+    _assert_state_is_torchs(_torch_state(reference.optimizer), fresh.optimizer_state())
+
+
 @pytest.mark.parametrize("spec", [{"name": "adam", "lr": 1e-3}, {"name": "adam", "lr": 1e-3, "amsgrad": True},
                                   {"name": "sgd", "lr": 0.1}, {"name": "sgd", "lr": 0.1, "momentum": 0.9},
                                   {"name": "rmsprop", "lr": 0.01}], ids=str)

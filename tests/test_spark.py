@@ -5,7 +5,9 @@ The Java side runs ``SparkTrainCommand`` through ``gradbridge.sparkrun`` (``java
 Java 17 flags, on this Python's libtorch). Default run: K=2 SGD shuffled with a task fault, its
 resume on Parquet with an executor-loss fault, K=2 SGD and Adam in order, K=3 over each exchange
 (Gloo, the default, and the driver relay), K=1 Adam equal to
-single-process training. ``--full`` adds K=4 and the rest of {SGD, Adam} x {shuffled, in order} x K in {1, 2, 4}.
+single-process training; models of several inputs (a column per input): a scripted recommender K=2 on
+Parquet with an executor-loss fault and its resume on .npz, a traced model with an attention mask K=1
+equal to the user's eager model. ``--full`` adds K=4 and the rest of {SGD, Adam} x {shuffled, in order} x K in {1, 2, 4}.
 Bad input is in ``test_faults_spark.py``.
 """
 
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from gradbridge import protocol, reference, sparkrun
+from gradbridge import export_training_module, protocol, reference, sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
 
@@ -152,8 +155,6 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     assert_bitwise(History.load(history), replay)
     assert stats["exchange"] == "gloo all-to-all + all-gather", stats
     assert stats["module_loads"] == 2, stats  # one stage for the run: each task loads its replica once
-    import torch
-
     parameters = list(torch.jit.load(str(work["models"]["adam"])).parameters())
     assert stats["bytes_sent"] == stats["steps"] * gloo_bytes_per_step(parameters, 2), stats
     assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
@@ -167,8 +168,6 @@ def test_k3_each_exchange_equals_the_replay(work, tmp_path, exchange, one_round,
     (oneRoundBytes = P, the gradient's bytes: a task would receive 2P in one round; chunks of unequal
     sizes, the all-gather padded), and the driver relay (spark.gradbridge.exchange=relay) give the
     replay's bits."""
-    import torch
-
     parameters = list(torch.jit.load(str(work["models"]["sgd"])).parameters())
     gradient_bytes = 4 * sum(int(np.prod(p.shape)) for p in parameters)
     history = tmp_path / "h.jsonl"
@@ -210,6 +209,125 @@ def test_matrix(work, tmp_path, matrix_case):
     assert_bitwise(History.load(history), replay)
 
 
+# ---- models of several inputs: one Parquet column (or .npz array) per input, named as the metadata names it ----
+
+class Recommender(torch.nn.Module):
+    """User and item ids and context features as three tensors (tests/test_named_inputs.py's, without its
+    dropout: each Spark task draws from its own JVM's generator). Scripted."""
+
+    def __init__(self):
+        super().__init__()
+        self.users = torch.nn.Embedding(10, 4)
+        self.items = torch.nn.Embedding(20, 4)
+        self.head = torch.nn.Sequential(torch.nn.Linear(8 + 3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def forward(self, user: torch.Tensor, item: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.users(user), self.items(item), context], 1))
+
+
+class MaskedTokens(torch.nn.Module):
+    """Token ids and an attention mask taken as keywords (``**kwargs``, as HF models): traced."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(30, 6)
+        self.out = torch.nn.Linear(6, 3)
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        h = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
+        return self.out(h.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def recommender_case(folder: Path, n: int = 90) -> dict:
+    """The recommender exported with SGD (momentum) and mse, and ``n`` rows of its data as an .npz (user and
+    item ids, context features, y); ``parquet``: where its Parquet copy goes (``sparkrun.to_parquet``)."""
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = Recommender()
+    x = {"user": torch.randint(0, 10, (n,), generator=g), "item": torch.randint(0, 20, (n,), generator=g),
+         "context": torch.randn(n, 3, generator=g)}
+    y = torch.randn(n, 1, generator=g)
+    path = export_training_module(model, "mse", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  folder / "recommender.pt", example_inputs=(x, y))
+    return _case(folder, "recommender", model, path, x, y)
+
+
+def _case(folder: Path, name: str, model, path: Path, x: dict, y) -> dict:
+    arrays = {k: t.numpy() for k, t in x.items()}
+    np.savez(folder / f"{name}.npz", **arrays, y=y.numpy())
+    return {"model": model, "path": path, "x": arrays, "y": y.numpy(), "npz": folder / f"{name}.npz",
+            "parquet": folder / f"{name}.parquet"}
+
+
+@pytest.fixture(scope="module")
+def several(tmp_path_factory):
+    """The recommender and the masked-token model (Adam, cross-entropy), each with its data as .npz and as
+    Parquet (user and item: bigint columns, context and y: array<float>; input_ids and attention_mask:
+    array<bigint>)."""
+    folder = tmp_path_factory.mktemp("spark-several")
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    tokens = MaskedTokens()
+    mask = (torch.arange(7) < torch.randint(2, 8, (48, 1), generator=g)).to(torch.int64)
+    x = {"input_ids": torch.randint(0, 30, (48, 7), generator=g), "attention_mask": mask}
+    y = torch.randint(0, 3, (48,), generator=g)
+    path = export_training_module(tokens, "cross_entropy", torch.optim.Adam(tokens.parameters(), lr=0.01),
+                                  folder / "tokens.pt", example_inputs=({k: t[:8] for k, t in x.items()}, y[:8]))
+    assert protocol.read_metadata(path)["capture"]["kind"] == "trace"
+    cases = {"recommender": recommender_case(folder), "tokens": _case(folder, "tokens", tokens, path, x, y)}
+    sparkrun.to_parquet([(case["npz"], case["parquet"]) for case in cases.values()])
+    return {"folder": folder, **cases}
+
+
+def test_several_inputs_on_parquet_with_a_lost_executor_equal_the_users_model(several, tmp_path):
+    """The recommender, K=2 shuffled on Parquet (a column per input), a task failing after its JVM dropped
+    its cached partitions: the retried stage rebuilds them from the columns, and the epoch equals the
+    replay on the user's eager nn.Module. Its checkpoint is the next test's start."""
+    case = several["recommender"]
+    history = tmp_path / "h.jsonl"
+    checkpoint = several["folder"] / "recommender_epoch1.pt"
+    _, stats = spark_train("--model", case["path"], "--data", case["parquet"], "--epochs", 1, "--batch-size", 16,
+                           "--history", history, "--checkpoint", checkpoint, "--inject-fault", "executor@0:2:1",
+                           master="local[2,2]")
+    replay = reference.train_sharded(case["path"], case["x"], case["y"], epochs=1, shards=2, batch_size=16,
+                                     model=case["model"])
+    assert_bitwise(History.load(history), replay)
+    assert stats["stages_retried"] >= 1 and stats["steps"] == 6, stats
+    saved = protocol.read_metadata(checkpoint)["checkpoint"]
+    assert saved["shards_sha256"] == reference.shards_sha256(case["x"], case["y"], 2)
+    assert saved["x_shape"] == [90]  # the first input's, as the single-process Trainer writes it
+
+
+def test_several_inputs_resume_on_npz_equals_the_users_model(several, tmp_path):
+    """The same rows as an .npz (one array per input): the same fingerprint, so the resume continues the run."""
+    case = several["recommender"]
+    checkpoint = several["folder"] / "recommender_epoch1.pt"
+    if not checkpoint.exists():
+        pytest.fail("the previous test writes the checkpoint this test resumes")
+    history = tmp_path / "h.jsonl"
+    spark_train("--resume", checkpoint, "--data", case["npz"], "--epochs", 1, "--history", history,
+                master="local[2]")
+    replay = reference.train_sharded(case["path"], case["x"], case["y"], epochs=2, shards=2, batch_size=16,
+                                     model=case["model"])
+    resumed = History.load(history)
+    assert [r.epoch for r in resumed] == [1]
+    assert_bitwise(resumed, [replay[1]])
+
+
+def test_a_traced_model_with_an_attention_mask_k1_equals_the_users_eager_model(several, tmp_path):
+    """input_ids and attention_mask as array<bigint> columns, one partition: plain training, bit for bit
+    the user's eager nn.Module trained by reference.train on a dict of arrays."""
+    case = several["tokens"]
+    history = tmp_path / "h.jsonl"
+    spark_train("--model", case["path"], "--data", case["parquet"], "--epochs", EPOCHS, "--batch-size", 8,
+                "--history", history, master="local[1]")
+    java = History.load(history)
+    assert_bitwise(java, reference.train(case["path"], case["x"], case["y"], epochs=EPOCHS, batch_size=8,
+                                         model=case["model"]))
+    assert_bitwise(java, reference.train_sharded(case["path"], case["x"], case["y"], epochs=EPOCHS, shards=1,
+                                                 batch_size=8, model=case["model"]))
+
+
 # ---- the definition, in Python alone (no Spark) ----
 
 #: Measured: 5 epochs of 8 steps, MLP 4 -> 16 -> 3, K = 2 and 4, SGD and Adam: max |dparam| 8.9e-8,
@@ -235,8 +353,6 @@ def test_sharded_replay_against_single_process_training(work, optimizer, shards)
 
 def test_combine_shards_is_the_weighted_sum_in_partition_order():
     """float32: w rounded to float32, each product and sum rounded, the first shard first."""
-    import torch
-
     g = [torch.tensor([1.0, 3.0], dtype=torch.float32), torch.tensor([2.0, 5.0], dtype=torch.float32)]
     loss, combined = reference.combine_shards([(1, 0.5, [g[0], None]), (2, 0.25, [g[1], g[1]])])
     w0, w1 = np.float32(1 / 3), np.float32(2 / 3)
@@ -249,8 +365,6 @@ def test_combine_shards_is_the_weighted_sum_in_partition_order():
 def test_set_gradients_checks_its_arguments(work):
     """set_gradients (protocol 2) refuses a wrong count, shape or dtype, and a gradient for a frozen
     parameter, changing nothing; gradient_flags reports what it set."""
-    import torch
-
     from gradbridge.torchscript import load_for_python
 
     module = load_for_python(work["models"]["sgd"])
@@ -267,8 +381,6 @@ def test_set_gradients_checks_its_arguments(work):
 
 
 def test_set_gradients_refuses_a_gradient_for_a_frozen_parameter(tmp_path):
-    import torch
-
     from gradbridge.torchscript import load_for_python
 
     path = export_builtin("mlp", tmp_path / "frozen.pt", seed=0, in_features=4, hidden=(8,), out_features=3,

@@ -6,7 +6,8 @@ submit jar of the cluster's Scala version, bit for bit against the replay (``ref
 
 Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
 shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
-spark-submit output is warnings plus one line per epoch. ``--full`` adds Adam, shuffled and in order.
+spark-submit output is warnings plus one line per epoch; a model of several inputs (a Parquet column per
+input). ``--full`` adds Adam, shuffled and in order.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gradbridge.export import export_builtin
 from gradbridge.history import History
 from tests import spark_cluster
 from tests.spark_cluster import Cluster
-from tests.test_spark import assert_bitwise
+from tests.test_spark import assert_bitwise, recommender_case
 
 BATCH = 32
 
@@ -83,8 +84,9 @@ def work(tmp_path_factory):
     x = rng.standard_normal((200, 4)).astype(np.float32)
     y = rng.integers(0, 3, 200).astype(np.int64)
     np.savez(folder / "data.npz", x=x, y=y)
-    sparkrun.to_parquet([(folder / "data.npz", folder / "data.parquet")])
-    return {"folder": folder, "models": models, "x": x, "y": y}
+    several = recommender_case(folder)  # a model of several inputs and its data
+    sparkrun.to_parquet([(folder / "data.npz", folder / "data.parquet"), (several["npz"], several["parquet"])])
+    return {"folder": folder, "models": models, "x": x, "y": y, "several": several}
 
 
 def submit(cluster, jar, tmp_path, *args):
@@ -130,6 +132,17 @@ def test_a_killed_executor_then_a_resume_equal_the_replay(cluster, jar, work, tm
         [log.read_text()[-2000:] for log in logs]
     assert [line for line in result.stdout.splitlines() if line.startswith("epoch ")] == \
         [f"epoch 2: loss {resumed[0].loss:.6g}"]
+
+
+def test_a_model_of_several_inputs_on_parquet_equals_the_users_model(cluster, jar, work, tmp_path):
+    """The recommender's user, item and context as columns of their own: two epochs, bitwise the replay on
+    the user's eager nn.Module."""
+    several = work["several"]
+    _, history, stats = submit(cluster, jar, tmp_path, "--model", several["path"], "--data", several["parquet"],
+                               "--epochs", 2, "--batch-size", 16)
+    assert_bitwise(history, reference.train_sharded(several["path"], several["x"], several["y"], epochs=2, shards=2,
+                                                    batch_size=16, model=several["model"]))
+    assert len(set(stats["executors"][0])) == 2, stats
 
 
 @pytest.fixture

@@ -262,17 +262,16 @@ class Reference:
 
 def shards_sha256(x, y, shards: int) -> str:
     """A gradbridge-spark checkpoint's ``shards_sha256``: SHA-256 over each partition's SHA-256 of its
-    x bytes then its y bytes (partition p holds rows p, p + K, ... in order), in partition order.
+    x bytes (``x`` a dict: each input's, in the dict's order, which is to be the module's) then its y
+    bytes (partition p holds rows p, p + K, ... in order), in partition order.
     (``data_sha256`` of a single-process run is SHA-256 of all x bytes then all y bytes.)"""
     import hashlib
-
-    import numpy as np
 
     outer = hashlib.sha256()
     for p in range(shards):
         inner = hashlib.sha256()
-        inner.update(np.ascontiguousarray(np.asarray(x)[p::shards]).tobytes())
-        inner.update(np.ascontiguousarray(np.asarray(y)[p::shards]).tobytes())
+        for array in [*inputs.arrays(x).values(), y]:
+            inner.update(np.ascontiguousarray(np.asarray(array)[p::shards]).tobytes())
         outer.update(inner.digest())
     return outer.hexdigest()
 
@@ -305,8 +304,6 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
     missing = [m for m in protocol.DATA_PARALLEL_METHODS if m not in metadata["methods"]]
     if missing:
         raise ProtocolError(messages.data_parallel_methods(str(model_path), metadata["protocol_version"], missing))
-    if not inputs.is_single(inputs.names(metadata)):
-        raise ValueError(messages.one_input_only(str(model_path), "gradbridge-spark", inputs.names(metadata)))
     if metadata["buffers"]:
         raise ValueError(messages.data_parallel_buffers(str(model_path), [b["name"] for b in metadata["buffers"]]))
     accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
@@ -314,12 +311,13 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
         raise ValueError(messages.data_parallel_accumulate(str(model_path), accumulate))
 
 
-def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *, epochs: int, shards: int,
+def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int, shards: int,
                   batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED, shuffle: bool = True,
                   model: Optional[nn.Module] = None,
                   start_epoch: int = 0, record_values: bool = True) -> History:
     """The Python replay of a gradbridge-spark run on ``shards`` partitions (``Reference.sharded_step``).
 
+    ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
     Each epoch takes ``shuffle.permutation(seed, epoch, n)`` (or ``0..n-1`` without shuffling) in
     global mini-batches of ``batch_size``; the epoch loss is the mean of the step losses, as in ``train``.
     """
@@ -328,8 +326,8 @@ def train_sharded(model_path: str | os.PathLike, x: np.ndarray, y: np.ndarray, *
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     check_data_parallel(model_path, protocol.read_metadata(model_path))
-    xs, ys = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
-    n = len(xs)
+    xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
+    n = len(ys)
     if n == 0:
         raise InvalidInputError(messages.empty_dataset("training data"))
     if not 1 <= batch_size <= n:

@@ -9,7 +9,8 @@ buffers and torch's own state. Each has these scripted methods::
     step(params, grads, has_grad)   # under torch.no_grad(); skips parameters without a gradient
     state()                         # {key: [tensor per parameter]}, the live tensors
     allocate(params)                # create the state a momentum set after construction calls for
-    loaded()                        # load_optimizer_state copied a state in
+    held()                          # which parameters hold a key torch.optim creates at their first step
+    loaded(held)                    # load_optimizer_state copied a state in, holding those keys so
 
 ``has_grad[i]`` is False where torch.optim would see ``p.grad is None`` (the parameter took no
 part in the loss since the last ``zero_grad``): such a parameter and its state stay untouched,
@@ -55,8 +56,18 @@ class _Optimizer(nn.Module):
         pass
 
     @torch.jit.export
-    def loaded(self) -> None:
-        """After ``load_optimizer_state`` copied a state in."""
+    def held(self) -> Dict[str, List[bool]]:
+        """For each key of ``state()`` that torch.optim creates at a parameter's first step and whose
+        absence changes that step (SGD's momentum_buffer: a copy of the gradient, not an update), which
+        parameters hold it now; every parameter holds the keys not listed (their tensors start as torch's
+        first step makes them)."""
+        none: Dict[str, List[bool]] = {}
+        return none
+
+    @torch.jit.export
+    def loaded(self, held: Dict[str, List[bool]]) -> None:
+        """After ``load_optimizer_state`` copied a state in; ``held``: for each key of ``held()``, which
+        parameters that state holds it for."""
         pass
 
 
@@ -75,7 +86,9 @@ class SGD(_Optimizer):
     State: momentum_buffer while momentum != 0 (none without momentum), as torch.optim. Allocated
     with the optimizer, or at the first step with momentum (OneCycleLR can set it later);
     ``has_buffer[i]`` (not state) stands for torch's ``momentum_buffer is not None``: set by the
-    parameter's first step with momentum, and by a load (torch's loaded state holds a buffer).
+    parameter's first step with momentum, and by a load of a state that holds a buffer for it; a state
+    without one for a parameter (torch's before its first step) leaves it unset, so that step copies
+    the gradient, as torch's does.
     """
 
     torch_name = "SGD"
@@ -138,9 +151,16 @@ class SGD(_Optimizer):
             self.momentum_buffer = _zeros_like(params)
 
     @torch.jit.export
-    def loaded(self) -> None:
+    def held(self) -> Dict[str, List[bool]]:
+        held: Dict[str, List[bool]] = {}
         if len(self.momentum_buffer) > 0:
-            self.has_buffer = [True for _ in self.momentum_buffer]
+            held["momentum_buffer"] = self.has_buffer
+        return held
+
+    @torch.jit.export
+    def loaded(self, held: Dict[str, List[bool]]) -> None:
+        if len(self.momentum_buffer) > 0:
+            self.has_buffer = list(held["momentum_buffer"])
 
 
 class Adam(_Optimizer):

@@ -494,6 +494,17 @@ public final class Messages {
     }
 
     /**
+     * @param source the Parquet data
+     * @param column a column of it that is neither an input of the model nor y
+     * @param inputs the model's inputs
+     * @return the line for a column that a module of several inputs does not take
+     */
+    public static String unknownColumn(String source, String column, java.util.List<String> inputs) {
+        return source + ": column " + column + " is not an input of the model (it takes " + inputs + " and y);"
+                + " a model of several inputs trains on exactly its inputs' columns and y: drop the others";
+    }
+
+    /**
      * @param reason Spark's own message, first line
      * @return the line for a Spark context that failed to start
      */

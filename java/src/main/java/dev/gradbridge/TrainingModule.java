@@ -744,7 +744,9 @@ public final class TrainingModule implements AutoCloseable {
     /**
      * Returns the optimizer's per-parameter state (torch.optim's keys, e.g. {@code exp_avg}).
      *
-     * @return state key to one flattened array per parameter, in protocol order
+     * @return state key to one flattened array per parameter, in protocol order (empty where torch.optim
+     *     holds none yet: SGD's {@code momentum_buffer} before a parameter's first step, which is left out
+     *     while no parameter has one)
      */
     public Map<String, List<double[]>> getOptimizerState() {
         try (ThreadGuard.Use use = use()) {

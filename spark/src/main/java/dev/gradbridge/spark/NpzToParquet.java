@@ -9,7 +9,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.SparkSession;
@@ -18,10 +20,11 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * Writes .npz files (arrays x and y) as Parquet in the layout {@link ShardedData} reads: columns
- * x and y, one row per sample in the file's order (one Parquet file), a sample flattened into an
- * array column, or a plain column when the array is one-dimensional. No checks against any model:
- * the examples and tests use it to make good and bad Parquet data.
+ * Writes .npz files (arrays x and y, or one per input of a model of several inputs and y) as
+ * Parquet in the layout {@link ShardedData} reads: one column per array, named as it (the inputs in
+ * the file's order, then y), one row per sample in the file's order (one Parquet file), a sample
+ * flattened into an array column, or a plain column when the array is one-dimensional. No checks
+ * against any model: the examples and tests use it to make good and bad Parquet data.
  *
  * <p>Usage: {@code NpzToParquet IN.npz OUT.parquet [IN2.npz OUT2.parquet ...]} (one Spark start).
  */
@@ -50,13 +53,23 @@ public final class NpzToParquet {
                 Path in = Paths.get(args[i]);
                 try (Dataset data = Dataset.loadNpz(in)) {
                     int n = data.size();
-                    Column x = new Column(data.getX(), n);
-                    Column y = new Column(data.getY(), n);
+                    Map<String, Tensor> arrays = new LinkedHashMap<>(data.getInputs());
+                    arrays.put("y", data.getY());
+                    List<Column> columns = new ArrayList<>();
+                    StructType schema = new StructType();
+                    for (Map.Entry<String, Tensor> array : arrays.entrySet()) {
+                        Column column = new Column(array.getValue(), n);
+                        columns.add(column);
+                        schema = schema.add(array.getKey(), column.type, false);
+                    }
                     List<Row> rows = new ArrayList<>(n);
                     for (int r = 0; r < n; r++) {
-                        rows.add(RowFactory.create(x.value(r), y.value(r)));
+                        Object[] values = new Object[columns.size()];
+                        for (int c = 0; c < values.length; c++) {
+                            values[c] = columns.get(c).value(r);
+                        }
+                        rows.add(RowFactory.create(values));
                     }
-                    StructType schema = new StructType().add("x", x.type, false).add("y", y.type, false);
                     spark.createDataFrame(rows, schema).coalesce(1).write().parquet(args[i + 1]);
                     System.out.println("wrote " + args[i + 1] + " (" + n + " rows)");
                 }

@@ -12,7 +12,9 @@ import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 
 /**
  * One training task's copy of the module, for the run's barrier stage: loaded from the state the
@@ -48,21 +50,24 @@ final class Replica implements AutoCloseable {
     }
 
     /**
-     * The gradients of the mean loss over {@code count} rows ({@code x}, {@code y}: their bytes in the
-     * metadata's dtypes), from zeroed gradients. Their arrays are this replica's, overwritten by the
-     * next call (a step's megabytes are not garbage every step): the exchange reads them before.
+     * The gradients of the mean loss over {@code count} rows ({@code columns}: the bytes of each input in
+     * the metadata's order, then y's, in the metadata's dtypes), from zeroed gradients. Their arrays are
+     * this replica's, overwritten by the next call (a step's megabytes are not garbage every step): the
+     * exchange reads them before.
      */
-    ShardResult gradients(int partition, byte[] x, byte[] y, int count) {
+    ShardResult gradients(int partition, byte[][] columns, int count) {
         byte[][] gradients = new byte[metadata.getParameters().size()][];
         boolean[] flags;
         double loss;
         try (TensorScope scope = new TensorScope()) {
             module.zeroGrad();
-            Metadata.TensorSpec xs = metadata.getInput("x");
-            Metadata.TensorSpec ys = metadata.getInput("y");
-            loss = module.calculateLossAndBackward(
-                    create(scope, x, rowsShape(xs.getShape(), count), xs.getDtype()),
-                    create(scope, y, rowsShape(ys.getShape(), count), ys.getDtype()));
+            List<String> names = metadata.getInputNames();
+            Map<String, Tensor> inputs = new LinkedHashMap<>();
+            for (int c = 0; c < names.size(); c++) {
+                inputs.put(names.get(c), create(scope, columns[c], count, metadata.getInput(names.get(c))));
+            }
+            loss = module.calculateLossAndBackward(inputs,
+                    create(scope, columns[names.size()], count, metadata.getInput("y")));
             List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
             for (int p = 0; p < grads.size(); p++) {
                 try (Tensor g = (Tensor) grads.get(p)) {
@@ -107,6 +112,11 @@ final class Replica implements AutoCloseable {
     @Override
     public void close() {
         module.close();
+    }
+
+    /** {@code count} rows of {@code spec}'s tensor, filled with {@code bytes}. */
+    private static Tensor create(TensorScope scope, byte[] bytes, int count, Metadata.TensorSpec spec) {
+        return create(scope, bytes, rowsShape(spec.getShape(), count), spec.getDtype());
     }
 
     /** A tensor in libtorch's memory, filled with {@code bytes} (no Java direct buffer to free per step). */

@@ -3,6 +3,7 @@ package dev.gradbridge.spark;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.DType;
 import dev.gradbridge.Digests;
+import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
@@ -31,11 +32,14 @@ import scala.Tuple2;
  * Training data spread over K Spark partitions, one {@link Shard} each (rows dealt round-robin by
  * global index), cached, and checked against the module's metadata before any step.
  *
- * <p>Sources: a Parquet file or folder (or any {@code Dataset<Row>}) with columns {@code x} and
- * {@code y}, each an array column holding one sample flattened in C order (a plain numeric column
- * when a sample is one value); Spark types {@code float} for float32, {@code double} for float64,
- * {@code bigint} for int64. Or an {@code .npz} with arrays x and y (the examples' format), read
- * on the driver.
+ * <p>Sources: a Parquet file or folder (or any {@code Dataset<Row>}) with one column per input of
+ * the model, named as its metadata names them ({@code x}, or several: {@code input_ids},
+ * {@code attention_mask}), and {@code y}, each an array column holding one sample flattened in C
+ * order (a plain numeric column when a sample is one value); Spark types {@code float} for
+ * float32, {@code double} for float64, {@code bigint} for int64. A model of one input ignores other
+ * columns; one of several takes exactly its inputs and y (a column it does not take is refused, so
+ * that a feature the user meant it to use is never dropped without a word). Or an {@code .npz}
+ * with one array per input and y (the examples' format), read on the driver.
  */
 public final class ShardedData {
 
@@ -52,7 +56,8 @@ public final class ShardedData {
         this.shards = shards;
         this.rows = rows;
         this.partitions = partitions;
-        this.xShape = withRows(metadata.getInput("x").getShape(), rows);
+        // a checkpoint's x_shape is the first input's, as the single-process Trainer writes it
+        this.xShape = withRows(metadata.getInput(metadata.getInputNames().get(0)).getShape(), rows);
         this.yShape = withRows(metadata.getInput("y").getShape(), rows);
         this.fingerprint = digest(shards);
     }
@@ -85,8 +90,9 @@ public final class ShardedData {
     }
 
     /**
-     * @return SHA-256 over the partitions' digests (each: SHA-256 of its x bytes, then its y bytes)
-     *     in partition order; the same data in the same number of partitions gives the same value
+     * @return SHA-256 over the partitions' digests (each: SHA-256 of its x bytes, or each input's in
+     *     the metadata's order, then its y bytes) in partition order; the same data in the same number
+     *     of partitions gives the same value
      */
     public String fingerprint() {
         return fingerprint;
@@ -178,24 +184,31 @@ public final class ShardedData {
      */
     public static ShardedData fromNpz(JavaSparkContext jsc, Path npz, int partitions, Metadata metadata) {
         try (Dataset data = Dataset.loadNpz(npz)) {
-            data.check(metadata);
+            data.check(metadata); // the module's inputs, in its order
             long n = data.size();
             checkPartitions(npz.toString(), n, partitions);
-            byte[] x = data.getX().toBytes();
-            byte[] y = data.getY().toBytes();
-            int xRow = (int) (x.length / n);
-            int yRow = (int) (y.length / n);
+            List<byte[]> all = new ArrayList<>();
+            for (dev.gradbridge.Tensor input : data.getInputs().values()) {
+                all.add(input.toBytes());
+            }
+            all.add(data.getY().toBytes());
+            int[] rowBytes = new int[all.size()];
+            for (int c = 0; c < rowBytes.length; c++) {
+                rowBytes[c] = (int) (all.get(c).length / n);
+            }
             List<Tuple2<Integer, Shard>> shards = new ArrayList<>();
             for (int p = 0; p < partitions; p++) {
                 int count = Shard.rowsOf(n, p, partitions);
-                byte[] xs = new byte[count * xRow];
-                byte[] ys = new byte[count * yRow];
-                for (int j = 0; j < count; j++) {
-                    long row = p + (long) j * partitions;
-                    System.arraycopy(x, (int) (row * xRow), xs, j * xRow, xRow);
-                    System.arraycopy(y, (int) (row * yRow), ys, j * yRow, yRow);
+                byte[][] columns = new byte[rowBytes.length][];
+                for (int c = 0; c < columns.length; c++) {
+                    int row = rowBytes[c];
+                    columns[c] = new byte[count * row];
+                    for (int j = 0; j < count; j++) {
+                        long global = p + (long) j * partitions;
+                        System.arraycopy(all.get(c), (int) (global * row), columns[c], j * row, row);
+                    }
                 }
-                shards.add(new Tuple2<>(p, new Shard(p, partitions, n, count, xRow, yRow, xs, ys)));
+                shards.add(new Tuple2<>(p, new Shard(p, partitions, n, count, rowBytes, columns)));
             }
             // partitionBy: the cached partitions are a shuffle's output, so a task carries no data
             // (a parallelized collection's partitions would travel with every task of every step).
@@ -229,34 +242,51 @@ public final class ShardedData {
     }
 
     /**
-     * Checks a {@code Dataset<Row>} with columns x and y against the metadata (schema, values per
-     * row, nulls, NaN and infinities: one Spark SQL aggregation) and deals it into cached shards;
-     * global row order is the frame's order ({@code zipWithIndex}).
+     * Checks a {@code Dataset<Row>} with a column per input of the model and y against the metadata
+     * (schema, values per row, nulls, NaN and infinities: one Spark SQL aggregation) and deals it into
+     * cached shards; global row order is the frame's order ({@code zipWithIndex}).
      */
     public static ShardedData fromRows(String source, org.apache.spark.sql.Dataset<Row> frame, int partitions,
             Metadata metadata) {
-        Column x = Column.of(source, frame, metadata.getInput("x"));
-        Column y = Column.of(source, frame, metadata.getInput("y"));
-        org.apache.spark.sql.Dataset<Row> selected = frame.select("x", "y");
+        List<String> names = new ArrayList<>(metadata.getInputNames());
+        names.add("y");
+        Column[] columns = new Column[names.size()];
+        for (int c = 0; c < columns.length; c++) {
+            columns[c] = Column.of(source, frame, metadata.getInput(names.get(c)));
+        }
+        if (metadata.hasNamedInputs()) {
+            for (String column : frame.schema().fieldNames()) {
+                if (!names.contains(column)) {
+                    throw new InvalidInputException(
+                            Messages.unknownColumn(source, column, metadata.getInputNames()));
+                }
+            }
+        }
+        org.apache.spark.sql.Dataset<Row> selected =
+                frame.select(names.get(0), names.subList(1, names.size()).toArray(new String[0]));
         List<String> exprs = new ArrayList<>();
         exprs.add("count(*)");
-        exprs.addAll(x.checks());
-        exprs.addAll(y.checks());
+        for (Column column : columns) {
+            exprs.addAll(column.checks());
+        }
         Row stats = selected.selectExpr(exprs.toArray(new String[0])).first();
         long n = stats.getLong(0);
         checkPartitions(source, n, partitions);
-        x.verify(stats, 1);
-        y.verify(stats, 1 + x.checks().size());
+        int offset = 1;
+        for (Column column : columns) {
+            column.verify(stats, offset);
+            offset += column.checks().size();
+        }
         JavaPairRDD<Long, Row> indexed =
                 selected.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()));
         JavaRDD<Shard> rdd =
                 indexed.partitionBy(new ModuloPartitioner(partitions))
-                        .mapPartitionsWithIndex(new BuildShard(partitions, n, x, y), true)
+                        .mapPartitionsWithIndex(new BuildShard(partitions, n, columns), true)
                         .persist(StorageLevel.MEMORY_ONLY());
         return new ShardedData(source, rdd, n, partitions, metadata);
     }
 
-    /** One column (x or y) as the metadata wants it. */
+    /** One column (an input or y) as the metadata wants it. */
     static final class Column implements java.io.Serializable {
         private static final long serialVersionUID = 1L;
         final String source;
@@ -313,18 +343,20 @@ public final class ShardedData {
 
         /** SQL aggregates: nulls, then (arrays) min and max size and null elements, then non-finite rows. */
         List<String> checks() {
+            // quoted: an input may be named as a SQL function without arguments (user, current_date)
+            String column = "`" + name + "`";
             List<String> out = new ArrayList<>();
-            out.add("sum(if(" + name + " is null, 1, 0))");
+            out.add("sum(if(" + column + " is null, 1, 0))");
             String bad = nonFinite("v");
             if (array) {
-                out.add("min(size(" + name + "))");
-                out.add("max(size(" + name + "))");
-                out.add("sum(if(exists(" + name + ", v -> v is null), 1, 0))");
+                out.add("min(size(" + column + "))");
+                out.add("max(size(" + column + "))");
+                out.add("sum(if(exists(" + column + ", v -> v is null), 1, 0))");
                 if (floating()) {
-                    out.add("sum(if(exists(" + name + ", v -> " + bad + "), 1, 0))");
+                    out.add("sum(if(exists(" + column + ", v -> " + bad + "), 1, 0))");
                 }
             } else if (floating()) {
-                out.add("sum(if(" + nonFinite(name) + ", 1, 0))");
+                out.add("sum(if(" + nonFinite(column) + ", 1, 0))");
             }
             return out;
         }
@@ -407,36 +439,41 @@ public final class ShardedData {
     /** Builds partition p's shard from its (global index, row) pairs, placing row i at i / K. */
     private static final class BuildShard
             implements Function2<Integer, Iterator<Tuple2<Long, Row>>, Iterator<Shard>> {
-        private static final long serialVersionUID = 1L;
+        private static final long serialVersionUID = 2L;
         private final int partitions;
         private final long total;
-        private final Column x;
-        private final Column y;
+        /** The inputs then y, in the rows' order. */
+        private final Column[] columns;
 
-        BuildShard(int partitions, long total, Column x, Column y) {
+        BuildShard(int partitions, long total, Column[] columns) {
             this.partitions = partitions;
             this.total = total;
-            this.x = x;
-            this.y = y;
+            this.columns = columns;
         }
 
         @Override
         public Iterator<Shard> call(Integer p, Iterator<Tuple2<Long, Row>> rows) {
             int count = Shard.rowsOf(total, p, partitions);
-            int xRow = x.rowBytes();
-            int yRow = y.rowBytes();
-            ByteBuffer xs = ByteBuffer.allocate(count * xRow).order(ByteOrder.LITTLE_ENDIAN);
-            ByteBuffer ys = ByteBuffer.allocate(count * yRow).order(ByteOrder.LITTLE_ENDIAN);
+            int[] rowBytes = new int[columns.length];
+            ByteBuffer[] out = new ByteBuffer[columns.length];
+            for (int c = 0; c < columns.length; c++) {
+                rowBytes[c] = columns[c].rowBytes();
+                out[c] = ByteBuffer.allocate(count * rowBytes[c]).order(ByteOrder.LITTLE_ENDIAN);
+            }
             while (rows.hasNext()) {
                 Tuple2<Long, Row> item = rows.next();
                 int j = (int) (item._1() / partitions);
-                xs.position(j * xRow);
-                x.write(item._2(), 0, xs);
-                ys.position(j * yRow);
-                y.write(item._2(), 1, ys);
+                for (int c = 0; c < columns.length; c++) {
+                    out[c].position(j * rowBytes[c]);
+                    columns[c].write(item._2(), c, out[c]);
+                }
             }
-            return java.util.Collections.singletonList(
-                    new Shard(p, partitions, total, count, xRow, yRow, xs.array(), ys.array())).iterator();
+            byte[][] bytes = new byte[columns.length][];
+            for (int c = 0; c < columns.length; c++) {
+                bytes[c] = out[c].array();
+            }
+            return java.util.Collections.singletonList(new Shard(p, partitions, total, count, rowBytes, bytes))
+                    .iterator();
         }
     }
 }

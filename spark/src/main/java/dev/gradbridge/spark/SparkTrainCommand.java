@@ -36,8 +36,8 @@ public final class SparkTrainCommand implements Callable<Integer> {
     private RunOptions run;
 
     @Option(names = "--data", required = true,
-            description = "training data: Parquet (file, folder or Hadoop URI such as hdfs://...; columns x and y)"
-                    + " or a local .npz (arrays x and y)")
+            description = "training data: Parquet (file, folder or Hadoop URI such as hdfs://...; columns x and y,"
+                    + " or one per input of a model of several inputs and y) or a local .npz (arrays named so)")
     private String data;
 
     @Option(names = "--master",

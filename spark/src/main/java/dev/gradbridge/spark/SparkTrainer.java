@@ -206,9 +206,6 @@ public final class SparkTrainer {
         if (!missing.isEmpty()) {
             throw new ProtocolException(Messages.dataParallelMethods(path, metadata.getProtocolVersion(), missing));
         }
-        if (metadata.hasNamedInputs()) {
-            throw new InvalidInputException(Messages.oneInputOnly(path, "gradbridge-spark", metadata.getInputNames()));
-        }
         if (!module.getBufferNames().isEmpty()) {
             throw new InvalidInputException(Messages.dataParallelBuffers(path, module.getBufferNames()));
         }

@@ -344,19 +344,23 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         if (count == 0) {
             return ShardResult.empty(shard.partition);
         }
-        byte[] x = new byte[count * shard.xRowBytes];
-        byte[] y = new byte[count * shard.yRowBytes];
+        byte[][] columns = new byte[shard.columns.length][];
+        for (int c = 0; c < columns.length; c++) {
+            columns[c] = new byte[count * shard.rowBytes[c]];
+        }
         int r = 0;
         for (int i = start; i < end; i++) {
             long row = order[i];
             if (Shard.partitionOf(row, k) == shard.partition) {
                 int j = (int) (row / k);
-                System.arraycopy(shard.x, j * shard.xRowBytes, x, r * shard.xRowBytes, shard.xRowBytes);
-                System.arraycopy(shard.y, j * shard.yRowBytes, y, r * shard.yRowBytes, shard.yRowBytes);
+                for (int c = 0; c < columns.length; c++) {
+                    int bytes = shard.rowBytes[c];
+                    System.arraycopy(shard.columns[c], j * bytes, columns[c], r * bytes, bytes);
+                }
                 r++;
             }
         }
-        return replica.gradients(shard.partition, x, y, count);
+        return replica.gradients(shard.partition, columns, count);
     }
 
     /**
