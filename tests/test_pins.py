@@ -136,6 +136,12 @@ def test_shared_wording_matches(jvm):
         messages.op_library_unloadable("lib.so", "no such file")
     # a protocol-3 file without one of its entries
     assert str(Messages.programEntryMissing("m.pt", "state/0.bin")) == messages.program_entry_missing("m.pt", "state/0.bin")
+    # ... a state entry of another dtype or shape, a state file of another size, an unreadable file
+    assert str(Messages.programStateMismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")) == \
+        messages.program_state_mismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")
+    assert str(Messages.programStateBytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)) == \
+        messages.program_state_bytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)
+    assert str(Messages.programUnreadable("m.pt", "invalid CRC")) == messages.program_unreadable("m.pt", "invalid CRC")
     # the native layer's cache: a damaged library, a folder that cannot be written
     assert str(Messages.CACHE_ENV) == messages.CACHE_ENV
     assert str(Messages.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)
