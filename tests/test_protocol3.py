@@ -398,6 +398,7 @@ def test_a_snapshot_is_the_module_as_it_is_now(jvm, resumable, tmp_path):
     try:
         with jvm.java_errors():
             module.trainStep(jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+            assert module.stateFinite()
             snapshot = module.snapshot().get()
             try:
                 saved = bytes(module.checkpointArchive(None))
@@ -410,6 +411,20 @@ def test_a_snapshot_is_the_module_as_it_is_now(jvm, resumable, tmp_path):
                 snapshot.close()
     finally:
         module.close()
+
+
+def test_online_learning_is_refused_in_one_line_before_anything_is_written(jvm, mlp, tmp_path):
+    import jpype
+
+    _, path = mlp
+    OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
+    Paths = jpype.JClass("java.nio.file.Paths")
+    with pytest.raises(Exception) as info:
+        OnlineLearner.builder().open(Paths.get(str(path)), Paths.get(str(tmp_path / "log")))
+    line = str(info.value.getMessage())
+    assert line == f"{path}: protocol-3 modules (format='export') do not support online learning yet; export with " \
+                   "format='torchscript' for them"
+    assert not (tmp_path / "log").exists()
 
 
 def test_load_optimizer_state_is_refused_in_one_line(jvm, mlp):

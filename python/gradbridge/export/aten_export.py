@@ -24,6 +24,7 @@ import logging
 import math
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -545,11 +546,27 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
                                                                               spec["name"], _text(actual), needed))
                 flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
                 state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
+        for key in ("training", "counters"):
+            if not isinstance(entry.get(key), dict):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
+        _check_bound(graphs, state, entry["counters"])
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
-    except (zipfile.BadZipFile, KeyError, TypeError, ValueError, OSError) as ex:
+    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError) as ex:
         raise protocol.ProtocolError(messages.program_unreadable(str(path), " ".join(str(ex).split()))) from ex
     return metadata, graphs, state
+
+
+def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor], counters: Dict[str, Any]) -> None:
+    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum);
+    the native layer's check_bound."""
+    created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
+    for name, graph in graphs.items():
+        for binding in graph["inputs"]:
+            if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
+                continue
+            if not (counters["steps"] == 0 and binding in created):
+                raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
 
 
 def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:

@@ -25,6 +25,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.zip.CRC32;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipFile;
 import java.util.zip.ZipOutputStream;
@@ -212,9 +213,17 @@ final class ExportedModule extends ScriptedModule {
         if (entry == null) {
             throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
         }
+        byte[] bytes;
         try (InputStream in = archive.getInputStream(entry)) {
-            return in.readAllBytes();
+            bytes = in.readAllBytes();
         }
+        CRC32 crc = new CRC32(); // Java's ZipFile checks none
+        crc.update(bytes);
+        if (entry.getCrc() != -1 && crc.getValue() != entry.getCrc()) {
+            throw new ProtocolException(Messages.programUnreadable(file.toString(),
+                    "its entry " + name + " does not match its checksum"));
+        }
+        return bytes;
     }
 
     private static String names(List<Metadata.TensorSpec> specs) {
@@ -449,8 +458,13 @@ final class ExportedModule extends ScriptedModule {
 
     @Override
     boolean allFinite(String method) {
-        @SuppressWarnings("unchecked")
-        List<Tensor> tensors = (List<Tensor>) invoke(method);
+        Object result = invoke(method);
+        List<Tensor> tensors = new ArrayList<>();
+        for (Object list : result instanceof Map ? ((Map<?, ?>) result).values() : Collections.singletonList(result)) {
+            for (Object tensor : (List<?>) list) {
+                tensors.add((Tensor) tensor);
+            }
+        }
         try {
             for (Tensor t : tensors) {
                 if (!t.allFinite()) {
