@@ -123,7 +123,8 @@ def _export(path, model, optimizer, **options):
 
 def _deep():
     torch.manual_seed(2)
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 3))
 
 
 def _java_equals_eager(path, model, modes, epochs=3):
@@ -140,11 +141,12 @@ def _java_equals_eager(path, model, modes, epochs=3):
 @pytest.fixture(scope="module")
 def fine_tuned(tmp_path_factory):
     """Frozen parameters, two parameter groups (their own lr and weight decay), SGD with Nesterov momentum,
-    a per-step StepLR, clipping by norm and gradient accumulation, all at once."""
+    a per-step StepLR, clipping by norm and gradient accumulation, all at once; BatchNorm and dropout on."""
     model = _deep()
     model[0].requires_grad_(False)
-    optimizer = torch.optim.SGD([{"params": model[3].parameters(), "lr": 0.05, "weight_decay": 0.01},
-                                 {"params": model[5].parameters()}], lr=0.1, momentum=0.9, nesterov=True)
+    optimizer = torch.optim.SGD([{"params": model[4].parameters(), "lr": 0.05, "weight_decay": 0.01},
+                                 {"params": [*model[1].parameters(), *model[6].parameters()]}],
+                                lr=0.1, momentum=0.9, nesterov=True)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     path = _export(tmp_path_factory.mktemp("p3") / "tuned.pt", model, optimizer, scheduler=scheduler,
                    clip_grad_norm=0.5, accumulate=2)
@@ -155,7 +157,7 @@ def fine_tuned(tmp_path_factory):
 def test_training_options_train_from_java_like_torch_optim(jvm, fine_tuned, mode):
     model, path = fine_tuned
     metadata = protocol.read_metadata(path)
-    assert [p["trainable"] for p in metadata["parameters"]] == [False, False, True, True, True, True]
+    assert [p["trainable"] for p in metadata["parameters"]] == [False, False] + [True] * 6
     assert {"train", "train_accumulate", "clip", "optimizer", "optimizer_first"} <= set(metadata["program"]["graphs"])
     _java_equals_eager(path, model, [mode])
 
@@ -273,8 +275,8 @@ def test_a_bad_protocol_3_file_is_refused_in_one_line(jvm, mlp, tmp_path, edit, 
 
 @pytest.fixture(scope="module")
 def resumable(tmp_path_factory):
-    """AdamW with a per-step cosine schedule, gradient accumulation and dropout: every counter a checkpoint
-    keeps (steps, learning rate, the schedule's epoch, the optimizer's state, the generator's draws)."""
+    """AdamW with a per-step cosine schedule, gradient accumulation, BatchNorm and dropout: everything a
+    checkpoint keeps (steps, learning rate, the schedule's epoch, the optimizer's state, running statistics)."""
     model = _deep()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=5)
