@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .. import protocol, torchscript
 from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
-from . import scheduler_modules, schedulers
+from . import groups as param_groups, optim, scheduler_modules, schedulers
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -78,8 +78,6 @@ def initial_lrs(optimizer: torch.optim.Optimizer):
 def _torch_optimizer_like(name: str, hyper: List[Dict[str, Any]]) -> torch.optim.Optimizer:
     """A torch optimizer over one dummy tensor per group with the groups' options: lets the real
     torch scheduler compute its starting state (initial lrs, first step)."""
-    from . import optim
-
     cls = getattr(torch.optim, optim.OPTIMIZERS[name].torch_name)
     groups = []
     for options in hyper:
@@ -156,8 +154,6 @@ def setup(named_parameters: Sequence[Tuple[str, nn.Parameter]], names_by_id: Dic
     """Freeze, resolve the parameter groups and check every option (``export_training_module``'s
     arguments) over the copy of the model being exported; ``names_by_id`` names the user's parameters (what
     a torch.optim instance holds). Raises before anything is written."""
-    from . import groups as param_groups, optim
-
     freeze_prefixes(named_parameters, freeze)
     names = [n for n, _ in named_parameters]
     parameters = [p for _, p in named_parameters]

@@ -155,7 +155,6 @@ def export_training_module(
     model = copy.deepcopy(model)
     named_parameters = list(model.named_parameters())
     parameters = [p for _, p in named_parameters]
-    names = [n for n, _ in named_parameters]
     if not parameters:
         raise ValueError(f"{type(model).__name__} has no parameters: nothing to train; export a model with at least "
                          "one parameter")
