@@ -148,6 +148,8 @@ PROGRAM_CASES = {
     "oplist_version": (_graph_edit("train", lambda g: g.update(oplist_version=99)),
                        f"op list train: op-list version 99, this gradbridge runs version {oplist.VERSION}"),
     "argument_kind": (_graph_edit("optimizer", _set("args", {"q": 1})), "unknown argument kind 'q'"),
+    "older_program": (_program_edit(lambda program, _: program.update(oplist_version=1)),
+                      f"op-list version 1, this gradbridge runs version {oplist.VERSION}; export the model again"),
     "missing_graph": (lambda name, data, m: None if name == "graphs/train.json" else data,
                       "the protocol-3 module lacks graphs/train.json"),
     "missing_state_file": (lambda name, data, m: None if name == "state/0.bin" else data,

@@ -378,6 +378,10 @@ def program_entry_missing(path: str, entry: str) -> str:
     return f"{path}: the protocol-3 module lacks {entry} (a truncated or edited file); export it again"
 
 
+def program_version(path: str, version: Any, supported: int) -> str:
+    return f"{path}: op-list version {version}, this gradbridge runs version {supported}; export the model again with this gradbridge"
+
+
 def program_state_mismatch(path: str, name: str, expected: str, actual: str) -> str:
     return f"{path}: state tensor {name} is {actual}, expected {expected} (an edited file); export it again"
 

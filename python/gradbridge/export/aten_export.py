@@ -520,6 +520,9 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
     entry = metadata.get(protocol.PROGRAM_KEY)
     if not isinstance(entry, dict):
         raise protocol.ProtocolError(messages.program_entry_missing(str(path), protocol.PROGRAM_KEY))
+    if entry.get("oplist_version") != oplist.VERSION or isinstance(entry.get("oplist_version"), bool):
+        raise protocol.ProtocolError(messages.program_version(str(path), json.dumps(entry.get("oplist_version")),
+                                                              oplist.VERSION))
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())

@@ -77,6 +77,11 @@ final class ExportedModule extends ScriptedModule {
         try (ZipFile archive = new ZipFile(file.toFile())) {
             JsonObject document = JsonParser.parseString(read(archive, file, Protocol.METADATA_FILE)).getAsJsonObject();
             JsonObject program = member(document, Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
+            JsonElement version = program.get("oplist_version");
+            if (version == null || !version.isJsonPrimitive() || !String.valueOf(Protocol.OPLIST_VERSION).equals(version.getAsString())) {
+                throw new ProtocolException(Messages.programVersion(file.toString(), String.valueOf(version),
+                        Protocol.OPLIST_VERSION));
+            }
             JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
             JsonObject counters = member(program, "counters", file, Protocol.PROGRAM_KEY + ".counters");
             List<String> trainable = new ArrayList<>();

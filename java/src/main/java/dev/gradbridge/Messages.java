@@ -526,6 +526,12 @@ public final class Messages {
         return path + ": the protocol-3 module lacks " + entry + " (a truncated or edited file); export it again";
     }
 
+    /** A protocol-3 program of another op-list version (python: messages.program_version). */
+    public static String programVersion(String path, String version, int supported) {
+        return path + ": op-list version " + version + ", this gradbridge runs version " + supported
+                + "; export the model again with this gradbridge";
+    }
+
     /** A protocol-3 state entry of another dtype or shape than its tensor's (python: messages.program_state_mismatch). */
     public static String programStateMismatch(String path, String name, String expected, String actual) {
         return path + ": state tensor " + name + " is " + actual + ", expected " + expected + " (an edited file); export"
