@@ -362,7 +362,8 @@ struct Group {
 };
 
 // export/scheduler_modules.py's arithmetic (torch.optim.lr_scheduler's chainable get_lr) for the schedules
-// protocol 3 holds; `step` is one scheduler.step(), `step_metric` ReduceLROnPlateau.step(metric).
+// protocol 3 holds; `step` is one scheduler.step(), `step_metric` ReduceLROnPlateau.step(metric); SequentialLR
+// restarts a child at its milestone with the child's closed form.
 struct Schedule {
   std::string name;              // empty: no schedule
   std::string interval = "none";  // "step", "epoch" or "none"
@@ -370,17 +371,54 @@ struct Schedule {
   int64_t step_size = 1, t_max = 1, total_iters = 1, patience = 0, cooldown = 0;
   double gamma = 1, eta_min = 0, start_factor = 1, end_factor = 1, factor = 1, threshold = 0, eps = 0;
   bool minimize = true, relative = true;
-  std::vector<int64_t> milestones;
+  std::vector<int64_t> milestones;  // MultiStepLR's, or SequentialLR's
   std::vector<double> min_lrs;
-  // what a checkpoint saves
+  std::vector<Schedule> children;  // SequentialLR's
+  // what a checkpoint saves (and each child's last_epoch)
   int64_t last_epoch = 0, num_bad_epochs = 0, cooldown_counter = 0;
   double best = 0;
+
+  // the closed form from the base lrs, what SequentialLR's step(0) uses to restart a schedule
+  std::vector<double> closed_form() const {
+    const double pi = 3.141592653589793;  // math.pi
+    std::vector<double> out;
+    for (double b : base_lrs) {
+      if (name == "step") {
+        out.push_back(b * std::pow(gamma, static_cast<double>(last_epoch / step_size)));
+      } else if (name == "multistep") {
+        int64_t passed = 0;
+        for (int64_t m : milestones) passed += m <= last_epoch ? 1 : 0;
+        out.push_back(b * std::pow(gamma, static_cast<double>(passed)));
+      } else if (name == "exponential") {
+        out.push_back(b * std::pow(gamma, static_cast<double>(last_epoch)));
+      } else if (name == "cosine") {
+        out.push_back(eta_min + (b - eta_min) * (1 + std::cos(pi * static_cast<double>(last_epoch) / static_cast<double>(t_max))) / 2);
+      } else if (name == "linear") {
+        out.push_back(b * (start_factor + (end_factor - start_factor) *
+                                              static_cast<double>(std::min(total_iters, last_epoch)) /
+                                              static_cast<double>(total_iters)));
+      } else {
+        throw std::invalid_argument("schedule " + name + " cannot restart");
+      }
+    }
+    return out;
+  }
 
   std::vector<double> step(std::vector<double> lrs) {
     if (name.empty()) return lrs;
     if (name == "plateau") throw std::invalid_argument("ReduceLROnPlateau steps with a metric (schedule_epoch)");
     last_epoch++;
     const int64_t e = last_epoch;
+    if (name == "sequential") {
+      size_t index = 0;
+      for (int64_t m : milestones) index += m <= e ? 1 : 0;
+      Schedule& child = children.at(index);
+      if (index > 0 && milestones[index - 1] == e) {
+        child.last_epoch = 0;
+        return child.closed_form();
+      }
+      return child.step(std::move(lrs));
+    }
     if (name == "step") {
       if (e == 0 || e % step_size != 0) return lrs;
       for (auto& lr : lrs) lr = lr * gamma;
@@ -470,6 +508,13 @@ struct Schedule {
       start_factor = spec.at("start_factor", where).number();
       end_factor = spec.at("end_factor", where).number();
       total_iters = spec.at("total_iters", where).integer();
+    } else if (name == "sequential") {
+      for (const auto& m : spec.at("milestones", where).items) milestones.push_back(m.integer());
+      for (const auto& child : spec.at("schedulers", where).items) {
+        children.emplace_back();
+        children.back().read(child);
+      }
+      if (children.size() != milestones.size() + 1) throw std::invalid_argument("program: SequentialLR needs one milestone fewer than schedules");
     } else if (name == "plateau") {
       minimize = spec.at("minimize", where).b;
       relative = spec.at("relative", where).b;
@@ -673,8 +718,9 @@ struct Exported {
     for (size_t g = 0; g < lrs.size(); g++) text += (g ? ",\"" : "\"") + hex_text(lrs[g]) + "\"";
     text += "],\"last_epoch\":" + std::to_string(schedule.last_epoch) + ",\"best\":\"" + hex_text(schedule.best) +
             "\",\"num_bad_epochs\":" + std::to_string(schedule.num_bad_epochs) +
-            ",\"cooldown_counter\":" + std::to_string(schedule.cooldown_counter) + "}";
-    return text;
+            ",\"cooldown_counter\":" + std::to_string(schedule.cooldown_counter) + ",\"children_last_epochs\":[";
+    for (size_t k = 0; k < schedule.children.size(); k++) text += (k ? "," : "") + std::to_string(schedule.children[k].last_epoch);
+    return text + "]}";
   }
 
   void read_training(const Json& training, const Json& counts) {
@@ -711,6 +757,10 @@ struct Exported {
     schedule.best = hex_double(counts.at("best", "program counters"));
     schedule.num_bad_epochs = counts.at("num_bad_epochs", "program counters").integer();
     schedule.cooldown_counter = counts.at("cooldown_counter", "program counters").integer();
+    const auto& children = counts.at("children_last_epochs", "program counters").items;
+    if (children.size() != schedule.children.size())
+      throw std::invalid_argument("program counters: " + std::to_string(children.size()) + " children's epochs for " + std::to_string(schedule.children.size()) + " schedules");
+    for (size_t k = 0; k < children.size(); k++) schedule.children[k].last_epoch = children[k].integer();
   }
 };
 

@@ -187,6 +187,8 @@ def _scheduler(name, optimizer):
         "cosine": lambda: ls.CosineAnnealingLR(optimizer, T_max=3, eta_min=0.001),
         "linear": lambda: ls.LinearLR(optimizer, start_factor=0.25, total_iters=4),
         "plateau": lambda: ls.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.5),
+        "warmup_cosine": lambda: ls.SequentialLR(optimizer, [ls.LinearLR(optimizer, start_factor=0.1, total_iters=3),
+                                                             ls.CosineAnnealingLR(optimizer, T_max=5)], milestones=[4]),
     }[name]()
 
 
@@ -194,7 +196,7 @@ def _scheduler(name, optimizer):
 FAST = [("rmsprop", "plateau", "epoch", dict(clip_grad_value=0.05)),
         ("adagrad", "cosine", "step", dict(clip_grad_norm=0.3, clip_norm_type=float("inf")))]
 SLOW = [(o, None, "step", {}) for o in ("sgd_plain", "sgd_dampened", "adam_amsgrad", "adamw", "rmsprop_plain")] + [
-    ("adam_amsgrad", s, i, {}) for s in ("step", "multistep", "exponential", "cosine", "linear")
+    ("adam_amsgrad", s, i, {}) for s in ("step", "multistep", "exponential", "cosine", "linear", "warmup_cosine")
     for i in ("step", "epoch")] + [("adamw", "plateau", "epoch", dict(clip_grad_norm=0.1, accumulate=3))]
 
 
@@ -212,7 +214,7 @@ def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_
 @pytest.mark.parametrize("options, line", [
     (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
      "format='export' does not support scheduler onecycle (it holds step, multistep, exponential, cosine, linear, "
-     "plateau) yet"),
+     "plateau, sequential) yet"),
     (dict(accumulate=5), "format='export': accumulate=5 splits a batch of 9 into micro-batches of [2, 2, 2, 2, 1]; "
                          "protocol 3 runs micro-batches of at least 2 samples"),
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
@@ -275,12 +277,13 @@ def test_a_bad_protocol_3_file_is_refused_in_one_line(jvm, mlp, tmp_path, edit, 
 
 @pytest.fixture(scope="module")
 def resumable(tmp_path_factory):
-    """AdamW with a per-step cosine schedule, gradient accumulation, BatchNorm and dropout: everything a
-    checkpoint keeps (steps, learning rate, the schedule's epoch, the optimizer's state, running statistics)."""
+    """AdamW with a per-step warm-up then cosine schedule (SequentialLR), gradient accumulation, BatchNorm and
+    dropout: everything a checkpoint keeps (steps, learning rate, the schedules' epochs, the optimizer's
+    state, running statistics)."""
     model = _deep()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=5)
-    path = _export(tmp_path_factory.mktemp("p3") / "resumable.pt", model, optimizer, scheduler=scheduler, accumulate=2)
+    path = _export(tmp_path_factory.mktemp("p3") / "resumable.pt", model, optimizer,
+                   scheduler=_scheduler("warmup_cosine", optimizer), accumulate=2)
     return model, path
 
 
@@ -307,6 +310,7 @@ def test_a_checkpoint_resumes_bitwise_in_process(jvm, resumable, tmp_path):
     assert metadata["checkpoint"]["epochs_completed"] == 2 and metadata["checkpoint"]["mode"] == "fused"
     counters = metadata["program"]["counters"]
     assert counters["steps"] == 2 * N // BATCH and counters["last_epoch"] == 2 * N // BATCH
+    assert counters["children_last_epochs"] == [3, 2 * N // BATCH - 4]  # the warm-up's 3 steps; cosine's since 4
     assert float.fromhex(counters["lrs"][0]) == first[-1].lrs[0]
     _, _, state = read_program(checkpoint)
     assert all(float(state[f"state:step:{n}"]) == 2 * N // BATCH for n, _ in model.named_parameters())

@@ -14,8 +14,8 @@ joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per trainable
 group's parameters and hyper-parameters), ``accumulate``, the schedule (``scheduler``: a resolved spec
 with its ``base_lrs``, or absent) and ``scheduler_interval``. ``counters`` (``program.counters``, what a
 checkpoint saves beside the state tensors): ``steps``, each group's current ``lrs`` and the schedule's
-state (``last_epoch``, ReduceLROnPlateau's ``best``, ``num_bad_epochs``, ``cooldown_counter``); doubles as
-``float.hex`` text (exact, inf included).
+state (``last_epoch``, ReduceLROnPlateau's ``best``, ``num_bad_epochs``, ``cooldown_counter``, a
+SequentialLR's ``children_last_epochs``); doubles as ``float.hex`` text (exact, inf included).
 
 Methods: ``calculate_loss_and_backward`` runs ``train`` and accumulates the gradients (a parameter without
 one takes the new gradient, as autograd's ``AccumulateGrad``); ``zero_grad`` drops them (torch's
@@ -42,6 +42,7 @@ SCHEDULERS: Dict[str, tuple] = {
     "step": ("step_size", "gamma"), "multistep": ("milestones", "gamma"), "exponential": ("gamma",),
     "cosine": ("T_max", "eta_min"), "linear": ("start_factor", "end_factor", "total_iters"),
     "plateau": ("minimize", "relative", "factor", "patience", "threshold", "cooldown", "min_lrs", "eps"),
+    "sequential": ("milestones",),  # and its ``schedulers``, each resolved
 }
 #: The smallest batch (and micro-batch) a protocol-3 graph runs (a size-1 batch is one torch.export
 #: specializes on).
@@ -70,24 +71,29 @@ def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int) -> D
             "decay": 1 - lr * hyper["weight_decay"]}
 
 
-def schedule_spec(name: str, module: Any) -> Dict[str, Any]:
-    """The resolved spec of a schedule (``program.training.scheduler``): the options its formula reads, read
-    from the schedule module ``export.schedulers.build`` made (torch's defaults filled in), and its base
-    lrs as ``float.hex`` text."""
+def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
+    """The resolved spec of a schedule (``program.training.scheduler``) of the spec ``given``: the options
+    its formula reads, read from the schedule module ``export.schedulers.build`` made (torch's defaults
+    filled in), its base lrs as ``float.hex`` text, and a SequentialLR's children resolved alike."""
+    name = given["name"]
     spec: Dict[str, Any] = {"name": name, "base_lrs": [float(v).hex() for v in module.base_lrs]}
     for key in SCHEDULERS[name]:
         value = getattr(module, key)
         spec[key] = [float(v).hex() for v in value] if key == "min_lrs" else value
+    if name == "sequential":
+        spec["schedulers"] = [schedule_spec(child, m) for child, m in zip(given["schedulers"], module.children_list)]
     return spec
 
 
 def initial_counters(lrs: List[float], schedule: Optional[Any]) -> Dict[str, Any]:
-    """``program.counters`` before the first step: the schedule module's state as torch's fresh scheduler's."""
+    """``program.counters`` before the first step: the schedule module's state as torch's fresh scheduler's
+    (a SequentialLR's children's epochs in ``children_last_epochs``)."""
     return {"steps": 0, "lrs": [float(v).hex() for v in lrs],
             "last_epoch": int(getattr(schedule, "last_epoch", 0)),
             "best": float(getattr(schedule, "best", 0.0)).hex(),
             "num_bad_epochs": int(getattr(schedule, "num_bad_epochs", 0)),
-            "cooldown_counter": int(getattr(schedule, "cooldown_counter", 0))}
+            "cooldown_counter": int(getattr(schedule, "cooldown_counter", 0)),
+            "children_last_epochs": [int(c.last_epoch) for c in getattr(schedule, "children_list", [])]}
 
 
 class Program:

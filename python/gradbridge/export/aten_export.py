@@ -369,7 +369,7 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
         if kind not in program.SCHEDULERS:
             raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
         schedule = plan.scheduler_module
-        training["scheduler"] = program.schedule_spec(kind, schedule)
+        training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
     return training, program.initial_counters(plan.lrs, schedule), schedule
 
 

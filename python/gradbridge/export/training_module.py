@@ -101,9 +101,8 @@ def export_training_module(
         format: ``"torchscript"`` (the default: protocol 2) or ``"export"``: protocol 3, the training
             step captured with torch.export as aten op lists that the native layer runs op by op
             (``export.aten_export``). It takes example_inputs (a batch of at least 2) and every option
-            above with SGD, Adam, AdamW, RMSprop or Adagrad, except the onecycle and sequential schedules;
-            it refuses those, inputs without example_inputs and parameters the loss gives no gradient in one
-            line.
+            above with SGD, Adam, AdamW, RMSprop or Adagrad, except the onecycle schedule; it refuses that,
+            inputs without example_inputs and parameters the loss gives no gradient in one line.
 
     Returns the path written.
 
