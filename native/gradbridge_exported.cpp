@@ -54,7 +54,11 @@ struct Json {
   }
   int64_t integer() const {
     if (kind != Number || text.find_first_of(".eE") != std::string::npos) throw std::invalid_argument("op list: expected an integer, got " + text);
-    return std::stoll(text);
+    try {
+      return std::stoll(text);
+    } catch (const std::logic_error&) {  // not a number, or out of int64's range
+      throw std::invalid_argument("op list: expected an integer, got " + text);
+    }
   }
   double number() const {
     if (kind != Number) throw std::invalid_argument("op list: expected a number");
@@ -69,6 +73,7 @@ struct Json {
 struct JsonParser {
   const std::string& s;
   size_t i = 0;
+  int depth = 0;  // nesting, bounded: a crafted file must not exhaust the stack
   explicit JsonParser(const std::string& text) : s(text) {}
   void ws() {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
@@ -79,11 +84,12 @@ struct JsonParser {
     if (i >= s.size()) fail("end of text");
     Json v;
     char c = s[i];
+    if ((c == '{' || c == '[') && ++depth > 32) fail("nesting deeper than 32");
     if (c == '{') {
       v.kind = Json::Object;
       i++;
       ws();
-      if (s[i] == '}') { i++; return v; }
+      if (s[i] == '}') { i++; depth--; return v; }
       while (true) {
         ws();
         Json key = value();
@@ -93,7 +99,7 @@ struct JsonParser {
         v.fields.emplace_back(key.text, value());
         ws();
         if (s[i] == ',') { i++; continue; }
-        if (s[i] == '}') { i++; return v; }
+        if (s[i] == '}') { i++; depth--; return v; }
         fail("',' or '}'");
       }
     }
@@ -101,12 +107,12 @@ struct JsonParser {
       v.kind = Json::Array;
       i++;
       ws();
-      if (s[i] == ']') { i++; return v; }
+      if (s[i] == ']') { i++; depth--; return v; }
       while (true) {
         v.items.push_back(value());
         ws();
         if (s[i] == ',') { i++; continue; }
-        if (s[i] == ']') { i++; return v; }
+        if (s[i] == ']') { i++; depth--; return v; }
         fail("',' or ']'");
       }
     }
@@ -118,7 +124,9 @@ struct JsonParser {
           i++;
           char e = s[i];
           if (e == 'n') v.text += '\n'; else if (e == 't') v.text += '\t'; else if (e == 'u') {
-            unsigned code = std::stoul(s.substr(i + 1, 4), nullptr, 16);
+            std::string digits = s.substr(i + 1, 4);
+            if (digits.size() != 4 || digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) fail("\\u escape");
+            unsigned code = std::stoul(digits, nullptr, 16);
             i += 4;
             if (code < 0x80) v.text += static_cast<char>(code); else v.text += '?';
           } else v.text += e;

@@ -168,6 +168,11 @@ PROGRAM_CASES = {
                       "state tensor state:step:2.bias is complex64 [], expected float32 []"),
     "short_state_file": (_short_file("state/0.bin"),
                          "state/0.bin holds 64 bytes, param:0.weight (float32 [8, 4]) needs 128"),
+    # (Java's words, Python's): the native layer parses the op lists itself
+    "graph_not_json": (lambda name, data, m: data[:-2] if name == "graphs/loss.json" else data,
+                       ("op list: invalid JSON", "not a readable protocol-3 module")),
+    "graph_too_deep": (lambda name, data, m: b"[" * 100000 + b"]" * 100000 if name == "graphs/loss.json" else data,
+                       ("op list: invalid JSON (nesting deeper than 32", "not a readable protocol-3 module")),
 }
 # zip damage: Java names it "not a TorchScript file (not a zip archive)" (Metadata.read sees no zip), Python
 # "not a TorchScript archive (not a zip file)"; a damaged entry (its CRC-32 fails) is one line from each reader
@@ -216,9 +221,8 @@ def program_files(tmp_path_factory):
 
 
 def _program_words(name, java):
-    if name in DAMAGE:
-        return DAMAGE[name][0 if java else 1]
-    return PROGRAM_CASES[name][1]
+    words = DAMAGE[name] if name in DAMAGE else PROGRAM_CASES[name][1]
+    return words[0 if java else 1] if isinstance(words, tuple) else words
 
 
 BAD_PROGRAMS = sorted(PROGRAM_CASES) + sorted(DAMAGE)

@@ -555,7 +555,7 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
         _check_bound(graphs, state, entry["counters"])
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
-    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError) as ex:
+    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
         raise protocol.ProtocolError(messages.program_unreadable(str(path), " ".join(str(ex).split()))) from ex
     return metadata, graphs, state
 
