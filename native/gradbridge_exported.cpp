@@ -9,11 +9,13 @@
 #include <jni.h>
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -30,7 +32,7 @@ namespace {
 
 using namespace gradbridge;
 
-constexpr int64_t kOpListVersion = 1;
+constexpr int64_t kOpListVersion = 2;
 
 // ---- a small JSON reader (the op lists and the program are JSON) ----
 struct Json {
@@ -52,7 +54,11 @@ struct Json {
   }
   int64_t integer() const {
     if (kind != Number || text.find_first_of(".eE") != std::string::npos) throw std::invalid_argument("op list: expected an integer, got " + text);
-    return std::stoll(text);
+    try {
+      return std::stoll(text);
+    } catch (const std::logic_error&) {  // not a number, or out of int64's range
+      throw std::invalid_argument("op list: expected an integer, got " + text);
+    }
   }
   double number() const {
     if (kind != Number) throw std::invalid_argument("op list: expected a number");
@@ -67,6 +73,7 @@ struct Json {
 struct JsonParser {
   const std::string& s;
   size_t i = 0;
+  int depth = 0;  // nesting, bounded: a crafted file must not exhaust the stack
   explicit JsonParser(const std::string& text) : s(text) {}
   void ws() {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
@@ -77,11 +84,12 @@ struct JsonParser {
     if (i >= s.size()) fail("end of text");
     Json v;
     char c = s[i];
+    if ((c == '{' || c == '[') && ++depth > 32) fail("nesting deeper than 32");
     if (c == '{') {
       v.kind = Json::Object;
       i++;
       ws();
-      if (s[i] == '}') { i++; return v; }
+      if (s[i] == '}') { i++; depth--; return v; }
       while (true) {
         ws();
         Json key = value();
@@ -91,7 +99,7 @@ struct JsonParser {
         v.fields.emplace_back(key.text, value());
         ws();
         if (s[i] == ',') { i++; continue; }
-        if (s[i] == '}') { i++; return v; }
+        if (s[i] == '}') { i++; depth--; return v; }
         fail("',' or '}'");
       }
     }
@@ -99,12 +107,12 @@ struct JsonParser {
       v.kind = Json::Array;
       i++;
       ws();
-      if (s[i] == ']') { i++; return v; }
+      if (s[i] == ']') { i++; depth--; return v; }
       while (true) {
         v.items.push_back(value());
         ws();
         if (s[i] == ',') { i++; continue; }
-        if (s[i] == ']') { i++; return v; }
+        if (s[i] == ']') { i++; depth--; return v; }
         fail("',' or ']'");
       }
     }
@@ -116,7 +124,9 @@ struct JsonParser {
           i++;
           char e = s[i];
           if (e == 'n') v.text += '\n'; else if (e == 't') v.text += '\t'; else if (e == 'u') {
-            unsigned code = std::stoul(s.substr(i + 1, 4), nullptr, 16);
+            std::string digits = s.substr(i + 1, 4);
+            if (digits.size() != 4 || digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) fail("\\u escape");
+            unsigned code = std::stoul(digits, nullptr, 16);
             i += 4;
             if (code < 0x80) v.text += static_cast<char>(code); else v.text += '?';
           } else v.text += e;
@@ -150,7 +160,7 @@ Json parse_json(const std::string& text) {
 // ---- op lists ----
 struct Arg {
   enum Kind { Ref, RefList, OptRefList, None, Int, Double, Bool, IntList, SizeList, BatchInt, DoubleList, BoolList,
-              Str, Dtype, Layout, Device, MemoryFormat } kind = None;
+              Str, Dtype, Layout, Device, MemoryFormat, Wrapped } kind = None;
   int64_t i = 0;  // Ref slot, Int value, BatchInt's a
   int64_t c = 0;  // BatchInt's c
   double d = 0;
@@ -159,6 +169,7 @@ struct Arg {
   std::vector<int64_t> ints;  // RefList/OptRefList slots (-1: None), IntList; SizeList: pairs (a, c)
   std::vector<double> doubles;
   std::vector<bool> bools;
+  at::Tensor wrapped;  // Wrapped: a number given for a Tensor argument, as Python's argument parser wraps it
 };
 
 struct Node {
@@ -262,22 +273,37 @@ Graph parse_graph(const std::string& name, const Json& g) {
       if (!handle.has_value()) throw std::invalid_argument(where + ": unknown operator " + node.name);
       node.op = *handle;
     }
-    for (const auto& arg : n.at("args", where).items) {
-      node.args.push_back(parse_arg(arg, where + " " + node.name));
-      const Arg& a = node.args.back();
+    const auto& args = n.at("args", where).items;
+    if (node.op.has_value() && args.size() != node.op->schema().arguments().size())
+      throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(args.size()) + " arguments, its schema takes " +
+                                  std::to_string(node.op->schema().arguments().size()));
+    if (!node.op.has_value() && args.size() != 2) throw std::invalid_argument(where + " #item: expected 2 arguments");
+    for (size_t k = 0; k < args.size(); k++) {
+      node.args.push_back(parse_arg(args[k], where + " " + node.name));
+      Arg& a = node.args.back();
       auto check_slot = [&](int64_t s) {
-        if (s >= slots) throw std::invalid_argument(where + " " + node.name + ": argument refers to slot " + std::to_string(s) + " before it is computed");
+        if (s < 0 || s >= slots) throw std::invalid_argument(where + " " + node.name + ": argument refers to slot " + std::to_string(s) + " before it is computed");
       };
       if (a.kind == Arg::Ref) check_slot(a.i);
-      if (a.kind == Arg::RefList || a.kind == Arg::OptRefList) for (int64_t s : a.ints) check_slot(s);
+      if (a.kind == Arg::RefList) for (int64_t s : a.ints) check_slot(s);
+      if (a.kind == Arg::OptRefList) for (int64_t s : a.ints) if (s != -1) check_slot(s);
+      bool number = a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool;
+      if (number && node.op.has_value() && node.op->schema().arguments()[k].type()->kind() == c10::TypeKind::TensorType) {
+        c10::Scalar value = a.kind == Arg::Int ? c10::Scalar(a.i) : a.kind == Arg::Double ? c10::Scalar(a.d) : c10::Scalar(a.b);
+        a.wrapped = at::native::wrapped_scalar_tensor(value);
+        a.kind = Arg::Wrapped;
+      }
     }
     node.outputs = n.at("outputs", where).integer();
+    int64_t returns = node.op.has_value() ? static_cast<int64_t>(node.op->schema().returns().size()) : 1;
+    if (node.outputs != returns)
+      throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.outputs) + " outputs, it returns " + std::to_string(returns));
     slots += std::max<int64_t>(node.outputs, 1);
     graph.nodes.push_back(std::move(node));
   }
   for (const auto& out : g.at("outputs", where).items) {
     int64_t ref = out.at("ref", where).integer();
-    if (ref >= slots) throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref));
+    if (ref < 0 || ref >= slots) throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref));
     graph.outputs.emplace_back(ref, out.at("to", where).str());
   }
   return graph;
@@ -318,19 +344,213 @@ c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_
     case Arg::Layout: return c10::IValue(c10::Layout::Strided);
     case Arg::Device: return c10::IValue(c10::Device(c10::kCPU));
     case Arg::MemoryFormat: return c10::IValue(static_cast<c10::MemoryFormat>(a.i));
+    case Arg::Wrapped: return c10::IValue(a.wrapped);
   }
   return c10::IValue();
 }
+
+// ---- the host's side of a step (program.py's twins): per-group scalars and the learning-rate schedule ----
+
+// A double as C's "%a" writes it (Python's float.fromhex and strtod read it back exactly, inf included).
+std::string hex_text(double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%a", value);
+  return buffer;
+}
+
+std::vector<double> hex_doubles(const Json& list) {
+  std::vector<double> out;
+  for (const auto& item : list.items) out.push_back(hex_double(item));
+  return out;
+}
+
+struct Group {
+  std::vector<std::string> params;
+  double beta1 = 0, beta2 = 0, weight_decay = 0, lr_decay = 0;
+};
+
+// export/scheduler_modules.py's arithmetic (torch.optim.lr_scheduler's chainable get_lr) for the schedules
+// protocol 3 holds; `step` is one scheduler.step(), `step_metric` ReduceLROnPlateau.step(metric); SequentialLR
+// restarts a child at its milestone with the child's closed form.
+struct Schedule {
+  std::string name;              // empty: no schedule
+  std::string interval = "none";  // "step", "epoch" or "none"
+  std::vector<double> base_lrs;
+  int64_t step_size = 1, t_max = 1, total_iters = 1, patience = 0, cooldown = 0;
+  double gamma = 1, eta_min = 0, start_factor = 1, end_factor = 1, factor = 1, threshold = 0, eps = 0;
+  bool minimize = true, relative = true;
+  std::vector<int64_t> milestones;  // MultiStepLR's, or SequentialLR's
+  std::vector<double> min_lrs;
+  std::vector<Schedule> children;  // SequentialLR's
+  // what a checkpoint saves (and each child's last_epoch)
+  int64_t last_epoch = 0, num_bad_epochs = 0, cooldown_counter = 0;
+  double best = 0;
+
+  // the closed form from the base lrs, what SequentialLR's step(0) uses to restart a schedule
+  std::vector<double> closed_form() const {
+    const double pi = 3.141592653589793;  // math.pi
+    std::vector<double> out;
+    for (double b : base_lrs) {
+      if (name == "step") {
+        out.push_back(b * std::pow(gamma, static_cast<double>(last_epoch / step_size)));
+      } else if (name == "multistep") {
+        int64_t passed = 0;
+        for (int64_t m : milestones) passed += m <= last_epoch ? 1 : 0;
+        out.push_back(b * std::pow(gamma, static_cast<double>(passed)));
+      } else if (name == "exponential") {
+        out.push_back(b * std::pow(gamma, static_cast<double>(last_epoch)));
+      } else if (name == "cosine") {
+        out.push_back(eta_min + (b - eta_min) * (1 + std::cos(pi * static_cast<double>(last_epoch) / static_cast<double>(t_max))) / 2);
+      } else if (name == "linear") {
+        out.push_back(b * (start_factor + (end_factor - start_factor) *
+                                              static_cast<double>(std::min(total_iters, last_epoch)) /
+                                              static_cast<double>(total_iters)));
+      } else {
+        throw std::invalid_argument("schedule " + name + " cannot restart");
+      }
+    }
+    return out;
+  }
+
+  std::vector<double> step(std::vector<double> lrs) {
+    if (name.empty()) return lrs;
+    if (name == "plateau") throw std::invalid_argument("ReduceLROnPlateau steps with a metric (schedule_epoch)");
+    last_epoch++;
+    const int64_t e = last_epoch;
+    if (name == "sequential") {
+      size_t index = 0;
+      for (int64_t m : milestones) index += m <= e ? 1 : 0;
+      Schedule& child = children.at(index);
+      if (index > 0 && milestones[index - 1] == e) {
+        child.last_epoch = 0;
+        return child.closed_form();
+      }
+      return child.step(std::move(lrs));
+    }
+    if (name == "step") {
+      if (e == 0 || e % step_size != 0) return lrs;
+      for (auto& lr : lrs) lr = lr * gamma;
+    } else if (name == "multistep") {
+      int64_t count = 0;
+      for (int64_t m : milestones) count += m == e ? 1 : 0;
+      if (count == 0) return lrs;
+      for (auto& lr : lrs) lr = lr * std::pow(gamma, static_cast<double>(count));
+    } else if (name == "exponential") {
+      if (e == 0) return lrs;
+      for (auto& lr : lrs) lr = lr * gamma;
+    } else if (name == "cosine") {
+      if (e == 0) return lrs;
+      const double pi = 3.141592653589793;  // math.pi
+      if ((e - 1 - t_max) % (2 * t_max) == 0) {
+        for (size_t i = 0; i < lrs.size(); i++)
+          lrs[i] = lrs[i] + (base_lrs[i] - eta_min) * (1 - std::cos(pi / static_cast<double>(t_max))) / 2;
+        return lrs;
+      }
+      for (auto& lr : lrs)
+        lr = (1 + std::cos(pi * static_cast<double>(e) / static_cast<double>(t_max))) /
+                 (1 + std::cos(pi * static_cast<double>(e - 1) / static_cast<double>(t_max))) * (lr - eta_min) +
+             eta_min;
+    } else if (name == "linear") {
+      if (e == 0) {
+        for (auto& lr : lrs) lr = lr * start_factor;
+        return lrs;
+      }
+      if (e > total_iters) return lrs;
+      for (auto& lr : lrs)
+        lr = lr * (1.0 + (end_factor - start_factor) /
+                             (static_cast<double>(total_iters) * start_factor +
+                              static_cast<double>(e - 1) * (end_factor - start_factor)));
+    } else {
+      throw std::invalid_argument("unknown schedule " + name);
+    }
+    return lrs;
+  }
+
+  bool better(double a) const {
+    if (minimize && relative) return a < best * (1.0 - threshold);
+    if (minimize) return a < best - threshold;
+    if (relative) return a > best * (threshold + 1.0);
+    return a > best + threshold;
+  }
+
+  std::vector<double> step_metric(std::vector<double> lrs, double metric) {
+    if (name != "plateau") return step(std::move(lrs));
+    last_epoch++;
+    if (better(metric)) {
+      best = metric;
+      num_bad_epochs = 0;
+    } else {
+      num_bad_epochs++;
+    }
+    if (cooldown_counter > 0) {
+      cooldown_counter--;
+      num_bad_epochs = 0;
+    }
+    if (num_bad_epochs > patience) {
+      for (size_t i = 0; i < lrs.size(); i++) {
+        double reduced = std::max(lrs[i] * factor, min_lrs[i]);
+        if (lrs[i] - reduced > eps) lrs[i] = reduced;
+      }
+      cooldown_counter = cooldown;
+      num_bad_epochs = 0;
+    }
+    return lrs;
+  }
+
+  void read(const Json& spec) {
+    const std::string where = "scheduler";
+    name = spec.at("name", where).str();
+    base_lrs = hex_doubles(spec.at("base_lrs", where));
+    if (name == "step") {
+      step_size = spec.at("step_size", where).integer();
+      gamma = spec.at("gamma", where).number();
+    } else if (name == "multistep") {
+      for (const auto& m : spec.at("milestones", where).items) milestones.push_back(m.integer());
+      gamma = spec.at("gamma", where).number();
+    } else if (name == "exponential") {
+      gamma = spec.at("gamma", where).number();
+    } else if (name == "cosine") {
+      t_max = spec.at("T_max", where).integer();
+      eta_min = spec.at("eta_min", where).number();
+    } else if (name == "linear") {
+      start_factor = spec.at("start_factor", where).number();
+      end_factor = spec.at("end_factor", where).number();
+      total_iters = spec.at("total_iters", where).integer();
+    } else if (name == "sequential") {
+      for (const auto& m : spec.at("milestones", where).items) milestones.push_back(m.integer());
+      for (const auto& child : spec.at("schedulers", where).items) {
+        children.emplace_back();
+        children.back().read(child);
+      }
+      if (children.size() != milestones.size() + 1) throw std::invalid_argument("program: SequentialLR needs one milestone fewer than schedules");
+    } else if (name == "plateau") {
+      minimize = spec.at("minimize", where).b;
+      relative = spec.at("relative", where).b;
+      factor = spec.at("factor", where).number();
+      patience = spec.at("patience", where).integer();
+      threshold = spec.at("threshold", where).number();
+      cooldown = spec.at("cooldown", where).integer();
+      min_lrs = hex_doubles(spec.at("min_lrs", where));
+      eps = spec.at("eps", where).number();
+    } else {
+      throw std::invalid_argument("program: unknown scheduler '" + name + "'");
+    }
+  }
+};
 
 // ---- the module: graphs, state and the protocol's methods (program.Program's twin) ----
 struct Exported {
   std::unordered_map<std::string, Graph> graphs;
   std::unordered_map<std::string, at::Tensor> state;
-  std::vector<std::string> parameters;
+  std::vector<std::string> parameters;  // all, in the model's order
+  std::vector<std::string> trainable;   // the groups' parameters, in group order
   std::vector<std::string> inputs;
   std::string optimizer;
-  double lr = 0, beta1 = 0, beta2 = 0, weight_decay = 0;
+  std::vector<Group> groups;
+  std::vector<double> lrs;  // per group
+  Schedule schedule;
   int64_t steps = 0;
+  int64_t accumulate = 1;
   int64_t min_batch = 2;
 
   using Values = std::unordered_map<std::string, c10::IValue>;
@@ -382,9 +602,11 @@ struct Exported {
     return values;
   }
 
-  at::Tensor calculate_loss_and_backward(const std::vector<at::Tensor>& xs, const at::Tensor& y) {
+  // Runs a joint graph (`train`, or `train_accumulate`: its loss divided by the accumulation count) and
+  // accumulates its gradients as autograd's AccumulateGrad does; returns its loss.
+  at::Tensor backward(const std::string& graph, const std::vector<at::Tensor>& xs, const at::Tensor& y) {
     at::Tensor loss;
-    for (auto& [to, value] : run("train", batch_values(xs, &y))) {
+    for (auto& [to, value] : run(graph, batch_values(xs, &y))) {
       if (to == "loss") {
         loss = value.toTensor();
       } else if (to.rfind("grad:", 0) == 0) {
@@ -398,39 +620,73 @@ struct Exported {
     return loss;
   }
 
+  at::Tensor calculate_loss_and_backward(const std::vector<at::Tensor>& xs, const at::Tensor& y) {
+    return backward("train", xs, y);
+  }
+
   void zero_grad() {
     for (const auto& p : parameters) state.erase("grad:" + p);
   }
 
-  // torch.optim's per-step Python doubles (program.host_scalars is the specification).
+  // torch.optim's per-step Python doubles, per group (program.host_scalars is the specification).
   Values host_scalars() const {
     Values v;
-    if (optimizer == "sgd") {
-      v["scalar:neg_lr"] = -lr;
-      return v;
+    const double step = static_cast<double>(steps);
+    for (size_t g = 0; g < groups.size(); g++) {
+      const Group& group = groups[g];
+      const double lr = lrs[g];
+      auto put = [&](const char* name, double value) { v["scalar:" + std::string(name) + ":" + std::to_string(g)] = value; };
+      if (optimizer == "sgd" || optimizer == "rmsprop") {
+        put("neg_lr", -lr);
+      } else if (optimizer == "adagrad") {
+        put("neg_clr", -(lr / (1 + (step - 1) * group.lr_decay)));
+      } else {
+        double bias_correction1 = 1 - std::pow(group.beta1, step);
+        double bias_correction2 = 1 - std::pow(group.beta2, step);
+        double step_size = lr / bias_correction1;
+        put("neg_step_size", -step_size);
+        put("bias_correction2_sqrt", std::pow(bias_correction2, 0.5));
+        put("decay", 1 - lr * group.weight_decay);
+      }
     }
-    double step = static_cast<double>(steps);
-    double bias_correction1 = 1 - std::pow(beta1, step);
-    double bias_correction2 = 1 - std::pow(beta2, step);
-    double step_size = lr / bias_correction1;
-    v["scalar:neg_step_size"] = -step_size;
-    v["scalar:bias_correction2_sqrt"] = std::pow(bias_correction2, 0.5);
-    v["scalar:decay"] = 1 - lr * weight_decay;
     return v;
   }
 
+  // torch's order: clip_grad_*_, optimizer.step(), scheduler.step() (a per-step schedule)
   void optimizer_step() {
-    for (const auto& p : parameters)
+    for (const auto& p : trainable)
       if (state.find("grad:" + p) == state.end())
         throw std::invalid_argument("optimizer_step: parameter " + p + " has no gradient (run calculate_loss_and_backward first)");
     steps++;
+    if (graphs.count("clip") > 0) run("clip", {});
     bool first = steps == 1 && graphs.count("optimizer_first") > 0;
     for (auto& [to, value] : run(first ? "optimizer_first" : "optimizer", host_scalars())) state[to] = value.toTensor();
+    if (schedule.interval == "step") lrs = schedule.step(lrs);
   }
 
+  void schedule_epoch(double metric) {
+    if (schedule.interval == "epoch") lrs = schedule.step_metric(lrs, metric);
+  }
+
+  // zero_grad, loss and backward, optimizer step; with accumulation k > 1 the batch's micro-batches of
+  // ceil(n / k) rows each add the gradients of loss / k, and the loss is their sum in order.
   at::Tensor train_step(const std::vector<at::Tensor>& xs, const at::Tensor& y) {
     zero_grad();
-    at::Tensor loss = calculate_loss_and_backward(xs, y);
+    at::Tensor loss;
+    if (accumulate == 1) {
+      loss = calculate_loss_and_backward(xs, y);
+    } else {
+      const int64_t n = y.size(0);
+      const int64_t size = (n + accumulate - 1) / accumulate;
+      for (int64_t start = 0; start < n; start += size) {
+        const int64_t rows = std::min(size, n - start);
+        std::vector<at::Tensor> part;
+        for (const auto& x : xs) part.push_back(x.narrow(0, start, rows));
+        at::Tensor scaled = backward("train_accumulate", part, y.narrow(0, start, rows));
+        at::NoGradGuard no_grad;
+        loss = start == 0 ? scaled : at::add(loss, scaled);
+      }
+    }
     optimizer_step();
     return loss;
   }
@@ -452,6 +708,67 @@ struct Exported {
       if (grad != state.end()) state["param:" + p].add_(grad->second, -rate);
     }
     zero_grad();
+  }
+
+  void set_lr(int64_t group, double lr) {
+    if (group < 0) {
+      for (auto& value : lrs) value = lr;
+      return;
+    }
+    if (group >= static_cast<int64_t>(lrs.size()))
+      throw std::invalid_argument("set_group_lr: no parameter group " + std::to_string(group) + "; there are " + std::to_string(lrs.size()));
+    lrs[group] = lr;
+  }
+
+  // The host's counters as JSON (program.counters, what a checkpoint saves beside the state tensors).
+  std::string counters() const {
+    std::string text = "{\"steps\":" + std::to_string(steps) + ",\"lrs\":[";
+    for (size_t g = 0; g < lrs.size(); g++) text += (g ? ",\"" : "\"") + hex_text(lrs[g]) + "\"";
+    text += "],\"last_epoch\":" + std::to_string(schedule.last_epoch) + ",\"best\":\"" + hex_text(schedule.best) +
+            "\",\"num_bad_epochs\":" + std::to_string(schedule.num_bad_epochs) +
+            ",\"cooldown_counter\":" + std::to_string(schedule.cooldown_counter) + ",\"children_last_epochs\":[";
+    for (size_t k = 0; k < schedule.children.size(); k++) text += (k ? "," : "") + std::to_string(schedule.children[k].last_epoch);
+    return text + "]}";
+  }
+
+  void read_training(const Json& training, const Json& counts) {
+    const std::string where = "program training";
+    optimizer = training.at("optimizer", where).str();
+    if (optimizer != "sgd" && optimizer != "adam" && optimizer != "adamw" && optimizer != "rmsprop" && optimizer != "adagrad")
+      throw std::invalid_argument("program: unknown optimizer '" + optimizer + "'");
+    for (const auto& g : training.at("groups", where).items) {
+      Group group;
+      for (const auto& p : g.at("params", where).items) {
+        group.params.push_back(p.str());
+        trainable.push_back(p.str());
+      }
+      if (const Json* betas = g.get("betas")) {
+        group.beta1 = betas->items.at(0).number();
+        group.beta2 = betas->items.at(1).number();
+      }
+      if (const Json* decay = g.get("weight_decay")) group.weight_decay = decay->number();
+      if (const Json* decay = g.get("lr_decay")) group.lr_decay = decay->number();
+      groups.push_back(group);
+    }
+    accumulate = training.at("accumulate", where).integer();
+    if (accumulate < 1) throw std::invalid_argument("program: accumulate " + std::to_string(accumulate) + ", expected 1 or more");
+    schedule.interval = training.at("scheduler_interval", where).str();
+    const Json* spec = training.get("scheduler");
+    if (spec != nullptr && spec->kind == Json::Object) schedule.read(*spec);
+    steps = counts.at("steps", "program counters").integer();
+    lrs = hex_doubles(counts.at("lrs", "program counters"));
+    if (lrs.size() != groups.size())
+      throw std::invalid_argument("program counters: " + std::to_string(lrs.size()) + " learning rates for " + std::to_string(groups.size()) + " parameter groups");
+    if (!schedule.name.empty() && schedule.base_lrs.size() != groups.size())
+      throw std::invalid_argument("program scheduler: base_lrs for " + std::to_string(schedule.base_lrs.size()) + " groups, not " + std::to_string(groups.size()));
+    schedule.last_epoch = counts.at("last_epoch", "program counters").integer();
+    schedule.best = hex_double(counts.at("best", "program counters"));
+    schedule.num_bad_epochs = counts.at("num_bad_epochs", "program counters").integer();
+    schedule.cooldown_counter = counts.at("cooldown_counter", "program counters").integer();
+    const auto& children = counts.at("children_last_epochs", "program counters").items;
+    if (children.size() != schedule.children.size())
+      throw std::invalid_argument("program counters: " + std::to_string(children.size()) + " children's epochs for " + std::to_string(schedule.children.size()) + " schedules");
+    for (size_t k = 0; k < children.size(); k++) schedule.children[k].last_epoch = children[k].integer();
   }
 };
 
@@ -493,6 +810,22 @@ std::vector<std::string> strings_of(JNIEnv* env, jobjectArray array) {
   return out;
 }
 
+// A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum).
+void check_bound(const Exported& module) {
+  std::vector<std::string> created;
+  auto first = module.graphs.find("optimizer_first");
+  if (first != module.graphs.end())
+    for (const auto& out : first->second.outputs) created.push_back(out.second);
+  for (const auto& [name, graph] : module.graphs)
+    for (const auto& b : graph.inputs) {
+      bool held = b.rfind("param:", 0) == 0 || b.rfind("buffer:", 0) == 0 || b.rfind("const:", 0) == 0 ||
+                  b.rfind("state:", 0) == 0;
+      if (!held || module.state.count(b) > 0) continue;
+      if (module.steps == 0 && std::find(created.begin(), created.end(), b) != created.end()) continue;
+      throw std::invalid_argument("op list " + name + " reads state tensor " + b + ", which the file lacks");
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -503,28 +836,18 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jcl
     Utf8 text(env, program);
     Json root = parse_json(text.str());
     auto module = std::make_unique<Exported>();
-    const Json& optimizer = root.at("optimizer", "program");
-    module->optimizer = optimizer.at("name", "optimizer").str();
-    module->lr = optimizer.at("lr", "optimizer").number();
-    if (module->optimizer != "sgd") {
-      const Json& betas = optimizer.at("betas", "optimizer");
-      module->beta1 = betas.items.at(0).number();
-      module->beta2 = betas.items.at(1).number();
-    }
-    module->weight_decay = optimizer.at("weight_decay", "optimizer").number();
     module->min_batch = root.at("min_batch", "program").integer();
     for (const auto& p : root.at("parameters", "program").items) module->parameters.push_back(p.str());
     for (const auto& p : root.at("inputs", "program").items) module->inputs.push_back(p.str());
     for (const auto& g : root.at("graphs", "program").fields) module->graphs.emplace(g.first, parse_graph(g.first, g.second));
+    module->read_training(root.at("training", "program"), root.at("counters", "program"));
+    if (module->accumulate > 1 && module->graphs.count("train_accumulate") == 0)
+      throw std::invalid_argument("program: accumulate " + std::to_string(module->accumulate) + " without a train_accumulate graph");
     auto names = strings_of(env, state_names);
     auto tensors = tensors_of(env, state_tensors);
     if (names.size() != tensors.size()) throw std::invalid_argument("state: names and tensors differ in number");
     for (size_t k = 0; k < names.size(); k++) module->state[names[k]] = tensors[k].clone();
-    for (const auto& [name, graph] : module->graphs)
-      for (const auto& b : graph.inputs) {
-        bool held = b.rfind("param:", 0) == 0 || b.rfind("buffer:", 0) == 0 || b.rfind("const:", 0) == 0;
-        if (held && module->state.count(b) == 0) throw std::invalid_argument("op list " + name + " reads state tensor " + b + ", which the file lacks");
-      }
+    check_bound(*module);
     return reinterpret_cast<jlong>(module.release());
   });
 }
@@ -533,6 +856,16 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedFree(JNIEnv* env, jcla
   guarded(env, 0, [&] {
     delete reinterpret_cast<Exported*>(module);
     return 0;
+  });
+}
+
+// A module of its own with copies of this one's state tensors and counters (the graphs are shared values).
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedSnapshot(JNIEnv* env, jclass, jlong handle) {
+  return guarded(env, jlong{0}, [&] {
+    auto copy = std::make_unique<Exported>(exported_of(handle));
+    at::NoGradGuard no_grad;
+    for (auto& [name, tensor] : copy->state) tensor = tensor.clone();
+    return reinterpret_cast<jlong>(copy.release());
   });
 }
 
@@ -632,14 +965,35 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedSet(JNIEnv* env, jclas
   });
 }
 
-JNIEXPORT jdouble JNICALL Java_dev_gradbridge_Native_exportedLr(JNIEnv* env, jclass, jlong handle) {
-  return guarded(env, jdouble{0}, [&] { return exported_of(handle).lr; });
+JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_exportedLrs(JNIEnv* env, jclass, jlong handle) {
+  return guarded(env, static_cast<jdoubleArray>(nullptr), [&] {
+    const auto& lrs = exported_of(handle).lrs;
+    jdoubleArray out = env->NewDoubleArray(static_cast<jsize>(lrs.size()));
+    if (out == nullptr) throw JavaPending{};
+    env->SetDoubleArrayRegion(out, 0, static_cast<jsize>(lrs.size()), lrs.data());
+    return out;
+  });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedSetLr(JNIEnv* env, jclass, jlong handle, jdouble lr) {
-  guarded(env, 0, [&] {
-    exported_of(handle).lr = lr;
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedSetLr(JNIEnv* env, jclass, jlong handle, jint group, jdouble lr) {
+  guarded<Message::first_line>(env, 0, [&] {
+    exported_of(handle).set_lr(group, lr);
     return 0;
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedScheduleEpoch(JNIEnv* env, jclass, jlong handle, jdouble metric) {
+  guarded<Message::first_line>(env, 0, [&] {
+    exported_of(handle).schedule_epoch(metric);
+    return 0;
+  });
+}
+
+JNIEXPORT jstring JNICALL Java_dev_gradbridge_Native_exportedCounters(JNIEnv* env, jclass, jlong handle) {
+  return guarded(env, static_cast<jstring>(nullptr), [&] {
+    jstring out = env->NewStringUTF(exported_of(handle).counters().c_str());
+    if (out == nullptr) throw JavaPending{};
+    return out;
   });
 }
 

@@ -10,7 +10,7 @@ import jpype
 import numpy as np
 import torch
 
-from gradbridge import protocol
+from gradbridge import oplist, protocol
 from gradbridge import classpath
 from gradbridge import libtorch
 from tests import spark_cluster
@@ -70,6 +70,7 @@ def test_java_protocol_constants_match_python(jvm):
     # protocol 3 (format="export"): its version and the metadata key of its program
     assert int(Protocol.EXPORT_VERSION) == protocol.EXPORT_PROTOCOL_VERSION
     assert str(Protocol.PROGRAM_KEY) == protocol.PROGRAM_KEY
+    assert int(Protocol.OPLIST_VERSION) == oplist.VERSION
     java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
     methods = protocol.REQUIRED_METHODS + protocol.DATA_PARALLEL_METHODS
     python_names = {name for name, value in vars(protocol).items()
@@ -136,6 +137,13 @@ def test_shared_wording_matches(jvm):
         messages.op_library_unloadable("lib.so", "no such file")
     # a protocol-3 file without one of its entries
     assert str(Messages.programEntryMissing("m.pt", "state/0.bin")) == messages.program_entry_missing("m.pt", "state/0.bin")
+    # ... a state entry of another dtype or shape, a state file of another size, an unreadable file
+    assert str(Messages.programStateMismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")) == \
+        messages.program_state_mismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")
+    assert str(Messages.programStateBytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)) == \
+        messages.program_state_bytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)
+    assert str(Messages.programUnreadable("m.pt", "invalid CRC")) == messages.program_unreadable("m.pt", "invalid CRC")
+    assert str(Messages.programVersion("m.pt", "1", 2)) == messages.program_version("m.pt", "1", 2)
     # the native layer's cache: a damaged library, a folder that cannot be written
     assert str(Messages.CACHE_ENV) == messages.CACHE_ENV
     assert str(Messages.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)

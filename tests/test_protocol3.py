@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import time
 import zipfile
 
 import numpy as np
@@ -17,7 +20,9 @@ from torch import nn
 
 from gradbridge import export_training_module, java, launcher, oplist, protocol, reference
 from gradbridge.errors import ExportError, GradbridgeError
+from gradbridge.export.aten_export import read_program
 from gradbridge.jvm import load_module
+from tests.faults import TRAIN_SCRIPT, one_error_line, train_cli
 from tests.models import zoo
 
 pytestmark = pytest.mark.every_torch_java
@@ -110,19 +115,115 @@ def _release(version):
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+def _export(path, model, optimizer, **options):
+    x, y = _mlp_data(0)
+    return export_training_module(model, "cross_entropy", optimizer, path, example_inputs=(x[:BATCH], y[:BATCH]),
+                                  format="export", **options)
+
+
+def _deep():
+    torch.manual_seed(2)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 8), nn.Tanh(),
+                         nn.Linear(8, 3))
+
+
+def _java_equals_eager(path, model, modes, epochs=3):
+    x, y = _mlp_data(0)
+    vx, vy = _mlp_data(1)
+    for mode in modes:
+        settings = dict(epochs=epochs, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
+        eager = reference.train(path, x.numpy(), y.numpy(), model=model, **settings)
+        in_java = java.train(path, x.numpy(), y.numpy(), **settings)
+        _same(in_java, eager)
+        assert [r.lrs for r in in_java] == [r.lrs for r in eager]
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory):
+    """Frozen parameters, two parameter groups (their own lr and weight decay), SGD with Nesterov momentum,
+    a per-step StepLR, clipping by norm and gradient accumulation, all at once; BatchNorm and dropout on."""
+    model = _deep()
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.SGD([{"params": model[4].parameters(), "lr": 0.05, "weight_decay": 0.01},
+                                 {"params": [*model[1].parameters(), *model[6].parameters()]}],
+                                lr=0.1, momentum=0.9, nesterov=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    path = _export(tmp_path_factory.mktemp("p3") / "tuned.pt", model, optimizer, scheduler=scheduler,
+                   clip_grad_norm=0.5, accumulate=2)
+    return model, path
+
+
+@pytest.mark.parametrize("mode", ["step", "fused", "full"])
+def test_training_options_train_from_java_like_torch_optim(jvm, fine_tuned, mode):
+    model, path = fine_tuned
+    metadata = protocol.read_metadata(path)
+    assert [p["trainable"] for p in metadata["parameters"]] == [False, False] + [True] * 6
+    assert {"train", "train_accumulate", "clip", "optimizer", "optimizer_first"} <= set(metadata["program"]["graphs"])
+    _java_equals_eager(path, model, [mode])
+
+
+def _optimizer(name, model):
+    return {
+        "sgd_plain": lambda: torch.optim.SGD(model.parameters(), lr=0.1),
+        "sgd_dampened": lambda: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.8, dampening=0.3,
+                                                weight_decay=0.01, maximize=True),
+        "adam_amsgrad": lambda: torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True, weight_decay=0.1),
+        "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.99)),
+        "rmsprop": lambda: torch.optim.RMSprop(model.parameters(), lr=0.01, momentum=0.5, centered=True,
+                                               weight_decay=0.01),
+        "rmsprop_plain": lambda: torch.optim.RMSprop(model.parameters(), lr=0.01),
+        "adagrad": lambda: torch.optim.Adagrad(model.parameters(), lr=0.1, lr_decay=0.01, weight_decay=0.01,
+                                               initial_accumulator_value=0.1),
+    }[name]()
+
+
+def _scheduler(name, optimizer):
+    ls = torch.optim.lr_scheduler
+    return {
+        None: lambda: None,
+        "step": lambda: ls.StepLR(optimizer, step_size=2, gamma=0.5),
+        "multistep": lambda: ls.MultiStepLR(optimizer, milestones=[1, 4, 4], gamma=0.5),
+        "exponential": lambda: ls.ExponentialLR(optimizer, gamma=0.9),
+        "cosine": lambda: ls.CosineAnnealingLR(optimizer, T_max=3, eta_min=0.001),
+        "linear": lambda: ls.LinearLR(optimizer, start_factor=0.25, total_iters=4),
+        "plateau": lambda: ls.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.5),
+        "warmup_cosine": lambda: ls.SequentialLR(optimizer, [ls.LinearLR(optimizer, start_factor=0.1, total_iters=3),
+                                                             ls.CosineAnnealingLR(optimizer, T_max=5)], milestones=[4]),
+    }[name]()
+
+
+# (optimizer, scheduler, interval, clipping) in the default run; the rest with --full
+FAST = [("rmsprop", "plateau", "epoch", dict(clip_grad_value=0.05)),
+        ("adagrad", "cosine", "step", dict(clip_grad_norm=0.3, clip_norm_type=float("inf")))]
+SLOW = [(o, None, "step", {}) for o in ("sgd_plain", "sgd_dampened", "adam_amsgrad", "adamw", "rmsprop_plain")] + [
+    ("adam_amsgrad", s, i, {}) for s in ("step", "multistep", "exponential", "cosine", "linear", "warmup_cosine")
+    for i in ("step", "epoch")] + [("adamw", "plateau", "epoch", dict(clip_grad_norm=0.1, accumulate=3))]
+
+
+@pytest.mark.parametrize("name, schedule, interval, options",
+                         FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW])
+def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_path, name, schedule, interval,
+                                                                        options):
+    model = _deep()
+    optimizer = _optimizer(name, model)
+    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_scheduler(schedule, optimizer),
+                   scheduler_interval=interval, **options)
+    _java_equals_eager(path, model, ["fused", "step"], epochs=4)
+
+
 @pytest.mark.parametrize("options, line", [
-    (dict(scheduler={"name": "cosine", "T_max": 3}), "format='export' does not support scheduler yet"),
-    (dict(accumulate=2), "format='export' does not support accumulate yet"),
-    (dict(freeze=["0."]), "format='export' does not support freeze yet"),
-    (dict(optimizer="rmsprop"), "format='export' does not support optimizer rmsprop yet (it exports sgd, adam, adamw)"),
+    (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
+     "format='export' does not support scheduler onecycle (it holds step, multistep, exponential, cosine, linear, "
+     "plateau, sequential) yet"),
+    (dict(accumulate=5), "format='export': accumulate=5 splits a batch of 9 into micro-batches of [2, 2, 2, 2, 1]; "
+                         "protocol 3 runs micro-batches of at least 2 samples"),
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
 ])
 def test_what_protocol_3_does_not_hold_is_refused_in_one_line(tmp_path, options, line):
     x, y = _mlp_data(0)
     batch = options.pop("batch", BATCH)
-    optimizer = options.pop("optimizer", "sgd")
     with pytest.raises(ExportError) as info:
-        export_training_module(_mlp(), "cross_entropy", optimizer, tmp_path / "m.pt",
+        export_training_module(_mlp(), "cross_entropy", "sgd", tmp_path / "m.pt",
                                example_inputs=(x[:batch], y[:batch]), format="export", **options)
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
     assert not (tmp_path / "m.pt").exists()
@@ -161,7 +262,7 @@ def _kind(graph):
 
 @pytest.mark.parametrize("edit, words", [
     (_edit_train(_unknown_op), "op list train: unknown operator aten::no_such_op."),
-    (_edit_train(_version), "op list train: op-list version 99, this gradbridge runs version 1"),
+    (_edit_train(_version), f"op list train: op-list version 99, this gradbridge runs version {oplist.VERSION}"),
     (_edit_train(_kind), "unknown argument kind 'q'"),
     (lambda name, data: None if name == "state/0.bin" else data, "the protocol-3 module lacks state/0.bin"),
 ])
@@ -174,13 +275,172 @@ def test_a_bad_protocol_3_file_is_refused_in_one_line(jvm, mlp, tmp_path, edit, 
     assert words in message and "\n" not in message
 
 
-def test_checkpoints_are_refused_in_one_line(jvm, mlp, tmp_path):
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory):
+    """AdamW with a per-step warm-up then cosine schedule (SequentialLR), gradient accumulation, BatchNorm and
+    dropout: everything a checkpoint keeps (steps, learning rate, the schedules' epochs, the optimizer's
+    state, running statistics)."""
+    model = _deep()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    path = _export(tmp_path_factory.mktemp("p3") / "resumable.pt", model, optimizer,
+                   scheduler=_scheduler("warmup_cosine", optimizer), accumulate=2)
+    return model, path
+
+
+def test_a_checkpoint_resumes_bitwise_in_process(jvm, resumable, tmp_path):
+    from gradbridge import History
+
+    model, path = resumable
+    x, y = (t.numpy() for t in _mlp_data(0))
+    val = tuple(t.numpy() for t in _mlp_data(1))
+    settings = dict(batch_size=BATCH, mode="fused", seed=3, val=val)
+    checkpoint = tmp_path / "run.pt"
+    whole = java.train(path, x, y, epochs=5, **settings)
+    first = java.train(path, x, y, epochs=2, checkpoint=checkpoint, **settings)
+    rest = java.train(checkpoint, x, y, epochs=3, **settings)
+    assert [r.epoch for r in rest] == [2, 3, 4]
+    resumed = History(first.records + rest.records)
+    _same(resumed, whole)
+    assert [r.lrs for r in resumed] == [r.lrs for r in whole]
+    eager = reference.train(path, x, y, epochs=5, model=model, **settings)
+    _same(whole, eager)
+    assert [r.lrs for r in whole] == [r.lrs for r in eager]
+    # The checkpoint is a protocol-3 module: its run's record, the counters, the trained state
+    metadata = protocol.read_metadata(checkpoint)
+    assert metadata["checkpoint"]["epochs_completed"] == 2 and metadata["checkpoint"]["mode"] == "fused"
+    counters = metadata["program"]["counters"]
+    assert counters["steps"] == 2 * N // BATCH and counters["last_epoch"] == 2 * N // BATCH
+    assert counters["children_last_epochs"] == [3, 2 * N // BATCH - 4]  # the warm-up's 3 steps; cosine's since 4
+    assert float.fromhex(counters["lrs"][0]) == first[-1].lrs[0]
+    _, _, state = read_program(checkpoint)
+    assert all(float(state[f"state:step:{n}"]) == 2 * N // BATCH for n, _ in model.named_parameters())
+    assert not [name for name in state if name.startswith("grad:")]
+    for name, values in first[-1].parameters.items():
+        assert np.array_equal(state[f"param:{name}"].double().numpy().ravel(), values), name
+
+
+def _records(path):
+    return [(r["epoch"], r["loss"], r["val_loss"], r["digests"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def _own_jvm_refused(result):
+    """gradbridge-train runs the jar's libtorch: a module captured on another torch release is refused in one
+    line (then there is nothing more to compare); True when it was."""
+    if result.returncode == 0:
+        return False
+    line = one_error_line(result)
+    engine = re.search(r"this JVM runs libtorch (\S+):", line)
+    assert engine and _release(engine.group(1)) != _release(torch.__version__), line
+    return True
+
+
+def _cli_run(resumable, tmp_path, epochs):
+    """The data files, gradbridge-train's settings, and a run of ``epochs`` never stopped (its records), or
+    None when this JVM refuses the module (another torch release)."""
+    _, path = resumable
+    x, y = _mlp_data(0)
+    vx, vy = _mlp_data(1)
+    np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
+    np.savez(tmp_path / "val.npz", x=vx.numpy(), y=vy.numpy())
+    settings = ["--data", tmp_path / "train.npz", "--val", tmp_path / "val.npz", "--batch-size", BATCH, "--seed", 3]
+    whole = train_cli("--model", path, *settings, "--epochs", epochs, "--history", tmp_path / "whole.jsonl")
+    return settings, None if _own_jvm_refused(whole) else _records(tmp_path / "whole.jsonl")
+
+
+def _eager_records(resumable, epochs):
+    model, path = resumable
+    x, y = _mlp_data(0)
+    vx, vy = _mlp_data(1)
+    eager = reference.train(path, x.numpy(), y.numpy(), epochs=epochs, batch_size=BATCH, seed=3, model=model,
+                            val=(vx.numpy(), vy.numpy()))
+    return [(r.epoch, r.loss, r.val_loss, r.digests) for r in eager]
+
+
+def test_a_run_resumed_in_a_jvm_of_its_own_equals_the_run_never_stopped(resumable, tmp_path):
+    settings, expected = _cli_run(resumable, tmp_path, 5)
+    if expected is None:
+        return
+    checkpoint = tmp_path / "c.pt"
+    first = train_cli("--model", resumable[1], *settings, "--epochs", 2, "--checkpoint", checkpoint,
+                      "--history", tmp_path / "first.jsonl")
+    assert first.returncode == 0, first.stderr
+    rest = train_cli("--resume", checkpoint, *settings, "--epochs", 3, "--checkpoint", tmp_path / "end.pt",
+                     "--history", tmp_path / "rest.jsonl")
+    assert rest.returncode == 0, rest.stderr
+    assert _records(tmp_path / "first.jsonl") + _records(tmp_path / "rest.jsonl") == expected
+    assert expected == _eager_records(resumable, 5)
+    assert protocol.read_metadata(tmp_path / "end.pt")["checkpoint"]["epochs_completed"] == 5
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumed_in_a_jvm_of_its_own_equals_the_run_never_killed(resumable, tmp_path):
+    epochs, checkpoint, history = 200, tmp_path / "c.pt", tmp_path / "h.jsonl"
+    settings, expected = _cli_run(resumable, tmp_path, epochs)
+    if expected is None:
+        return
+    path = resumable[1]
+    process = subprocess.Popen([str(TRAIN_SCRIPT), *map(str, ["--model", path, *settings, "--epochs", epochs,
+                                                              "--checkpoint", checkpoint, "--history", history])],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not history.exists():
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    done = protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"]
+    assert 0 < done < epochs
+    rest = train_cli("--resume", checkpoint, *settings, "--epochs", epochs - done, "--history", tmp_path / "rest.jsonl")
+    assert rest.returncode == 0, rest.stderr
+    kept = _records(history)
+    assert kept == expected[:len(kept)] and len(kept) <= done
+    assert _records(tmp_path / "rest.jsonl") == expected[done:]
+    assert expected == _eager_records(resumable, epochs)
+
+
+def test_a_snapshot_is_the_module_as_it_is_now(jvm, resumable, tmp_path):
+    _, path = resumable
+    x, y = _mlp_data(0)
+    module = load_module(path)
+    try:
+        with jvm.java_errors():
+            module.trainStep(jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+            assert module.stateFinite()
+            snapshot = module.snapshot().get()
+            try:
+                saved = bytes(module.checkpointArchive(None))
+                assert bytes(snapshot.checkpointArchive(None)) == saved
+                # the copy trains on by itself: the module it came from stays as it was
+                snapshot.trainStep(jvm.to_tensor(x[BATCH:2 * BATCH].numpy()), jvm.to_tensor(y[BATCH:2 * BATCH].numpy()))
+                assert bytes(module.checkpointArchive(None)) == saved
+                assert bytes(snapshot.checkpointArchive(None)) != saved
+            finally:
+                snapshot.close()
+    finally:
+        module.close()
+
+
+def test_online_learning_is_refused_in_one_line_before_anything_is_written(jvm, mlp, tmp_path):
+    import jpype
+
+    _, path = mlp
+    OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
+    Paths = jpype.JClass("java.nio.file.Paths")
+    with pytest.raises(Exception) as info:
+        OnlineLearner.builder().open(Paths.get(str(path)), Paths.get(str(tmp_path / "log")))
+    line = str(info.value.getMessage())
+    assert line == f"{path}: protocol-3 modules (format='export') do not support online learning yet; export with " \
+                   "format='torchscript' for them"
+    assert not (tmp_path / "log").exists()
+
+
+def test_load_optimizer_state_is_refused_in_one_line(jvm, mlp):
     _, path = mlp
     module = load_module(path)
     try:
         with pytest.raises(Exception) as info:
-            module.snapshot()
-        assert "protocol-3 modules (format='export') do not support snapshots yet" in str(info.value.getMessage())
+            module.call("load_optimizer_state", None)
+        assert "protocol-3 modules (format='export') do not support load_optimizer_state() yet" in str(
+            info.value.getMessage())
     finally:
         module.close()
 

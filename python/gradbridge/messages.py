@@ -373,8 +373,29 @@ def aten_unbound(name: str) -> str:
     return f"format='export': a graph reads {name}, which the model does not hold"
 
 
+def aten_micro_batches_too_small(batch: int, accumulate: int, sizes: Any, minimum: int) -> str:
+    return (f"format='export': accumulate={accumulate} splits a batch of {batch} into micro-batches of {sizes}; "
+            f"protocol 3 runs micro-batches of at least {minimum} samples: pick another example batch size")
+
+
 def program_entry_missing(path: str, entry: str) -> str:
     return f"{path}: the protocol-3 module lacks {entry} (a truncated or edited file); export it again"
+
+
+def program_version(path: str, version: Any, supported: int) -> str:
+    return f"{path}: op-list version {version}, this gradbridge runs version {supported}; export the model again with this gradbridge"
+
+
+def program_state_mismatch(path: str, name: str, expected: str, actual: str) -> str:
+    return f"{path}: state tensor {name} is {actual}, expected {expected} (an edited file); export it again"
+
+
+def program_state_bytes(path: str, file: str, size: int, name: str, spec: str, needed: int) -> str:
+    return f"{path}: {file} holds {size} bytes, {name} ({spec}) needs {needed} (a truncated or edited file)"
+
+
+def program_unreadable(path: str, reason: str) -> str:
+    return f"{path}: not a readable protocol-3 module: {reason}"
 
 
 def protocol3_needs_model(path: str) -> str:

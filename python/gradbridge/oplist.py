@@ -3,8 +3,8 @@
 Not torch's ExportedProgram schema (it moves with torch): a small format of gradbridge's own, versioned by
 ``VERSION``. A graph is::
 
-    {"oplist_version": 1,
-     "inputs": ["param:fc.weight", "input:x", "target", "scalar:neg_lr", ...],   # slots 0..k-1
+    {"oplist_version": 2,
+     "inputs": ["param:fc.weight", "input:x", "target", "scalar:neg_lr:0", ...],   # slots 0..k-1
      "nodes": [{"op": "aten::addmm", "overload": "default", "args": [ARG, ...], "outputs": 1}, ...],
      "outputs": [{"ref": SLOT, "to": "loss"}, {"ref": SLOT, "to": "grad:fc.weight"}, ...]}
 
@@ -16,10 +16,17 @@ list, ``{"otl": [slot | null]}`` a list of optional tensors, ``null`` None, ``{"
 int list whose ``bx`` elements are ``a * batch + c``, ``{"bx": [a, c]}`` an int so computed, ``{"fl":
 [hex]}``, ``{"bl": [bool]}``, ``{"s": text}``, ``{"dtype": name}``, ``{"layout": name}``, ``{"device":
 name}``, ``{"mf": name}``. ``batch`` is the first dimension of the call's first ``input:`` binding (else of
-``target``). Binding
+``target``). A number (``i``, ``f``, ``b``) given for a ``Tensor`` argument is a wrapped number, as Python's
+argument parser makes it (``aten::div.Tensor(loss, 2)`` of ``loss / 2``). Binding
 names (inputs and outputs): ``param:NAME``, ``buffer:NAME``, ``grad:NAME``, ``const:NAME``,
-``state:KEY:NAME`` (optimizer state), ``input:NAME``, ``target``, ``scalar:NAME`` (a double the host
-computes per step by the optimizer's formula, ``host_scalars``), ``loss``, ``output``.
+``state:KEY:NAME`` (optimizer state), ``input:NAME``, ``target``, ``scalar:NAME:G`` (a double the host
+computes per step for parameter group G by the optimizer's formula, ``program.host_scalars``), ``loss``,
+``output``.
+
+Version rule: any change a reader of the previous version would misread (a binding, an argument kind,
+what the program around the op lists means) bumps ``VERSION``; readers refuse any other version in one
+line. Version 2: host scalars per parameter group (``scalar:NAME:G``), and the program's ``training`` and
+``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints).
 
 ``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
 export's bitwise check before anything is written.
@@ -31,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
 
-VERSION = 1
+VERSION = 2
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
 ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
 #: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
@@ -192,12 +199,12 @@ def _affine(x: Any, y: Any, b1: int, b2: int, where: str) -> Dict[str, List[int]
 
 # ---- the Python interpreter (the native one's twin) ----
 
-def _overload(op: str, overload: str) -> Any:
-    namespace, name = op.split("::", 1)
+def _overload(op: str, overload: str, where: str = "op list") -> Any:
     try:
+        namespace, name = op.split("::", 1)
         return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError) as ex:
-        raise OpListError(f"op list: unknown operator {op}.{overload}") from ex
+    except (AttributeError, RuntimeError, ValueError) as ex:
+        raise OpListError(f"{where}: unknown operator {op}.{overload}") from ex
 
 
 def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
@@ -229,6 +236,21 @@ def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
     if kind == "device":
         return torch.device(value)
     raise OpListError(f"op list: unknown argument kind {kind!r}")
+
+
+def check(graph: Mapping[str, Any], where: str) -> None:
+    """What the native layer checks when it loads an op list, without running it: its version, that every
+    operator exists, that every argument is of a known kind (one line naming what is wrong)."""
+    if not isinstance(graph, Mapping) or graph.get("oplist_version") != VERSION:
+        version = graph.get("oplist_version") if isinstance(graph, Mapping) else None
+        raise OpListError(f"{where}: op-list version {version}, this gradbridge runs version {VERSION}")
+    for node in graph.get("nodes", []):
+        if node.get("op") != ITEM:
+            _overload(str(node.get("op", "")), str(node.get("overload", "")), where)
+        for arg in node.get("args", []):
+            if arg is not None and (not isinstance(arg, Mapping) or len(arg) != 1 or next(iter(arg)) not in ARG_KINDS):
+                kind = next(iter(arg)) if isinstance(arg, Mapping) and len(arg) == 1 else arg
+                raise OpListError(f"{where} {node.get('op')}: unknown argument kind {kind!r}")
 
 
 def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:

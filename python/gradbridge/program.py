@@ -3,39 +3,67 @@ methods run them. ``Program`` is the Python twin of the native layer's (native/g
 the export's check runs it beside the user's eager model and torch.optim before anything is written.
 
 Graphs (gradbridge.json ``program.graphs``): ``train`` (training mode: forward, loss and backward, one
-joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per parameter), ``forward`` (eval
-mode: ``output``), ``loss`` (the loss of an ``output`` and the ``target``: ``evaluate`` is ``forward``
-then ``loss``), ``optimizer`` (one torch.optim step, in place), and for SGD with momentum
+joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per trainable parameter),
+``train_accumulate`` (the same with the loss divided by the accumulation count, with ``accumulate`` > 1),
+``forward`` (eval mode: ``output``), ``loss`` (the loss of an ``output`` and the ``target``: ``evaluate`` is
+``forward`` then ``loss``), ``clip`` (torch.nn.utils' gradient clipping, in place, when exported),
+``optimizer`` (one torch.optim step of every group, in place), and for SGD with momentum
 ``optimizer_first`` (the first step, which creates the momentum buffers).
+
+``training`` (``program.training``, fixed at export): the optimizer's name, its parameter groups (each
+group's parameters and hyper-parameters), ``accumulate``, the schedule (``scheduler``: a resolved spec
+with its ``base_lrs``, or absent) and ``scheduler_interval``. ``counters`` (``program.counters``, what a
+checkpoint saves beside the state tensors): ``steps``, each group's current ``lrs`` and the schedule's
+state (``last_epoch``, ReduceLROnPlateau's ``best``, ``num_bad_epochs``, ``cooldown_counter``, a
+SequentialLR's ``children_last_epochs``); doubles as ``float.hex`` text (exact, inf included).
 
 Methods: ``calculate_loss_and_backward`` runs ``train`` and accumulates the gradients (a parameter without
 one takes the new gradient, as autograd's ``AccumulateGrad``); ``zero_grad`` drops them (torch's
-``set_to_none``); ``optimizer_step`` increments the step count, computes the optimizer's ``host_scalars``
-in double (torch.optim's Python arithmetic, one formula per optimizer) and runs the step graph;
-``train_step`` is zero_grad, calculate_loss_and_backward, optimizer_step.
+``set_to_none``); ``optimizer_step`` increments the step count, runs ``clip``, computes each group's
+``host_scalars`` in double (torch.optim's Python arithmetic, one formula per optimizer), runs the step graph,
+then steps a per-step schedule; ``train_step`` is zero_grad, calculate_loss_and_backward (or the
+accumulation loop), optimizer_step; ``schedule_epoch`` steps a per-epoch schedule.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+import math
+from typing import Any, Dict, List, Mapping, Optional
 
+import torch
 from torch import Tensor
 
 from . import oplist
 
 #: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.aten_export``).
-OPTIMIZERS = ("sgd", "adam", "adamw")
-#: The smallest batch a protocol-3 graph runs (a size-1 batch is one torch.export specializes on).
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+#: The schedules protocol 3 holds (``export.schedulers`` names), each with the options its formula reads.
+SCHEDULERS: Dict[str, tuple] = {
+    "step": ("step_size", "gamma"), "multistep": ("milestones", "gamma"), "exponential": ("gamma",),
+    "cosine": ("T_max", "eta_min"), "linear": ("start_factor", "end_factor", "total_iters"),
+    "plateau": ("minimize", "relative", "factor", "patience", "threshold", "cooldown", "min_lrs", "eps"),
+    "sequential": ("milestones",),  # and its ``schedulers``, each resolved
+}
+#: The smallest batch (and micro-batch) a protocol-3 graph runs (a size-1 batch is one torch.export
+#: specializes on).
 MIN_BATCH = 2
 
 
+def scalar_binding(name: str, group: int) -> str:
+    """The op-list binding of host scalar ``name`` of parameter group ``group``."""
+    return f"scalar:{name}:{group}"
+
+
 def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int) -> Dict[str, float]:
-    """The per-step doubles torch.optim computes in Python (the specification the native twin follows):
-    SGD ``-lr``; Adam/AdamW the bias corrections of step ``step`` (1-based) and AdamW's decay factor."""
-    if name == "sgd":
+    """The per-step doubles torch.optim computes in Python for one group (the specification the native twin
+    follows): SGD and RMSprop ``-lr``; Adam/AdamW the bias corrections of step ``step`` (1-based) and AdamW's
+    decay factor; Adagrad ``-clr``, its decayed rate."""
+    if name in ("sgd", "rmsprop"):
         return {"neg_lr": -lr}
-    beta1, beta2 = hyper["betas"]
     step_f = float(step)
+    if name == "adagrad":
+        return {"neg_clr": -(lr / (1 + (step_f - 1) * hyper["lr_decay"]))}
+    beta1, beta2 = hyper["betas"]
     bias_correction1 = 1 - beta1 ** step_f
     bias_correction2 = 1 - beta2 ** step_f
     step_size = lr / bias_correction1
@@ -43,17 +71,46 @@ def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int) -> D
             "decay": 1 - lr * hyper["weight_decay"]}
 
 
+def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
+    """The resolved spec of a schedule (``program.training.scheduler``) of the spec ``given``: the options
+    its formula reads, read from the schedule module ``export.schedulers.build`` made (torch's defaults
+    filled in), its base lrs as ``float.hex`` text, and a SequentialLR's children resolved alike."""
+    name = given["name"]
+    spec: Dict[str, Any] = {"name": name, "base_lrs": [float(v).hex() for v in module.base_lrs]}
+    for key in SCHEDULERS[name]:
+        value = getattr(module, key)
+        spec[key] = [float(v).hex() for v in value] if key == "min_lrs" else value
+    if name == "sequential":
+        spec["schedulers"] = [schedule_spec(child, m) for child, m in zip(given["schedulers"], module.children_list)]
+    return spec
+
+
+def initial_counters(lrs: List[float], schedule: Optional[Any]) -> Dict[str, Any]:
+    """``program.counters`` before the first step: the schedule module's state as torch's fresh scheduler's
+    (a SequentialLR's children's epochs in ``children_last_epochs``)."""
+    return {"steps": 0, "lrs": [float(v).hex() for v in lrs],
+            "last_epoch": int(getattr(schedule, "last_epoch", 0)),
+            "best": float(getattr(schedule, "best", 0.0)).hex(),
+            "num_bad_epochs": int(getattr(schedule, "num_bad_epochs", 0)),
+            "cooldown_counter": int(getattr(schedule, "cooldown_counter", 0)),
+            "children_last_epochs": [int(c.last_epoch) for c in getattr(schedule, "children_list", [])]}
+
+
 class Program:
-    """A protocol-3 module in Python: ``graphs`` by name, ``state`` by binding name, the optimizer."""
+    """A protocol-3 module in Python: ``graphs`` by name, ``state`` by binding name, ``training`` and
+    ``counters`` (see the module's docstring); ``schedule``: the scheduler module the export built (its
+    arithmetic is the native layer's specification), or None."""
 
     def __init__(self, graphs: Mapping[str, Any], state: Mapping[str, Tensor], parameters: List[str],
-                 optimizer: Mapping[str, Any]):
+                 training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None):
         self.graphs = dict(graphs)
         self.state = {name: t.clone() for name, t in state.items()}
         self.parameters = list(parameters)
-        self.optimizer = dict(optimizer)
-        self.lr = float(optimizer["lr"])
-        self.steps = 0
+        self.training = dict(training)
+        self.trainable = [name for group in training["groups"] for name in group["params"]]
+        self.lrs = [float.fromhex(v) for v in counters["lrs"]]
+        self.steps = int(counters["steps"])
+        self.schedule = schedule
 
     def _run(self, graph: str, values: Dict[str, Any]) -> Dict[str, Any]:
         merged = dict(self.state)
@@ -64,8 +121,8 @@ class Program:
     def _inputs(x: Mapping[str, Tensor]) -> Dict[str, Tensor]:
         return {f"input:{name}": t for name, t in x.items()}
 
-    def calculate_loss_and_backward(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
-        out = self._run("train", {**self._inputs(x), "target": y})
+    def _backward(self, graph: str, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
+        out = self._run(graph, {**self._inputs(x), "target": y})
         for to, value in out.items():
             if to.startswith("grad:"):
                 held = self.state.get(to)
@@ -74,20 +131,44 @@ class Program:
                 self.state[to] = value
         return out["loss"]
 
+    def calculate_loss_and_backward(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
+        return self._backward("train", x, y)
+
     def zero_grad(self) -> None:
         for name in self.parameters:
             self.state.pop(f"grad:{name}", None)
 
     def optimizer_step(self) -> None:
         self.steps += 1
-        scalars = host_scalars(self.optimizer["name"], self.optimizer, self.lr, self.steps)
+        if "clip" in self.graphs:
+            self._run("clip", {})
+        name = self.training["optimizer"]
+        scalars = {}
+        for g, (group, lr) in enumerate(zip(self.training["groups"], self.lrs)):
+            for key, value in host_scalars(name, group, lr, self.steps).items():
+                scalars[scalar_binding(key, g)] = value
         graph = "optimizer_first" if self.steps == 1 and "optimizer_first" in self.graphs else "optimizer"
-        out = self._run(graph, {f"scalar:{k}": v for k, v in scalars.items()})
-        self.state.update(out)
+        self.state.update(self._run(graph, scalars))
+        if self.schedule is not None and self.training["scheduler_interval"] == "step":
+            self.lrs = self.schedule.step(self.lrs)
+
+    def schedule_epoch(self, metric: float) -> None:
+        if self.schedule is not None and self.training["scheduler_interval"] == "epoch":
+            self.lrs = self.schedule.step_metric(self.lrs, metric)
 
     def train_step(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
         self.zero_grad()
-        loss = self.calculate_loss_and_backward(x, y)
+        k = int(self.training["accumulate"])
+        if k == 1:
+            loss = self.calculate_loss_and_backward(x, y)
+        else:  # eager's accumulation loop: (loss / k).backward() per micro-batch of ceil(n / k) rows
+            size = math.ceil(len(y) / k)
+            loss = None
+            for m, ym in enumerate(y.split(size)):
+                xm = {n: t.split(size)[m] for n, t in x.items()}
+                scaled = self._backward("train_accumulate", xm, ym)
+                with torch.no_grad():
+                    loss = scaled if loss is None else loss + scaled
         self.optimizer_step()
         return loss
 

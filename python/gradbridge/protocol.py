@@ -88,8 +88,8 @@ REQUIRED_METHODS: tuple[str, ...] = (
     LOAD_OPTIMIZER_STATE,
 )
 
-#: The methods a protocol-3 module runs (the required ones, get_lrs and set_group_lr for its one group).
-PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR)
+#: The methods a protocol-3 module runs (the required ones and the optional ones).
+PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
 
 #: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
 OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)

@@ -21,8 +21,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -33,23 +35,26 @@ from .. import inputs as model_inputs, libtorch, messages, oplist, program, prot
 from .._version import __version__
 from ..errors import ExportError
 from ..files import atomic_path
-from . import losses, optim, self_check
+from . import finetune, losses, self_check
 
 log = logging.getLogger(__name__)
 
 
 class _Step(nn.Module):
-    """The model then its loss, over positional tensors (the inputs in order, then y)."""
+    """The model then its loss, over positional tensors (the inputs in order, then y); with ``accumulate``
+    k > 1 the loss divided by k, as eager's accumulation loop back-propagates it."""
 
-    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str]):
+    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str], accumulate: int = 1):
         super().__init__()
         self.m = model
         self.loss = loss
         self.names = list(names)
+        self.accumulate = accumulate
 
     def forward(self, *args: Tensor) -> Tuple[Tensor]:
         *xs, y = args
-        return (self.loss(_call(self.m, self.names, xs), y),)
+        loss = self.loss(_call(self.m, self.names, xs), y)
+        return (loss if self.accumulate == 1 else loss / self.accumulate,)
 
 
 class _Forward(nn.Module):
@@ -136,126 +141,245 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
         raise ExportError(messages.aten_batch_dependent(str(ex))) from ex
 
 
-def _sgd_graph(names: Sequence[str], hyper: Dict[str, Any], first: bool) -> Dict[str, Any]:
-    """torch.optim.SGD's ``_single_tensor_sgd`` for each parameter (torch 2.7-2.15's op sequence)."""
-    b = _Builder(["scalar:neg_lr"])
-    momentum = hyper["momentum"] != 0
-    slots = [(b.input(f"param:{n}"), b.input(f"grad:{n}"),
-              b.input(f"state:momentum_buffer:{n}") if momentum and not first else None) for n in names]
-    for name, (param, grad, buf) in zip(names, slots):
-        if hyper["weight_decay"] != 0:
-            grad = b.op("aten::add", "Tensor", [{"t": grad}, {"t": param}, b.f(hyper["weight_decay"])])
-        if momentum:
-            if first:
-                buf = b.op("aten::clone", "default", [{"t": grad}, None])
-                b.outputs.append({"ref": buf, "to": f"state:momentum_buffer:{name}"})
-            else:
-                b.op("aten::mul_", "Scalar", [{"t": buf}, b.f(hyper["momentum"])])
-                b.op("aten::add_", "Tensor", [{"t": buf}, {"t": grad}, b.f(1 - hyper["dampening"])])
-            grad = (b.op("aten::add", "Tensor", [{"t": grad}, {"t": buf}, b.f(hyper["momentum"])])
-                    if hyper["nesterov"] else buf)
-        b.op("aten::add_", "Tensor", [{"t": param}, {"t": grad}, {"t": 0}])
-    return b.graph()
-
-
-def _adam_graph(names: Sequence[str], hyper: Dict[str, Any], decoupled: bool) -> Dict[str, Any]:
-    """torch.optim.Adam/AdamW's ``_single_tensor_adam`` for each parameter (not amsgrad, not maximize)."""
-    b = _Builder(["scalar:neg_step_size", "scalar:bias_correction2_sqrt", "scalar:decay"])
-    beta1, beta2 = hyper["betas"]
-    slots = [tuple(b.input(f"{kind}:{n}") for kind in ("param", "grad", "state:exp_avg", "state:exp_avg_sq",
-                                                        "state:step")) for n in names]
-    for param, grad, exp_avg, exp_avg_sq, step in slots:
-        b.op("aten::add_", "Scalar", [{"t": step}, {"i": 1}, {"i": 1}])
-        if hyper["weight_decay"] != 0:
-            if decoupled:
-                b.op("aten::mul_", "Scalar", [{"t": param}, {"t": 2}])
-            else:
-                grad = b.op("aten::add", "Tensor", [{"t": grad}, {"t": param}, b.f(hyper["weight_decay"])])
-        b.op("aten::lerp_", "Scalar", [{"t": exp_avg}, {"t": grad}, b.f(1 - beta1)])
-        b.op("aten::mul_", "Scalar", [{"t": exp_avg_sq}, b.f(beta2)])
-        b.op("aten::addcmul_", "default", [{"t": exp_avg_sq}, {"t": grad}, {"t": grad}, b.f(1 - beta2)])
-        root = b.op("aten::sqrt", "default", [{"t": exp_avg_sq}])
-        denom = b.op("aten::div", "Scalar", [{"t": root}, {"t": 1}])
-        b.op("aten::add_", "Scalar", [{"t": denom}, b.f(hyper["eps"]), {"i": 1}])
-        b.op("aten::addcdiv_", "default", [{"t": param}, {"t": exp_avg}, {"t": denom}, {"t": 0}])
-    return b.graph()
-
-
 class _Builder:
-    """Writes an op list by hand (the optimizer's step): the host scalars, then every input, then the ops."""
+    """Writes an op list by hand (the optimizer's step, clipping): every input first, then the ops, each op's
+    arguments filled in from its schema (defaults included) as ``oplist.from_fx`` does. Values: a slot
+    (``{"t": n}``, what ``input`` and ``op`` return), a list of slots, or a Python constant."""
 
-    def __init__(self, scalars: List[str]):
-        self.inputs = list(scalars)
+    def __init__(self) -> None:
+        self.inputs: List[str] = []
         self.nodes: List[Dict[str, Any]] = []
         self.outputs: List[Dict[str, Any]] = []
+        self.slots = 0
 
-    def input(self, binding: str) -> int:
+    def input(self, binding: str) -> Dict[str, int]:
         assert not self.nodes, "op list: inputs take the first slots"
         self.inputs.append(binding)
-        return len(self.inputs) - 1
+        self.slots += 1
+        return {"t": self.slots - 1}
 
     @staticmethod
-    def f(value: float) -> Dict[str, str]:
-        return {"f": float(value).hex()}
+    def _encode(value: Any, type_text: str) -> Any:
+        if isinstance(value, dict):
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            return {"tl": [v["t"] for v in value]}
+        return oplist.encode_arg(value, {}, type_text)
 
-    def op(self, name: str, overload: str, args: List[Any]) -> int:
-        self.nodes.append({"op": name, "overload": overload, "args": args, "outputs": 1})
-        return len(self.inputs) + len(self.nodes) - 1
+    def op(self, name: str, overload: str, *args: Any, **kwargs: Any) -> Dict[str, int]:
+        schema = oplist._overload(name, overload)._schema
+        encoded = []
+        for i, argument in enumerate(schema.arguments):
+            if i < len(args) and not argument.kwarg_only:
+                value = args[i]
+            elif argument.name in kwargs:
+                value = kwargs[argument.name]
+            else:
+                value = argument.default_value
+            encoded.append(self._encode(value, str(argument.type)))
+        returns = len(schema.returns)
+        self.nodes.append({"op": name, "overload": overload, "args": encoded, "outputs": returns})
+        self.slots += max(returns, 1)
+        return {"t": self.slots - max(returns, 1)}
+
+    def item(self, values: Dict[str, int], index: int) -> Dict[str, int]:
+        self.nodes.append({"op": oplist.ITEM, "overload": "", "args": [values, {"i": index}], "outputs": 1})
+        self.slots += 1
+        return {"t": self.slots - 1}
+
+    def output(self, value: Dict[str, int], binding: str) -> None:
+        self.outputs.append({"ref": value["t"], "to": binding})
 
     def graph(self) -> Dict[str, Any]:
         return {"oplist_version": oplist.VERSION, "inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}
 
 
-def _optimizer_graphs(names: Sequence[str], spec: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    if spec["name"] == "sgd":
-        graphs = {"optimizer": _sgd_graph(names, spec, first=False)}
-        if spec["momentum"] != 0:
-            graphs["optimizer_first"] = _sgd_graph(names, spec, first=True)
-        return graphs
-    return {"optimizer": _adam_graph(names, spec, decoupled=spec["name"] == "adamw")}
+#: Each optimizer's per-parameter state (torch.optim's keys) as its step graph reads it.
+def _state_keys(name: str, hyper: Dict[str, Any]) -> List[str]:
+    if name == "sgd":
+        return ["momentum_buffer"] if hyper["momentum"] != 0 else []
+    if name in ("adam", "adamw"):
+        return ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if hyper["amsgrad"] else [])
+    if name == "rmsprop":
+        return (["step", "square_avg"] + (["momentum_buffer"] if hyper["momentum"] > 0 else [])
+                + (["grad_avg"] if hyper["centered"] else []))
+    return ["step", "sum"]
 
 
-def _initial_optimizer_state(spec: Dict[str, Any], named: Sequence[Tuple[str, Tensor]]) -> Dict[str, Tensor]:
-    """torch.optim's state before the first step: Adam's zeros and step 0 (SGD's buffer comes with step 1)."""
+def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]]], first: bool) -> Dict[str, Any]:
+    """One torch.optim step of every group, torch.optim's single-tensor op sequence per parameter (torch
+    2.7-2.15; ``optimizer_first``: SGD's first step, which clones the gradient into the momentum buffer).
+    The doubles torch.optim computes in Python per step are host scalars (``program.host_scalars``)."""
+    b = _Builder()
+    scalars = [{key: b.input(program.scalar_binding(key, g))
+                for key in program.host_scalars(name, hyper, 1.0, 1)} for g, (_, hyper) in enumerate(groups)]
+    slots = []
+    for names, hyper in groups:
+        keys = [k for k in _state_keys(name, hyper) if not (first and k == "momentum_buffer")]
+        slots.append([(n, b.input(f"param:{n}"), b.input(f"grad:{n}"), {k: b.input(f"state:{k}:{n}") for k in keys})
+                      for n in names])
+    step = {"sgd": _sgd_step, "adam": _adam_step, "adamw": _adam_step, "rmsprop": _rmsprop_step,
+            "adagrad": _adagrad_step}[name]
+    for (_, hyper), params, scalar in zip(groups, slots, scalars):
+        for n, param, grad, state in params:
+            if hyper.get("maximize"):
+                grad = b.op("aten::neg", "default", grad)
+            step(b, n, hyper, scalar, param, grad, state, first, name == "adamw")
+    return b.graph()
+
+
+def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
+              state: Dict[str, Any], first: bool, _: bool) -> None:
+    if h["weight_decay"] != 0:
+        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
+    if h["momentum"] != 0:
+        if first:
+            buf = b.op("aten::clone", "default", grad)
+            b.output(buf, f"state:momentum_buffer:{n}")
+        else:
+            buf = state["momentum_buffer"]
+            b.op("aten::mul_", "Scalar", buf, h["momentum"])
+            b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
+        grad = b.op("aten::add", "Tensor", grad, buf, alpha=h["momentum"]) if h["nesterov"] else buf
+    b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
+
+
+def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
+               state: Dict[str, Any], first: bool, decoupled: bool) -> None:
+    beta1, beta2 = h["betas"]
+    b.op("aten::add_", "Scalar", state["step"], 1)
+    if h["weight_decay"] != 0:
+        if decoupled:
+            b.op("aten::mul_", "Scalar", param, scalar["decay"])
+        else:
+            grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
+    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, 1 - beta1)
+    b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
+    b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
+    if h["amsgrad"]:
+        b.op("aten::maximum", "out", state["max_exp_avg_sq"], state["exp_avg_sq"], out=state["max_exp_avg_sq"])
+        root = b.op("aten::sqrt", "default", state["max_exp_avg_sq"])
+    else:
+        root = b.op("aten::sqrt", "default", state["exp_avg_sq"])
+    denom = b.op("aten::div", "Scalar", root, scalar["bias_correction2_sqrt"])
+    b.op("aten::add_", "Scalar", denom, h["eps"])
+    b.op("aten::addcdiv_", "default", param, state["exp_avg"], denom, value=scalar["neg_step_size"])
+
+
+def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
+                  state: Dict[str, Any], first: bool, _: bool) -> None:
+    alpha = h["alpha"]
+    b.op("aten::add_", "Scalar", state["step"], 1)
+    if h["weight_decay"] != 0:
+        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
+    b.op("aten::mul_", "Scalar", state["square_avg"], alpha)
+    b.op("aten::addcmul_", "default", state["square_avg"], grad, grad, value=1 - alpha)
+    if h["centered"]:
+        b.op("aten::lerp_", "Scalar", state["grad_avg"], grad, 1 - alpha)
+        avg = b.op("aten::addcmul", "default", state["square_avg"], state["grad_avg"], state["grad_avg"], value=-1)
+        b.op("aten::sqrt_", "default", avg)
+    else:
+        avg = b.op("aten::sqrt", "default", state["square_avg"])
+    b.op("aten::add_", "Scalar", avg, h["eps"])
+    if h["momentum"] > 0:
+        b.op("aten::mul_", "Scalar", state["momentum_buffer"], h["momentum"])
+        b.op("aten::addcdiv_", "default", state["momentum_buffer"], grad, avg)
+        b.op("aten::add_", "Tensor", param, state["momentum_buffer"], alpha=scalar["neg_lr"])
+    else:
+        b.op("aten::addcdiv_", "default", param, grad, avg, value=scalar["neg_lr"])
+
+
+def _adagrad_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
+                  state: Dict[str, Any], first: bool, _: bool) -> None:
+    b.op("aten::add_", "Scalar", state["step"], 1)
+    if h["weight_decay"] != 0:
+        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
+    b.op("aten::addcmul_", "default", state["sum"], grad, grad, value=1)
+    std = b.op("aten::sqrt", "default", state["sum"])
+    b.op("aten::add_", "Scalar", std, h["eps"])
+    b.op("aten::addcdiv_", "default", param, grad, std, value=scalar["neg_clr"])
+
+
+def _clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Dict[str, Any]:
+    """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ over the trainable parameters in the model's order,
+    in place: on CPU their foreach ops, per group of one dtype (torch groups the gradients by dtype)."""
+    b = _Builder()
+    grads = {n: b.input(f"grad:{n}") for n, _ in named}
+    by_dtype: Dict[torch.dtype, List[Any]] = {}
+    for n, p in named:
+        by_dtype.setdefault(p.dtype, []).append(grads[n])
+    if clip["kind"] == "value":
+        for group in by_dtype.values():
+            b.op("aten::_foreach_clamp_min_", "Scalar", group, -clip["max"])
+            b.op("aten::_foreach_clamp_max_", "Scalar", group, clip["max"])
+        return b.graph()
+    norm_type = clip["norm_type"]
+    norms = []
+    for group in by_dtype.values():
+        listed = b.op("aten::_foreach_norm", "Scalar", group, norm_type)
+        norms += [b.item(listed, i) for i in range(len(group))]
+    total = b.op("aten::linalg_vector_norm", "default", b.op("aten::stack", "default", norms), norm_type)
+    # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
+    coef = b.op("aten::mul", "Scalar", b.op("aten::reciprocal", "default", b.op("aten::add", "Scalar", total, 1e-6)),
+                clip["max"])
+    clamped = b.op("aten::clamp", "default", coef, None, 1.0)
+    for group in by_dtype.values():
+        b.op("aten::_foreach_mul_", "Tensor", group, clamped)
+    return b.graph()
+
+
+def _optimizer_graphs(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    name = setup.spec["name"]
+    groups = [([names[i] for i in indices], module.hyperparameters())
+              for (indices, _), module in zip(setup.resolved, setup.optimizers)]
+    graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
+    if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
+        graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
+    return graphs
+
+
+def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Tensor]:
+    """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
+    momentum buffer comes with step 1)."""
     state: Dict[str, Tensor] = {}
-    if spec["name"] in ("adam", "adamw"):
-        for name, p in named:
-            state[f"state:step:{name}"] = torch.tensor(0.0, dtype=torch.float32)
-            state[f"state:exp_avg:{name}"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state[f"state:exp_avg_sq:{name}"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if setup.spec["name"] == "sgd":
+        return state
+    for (indices, _), module in zip(setup.resolved, setup.optimizers):
+        for key, values in module.state().items():
+            for i, value in zip(indices, values):
+                state[f"state:{key}:{names[i]}"] = value.detach().clone()
     return state
 
 
-#: ``export_training_module``'s options that protocol 3 does not hold yet, with the value that means "unset".
-UNSUPPORTED_OPTIONS = {"freeze": (), "scheduler": None, "clip_grad_norm": None, "clip_grad_value": None,
-                       "accumulate": 1, "init_weights": None, "inputs": None}
-
-
-def _check_options(options: Dict[str, Any]) -> None:
-    for key, unset in UNSUPPORTED_OPTIONS.items():
-        value = options.get(key, unset)
-        if not (value is unset or value == unset or (key == "freeze" and not value)):
-            raise ExportError(messages.aten_option_refused(key))
-
-
-def _optimizer(optimizer: Any) -> Dict[str, Any]:
-    """The optimizer's spec with every hyper-parameter (one group), refused unless protocol 3 holds it."""
-    spec = optim.spec_of(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else (
-        {"name": optimizer} if isinstance(optimizer, str) else dict(optimizer))
-    if "groups" in spec:
-        raise ExportError(messages.aten_option_refused("parameter groups"))
-    name = spec.get("name")
-    if name not in program.OPTIMIZERS:
-        raise ExportError(messages.aten_optimizer_refused(str(name), program.OPTIMIZERS))
-    hyper = optim.build(spec, []).hyperparameters()
-    for key in ("maximize", "amsgrad"):
-        if hyper.get(key):
-            raise ExportError(messages.aten_option_refused(f"{name} {key}=True"))
-    return {"name": name, **hyper}
+def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
+    """``program.training`` and ``program.counters`` (see ``program``), and the schedule module, or refused
+    in one line."""
+    plan = setup.plan
+    spec = setup.spec
+    if spec["name"] not in program.OPTIMIZERS:
+        raise ExportError(messages.aten_optimizer_refused(spec["name"], program.OPTIMIZERS))
+    training: Dict[str, Any] = {
+        "optimizer": spec["name"],
+        "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
+                   for (indices, _), module in zip(setup.resolved, setup.optimizers)],
+        "accumulate": plan.accumulate, "scheduler_interval": plan.interval}
+    schedule = None
+    if "scheduler" in plan.metadata:
+        kind = plan.metadata["scheduler"]["name"]
+        if kind not in program.SCHEDULERS:
+            raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
+        schedule = plan.scheduler_module
+        training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
+    return training, program.initial_counters(plan.lrs, schedule), schedule
 
 
 def _bits(t: Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _micro_batches(batch: int, accumulate: int) -> List[int]:
+    size = -(-batch // accumulate)
+    return [min(size, batch - start) for start in range(0, batch, size)]
 
 
 def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, model_name: Any,
@@ -263,8 +387,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     """See ``export_training_module`` (format="export") and this module's docstring."""
     from .training_module import _loss_spec, _spec_from_example
 
-    _check_options(options)
-    if example_inputs is None:
+    if options.get("inputs") is not None or example_inputs is None:
         raise ExportError(messages.aten_option_refused("inputs without example_inputs"))
     if not isinstance(example_inputs, (tuple, list)) or len(example_inputs) != 2 \
             or not isinstance(example_inputs[1], Tensor):
@@ -272,72 +395,89 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     loss_spec = _loss_spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
-    spec = _optimizer(optimizer)
     input_names, example_x = model_inputs.of_example(model, example_inputs[0])
     x = model_inputs.arrays(example_x)
     y = example_inputs[1]
     batch = int(y.shape[0])
     if batch < program.MIN_BATCH:
         raise ExportError(messages.aten_batch_too_small(batch, program.MIN_BATCH))
+    names_by_id = {id(p): n for n, p in model.named_parameters()}
     model = copy.deepcopy(model)
     named = list(model.named_parameters())
     if not named:
         raise ValueError(f"{type(model).__name__} has no parameters: nothing to train")
-    frozen = [n for n, p in named if not p.requires_grad]
-    if frozen:
-        raise ExportError(messages.aten_option_refused(f"frozen parameters ({frozen[0]})"))
-    eager = copy.deepcopy(model)
     names = [n for n, _ in named]
+    setup = finetune.setup(named, names_by_id, optimizer, freeze=options.get("freeze", ()),
+                           scheduler=options.get("scheduler"), scheduler_interval=options.get("scheduler_interval", "step"),
+                           clip_grad_norm=options.get("clip_grad_norm"), clip_norm_type=options.get("clip_norm_type", 2.0),
+                           clip_grad_value=options.get("clip_grad_value"), accumulate=options.get("accumulate", 1))
+    training, counters, schedule = _training(setup, names)
+    accumulate = setup.plan.accumulate
+    for size in (batch, batch + 1):
+        micro = _micro_batches(size, accumulate)
+        if accumulate > 1 and min(micro) < program.MIN_BATCH:
+            raise ExportError(messages.aten_micro_batches_too_small(size, accumulate, micro, program.MIN_BATCH))
+    if options.get("init_weights") is not None:
+        finetune.load_weights(model, options["init_weights"])
+    eager = copy.deepcopy(model)
+    trainable = [n for n, p in named if p.requires_grad]
     xs = tuple(x[n] for n in input_names)
     input_bindings = [f"input:{n}" for n in input_names]
     constants: Dict[str, Tensor] = {}
 
     model.train()
-    train, grads = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y), True,
-                                       input_bindings + ["target"], constants, "train")
-    missing = [n for n in names if n not in grads]
+    graphs: Dict[str, Any] = {}
+    graphs["train"], grads = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y),
+                                                 True, input_bindings + ["target"], constants, "train")
+    missing = [n for n in trainable if n not in grads]
     if missing:
         raise ExportError(messages.aten_no_gradient(missing[0]))
+    if accumulate > 1:
+        graphs["train_accumulate"], _ = _graph_at_two_sizes(
+            lambda: _Step(model, loss_module, input_names, accumulate).train(), (*xs, y), True,
+            input_bindings + ["target"], constants, "train_accumulate")
     model.eval()
-    forward, _ = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
-                                     constants, "forward")
+    graphs["forward"], _ = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
+                                               constants, "forward")
     with torch.no_grad():
         output = _call(model, input_names, xs)
-    loss_graph, _ = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
-                                        ["output", "target"], constants, "loss", "loss")
+    graphs["loss"], _ = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
+                                            ["output", "target"], constants, "loss", "loss")
     model.train()
-    graphs = {"train": train, "forward": forward, "loss": loss_graph, **_optimizer_graphs(names, spec)}
+    if setup.plan.clip["kind"] != "none":
+        graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad], setup.plan.clip)
+    graphs.update(_optimizer_graphs(setup, names))
 
     state: Dict[str, Tensor] = {f"param:{n}": p.detach().clone() for n, p in named}
     buffers = list(model.named_buffers())
     state.update({f"buffer:{n}": b.detach().clone() for n, b in buffers})
     state.update(constants)
-    state.update(_initial_optimizer_state(spec, named))
+    state.update(_initial_optimizer_state(setup, names))
     bound = {b for g in graphs.values() for b in g["inputs"]}
     for name in bound:
         if name.split(":")[0] in ("param", "buffer", "const") and name not in state:
             raise ExportError(messages.aten_unbound(name))
 
-    if check:
-        _check(eager, loss_module, spec, graphs, state, names, input_names, x, y)
-
     specs = [_spec_from_example(n, t) for n, t in x.items()] + [_spec_from_example("y", y)]
     persistent = model.state_dict(keep_vars=True)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype(p), kind="parameter"), "trainable": True}
+        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype(p), kind="parameter"), "trainable": p.requires_grad}
                     for n, p in named],
         buffers=[protocol.buffer_spec(n, b.shape, _dtype(b), n in persistent) for n, b in buffers],
-        loss=loss_spec, optimizer=spec, inputs=specs, torch_version=libtorch.torch_version(),
+        loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
         methods=protocol.PROTOCOL3_METHODS,
     )
+    if setup.plan.metadata:
+        metadata[finetune.METADATA_KEY] = setup.plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check}
     entries = [{"name": name, "dtype": _dtype(t), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {
         "oplist_version": oplist.VERSION, "min_batch": program.MIN_BATCH,
-        "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries}
+        "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
+        "training": training, "counters": counters}
     path = Path(path)
     with atomic_path(path) as tmp:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -346,6 +486,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
                 archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
             for entry, tensor in zip(entries, state.values()):
                 archive.writestr(entry["file"], _bits(tensor))
+        if check:
+            _check(tmp, eager, copy.deepcopy(schedule), input_names, x, y)
     log.info("wrote %s", path)
     return path
 
@@ -354,62 +496,136 @@ def _dtype(t: Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+def _entry_spec(metadata: Dict[str, Any], name: str) -> Any:
+    """The dtype and shape a state entry must have, or None (a constant the model makes)."""
+    kind, _, rest = name.partition(":")
+    if kind == "state":
+        key, _, rest = rest.partition(":")
+        if key == "step":
+            return "float32", []
+        kind = "param"
+    specs = metadata["parameters"] if kind == "param" else metadata["buffers"] if kind == "buffer" else []
+    for spec in specs:
+        if spec["name"] == rest:
+            return spec["dtype"], list(spec["shape"])
+    return None
+
+
 def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor]]:
-    """A protocol-3 file's metadata, graphs and state tensors (one line naming what is missing)."""
+    """A protocol-3 file's metadata, graphs and state tensors, each checked as the native layer checks
+    them (one line naming what is missing or wrong)."""
     metadata = protocol.read_metadata(path)
     if metadata.get("protocol_version") != protocol.EXPORT_PROTOCOL_VERSION:
         raise protocol.ProtocolError(f"{path}: protocol {metadata.get('protocol_version')}, not a protocol-3 module")
-    entry = metadata[protocol.PROGRAM_KEY]
-    with zipfile.ZipFile(path) as archive:
-        names = set(archive.namelist())
-        graphs = {}
-        for name, file in entry["graphs"].items():
-            if file not in names:
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), file))
-            graphs[name] = json.loads(archive.read(file))
-        state = {}
-        for spec in entry["state"]:
-            if spec["file"] not in names:
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
-            raw = bytearray(archive.read(spec["file"]))
-            dtype = oplist.DTYPES[spec["dtype"]]
-            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-            state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
+    entry = metadata.get(protocol.PROGRAM_KEY)
+    if not isinstance(entry, dict):
+        raise protocol.ProtocolError(messages.program_entry_missing(str(path), protocol.PROGRAM_KEY))
+    if entry.get("oplist_version") != oplist.VERSION or isinstance(entry.get("oplist_version"), bool):
+        raise protocol.ProtocolError(messages.program_version(str(path), json.dumps(entry.get("oplist_version")),
+                                                              oplist.VERSION))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            graphs = {}
+            for name, file in entry["graphs"].items():
+                if file not in names:
+                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), file))
+                graphs[name] = json.loads(archive.read(file))
+                oplist.check(graphs[name], f"op list {name}")
+            state = {}
+            for spec in entry["state"]:
+                if spec["file"] not in names:
+                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
+                raw = bytearray(archive.read(spec["file"]))
+                expected = _entry_spec(metadata, spec["name"])
+                actual = (spec["dtype"], list(spec["shape"]))
+                if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
+                    raise protocol.ProtocolError(messages.program_state_mismatch(
+                        str(path), spec["name"], _text(expected), _text(actual)))
+                dtype = oplist.DTYPES[spec["dtype"]]
+                needed = math.prod(spec["shape"]) * dtype.itemsize
+                if len(raw) != needed:
+                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], len(raw),
+                                                                              spec["name"], _text(actual), needed))
+                flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
+        for key in ("training", "counters"):
+            if not isinstance(entry.get(key), dict):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
+        _check_bound(graphs, state, entry["counters"])
+    except oplist.OpListError as ex:
+        raise protocol.ProtocolError(f"{path}: {ex}") from ex
+    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
+        raise protocol.ProtocolError(messages.program_unreadable(str(path), " ".join(str(ex).split()))) from ex
     return metadata, graphs, state
 
 
-def _check(eager: nn.Module, loss_module: nn.Module, spec: Dict[str, Any], graphs: Dict[str, Any],
-           state: Dict[str, Tensor], names: List[str], input_names: List[str], x: Dict[str, Tensor],
+def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor], counters: Dict[str, Any]) -> None:
+    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum);
+    the native layer's check_bound."""
+    created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
+    for name, graph in graphs.items():
+        for binding in graph["inputs"]:
+            if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
+                continue
+            if not (counters["steps"] == 0 and binding in created):
+                raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
+
+
+def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
+    """Inputs by name as the reference takes them: the tensor itself for a model of one input."""
+    return x[names[0]] if model_inputs.is_single(names) else x
+
+
+def _text(spec: Any) -> str:
+    return "a constant" if spec is None else f"{spec[0]} {list(spec[1])}"
+
+
+def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], x: Dict[str, Tensor],
            y: Tensor) -> None:
-    """The program (Python twin of the native interpreter) beside the eager model and torch.optim: two
-    steps at the example's size, one at one more, then evaluate and forward in eval mode; bit for bit."""
+    """The written program (read back, run by the native interpreter's Python twin) beside the user's eager
+    model with torch.optim as the reference trains it (groups, frozen parameters, clipping, accumulation,
+    the schedule): two steps at the example's size, one at one more, each followed by the end-of-epoch
+    schedule step; then evaluate and forward in eval mode; bit for bit."""
+    from ..reference import Reference
+
     compare = self_check._Comparison("export")
-    twin = program.Program(graphs, state, names, spec)
-    optimizer = optim.torch_optimizer(spec, eager.parameters())
-    eager.train()
-    batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
+    method = "loading the export"
     try:
+        metadata, graphs, state = read_program(path)
+        entry = metadata[protocol.PROGRAM_KEY]
+        twin = program.Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
+                               entry["counters"], schedule)
+        reference = Reference(path, eager)
+        batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
         with torch.random.fork_rng(devices=[]):
             for k, (bx, by) in enumerate(batches):
                 method = f"train_step {k + 1}"
                 torch.manual_seed(self_check.SEED + k)
-                optimizer.zero_grad()
-                expected = loss_module(_call(eager, input_names, [bx[n] for n in input_names]), by)
-                expected.backward()
-                optimizer.step()
+                expected = reference.train_step(_batch(input_names, bx), by)
                 torch.manual_seed(self_check.SEED + k)
                 actual = twin.train_step(bx, by)
-                compare.tensor(method, "loss", expected.detach(), actual)
-                compare.named(method, "parameter", dict(eager.named_parameters()),
-                              {n: twin.state[f"param:{n}"] for n in names})
-                compare.named(method, "buffer", dict(eager.named_buffers()),
-                              {n: twin.state[f"buffer:{n}"] for n, _ in eager.named_buffers()})
-            eager.eval()
+                compare.tensor(method, "loss", expected, actual)
+                compare.named(method, "parameter", reference.parameters(),
+                              {n: twin.state[f"param:{n}"] for n in twin.parameters})
+                compare.named(method, "buffer", reference.buffers(),
+                              {n: twin.state[f"buffer:{n}"] for n in reference.buffers()})
+                for key, values in reference.optimizer_state().items():
+                    compare.named(method, f"optimizer state {key} of", dict(zip(twin.trainable, values)),
+                                  {n: twin.state.get(f"state:{key}:{n}") for n in twin.trainable})
+                reference.end_epoch(float(expected))
+                twin.schedule_epoch(float(expected))
+                if reference.lrs() != twin.lrs:
+                    raise ExportError(messages.export_mismatch(method, "the learning rates", str(reference.lrs()),
+                                                               str(twin.lrs)))
+            method = "evaluate (eval mode)"
+            compare.tensor(method, "loss", reference.evaluate(_batch(input_names, x), y), twin.evaluate(x, y))
+            method = "forward (eval mode)"
+            reference.model.eval()
             with torch.no_grad():
-                out = _call(eager, input_names, [x[n] for n in input_names])
-                compare.tensor("forward", "output", out, twin.forward(x))
-                compare.tensor("evaluate", "loss", loss_module(out, y), twin.evaluate(x, y))
+                out = _call(reference.model, input_names, [x[n] for n in input_names])
+            compare.tensor(method, "output", out, twin.forward(x))
     except ExportError:
         raise
     except Exception as ex:
-        raise ExportError(messages.export_check_raised("train_step", " ".join(str(ex).split())[:300])) from ex
+        raise ExportError(messages.export_check_raised(method, " ".join(str(ex).split())[:300])) from ex

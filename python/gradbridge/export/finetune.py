@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import protocol, torchscript
-from ..errors import FineTuneError  # also importable from here, as before
-from . import scheduler_modules, schedulers
+from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
+from . import groups as param_groups, optim, scheduler_modules, schedulers
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -43,7 +43,7 @@ class Plan:
     metadata: Dict[str, Any] = field(default_factory=dict)
 
 
-def freeze(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Sequence[str]) -> None:
+def freeze_prefixes(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefixes: Sequence[str]) -> None:
     """requires_grad_(False) on every parameter whose name starts with one of ``prefixes``."""
     for prefix in prefixes:
         matched = [p for n, p in named_parameters if n.startswith(prefix)]
@@ -78,8 +78,6 @@ def initial_lrs(optimizer: torch.optim.Optimizer):
 def _torch_optimizer_like(name: str, hyper: List[Dict[str, Any]]) -> torch.optim.Optimizer:
     """A torch optimizer over one dummy tensor per group with the groups' options: lets the real
     torch scheduler compute its starting state (initial lrs, first step)."""
-    from . import optim
-
     cls = getattr(torch.optim, optim.OPTIMIZERS[name].torch_name)
     groups = []
     for options in hyper:
@@ -138,6 +136,49 @@ def plan(optimizer_spec: Dict[str, Any], hyper: List[Dict[str, Any]], scheduler:
     if accumulate > 1:
         metadata["accumulate"] = accumulate
     return Plan(module, interval, lrs, clip, accumulate, metadata)
+
+
+@dataclass
+class Setup:
+    """What both formats export of the optimizer and the fine-tuning options (``setup``)."""
+    spec: Dict[str, Any]  # the metadata's optimizer entry
+    resolved: List[Tuple[List[int], Dict[str, Any]]]  # groups.resolve: (parameter indices, options) per group
+    optimizers: List[nn.Module]  # each group's scripted optimizer (``optim``)
+    trainable: List[bool]
+    plan: Plan
+
+
+def setup(named_parameters: Sequence[Tuple[str, nn.Parameter]], names_by_id: Dict[int, str], optimizer: Any, *,
+          freeze: Sequence[str], scheduler: Any, scheduler_interval: str, clip_grad_norm: Optional[float],
+          clip_norm_type: float, clip_grad_value: Optional[float], accumulate: int) -> Setup:
+    """Freeze, resolve the parameter groups and check every option (``export_training_module``'s
+    arguments) over the copy of the model being exported; ``names_by_id`` names the user's parameters (what
+    a torch.optim instance holds). Raises before anything is written."""
+    freeze_prefixes(named_parameters, freeze)
+    names = [n for n, _ in named_parameters]
+    parameters = [p for _, p in named_parameters]
+    trainable = [p.requires_grad for p in parameters]
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if scheduler is not None and not isinstance(scheduler, dict):
+            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
+                raise ExportError(f"scheduler {type(scheduler).__name__} schedules another optimizer than the one "
+                                  "exported; build it over that optimizer")
+            schedulers.check_tensors(scheduler)
+        # A scheduler's construction already moved the lrs; the spec holds the base lrs.
+        with initial_lrs(optimizer) if scheduler is not None else contextlib.nullcontext():
+            spec = param_groups.spec_of_instance(optimizer, names_by_id, dict(zip(names, trainable)))
+    else:
+        spec = {"name": optimizer} if isinstance(optimizer, str) else dict(optimizer)
+    resolved = param_groups.resolve(spec, names, trainable)
+    if not any(trainable):
+        raise ValueError("every parameter is frozen: nothing to train")
+    modules = [optim.build({"name": spec["name"], **options}, [parameters[i] for i in indices])
+               for indices, options in resolved]
+    hyper = [m.hyperparameters() for m in modules]
+    spec = param_groups.metadata_spec(spec["name"], resolved, names, hyper)
+    return Setup(spec, resolved, modules, trainable,
+                 plan(spec, hyper, scheduler, scheduler_interval, clip_grad_norm, clip_norm_type, clip_grad_value,
+                      accumulate))
 
 
 def clip_of(metadata: Dict[str, Any]) -> Dict[str, Any]:

@@ -3,7 +3,6 @@ options, script the wrapper (``scripted_module._TrainingModule``: parameters, bu
 protocol's methods), check it against the declared tensors, and write it with its metadata."""
 
 
-import contextlib
 import copy
 import json
 import logging
@@ -19,7 +18,7 @@ from .._version import __version__
 from ..errors import ExportError  # also importable from here, as before
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import capture as model_capture, finetune, groups as param_groups, losses, optim, schedulers, self_check
+from . import capture as model_capture, finetune, losses, optim, self_check
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -42,14 +41,6 @@ def _loss_spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
     if isinstance(loss, nn.Module):
         return losses.spec_of(loss)
     return dict(loss)
-
-
-def _optimizer_spec(optimizer: Union[str, Dict[str, Any], torch.optim.Optimizer]) -> Dict[str, Any]:
-    if isinstance(optimizer, str):
-        return {"name": optimizer}
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optim.spec_of(optimizer)
-    return dict(optimizer)
 
 
 def export_training_module(
@@ -109,9 +100,9 @@ def export_training_module(
             it off only for a model too large to run twice.
         format: ``"torchscript"`` (the default: protocol 2) or ``"export"``: protocol 3, the training
             step captured with torch.export as aten op lists that the native layer runs op by op
-            (``export.aten_export``). Today it takes example_inputs (a batch of at least 2), SGD, Adam or
-            AdamW with one parameter group, every parameter trainable; it refuses freeze, scheduler,
-            clipping, accumulate and init_weights in one line.
+            (``export.aten_export``). It takes example_inputs (a batch of at least 2) and every option
+            above with SGD, Adam, AdamW, RMSprop or Adagrad, except the onecycle schedule; it refuses that,
+            inputs without example_inputs and parameters the loss gives no gradient in one line.
 
     Returns the path written.
 
@@ -128,9 +119,9 @@ def export_training_module(
     if format == "export":
         from . import aten_export
 
-        options = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
-                       clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights,
-                       inputs=inputs)
+        options = dict(freeze=freeze, scheduler=scheduler, scheduler_interval=scheduler_interval,
+                       clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value,
+                       accumulate=accumulate, init_weights=init_weights, inputs=inputs)
         return aten_export.export(model, loss, optimizer, Path(path), example_inputs=example_inputs,
                                   model_name=model_name, check=check, options=options)
     loss_spec = _loss_spec(loss)
@@ -163,32 +154,13 @@ def export_training_module(
     model = copy.deepcopy(model)
     named_parameters = list(model.named_parameters())
     parameters = [p for _, p in named_parameters]
-    names = [n for n, _ in named_parameters]
     if not parameters:
         raise ValueError(f"{type(model).__name__} has no parameters: nothing to train; export a model with at least "
                          "one parameter")
-    finetune.freeze(named_parameters, freeze)
-    trainable = [p.requires_grad for p in parameters]
-    if isinstance(optimizer, torch.optim.Optimizer):
-        if scheduler is not None and not isinstance(scheduler, dict):
-            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
-                raise ExportError(f"scheduler {type(scheduler).__name__} schedules another optimizer than the one "
-                                  "exported; build it over that optimizer")
-            schedulers.check_tensors(scheduler)
-        # A scheduler's construction already moved the lrs; the spec holds the base lrs.
-        with finetune.initial_lrs(optimizer) if scheduler is not None else contextlib.nullcontext():
-            optimizer_spec = param_groups.spec_of_instance(optimizer, names_by_id, dict(zip(names, trainable)))
-    else:
-        optimizer_spec = _optimizer_spec(optimizer)
-    resolved = param_groups.resolve(optimizer_spec, names, trainable)
-    if not any(trainable):
-        raise ValueError("every parameter is frozen: nothing to train")
-    group_modules = [optim.build({"name": optimizer_spec["name"], **options}, [parameters[i] for i in indices])
-                     for indices, options in resolved]
-    hyper = [m.hyperparameters() for m in group_modules]
-    optimizer_spec = param_groups.metadata_spec(optimizer_spec["name"], resolved, names, hyper)
-    plan = finetune.plan(optimizer_spec, hyper, scheduler, scheduler_interval, clip_grad_norm, clip_norm_type,
-                         clip_grad_value, accumulate)
+    setup = finetune.setup(named_parameters, names_by_id, optimizer, freeze=freeze, scheduler=scheduler,
+                           scheduler_interval=scheduler_interval, clip_grad_norm=clip_grad_norm,
+                           clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value, accumulate=accumulate)
+    trainable, resolved, optimizer_spec, plan = setup.trainable, setup.resolved, setup.spec, setup.plan
     if init_weights is not None:
         finetune.load_weights(model, init_weights)
 
@@ -224,7 +196,7 @@ def export_training_module(
     named_buffers = captured.named_buffers()
     wrapper_class = _TrainingModule if model_inputs.is_single(input_names) else _SeveralInputs
     wrapper = wrapper_class(
-        captured.train, captured.eval, loss_module, group_modules,
+        captured.train, captured.eval, loss_module, setup.optimizers,
         [name for name, _ in named_parameters], parameters,
         [name for name, _ in named_buffers], [b for _, b in named_buffers],
         trainable_index=[i for i, t in enumerate(trainable) if t],

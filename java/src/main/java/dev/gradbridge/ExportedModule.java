@@ -1,15 +1,21 @@
 package dev.gradbridge;
 
+import com.google.gson.Gson;
+import com.google.gson.GsonBuilder;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import com.google.gson.JsonPrimitive;
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
+import java.time.LocalDateTime;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -19,25 +25,37 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.zip.CRC32;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipFile;
+import java.util.zip.ZipOutputStream;
 
 /**
  * A protocol-3 module: a training step captured with torch.export as gradbridge's op lists, run op by op
  * over libtorch's dispatcher by the native layer ({@code native/gradbridge_exported.cpp}), which owns the
- * state tensors (parameters, buffers, gradients, optimizer state). The second implementation of the
- * engine boundary; the protocol's methods map onto the native module's. Checkpoints, snapshots and
- * {@code load_optimizer_state} are refused in one line for now.
+ * state tensors (parameters, buffers, gradients, optimizer state) and the host's counters (steps, learning
+ * rates, the schedule's state). The second implementation of the engine boundary; the protocol's methods
+ * map onto the native module's. A checkpoint is the same zip with the state tensors and counters as they
+ * are now; {@code load_optimizer_state} and the data-parallel methods are refused in one line for now.
  */
 final class ExportedModule extends ScriptedModule {
 
+    private static final Gson PRETTY = new GsonBuilder().setPrettyPrinting().create();
+    private static final LocalDateTime ZIP_TIME = LocalDateTime.of(1980, 1, 1, 0, 0);
+
     private final Path path;
+    private final Metadata metadata;
     private final AtomicLong handle;
     private final Set<String> methodNames;
     private final List<String> parameterNames = new ArrayList<>();
     private final List<String> bufferNames = new ArrayList<>();
+    /** The optimizer's parameters in group order (torch.optim's state order). */
+    private final List<String> trainableNames;
+    /** Each graph's entry in the zip and its op list, written back unchanged into checkpoints. */
+    private final Map<String, String> graphFiles;
 
-    private ExportedModule(Path path, long handle, Metadata metadata) {
+    private ExportedModule(Path path, long handle, Metadata metadata, List<String> trainableNames,
+            Map<String, String> graphFiles) {
         this.path = path;
         this.handle = new AtomicLong(handle);
         this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(metadata.getMethods()));
@@ -47,6 +65,9 @@ final class ExportedModule extends ScriptedModule {
         for (Metadata.TensorSpec spec : metadata.getBuffers()) {
             bufferNames.add(spec.getName());
         }
+        this.trainableNames = trainableNames;
+        this.graphFiles = graphFiles;
+        this.metadata = metadata;
     }
 
     /** Reads the zip (program, op lists, state) and builds the native module; one line for what is wrong. */
@@ -55,48 +76,42 @@ final class ExportedModule extends ScriptedModule {
         List<Tensor> state = new ArrayList<>();
         try (ZipFile archive = new ZipFile(file.toFile())) {
             JsonObject document = JsonParser.parseString(read(archive, file, Protocol.METADATA_FILE)).getAsJsonObject();
-            JsonElement programElement = document.get(Protocol.PROGRAM_KEY);
-            if (programElement == null || !programElement.isJsonObject()) {
-                throw new ProtocolException(Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY));
+            JsonObject program = member(document, Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
+            JsonElement version = program.get("oplist_version");
+            if (version == null || !version.isJsonPrimitive() || !String.valueOf(Protocol.OPLIST_VERSION).equals(version.getAsString())) {
+                throw new ProtocolException(Messages.programVersion(file.toString(), String.valueOf(version),
+                        Protocol.OPLIST_VERSION));
             }
-            JsonObject program = programElement.getAsJsonObject();
-            StringBuilder text = new StringBuilder("{\"optimizer\":").append(document.get("optimizer"))
-                    .append(",\"min_batch\":").append(program.get("min_batch"))
+            JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
+            JsonObject counters = member(program, "counters", file, Protocol.PROGRAM_KEY + ".counters");
+            List<String> trainable = new ArrayList<>();
+            for (JsonElement group : training.getAsJsonArray("groups")) {
+                for (JsonElement name : group.getAsJsonObject().getAsJsonArray("params")) {
+                    trainable.add(name.getAsString());
+                }
+            }
+            StringBuilder text = new StringBuilder("{\"min_batch\":").append(program.get("min_batch"))
                     .append(",\"parameters\":").append(names(metadata.getParameters()))
                     .append(",\"inputs\":").append(strings(metadata.getInputNames()))
+                    .append(",\"training\":").append(training)
+                    .append(",\"counters\":").append(counters)
                     .append(",\"graphs\":{");
-            boolean first = true;
+            Map<String, String> graphFiles = new LinkedHashMap<>();
             for (Map.Entry<String, JsonElement> graph : program.getAsJsonObject("graphs").entrySet()) {
-                text.append(first ? "" : ",").append(new com.google.gson.JsonPrimitive(graph.getKey())).append(':')
-                        .append(read(archive, file, graph.getValue().getAsString()));
-                first = false;
+                String entry = graph.getValue().getAsString();
+                String opList = read(archive, file, entry);
+                text.append(graphFiles.isEmpty() ? "" : ",").append(new JsonPrimitive(graph.getKey())).append(':')
+                        .append(opList);
+                graphFiles.put(entry, opList);
             }
             text.append("}}");
             JsonArray entries = program.getAsJsonArray("state");
             String[] stateNames = new String[entries.size()];
             long[] handles = new long[entries.size()];
             for (int i = 0; i < entries.size(); i++) {
-                JsonObject entry = entries.get(i).getAsJsonObject();
-                stateNames[i] = entry.get("name").getAsString();
-                JsonArray dims = entry.getAsJsonArray("shape");
-                long[] shape = new long[dims.size()];
-                for (int d = 0; d < shape.length; d++) {
-                    shape[d] = dims.get(d).getAsLong();
-                }
-                DType dtype = DType.of(entry.get("dtype").getAsString());
-                byte[] bytes = readBytes(archive, file, entry.get("file").getAsString());
-                long expected = dtype.size();
-                for (long d : shape) {
-                    expected *= d;
-                }
-                if (bytes.length != expected) {
-                    throw new ProtocolException(file + ": " + entry.get("file").getAsString() + " holds " + bytes.length
-                            + " bytes, " + stateNames[i] + " (" + dtype + " " + Arrays.toString(shape) + ") needs " + expected);
-                }
-                ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
-                buffer.put(bytes).flip();
-                Tensor tensor = Tensor.fromBuffer(buffer, dtype, shape);
+                Tensor tensor = stateTensor(archive, file, metadata, entries.get(i).getAsJsonObject());
                 state.add(tensor);
+                stateNames[i] = entries.get(i).getAsJsonObject().get("name").getAsString();
                 handles[i] = tensor.handle();
             }
             long module;
@@ -106,16 +121,92 @@ final class ExportedModule extends ScriptedModule {
                 throw new ProtocolException(file + ": " + libtorchSummary(e));
             }
             try {
-                return new ExportedModule(file, module, metadata);
+                return new ExportedModule(file, module, metadata, Collections.unmodifiableList(trainable),
+                        Collections.unmodifiableMap(graphFiles));
             } catch (RuntimeException e) {
                 Native.exportedFree(module);
                 throw e;
             }
-        } catch (IOException | IllegalStateException | ClassCastException | NullPointerException e) {
-            throw new ProtocolException(file + ": not a readable protocol-3 module: " + e.getMessage());
+        } catch (IOException | IllegalStateException | ClassCastException | NullPointerException
+                | UnsupportedOperationException e) {
+            throw new ProtocolException(Messages.programUnreadable(file.toString(), String.valueOf(e.getMessage())));
         } finally {
             Tensors.closeAll(state);
         }
+    }
+
+    private static JsonObject member(JsonObject object, String key, Path file, String entry) {
+        JsonElement value = object.get(key);
+        if (value == null || !value.isJsonObject()) {
+            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entry));
+        }
+        return value.getAsJsonObject();
+    }
+
+    /** One state entry's tensor, checked against the dtype and shape its name calls for and its file's size. */
+    private static Tensor stateTensor(ZipFile archive, Path file, Metadata metadata, JsonObject entry) throws IOException {
+        String name = entry.get("name").getAsString();
+        String entryFile = entry.get("file").getAsString();
+        JsonArray dims = entry.getAsJsonArray("shape");
+        long[] shape = new long[dims.size()];
+        for (int d = 0; d < shape.length; d++) {
+            shape[d] = dims.get(d).getAsLong();
+        }
+        String dtypeName = entry.get("dtype").getAsString();
+        String actual = dtypeName + " " + Arrays.toString(shape);
+        String expected = expectedSpec(metadata, name);
+        DType dtype;
+        try {
+            dtype = DType.of(dtypeName);
+        } catch (InvalidInputException e) {
+            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name,
+                    expected == null ? "a constant" : expected, actual));
+        }
+        if (expected != null && !expected.equals(actual)) {
+            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name, expected, actual));
+        }
+        byte[] bytes = readBytes(archive, file, entryFile);
+        long needed = dtype.size();
+        for (long d : shape) {
+            needed *= d;
+        }
+        if (bytes.length != needed) {
+            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, bytes.length, name, actual,
+                    needed));
+        }
+        ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
+        buffer.put(bytes).flip();
+        return Tensor.fromBuffer(buffer, dtype, shape);
+    }
+
+    /**
+     * The dtype and shape a state entry must have ({@code float32 [3, 4]}): a parameter's or buffer's as the
+     * metadata declares it, an optimizer state's as its parameter's ({@code step}: a float32 scalar); null
+     * for a tensor constant the model makes (python: aten_export._entry_spec).
+     */
+    private static String expectedSpec(Metadata metadata, String name) {
+        String[] parts = name.split(":", 3);
+        List<Metadata.TensorSpec> specs = null;
+        String tensor = parts.length > 1 ? parts[1] : "";
+        if ("state".equals(parts[0]) && parts.length == 3) {
+            if ("step".equals(parts[1])) {
+                return "float32 []";
+            }
+            specs = metadata.getParameters();
+            tensor = parts[2];
+        } else if ("param".equals(parts[0])) {
+            specs = metadata.getParameters();
+        } else if ("buffer".equals(parts[0])) {
+            specs = metadata.getBuffers();
+        }
+        if (specs != null) {
+            for (Metadata.TensorSpec spec : specs) {
+                if (spec.getName().equals(tensor)) {
+                    return spec.getDtype() + " " + Arrays.toString(spec.getShape());
+                }
+            }
+        }
+        return null;
     }
 
     private static String read(ZipFile archive, Path file, String name) throws IOException {
@@ -127,9 +218,17 @@ final class ExportedModule extends ScriptedModule {
         if (entry == null) {
             throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
         }
+        byte[] bytes;
         try (InputStream in = archive.getInputStream(entry)) {
-            return in.readAllBytes();
+            bytes = in.readAllBytes();
         }
+        CRC32 crc = new CRC32(); // Java's ZipFile checks none
+        crc.update(bytes);
+        if (entry.getCrc() != -1 && crc.getValue() != entry.getCrc()) {
+            throw new ProtocolException(Messages.programUnreadable(file.toString(),
+                    "its entry " + name + " does not match its checksum"));
+        }
+        return bytes;
     }
 
     private static String names(List<Metadata.TensorSpec> specs) {
@@ -166,14 +265,76 @@ final class ExportedModule extends ScriptedModule {
         // the graphs carry their mode: train (training mode), forward and loss (eval mode)
     }
 
+    /**
+     * The module as it is now, as a protocol-3 zip: {@code metadataJson} (the metadata and its checkpoint
+     * entry) with the program's state entries and counters as they are now, the op lists as loaded, and
+     * each state tensor but the gradients (a step starts with {@code zero_grad}).
+     */
     @Override
     byte[] save(String metadataName, String metadataJson) {
-        throw new ProtocolException(Messages.protocol3Refuses(path.toString(), "checkpoints"));
+        JsonObject document = JsonParser.parseString(metadataJson).getAsJsonObject();
+        JsonObject program = document.getAsJsonObject(Protocol.PROGRAM_KEY);
+        List<String> names = new ArrayList<>();
+        for (String name : Native.exportedStateNames(handle())) {
+            if (!name.startsWith("grad:")) {
+                names.add(name);
+            }
+        }
+        List<Tensor> tensors = new ArrayList<>();
+        try {
+            for (long h : Native.exportedGet(handle(), names.toArray(new String[0]))) {
+                tensors.add(new Tensor(h));
+            }
+            JsonArray entries = new JsonArray();
+            for (int i = 0; i < names.size(); i++) {
+                JsonObject entry = new JsonObject();
+                entry.addProperty("name", names.get(i));
+                entry.addProperty("dtype", tensors.get(i).dtype().torchName());
+                JsonArray shape = new JsonArray();
+                for (long d : tensors.get(i).shape()) {
+                    shape.add(d);
+                }
+                entry.add("shape", shape);
+                entry.addProperty("file", "state/" + i + ".bin");
+                entries.add(entry);
+            }
+            program.add("state", entries);
+            program.add("counters", JsonParser.parseString(Native.exportedCounters(handle())));
+            ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+            try (ZipOutputStream zip = new ZipOutputStream(bytes)) {
+                put(zip, metadataName, PRETTY.toJson(document).getBytes(StandardCharsets.UTF_8));
+                for (Map.Entry<String, String> graph : graphFiles.entrySet()) {
+                    put(zip, graph.getKey(), graph.getValue().getBytes(StandardCharsets.UTF_8));
+                }
+                for (int i = 0; i < tensors.size(); i++) {
+                    put(zip, "state/" + i + ".bin", tensors.get(i).toBytes());
+                }
+            }
+            return bytes.toByteArray();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e); // a ByteArrayOutputStream does not fail
+        } finally {
+            Tensors.closeAll(tensors);
+        }
+    }
+
+    private static void put(ZipOutputStream zip, String name, byte[] content) throws IOException {
+        ZipEntry entry = new ZipEntry(name);
+        entry.setTimeLocal(ZIP_TIME); // the same state saves as the same bytes
+        zip.putNextEntry(entry);
+        zip.write(content);
+        zip.closeEntry();
     }
 
     @Override
     ScriptedModule snapshot() {
-        throw new ProtocolException(Messages.protocol3Refuses(path.toString(), "snapshots"));
+        long copy = Native.exportedSnapshot(handle());
+        try {
+            return new ExportedModule(path, copy, metadata, trainableNames, graphFiles);
+        } catch (RuntimeException e) {
+            Native.exportedFree(copy);
+            throw e;
+        }
     }
 
     @Override
@@ -211,14 +372,21 @@ final class ExportedModule extends ScriptedModule {
                             ((Tensor) args[2]).handle(), ((Number) args[3]).longValue());
                     return Tensor.of(losses, losses.length);
                 case Protocol.GET_LR:
-                    return Native.exportedLr(handle());
+                    return Native.exportedLrs(handle())[0];
                 case Protocol.GET_LRS:
-                    return new ArrayList<>(Collections.singletonList(Native.exportedLr(handle())));
+                    List<Double> lrs = new ArrayList<>();
+                    for (double lr : Native.exportedLrs(handle())) {
+                        lrs.add(lr);
+                    }
+                    return lrs;
                 case Protocol.SET_LR:
-                    Native.exportedSetLr(handle(), ((Number) args[0]).doubleValue());
+                    Native.exportedSetLr(handle(), -1, ((Number) args[0]).doubleValue());
                     return null;
                 case Protocol.SET_GROUP_LR:
-                    Native.exportedSetLr(handle(), ((Number) args[1]).doubleValue());
+                    Native.exportedSetLr(handle(), ((Number) args[0]).intValue(), ((Number) args[1]).doubleValue());
+                    return null;
+                case Protocol.SCHEDULE_EPOCH:
+                    Native.exportedScheduleEpoch(handle(), ((Number) args[0]).doubleValue());
                     return null;
                 case Protocol.SGD_STEP:
                     Native.exportedSgdStep(handle(), ((Number) args[0]).doubleValue());
@@ -272,7 +440,7 @@ final class ExportedModule extends ScriptedModule {
         Native.exportedSet(handle(), keys, tensors);
     }
 
-    /** torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per parameter. */
+    /** torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per trainable parameter, in group order. */
     private Map<String, List<Tensor>> optimizerState() {
         Map<String, List<Tensor>> state = new LinkedHashMap<>();
         Set<String> held = new LinkedHashSet<>(Arrays.asList(Native.exportedStateNames(handle())));
@@ -283,7 +451,7 @@ final class ExportedModule extends ScriptedModule {
             }
         }
         for (String key : keys) {
-            state.put(key, get("state:" + key + ":", parameterNames));
+            state.put(key, get("state:" + key + ":", trainableNames));
         }
         return state;
     }
@@ -295,8 +463,13 @@ final class ExportedModule extends ScriptedModule {
 
     @Override
     boolean allFinite(String method) {
-        @SuppressWarnings("unchecked")
-        List<Tensor> tensors = (List<Tensor>) invoke(method);
+        Object result = invoke(method);
+        List<Tensor> tensors = new ArrayList<>();
+        for (Object list : result instanceof Map ? ((Map<?, ?>) result).values() : Collections.singletonList(result)) {
+            for (Object tensor : (List<?>) list) {
+                tensors.add((Tensor) tensor);
+            }
+        }
         try {
             for (Tensor t : tensors) {
                 if (!t.allFinite()) {

@@ -267,8 +267,8 @@ public final class Metadata {
                 metadata = GSON.fromJson(document, Metadata.class);
                 metadata.document = document;
             } catch (JsonParseException | IllegalStateException e) {
-                throw new ProtocolException(
-                        path + ": " + Protocol.METADATA_FILE + " is not valid JSON: " + e.getMessage());
+                throw new ProtocolException(path + ": " + Protocol.METADATA_FILE + " is not valid JSON: "
+                        + e.getMessage().split("\n", 2)[0]); // Gson adds a line pointing at its documentation
             }
             metadata.check(path);
             return metadata;

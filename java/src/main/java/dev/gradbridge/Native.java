@@ -179,7 +179,7 @@ final class Native {
     // ---- protocol 3: op lists run over libtorch's dispatcher (native/gradbridge_exported.cpp) ----
 
     /**
-     * A protocol-3 module from its program (JSON: optimizer, min_batch, parameters, inputs, graphs) and its
+     * A protocol-3 module from its program (JSON: min_batch, parameters, inputs, graphs, training, counters) and its
      * state tensors by binding name (cloned: the caller keeps and frees its own).
      */
     static native long exportedLoad(String program, String[] stateNames, long[] stateTensors);
@@ -201,9 +201,20 @@ final class Native {
     /** Replaces state tensors by binding name with copies of the given ones. */
     static native void exportedSet(long module, String[] names, long[] tensors);
 
-    static native double exportedLr(long module);
+    /** A copy of the module: its own state tensors (cloned) and counters. */
+    static native long exportedSnapshot(long module);
 
-    static native void exportedSetLr(long module, double lr);
+    /** Each parameter group's learning rate, in group order. */
+    static native double[] exportedLrs(long module);
+
+    /** Sets one group's learning rate, or every group's when {@code group} is negative. */
+    static native void exportedSetLr(long module, int group, double lr);
+
+    /** The end-of-epoch schedule step (ReduceLROnPlateau on {@code metric}); nothing unless it steps per epoch. */
+    static native void exportedScheduleEpoch(long module, double metric);
+
+    /** The host's counters as JSON (steps, learning rates, the schedule's state): what a checkpoint saves. */
+    static native String exportedCounters(long module);
 
     /** {@code p -= lr * grad} for each parameter with a gradient, then the gradients are dropped. */
     static native void exportedSgdStep(long module, double lr);

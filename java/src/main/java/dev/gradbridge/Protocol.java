@@ -27,6 +27,11 @@ public final class Protocol {
     public static final int EXPORT_VERSION = 3;
     /** The metadata key of a protocol-3 module's program (graphs and state entries). */
     public static final String PROGRAM_KEY = "program";
+    /**
+     * The op-list version this gradbridge runs (python: oplist.VERSION; the native layer's kOpListVersion);
+     * a program of any other is refused in one line.
+     */
+    public static final int OPLIST_VERSION = 2;
     /** Name of the metadata file stored inside the .pt archive. */
     public static final String METADATA_FILE = "gradbridge.json";
     /** Value of the metadata's {@code format} key. */

@@ -4,6 +4,7 @@ import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
 import dev.gradbridge.online.log.LogCorruptException;
@@ -332,6 +333,9 @@ public final class OnlineLearner implements AutoCloseable {
 
     /** Modules with buffers or gradient accumulation are refused. */
     private static void checkSupported(Path modelPath, TrainingModule module) {
+        if (module.getMetadata().getProtocolVersion() == Protocol.EXPORT_VERSION) {
+            throw new InvalidInputException(Messages.protocol3Refuses(modelPath.toString(), "online learning"));
+        }
         if (module.getMetadata().hasNamedInputs()) {
             throw new InvalidInputException(
                     Messages.oneInputOnly(modelPath.toString(), "online learning", module.getInputNames()));
