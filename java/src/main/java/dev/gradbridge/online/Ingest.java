@@ -36,6 +36,7 @@ final class Ingest {
     private final LogWriter log;
     private final Consumer<Throwable> fail;
     private final PhaseTimes phases;
+    private final double maxInputAbs; // 0: no limit
 
     final AtomicLong accepted = new AtomicLong();
     final AtomicLong refused = new AtomicLong();
@@ -43,7 +44,7 @@ final class Ingest {
     final AtomicLong sourceRefused = new AtomicLong(); // source records refused (not feedback the module takes)
 
     Ingest(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int queueCapacity, PredictorPool lossCheck,
-            FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases) {
+            FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases, double maxInputAbs) {
         this.xSpec = xSpec;
         this.ySpec = ySpec;
         this.xRowBytes = rowBytes(xSpec);
@@ -54,6 +55,23 @@ final class Ingest {
         this.log = log;
         this.fail = fail;
         this.phases = phases;
+        this.maxInputAbs = maxInputAbs;
+    }
+
+    /**
+     * Refuses an input holding a floating-point value beyond the magnitude limit, naming the field
+     * and the element.
+     *
+     * @throws InvalidInputException when a value exceeds it
+     */
+    void checkMagnitude(String name, HostTensor x) {
+        if (maxInputAbs <= 0) {
+            return;
+        }
+        long index = x.firstAbove(maxInputAbs);
+        if (index >= 0) {
+            throw new InvalidInputException(Messages.inputTooLarge(name, x.indexOf(index), x.valueAt(index), maxInputAbs));
+        }
     }
 
     /** See {@link OnlineLearner#offer(HostTensor, HostTensor, String, long, TimeUnit)}. */
@@ -66,6 +84,7 @@ final class Ingest {
         if (!x.allFinite() || !y.allFinite()) {
             throw new InvalidInputException("feedback holds NaN or infinite values");
         }
+        checkMagnitude("x", x);
         if (rows > queueCapacity) {
             throw new InvalidInputException(rows + " events in one call exceed the queue capacity " + queueCapacity);
         }
@@ -141,6 +160,7 @@ final class Ingest {
             if (!record.x.allFinite() || !record.y.allFinite()) {
                 throw new InvalidInputException("feedback holds NaN or infinite values");
             }
+            checkMagnitude("x", record.x);
             if (rows > queueCapacity / 2) {
                 throw new InvalidInputException(rows + " events in one record exceed half the queue capacity " + queueCapacity);
             }

@@ -8,6 +8,7 @@ import com.google.gson.JsonParser;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.KeyConflictException;
+import dev.gradbridge.online.ModelVersion;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.Prediction;
 import dev.gradbridge.online.QueueFullException;
@@ -26,6 +27,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.util.NoSuchElementException;
 import java.util.concurrent.TimeUnit;
 import org.eclipse.jetty.http.HttpVersion;
 import org.eclipse.jetty.server.HttpConfiguration;
@@ -52,6 +54,9 @@ import org.slf4j.LoggerFactory;
  *       once logged; 429 when the queue is full; 503 when the log cannot be written (nothing of
  *       the request was logged)
  *   <li>{@code GET /healthz} (503 once training has stopped), {@code GET /metrics} (Prometheus)
+ *   <li>{@code POST /admin/rollback} {@code {"version": v}} (or no body: the version before the
+ *       serving one) → {@code {"version": v, "kept": [...]}}, with a publish gate only (409
+ *       without); 404 for a version not kept. Beside {@code /healthz}, with the token.
  * </ul>
  *
  * {@code /predict} and {@code /feedback} need {@code Authorization: Bearer TOKEN} unless the
@@ -94,6 +99,19 @@ final class HttpApi {
                 .register(registry);
         FunctionCounter.builder("gradbridge_predictions", learner, OnlineLearner::predictions)
                 .description("predictions served").register(registry);
+        FunctionCounter.builder("gradbridge_published_versions", learner, OnlineLearner::publishedVersions)
+                .description("versions published to predictors (passed the publish gate, or every version without one)")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_held_versions", learner, OnlineLearner::heldVersions)
+                .description("versions the publish gate held back (their gate loss rose more than --gate-max-regression)")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_rollbacks", learner, OnlineLearner::rollbacks)
+                .description("POST /admin/rollback applied").register(registry);
+        Gauge.builder("gradbridge_gate_loss", learner, OnlineLearner::lastGateLoss)
+                .description("gate-data loss of the last version the publish gate decided on (NaN: none yet)")
+                .register(registry);
+        Gauge.builder("gradbridge_gate_serving_loss", learner, OnlineLearner::servingGateLoss)
+                .description("gate-data loss of the serving version (NaN without a publish gate)").register(registry);
         predictLatency = Timer.builder("gradbridge_predict_latency").description("POST /predict handling time")
                 .publishPercentileHistogram().register(registry);
         learnLatency = Timer.builder("gradbridge_learn_latency").description("POST /feedback handling time")
@@ -184,11 +202,16 @@ final class HttpApi {
             logger.error("{} {} failed", ctx.method(), ctx.path(), e);
             fail(ctx, 500, "internal error (the service's log has the details)");
         });
-        config.routes.error(404, ctx -> fail(ctx, 404, "no route " + ctx.method() + " " + JsonTensors.abbreviate(ctx.path())));
+        config.routes.error(404, ctx -> {
+            if (ctx.attribute(ANSWERED) == null) { // a route's own 404 (an unknown version) keeps its line
+                fail(ctx, 404, "no route " + ctx.method() + " " + JsonTensors.abbreviate(ctx.path()));
+            }
+        });
         config.routes.error(405, ctx -> fail(ctx, 405, "method " + ctx.method() + " not allowed on " + ctx.path()));
     }
 
     private void adminRoutes(JavalinConfig config) {
+        config.routes.post("/admin/rollback", authorized(this::rollback));
         config.routes.get("/healthz", this::health);
         config.routes.get("/metrics", ctx -> ctx.contentType("text/plain; version=0.0.4; charset=utf-8").result(registry.scrape()));
     }
@@ -218,11 +241,19 @@ final class HttpApi {
         health.addProperty("updates", learner.updates());
         health.addProperty("queue_depth", learner.queueDepth());
         health.addProperty("quarantined_batches", learner.quarantinedBatches());
+        health.addProperty("latest_version", learner.latestVersion());
+        health.addProperty("published_versions", learner.publishedVersions());
+        health.addProperty("held_versions", learner.heldVersions());
         ctx.status(failure == null ? 200 : 503).contentType("application/json").result(GSON.toJson(health));
     }
 
     /** The body, read with the limit applied as it arrives (Content-Length or chunked). */
     private JsonObject body(Context ctx) throws IOException {
+        return body(ctx, false);
+    }
+
+    /** As {@link #body(Context)}; with {@code emptyAllowed}, no body at all reads as {@code {}}. */
+    private JsonObject body(Context ctx, boolean emptyAllowed) throws IOException {
         long declared = ctx.contentLength();
         if (declared > maxBodyBytes) {
             throw new BodyTooLarge("body of " + declared + " bytes exceeds the limit of " + maxBodyBytes + " bytes");
@@ -243,6 +274,9 @@ final class HttpApi {
             throw readFailure(e);
         }
         String text = new String(out.toByteArray(), StandardCharsets.UTF_8);
+        if (emptyAllowed && text.trim().isEmpty()) {
+            return new JsonObject();
+        }
         try {
             JsonElement json = JsonParser.parseString(text);
             if (!json.isJsonObject()) {
@@ -346,7 +380,49 @@ final class HttpApi {
         }
     }
 
+    /**
+     * {@code POST /admin/rollback} {@code {"version": v}} (or no body: the version published before
+     * the serving one) → {@code {"version": v, "kept": [...]}} once the rollback is in the log.
+     */
+    private void rollback(Context ctx) throws IOException {
+        try {
+            JsonObject body = body(ctx, true);
+            Long version = null;
+            for (String key : body.keySet()) {
+                if (!"version".equals(key)) {
+                    throw new InvalidInputException("unknown field '" + JsonTensors.abbreviate(key) + "'; the body is"
+                            + " {\"version\": N} (a kept published version) or empty (the one before the serving version)");
+                }
+            }
+            JsonElement given = body.get("version");
+            if (given != null) {
+                version = JsonTensors.versionNumber(given);
+            }
+            ModelVersion serving = learner.rollback(version);
+            JsonObject out = new JsonObject();
+            out.addProperty("version", serving.getId());
+            out.add("kept", GSON.toJsonTree(learner.keptVersions()));
+            ctx.contentType("application/json").result(GSON.toJson(out));
+        } catch (InvalidInputException e) {
+            fail(ctx, 400, e.getMessage());
+        } catch (BodyTooLarge e) {
+            fail(ctx, 413, e.getMessage());
+        } catch (BodyUnreadable e) {
+            fail(ctx, e.status, e.getMessage());
+        } catch (NoSuchElementException e) {
+            fail(ctx, 404, e.getMessage());
+        } catch (IllegalStateException e) {
+            fail(ctx, 409, e.getMessage());
+        } catch (IOException | UncheckedIOException e) {
+            fail(ctx, 503, "cannot log the rollback: " + e.getMessage());
+        }
+    }
+
+    /** Set on a request a handler answered with an error line, so Javalin's status handlers keep it. */
+    private static final String ANSWERED = "gradbridge.answered";
+
     private static void fail(Context ctx, int status, String message) {
+        ctx.attribute(ANSWERED, Boolean.TRUE);
         ctx.status(status).contentType("text/plain; charset=utf-8")
                 .result("error: " + String.valueOf(message).replace('\n', ' ') + "\n");
     }

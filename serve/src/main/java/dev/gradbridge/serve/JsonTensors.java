@@ -50,6 +50,24 @@ final class JsonTensors {
         return HostTensor.of(dtype, dims, bytes.array());
     }
 
+    /** A version number: an integer >= 0, e.g. /admin/rollback's {@code version}. */
+    static long versionNumber(JsonElement json) {
+        String problem = "field 'version' must be a version number (an integer >= 0), got " + abbreviate(json);
+        if (!json.isJsonPrimitive() || !json.getAsJsonPrimitive().isNumber()) {
+            throw new InvalidInputException(problem);
+        }
+        long version;
+        try {
+            version = integer("version", json.getAsJsonPrimitive());
+        } catch (InvalidInputException e) {
+            throw new InvalidInputException(problem);
+        }
+        if (version < 0) {
+            throw new InvalidInputException(problem);
+        }
+        return version;
+    }
+
     /** The number as written (exact), or a one-line refusal for text that is no number. */
     private static BigDecimal number(String field, JsonPrimitive value) {
         try {
