@@ -909,3 +909,96 @@ def test_a_module_of_several_inputs_is_refused_at_start_in_one_line(serve_script
     line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
     assert line == messages.one_input_only(str(model), "online learning", ["left", "right"])
     assert not log_dir.exists()
+
+
+# ---- issue 37: publish gates, rollbacks, the input magnitude limit ----
+
+def test_bad_gate_options_are_refused_at_start_in_one_line_and_leave_nothing(serve_script, models, tmp_path):
+    from gradbridge import messages
+
+    model = models["mlp_classifier.pt"]
+    x, y = _data(16, 20)
+    files = {}
+    for name, arrays in (("good", {"x": x, "y": y}), ("narrow", {"x": x[:, :3], "y": y}), ("no_y", {"x": x}),
+                         ("nan", {"x": np.where(np.arange(64).reshape(16, 4) == 5, np.nan, x).astype(np.float32), "y": y}),
+                         ("labels", {"x": x, "y": np.full(16, 7, dtype=np.int64)})):
+        files[name] = tmp_path / f"{name}.npz"
+        np.savez(files[name], **arrays)
+    files["text"] = tmp_path / "text.npz"
+    files["text"].write_text("not a zip")
+    missing = tmp_path / "missing.npz"
+    cases = (
+        (("--gate-data", missing), f"--gate-data {missing}: no such file"),
+        (("--gate-data", files["narrow"]), messages.tensor_spec(str(files["narrow"]), "x", "float32", [-1, 4], "float32",
+                                                                (16, 3))),
+        (("--gate-data", files["no_y"]), messages.input_missing(str(files["no_y"]), "y", ["x"], ["x", "y"])),
+        (("--gate-data", files["nan"]), f"{files['nan']}: x holds NaN or infinite values; clean the data first"),
+        (("--gate-data", files["labels"]), f"--gate-data {files['labels']} is rejected by the model's loss: Target 7 is out"),
+        (("--gate-data", files["text"]), f"{files['text']}: not a readable .npz file"),
+        (("--gate-data", files["good"], "--gate-max-regression", "-0.1"),
+         "--gate-max-regression must be a finite number >= 0, got -0.1"),
+        (("--gate-data", files["good"], "--gate-max-regression", "NaN"),
+         "--gate-max-regression must be a finite number >= 0, got NaN"),
+        (("--gate-data", files["good"], "--gate-on-hold", "sometimes"),
+         "unknown --gate-on-hold policy 'sometimes'; expected continue or rollback"),
+        (("--gate-data", files["good"], "--keep-versions", 0), "--keep-versions must be in 1..10000, got 0"),
+        (("--gate-max-regression", "0.1"), "--gate-max-regression needs --gate-data"),
+        (("--keep-versions", 3), "--keep-versions needs --gate-data"),
+        (("--max-input-abs", "-1"), "--max-input-abs must be a finite number >= 0 (0: no limit), got -1.0"),
+    )
+    for i, (args, expected) in enumerate(cases):
+        log_dir = tmp_path / f"log{i}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args)
+        line = one_error_line(result)
+        assert expected in line, (args, result.stderr)
+        assert not log_dir.exists(), args
+
+    # A gated log resumes only with the same gate (it decides which versions were published).
+    log_dir = tmp_path / "gated"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                      "--gate-max-regression", "0.1")
+    try:
+        acknowledged = _feed(service, 8, 21)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    for args in (("--gate-data", files["good"], "--gate-max-regression", "0.2"), ()):
+        line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args))
+        assert "offset 0: it was written with publish gate" in line and "start another log folder" in line, line
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before
+    same = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                   "--gate-max-regression", "0.1")  # resumes from the final checkpoint, its decision inside it
+    try:
+        assert json.loads(same.get("/healthz")[1])["held_versions"] == 0
+        acknowledged += _feed(same, 8, 22)
+        assert same.terminate()[0] == 0
+    finally:
+        same.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_the_input_magnitude_limit_refuses_absurd_features_naming_the_element(serve_script, models, tmp_path):
+    """--max-input-abs (default 1e6): feedback and predictions with a larger feature are refused with one
+    line naming the field and the element; nothing is logged. Rollbacks need a gate: 409 without one."""
+    from gradbridge import messages
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        for path, body, index, value in (
+                ("/feedback", {"x": [[0.1, 2e6, 0.3, 0.4]], "y": [1]}, [0, 1], 2e6),
+                ("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, -3e7, 0.8]], "y": [1, 2]}, [1, 2], -3e7),
+                ("/predict", {"x": [[1, 2, 3, 4e9]]}, [0, 3], 4e9)):
+            status, text = service.post(path, body)
+            expected = messages.input_too_large("x", index, float(np.float32(value)), 1e6)
+            assert status == 400 and text == f"error: {expected}\n", (path, text)
+        assert service.post("/feedback", {"x": [[1e6, -1e6, 0.5, 0.5]], "y": [0]})[0] == 200  # the limit itself is in
+        assert service.post("/predict", {"x": [[1e6, -1e6, 0.5, 0.5]]})[0] == 200
+        status, text = service.post("/admin/rollback", {})
+        assert status == 409 and text.startswith("error: a rollback needs a publish gate (--gate-data)"), text
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    assert sorted(replay_mod.read_log(log_dir).events) == [0]
+    _replay_bitwise(log_dir, model, 1)

@@ -125,10 +125,17 @@ def test_a_gate_holds_back_poisoned_versions_while_predictions_stay_and_replay_a
         assert again == serving and np.array_equal(output_again, output)  # still the version before the poison
         more_x, more_y = _data(20, 3)
         _feed(restarted, more_x, more_y)
-        _settle(restarted, 200)
-        assert restarted.terminate()[0] == 0
+        last = _settle(restarted, 200)
+        assert last["version"] < last["latest_version"]  # the last version was held back too
+        assert restarted.terminate()[0] == 0  # the final checkpoint holds that decision
     finally:
         restarted.kill()
+    once_more = Service(serve_script, model, log_dir, *_options(gate_data))
+    try:
+        assert _prediction(once_more, probe)[0] == serving
+        assert once_more.terminate()[0] == 0
+    finally:
+        once_more.kill()
     report = _check_replay(log_dir, model, gate_data)
     assert np.array_equal(output, _eager(model, report.parameters[serving], probe))
     held = [row for row in report.gates if row.decision_java != GATE_PUBLISHED]

@@ -410,6 +410,7 @@ final class HttpApi {
         } catch (BodyUnreadable e) {
             fail(ctx, e.status, e.getMessage());
         } catch (NoSuchElementException e) {
+            ctx.attribute(ANSWERED, Boolean.TRUE);
             fail(ctx, 404, e.getMessage());
         } catch (IllegalStateException e) {
             fail(ctx, 409, e.getMessage());
@@ -418,11 +419,10 @@ final class HttpApi {
         }
     }
 
-    /** Set on a request a handler answered with an error line, so Javalin's status handlers keep it. */
+    /** Set on a request whose route answered 404 itself (an unknown version), so the no-route line does not replace it. */
     private static final String ANSWERED = "gradbridge.answered";
 
     private static void fail(Context ctx, int status, String message) {
-        ctx.attribute(ANSWERED, Boolean.TRUE);
         ctx.status(status).contentType("text/plain; charset=utf-8")
                 .result("error: " + String.valueOf(message).replace('\n', ' ') + "\n");
     }
