@@ -63,14 +63,26 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
         return builder.open(Paths.get(str(model_path)), Paths.get(str(log_dir)))
 
 
-def predict(learner, x: np.ndarray) -> Tuple[int, np.ndarray]:
-    """(version id, output) of ``learner.predict(x)``."""
+def host_inputs(x):
+    """An array as a HostTensor, or a dict of arrays by input name as a Java Map of HostTensors
+    (a module of several inputs)."""
+    if not isinstance(x, dict):
+        return host_tensor(x)
+    inputs = jclass("java.util.LinkedHashMap")()
+    for name, values in x.items():
+        inputs.put(name, host_tensor(values))
+    return inputs
+
+
+def predict(learner, x) -> Tuple[int, np.ndarray]:
+    """(version id, output) of ``learner.predict(x)``; ``x`` an array, or a dict of arrays by input name."""
     with java_errors():
-        prediction = learner.predict(host_tensor(x))
+        prediction = learner.predict(host_inputs(x))
     return int(prediction.getVersion()), to_numpy(prediction.getOutput())
 
 
-def learn(learner, x: np.ndarray, y: np.ndarray) -> int:
-    """``learner.learn(x, y)``; returns the first event's sequence number."""
+def learn(learner, x, y: np.ndarray) -> int:
+    """``learner.learn(x, y)`` (``x`` an array, or a dict of arrays by input name); returns the first
+    event's sequence number."""
     with java_errors():
-        return int(learner.learn(host_tensor(x), host_tensor(y)))
+        return int(learner.learn(host_inputs(x), host_tensor(y)))

@@ -151,13 +151,23 @@ def _combined(digests: Dict[str, str], names: List[str]) -> str:
     return hashlib.sha256(",".join(digests.get(name, "?") for name in names).encode()).hexdigest()
 
 
+def _input_specs(log: FeedbackLog) -> List[Tuple[str, str, List[int]]]:
+    """(name, dtype, per-sample shape) of each input, in the order an event's x bytes hold them: ``x``,
+    or the header's ``inputs`` for a module of several inputs."""
+    if "inputs" in log.header:
+        return [(spec["name"], spec["dtype"], list(spec["shape"])) for spec in log.header["inputs"]]
+    return [("x", log.header.get("x", {}).get("dtype"), list(log.header.get("x", {}).get("shape", [])))]
+
+
 def _check_header(log: FeedbackLog, metadata: dict, model_path) -> None:
-    for name in ("x", "y"):
-        spec = next(s for s in metadata["inputs"] if s["name"] == name)
-        logged = log.header.get(name, {})
-        if logged.get("dtype") != spec["dtype"] or list(logged.get("shape", [])) != list(spec["shape"][1:]):
-            raise LogError(f"{log.path} holds {name} as {logged.get('dtype')} {logged.get('shape')} per sample, but "
-                           f"{model_path} takes {spec['dtype']} {spec['shape'][1:]}: is this the model it was written for?")
+    specs = {spec["name"]: spec for spec in metadata["inputs"]}
+    logged = {name: (dtype, shape) for name, dtype, shape in _input_specs(log)}
+    logged["y"] = (log.header.get("y", {}).get("dtype"), list(log.header.get("y", {}).get("shape", [])))
+    for name in [spec["name"] for spec in metadata["inputs"]]:
+        dtype, shape = logged.get(name, (None, None))
+        if dtype != specs[name]["dtype"] or shape != list(specs[name]["shape"][1:]):
+            raise LogError(f"{log.path} holds {name} as {dtype} {shape} per sample, but {model_path} takes "
+                           f"{specs[name]['dtype']} {specs[name]['shape'][1:]}: is this the model it was written for?")
 
 
 def _rows(rows: List[bytes], dtype: str, shape: List[int]):
@@ -165,6 +175,18 @@ def _rows(rows: List[bytes], dtype: str, shape: List[int]):
 
     array = np.frombuffer(b"".join(rows), dtype=_NUMPY[dtype]).reshape(len(rows), *shape)
     return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
+
+
+def _inputs(rows: List[bytes], specs: List[Tuple[str, str, List[int]]]):
+    """One micro-batch's inputs from its events' x bytes: a tensor, or a dict by name (several inputs)."""
+    if len(specs) == 1 and specs[0][0] == "x":
+        return _rows(rows, specs[0][1], specs[0][2])
+    batch, at = {}, 0
+    for name, dtype, shape in specs:
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
+        batch[name] = _rows([row[at:at + size] for row in rows], dtype, shape)
+        at += size
+    return batch
 
 
 def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tuple[float, str | None]:
@@ -177,14 +199,14 @@ def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tu
 
     with plain_graph_executor():
         reference.optimizer.zero_grad()
-        loss = reference.loss(reference.model(x), y)
+        loss = reference.loss(reference.forward(reference.model, x), y)
         loss.backward()
         value = float(loss.detach())
         reason = None
         if not math.isfinite(value):
             reason = f"loss is {value}"
         else:
-            params = dict(reference.model.named_parameters())
+            params = dict(reference.named_parameters())
             squares = np.zeros(1)
             for name in names:
                 grad = params[name].grad
@@ -240,7 +262,7 @@ def _not_finite(reference, names: List[str]) -> str | None:
     not finite after a step, as the Java learner names it; None when all are finite."""
     import torch
 
-    params = dict(reference.model.named_parameters())
+    params = dict(reference.named_parameters())
     for name in names:
         if not torch.isfinite(params[name].detach()).all():
             return f"parameter {name}"
@@ -344,6 +366,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     check_checkpoint(log, log_dir, sha)
     metadata = protocol.read_metadata(model_path)
     _check_header(log, metadata, model_path)
+    input_specs = _input_specs(log)
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
     dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"]}
@@ -425,7 +448,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         if missing:
             raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} names event {missing[0]}, "
                            "which the log does not hold")
-        x = _rows([log.events[seq][0] for seq in seqs], log.header["x"]["dtype"], log.header["x"]["shape"])
+        x = _inputs([log.events[seq][0] for seq in seqs], input_specs)
         y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
         step_loss, reason = _guarded_step(reference, x, y, names, max_norm)
         next_seq += batch.count
@@ -471,8 +494,10 @@ def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:
     if not kept or kept[0][1][:1] != b"H":
         raise LogError(f"{path}: the header record is damaged; nothing can be recovered")
     header = json.loads(kept[0][1][1:].decode("utf-8"))
-    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(header[k]["shape"], dtype=np.int64)) *
-                                         np.dtype(_NUMPY[header[k]["dtype"]]).itemsize for k in ("x", "y"))
+    specs = [(spec["shape"], spec["dtype"]) for spec in header.get("inputs", [header["x"]])] + [(header["y"]["shape"],
+                                                                                                 header["y"]["dtype"])]
+    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
+                                          for shape, dtype in specs)
     max_seq = max([struct.unpack_from("<q", p, 1)[0] for _, p in kept if p[:1] == b"E"] or [-1])
     unreadable = 0
     if bad_offset is not None:  # resynchronise on frames after the damage, for their sequence numbers

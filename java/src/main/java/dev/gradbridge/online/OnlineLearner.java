@@ -2,7 +2,6 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
@@ -78,7 +77,7 @@ public final class OnlineLearner implements AutoCloseable {
 
     private final Path logDir;
     private final Metadata metadata;
-    private final Metadata.TensorSpec xSpec;
+    private final Features features;
     private final LogWriter log;
     private final FeedbackQueue queue;
     private final Updater updater;
@@ -349,12 +348,11 @@ public final class OnlineLearner implements AutoCloseable {
             this.metadata = original.getMetadata();
             checkSupported(modelPath, original);
             String modelSha256 = Digests.sha256Hex(modelPath);
-            this.xSpec = metadata.getInput("x");
+            this.features = new Features(metadata);
             Metadata.TensorSpec ySpec = metadata.getInput("y");
             // Sized now, before the log folder is created: a B too large for its buffers is one line.
-            ModuleCalls calls = new ModuleCalls(xSpec, ySpec, options.maxBatch, Ingest.rowBytes(xSpec), Ingest.rowBytes(ySpec));
-            LogHeader wanted = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm,
-                    0, 0, xSpec.getDtype(), Ingest.sampleShape(xSpec), ySpec.getDtype(), Ingest.sampleShape(ySpec));
+            ModuleCalls calls = new ModuleCalls(features, ySpec, options.maxBatch, Ingest.rowBytes(ySpec));
+            LogHeader wanted = logHeader(metadata, modelSha256, options, features, ySpec);
             if (options.gateData != null) {
                 this.gate = Gate.open(options.gateData, options.gateMaxRegression, options.gateOnHold, options.keepVersions,
                         original);
@@ -388,7 +386,7 @@ public final class OnlineLearner implements AutoCloseable {
             recovery.replay(updater, options.publishEvery, queue, publisher, quarantinedBatches,
                     file -> TrainingModule.load(file, libraries));
             log.startGroupCommit(options.groupCommitMillis, queue::fail);
-            this.ingest = new Ingest(xSpec, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
+            this.ingest = new Ingest(features, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
                     queue, log, queue::fail, phases, options.maxInputAbs);
         } catch (IOException | RuntimeException e) {
             for (int i = opened.size() - 1; i >= 0; i--) {
@@ -413,12 +411,29 @@ public final class OnlineLearner implements AutoCloseable {
         trainer.start();
     }
 
+    /**
+     * The header a new log gets: per-sample x and y; for a module of several inputs x is the raw
+     * bytes of one event (each input's row in metadata order) and {@code inputs} says how they split.
+     */
+    private static LogHeader logHeader(Metadata metadata, String modelSha256, Builder options, Features features,
+            Metadata.TensorSpec ySpec) {
+        if (!features.named()) {
+            Metadata.TensorSpec xSpec = features.specs().get(0);
+            return new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm, 0, 0,
+                    xSpec.getDtype(), Ingest.sampleShape(xSpec), ySpec.getDtype(), Ingest.sampleShape(ySpec));
+        }
+        LogHeader header = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm, 0, 0,
+                LogHeader.NAMED_INPUTS, new long[] {features.rowTotal()}, ySpec.getDtype(), Ingest.sampleShape(ySpec));
+        List<LogHeader.InputSpec> inputs = new ArrayList<>();
+        for (int i = 0; i < features.names().size(); i++) {
+            inputs.add(new LogHeader.InputSpec(features.names().get(i), features.specs().get(i).getDtype(),
+                    features.sampleShape(i)));
+        }
+        return header.withInputs(inputs);
+    }
+
     /** Modules with buffers or gradient accumulation are refused. */
     private static void checkSupported(Path modelPath, TrainingModule module) {
-        if (module.getMetadata().hasNamedInputs()) {
-            throw new InvalidInputException(
-                    Messages.oneInputOnly(modelPath.toString(), "online learning", module.getInputNames()));
-        }
         if (!module.getBufferNames().isEmpty()) {
             throw new InvalidInputException(
                     modelPath + " has buffers " + module.getBufferNames() + "; online learning"
@@ -446,6 +461,17 @@ public final class OnlineLearner implements AutoCloseable {
      */
     public long learn(HostTensor x, HostTensor y) {
         return learn(x, y, null, 0, TimeUnit.NANOSECONDS);
+    }
+
+    /**
+     * {@link #learn(HostTensor, HostTensor)} for a module of several inputs.
+     *
+     * @param x each of the module's inputs by name ({@link Metadata#getInputNames()}), batch dimension first
+     * @param y targets, as many rows
+     * @return the sequence number of the first event
+     */
+    public long learn(Map<String, HostTensor> x, HostTensor y) {
+        return offer(x, y, null, 0, TimeUnit.NANOSECONDS).getFirstSeq();
     }
 
     /**
@@ -492,6 +518,22 @@ public final class OnlineLearner implements AutoCloseable {
      * @return the request's events and whether it was a duplicate
      */
     public Receipt offer(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+        return ingest.learn(features.single("learn", x), y, key, timeout, unit);
+    }
+
+    /**
+     * {@link #offer(HostTensor, HostTensor, String, long, TimeUnit)} with the inputs by name: every
+     * input of the module ({@code {x: tensor}} for a module of one input), each checked against its
+     * spec; one that is missing, unknown or of another shape is refused naming it.
+     *
+     * @param x each input by name, batch dimension first, the same rows
+     * @param y targets
+     * @param key 1 to {@value #MAX_KEY_LENGTH} visible ASCII characters, or null for none
+     * @param timeout the longest wait for room (0: do not wait)
+     * @param unit its unit
+     * @return the request's events and whether it was a duplicate
+     */
+    public Receipt offer(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
         return ingest.learn(x, y, key, timeout, unit);
     }
 
@@ -602,11 +644,18 @@ public final class OnlineLearner implements AutoCloseable {
      *     model refuses, e.g. an embedding id out of range)
      */
     public Prediction predict(HostTensor x) {
-        Ingest.rows("x", xSpec, x);
-        if (!x.allFinite()) {
-            throw new InvalidInputException("x holds NaN or infinite values");
-        }
-        ingest.checkMagnitude("x", x);
+        return predict(features.single("predict", x));
+    }
+
+    /**
+     * {@link #predict(HostTensor)} with the inputs by name (a module of several inputs, or {@code {x: tensor}}).
+     *
+     * @param x each input by name, batch dimension first, the same rows
+     * @return the output and the version that computed it
+     * @throws InvalidInputException when an input is missing, unknown or does not fit the module
+     */
+    public Prediction predict(Map<String, HostTensor> x) {
+        ingest.checkPrediction(x);
         Prediction prediction = predictors.forward(publisher::current, x);
         predictions.incrementAndGet();
         return prediction;

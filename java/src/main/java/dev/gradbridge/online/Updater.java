@@ -151,7 +151,7 @@ final class Updater implements AutoCloseable {
     }
 
     /**
-     * Applies micro-batches in order until one is refused: with no norm limit, in one native call
+     * Applies micro-batches in order until one is refused: with no norm limit (and one input), in one native call
      * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
      * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
      * The native call's run is checked once at its end (a parameter or optimizer state that is not
@@ -162,7 +162,7 @@ final class Updater implements AutoCloseable {
      * @return how many were applied, and why the next was not (if it was reached)
      */
     Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
-        if (guard.readsGradients()) {
+        if (guard.readsGradients() || !calls.fusable()) {
             return applyEach(xs, ys);
         }
         long t = PhaseTimes.clock(phases);

@@ -27,6 +27,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.concurrent.TimeUnit;
 import org.eclipse.jetty.http.HttpVersion;
@@ -47,7 +48,9 @@ import org.slf4j.LoggerFactory;
  * The service's routes over one {@link OnlineLearner}.
  *
  * <ul>
- *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} → {@code {"version": v, "y": [...]}}
+ *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} (a module of several inputs: {@code {"x":
+ *       {"input_ids": [[...]], "attention_mask": [[...]]}}}, as for {@code /feedback} and Kafka
+ *       records) → {@code {"version": v, "y": [...]}}
  *       (outputs that are not finite are written as {@code null}: the answer is always JSON)
  *   <li>{@code POST /feedback} {@code {"x": [[...]], "y": [...]}} (one event per row), optional
  *       header {@code Idempotency-Key} → {@code {"accepted": n, "first_seq": s, "duplicate": b}}
@@ -333,7 +336,7 @@ final class HttpApi {
     private void predict(Context ctx) throws IOException {
         Timer.Sample sample = Timer.start(registry);
         try {
-            HostTensor x = JsonTensors.parse("x", body(ctx).get("x"), learner.getMetadata().getInput("x").getDtype());
+            Map<String, HostTensor> x = JsonTensors.parseInputs(body(ctx).get("x"), learner.getMetadata());
             Prediction prediction = learner.predict(x);
             JsonObject out = new JsonObject();
             out.addProperty("version", prediction.getVersion());
@@ -354,7 +357,7 @@ final class HttpApi {
         Timer.Sample sample = Timer.start(registry);
         try {
             JsonObject body = body(ctx);
-            HostTensor x = JsonTensors.parse("x", body.get("x"), learner.getMetadata().getInput("x").getDtype());
+            Map<String, HostTensor> x = JsonTensors.parseInputs(body.get("x"), learner.getMetadata());
             HostTensor y = JsonTensors.parse("y", body.get("y"), learner.getMetadata().getInput("y").getDtype());
             String key = ctx.header("Idempotency-Key");
             OnlineLearner.Receipt receipt = learner.offer(x, y, key, 0, TimeUnit.NANOSECONDS);

@@ -1,11 +1,14 @@
 package dev.gradbridge.online.log;
 
 import com.google.gson.Gson;
+import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Objects;
 
 /**
@@ -31,6 +34,34 @@ public final class LogHeader {
     private final String yDtype;
     private final long[] yShape;
     private GateSettings gate; // null: no publish gate (set once, by withGate)
+    private List<InputSpec> inputs; // null: one input x (set once, by withInputs)
+
+    /** x's dtype in the header of a module of several inputs: x is then one event's raw bytes, split as {@code inputs} says. */
+    public static final String NAMED_INPUTS = "named";
+
+    /** One of several named inputs: its name, dtype and per-sample shape; an event holds their rows in this order. */
+    public static final class InputSpec {
+        private final String name;
+        private final String dtype;
+        private final long[] shape;
+
+        /**
+         * @param name the input's name
+         * @param dtype its dtype
+         * @param shape one sample's shape (without the batch dimension)
+         */
+        public InputSpec(String name, String dtype, long[] shape) {
+            this.name = name;
+            this.dtype = dtype;
+            this.shape = shape.clone();
+        }
+
+        JsonObject toJson() {
+            JsonObject json = spec(dtype, shape);
+            json.addProperty("name", name);
+            return json;
+        }
+    }
 
     /**
      * A publish gate's settings, kept in the header: they decide which versions are published,
@@ -139,6 +170,15 @@ public final class LogHeader {
         return this;
     }
 
+    /**
+     * @param specs a module of several inputs: each input's name, dtype and shape, in the order an event holds them
+     * @return this header with them
+     */
+    public LogHeader withInputs(List<InputSpec> specs) {
+        this.inputs = new ArrayList<>(specs);
+        return this;
+    }
+
     /** @return the publish gate's settings, or null when the learner has no gate */
     public GateSettings getGate() {
         return gate;
@@ -220,7 +260,8 @@ public final class LogHeader {
                     + " for other gate settings";
         }
         if (!xDtype.equals(wanted.xDtype) || !Arrays.equals(xShape, wanted.xShape)
-                || !yDtype.equals(wanted.yDtype) || !Arrays.equals(yShape, wanted.yShape)) {
+                || !yDtype.equals(wanted.yDtype) || !Arrays.equals(yShape, wanted.yShape)
+                || !String.valueOf(inputsJson()).equals(String.valueOf(wanted.inputsJson()))) {
             return "it holds samples of another shape (" + toJson() + ")";
         }
         return null;
@@ -238,10 +279,24 @@ public final class LogHeader {
         json.addProperty("seq_floor", seqFloor);
         json.add("x", spec(xDtype, xShape));
         json.add("y", spec(yDtype, yShape));
+        if (inputs != null) {
+            json.add("inputs", inputsJson());
+        }
         if (gate != null) {
             json.add("gate", gate.toJson());
         }
         return GSON.toJson(json);
+    }
+
+    private JsonArray inputsJson() {
+        if (inputs == null) {
+            return null;
+        }
+        JsonArray array = new JsonArray();
+        for (InputSpec input : inputs) {
+            array.add(input.toJson());
+        }
+        return array;
     }
 
     private static JsonObject spec(String dtype, long[] shape) {
@@ -283,6 +338,16 @@ public final class LogHeader {
                     json.get("publish_every").getAsInt(), json.get("max_grad_norm").getAsDouble(),
                     json.get("first_seq").getAsLong(), json.get("seq_floor").getAsLong(), string(x, "dtype"), GSON.fromJson(x.get("shape"), long[].class),
                     string(y, "dtype"), GSON.fromJson(y.get("shape"), long[].class));
+            JsonArray inputs = json.getAsJsonArray("inputs");
+            if (inputs != null) {
+                List<InputSpec> specs = new ArrayList<>();
+                for (JsonElement input : inputs) {
+                    JsonObject spec = input.getAsJsonObject();
+                    specs.add(new InputSpec(string(spec, "name"), string(spec, "dtype"),
+                            GSON.fromJson(spec.get("shape"), long[].class)));
+                }
+                header.withInputs(specs);
+            }
             JsonObject gate = json.getAsJsonObject("gate");
             if (gate != null) {
                 header.withGate(new GateSettings(string(gate, "data"), string(gate, "data_sha256"),
