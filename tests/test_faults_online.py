@@ -597,9 +597,11 @@ def test_a_bad_keystore_or_password_is_one_line_and_leaves_nothing(serve_script,
 
 def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agrees(serve_script, models, tmp_path):
     """3e38 features on a classifier: loss and gradients are finite, the Adam update is not. The step is
-    undone (the model stays as it was), the micro-batch quarantined, predictions stay numbers."""
+    undone (the model stays as it was), the micro-batch quarantined, predictions stay numbers. (The
+    input magnitude limit would refuse such features first: it is off here, to reach the guard behind it.)"""
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0)
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
+                      "--max-input-abs", 0)
     try:
         assert service.post("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [0]})[0] == 200
         for x, y in (([[3e38, -3e38, 3e38, 3e38]], [1]), ([[-3e38, 3e38, 3e38, -3e38]], [2])):
@@ -886,24 +888,188 @@ def test_the_duplicate_flag_is_each_requests_own(serve_script, models, tmp_path)
     _replay_bitwise(log_dir, model, 151)
 
 
-def test_a_module_of_several_inputs_is_refused_at_start_in_one_line(serve_script, tmp_path):
+def _two_input_model(path):
     import torch
 
-    from gradbridge import export_training_module, messages
+    from gradbridge import export_training_module
 
     class TwoInputs(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = torch.nn.Linear(2, 3)
-            self.b = torch.nn.Linear(2, 3)
+            torch.manual_seed(0)
+            self.dense = torch.nn.Linear(2, 3)
+            self.ids = torch.nn.Embedding(5, 3)
 
-        def forward(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-            return self.a(left) + self.b(right)
+        def forward(self, left: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            return self.dense(left) + self.ids(ids)
 
-    x = {"left": torch.zeros(4, 2), "right": torch.zeros(4, 2)}
-    model = export_training_module(TwoInputs(), "cross_entropy", "sgd", tmp_path / "two.pt",
-                                   example_inputs=(x, torch.zeros(4, dtype=torch.int64)))
-    log_dir = tmp_path / "log"
-    line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0))
-    assert line == messages.one_input_only(str(model), "online learning", ["left", "right"])
-    assert not log_dir.exists()
+    x = {"left": torch.zeros(4, 2), "ids": torch.zeros(4, dtype=torch.int64)}
+    return export_training_module(TwoInputs(), "cross_entropy", "adam", path,
+                                  example_inputs=(x, torch.zeros(4, dtype=torch.int64)))
+
+
+def _two_input_data(n, seed):
+    rng = np.random.default_rng(seed)
+    left = rng.standard_normal((n, 2)).astype(np.float32)
+    ids = rng.integers(0, 5, n)
+    return {"left": left, "ids": ids}, ((left[:, 0] > 0).astype(np.int64) + (ids > 2).astype(np.int64))
+
+
+def test_a_module_of_several_inputs_learns_by_name_and_bad_inputs_name_the_input(serve_script, tmp_path):
+    """/feedback and /predict take {"x": {name: array, ...}} for a module of several inputs (a gate on
+    an .npz of one array per input too); a missing, unknown or misshapen input is one line naming it;
+    the log holds each event's inputs, the restart and the replay apply them bitwise."""
+    import torch
+
+    from gradbridge.reference import Reference
+
+    model, log_dir = _two_input_model(tmp_path / "two.pt"), tmp_path / "log"
+    gate_x, gate_y = _two_input_data(32, 30)
+    gate = tmp_path / "gate.npz"
+    np.savez(gate, y=gate_y, **gate_x)
+    options = ("--fsync", "never", "--max-batch", 4, "--publish-every", 2, "--checkpoint-every", 3, "--gate-data", gate,
+               "--gate-max-regression", 1)
+    x, y = _two_input_data(40, 31)
+
+    def rows(start, end):
+        return {name: values[start:end].tolist() for name, values in x.items()}
+
+    service = Service(serve_script, model, log_dir, *options)
+    try:
+        for start in range(0, 24, 4):
+            status, body = service.post("/feedback", {"x": rows(start, start + 4), "y": y[start:start + 4].tolist()})
+            assert status == 200, body
+        left = x["left"][:2].tolist()
+        for body, start in (({"x": {"left": left}, "y": [0, 1]}, "error: field 'x.ids' is missing (the model takes [left, ids])"),
+                            ({"x": {"left": left, "ids": [0, 1], "extra": [1, 2]}, "y": [0, 1]},
+                             "error: field 'x.extra': the model takes no such input (it takes [left, ids])"),
+                            ({"x": {"left": [[0.1, 0.2, 0.3]], "ids": [1]}, "y": [0]},
+                             "error: input x.left must be float32 of shape [-1, 2]"),
+                            ({"x": {"left": left, "ids": [0.5, 1]}, "y": [0, 1]}, "error: field 'x.ids' must hold integers"),
+                            ({"x": {"left": left, "ids": [0, 1, 2]}, "y": [0, 1]}, "error: x.left has 2 rows but x.ids has 3"),
+                            ({"x": {"left": left, "ids": [0, 9]}, "y": [0, 1]}, "error: feedback rejected by the model's loss"),
+                            ({"x": [[0.1, 0.2]], "y": [0]}, "error: field 'x' must be an object of the model's inputs by name")):
+            status, text = service.post("/feedback", body)
+            assert status == 400 and text.startswith(start) and text.count("\n") == 1, (body, status, text)
+        status, text = service.post("/predict", {"x": {"left": left, "ids": [0, 7]}})  # ids: the model's range check
+        assert status == 400 and text.startswith("error: x rejected by the model: ") and text.count("\n") == 1, text
+        status, text = service.post("/predict", {"x": {"left": [[0.1, 2e6]], "ids": [0]}})
+        assert status == 400 and "field 'x.left' element [0, 1] is 2000000.0" in text, text
+        service.process.kill()
+        service.process.wait(timeout=30)
+    finally:
+        service.kill()
+    restarted = Service(serve_script, model, log_dir, *options)
+    try:
+        for start in range(24, 40, 4):
+            assert restarted.post("/feedback", {"x": rows(start, start + 4), "y": y[start:start + 4].tolist()})[0] == 200
+        status, body = restarted.post("/predict", {"x": rows(0, 3)})
+        assert status == 200, body
+        answer = json.loads(body)
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+    log = replay_mod.read_log(log_dir)
+    assert [spec["name"] for spec in log.header["inputs"]] == ["left", "ids"] and len(log.events) == 40
+    report = replay_mod.replay(log_dir, model, keep_parameters=True)
+    assert report.bitwise and report.gate_losses_checked and report.events == 40, report.table()
+    reference = Reference(model)
+    with torch.no_grad():
+        parameters = dict(reference.named_parameters())
+        for name, value in report.parameters[answer["version"]].items():
+            parameters[name].copy_(value)
+        expected = reference.forward(reference.eval_model, {k: torch.from_numpy(v[:3]) for k, v in x.items()}).numpy()
+    assert np.array_equal(np.array(answer["y"], dtype=np.float32), expected)
+
+
+# ---- issue 37: publish gates, rollbacks, the input magnitude limit ----
+
+def test_bad_gate_options_are_refused_at_start_in_one_line_and_leave_nothing(serve_script, models, tmp_path):
+    from gradbridge import messages
+
+    model = models["mlp_classifier.pt"]
+    x, y = _data(16, 20)
+    files = {}
+    for name, arrays in (("good", {"x": x, "y": y}), ("narrow", {"x": x[:, :3], "y": y}), ("no_y", {"x": x}),
+                         ("nan", {"x": np.where(np.arange(64).reshape(16, 4) == 5, np.nan, x).astype(np.float32), "y": y}),
+                         ("labels", {"x": x, "y": np.full(16, 7, dtype=np.int64)})):
+        files[name] = tmp_path / f"{name}.npz"
+        np.savez(files[name], **arrays)
+    files["text"] = tmp_path / "text.npz"
+    files["text"].write_text("not a zip")
+    missing = tmp_path / "missing.npz"
+    cases = (
+        (("--gate-data", missing), f"--gate-data {missing}: no such file"),
+        (("--gate-data", files["narrow"]), messages.tensor_spec(str(files["narrow"]), "x", "float32", [-1, 4], "float32",
+                                                                (16, 3))),
+        (("--gate-data", files["no_y"]), messages.input_missing(str(files["no_y"]), "y", ["x"], ["x", "y"])),
+        (("--gate-data", files["nan"]), f"{files['nan']}: x holds NaN or infinite values; clean the data first"),
+        (("--gate-data", files["labels"]), f"--gate-data {files['labels']} is rejected by the model's loss: Target 7 is out"),
+        (("--gate-data", files["text"]), f"{files['text']}: not a readable .npz file"),
+        (("--gate-data", files["good"], "--gate-max-regression", "-0.1"),
+         "--gate-max-regression must be a finite number >= 0, got -0.1"),
+        (("--gate-data", files["good"], "--gate-max-regression", "NaN"),
+         "--gate-max-regression must be a finite number >= 0, got NaN"),
+        (("--gate-data", files["good"], "--gate-on-hold", "sometimes"),
+         "unknown --gate-on-hold policy 'sometimes'; expected continue or rollback"),
+        (("--gate-data", files["good"], "--keep-versions", 0), "--keep-versions must be in 1..10000, got 0"),
+        (("--gate-max-regression", "0.1"), "--gate-max-regression needs --gate-data"),
+        (("--keep-versions", 3), "--keep-versions needs --gate-data"),
+        (("--max-input-abs", "-1"), "--max-input-abs must be a finite number >= 0 (0: no limit), got -1.0"),
+    )
+    for i, (args, expected) in enumerate(cases):
+        log_dir = tmp_path / f"log{i}"
+        result = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args)
+        line = one_error_line(result)
+        assert expected in line, (args, result.stderr)
+        assert not log_dir.exists(), args
+
+    # A gated log resumes only with the same gate (it decides which versions were published).
+    log_dir = tmp_path / "gated"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                      "--gate-max-regression", "0.1")
+    try:
+        acknowledged = _feed(service, 8, 21)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    for args in (("--gate-data", files["good"], "--gate-max-regression", "0.2"), ()):
+        line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args))
+        assert "offset 0: it was written with publish gate" in line and "start another log folder" in line, line
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before
+    same = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                   "--gate-max-regression", "0.1")  # resumes from the final checkpoint, its decision inside it
+    try:
+        assert json.loads(same.get("/healthz")[1])["held_versions"] == 0
+        acknowledged += _feed(same, 8, 22)
+        assert same.terminate()[0] == 0
+    finally:
+        same.kill()
+    _replay_bitwise(log_dir, model, acknowledged)
+
+
+def test_the_input_magnitude_limit_refuses_absurd_features_naming_the_element(serve_script, models, tmp_path):
+    """--max-input-abs (default 1e6): feedback and predictions with a larger feature are refused with one
+    line naming the field and the element; nothing is logged. Rollbacks need a gate: 409 without one."""
+    from gradbridge import messages
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        for path, body, index, value in (
+                ("/feedback", {"x": [[0.1, 2e6, 0.3, 0.4]], "y": [1]}, [0, 1], 2e6),
+                ("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, -3e7, 0.8]], "y": [1, 2]}, [1, 2], -3e7),
+                ("/predict", {"x": [[1, 2, 3, 4e9]]}, [0, 3], 4e9)):
+            status, text = service.post(path, body)
+            expected = messages.input_too_large("x", index, float(np.float32(value)), 1e6)
+            assert status == 400 and text == f"error: {expected}\n", (path, text)
+        assert service.post("/feedback", {"x": [[1e6, -1e6, 0.5, 0.5]], "y": [0]})[0] == 200  # the limit itself is in
+        assert service.post("/predict", {"x": [[1e6, -1e6, 0.5, 0.5]]})[0] == 200
+        status, text = service.post("/admin/rollback", {})
+        assert status == 409 and text.startswith("error: a rollback needs a publish gate (--gate-data)"), text
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    assert sorted(replay_mod.read_log(log_dir).events) == [0]
+    _replay_bitwise(log_dir, model, 1)

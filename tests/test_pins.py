@@ -126,6 +126,9 @@ def test_shared_wording_matches(jvm):
         == messages.one_input_only("m.pt", "gradbridge-spark", needs[:2])
     assert str(Messages.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
         == messages.input_missing("d.npz", "y", ["x"], needs)
+    # an online input beyond --max-input-abs (Java's double spelling on both sides)
+    for value, limit in ((-3e7, 1e6), (float(np.float32(3e38)), 1e6), (2.5, 1.0), (1e-5, 1e-6)):
+        assert str(Messages.inputTooLarge("x", "[1, 2]", value, limit)) == messages.input_too_large("x", [1, 2], value, limit)
     # why an operator library is refused before it is loaded
     assert str(Messages.NOT_ELF) == messages.NOT_ELF
     assert str(Messages.elfClass(32)) == messages.elf_class(32)
@@ -200,6 +203,14 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
     for name, kind in feedback_log.RECORD_TYPES.items():
         assert constants[name.upper()] == f"'{kind.decode()}'", name
     assert feedback_log.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
+    # a G record's decisions and the header's gate policies
+    record = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/log/LogRecord.java").read_text()
+    decisions = dict(re.findall(r"public static final int (PUBLISHED|HELD|ROLLED_BACK) = (\d+);", record))
+    assert {name: int(v) for name, v in decisions.items()} == {
+        "PUBLISHED": feedback_log.GATE_PUBLISHED, "HELD": feedback_log.GATE_HELD, "ROLLED_BACK": feedback_log.GATE_ROLLED_BACK}
+    policies = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/HoldPolicy.java").read_text()
+    assert tuple(name.lower() for name in re.findall(r"^    ([A-Z]+)[,;]$", policies, re.MULTILINE)) \
+        == feedback_log.HOLD_POLICIES
 
 
 def test_every_error_type_lives_in_errors_and_is_exported():

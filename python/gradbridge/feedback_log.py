@@ -5,7 +5,8 @@ tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge
 
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
 payload, whose first byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B``
-micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``P`` the offsets of an external source such as a
+micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version
+before it, ``R`` an operator's rollback of predictions to an earlier version, ``P`` the offsets of an external source such as a
 Kafka topic that the events of the same write were read from: replay needs only the events and batches, so
 it ignores them; `positions` checks that they cover the source without gap or overlap). Only an incomplete last frame (a torn
 tail) may end the log early; any other frame that does not check is an error naming its offset, as
@@ -32,9 +33,13 @@ FRAME_HEADER = 12
 MAX_PAYLOAD = 64 << 20
 #: record types (the payload's first byte)
 RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V",
-                "position": b"P"}
+                "position": b"P", "gate": b"G", "rollback": b"R"}
 #: a P record's item status: the record's events were logged / answered from an earlier key / refused
 POSITION_LOGGED, POSITION_DUPLICATE, POSITION_REFUSED = 0, 1, 2
+#: a G record's decision: the version was published / held back / held back and the learner rolled back
+GATE_PUBLISHED, GATE_HELD, GATE_ROLLED_BACK = 0, 1, 2
+#: the header's gate ``on_hold`` policies
+HOLD_POLICIES = ("continue", "rollback")
 
 
 def _crc_table():
@@ -86,6 +91,25 @@ class Version:
 
 
 @dataclass
+class Gate:
+    """A publish gate's decision on the version just logged: both gate losses and the decision."""
+    version: int
+    serving: int
+    loss: float
+    serving_loss: float
+    decision: int
+    offset: int = 0
+
+
+@dataclass
+class Rollback:
+    """Predictions returned to ``version`` (from ``previous``) by an operator."""
+    version: int
+    previous: int
+    offset: int = 0
+
+
+@dataclass
 class Position:
     """One read of an external source: per partition the offsets [from, to) it consumed, and per record
     (partition, offset, first_seq, count, status)."""
@@ -106,7 +130,7 @@ class FeedbackLog:
     batches: List[Batch] = field(default_factory=list)
     quarantines: List[Quarantine] = field(default_factory=list)
     versions: List[Version] = field(default_factory=list)
-    order: List[object] = field(default_factory=list)  #: batches, quarantines and versions in file order
+    order: List[object] = field(default_factory=list)  #: batches, quarantines, versions, gates, rollbacks in file order
     positions: List[Position] = field(default_factory=list)  #: reads of external sources, in file order
     end: int = 0
     torn_bytes: int = 0
@@ -193,6 +217,15 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                 version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
                 log.versions.append(version)
                 log.order.append(version)
+            elif kind == b"G":
+                if len(payload) != 34 or payload[33] > GATE_ROLLED_BACK:
+                    raise ValueError("lengths do not add up")
+                gate = Gate(*struct.unpack_from("<qqddB", payload, 1), offset=offset)
+                log.order.append(gate)
+            elif kind == b"R":
+                if len(payload) != 17:
+                    raise ValueError("lengths do not add up")
+                log.order.append(Rollback(*struct.unpack_from("<qq", payload, 1), offset=offset))
             elif kind == b"P":
                 (n,) = struct.unpack_from("<H", payload, 1)
                 source = payload[3:3 + n].decode("utf-8")

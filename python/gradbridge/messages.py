@@ -8,7 +8,9 @@ versus what was found.
 
 from __future__ import annotations
 
+import decimal
 import json
+import math
 from typing import Any, Sequence
 
 LONG_MAX = (1 << 63) - 1
@@ -43,8 +45,16 @@ def empty_dataset(source: str) -> str:
 
 
 def java_double(value: float) -> str:
-    """A non-finite float as Java's Double.toString writes it (NaN, Infinity, -Infinity)."""
-    return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(repr(float(value)), repr(float(value)))
+    """A float as Java's Double.toString writes it: NaN, Infinity, -Infinity; the shortest digits,
+    plain from 1e-3 up to 1e7 (``123.45``, ``1000000.0``) and as ``d.dddE±n`` outside (``3.0E38``)."""
+    value = float(value)
+    text = repr(value)
+    if not math.isfinite(value) or value == 0 or 1e-3 <= abs(value) < 1e7:
+        return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}.get(text, text)
+    sign, digits, exponent = decimal.Decimal(text).normalize().as_tuple()
+    mantissa = "".join(map(str, digits))
+    power = exponent + len(mantissa) - 1
+    return f"{'-' if sign else ''}{mantissa[0]}.{mantissa[1:] or '0'}E{power}"
 
 
 def unknown_mode(mode: Any) -> str:
@@ -208,6 +218,12 @@ def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> 
 def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
     return (f"{module}: has buffers [{', '.join(buffers)}] (e.g. BatchNorm statistics), which data-parallel "
             f"training cannot keep equal across partitions; export the model without them")
+
+
+def input_too_large(name: str, index: Sequence[int], value: float, limit: float) -> str:
+    """An online feedback or prediction input value beyond ``--max-input-abs`` (Java: Messages.inputTooLarge)."""
+    return (f"field '{name}' element [{', '.join(map(str, index))}] is {java_double(value)}, beyond the input magnitude "
+            f"limit {java_double(limit)} (--max-input-abs; 0 turns it off)")
 
 
 def one_input_only(module: str, tool: str, names: Sequence[str]) -> str:

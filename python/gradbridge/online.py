@@ -37,9 +37,12 @@ def to_numpy(tensor) -> np.ndarray:
 def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, max_batch: int = 32,
                  max_wait_ms: int = 10, publish_every: int = 1, checkpoint_every: int = 100,
                  queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
-                 max_grad_norm: float = 0.0):
-    """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``
-    None keeps the learner's default (``OnlineLearner.defaultPredictors()``)."""
+                 max_grad_norm: float = 0.0, max_input_abs: float | None = None,
+                 gate_data: str | os.PathLike | None = None, gate_max_regression: float = 0.0,
+                 gate_on_hold: str = "continue", keep_versions: int | None = None):
+    """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``,
+    ``max_input_abs`` and ``keep_versions`` None keep the learner's defaults. ``gate_data`` (an .npz)
+    turns the publish gate on (``OnlineLearner.Builder.optGate``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
     FsyncPolicy = jclass("dev.gradbridge.online.log.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")
@@ -49,17 +52,37 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
                    .optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(float(max_grad_norm)))
         if predictors is not None:
             builder = builder.optPredictors(predictors)
+        if max_input_abs is not None:
+            builder = builder.optMaxInputAbs(float(max_input_abs))
+        if gate_data is not None:
+            HoldPolicy = jclass("dev.gradbridge.online.HoldPolicy")
+            builder = (builder.optGate(Paths.get(str(gate_data)), float(gate_max_regression))
+                       .optGateOnHold(HoldPolicy.parse(gate_on_hold)))
+            if keep_versions is not None:
+                builder = builder.optKeepVersions(keep_versions)
         return builder.open(Paths.get(str(model_path)), Paths.get(str(log_dir)))
 
 
-def predict(learner, x: np.ndarray) -> Tuple[int, np.ndarray]:
-    """(version id, output) of ``learner.predict(x)``."""
+def host_inputs(x):
+    """An array as a HostTensor, or a dict of arrays by input name as a Java Map of HostTensors
+    (a module of several inputs)."""
+    if not isinstance(x, dict):
+        return host_tensor(x)
+    inputs = jclass("java.util.LinkedHashMap")()
+    for name, values in x.items():
+        inputs.put(name, host_tensor(values))
+    return inputs
+
+
+def predict(learner, x) -> Tuple[int, np.ndarray]:
+    """(version id, output) of ``learner.predict(x)``; ``x`` an array, or a dict of arrays by input name."""
     with java_errors():
-        prediction = learner.predict(host_tensor(x))
+        prediction = learner.predict(host_inputs(x))
     return int(prediction.getVersion()), to_numpy(prediction.getOutput())
 
 
-def learn(learner, x: np.ndarray, y: np.ndarray) -> int:
-    """``learner.learn(x, y)``; returns the first event's sequence number."""
+def learn(learner, x, y: np.ndarray) -> int:
+    """``learner.learn(x, y)`` (``x`` an array, or a dict of arrays by input name); returns the first
+    event's sequence number."""
     with java_errors():
-        return int(learner.learn(host_tensor(x), host_tensor(y)))
+        return int(learner.learn(host_inputs(x), host_tensor(y)))

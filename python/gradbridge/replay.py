@@ -25,8 +25,9 @@ import numpy as np
 from . import protocol
 from .errors import LogError  # also importable from here, as before
 from .feedback_log import (  # noqa: F401  (re-exported: the reader and format, as before)
-    CHECKPOINT_FILE, FILE_NAME, FORMAT, FORMAT_VERSION, FRAME_HEADER, MAX_PAYLOAD, RECORD_TYPES, Batch,
-    FeedbackLog, Quarantine, Version, check_checkpoint, crc32c, file_sha256, frame, frames, read_log)
+    CHECKPOINT_FILE, FILE_NAME, FORMAT, FORMAT_VERSION, FRAME_HEADER, GATE_HELD, GATE_PUBLISHED, GATE_ROLLED_BACK,
+    MAX_PAYLOAD, RECORD_TYPES, Batch, FeedbackLog, Gate, Quarantine, Rollback, Version, check_checkpoint, crc32c,
+    file_sha256, frame, frames, read_log)
 from .history import digest
 
 _NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
@@ -48,6 +49,34 @@ class VersionRow:
         return self.digest_java == self.digest_python and same_loss
 
 
+def _same(a: float, b: float) -> bool:
+    """Equal bit for bit as the learner compares doubles (NaN equals NaN)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+@dataclass
+class GateRow:
+    """A publish gate's decision on a version, as the learner logged it and as the replay took it."""
+
+    version: int
+    serving: int
+    serving_python: int
+    loss_java: float
+    loss_python: float
+    serving_loss_java: float
+    serving_loss_python: float
+    decision_java: int
+    decision_python: int
+
+    @property
+    def match(self) -> bool:
+        return (self.serving == self.serving_python and _same(self.loss_java, self.loss_python)
+                and _same(self.serving_loss_java, self.serving_loss_python) and self.decision_java == self.decision_python)
+
+
+DECISIONS = {GATE_PUBLISHED: "published", GATE_HELD: "held back", GATE_ROLLED_BACK: "held back, rolled back"}
+
+
 @dataclass
 class ReplayReport:
     """Every logged version, as Java published it and as the eager replay computed it."""
@@ -63,18 +92,38 @@ class ReplayReport:
     parameters: Dict[int, Dict[str, "object"]] = field(default_factory=dict)
     #: micro-batches not applied (loss or gradients not finite, or over the norm limit), as logged
     quarantined: int = 0
+    #: every publish gate decision (a gated log only)
+    gates: List[GateRow] = field(default_factory=list)
+    #: whether the gate losses were computed again from the gate data (else taken from the log)
+    gate_losses_checked: bool = False
+    #: rollbacks (POST /admin/rollback) applied
+    rollbacks: int = 0
+    #: the version serving at the end of the log
+    serving: int = 0
 
     @property
     def bitwise(self) -> bool:
-        return bool(self.rows) and all(row.match for row in self.rows)
+        return bool(self.rows) and all(row.match for row in self.rows) and all(gate.match for gate in self.gates)
 
     def verdict(self) -> str:
+        gated = ""
+        if self.gates:
+            held = sum(1 for g in self.gates if g.decision_java != GATE_PUBLISHED)
+            gated = (f", {len(self.gates)} gate decisions ({held} held back; losses "
+                     f"{'recomputed' if self.gate_losses_checked else 'taken from the log: no gate data'})")
+        if self.rollbacks:
+            gated += f", {self.rollbacks} rollbacks"
         if self.bitwise:
             return (f"bitwise identical: {len(self.rows)} versions, {self.batches} micro-batches, "
-                    f"{self.events} events")
+                    f"{self.events} events{gated}")
         if not self.rows:
             return "no versions in the log"
-        bad = next(row for row in self.rows if not row.match)
+        bad = next((row for row in self.rows if not row.match), None)
+        if bad is None:
+            g = next(gate for gate in self.gates if not gate.match)
+            return (f"differs at the gate decision on version {g.version}: loss {g.loss_java!r} (java) vs {g.loss_python!r}"
+                    f" (python), serving version {g.serving} vs {g.serving_python} with loss {g.serving_loss_java!r} vs "
+                    f"{g.serving_loss_python!r}, {DECISIONS[g.decision_java]} vs {DECISIONS[g.decision_python]}")
         return (f"differs at version {bad.version} ({bad.updates} updates): loss {bad.loss_java!r} (java) vs "
                 f"{bad.loss_python!r} (python), digest {bad.digest_java[:16]} vs {bad.digest_python[:16]}")
 
@@ -84,6 +133,13 @@ class ReplayReport:
         for r in self.rows:
             lines.append(f"{r.version:>7}  {r.updates:>7}  {r.events:>7}  {r.loss_java:>15.9g}  {r.loss_python:>15.9g}  "
                          f"{r.digest_java[:16]:<16}  {r.digest_python[:16]:<16}  {'yes' if r.match else 'NO'}")
+        if self.gates:
+            lines.append(f"{'gate on':>7}  {'serving':>7}  {'gate loss java':>15}  {'gate loss python':>16}  "
+                         f"{'serving loss':>15}  decision")
+            for g in self.gates:
+                lines.append(f"{g.version:>7}  {g.serving:>7}  {g.loss_java:>15.9g}  {g.loss_python:>16.9g}  "
+                             f"{g.serving_loss_java:>15.9g}  {DECISIONS[g.decision_java]}"
+                             f"{'' if g.match else '  NO (python: ' + DECISIONS[g.decision_python] + ')'}")
         lines.append(f"python replay: {self.verdict()}")
         return "\n".join(lines)
 
@@ -95,13 +151,23 @@ def _combined(digests: Dict[str, str], names: List[str]) -> str:
     return hashlib.sha256(",".join(digests.get(name, "?") for name in names).encode()).hexdigest()
 
 
+def _input_specs(log: FeedbackLog) -> List[Tuple[str, str, List[int]]]:
+    """(name, dtype, per-sample shape) of each input, in the order an event's x bytes hold them: ``x``,
+    or the header's ``inputs`` for a module of several inputs."""
+    if "inputs" in log.header:
+        return [(spec["name"], spec["dtype"], list(spec["shape"])) for spec in log.header["inputs"]]
+    return [("x", log.header.get("x", {}).get("dtype"), list(log.header.get("x", {}).get("shape", [])))]
+
+
 def _check_header(log: FeedbackLog, metadata: dict, model_path) -> None:
-    for name in ("x", "y"):
-        spec = next(s for s in metadata["inputs"] if s["name"] == name)
-        logged = log.header.get(name, {})
-        if logged.get("dtype") != spec["dtype"] or list(logged.get("shape", [])) != list(spec["shape"][1:]):
-            raise LogError(f"{log.path} holds {name} as {logged.get('dtype')} {logged.get('shape')} per sample, but "
-                           f"{model_path} takes {spec['dtype']} {spec['shape'][1:]}: is this the model it was written for?")
+    specs = {spec["name"]: spec for spec in metadata["inputs"]}
+    logged = {name: (dtype, shape) for name, dtype, shape in _input_specs(log)}
+    logged["y"] = (log.header.get("y", {}).get("dtype"), list(log.header.get("y", {}).get("shape", [])))
+    for name in [spec["name"] for spec in metadata["inputs"]]:
+        dtype, shape = logged.get(name, (None, None))
+        if dtype != specs[name]["dtype"] or shape != list(specs[name]["shape"][1:]):
+            raise LogError(f"{log.path} holds {name} as {dtype} {shape} per sample, but {model_path} takes "
+                           f"{specs[name]['dtype']} {specs[name]['shape'][1:]}: is this the model it was written for?")
 
 
 def _rows(rows: List[bytes], dtype: str, shape: List[int]):
@@ -109,6 +175,18 @@ def _rows(rows: List[bytes], dtype: str, shape: List[int]):
 
     array = np.frombuffer(b"".join(rows), dtype=_NUMPY[dtype]).reshape(len(rows), *shape)
     return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
+
+
+def _inputs(rows: List[bytes], specs: List[Tuple[str, str, List[int]]]):
+    """One micro-batch's inputs from its events' x bytes: a tensor, or a dict by name (several inputs)."""
+    if len(specs) == 1 and specs[0][0] == "x":
+        return _rows(rows, specs[0][1], specs[0][2])
+    batch, at = {}, 0
+    for name, dtype, shape in specs:
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
+        batch[name] = _rows([row[at:at + size] for row in rows], dtype, shape)
+        at += size
+    return batch
 
 
 def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tuple[float, str | None]:
@@ -121,14 +199,14 @@ def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tu
 
     with plain_graph_executor():
         reference.optimizer.zero_grad()
-        loss = reference.loss(reference.model(x), y)
+        loss = reference.loss(reference.forward(reference.model, x), y)
         loss.backward()
         value = float(loss.detach())
         reason = None
         if not math.isfinite(value):
             reason = f"loss is {value}"
         else:
-            params = dict(reference.model.named_parameters())
+            params = dict(reference.named_parameters())
             squares = np.zeros(1)
             for name in names:
                 grad = params[name].grad
@@ -184,7 +262,7 @@ def _not_finite(reference, names: List[str]) -> str | None:
     not finite after a step, as the Java learner names it; None when all are finite."""
     import torch
 
-    params = dict(reference.model.named_parameters())
+    params = dict(reference.named_parameters())
     for name in names:
         if not torch.isfinite(params[name].detach()).all():
             return f"parameter {name}"
@@ -197,13 +275,85 @@ def _not_finite(reference, names: List[str]) -> str | None:
     return None
 
 
+class _Gate:
+    """The publish gate as the Java learner runs it (dev.gradbridge.online.Gate, Publisher): the gate
+    data's loss in eval mode, one evaluate over the whole file; published when at most the serving
+    version's plus max_regression; the published versions kept (the last keep_versions), and under
+    the rollback policy the learner's state with each."""
+
+    def __init__(self, log: FeedbackLog, settings: dict, metadata: dict, reference, gate_data) -> None:
+        from . import data, inputs
+
+        self.log = log
+        self.max_regression = float(settings["max_regression"])
+        self.rollback = settings["on_hold"] == "rollback"
+        self.keep = int(settings["keep_versions"])
+        self.reference = reference
+        self.x = self.y = None
+        path = Path(gate_data) if gate_data is not None else Path(settings.get("data") or "")
+        if gate_data is not None and not path.is_file():
+            raise LogError(f"--gate-data {path}: no such file")
+        if path.is_file():
+            sha = file_sha256(path)
+            if sha == settings["data_sha256"]:
+                x, y = data.load_checked(metadata, path)
+                self.x, self.y = inputs.to_torch(x), inputs.to_torch(y)
+            elif gate_data is not None:
+                raise LogError(f"--gate-data {path} is not the gate data {log.path} was written with (SHA-256 {sha}, "
+                               f"the log's {settings['data_sha256']})")
+        #: (version id, gate loss, learner state or None), oldest first; the last serves
+        self.kept: List[Tuple[int, float, object]] = []
+
+    @property
+    def checks_losses(self) -> bool:
+        return self.x is not None
+
+    def loss(self) -> float | None:
+        return float(self.reference.evaluate(self.x, self.y)) if self.checks_losses else None
+
+    def start(self, version: int, first: Gate | None) -> None:
+        loss = self.loss()
+        if loss is None:  # taken from the first decision, or unknown (no decision yet)
+            loss = first.serving_loss if first is not None else float("nan")
+        self.kept = [(version, loss, _state(self.reference) if self.rollback else None)]
+
+    def decision(self, loss: float) -> int:
+        if loss <= self.kept[-1][1] + self.max_regression:
+            return GATE_PUBLISHED
+        return GATE_ROLLED_BACK if self.rollback else GATE_HELD
+
+    def apply(self, version: int, loss: float, decision: int) -> None:
+        if decision == GATE_PUBLISHED:
+            self.kept.append((version, loss, _state(self.reference) if self.rollback else None))
+            del self.kept[:-self.keep]
+        elif decision == GATE_ROLLED_BACK:
+            self.restore()
+
+    def roll_back(self, record: Rollback) -> None:
+        ids = [k[0] for k in self.kept]
+        if record.version not in ids or record.previous != ids[-1]:
+            raise LogError(f"{self.log.path}: offset {record.offset}: a rollback from version {record.previous} to "
+                           f"version {record.version}, which the replay cannot reproduce (serving: {ids[-1]}, kept: {ids})")
+        del self.kept[ids.index(record.version) + 1:]
+        if self.rollback:
+            self.restore()
+
+    def restore(self) -> None:
+        import copy
+
+        _restore(self.reference, copy.deepcopy(self.kept[-1][2]))  # load_state_dict may keep the tensors it is given
+
+
 def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None, *,
-           keep_parameters: bool = False) -> ReplayReport:
+           keep_parameters: bool = False, gate_data: str | os.PathLike | None = None) -> ReplayReport:
     """Apply the logged micro-batches to ``model_path``'s initial tensors with eager torch.optim and
     compare every logged version and quarantine; ``model`` (an eager nn.Module) as for
     ``reference.Reference``. ``keep_parameters`` keeps each version's replayed parameters in
-    ``report.parameters``. LogError on the conditions the Java learner refuses to start on: a
-    damaged record, a log or checkpoint of another model, a log that contradicts the checkpoint."""
+    ``report.parameters``. A gated log's decisions are taken again: with the gate data (``gate_data``,
+    else the file the log's header names when it is still the same) both gate losses are computed
+    again and compared bit for bit; without it the logged losses decide. LogError on the conditions
+    the Java learner refuses to start on: a damaged record, a log or checkpoint of another model, a
+    log that contradicts the checkpoint."""
     from .reference import Reference
 
     if not Path(model_path).is_file():
@@ -216,6 +366,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     check_checkpoint(log, log_dir, sha)
     metadata = protocol.read_metadata(model_path)
     _check_header(log, metadata, model_path)
+    input_specs = _input_specs(log)
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
     dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"]}
@@ -225,8 +376,14 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     kept: Dict[int, Dict[str, object]] = {}
     updates, events, loss, quarantined = 0, 0, float("nan"), 0
     next_seq = int(log.header.get("first_seq", 0))
+    gate = None if log.header.get("gate") is None else _Gate(log, log.header["gate"], metadata, reference, gate_data)
+    gates: List[GateRow] = []
+    undecided = None  # with a gate: the version just reached, until its decision
+    rollbacks = 0
+    serving = 0
 
     def check_version() -> None:
+        nonlocal undecided
         version = versions.get(updates)
         if version is None:
             return
@@ -236,10 +393,34 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         mine = {name: digest(params[name].numpy(), dtypes[name]) for name in names}
         rows.append(VersionRow(version.id, updates, events, version.loss, loss,
                                _combined(version.digests, names), _combined(mine, names)))
+        undecided = version.id if gate is not None and version.id > 0 else None
 
     check_version()
+    if gate is not None:
+        gate.start(rows[0].version if rows else 0, next((r for r in log.order if isinstance(r, Gate)), None))
     refused = None  # (batch, reason) the replay refused: its quarantine record must follow
     for record in log.order:
+        if isinstance(record, Gate):
+            if gate is None or record.version != undecided:
+                raise LogError(f"{log.path}: offset {record.offset}: a gate decision on version {record.version}, which "
+                               + ("a learner without a publish gate never writes" if gate is None
+                                  else "is not the version just logged"))
+            mine = gate.loss()
+            mine = record.loss if mine is None else mine
+            decision = gate.decision(mine)
+            gates.append(GateRow(record.version, record.serving, gate.kept[-1][0], record.loss, mine, record.serving_loss,
+                                 gate.kept[-1][1], record.decision, decision))
+            gate.apply(record.version, record.loss, record.decision)  # as logged: later checks stay meaningful
+            undecided = None
+            continue
+        if isinstance(record, Rollback):
+            if gate is None or undecided is not None:
+                raise LogError(f"{log.path}: offset {record.offset}: a rollback to version {record.version}, which "
+                               + ("a learner without a publish gate never writes" if gate is None
+                                  else "comes before the gate decision on the version just logged"))
+            gate.roll_back(record)
+            rollbacks += 1
+            continue
         if isinstance(record, Quarantine):
             if refused is None or refused[0].first_seq != record.first_seq:
                 raise LogError(f"{log.path}: offset {record.offset}: quarantines the micro-batch from event "
@@ -253,6 +434,9 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         if refused is not None:
             raise LogError(f"{log.path}: offset {refused[0].offset}: the micro-batch from event {refused[0].first_seq} "
                            f"is refused when replayed ({refused[1]}) but the log has no quarantine for it")
+        if undecided is not None:
+            raise LogError(f"{log.path}: offset {batch.offset}: a micro-batch before the gate decision on version "
+                           f"{undecided}")
         floor = int(log.header.get("seq_floor", 0))
         if next_seq < floor and batch.first_seq == floor and not any(next_seq <= s < floor for s in log.events):
             next_seq = floor  # a recovered log: the numbers below the floor are gone for good
@@ -264,7 +448,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         if missing:
             raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} names event {missing[0]}, "
                            "which the log does not hold")
-        x = _rows([log.events[seq][0] for seq in seqs], log.header["x"]["dtype"], log.header["x"]["shape"])
+        x = _inputs([log.events[seq][0] for seq in seqs], input_specs)
         y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
         step_loss, reason = _guarded_step(reference, x, y, names, max_norm)
         next_seq += batch.count
@@ -278,8 +462,12 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     if refused is not None:
         quarantined += 1  # the last micro-batch: the learner appends its quarantine when it restarts
     unapplied = sum(1 for seq in log.events if seq >= next_seq)
+    if gate is not None:
+        serving = gate.kept[-1][0]
+    elif rows:
+        serving = rows[-1].version
     return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept,
-                        quarantined)
+                        quarantined, gates, gate is not None and gate.checks_losses, rollbacks, serving)
 
 
 def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:
@@ -306,8 +494,10 @@ def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:
     if not kept or kept[0][1][:1] != b"H":
         raise LogError(f"{path}: the header record is damaged; nothing can be recovered")
     header = json.loads(kept[0][1][1:].decode("utf-8"))
-    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(header[k]["shape"], dtype=np.int64)) *
-                                         np.dtype(_NUMPY[header[k]["dtype"]]).itemsize for k in ("x", "y"))
+    specs = [(spec["shape"], spec["dtype"]) for spec in header.get("inputs", [header["x"]])] + [(header["y"]["shape"],
+                                                                                                 header["y"]["dtype"])]
+    event_frame = FRAME_HEADER + 17 + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY[dtype]).itemsize
+                                          for shape, dtype in specs)
     max_seq = max([struct.unpack_from("<q", p, 1)[0] for _, p in kept if p[:1] == b"E"] or [-1])
     unreadable = 0
     if bad_offset is not None:  # resynchronise on frames after the damage, for their sequence numbers

@@ -206,7 +206,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run
 
-    return run(args.log, args.model)
+    return run(args.log, args.model, gate_data=args.gate_data)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -406,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "only when all match.")
     replay.add_argument("--log", required=True, help="the learner's log folder (holds feedback.log)")
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
+    replay.add_argument("--gate-data", help="a gated log's gate data (default: the file its header names, when it is "
+                                            "unchanged): each gate loss is computed again and compared bit for bit")
     replay.set_defaults(run=_replay)
 
     serve = commands.add_parser(

@@ -7,9 +7,11 @@ import os
 from ..replay import recover, replay
 
 
-def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print) -> int:
-    """``gradbridge replay``: print the table and verdict; 0 when every version matches bit for bit."""
-    report = replay(log_dir, model_path)
+def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print,
+        gate_data: str | os.PathLike | None = None) -> int:
+    """``gradbridge replay``: print the table and verdict; 0 when every version (and gate decision)
+    matches bit for bit."""
+    report = replay(log_dir, model_path, gate_data=gate_data)
     out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
         f"{report.unapplied_events} logged but not yet applied, {report.quarantined} micro-batches quarantined"
         + (f", torn tail of {report.torn_bytes} bytes ignored"

@@ -437,6 +437,18 @@ public final class Messages {
     }
 
     /**
+     * @param name the input field
+     * @param index the element's index, e.g. {@code [2, 1]}
+     * @param value its value
+     * @param limit the magnitude limit
+     * @return the line refusing an input value beyond the limit
+     */
+    public static String inputTooLarge(String name, String index, double value, double limit) {
+        return "field '" + name + "' element " + index + " is " + value + ", beyond the input magnitude limit " + limit
+                + " (--max-input-abs; 0 turns it off)";
+    }
+
+    /**
      * @param module the training module file
      * @param tool the tool that refuses it
      * @param names the module's inputs

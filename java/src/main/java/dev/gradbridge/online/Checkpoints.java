@@ -44,6 +44,12 @@ final class Checkpoints {
         final long scanOffset;
         final Map<String, String> digests;
         String fileSha256; // the checkpoint module's SHA-256 (null in descriptors written before it was kept)
+        // With a publish gate: the serving version, its file (null: this checkpoint's own version) and
+        // SHA-256, and the log offset from which gate decisions and rollbacks come after the checkpoint.
+        Long servingVersion;
+        String servingFile;
+        String servingSha256;
+        long stateOffset;
 
         Descriptor(String file, String modelSha256, long version, long updates, double loss, long nextSeq,
                 long scanOffset, Map<String, String> digests) {
@@ -89,8 +95,22 @@ final class Checkpoints {
             if (!descriptor.file.matches("checkpoint-v[0-9]+\\.pt")) {
                 throw new LogCorruptException(file + " names '" + descriptor.file + "', not a checkpoint-vNNNNNNNN.pt of its folder");
             }
+            if (json.has("serving")) {
+                JsonObject serving = json.getAsJsonObject("serving");
+                descriptor.servingVersion = serving.get("version").getAsLong();
+                descriptor.stateOffset = serving.get("state_offset").getAsLong();
+                if (serving.has("file") && !serving.get("file").isJsonNull()) {
+                    descriptor.servingFile = serving.get("file").getAsString();
+                    descriptor.servingSha256 = serving.get("file_sha256").getAsString();
+                    if (!descriptor.servingFile.matches("serving-v[0-9]+\\.pt")) {
+                        throw new LogCorruptException(file + " names '" + descriptor.servingFile
+                                + "', not a serving-vNNNNNNNN.pt of its folder");
+                    }
+                }
+            }
             return descriptor;
-        } catch (JsonParseException | IllegalStateException | ClassCastException | NumberFormatException e) {
+        } catch (JsonParseException | IllegalStateException | ClassCastException | NumberFormatException
+                | NullPointerException e) {
             throw new LogCorruptException(file + " is not a valid checkpoint descriptor");
         }
     }
@@ -141,8 +161,34 @@ final class Checkpoints {
         }
     }
 
-    /** Writes the module, then the descriptor; removes older checkpoint modules. */
-    static void write(Path dir, TrainingModule training, Descriptor checkpoint) throws IOException {
+    /**
+     * Refuses the serving version's file a gated checkpoint names when it is missing, damaged or
+     * other than the one recorded, before libtorch reads it.
+     */
+    static void verifyServing(Path dir, Descriptor checkpoint) throws IOException {
+        if (checkpoint.servingFile == null) {
+            return;
+        }
+        Path module = dir.resolve(checkpoint.servingFile).toAbsolutePath();
+        String what = "serving version " + module + " (named by " + dir.resolve(FILE).toAbsolutePath() + ")";
+        String problem = ModuleArchives.problem(module);
+        if (problem == null && !checkpoint.servingSha256.equals(Digests.sha256Hex(module))) {
+            problem = "is damaged: its SHA-256 is not the one recorded when it was written";
+        }
+        if (problem != null) {
+            throw new LogCorruptException(what + " " + problem + "; move the log folder's checkpoint.json aside to"
+                    + " resume from the whole log instead");
+        }
+    }
+
+    /**
+     * Writes the serving version's file (when given), the module, then the descriptor; removes
+     * older checkpoint and serving modules.
+     */
+    static void write(Path dir, TrainingModule training, Descriptor checkpoint, byte[] servingArchive) throws IOException {
+        if (servingArchive != null) {
+            AtomicFiles.write(dir.resolve(checkpoint.servingFile), servingArchive);
+        }
         byte[] archive = training.checkpointArchive(
                 Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
         AtomicFiles.write(dir.resolve(checkpoint.file), archive);
@@ -156,11 +202,21 @@ final class Checkpoints {
         json.addProperty("scan_offset", checkpoint.scanOffset);
         json.add("digests", GSON.toJsonTree(checkpoint.digests));
         json.addProperty("file_sha256", Digests.sha256Hex(archive));
+        if (checkpoint.servingVersion != null) {
+            JsonObject serving = new JsonObject();
+            serving.addProperty("version", checkpoint.servingVersion);
+            serving.addProperty("file", checkpoint.servingFile);
+            serving.addProperty("file_sha256", checkpoint.servingSha256);
+            serving.addProperty("state_offset", checkpoint.stateOffset);
+            json.add("serving", serving);
+        }
         AtomicFiles.write(dir.resolve(FILE), GSON.toJson(json).getBytes(StandardCharsets.UTF_8));
-        try (DirectoryStream<Path> old = Files.newDirectoryStream(dir, "checkpoint-v*.pt")) {
-            for (Path file : old) {
-                if (!file.getFileName().toString().equals(checkpoint.file)) {
-                    Files.deleteIfExists(file);
+        for (String[] kind : new String[][] {{"checkpoint-v*.pt", checkpoint.file}, {"serving-v*.pt", checkpoint.servingFile}}) {
+            try (DirectoryStream<Path> old = Files.newDirectoryStream(dir, kind[0])) {
+                for (Path file : old) {
+                    if (!file.getFileName().toString().equals(kind[1])) {
+                        Files.deleteIfExists(file);
+                    }
                 }
             }
         }
@@ -168,5 +224,9 @@ final class Checkpoints {
 
     static String fileName(long version) {
         return String.format(Locale.ROOT, "checkpoint-v%08d.pt", version);
+    }
+
+    static String servingFileName(long version) {
+        return String.format(Locale.ROOT, "serving-v%08d.pt", version);
     }
 }

@@ -186,6 +186,43 @@ public final class HostTensor {
         return true;
     }
 
+    /**
+     * @param limit a magnitude
+     * @return the flat index of the first value whose absolute value exceeds {@code limit}, or -1
+     *     (always -1 for int64)
+     */
+    public long firstAbove(double limit) {
+        ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
+        DType type = supported(dtype);
+        if (type == DType.FLOAT32 || type == DType.FLOAT64) {
+            for (int i = 0; i < data.length; i += type.size()) {
+                double value = type == DType.FLOAT32 ? buffer.getFloat(i) : buffer.getDouble(i);
+                if (!(Math.abs(value) <= limit)) {
+                    return i / type.size();
+                }
+            }
+        }
+        return -1;
+    }
+
+    /** @return the value at flat index {@code index} as a double (float32, float64; int64 exactly up to 2^53) */
+    public double valueAt(long index) {
+        ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
+        DType type = supported(dtype);
+        int at = Math.toIntExact(index * type.size());
+        return type == DType.FLOAT32 ? buffer.getFloat(at) : type == DType.FLOAT64 ? buffer.getDouble(at) : buffer.getLong(at);
+    }
+
+    /** @return the index of flat element {@code index} in this shape, e.g. {@code [2, 1]} */
+    public String indexOf(long index) {
+        long[] at = new long[shape.length];
+        for (int d = shape.length - 1; d >= 0; d--) {
+            at[d] = shape[d] == 0 ? 0 : index % shape[d];
+            index = shape[d] == 0 ? index : index / shape[d];
+        }
+        return Arrays.toString(at);
+    }
+
     private void requireDtype(DType wanted) {
         if (!wanted.torchName().equals(dtype)) {
             throw new IllegalStateException("tensor is " + dtype + ", not " + wanted);

@@ -1,13 +1,11 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.security.MessageDigest;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -26,9 +24,8 @@ final class Ingest {
     /** Longest idempotency key. */
     static final int MAX_KEY_LENGTH = 200;
 
-    private final Metadata.TensorSpec xSpec;
+    private final Features features;
     private final Metadata.TensorSpec ySpec;
-    private final int xRowBytes;
     private final int yRowBytes;
     private final int queueCapacity;
     private final PredictorPool lossCheck; // null: no loss check
@@ -36,17 +33,17 @@ final class Ingest {
     private final LogWriter log;
     private final Consumer<Throwable> fail;
     private final PhaseTimes phases;
+    private final double maxInputAbs; // 0: no limit
 
     final AtomicLong accepted = new AtomicLong();
     final AtomicLong refused = new AtomicLong();
     final AtomicLong duplicates = new AtomicLong();
     final AtomicLong sourceRefused = new AtomicLong(); // source records refused (not feedback the module takes)
 
-    Ingest(Metadata.TensorSpec xSpec, Metadata.TensorSpec ySpec, int queueCapacity, PredictorPool lossCheck,
-            FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases) {
-        this.xSpec = xSpec;
+    Ingest(Features features, Metadata.TensorSpec ySpec, int queueCapacity, PredictorPool lossCheck,
+            FeedbackQueue queue, LogWriter log, Consumer<Throwable> fail, PhaseTimes phases, double maxInputAbs) {
+        this.features = features;
         this.ySpec = ySpec;
-        this.xRowBytes = rowBytes(xSpec);
         this.yRowBytes = rowBytes(ySpec);
         this.queueCapacity = queueCapacity;
         this.lossCheck = lossCheck;
@@ -54,30 +51,51 @@ final class Ingest {
         this.log = log;
         this.fail = fail;
         this.phases = phases;
+        this.maxInputAbs = maxInputAbs;
     }
 
-    /** See {@link OnlineLearner#offer(HostTensor, HostTensor, String, long, TimeUnit)}. */
-    OnlineLearner.Receipt learn(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+    /**
+     * Refuses an input holding a floating-point value beyond the magnitude limit, naming the field
+     * and the element.
+     *
+     * @throws InvalidInputException when a value exceeds it
+     */
+    void checkMagnitude(Map<String, HostTensor> x) {
+        if (maxInputAbs <= 0) {
+            return;
+        }
+        for (String name : features.names()) {
+            HostTensor tensor = x.get(name);
+            long index = tensor.firstAbove(maxInputAbs);
+            if (index >= 0) {
+                throw new InvalidInputException(Messages.inputTooLarge(features.field(name), tensor.indexOf(index),
+                        tensor.valueAt(index), maxInputAbs));
+            }
+        }
+    }
+
+    /** Checks a prediction's inputs (fit, finite, within the magnitude limit). */
+    void checkPrediction(Map<String, HostTensor> x) {
+        features.rows("predict", x);
+        if (!features.allFinite(x)) {
+            throw new InvalidInputException("x holds NaN or infinite values");
+        }
+        checkMagnitude(x);
+    }
+
+    /** See {@link OnlineLearner#offer(Map, HostTensor, String, long, TimeUnit)}. */
+    OnlineLearner.Receipt learn(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
         long t = PhaseTimes.clock(phases);
-        long rows = rows("x", xSpec, x);
-        if (rows("y", ySpec, y) != rows) {
-            throw new InvalidInputException("x has " + rows + " rows but y has " + y.rows());
-        }
-        if (!x.allFinite() || !y.allFinite()) {
-            throw new InvalidInputException("feedback holds NaN or infinite values");
-        }
-        if (rows > queueCapacity) {
-            throw new InvalidInputException(rows + " events in one call exceed the queue capacity " + queueCapacity);
-        }
+        long rows = checkFeedback(x, y, queueCapacity, "call");
         byte[] sha = null;
         if (key != null) {
             checkKey(key);
-            sha = requestSha256(x, y);
+            sha = features.sha256(x, y);
         }
         if (lossCheck != null) {
             lossCheck.checkLoss(x, y);
         }
-        List<byte[]> xRows = split(x.bytes(), xRowBytes);
+        List<byte[]> xRows = features.split(x, rows);
         List<byte[]> yRows = split(y.bytes(), yRowBytes);
         t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_VALIDATE, t);
         FeedbackQueue.Accepted done;
@@ -134,29 +152,38 @@ final class Ingest {
             return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, record.refusal);
         }
         try {
-            long rows = rows("x", xSpec, record.x);
-            if (rows("y", ySpec, record.y) != rows) {
-                throw new InvalidInputException("x has " + rows + " rows but y has " + record.y.rows());
-            }
-            if (!record.x.allFinite() || !record.y.allFinite()) {
-                throw new InvalidInputException("feedback holds NaN or infinite values");
-            }
-            if (rows > queueCapacity / 2) {
-                throw new InvalidInputException(rows + " events in one record exceed half the queue capacity " + queueCapacity);
-            }
+            long rows = checkFeedback(record.x, record.y, queueCapacity / 2, "record");
             byte[] sha = null;
             if (record.key != null) {
                 checkKey(record.key);
-                sha = requestSha256(record.x, record.y);
+                sha = features.sha256(record.x, record.y);
             }
             if (lossCheck != null) {
                 lossCheck.checkLoss(record.x, record.y);
             }
             return new FeedbackQueue.SourceItem(record.partition, record.offset, record.key, sha,
-                    split(record.x.bytes(), xRowBytes), split(record.y.bytes(), yRowBytes), null);
+                    features.split(record.x, rows), split(record.y.bytes(), yRowBytes), null);
         } catch (InvalidInputException e) {
             return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, e.getMessage());
         }
+    }
+
+    /** Inputs and targets of one request or record: fit, finite, within the limits; returns the rows. */
+    private long checkFeedback(Map<String, HostTensor> x, HostTensor y, long most, String what) {
+        long rows = features.rows("learn", x);
+        if (rows("y", ySpec, y) != rows) {
+            throw new InvalidInputException(features.field(features.names().get(0)) + " has " + rows + " rows but y has "
+                    + y.rows());
+        }
+        if (!features.allFinite(x) || !y.allFinite()) {
+            throw new InvalidInputException("feedback holds NaN or infinite values");
+        }
+        checkMagnitude(x);
+        if (rows > most) {
+            throw new InvalidInputException(rows + " events in one " + what + " exceed " + ("call".equals(what)
+                    ? "the queue capacity " : "half the queue capacity ") + queueCapacity);
+        }
+        return rows;
     }
 
     /**
@@ -212,10 +239,4 @@ final class Ingest {
         }
     }
 
-    private static byte[] requestSha256(HostTensor x, HostTensor y) {
-        MessageDigest digest = Digests.sha256();
-        digest.update(x.bytes());
-        digest.update(y.bytes());
-        return digest.digest();
-    }
 }

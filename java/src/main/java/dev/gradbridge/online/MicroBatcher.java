@@ -55,7 +55,12 @@ final class MicroBatcher implements Runnable {
                 if (run == null) {
                     break;
                 }
-                apply(run);
+                publisher.lock.lock(); // a rollback comes between two runs, never inside one
+                try {
+                    apply(run);
+                } finally {
+                    publisher.lock.unlock();
+                }
             }
         } catch (Throwable e) {
             logger.error("online training stopped: {}", e.toString());

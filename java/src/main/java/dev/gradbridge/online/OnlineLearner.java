@@ -70,16 +70,23 @@ public final class OnlineLearner implements AutoCloseable {
     public static final int DEFAULT_PREDICTORS = 2;
     /** Longest idempotency key. */
     public static final int MAX_KEY_LENGTH = Ingest.MAX_KEY_LENGTH;
+    /** Published versions kept for rollbacks when not set (with a publish gate). */
+    public static final int DEFAULT_KEEP_VERSIONS = 8;
+    /** Most published versions a learner may keep. */
+    public static final int MAX_KEEP_VERSIONS = 10_000;
+    /** Largest absolute value of a floating-point input when not set ({@link Builder#optMaxInputAbs}). */
+    public static final double DEFAULT_MAX_INPUT_ABS = 1e6;
 
     private final Path logDir;
     private final Metadata metadata;
-    private final Metadata.TensorSpec xSpec;
+    private final Features features;
     private final LogWriter log;
     private final FeedbackQueue queue;
     private final Updater updater;
     private final Publisher publisher;
     private final PredictorPool predictors;
     private final Ingest ingest;
+    private final Gate gate; // null: every version is published
     private final Thread trainer;
     private final AtomicLong quarantinedBatches = new AtomicLong();
     private final AtomicLong predictions = new AtomicLong();
@@ -109,8 +116,73 @@ public final class OnlineLearner implements AutoCloseable {
         private boolean validateTargets = true;
         private boolean timePhases;
         private List<Path> opLibraries = Collections.emptyList();
+        private Path gateData;
+        private double gateMaxRegression;
+        private HoldPolicy gateOnHold = HoldPolicy.CONTINUE;
+        private int keepVersions = DEFAULT_KEEP_VERSIONS;
+        private double maxInputAbs = DEFAULT_MAX_INPUT_ABS;
 
         private Builder() {}
+
+        /**
+         * A publish gate: a version is published to predictors only when its loss on {@code data}
+         * (the module's {@code evaluate}, in eval mode, on the whole file at once) is at most the
+         * serving version's plus {@code maxRegression}; otherwise it is held back (logged with both
+         * losses, counted) and training continues, or returns to the serving version ({@link
+         * #optGateOnHold}). Checked at open: the file must fit the module and give a finite loss.
+         * Kept in the log's header (a restart with another gate is refused). Each version costs one
+         * {@code evaluate} of the data on the training thread: a large file slows learning.
+         *
+         * @param data an {@code .npz} of the training data's format (x, or one array per input, and y)
+         * @param maxRegression the largest rise of the gate loss a published version may have, >= 0
+         * @return this
+         */
+        public Builder optGate(Path data, double maxRegression) {
+            if (!(maxRegression >= 0) || Double.isInfinite(maxRegression)) {
+                throw new InvalidInputException("--gate-max-regression must be a finite number >= 0, got " + maxRegression);
+            }
+            this.gateData = data;
+            this.gateMaxRegression = maxRegression;
+            return this;
+        }
+
+        /**
+         * @param policy what a held-back version does to the learner (default {@link HoldPolicy#CONTINUE})
+         * @return this
+         */
+        public Builder optGateOnHold(HoldPolicy policy) {
+            this.gateOnHold = policy;
+            return this;
+        }
+
+        /**
+         * @param versions published versions kept (the serving one included) for {@link
+         *     OnlineLearner#rollback}, default {@value OnlineLearner#DEFAULT_KEEP_VERSIONS}; each holds its
+         *     parameters, and under {@link HoldPolicy#ROLLBACK} a copy of the learner
+         * @return this
+         */
+        public Builder optKeepVersions(int versions) {
+            if (versions < 1 || versions > MAX_KEEP_VERSIONS) {
+                throw new InvalidInputException("--keep-versions must be in 1.." + MAX_KEEP_VERSIONS + ", got " + versions);
+            }
+            this.keepVersions = versions;
+            return this;
+        }
+
+        /**
+         * @param limit refuse feedback and predictions whose floating-point inputs hold a value of
+         *     larger magnitude (finite but absurd features can ruin a model in one update), default
+         *     {@value OnlineLearner#DEFAULT_MAX_INPUT_ABS}; 0 for no limit. Integer inputs (ids) are
+         *     the model's to check (an embedding's range).
+         * @return this
+         */
+        public Builder optMaxInputAbs(double limit) {
+            if (!(limit >= 0) || Double.isInfinite(limit)) {
+                throw new InvalidInputException("--max-input-abs must be a finite number >= 0 (0: no limit), got " + limit);
+            }
+            this.maxInputAbs = limit;
+            return this;
+        }
 
         /**
          * @param libraries custom-operator libraries the module calls, loaded before it (as
@@ -278,12 +350,19 @@ public final class OnlineLearner implements AutoCloseable {
             this.metadata = original.getMetadata();
             checkSupported(modelPath, original);
             String modelSha256 = Digests.sha256Hex(modelPath);
-            this.xSpec = metadata.getInput("x");
+            this.features = new Features(metadata);
             Metadata.TensorSpec ySpec = metadata.getInput("y");
             // Sized now, before the log folder is created: a B too large for its buffers is one line.
-            ModuleCalls calls = new ModuleCalls(xSpec, ySpec, options.maxBatch, Ingest.rowBytes(xSpec), Ingest.rowBytes(ySpec));
-            LogHeader wanted = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm,
-                    0, 0, xSpec.getDtype(), Ingest.sampleShape(xSpec), ySpec.getDtype(), Ingest.sampleShape(ySpec));
+            ModuleCalls calls = new ModuleCalls(features, ySpec, options.maxBatch, Ingest.rowBytes(ySpec));
+            LogHeader wanted = logHeader(metadata, modelSha256, options, features, ySpec);
+            if (options.gateData != null) {
+                this.gate = Gate.open(options.gateData, options.gateMaxRegression, options.gateOnHold, options.keepVersions,
+                        original);
+                opened.add(gate);
+                wanted.withGate(gate.settings());
+            } else {
+                this.gate = null;
+            }
 
             // Everything is read and checked before the first write: a refused start changes nothing.
             boolean hasLog = Recovery.checkUnlocked(this.logDir);
@@ -303,11 +382,14 @@ public final class OnlineLearner implements AutoCloseable {
             opened.add(predictors);
             this.queue = new FeedbackQueue(options.queueCapacity);
             this.publisher = new Publisher(this.logDir, log, queue, updater, modelSha256, options.publishEvery,
-                    options.checkpointEvery, phases);
-            recovery.replay(updater, options.publishEvery, queue, publisher, quarantinedBatches);
+                    options.checkpointEvery, phases, gate);
+            opened.add(publisher::close);
+            List<Path> libraries = options.opLibraries;
+            recovery.replay(updater, options.publishEvery, queue, publisher, quarantinedBatches,
+                    file -> TrainingModule.load(file, libraries));
             log.startGroupCommit(options.groupCommitMillis, queue::fail);
-            this.ingest = new Ingest(xSpec, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
-                    queue, log, queue::fail, phases);
+            this.ingest = new Ingest(features, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
+                    queue, log, queue::fail, phases, options.maxInputAbs);
         } catch (IOException | RuntimeException e) {
             for (int i = opened.size() - 1; i >= 0; i--) {
                 try {
@@ -331,14 +413,31 @@ public final class OnlineLearner implements AutoCloseable {
         trainer.start();
     }
 
+    /**
+     * The header a new log gets: per-sample x and y; for a module of several inputs x is the raw
+     * bytes of one event (each input's row in metadata order) and {@code inputs} says how they split.
+     */
+    private static LogHeader logHeader(Metadata metadata, String modelSha256, Builder options, Features features,
+            Metadata.TensorSpec ySpec) {
+        if (!features.named()) {
+            Metadata.TensorSpec xSpec = features.specs().get(0);
+            return new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm, 0, 0,
+                    xSpec.getDtype(), Ingest.sampleShape(xSpec), ySpec.getDtype(), Ingest.sampleShape(ySpec));
+        }
+        LogHeader header = new LogHeader(metadata.getModel(), modelSha256, options.publishEvery, options.maxGradNorm, 0, 0,
+                LogHeader.NAMED_INPUTS, new long[] {features.rowTotal()}, ySpec.getDtype(), Ingest.sampleShape(ySpec));
+        List<LogHeader.InputSpec> inputs = new ArrayList<>();
+        for (int i = 0; i < features.names().size(); i++) {
+            inputs.add(new LogHeader.InputSpec(features.names().get(i), features.specs().get(i).getDtype(),
+                    features.sampleShape(i)));
+        }
+        return header.withInputs(inputs);
+    }
+
     /** Modules with buffers or gradient accumulation are refused. */
     private static void checkSupported(Path modelPath, TrainingModule module) {
         if (module.getMetadata().getProtocolVersion() == Protocol.EXPORT_VERSION) {
             throw new InvalidInputException(Messages.protocol3Refuses(modelPath.toString(), "online learning"));
-        }
-        if (module.getMetadata().hasNamedInputs()) {
-            throw new InvalidInputException(
-                    Messages.oneInputOnly(modelPath.toString(), "online learning", module.getInputNames()));
         }
         if (!module.getBufferNames().isEmpty()) {
             throw new InvalidInputException(
@@ -367,6 +466,17 @@ public final class OnlineLearner implements AutoCloseable {
      */
     public long learn(HostTensor x, HostTensor y) {
         return learn(x, y, null, 0, TimeUnit.NANOSECONDS);
+    }
+
+    /**
+     * {@link #learn(HostTensor, HostTensor)} for a module of several inputs.
+     *
+     * @param x each of the module's inputs by name ({@link Metadata#getInputNames()}), batch dimension first
+     * @param y targets, as many rows
+     * @return the sequence number of the first event
+     */
+    public long learn(Map<String, HostTensor> x, HostTensor y) {
+        return offer(x, y, null, 0, TimeUnit.NANOSECONDS).getFirstSeq();
     }
 
     /**
@@ -413,6 +523,22 @@ public final class OnlineLearner implements AutoCloseable {
      * @return the request's events and whether it was a duplicate
      */
     public Receipt offer(HostTensor x, HostTensor y, String key, long timeout, TimeUnit unit) {
+        return ingest.learn(features.single("learn", x), y, key, timeout, unit);
+    }
+
+    /**
+     * {@link #offer(HostTensor, HostTensor, String, long, TimeUnit)} with the inputs by name: every
+     * input of the module ({@code {x: tensor}} for a module of one input), each checked against its
+     * spec; one that is missing, unknown or of another shape is refused naming it.
+     *
+     * @param x each input by name, batch dimension first, the same rows
+     * @param y targets
+     * @param key 1 to {@value #MAX_KEY_LENGTH} visible ASCII characters, or null for none
+     * @param timeout the longest wait for room (0: do not wait)
+     * @param unit its unit
+     * @return the request's events and whether it was a duplicate
+     */
+    public Receipt offer(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
         return ingest.learn(x, y, key, timeout, unit);
     }
 
@@ -523,13 +649,77 @@ public final class OnlineLearner implements AutoCloseable {
      *     model refuses, e.g. an embedding id out of range)
      */
     public Prediction predict(HostTensor x) {
-        Ingest.rows("x", xSpec, x);
-        if (!x.allFinite()) {
-            throw new InvalidInputException("x holds NaN or infinite values");
-        }
+        return predict(features.single("predict", x));
+    }
+
+    /**
+     * {@link #predict(HostTensor)} with the inputs by name (a module of several inputs, or {@code {x: tensor}}).
+     *
+     * @param x each input by name, batch dimension first, the same rows
+     * @return the output and the version that computed it
+     * @throws InvalidInputException when an input is missing, unknown or does not fit the module
+     */
+    public Prediction predict(Map<String, HostTensor> x) {
+        ingest.checkPrediction(x);
         Prediction prediction = predictors.forward(publisher::current, x);
         predictions.incrementAndGet();
         return prediction;
+    }
+
+    // ---- publish gate and rollbacks ----
+
+    /**
+     * Returns predictions to an earlier published version, once that is in the log (so a restart
+     * and the replay do the same); under {@link HoldPolicy#ROLLBACK} the learner returns to it too
+     * (parameters and optimizer state). The versions published after it are dropped from the kept
+     * ones. Needs a publish gate: without one the next version would replace it at once; with one,
+     * later versions must pass the gate against it.
+     *
+     * @param version a kept published version ({@link #keptVersions}), or null for the one
+     *     published before the serving one
+     * @return the version predictions use now
+     * @throws java.util.NoSuchElementException when {@code version} is not a kept published version
+     * @throws IllegalStateException without a publish gate, with no earlier version kept, for the
+     *     serving version itself, or once training has stopped
+     * @throws IOException when the log cannot be written (nothing changed)
+     */
+    public ModelVersion rollback(Long version) throws IOException {
+        return publisher.rollback(version);
+    }
+
+    /** @return the published versions kept for {@link #rollback}, oldest first (the last serves); empty without a gate */
+    public List<Long> keptVersions() {
+        return gate == null ? Collections.emptyList() : publisher.keptIds();
+    }
+
+    /** @return the newest version the learner made and decided on: the serving one, or a newer one the gate held back */
+    public long latestVersion() {
+        return publisher.latestVersion();
+    }
+
+    /** @return versions published (passed the gate, or every version without one), including those decided again on resume */
+    public long publishedVersions() {
+        return publisher.publishedVersions();
+    }
+
+    /** @return versions the publish gate held back, including those decided again on resume */
+    public long heldVersions() {
+        return publisher.heldVersions();
+    }
+
+    /** @return rollbacks ({@link #rollback}) applied, including those applied again on resume */
+    public long rollbacks() {
+        return publisher.rollbacks();
+    }
+
+    /** @return the gate loss of the last version the gate decided on (NaN: none yet, or no gate) */
+    public double lastGateLoss() {
+        return publisher.lastGateLoss();
+    }
+
+    /** @return the serving version's gate loss (NaN without a gate) */
+    public double servingGateLoss() {
+        return publisher.servingGateLoss();
     }
 
     // ---- state ----
@@ -650,7 +840,11 @@ public final class OnlineLearner implements AutoCloseable {
         } finally {
             log.close();
             predictors.close();
+            publisher.close();
             updater.close();
+            if (gate != null) {
+                gate.close();
+            }
         }
         if (!halt && failure != null) {
             throw new IllegalStateException("online training had stopped: " + failure.getMessage(), failure);

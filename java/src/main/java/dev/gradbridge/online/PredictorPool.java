@@ -7,6 +7,7 @@ import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.function.Supplier;
@@ -51,7 +52,7 @@ final class PredictorPool implements AutoCloseable {
     }
 
     /** {@code forward(x)} on the version {@code current} gives once a predictor is free. */
-    Prediction forward(Supplier<ModelVersion> current, HostTensor x) {
+    Prediction forward(Supplier<ModelVersion> current, Map<String, HostTensor> x) {
         Predictor predictor = borrow();
         try {
             ModelVersion version = current.get();
@@ -71,7 +72,7 @@ final class PredictorPool implements AutoCloseable {
     }
 
     /** The loss, no step: a libtorch error (e.g. a class index out of range) refuses the feedback. */
-    void checkLoss(HostTensor x, HostTensor y) {
+    void checkLoss(Map<String, HostTensor> x, HostTensor y) {
         Predictor predictor = borrow();
         try {
             ModuleCalls.evaluate(predictor.module, x, y);

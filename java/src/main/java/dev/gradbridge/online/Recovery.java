@@ -1,5 +1,6 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.LogCorruptException;
 import dev.gradbridge.online.log.LogHeader;
 import dev.gradbridge.online.log.LogReader;
@@ -13,6 +14,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Function;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -75,8 +77,26 @@ final class Recovery {
         if (checkpoint != null) {
             Checkpoints.check(logDir, checkpoint, modelSha256, contents);
             Checkpoints.verifyModule(logDir, checkpoint);
+            if (checkpoint.servingVersion != null && rollsBackPast(contents, checkpoint)) {
+                // A rollback after the checkpoint to a version it does not keep: the whole log is applied again.
+                logger.info("{}: a rollback after {} returns to a version published before it: resuming from the whole log",
+                        logDir, checkpoint.file);
+                return new Recovery(logDir, log, wanted, null, log.read(0));
+            }
+            Checkpoints.verifyServing(logDir, checkpoint);
         }
         return new Recovery(logDir, log, wanted, checkpoint, contents);
+    }
+
+    /** Whether a rollback after the gated checkpoint returns to a version older than its serving one. */
+    private static boolean rollsBackPast(LogReader.Contents contents, Checkpoints.Descriptor checkpoint) {
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Rollback && record.getOffset() >= checkpoint.stateOffset
+                    && ((LogRecord.Rollback) record).getVersion() < checkpoint.servingVersion) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /** @return the checkpointed training module to load instead of the exported one, or null */
@@ -90,8 +110,8 @@ final class Recovery {
      * is cut, a new log gets its header, and the records the crash kept from being written (a
      * version, a quarantine: only ever at the end) are appended. Sets the queue and publisher.
      */
-    void replay(Updater updater, int publishEvery, FeedbackQueue queue, Publisher publisher, AtomicLong quarantined)
-            throws IOException {
+    void replay(Updater updater, int publishEvery, FeedbackQueue queue, Publisher publisher, AtomicLong quarantined,
+            Function<Path, TrainingModule> load) throws IOException {
         Path file = log.getFile();
         long appliedSeq;
         ModelVersion last;
@@ -110,6 +130,21 @@ final class Recovery {
             checkpointedVersion = last.getId();
         }
         long checkpointSeq = appliedSeq;
+        long stateOffset = checkpoint == null ? 0 : checkpoint.stateOffset; // gate decisions and rollbacks after the checkpoint
+        if (publisher.gated()) {
+            startServing(updater, publisher, last, load);
+        }
+        ModelVersion undecided = null; // with a gate: the last version, while its decision is not applied
+        if (publisher.gated() && checkpoint != null && checkpoint.servingVersion != null
+                && checkpoint.servingVersion != checkpoint.version) {
+            undecided = last; // unless its decision is in the checkpoint (it is before the state offset)
+            for (LogRecord record : contents.getRecords()) {
+                if (record instanceof LogRecord.Gate && ((LogRecord.Gate) record).getVersion() == checkpoint.version
+                        && record.getOffset() < stateOffset) {
+                    undecided = null;
+                }
+            }
+        }
         long maxSeq = appliedSeq - 1;
         Map<Long, LogRecord.Event> pending = new TreeMap<>();
         Map<Long, LogRecord.Version> loggedByUpdates = new HashMap<>();
@@ -153,6 +188,32 @@ final class Recovery {
                 if (event.getSeq() >= appliedSeq) {
                     pending.put(event.getSeq(), event);
                 }
+            } else if (record instanceof LogRecord.Gate) {
+                if (record.getOffset() < stateOffset) {
+                    continue; // decided before the checkpoint
+                }
+                LogRecord.Gate gate = (LogRecord.Gate) record;
+                if (!publisher.gated() || undecided == null || gate.getVersion() != undecided.getId()) {
+                    throw new LogCorruptException(file + ": offset " + gate.getOffset() + ": a gate decision on version "
+                            + gate.getVersion() + ", which " + (publisher.gated() ? "is not the version just logged"
+                            : "a learner without a publish gate never writes"));
+                }
+                checkGate(file, gate, publisher);
+                publisher.applyDecision(undecided, gate.getLoss(), gate.getDecision());
+                undecided = null;
+            } else if (record instanceof LogRecord.Rollback) {
+                if (record.getOffset() < stateOffset) {
+                    continue;
+                }
+                LogRecord.Rollback rollback = (LogRecord.Rollback) record;
+                if (!publisher.gated() || undecided != null || !publisher.isKept(rollback.getVersion())
+                        || rollback.getFrom() != publisher.serving().getId()) {
+                    throw new LogCorruptException(file + ": offset " + rollback.getOffset() + ": a rollback from version "
+                            + rollback.getFrom() + " to version " + rollback.getVersion() + ", which applying the log again"
+                            + " cannot reproduce (serving: " + (publisher.gated() ? publisher.serving().getId() + ", kept: "
+                            + publisher.keptIds() : "no publish gate") + ")");
+                }
+                publisher.applyRollback(rollback.getVersion());
             } else if (record instanceof LogRecord.Quarantine) {
                 LogRecord.Quarantine q = (LogRecord.Quarantine) record;
                 if (q.getFirstSeq() < checkpointSeq) {
@@ -171,6 +232,10 @@ final class Recovery {
                 if (refused != null) {
                     throw new LogCorruptException(file + ": offset " + refused.getOffset() + ": the micro-batch from event "
                             + refused.getFirstSeq() + " is refused when replayed (" + refusal + ") but the log has no quarantine for it");
+                }
+                if (undecided != null) {
+                    throw new LogCorruptException(file + ": offset " + batch.getOffset() + ": a micro-batch before the gate"
+                            + " decision on version " + undecided.getId());
                 }
                 long floor = contents.getHeader().getSeqFloor();
                 if (appliedSeq < floor && batch.getFirstSeq() == floor && pending.keySet().stream().allMatch(k -> k >= floor)) {
@@ -211,6 +276,10 @@ final class Recovery {
                                 + " updates)");
                     }
                     last = version;
+                    publisher.reached(version);
+                    if (publisher.gated()) {
+                        undecided = version;
+                    }
                 }
             }
         }
@@ -218,6 +287,9 @@ final class Recovery {
         log.begin(contents, wanted);
         for (ModelVersion version : missing) {
             log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
+        }
+        if (undecided != null) { // the crash came before the gate's decision on the last version
+            publisher.decide(undecided);
         }
         if (refused != null) { // the last micro-batch, refused again: the crash came before its quarantine
             log.appendQuarantine(refused.getIndex(), refused.getFirstSeq(), refused.getCount(), refusal);
@@ -235,6 +307,53 @@ final class Recovery {
         if (reapplied > 0 || !pending.isEmpty() || contents.getTornBytes() > 0) {
             logger.info("{}: resumed at {}: {} micro-batches applied again, {} events queued again, {} torn bytes cut",
                     logDir, last, reapplied, pending.size(), contents.getTornBytes());
+        }
+    }
+
+    /**
+     * The serving version when the log starts applying: version 0, or the gated checkpoint's
+     * serving version (the checkpoint itself, or its serving file, checked against the log).
+     */
+    private void startServing(Updater updater, Publisher publisher, ModelVersion last, Function<Path, TrainingModule> load) {
+        if (checkpoint == null || checkpoint.servingFile == null) {
+            publisher.startServing(last, updater.module());
+            return;
+        }
+        LogRecord.Version logged = null;
+        for (LogRecord record : contents.getRecords()) {
+            if (record instanceof LogRecord.Version && ((LogRecord.Version) record).getId() == checkpoint.servingVersion) {
+                logged = (LogRecord.Version) record;
+            }
+        }
+        Path path = logDir.resolve(checkpoint.servingFile);
+        if (logged == null) {
+            throw new LogCorruptException(log.getFile() + " does not hold version " + checkpoint.servingVersion
+                    + ", which " + logDir.resolve(Checkpoints.FILE) + " serves: the log was cut or replaced");
+        }
+        try (TrainingModule module = load.apply(path)) {
+            ModelVersion serving = updater.versionOf(module, logged.getId(), logged.getUpdates(), logged.getLoss());
+            if (!serving.getDigests().equals(logged.getDigests())) {
+                throw new LogCorruptException(path + " does not hold the parameters of version " + logged.getId()
+                        + " that the log records; move the log folder's checkpoint.json aside to resume from the whole log instead");
+            }
+            publisher.startServing(serving, module);
+        }
+    }
+
+    /** Applying the log again must reproduce a logged gate decision: both losses, bit for bit, and the decision. */
+    private static void checkGate(Path file, LogRecord.Gate gate, Publisher publisher) {
+        double loss = publisher.gateLoss();
+        double servingLoss = publisher.servingLoss();
+        int decision = publisher.decision(loss);
+        if (gate.getServing() != publisher.serving().getId()
+                || Double.doubleToLongBits(gate.getLoss()) != Double.doubleToLongBits(loss)
+                || Double.doubleToLongBits(gate.getServingLoss()) != Double.doubleToLongBits(servingLoss)
+                || gate.getDecision() != decision) {
+            throw new LogCorruptException(file + ": offset " + gate.getOffset() + ": applying the log again does not"
+                    + " reproduce the gate decision on version " + gate.getVersion() + ": logged " + gate.getLoss() + " vs serving"
+                    + " version " + gate.getServing() + "'s " + gate.getServingLoss() + " (decision " + gate.getDecision()
+                    + "), again " + loss + " vs version " + publisher.serving().getId() + "'s " + servingLoss + " (decision "
+                    + decision + ")");
         }
     }
 }

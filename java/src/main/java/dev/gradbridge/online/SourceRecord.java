@@ -1,5 +1,9 @@
 package dev.gradbridge.online;
 
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
 /**
  * One record of an external feedback source (a Kafka topic's record) for {@link
  * OnlineLearner#learnFromSource}: where it sits in the source, its idempotency key, and its
@@ -9,11 +13,11 @@ public final class SourceRecord {
     final int partition;
     final long offset;
     final String key;
-    final HostTensor x;
+    final Map<String, HostTensor> x; // by input name ({x: tensor} for a module of one input)
     final HostTensor y;
     final String refusal;
 
-    private SourceRecord(int partition, long offset, String key, HostTensor x, HostTensor y, String refusal) {
+    private SourceRecord(int partition, long offset, String key, Map<String, HostTensor> x, HostTensor y, String refusal) {
         if (partition < 0 || offset < 0) {
             throw new IllegalArgumentException("a source record's partition and offset are >= 0, got " + partition + "/" + offset);
         }
@@ -34,7 +38,19 @@ public final class SourceRecord {
      * @return a record of feedback (checked by the learner like {@link OnlineLearner#learn})
      */
     public static SourceRecord feedback(int partition, long offset, String key, HostTensor x, HostTensor y) {
-        return new SourceRecord(partition, offset, key, x, y, null);
+        return new SourceRecord(partition, offset, key, Collections.singletonMap("x", x), y, null);
+    }
+
+    /**
+     * @param partition the record's partition
+     * @param offset its offset in the partition
+     * @param key its idempotency key, or null
+     * @param x each of the module's inputs by name, batch dimension first (one event per row)
+     * @param y targets
+     * @return a record of feedback for a module of several inputs (checked like {@link OnlineLearner#learn})
+     */
+    public static SourceRecord feedback(int partition, long offset, String key, Map<String, HostTensor> x, HostTensor y) {
+        return new SourceRecord(partition, offset, key, new LinkedHashMap<>(x), y, null);
     }
 
     /**

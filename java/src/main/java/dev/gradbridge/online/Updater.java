@@ -151,7 +151,7 @@ final class Updater implements AutoCloseable {
     }
 
     /**
-     * Applies micro-batches in order until one is refused: with no norm limit, in one native call
+     * Applies micro-batches in order until one is refused: with no norm limit (and one input), in one native call
      * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
      * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
      * The native call's run is checked once at its end (a parameter or optimizer state that is not
@@ -162,7 +162,7 @@ final class Updater implements AutoCloseable {
      * @return how many were applied, and why the next was not (if it was reached)
      */
     Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
-        if (guard.readsGradients()) {
+        if (guard.readsGradients() || !calls.fusable()) {
             return applyEach(xs, ys);
         }
         long t = PhaseTimes.clock(phases);
@@ -242,7 +242,38 @@ final class Updater implements AutoCloseable {
 
     /** @return the parameters now as version {@code id} of {@code atUpdates} updates with {@code loss} */
     ModelVersion snapshot(long id, long atUpdates, double loss) {
-        Map<String, double[]> parameters = training.getParameters();
+        return versionOf(training, id, atUpdates, loss);
+    }
+
+    /**
+     * @return a copy of the learner as it is now (parameters, optimizer state, learning rate), for
+     *     a publish gate's rollback; the caller closes it
+     * @throws IllegalStateException when two of the module's tensors share a storage (no copy)
+     */
+    TrainingModule copyState() {
+        return training.snapshot().orElseThrow(() -> new IllegalStateException("--gate-on-hold rollback cannot copy "
+                + training.getPath() + ": two of its tensors share a storage"));
+    }
+
+    /**
+     * Returns the learner to {@code state} (a {@link #copyState} of an earlier version, kept by its
+     * owner): the module becomes a copy of it. The update count goes on: it counts the micro-batches
+     * the log holds, applied or since rolled back.
+     */
+    void restore(TrainingModule state) {
+        TrainingModule restored = state.snapshot().orElseThrow(IllegalStateException::new); // copyState copied it before
+        training.close();
+        training = restored;
+        if (backup != null) {
+            backup.close();
+            backup = null; // the next step takes a new one
+        }
+        since.clear();
+    }
+
+    /** @return {@code module}'s parameters as version {@code id} (a serving version read back from its file) */
+    ModelVersion versionOf(TrainingModule module, long id, long atUpdates, double loss) {
+        Map<String, double[]> parameters = module.getParameters();
         Map<String, String> digests = new LinkedHashMap<>();
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
             digests.put(spec.getName(), digester.digest(parameters.get(spec.getName()), spec.getDtype()));

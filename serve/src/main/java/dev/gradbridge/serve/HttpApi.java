@@ -8,6 +8,7 @@ import com.google.gson.JsonParser;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.KeyConflictException;
+import dev.gradbridge.online.ModelVersion;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.Prediction;
 import dev.gradbridge.online.QueueFullException;
@@ -26,6 +27,8 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
+import java.util.Map;
+import java.util.NoSuchElementException;
 import java.util.concurrent.TimeUnit;
 import org.eclipse.jetty.http.HttpVersion;
 import org.eclipse.jetty.server.HttpConfiguration;
@@ -45,13 +48,18 @@ import org.slf4j.LoggerFactory;
  * The service's routes over one {@link OnlineLearner}.
  *
  * <ul>
- *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} → {@code {"version": v, "y": [...]}}
+ *   <li>{@code POST /predict} {@code {"x": [[...], ...]}} (a module of several inputs: {@code {"x":
+ *       {"input_ids": [[...]], "attention_mask": [[...]]}}}, as for {@code /feedback} and Kafka
+ *       records) → {@code {"version": v, "y": [...]}}
  *       (outputs that are not finite are written as {@code null}: the answer is always JSON)
  *   <li>{@code POST /feedback} {@code {"x": [[...]], "y": [...]}} (one event per row), optional
  *       header {@code Idempotency-Key} → {@code {"accepted": n, "first_seq": s, "duplicate": b}}
  *       once logged; 429 when the queue is full; 503 when the log cannot be written (nothing of
  *       the request was logged)
  *   <li>{@code GET /healthz} (503 once training has stopped), {@code GET /metrics} (Prometheus)
+ *   <li>{@code POST /admin/rollback} {@code {"version": v}} (or no body: the version before the
+ *       serving one) → {@code {"version": v, "kept": [...]}}, with a publish gate only (409
+ *       without); 404 for a version not kept. Beside {@code /healthz}, with the token.
  * </ul>
  *
  * {@code /predict} and {@code /feedback} need {@code Authorization: Bearer TOKEN} unless the
@@ -94,6 +102,19 @@ final class HttpApi {
                 .register(registry);
         FunctionCounter.builder("gradbridge_predictions", learner, OnlineLearner::predictions)
                 .description("predictions served").register(registry);
+        FunctionCounter.builder("gradbridge_published_versions", learner, OnlineLearner::publishedVersions)
+                .description("versions published to predictors (passed the publish gate, or every version without one)")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_held_versions", learner, OnlineLearner::heldVersions)
+                .description("versions the publish gate held back (their gate loss rose more than --gate-max-regression)")
+                .register(registry);
+        FunctionCounter.builder("gradbridge_rollbacks", learner, OnlineLearner::rollbacks)
+                .description("POST /admin/rollback applied").register(registry);
+        Gauge.builder("gradbridge_gate_loss", learner, OnlineLearner::lastGateLoss)
+                .description("gate-data loss of the last version the publish gate decided on (NaN: none yet)")
+                .register(registry);
+        Gauge.builder("gradbridge_gate_serving_loss", learner, OnlineLearner::servingGateLoss)
+                .description("gate-data loss of the serving version (NaN without a publish gate)").register(registry);
         predictLatency = Timer.builder("gradbridge_predict_latency").description("POST /predict handling time")
                 .publishPercentileHistogram().register(registry);
         learnLatency = Timer.builder("gradbridge_learn_latency").description("POST /feedback handling time")
@@ -184,11 +205,16 @@ final class HttpApi {
             logger.error("{} {} failed", ctx.method(), ctx.path(), e);
             fail(ctx, 500, "internal error (the service's log has the details)");
         });
-        config.routes.error(404, ctx -> fail(ctx, 404, "no route " + ctx.method() + " " + JsonTensors.abbreviate(ctx.path())));
+        config.routes.error(404, ctx -> {
+            if (ctx.attribute(ANSWERED) == null) { // a route's own 404 (an unknown version) keeps its line
+                fail(ctx, 404, "no route " + ctx.method() + " " + JsonTensors.abbreviate(ctx.path()));
+            }
+        });
         config.routes.error(405, ctx -> fail(ctx, 405, "method " + ctx.method() + " not allowed on " + ctx.path()));
     }
 
     private void adminRoutes(JavalinConfig config) {
+        config.routes.post("/admin/rollback", authorized(this::rollback));
         config.routes.get("/healthz", this::health);
         config.routes.get("/metrics", ctx -> ctx.contentType("text/plain; version=0.0.4; charset=utf-8").result(registry.scrape()));
     }
@@ -218,11 +244,19 @@ final class HttpApi {
         health.addProperty("updates", learner.updates());
         health.addProperty("queue_depth", learner.queueDepth());
         health.addProperty("quarantined_batches", learner.quarantinedBatches());
+        health.addProperty("latest_version", learner.latestVersion());
+        health.addProperty("published_versions", learner.publishedVersions());
+        health.addProperty("held_versions", learner.heldVersions());
         ctx.status(failure == null ? 200 : 503).contentType("application/json").result(GSON.toJson(health));
     }
 
     /** The body, read with the limit applied as it arrives (Content-Length or chunked). */
     private JsonObject body(Context ctx) throws IOException {
+        return body(ctx, false);
+    }
+
+    /** As {@link #body(Context)}; with {@code emptyAllowed}, no body at all reads as {@code {}}. */
+    private JsonObject body(Context ctx, boolean emptyAllowed) throws IOException {
         long declared = ctx.contentLength();
         if (declared > maxBodyBytes) {
             throw new BodyTooLarge("body of " + declared + " bytes exceeds the limit of " + maxBodyBytes + " bytes");
@@ -243,6 +277,9 @@ final class HttpApi {
             throw readFailure(e);
         }
         String text = new String(out.toByteArray(), StandardCharsets.UTF_8);
+        if (emptyAllowed && text.trim().isEmpty()) {
+            return new JsonObject();
+        }
         try {
             JsonElement json = JsonParser.parseString(text);
             if (!json.isJsonObject()) {
@@ -299,7 +336,7 @@ final class HttpApi {
     private void predict(Context ctx) throws IOException {
         Timer.Sample sample = Timer.start(registry);
         try {
-            HostTensor x = JsonTensors.parse("x", body(ctx).get("x"), learner.getMetadata().getInput("x").getDtype());
+            Map<String, HostTensor> x = JsonTensors.parseInputs(body(ctx).get("x"), learner.getMetadata());
             Prediction prediction = learner.predict(x);
             JsonObject out = new JsonObject();
             out.addProperty("version", prediction.getVersion());
@@ -320,7 +357,7 @@ final class HttpApi {
         Timer.Sample sample = Timer.start(registry);
         try {
             JsonObject body = body(ctx);
-            HostTensor x = JsonTensors.parse("x", body.get("x"), learner.getMetadata().getInput("x").getDtype());
+            Map<String, HostTensor> x = JsonTensors.parseInputs(body.get("x"), learner.getMetadata());
             HostTensor y = JsonTensors.parse("y", body.get("y"), learner.getMetadata().getInput("y").getDtype());
             String key = ctx.header("Idempotency-Key");
             OnlineLearner.Receipt receipt = learner.offer(x, y, key, 0, TimeUnit.NANOSECONDS);
@@ -345,6 +382,48 @@ final class HttpApi {
             sample.stop(learnLatency);
         }
     }
+
+    /**
+     * {@code POST /admin/rollback} {@code {"version": v}} (or no body: the version published before
+     * the serving one) → {@code {"version": v, "kept": [...]}} once the rollback is in the log.
+     */
+    private void rollback(Context ctx) throws IOException {
+        try {
+            JsonObject body = body(ctx, true);
+            Long version = null;
+            for (String key : body.keySet()) {
+                if (!"version".equals(key)) {
+                    throw new InvalidInputException("unknown field '" + JsonTensors.abbreviate(key) + "'; the body is"
+                            + " {\"version\": N} (a kept published version) or empty (the one before the serving version)");
+                }
+            }
+            JsonElement given = body.get("version");
+            if (given != null) {
+                version = JsonTensors.versionNumber(given);
+            }
+            ModelVersion serving = learner.rollback(version);
+            JsonObject out = new JsonObject();
+            out.addProperty("version", serving.getId());
+            out.add("kept", GSON.toJsonTree(learner.keptVersions()));
+            ctx.contentType("application/json").result(GSON.toJson(out));
+        } catch (InvalidInputException e) {
+            fail(ctx, 400, e.getMessage());
+        } catch (BodyTooLarge e) {
+            fail(ctx, 413, e.getMessage());
+        } catch (BodyUnreadable e) {
+            fail(ctx, e.status, e.getMessage());
+        } catch (NoSuchElementException e) {
+            ctx.attribute(ANSWERED, Boolean.TRUE);
+            fail(ctx, 404, e.getMessage());
+        } catch (IllegalStateException e) {
+            fail(ctx, 409, e.getMessage());
+        } catch (IOException | UncheckedIOException e) {
+            fail(ctx, 503, "cannot log the rollback: " + e.getMessage());
+        }
+    }
+
+    /** Set on a request whose route answered 404 itself (an unknown version), so the no-route line does not replace it. */
+    private static final String ANSWERED = "gradbridge.answered";
 
     private static void fail(Context ctx, int status, String message) {
         ctx.status(status).contentType("text/plain; charset=utf-8")

@@ -9,8 +9,12 @@ import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
 import java.math.BigDecimal;
 import java.nio.ByteBuffer;
+import dev.gradbridge.Metadata;
 import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 
 /** JSON nested arrays <-> {@link HostTensor}, with one-line errors that name the field. */
 final class JsonTensors {
@@ -48,6 +52,67 @@ final class JsonTensors {
             dims[i] = shape.get(i);
         }
         return HostTensor.of(dtype, dims, bytes.array());
+    }
+
+    /**
+     * The inputs of a request: for a module of one input the nested array {@code "x": [[...]]} (as
+     * always), for a module of several an object of them by name, {@code "x": {"input_ids": [[...]],
+     * "attention_mask": [[...]]}}, each parsed with its own dtype. Names are checked by the learner.
+     */
+    static Map<String, HostTensor> parseInputs(JsonElement json, Metadata metadata) {
+        if (!metadata.hasNamedInputs()) {
+            if (json != null && json.isJsonObject()) {
+                throw new InvalidInputException("field 'x' must be a nested array of numbers (the model takes one input),"
+                        + " got an object");
+            }
+            return Collections.singletonMap("x", parse("x", json, metadata.getInput("x").getDtype()));
+        }
+        List<String> names = metadata.getInputNames();
+        if (json == null || json.isJsonNull()) {
+            throw new InvalidInputException("field 'x' is missing");
+        }
+        if (!json.isJsonObject()) {
+            throw new InvalidInputException("field 'x' must be an object of the model's inputs by name " + names + ", e.g. {\""
+                    + names.get(0) + "\": [[...]], ...}, got " + abbreviate(json));
+        }
+        Map<String, HostTensor> inputs = new LinkedHashMap<>();
+        for (Map.Entry<String, JsonElement> input : json.getAsJsonObject().entrySet()) {
+            String name = input.getKey();
+            if (!names.contains(name)) {
+                throw new InvalidInputException("field 'x." + abbreviate(name) + "': the model takes no such input (it takes "
+                        + names + ")");
+            }
+            inputs.put(name, parse("x." + name, input.getValue(), metadata.getInput(name).getDtype()));
+        }
+        for (String name : names) {
+            if (!inputs.containsKey(name)) {
+                throw new InvalidInputException("field 'x." + name + "' is missing (the model takes " + names + ")");
+            }
+        }
+        return inputs;
+    }
+
+    /** @return the rows of the first input (a request's events) */
+    static long rows(Map<String, HostTensor> inputs) {
+        return inputs.values().iterator().next().rows();
+    }
+
+    /** A version number: an integer >= 0, e.g. /admin/rollback's {@code version}. */
+    static long versionNumber(JsonElement json) {
+        String problem = "field 'version' must be a version number (an integer >= 0), got " + abbreviate(json);
+        if (!json.isJsonPrimitive() || !json.getAsJsonPrimitive().isNumber()) {
+            throw new InvalidInputException(problem);
+        }
+        long version;
+        try {
+            version = integer("version", json.getAsJsonPrimitive());
+        } catch (InvalidInputException e) {
+            throw new InvalidInputException(problem);
+        }
+        if (version < 0) {
+            throw new InvalidInputException(problem);
+        }
+        return version;
     }
 
     /** The number as written (exact), or a one-line refusal for text that is no number. */

@@ -280,7 +280,6 @@ public final class KafkaFeedback implements AutoCloseable {
         List<SourceRecord> chunk = new ArrayList<>();
         Map<Integer, long[]> ranges = new TreeMap<>();
         int rows = 0;
-        String xType = learner.getMetadata().getInput("x").getDtype();
         String yType = learner.getMetadata().getInput("y").getDtype();
         for (TopicPartition tp : partitions) {
             List<ConsumerRecord<byte[], byte[]>> list = polled.records(tp);
@@ -289,7 +288,7 @@ public final class KafkaFeedback implements AutoCloseable {
             }
             int p = tp.partition();
             for (ConsumerRecord<byte[], byte[]> record : list) {
-                SourceRecord decoded = decode(record, xType, yType);
+                SourceRecord decoded = decode(record, yType);
                 int recordRows = lastRows;
                 if (!chunk.isEmpty() && rows + recordRows > maxRows) {
                     flush(chunk, ranges);
@@ -315,7 +314,7 @@ public final class KafkaFeedback implements AutoCloseable {
 
     private int lastRows; // rows of the record decode() last returned (consumer thread only)
 
-    private SourceRecord decode(ConsumerRecord<byte[], byte[]> record, String xType, String yType) {
+    private SourceRecord decode(ConsumerRecord<byte[], byte[]> record, String yType) {
         int p = record.partition();
         long offset = record.offset();
         lastRows = 0;
@@ -336,9 +335,9 @@ public final class KafkaFeedback implements AutoCloseable {
             if (!json.isJsonObject()) {
                 throw new InvalidInputException("the record's value must be a JSON object, got " + JsonTensors.abbreviate(json));
             }
-            HostTensor x = JsonTensors.parse("x", json.getAsJsonObject().get("x"), xType);
+            Map<String, HostTensor> x = JsonTensors.parseInputs(json.getAsJsonObject().get("x"), learner.getMetadata());
             HostTensor y = JsonTensors.parse("y", json.getAsJsonObject().get("y"), yType);
-            lastRows = (int) Math.min(Integer.MAX_VALUE, x.rows());
+            lastRows = (int) Math.min(Integer.MAX_VALUE, JsonTensors.rows(x));
             return SourceRecord.feedback(p, offset, key, x, y);
         } catch (JsonParseException e) {
             return SourceRecord.refused(p, offset, "the record's value is not valid JSON: " + JsonTensors.abbreviate(HttpApi.gsonReason(e)));

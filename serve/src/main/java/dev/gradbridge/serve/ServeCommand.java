@@ -2,6 +2,7 @@ package dev.gradbridge.serve;
 
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.cli.OneLineErrors;
+import dev.gradbridge.online.HoldPolicy;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.log.FsyncPolicy;
 import io.javalin.Javalin;
@@ -108,6 +109,30 @@ public final class ServeCommand implements Callable<Integer> {
             description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
     double maxGradNorm;
 
+    @Option(names = "--gate-data", paramLabel = "FILE",
+            description = "publish gate: a version is published only when its loss on this .npz (the training data's"
+                    + " format; evaluate, eval mode) is at most the serving version's plus --gate-max-regression")
+    Path gateData;
+
+    @Option(names = "--gate-max-regression", paramLabel = "X",
+            description = "the largest rise of the gate loss a published version may have (default 0: no worse)")
+    Double gateMaxRegression; // null: not given
+
+    @Option(names = "--gate-on-hold", paramLabel = "POLICY",
+            description = "continue (training goes on from a held-back version) or rollback (the learner returns to the"
+                    + " serving version: parameters and optimizer state); default continue")
+    String gateOnHold;
+
+    @Option(names = "--keep-versions", paramLabel = "N",
+            description = "published versions kept in memory for POST /admin/rollback (default "
+                    + OnlineLearner.DEFAULT_KEEP_VERSIONS + ")")
+    Integer keepVersions;
+
+    @Option(names = "--max-input-abs", paramLabel = "A",
+            description = "refuse feedback and predictions with a floating-point feature of larger magnitude (400);"
+                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "1e6")
+    double maxInputAbs;
+
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
     long maxBodyBytes;
 
@@ -180,6 +205,13 @@ public final class ServeCommand implements Callable<Integer> {
         range("--stop-timeout-ms", stopTimeoutMillis, 1, HOUR_MS);
         range("--max-connections", maxConnections, 1, MAX_CONNECTIONS);
         range("--min-body-rate", minBodyRate, 0, Integer.MAX_VALUE);
+        if (gateData == null && (gateMaxRegression != null || gateOnHold != null || keepVersions != null)) {
+            throw new GradbridgeException((gateMaxRegression != null ? "--gate-max-regression" : gateOnHold != null
+                    ? "--gate-on-hold" : "--keep-versions") + " needs --gate-data (the data versions are gated on)");
+        }
+        if (gateData != null && !Files.isRegularFile(gateData)) {
+            throw new GradbridgeException("--gate-data " + gateData.toAbsolutePath() + ": no such file");
+        }
         if (noAuth && (tokenFile != null || tokenEnv != null)) {
             throw new GradbridgeException("--no-auth and a token option contradict each other; give one");
         }
@@ -259,9 +291,16 @@ public final class ServeCommand implements Callable<Integer> {
             builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
                     .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
                     .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
-                    .optMaxGradNorm(maxGradNorm);
+                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs);
             if (predictors != null) {
                 builder.optPredictors(predictors);
+            }
+            if (gateData != null) {
+                builder.optGate(gateData, gateMaxRegression == null ? 0 : gateMaxRegression)
+                        .optGateOnHold(gateOnHold == null ? HoldPolicy.CONTINUE : HoldPolicy.parse(gateOnHold));
+                if (keepVersions != null) {
+                    builder.optKeepVersions(keepVersions);
+                }
             }
         } catch (IllegalArgumentException e) {
             throw new GradbridgeException(e.getMessage());

@@ -44,6 +44,13 @@ public final class LogFormat {
      * events before it, in the same write, were read from. Only logs fed from a source hold it.
      */
     public static final byte POSITION = 'P';
+    /**
+     * Record type: a publish gate's decision on the version just logged (its loss and the serving
+     * version's on the gate data, published or held back). Only logs of a gated learner hold it.
+     */
+    public static final byte GATE = 'G';
+    /** Record type: predictions (and, under the rollback policy, the learner) returned to an earlier version. */
+    public static final byte ROLLBACK = 'R';
 
     private LogFormat() {}
 

@@ -1,11 +1,14 @@
 package dev.gradbridge.online.log;
 
 import com.google.gson.Gson;
+import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Objects;
 
 /**
@@ -30,6 +33,105 @@ public final class LogHeader {
     private final long[] xShape;
     private final String yDtype;
     private final long[] yShape;
+    private GateSettings gate; // null: no publish gate (set once, by withGate)
+    private List<InputSpec> inputs; // null: one input x (set once, by withInputs)
+
+    /** x's dtype in the header of a module of several inputs: x is then one event's raw bytes, split as {@code inputs} says. */
+    public static final String NAMED_INPUTS = "named";
+
+    /** One of several named inputs: its name, dtype and per-sample shape; an event holds their rows in this order. */
+    public static final class InputSpec {
+        private final String name;
+        private final String dtype;
+        private final long[] shape;
+
+        /**
+         * @param name the input's name
+         * @param dtype its dtype
+         * @param shape one sample's shape (without the batch dimension)
+         */
+        public InputSpec(String name, String dtype, long[] shape) {
+            this.name = name;
+            this.dtype = dtype;
+            this.shape = shape.clone();
+        }
+
+        JsonObject toJson() {
+            JsonObject json = spec(dtype, shape);
+            json.addProperty("name", name);
+            return json;
+        }
+    }
+
+    /**
+     * A publish gate's settings, kept in the header: they decide which versions are published,
+     * so a restart with others is refused like one with another {@code publish_every}.
+     */
+    public static final class GateSettings {
+        private final String data;
+        private final String dataSha256;
+        private final double maxRegression;
+        private final String onHold;
+        private final int keepVersions;
+
+        /**
+         * @param data the gate data file (for the replay to find it; not compared)
+         * @param dataSha256 SHA-256 (hex) of the gate data file
+         * @param maxRegression a version is published when its gate loss is at most the serving
+         *     version's plus this
+         * @param onHold what a held-back version does to the learner ({@code continue} or {@code rollback})
+         * @param keepVersions published versions kept for rollbacks
+         */
+        public GateSettings(String data, String dataSha256, double maxRegression, String onHold, int keepVersions) {
+            this.data = data;
+            this.dataSha256 = dataSha256;
+            this.maxRegression = maxRegression;
+            this.onHold = onHold;
+            this.keepVersions = keepVersions;
+        }
+
+        /** @return the gate data file as given when the log was started */
+        public String getData() {
+            return data;
+        }
+
+        /** @return SHA-256 (hex) of the gate data file */
+        public String getDataSha256() {
+            return dataSha256;
+        }
+
+        /** @return the largest gate-loss regression a published version may have */
+        public double getMaxRegression() {
+            return maxRegression;
+        }
+
+        /** @return {@code continue} or {@code rollback} */
+        public String getOnHold() {
+            return onHold;
+        }
+
+        /** @return published versions kept for rollbacks */
+        public int getKeepVersions() {
+            return keepVersions;
+        }
+
+        JsonObject toJson() {
+            JsonObject json = new JsonObject();
+            json.addProperty("data", data);
+            json.addProperty("data_sha256", dataSha256);
+            json.addProperty("max_regression", maxRegression);
+            json.addProperty("on_hold", onHold);
+            json.addProperty("keep_versions", keepVersions);
+            return json;
+        }
+
+        /** The settings that decide what the log computes (not the file's path: it may move). */
+        String decisive() {
+            JsonObject json = toJson();
+            json.remove("data");
+            return GSON.toJson(json);
+        }
+    }
 
     /**
      * Creates a header.
@@ -57,6 +159,29 @@ public final class LogHeader {
         this.xShape = xShape.clone();
         this.yDtype = yDtype;
         this.yShape = yShape.clone();
+    }
+
+    /**
+     * @param settings the publish gate's settings
+     * @return this header with them
+     */
+    public LogHeader withGate(GateSettings settings) {
+        this.gate = settings;
+        return this;
+    }
+
+    /**
+     * @param specs a module of several inputs: each input's name, dtype and shape, in the order an event holds them
+     * @return this header with them
+     */
+    public LogHeader withInputs(List<InputSpec> specs) {
+        this.inputs = new ArrayList<>(specs);
+        return this;
+    }
+
+    /** @return the publish gate's settings, or null when the learner has no gate */
+    public GateSettings getGate() {
+        return gate;
     }
 
     /** @return the model's name */
@@ -127,8 +252,16 @@ public final class LogHeader {
         if (Double.compare(maxGradNorm, wanted.maxGradNorm) != 0) {
             return "it was written with --max-grad-norm " + maxGradNorm + ", not " + wanted.maxGradNorm;
         }
+        String gateNow = gate == null ? "no gate" : gate.decisive();
+        String gateWanted = wanted.gate == null ? "no gate" : wanted.gate.decisive();
+        if (!gateNow.equals(gateWanted)) {
+            return "it was written with publish gate " + gateNow + ", not " + gateWanted
+                    + " (--gate-data, --gate-max-regression, --gate-on-hold, --keep-versions); start another log folder"
+                    + " for other gate settings";
+        }
         if (!xDtype.equals(wanted.xDtype) || !Arrays.equals(xShape, wanted.xShape)
-                || !yDtype.equals(wanted.yDtype) || !Arrays.equals(yShape, wanted.yShape)) {
+                || !yDtype.equals(wanted.yDtype) || !Arrays.equals(yShape, wanted.yShape)
+                || !String.valueOf(inputsJson()).equals(String.valueOf(wanted.inputsJson()))) {
             return "it holds samples of another shape (" + toJson() + ")";
         }
         return null;
@@ -146,7 +279,24 @@ public final class LogHeader {
         json.addProperty("seq_floor", seqFloor);
         json.add("x", spec(xDtype, xShape));
         json.add("y", spec(yDtype, yShape));
+        if (inputs != null) {
+            json.add("inputs", inputsJson());
+        }
+        if (gate != null) {
+            json.add("gate", gate.toJson());
+        }
         return GSON.toJson(json);
+    }
+
+    private JsonArray inputsJson() {
+        if (inputs == null) {
+            return null;
+        }
+        JsonArray array = new JsonArray();
+        for (InputSpec input : inputs) {
+            array.add(input.toJson());
+        }
+        return array;
     }
 
     private static JsonObject spec(String dtype, long[] shape) {
@@ -184,10 +334,26 @@ public final class LogHeader {
         try {
             JsonObject x = json.getAsJsonObject("x");
             JsonObject y = json.getAsJsonObject("y");
-            return new LogHeader(string(json, "model"), string(json, "model_sha256"),
+            LogHeader header = new LogHeader(string(json, "model"), string(json, "model_sha256"),
                     json.get("publish_every").getAsInt(), json.get("max_grad_norm").getAsDouble(),
                     json.get("first_seq").getAsLong(), json.get("seq_floor").getAsLong(), string(x, "dtype"), GSON.fromJson(x.get("shape"), long[].class),
                     string(y, "dtype"), GSON.fromJson(y.get("shape"), long[].class));
+            JsonArray inputs = json.getAsJsonArray("inputs");
+            if (inputs != null) {
+                List<InputSpec> specs = new ArrayList<>();
+                for (JsonElement input : inputs) {
+                    JsonObject spec = input.getAsJsonObject();
+                    specs.add(new InputSpec(string(spec, "name"), string(spec, "dtype"),
+                            GSON.fromJson(spec.get("shape"), long[].class)));
+                }
+                header.withInputs(specs);
+            }
+            JsonObject gate = json.getAsJsonObject("gate");
+            if (gate != null) {
+                header.withGate(new GateSettings(string(gate, "data"), string(gate, "data_sha256"),
+                        gate.get("max_regression").getAsDouble(), string(gate, "on_hold"), gate.get("keep_versions").getAsInt()));
+            }
+            return header;
         } catch (RuntimeException e) {
             throw new LogCorruptException(where + ": the header record lacks a field or has one of the wrong type");
         }

@@ -25,7 +25,7 @@ public final class LogReader {
      *
      * @param file a {@value LogFormat#FILE_NAME}
      * @param keepFrom events, batches and quarantines before this offset are checked but not kept
-     *     (keys, versions and source positions are always kept)
+     *     (keys, versions, gate decisions, source positions and rollbacks are always kept)
      * @return the header (null for an empty file) and the records
      * @throws IOException when the file cannot be read
      * @throws LogCorruptException when a frame before the end does not check
@@ -88,7 +88,7 @@ public final class LogReader {
                     throw new LogCorruptException(where + ": offset " + offset + ": a second header record");
                 }
                 if (offset >= keepFrom || type == LogFormat.KEY || type == LogFormat.VERSION
-                        || type == LogFormat.POSITION) {
+                        || type == LogFormat.POSITION || type == LogFormat.GATE || type == LogFormat.ROLLBACK) {
                     records.add(LogRecord.parse(where, offset, bytes));
                 }
             }

@@ -28,6 +28,11 @@ import java.util.Map;
  *       that the write it ends consumed, and what became of each source record (status {@link
  *       Position#LOGGED}, {@link Position#DUPLICATE} or {@link Position#REFUSED}); after that
  *       write's events and keys, in the same write.
+ *   <li>{@code G} {@link Gate}: {@code i64 version, i64 serving version, f64 version's gate loss, f64
+ *       serving version's gate loss, u8 decision} ({@link Gate#PUBLISHED}, {@link Gate#HELD} or
+ *       {@link Gate#ROLLED_BACK}); right after the version's {@code V};
+ *   <li>{@code R} {@link Rollback}: {@code i64 version, i64 serving version before}: predictions
+ *       returned to {@code version} (an operator's rollback).
  * </ul>
  */
 public abstract class LogRecord {
@@ -90,6 +95,15 @@ public abstract class LogRecord {
         return p.array();
     }
 
+    static byte[] gate(long version, long serving, double loss, double servingLoss, int decision) {
+        return payload(1 + 8 + 8 + 8 + 8 + 1).put(LogFormat.GATE).putLong(version).putLong(serving).putDouble(loss)
+                .putDouble(servingLoss).put((byte) decision).array();
+    }
+
+    static byte[] rollback(long version, long from) {
+        return payload(1 + 8 + 8).put(LogFormat.ROLLBACK).putLong(version).putLong(from).array();
+    }
+
     /** Parses a checked payload; a payload that does not parse is corruption (its checksum held). */
     static LogRecord parse(String file, long offset, byte[] bytes) {
         ByteBuffer p = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
@@ -141,6 +155,19 @@ public abstract class LogRecord {
                     }
                     end(p);
                     return new Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items);
+                }
+                case LogFormat.GATE: {
+                    Gate gate = new Gate(offset, p.getLong(), p.getLong(), p.getDouble(), p.getDouble(), p.get());
+                    end(p);
+                    if (gate.decision < Gate.PUBLISHED || gate.decision > Gate.ROLLED_BACK) {
+                        throw new BufferUnderflowException();
+                    }
+                    return gate;
+                }
+                case LogFormat.ROLLBACK: {
+                    Rollback rollback = new Rollback(offset, p.getLong(), p.getLong());
+                    end(p);
+                    return rollback;
                 }
                 default:
                     throw new LogCorruptException(file + ": offset " + offset + ": unknown record type " + (type & 0xff));
@@ -376,6 +403,78 @@ public abstract class LogRecord {
         /** @return each source record: {partition, offset, first seq, count, status} (shared: do not modify) */
         public long[][] items() {
             return items;
+        }
+    }
+
+    /** A publish gate's decision on a version: published to predictors, or held back (and the learner rolled back). */
+    public static final class Gate extends LogRecord {
+        /** The version was published. */
+        public static final int PUBLISHED = 0;
+        /** The version was held back; training continued from it. */
+        public static final int HELD = 1;
+        /** The version was held back and the learner returned to the serving version. */
+        public static final int ROLLED_BACK = 2;
+
+        private final long version;
+        private final long serving;
+        private final double loss;
+        private final double servingLoss;
+        private final int decision;
+
+        Gate(long offset, long version, long serving, double loss, double servingLoss, int decision) {
+            super(offset);
+            this.version = version;
+            this.serving = serving;
+            this.loss = loss;
+            this.servingLoss = servingLoss;
+            this.decision = decision;
+        }
+
+        /** @return the version decided on */
+        public long getVersion() {
+            return version;
+        }
+
+        /** @return the version predictions used when it was decided */
+        public long getServing() {
+            return serving;
+        }
+
+        /** @return the version's loss on the gate data */
+        public double getLoss() {
+            return loss;
+        }
+
+        /** @return the serving version's loss on the gate data */
+        public double getServingLoss() {
+            return servingLoss;
+        }
+
+        /** @return {@link #PUBLISHED}, {@link #HELD} or {@link #ROLLED_BACK} */
+        public int getDecision() {
+            return decision;
+        }
+    }
+
+    /** An operator's rollback: predictions returned to an earlier published version. */
+    public static final class Rollback extends LogRecord {
+        private final long version;
+        private final long from;
+
+        Rollback(long offset, long version, long from) {
+            super(offset);
+            this.version = version;
+            this.from = from;
+        }
+
+        /** @return the version predictions returned to */
+        public long getVersion() {
+            return version;
+        }
+
+        /** @return the version they used before */
+        public long getFrom() {
+            return from;
         }
     }
 }

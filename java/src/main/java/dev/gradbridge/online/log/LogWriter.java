@@ -289,6 +289,35 @@ public final class LogWriter implements AutoCloseable {
     }
 
     /**
+     * Appends a publish gate's decision on the version just logged.
+     *
+     * @param version the version decided on
+     * @param serving the version predictions used
+     * @param loss the version's loss on the gate data
+     * @param servingLoss the serving version's
+     * @param decision {@link LogRecord.Gate#PUBLISHED}, {@link LogRecord.Gate#HELD} or {@link
+     *     LogRecord.Gate#ROLLED_BACK}
+     * @return the end offset
+     * @throws IOException when the write fails
+     */
+    public synchronized long appendGate(long version, long serving, double loss, double servingLoss, int decision)
+            throws IOException {
+        return append(frames(LogRecord.gate(version, serving, loss, servingLoss, decision)));
+    }
+
+    /**
+     * Appends an operator's rollback.
+     *
+     * @param version the version predictions return to
+     * @param from the version they used
+     * @return the end offset
+     * @throws IOException when the write fails
+     */
+    public synchronized long appendRollback(long version, long from) throws IOException {
+        return append(frames(LogRecord.rollback(version, from)));
+    }
+
+    /**
      * Makes every record up to {@code offset} durable as the policy says: with {@link
      * FsyncPolicy#ALWAYS} one {@code fsync} covers every caller waiting for it.
      *
