@@ -2,10 +2,11 @@
 
 The model and its loss are captured with ``torch.export.export(strict=False)``, then functorch's
 ``aot_export_module(..., trace_joint=True, output_loss_index=0, decompositions={})`` gives the joint
-forward+backward graph (training mode; dropout's ``native_dropout`` in graph order on torch's generator):
-no decomposition, so every op is the one eager autograd calls. ``forward`` and the ``loss`` are captured
-in eval mode. The optimizer step is torch.optim's single-tensor op sequence, written here op by op with
-the per-step Python doubles as host scalars (``program.host_scalars``).
+forward+backward graph (training mode; dropout's random mask in graph order on torch's generator): no
+decomposition, and ``traceable.while_capturing`` keeps the trace on eager's kernels, so every op is the one
+eager autograd calls. ``forward`` and the ``loss`` are captured in eval mode. The optimizer step is
+torch.optim's single-tensor op sequence, written here op by op with the per-step Python doubles as host
+scalars (``program.host_scalars``).
 
 Shapes: each graph is captured at the example's batch size and at one more; the sizes that change between
 the two become ``a * batch + c`` (``oplist.batch_affine``), anything else that changes is refused. The
@@ -33,7 +34,7 @@ from .. import inputs as model_inputs, libtorch, messages, oplist, program, prot
 from .._version import __version__
 from ..errors import ExportError
 from ..files import atomic_path
-from . import losses, optim, self_check
+from . import losses, optim, self_check, traceable
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing():
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
@@ -93,7 +94,7 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
                                               output_loss_index=0 if joint else None, decompositions={})
     except Exception as ex:  # torch raises many kinds here; the reason is its first line
         raise ExportError(messages.aten_capture_failed(type(module.m if hasattr(module, "m") else module).__name__,
-                                                       " ".join(str(ex).split())[:300])) from ex
+                                                       traceable.capture_failure(ex))) from ex
     bindings = [f"param:{_strip(n)}" for n in signature.parameters]
     bindings += [f"buffer:{_strip(n)}" for n in signature.buffers]
     bindings += input_bindings
