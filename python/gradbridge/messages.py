@@ -339,8 +339,22 @@ def torchscript_unavailable(version: str, call: str, reason: str) -> str:
 # ---- protocol 3 (export_training_module(..., format="export")) ----
 
 def aten_option_refused(option: str) -> str:
-    return (f"format='export' does not support {option} yet; export with format='torchscript' (the default) "
-            "or leave it out")
+    return f"format='export' does not support {option} yet; export with format='torchscript' or leave it out"
+
+
+def auto_took_export(reason: str) -> str:
+    return f"format='auto' exported protocol 3 (torch.export), as TorchScript cannot: {reason}"
+
+
+def auto_neither(torchscript: str, export: str) -> str:
+    return f"{torchscript}; and protocol 3 (format='export') cannot either: {export}"
+
+
+def format_chosen(kind: str, by_auto: bool) -> str:
+    """Which format an export took, from its capture kind (script, trace, export), in words."""
+    if kind == "export":
+        return "protocol 3, torch.export" + (": TorchScript cannot capture it" if by_auto else "")
+    return f"TorchScript, {'traced' if kind == 'trace' else 'scripted'}"
 
 
 def aten_optimizer_refused(name: str, supported: Any) -> str:

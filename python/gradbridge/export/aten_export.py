@@ -20,12 +20,13 @@ list per graph (``graphs/NAME.json``) and the state tensors (``state/K.bin``, ra
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -90,7 +91,8 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
-            gm, signature = aot_export_module(exported.module(), args, trace_joint=joint,
+            own = {n for n, _ in itertools.chain(module.named_parameters(), module.named_buffers())}
+            gm, signature = aot_export_module(traceable.share_tied(exported.module(), own), args, trace_joint=joint,
                                               output_loss_index=0 if joint else None, decompositions={})
     except Exception as ex:  # torch raises many kinds here; the reason is its first line
         raise ExportError(messages.aten_capture_failed(type(module.m if hasattr(module, "m") else module).__name__,
@@ -135,6 +137,15 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
         return oplist.batch_affine(small, large, b, b + 1, name), grads
     except oplist.OpListError as ex:
         raise ExportError(messages.aten_batch_dependent(str(ex))) from ex
+
+
+def capture_probe() -> int:
+    """A one-layer model's training step captured as every export captures one (`gradbridge doctor`): the
+    number of ops in its op list; ExportError when this torch cannot."""
+    model = nn.Linear(2, 1)
+    graph, _ = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
+                        True, [f"input:{model_inputs.X}", "target"], {})
+    return len(graph["nodes"])
 
 
 def _sgd_graph(names: Sequence[str], hyper: Dict[str, Any], first: bool) -> Dict[str, Any]:
@@ -260,8 +271,9 @@ def _bits(t: Tensor) -> bytes:
 
 
 def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, model_name: Any,
-           check: bool, options: Dict[str, Any]) -> Path:
-    """See ``export_training_module`` (format="export") and this module's docstring."""
+           check: bool, options: Dict[str, Any], auto_reason: Optional[str] = None) -> Path:
+    """See ``export_training_module`` (format="export") and this module's docstring. ``auto_reason``: why
+    format="auto" did not take TorchScript (recorded in the metadata's ``capture``)."""
     from .training_module import _loss_spec, _spec_from_example
 
     _check_options(options)
@@ -333,7 +345,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
         methods=protocol.PROTOCOL3_METHODS,
     )
-    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check}
+    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check,
+                                      **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {})}
     entries = [{"name": name, "dtype": _dtype(t), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {

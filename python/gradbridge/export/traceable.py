@@ -18,16 +18,21 @@ in a way torch.export cannot trace:
   the trace ``sigmoid``, ``sub``, ``mul``...). While capturing, those Python decompositions are set aside
   (the C++ composite runs, as in eager) and those ops stay whole in the graph (``eager_kernels``).
 
+``share_tied`` reads a tensor the model ties under several names (shared embeddings) under one.
+
 ``capture_failure`` turns torch's multi-line error into the reason and the first place in the model's code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import itertools
+import logging
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
@@ -92,6 +97,13 @@ def while_capturing() -> Iterator[None]:
     python, whole = eager_kernels()
     cia = torch._C.DispatchKey.CompositeImplicitAutograd
     with contextlib.ExitStack() as stack:
+        # torch logs a failed capture's guards and prints its partial graph on stderr, many lines; the export's
+        # one-line refusal says why (``capture_failure``)
+        stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+        for logger in [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+                       if name == "torch" or name.startswith("torch.")]:
+            stack.callback(setattr, logger, "disabled", logger.disabled)
+            logger.disabled = True
         for op in python:
             stack.callback(_set_cia, op, op.py_kernels[cia])
             _set_cia(op, None)
@@ -103,6 +115,32 @@ def while_capturing() -> Iterator[None]:
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
         yield
+
+
+def share_tied(gm: torch.fx.GraphModule, names: Set[str]) -> torch.fx.GraphModule:
+    """``gm`` (torch.export's module) reading each tied tensor under one name. A tensor under several names
+    (HF ties embeddings: T5's ``shared`` and ``encoder.embed_tokens``) is one parameter to eager autograd, whose
+    gradient sums every use; ``aot_export_module`` would take each name as an input of its own and refuse the
+    names that then get no gradient. The name kept is the model's own (``names``: ``named_parameters()`` and
+    ``named_buffers()``, deduplicated as torch does)."""
+    groups: Dict[int, List[str]] = {}
+    for name, tensor in itertools.chain(gm.named_parameters(remove_duplicate=False),
+                                        gm.named_buffers(remove_duplicate=False)):
+        groups.setdefault(id(tensor), []).append(name)
+    rename = {}
+    for group in groups.values():
+        keep = next((n for n in group if n in names), group[0])
+        rename.update({n: keep for n in group if n != keep})
+    if not rename:
+        return gm
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target in rename:
+            node.target = rename[node.target]
+    for name in rename:
+        owner, _, attribute = name.rpartition(".")
+        delattr(gm.get_submodule(owner) if owner else gm, attribute)
+    gm.recompile()
+    return gm
 
 
 def _model_frame(ex: BaseException) -> Optional[str]:
@@ -118,8 +156,8 @@ def _model_frame(ex: BaseException) -> Optional[str]:
         return None
     parts = Path(found.filename).parts
     short = "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else found.filename
-    code = f": {found.line.strip()}" if found.line else ""
-    return f"{short}:{found.lineno}{code}"
+    code = found.line.split("  #")[0].strip() if found.line else ""
+    return f"{short}:{found.lineno}" + (f" `{code}`" if code else "")
 
 
 def capture_failure(ex: BaseException) -> str:
@@ -129,7 +167,7 @@ def capture_failure(ex: BaseException) -> str:
     where = _model_frame(ex)
     at = f" at {where}" if where else ""
     if "data-dependent" in text or type(ex).__name__ in ("GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound"):
-        return (f"the model's Python code depends on the values in its tensors{at} (a branch or a size computed "
-                f"from data or a random draw), which one graph cannot hold")
+        return (f"the model's Python code depends on the values in its tensors (a branch or a size computed from "
+                f"data or a random draw), which one graph cannot hold{at}")
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(ex).__name__)
     return f"{first[:300]}{at}"
