@@ -18,7 +18,7 @@ from gradbridge import export_training_module, java, messages, oplist, protocol,
 from gradbridge.commands import doctor
 from gradbridge.errors import ExportError, TorchScriptUnavailableError
 from tests.models import zoo
-from tests.models.custom import LayerDropNet
+from tests.models.custom import LayerDropNet, QuantizedNet
 
 ROOT = Path(__file__).resolve().parents[1]
 N, BATCH = 16, 4
@@ -81,6 +81,19 @@ def test_when_neither_format_can_one_line_gives_both_reasons(tmp_path):
                              "depends on the values in its tensors")
     assert "tests/models/custom.py:54 `if self.training and torch.rand([]) < 0.0:`" in export
     assert "\n" not in line and list(tmp_path.iterdir()) == []
+
+
+def test_a_custom_autograd_function_is_refused_by_both_formats_in_one_line(tmp_path):
+    """Non-strict torch.export keeps a custom Function's forward and drops its backward: refused, not differentiated
+    wrongly."""
+    x, y = _data()
+    with pytest.raises(ExportError) as info:
+        export_training_module(QuantizedNet(), "cross_entropy", "adam", tmp_path / "m.pt", example_inputs=(x, y))
+    torchscript, _, export = str(info.value).partition("; and protocol 3 (format='export') cannot either: ")
+    assert torchscript.startswith("cannot script or trace QuantizedNet: ")
+    assert export == messages.aten_option_refused(
+        "custom autograd.Function _RoundStraightThrough (torch.export keeps its forward, not its backward)")
+    assert "\n" not in str(info.value) and list(tmp_path.iterdir()) == []
 
 
 def test_a_torch_whose_jit_script_raises_exports_with_protocol_3_and_java_trains_it(jvm, torch_without_torchscript,

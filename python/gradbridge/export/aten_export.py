@@ -87,13 +87,18 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing():
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing() as functions:
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
+            if functions:
+                raise ExportError(messages.aten_option_refused(f"custom autograd.Function {functions[0]} (torch.export "
+                                                               "keeps its forward, not its backward)"))
             own = {n for n, _ in itertools.chain(module.named_parameters(), module.named_buffers())}
             gm, signature = aot_export_module(traceable.share_tied(exported.module(), own), args, trace_joint=joint,
                                               output_loss_index=0 if joint else None, decompositions={})
+    except ExportError:
+        raise
     except Exception as ex:  # torch raises many kinds here; the reason is its first line
         raise ExportError(messages.aten_capture_failed(type(module.m if hasattr(module, "m") else module).__name__,
                                                        traceable.capture_failure(ex))) from ex

@@ -90,10 +90,24 @@ def _set_cia(op: Any, kernel: Any) -> None:
     op._dispatch_cache.clear()
 
 
+def _differentiated(args: Any) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 @contextlib.contextmanager
-def while_capturing() -> Iterator[None]:
-    """The replacements of this module's docstring, for the libraries this process has imported."""
+def while_capturing() -> Iterator[List[str]]:
+    """The replacements of this module's docstring, for the libraries this process has imported. Yields the
+    names of the custom ``torch.autograd.Function``s the model applied to tensors that need gradients:
+    non-strict torch.export keeps such a function's forward ops and drops its own backward."""
     masks = sys.modules.get("transformers.masking_utils")
+    applied: List[str] = []
+    apply = torch.autograd.Function.__dict__["apply"]
+
+    def recording(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if _differentiated(itertools.chain(args, kwargs.values())):
+            applied.append(cls.__name__)
+        return apply.__func__(cls, *args, **kwargs)
+
     python, whole = eager_kernels()
     cia = torch._C.DispatchKey.CompositeImplicitAutograd
     with contextlib.ExitStack() as stack:
@@ -114,7 +128,9 @@ def while_capturing() -> Iterator[None]:
             original = masks._vmap_for_bhqkv
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
-        yield
+        torch.autograd.Function.apply = classmethod(recording)
+        stack.callback(setattr, torch.autograd.Function, "apply", apply)
+        yield applied
 
 
 def share_tied(gm: torch.fx.GraphModule, names: Set[str]) -> torch.fx.GraphModule:
