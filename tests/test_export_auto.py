@@ -96,6 +96,24 @@ def test_a_custom_autograd_function_is_refused_by_both_formats_in_one_line(tmp_p
     assert "\n" not in str(info.value) and list(tmp_path.iterdir()) == []
 
 
+def test_a_parameter_without_gradient_is_refused_by_protocol_3_and_exported_by_auto(tmp_path):
+    class WithUnused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(6, 3), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    x, y = _data()
+    with pytest.raises(ExportError) as info:
+        export_training_module(WithUnused(), "cross_entropy", "adam", tmp_path / "p3.pt", example_inputs=(x, y),
+                               format="export")
+    assert str(info.value) == messages.aten_capture_failed("WithUnused", messages.aten_unused_parameter())
+    path = export_training_module(WithUnused(), "cross_entropy", "adam", tmp_path / "m.pt", example_inputs=(x, y))
+    assert protocol.read_metadata(path)["capture"] == {"kind": "script", "checked": True}
+
+
 def test_a_torch_whose_jit_script_raises_exports_with_protocol_3_and_java_trains_it(jvm, torch_without_torchscript,
                                                                                      tmp_path):
     with pytest.raises(TorchScriptUnavailableError) as info:

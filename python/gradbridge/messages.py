@@ -365,6 +365,15 @@ def aten_capture_failed(model: str, reason: str) -> str:
     return f"torch.export cannot capture {model}'s training step: {reason}"
 
 
+def aten_data_dependent(at: str) -> str:
+    return (f"the model's Python code depends on the values in its tensors (a branch or a size computed from data "
+            f"or a random draw), which one graph cannot hold{at}")
+
+
+def aten_unused_parameter() -> str:
+    return "a parameter gets no gradient from the loss; protocol 3 does not support parameters without gradients yet"
+
+
 def aten_batch_dependent(reason: str) -> str:
     return (f"format='export': the captured graph depends on the batch size beyond its sizes ({reason}); "
             "export with format='torchscript'")

@@ -36,6 +36,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
+from .. import messages
+
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _GRADBRIDGE = str(Path(__file__).resolve().parents[1])
 
@@ -177,13 +179,14 @@ def _model_frame(ex: BaseException) -> Optional[str]:
 
 
 def capture_failure(ex: BaseException) -> str:
-    """Why torch.export failed, in one line: a data-dependent branch or shape named as such, else torch's
+    """Why torch.export failed, in one line: a data-dependent branch or size named as such, else torch's
     first line; with the model's code where it happened."""
     text = str(ex)
     where = _model_frame(ex)
     at = f" at {where}" if where else ""
     if "data-dependent" in text or type(ex).__name__ in ("GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound"):
-        return (f"the model's Python code depends on the values in its tensors (a branch or a size computed from "
-                f"data or a random draw), which one graph cannot hold{at}")
+        return messages.aten_data_dependent(at)
+    if "did not receive a gradient" in text:  # aot_export_module's assertion names no parameter
+        return messages.aten_unused_parameter()
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(ex).__name__)
     return f"{first[:300]}{at}"
