@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from packaging.version import Version
 
-from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, protocol, reference
-from gradbridge import torch_gate, verify
+from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, protocol
+from gradbridge import reference, torch_gate, verify
 from gradbridge.commands import verify as verify_command
 from gradbridge.errors import CLI_ERROR_PREFIX, SetupError
 from tests.models.custom import export_regressor

@@ -3,9 +3,10 @@
 Checks: the Python package, where the Java library's jars come from and their versions, torch
 against the supported range, whether it is verified, self-checked here or failed its self-check
 (``torch_gate.status``), its TorchScript status, the export formats it supports (TorchScript,
-torch.export and the protocol-3 op-list version, and which one ``format="auto"`` takes), the native library Java would use on this
-Python's libtorch, the JVM that would start in this process (started in a process of its own with
-the user's JVM options), and the `java` a separate JVM would run. Exit code 1 when any is off.
+torch.export and the protocol-3 op-list version, and which one ``format="auto"`` takes), the native
+library Java would use on this Python's libtorch, the JVM that would start in this process (started
+in a process of its own with the user's JVM options), and the `java` a separate JVM would run. Exit
+code 1 when any is off.
 """
 
 from __future__ import annotations

@@ -73,8 +73,9 @@ class _Comparison:
     def tensor(self, method: str, name: str, expected: Optional[Tensor], actual: Optional[Tensor]) -> None:
         if expected is None or actual is None:
             if (expected is None) != (actual is None):
-                raise CaptureError(messages.export_mismatch(method, name, "no tensor" if expected is None else "a tensor",
-                                                           "no tensor" if actual is None else "a tensor"))
+                raise CaptureError(messages.export_mismatch(method, name,
+                                                            "no tensor" if expected is None else "a tensor",
+                                                            "no tensor" if actual is None else "a tensor"))
             return
         if expected.dtype != actual.dtype or list(expected.shape) != list(actual.shape):
             raise CaptureError(messages.export_mismatch(method, name, f"{expected.dtype} {list(expected.shape)}",
@@ -174,8 +175,8 @@ class _Check:
         for key, values in exported_state.items():
             expected = _optimizer_state(reference.optimizer, key)
             if len(expected) != len(values):
-                raise CaptureError(messages.export_mismatch(method, f"optimizer state {key}", f"{len(expected)} tensors",
-                                                           f"{len(values)} tensors"))
+                raise CaptureError(messages.export_mismatch(method, f"optimizer state {key}",
+                                                            f"{len(expected)} tensors", f"{len(values)} tensors"))
             for i, (mine, theirs) in enumerate(zip(values, expected)):
                 if theirs is not None:
                     compare.tensor(method, f"optimizer state {key} #{i}", theirs, mine)

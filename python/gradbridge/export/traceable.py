@@ -18,6 +18,10 @@ in a way torch.export cannot trace:
   the trace ``sigmoid``, ``sub``, ``mul``...). While capturing, those Python decompositions are set aside
   (the C++ composite runs, as in eager) and those ops stay whole in the graph (``eager_kernels``).
 
+It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
+(non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
+torch's logs and partial graphs of a failed capture off stderr.
+
 ``share_tied`` reads a tensor the model ties under several names (shared embeddings) under one.
 
 ``capture_failure`` turns torch's multi-line error into the reason and the first place in the model's code.
@@ -79,7 +83,8 @@ def eager_kernels() -> Tuple[List[Any], List[Any]]:
         except RuntimeError:  # an operator of TorchScript's own (aten::Bool, ...), not the dispatcher's
             continue
         if both:
-            whole.append(getattr(getattr(torch.ops.aten, schema.name[len("aten::"):]), schema.overload_name or "default"))
+            packet = getattr(torch.ops.aten, schema.name[len("aten::"):])
+            whole.append(getattr(packet, schema.overload_name or "default"))
     return python, whole
 
 
@@ -165,11 +170,9 @@ def _model_frame(ex: BaseException) -> Optional[str]:
     """The innermost frame of the traceback in the model's code (not torch's, not gradbridge's)."""
     found = None
     for frame in traceback.extract_tb(ex.__traceback__):
-        filename = str(Path(frame.filename).resolve()) if frame.filename and not frame.filename.startswith("<") \
-            else frame.filename
-        if filename.startswith((_TORCH, _GRADBRIDGE)) or filename.startswith("<"):
-            continue
-        found = frame
+        if not frame.filename.startswith("<") and not str(Path(frame.filename).resolve()).startswith((_TORCH,
+                                                                                                      _GRADBRIDGE)):
+            found = frame
     if found is None:
         return None
     parts = Path(found.filename).parts
@@ -184,7 +187,7 @@ def capture_failure(ex: BaseException) -> str:
     text = str(ex)
     where = _model_frame(ex)
     at = f" at {where}" if where else ""
-    if "data-dependent" in text or type(ex).__name__ in ("GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound"):
+    if "data-dependent" in text:  # torch's GuardOnDataDependentSymNode and kin
         return messages.aten_data_dependent(at)
     if "did not receive a gradient" in text:  # aot_export_module's assertion names no parameter
         return messages.aten_unused_parameter()

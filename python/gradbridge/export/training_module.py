@@ -9,7 +9,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -134,8 +134,8 @@ def export_training_module(
     if format == "export":
         return _protocol3(model, loss, optimizer, Path(path), **common, options=fine_tuning)
     try:
-        return _torchscript(model, loss, optimizer, path, **common, **fine_tuning, scheduler_interval=scheduler_interval,
-                            clip_norm_type=clip_norm_type)
+        return _torchscript(model, loss, optimizer, path, **common, **fine_tuning,
+                            scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
     except (CaptureError, TorchScriptUnavailableError) as ex:
         if format == "torchscript":
             raise
@@ -157,13 +157,19 @@ def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, examp
     from . import aten_export
 
     if example_inputs is None and inputs is not None:
-        specs = [dict(spec) for spec in inputs]
-        if len(specs) < 2 or specs[-1].get("name") != "y":
-            raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {[s.get('name') for s in specs]}")
-        model_inputs.check_names(model, [spec.get("name") for spec in specs[:-1]])
-        example_inputs = example_batch(specs)
+        example_inputs = example_batch(_declared(model, inputs))
     return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
                               check=check, options=options, auto_reason=auto_reason)
+
+
+def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The specs of ``inputs`` (the model's inputs, then ``y``), their names checked against forward's."""
+    specs = [dict(spec) for spec in inputs]
+    names = [spec.get("name") for spec in specs]
+    if len(specs) < 2 or names[-1] != "y":
+        raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {names}")
+    model_inputs.check_names(model, names[:-1])
+    return specs
 
 
 def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, os.PathLike], *,
@@ -186,11 +192,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         specs = [_spec_from_example(n, t) for n, t in model_inputs.arrays(example_x).items()]
         specs.append(_spec_from_example("y", example_inputs[1]))
     elif inputs is not None:
-        specs = [dict(spec) for spec in inputs]
-        input_names = [spec.get("name") for spec in specs[:-1]]
-        if len(specs) < 2 or specs[-1].get("name") != "y":
-            raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {[s.get('name') for s in specs]}")
-        model_inputs.check_names(model, input_names)
+        specs = _declared(model, inputs)
+        input_names = [spec["name"] for spec in specs[:-1]]
     else:
         raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
     target_dtype = specs[-1]["dtype"]
