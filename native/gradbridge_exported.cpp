@@ -241,15 +241,17 @@ Arg parse_arg(const Json& v, const std::string& where) {
 void wrap_numbers(Node& node, const std::string& where) {
   const auto& arguments = node.op->schema().arguments();
   if (node.args.size() != arguments.size())
-    throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.args.size()) + " arguments, the schema takes " +
-                                std::to_string(arguments.size()));
+    throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.args.size()) +
+                                " arguments, the schema takes " + std::to_string(arguments.size()));
   for (size_t k = 0; k < arguments.size(); k++) {
     Arg& a = node.args[k];
     if (a.kind != Arg::Int && a.kind != Arg::Double && a.kind != Arg::Bool) continue;
     c10::TypePtr type = arguments[k].type();
     if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
     if (type->kind() != c10::TypeKind::TensorType) continue;
-    c10::Scalar number = a.kind == Arg::Int ? c10::Scalar(a.i) : a.kind == Arg::Double ? c10::Scalar(a.d) : c10::Scalar(a.b);
+    c10::Scalar number = a.kind == Arg::Int    ? c10::Scalar(a.i)
+                         : a.kind == Arg::Double ? c10::Scalar(a.d)
+                                                 : c10::Scalar(a.b);
     a.constant = at::native::wrapped_scalar_tensor(number);
     a.kind = Arg::Constant;
   }

@@ -261,6 +261,9 @@ def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
                 continue
             op = _overload(node["op"], node["overload"])
             schema = op._schema
+            if len(args) != len(schema.arguments):  # the native layer refuses it too: it calls the op boxed
+                raise OpListError(f"op list: {node['op']}.{node['overload']}: {len(args)} arguments, the schema "
+                                  f"takes {len(schema.arguments)}")
             positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
             keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
             result = op(*positional, **keywords)
