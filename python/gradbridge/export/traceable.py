@@ -113,7 +113,7 @@ def while_capturing() -> Iterator[List[str]]:
     def recording(cls: Any, *args: Any, **kwargs: Any) -> Any:
         if _differentiated(itertools.chain(args, kwargs.values())):
             applied.append(cls.__name__)
-        return apply.__func__(cls, *args, **kwargs)
+        return apply.__get__(None, cls)(*args, **kwargs)  # a classmethod (C-implemented on newer torches)
 
     python, whole = eager_kernels()
     cia = torch._C.DispatchKey.CompositeImplicitAutograd
