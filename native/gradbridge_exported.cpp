@@ -160,7 +160,7 @@ Json parse_json(const std::string& text) {
 // ---- op lists ----
 struct Arg {
   enum Kind { Ref, RefList, OptRefList, None, Int, Double, Bool, IntList, SizeList, BatchInt, DoubleList, BoolList,
-              Str, Dtype, Layout, Device, MemoryFormat, Wrapped } kind = None;
+              Str, Dtype, Layout, Device, MemoryFormat, Constant } kind = None;
   int64_t i = 0;  // Ref slot, Int value, BatchInt's a
   int64_t c = 0;  // BatchInt's c
   double d = 0;
@@ -169,7 +169,7 @@ struct Arg {
   std::vector<int64_t> ints;  // RefList/OptRefList slots (-1: None), IntList; SizeList: pairs (a, c)
   std::vector<double> doubles;
   std::vector<bool> bools;
-  at::Tensor wrapped;  // Wrapped: a number given for a Tensor argument, as Python's argument parser wraps it
+  at::Tensor constant;  // Constant: a number given where the schema takes a tensor
 };
 
 struct Node {
@@ -244,6 +244,28 @@ Arg parse_arg(const Json& v, const std::string& where) {
   return a;
 }
 
+// A number where the op's schema takes a Tensor (`num_batches_tracked.add_(1)` is `add.Tensor(t, 1)`) becomes
+// the tensor Python's argument parser makes of it: a 0-dim tensor marked as a wrapped number, so type
+// promotion treats it as a scalar, as in eager.
+void wrap_numbers(Node& node, const std::string& where) {
+  const auto& arguments = node.op->schema().arguments();
+  if (node.args.size() != arguments.size())
+    throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.args.size()) +
+                                " arguments, the schema takes " + std::to_string(arguments.size()));
+  for (size_t k = 0; k < arguments.size(); k++) {
+    Arg& a = node.args[k];
+    if (a.kind != Arg::Int && a.kind != Arg::Double && a.kind != Arg::Bool) continue;
+    c10::TypePtr type = arguments[k].type();
+    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() != c10::TypeKind::TensorType) continue;
+    c10::Scalar number = a.kind == Arg::Int    ? c10::Scalar(a.i)
+                         : a.kind == Arg::Double ? c10::Scalar(a.d)
+                                                 : c10::Scalar(a.b);
+    a.constant = at::native::wrapped_scalar_tensor(number);
+    a.kind = Arg::Constant;
+  }
+}
+
 Graph parse_graph(const std::string& name, const Json& g) {
   std::string where = "op list " + name;
   const Json* version = g.get("oplist_version");
@@ -280,20 +302,15 @@ Graph parse_graph(const std::string& name, const Json& g) {
     if (!node.op.has_value() && args.size() != 2) throw std::invalid_argument(where + " #item: expected 2 arguments");
     for (size_t k = 0; k < args.size(); k++) {
       node.args.push_back(parse_arg(args[k], where + " " + node.name));
-      Arg& a = node.args.back();
+      const Arg& a = node.args.back();
       auto check_slot = [&](int64_t s) {
         if (s < 0 || s >= slots) throw std::invalid_argument(where + " " + node.name + ": argument refers to slot " + std::to_string(s) + " before it is computed");
       };
       if (a.kind == Arg::Ref) check_slot(a.i);
       if (a.kind == Arg::RefList) for (int64_t s : a.ints) check_slot(s);
       if (a.kind == Arg::OptRefList) for (int64_t s : a.ints) if (s != -1) check_slot(s);
-      bool number = a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool;
-      if (number && node.op.has_value() && node.op->schema().arguments()[k].type()->kind() == c10::TypeKind::TensorType) {
-        c10::Scalar value = a.kind == Arg::Int ? c10::Scalar(a.i) : a.kind == Arg::Double ? c10::Scalar(a.d) : c10::Scalar(a.b);
-        a.wrapped = at::native::wrapped_scalar_tensor(value);
-        a.kind = Arg::Wrapped;
-      }
     }
+    if (node.op.has_value()) wrap_numbers(node, where);
     node.outputs = n.at("outputs", where).integer();
     int64_t returns = node.op.has_value() ? static_cast<int64_t>(node.op->schema().returns().size()) : 1;
     if (node.outputs != returns)
@@ -344,7 +361,7 @@ c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_
     case Arg::Layout: return c10::IValue(c10::Layout::Strided);
     case Arg::Device: return c10::IValue(c10::Device(c10::kCPU));
     case Arg::MemoryFormat: return c10::IValue(static_cast<c10::MemoryFormat>(a.i));
-    case Arg::Wrapped: return c10::IValue(a.wrapped);
+    case Arg::Constant: return c10::IValue(a.constant);
   }
   return c10::IValue();
 }
@@ -582,7 +599,12 @@ struct Exported {
         slots.push_back(stack[0].toList().get(stack[1].toInt()));
         continue;
       }
-      node.op->callBoxed(stack);
+      try {
+        node.op->callBoxed(stack);
+      } catch (const std::exception& ex) {
+        std::string what = ex.what();
+        throw std::runtime_error("op list " + name + ": " + node.name + " failed: " + what.substr(0, what.find('\n')));
+      }
       if (node.outputs == 0) slots.emplace_back();
       for (int64_t k = 0; k < node.outputs; k++) slots.push_back(std::move(stack[k]));
     }

@@ -34,6 +34,21 @@ def test_factory_that_returns_no_module(factories):
                                               "torch.nn.Module, got int")
 
 
+def test_an_unknown_format_is_refused(factories):
+    result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--format", "onnx", cwd=factories)
+    assert one_error_line(result, PREFIX) == ("argument --format: invalid choice: 'onnx' (choose from 'auto', "
+                                              "'torchscript', 'export') (see gradbridge export --help)")
+    assert not (factories / "m.pt").exists()
+
+
+def test_an_option_protocol_3_does_not_hold_is_refused_with_format_export(factories):
+    result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
+                            "cross_entropy", "--format", "export", "--accumulate", "2", cwd=factories)
+    assert one_error_line(result, PREFIX) == ("format='export' does not support accumulate yet; export with "
+                                              "format='torchscript' or leave it out")
+    assert not (factories / "m.pt").exists()
+
+
 def test_parity_with_labels_outside_the_classes(factories):
     model = factories / "m.pt"
     exported = gradbridge_cli("export", "badfactories:fine", "-o", model, "--input-shape", "4", "--loss",

@@ -1,6 +1,7 @@
-"""The model zoo (tests/models/zoo.py): models users fine-tune, as a user exports them, trained from Java in
-this process and in a JVM of its own, against the user's own eager nn.Module and torch.optim, bit for bit;
-or refused at export with their one line. Runs on both ends of the torch range (`make test`)."""
+"""The model zoo (tests/models/zoo.py): models users fine-tune, as a user exports them in each format
+(format="torchscript" and format="export"), trained from Java in this process and in a JVM of its own, against
+the user's own eager nn.Module and torch.optim, bit for bit; or refused at export with their one line. Runs on
+both ends of the torch range (`make test`)."""
 
 from __future__ import annotations
 
@@ -42,26 +43,31 @@ def own_jvm_on_this_torch(monkeypatch):
     monkeypatch.setenv(classpath.CLASSPATH_ENV, os.pathsep.join(entries))
 
 
+@pytest.mark.parametrize("format", ["torchscript", "export"])
 @pytest.mark.parametrize("case", zoo.CASES, ids=lambda case: case.name)
-def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_jvm_on_this_torch, tmp_path, case):
+def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_jvm_on_this_torch, tmp_path, case,
+                                                                        format):
     torch.manual_seed(0)
     model = case.build()
     x, y = case.data(SAMPLES, 0)
     vx, vy = case.data(BATCH, 1)
     path = tmp_path / "model.pt"
     example = (inputs.select(x, torch.arange(BATCH)), y[:BATCH])
-    if case.expected != "bitwise":
+    expected = getattr(case, format)
+    if expected != "bitwise":
         with pytest.raises((ExportError, ValueError)) as info:
-            export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example)
-        assert str(info.value).startswith(case.expected), str(info.value)
+            export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example, format=format)
+        assert str(info.value).startswith(expected), str(info.value)
         assert "\n" not in str(info.value) and not path.exists()
         return
-    export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example)
+    export_training_module(model, "cross_entropy", OPTIMIZER, path, example_inputs=example, format=format)
     as_numpy = lambda batch: {n: t.numpy() for n, t in inputs.arrays(batch).items()}  # noqa: E731
     arrays = dict(x=_one_or_named(as_numpy(x)), y=y.numpy(), val=(_one_or_named(as_numpy(vx)), vy.numpy()))
     settings = dict(epochs=EPOCHS, batch_size=BATCH, mode="step")
     eager = reference.train(path, model=model, **arrays, **settings)
-    _same_run(java.train(path, **arrays, **settings), eager, "Java in this process")
+    # step and fused train alike; protocol 3's fused epoch is the native layer's own loop
+    in_process = dict(settings, mode="fused" if format == "export" else "step")
+    _same_run(java.train(path, **arrays, **in_process), eager, "Java in this process")
     # the data files a user writes: one array per input, named as forward names it
     np.savez(tmp_path / "train.npz", **as_numpy(x), y=arrays["y"])
     np.savez(tmp_path / "val.npz", **as_numpy(vx), y=arrays["val"][1])
@@ -77,7 +83,7 @@ def test_the_readme_table_says_what_the_zoo_does():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"transformers {transformers.__version__}, timm {timm.__version__}" in readme
     for case in zoo.CASES:
-        row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \|$", readme, re.MULTILINE)
+        row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \| (.+?) \|$", readme, re.MULTILINE)
         assert row, f"README.md has no model-table row for {case.name}"
-        said = row.group(1)
-        assert (said == "bitwise") if case.expected == "bitwise" else case.expected in said, (case.name, said)
+        for said, expected in zip(row.groups(), (case.torchscript, case.export)):
+            assert (said == "bitwise") if expected == "bitwise" else expected in said, (case.name, said)

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from packaging.version import Version
 
-from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, reference
-from gradbridge import torch_gate, verify
+from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, protocol
+from gradbridge import reference, torch_gate, verify
 from gradbridge.commands import verify as verify_command
 from gradbridge.errors import CLI_ERROR_PREFIX, SetupError
 from tests.models.custom import export_regressor
@@ -181,6 +181,7 @@ def _refuse(*args, **kwargs):
 
 
 def test_export_says_in_one_line_that_this_torch_refuses_scripting(monkeypatch, tmp_path, capsys):
+    """format='torchscript' refuses in one line; the default (format='auto') exports protocol 3 instead."""
     from gradbridge.commands.main import main
 
     monkeypatch.setattr(torch.jit, "script", _refuse)
@@ -188,11 +189,17 @@ def test_export_says_in_one_line_that_this_torch_refuses_scripting(monkeypatch, 
         torch.__version__, "torch.jit.script", "RuntimeError: TorchScript has been removed; use torch.export")
     x = torch.randn(4, 3)
     with pytest.raises(TorchScriptUnavailableError) as refused:  # no tracing fallback: nothing could be saved
-        export_training_module(torch.nn.Linear(3, 1), "mse", "sgd", tmp_path / "m.pt", example_inputs=(x, x[:, :1]))
+        export_training_module(torch.nn.Linear(3, 1), "mse", "sgd", tmp_path / "m.pt", example_inputs=(x, x[:, :1]),
+                               format="torchscript")
     assert str(refused.value) == expected
-    assert main(["export", "linear-regression", "--output", str(tmp_path / "seed.pt")]) == 1
+    assert main(["export", "linear-regression", "--output", str(tmp_path / "seed.pt"), "--format", "torchscript"]) == 1
     assert capsys.readouterr().err.splitlines() == [CLI_ERROR_PREFIX + expected]
     assert not list(tmp_path.iterdir())
+    assert main(["export", "linear-regression", "--output", str(tmp_path / "seed.pt")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 'seed.pt'} (protocol 3, torch.export: TorchScript cannot capture it)")
+    capture = protocol.read_metadata(tmp_path / "seed.pt")["capture"]
+    assert capture == {"kind": "export", "checked": True, protocol.AUTO_REASON_KEY: expected}
 
 
 def test_loading_says_in_one_line_that_this_torch_refuses_torch_jit_load(monkeypatch, regressor):

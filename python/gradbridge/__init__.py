@@ -14,6 +14,7 @@ pytest plugin costs nothing in a test run that does not use its fixtures).
 """
 
 from .errors import (
+    CaptureError,
     DivergenceError,
     ExportError,
     FineTuneError,
@@ -59,6 +60,7 @@ __all__ = [
     "__version__",
     *_LAZY,
     "GradbridgeError",
+    "CaptureError",
     "DivergenceError",
     "ExportError",
     "FineTuneError",

@@ -65,6 +65,11 @@ class ExportError(GradbridgeError):
     """The model cannot be turned into a training module (e.g. it cannot be scripted)."""
 
 
+class CaptureError(ExportError):
+    """TorchScript cannot capture the model faithfully: it neither scripts nor traces, or the export's check
+    found the captured module differs from the eager model (``format="auto"`` then tries protocol 3)."""
+
+
 class GroupError(GradbridgeError, ValueError):
     """A parameter group or frozen parameter that does not fit the model."""
 

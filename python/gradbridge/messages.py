@@ -359,8 +359,22 @@ def torchscript_unavailable(version: str, call: str, reason: str) -> str:
 # ---- protocol 3 (export_training_module(..., format="export")) ----
 
 def aten_option_refused(option: str) -> str:
-    return (f"format='export' does not support {option} yet; export with format='torchscript' (the default) "
-            "or leave it out")
+    return f"format='export' does not support {option} yet; export with format='torchscript' or leave it out"
+
+
+def auto_took_export(reason: str) -> str:
+    return f"format='auto' exported protocol 3 (torch.export), as TorchScript cannot: {reason}"
+
+
+def auto_neither(torchscript: str, export: str) -> str:
+    return f"{torchscript}; and protocol 3 (format='export') cannot either: {export}"
+
+
+def format_chosen(kind: str, by_auto: bool) -> str:
+    """Which format an export took, from its capture kind (script, trace, export), in words."""
+    if kind == "export":
+        return "protocol 3, torch.export" + (": TorchScript cannot capture it" if by_auto else "")
+    return f"TorchScript, {'traced' if kind == 'trace' else 'scripted'}"
 
 
 def aten_optimizer_refused(name: str, supported: Any) -> str:
@@ -369,6 +383,15 @@ def aten_optimizer_refused(name: str, supported: Any) -> str:
 
 def aten_capture_failed(model: str, reason: str) -> str:
     return f"torch.export cannot capture {model}'s training step: {reason}"
+
+
+def aten_data_dependent(at: str) -> str:
+    return (f"the model's Python code depends on the values in its tensors (a branch or a size computed from data "
+            f"or a random draw), which one graph cannot hold{at}")
+
+
+def aten_unused_parameter() -> str:
+    return "a parameter gets no gradient from the loss; protocol 3 does not support parameters without gradients yet"
 
 
 def aten_batch_dependent(reason: str) -> str:

@@ -64,8 +64,20 @@ def _name(value: Any, table: Mapping[str, Any], kind: str) -> str:
     raise OpListError(f"op list: unsupported {kind} {value}")
 
 
-def encode_arg(value: Any, slot_of: Dict[Any, int], type_text: str) -> Any:
-    """One argument of an FX node as an op-list argument (``slot_of`` maps FX nodes to slots)."""
+def _list_element(type_: Any) -> Any:
+    """The element type of a list type (also under Optional: ``int[]?``), else None."""
+    if isinstance(type_, torch._C.OptionalType):
+        type_ = type_.getElementType()
+    return type_.getElementType() if isinstance(type_, torch._C.ListType) else None
+
+
+def _is_tensor(type_: Any) -> bool:
+    return type_ is not None and type_.isSubtypeOf(torch._C.TensorType.get())
+
+
+def encode_arg(value: Any, slot_of: Dict[Any, int], type_: Any) -> Any:
+    """One argument of an FX node as an op-list argument (``slot_of`` maps FX nodes to slots; ``type_`` is
+    the schema argument's type: ``Tensor?[]`` and ``Tensor[]`` tell the tensor-list kinds apart)."""
     import torch.fx as fx
 
     if isinstance(value, fx.Node):
@@ -92,17 +104,18 @@ def encode_arg(value: Any, slot_of: Dict[Any, int], type_text: str) -> Any:
         return {"s": value}
     if isinstance(value, (list, tuple)):
         items = list(value)
-        if "Tensor?" in type_text:
+        element = _list_element(type_)
+        if isinstance(element, torch._C.OptionalType) and _is_tensor(element.getElementType()):
             return {"otl": [None if v is None else slot_of[v] for v in items]}
-        if "Tensor" in type_text:
+        if _is_tensor(element):
             return {"tl": [slot_of[v] for v in items]}
-        if all(isinstance(v, bool) for v in items) and ("bool" in type_text or items):
+        if all(isinstance(v, bool) for v in items) and (element == torch._C.BoolType.get() or items):
             return {"bl": items}
         if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
             return {"il": items}
         if all(isinstance(v, float) for v in items):
             return {"fl": [v.hex() for v in items]}
-    raise OpListError(f"op list: unsupported argument {value!r} of type {type_text}")
+    raise OpListError(f"op list: unsupported argument {value!r} of type {type_}")
 
 
 def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[str, Any]:
@@ -152,9 +165,9 @@ def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[s
                 value = argument.default_value
             else:
                 raise OpListError(f"op list: {schema.name} misses argument {argument.name}")
-            args.append(encode_arg(value, slot_of, str(argument.type)))
+            args.append(encode_arg(value, slot_of, argument.type))
         returns = len(schema.returns)
-        if returns == 1 and "[]" in str(schema.returns[0].type):
+        if returns == 1 and isinstance(schema.returns[0].type, torch._C.ListType):
             list_results.add(node)
         nodes.append({"op": schema.name, "overload": schema.overload_name or "default", "args": args,
                       "outputs": returns})
@@ -270,6 +283,9 @@ def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
                 continue
             op = _overload(node["op"], node["overload"])
             schema = op._schema
+            if len(args) != len(schema.arguments):  # the native layer refuses it too: it calls the op boxed
+                raise OpListError(f"op list: {node['op']}.{node['overload']}: {len(args)} arguments, the schema "
+                                  f"takes {len(schema.arguments)}")
             positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
             keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
             result = op(*positional, **keywords)

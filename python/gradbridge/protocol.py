@@ -23,8 +23,12 @@ PROTOCOL_VERSION = 2
 #: The same methods, another file: a zip of ``gradbridge.json`` (with ``PROGRAM_KEY``), op lists and state.
 EXPORT_PROTOCOL_VERSION = 3
 SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
-#: The export formats: TorchScript (protocols 1 and 2) or torch.export (protocol 3).
-FORMATS = ("torchscript", "export")
+#: The export formats: TorchScript (protocols 1 and 2), torch.export (protocol 3), or auto: TorchScript where
+#: it captures the model and passes the export's check, protocol 3 otherwise (``export_training_module``).
+FORMATS = ("auto", "torchscript", "export")
+DEFAULT_FORMAT = "auto"
+#: ``capture`` metadata key of a module ``format="auto"`` exported with protocol 3: why not TorchScript
+AUTO_REASON_KEY = "auto"
 METADATA_FILE = "gradbridge.json"
 METADATA_FORMAT = "gradbridge.training-module"
 

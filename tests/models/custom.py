@@ -80,6 +80,30 @@ class IgnoredCallNet(nn.Module):
         return self._scale(self.linear(x))
 
 
+class _RoundStraightThrough(torch.autograd.Function):
+    """Rounds forward, passes the gradient through unchanged (quantization-aware training's estimator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class QuantizedNet(nn.Module):
+    """A custom autograd.Function in forward: TorchScript can neither script nor trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(_RoundStraightThrough.apply(self.linear(x) * 4) / 4)
+
+
 def layer_drop() -> nn.Module:
     return LayerDropNet()
 

@@ -2,9 +2,11 @@
 
 Checks: the Python package, where the Java library's jars come from and their versions, torch
 against the supported range, whether it is verified, self-checked here or failed its self-check
-(``torch_gate.status``), its TorchScript status, the native library Java would use on this
-Python's libtorch, the JVM that would start in this process (started in a process of its own with
-the user's JVM options), and the `java` a separate JVM would run. Exit code 1 when any is off.
+(``torch_gate.status``), its TorchScript status, the export formats it supports (TorchScript,
+torch.export and the protocol-3 op-list version, and which one ``format="auto"`` takes), the native
+library Java would use on this Python's libtorch, the JVM that would start in this process (started
+in a process of its own with the user's JVM options), and the `java` a separate JVM would run. Exit
+code 1 when any is off.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def run(out: Callable[[str], None] = print) -> int:
         from .. import torchscript
 
         check("TorchScript", torchscript.deprecation_status)
+        check("export formats", _formats)
         check("native library", native.describe)
 
     def in_process_jvm() -> str:
@@ -87,6 +90,30 @@ def run(out: Callable[[str], None] = print) -> int:
     if not problems:
         out("no problems found")
     return 1 if problems else 0
+
+
+def _formats() -> str:
+    """The formats this torch exports, each probed on a one-layer model; a problem only when neither works."""
+    from .. import oplist, torchscript
+    from ..errors import ExportError, TorchScriptUnavailableError
+    from ..export import aten_export
+
+    found, missing = [], []
+    try:
+        torchscript.require_available()
+        found.append("torchscript (protocol 2)")
+    except TorchScriptUnavailableError:
+        missing.append("torchscript (see TorchScript)")
+    try:
+        aten_export.capture_probe()
+        found.append(f"export (protocol 3, torch.export, op-list version {oplist.VERSION})")
+    except ExportError as ex:
+        missing.append(f"export ({ex})")
+    if not found:
+        raise GradbridgeError(f"this torch exports in no format: {'; '.join(missing)}")
+    auto = ("TorchScript where it captures the model, else protocol 3" if len(found) == 2
+            else found[0].split(" ")[0])
+    return f"{', '.join(found)}{'; not ' + ', '.join(missing) if missing else ''}; format='auto' takes {auto}"
 
 
 #: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options).

@@ -2,10 +2,11 @@
 
 The model and its loss are captured with ``torch.export.export(strict=False)``, then functorch's
 ``aot_export_module(..., trace_joint=True, output_loss_index=0, decompositions={})`` gives the joint
-forward+backward graph (training mode; dropout's ``native_dropout`` in graph order on torch's generator):
-no decomposition, so every op is the one eager autograd calls. ``forward`` and the ``loss`` are captured
-in eval mode. The optimizer step is torch.optim's single-tensor op sequence, written here op by op with
-the per-step Python doubles as host scalars (``program.host_scalars``).
+forward+backward graph (training mode; dropout's random mask in graph order on torch's generator): no
+decomposition, and ``traceable.while_capturing`` keeps the trace on eager's kernels, so every op is the one
+eager autograd calls. ``forward`` and the ``loss`` are captured in eval mode. The optimizer step is
+torch.optim's single-tensor op sequence, written here op by op with the per-step Python doubles as host
+scalars (``program.host_scalars``).
 
 Shapes: each graph is captured at the example's batch size and at one more; the sizes that change between
 the two become ``a * batch + c`` (``oplist.batch_affine``), anything else that changes is refused. The
@@ -19,6 +20,7 @@ list per graph (``graphs/NAME.json``) and the state tensors (``state/K.bin``, ra
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import math
@@ -26,7 +28,7 @@ import warnings
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +37,7 @@ from .. import inputs as model_inputs, libtorch, messages, oplist, program, prot
 from .._version import __version__
 from ..errors import ExportError
 from ..files import atomic_path
-from . import finetune, losses, self_check
+from . import finetune, losses, self_check, traceable
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +92,21 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing() as functions:
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
-            gm, signature = aot_export_module(exported.module(), args, trace_joint=joint,
+            if functions:
+                raise ExportError(messages.aten_option_refused(f"custom autograd.Function {functions[0]} (torch.export "
+                                                               "keeps its forward, not its backward)"))
+            own = {n for n, _ in itertools.chain(module.named_parameters(), module.named_buffers())}
+            gm, signature = aot_export_module(traceable.share_tied(exported.module(), own), args, trace_joint=joint,
                                               output_loss_index=0 if joint else None, decompositions={})
+    except ExportError:
+        raise
     except Exception as ex:  # torch raises many kinds here; the reason is its first line
         raise ExportError(messages.aten_capture_failed(type(module.m if hasattr(module, "m") else module).__name__,
-                                                       " ".join(str(ex).split())[:300])) from ex
+                                                       traceable.capture_failure(ex))) from ex
     bindings = [f"param:{_strip(n)}" for n in signature.parameters]
     bindings += [f"buffer:{_strip(n)}" for n in signature.buffers]
     bindings += input_bindings
@@ -139,6 +147,15 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
         return oplist.batch_affine(small, large, b, b + 1, name), grads
     except oplist.OpListError as ex:
         raise ExportError(messages.aten_batch_dependent(str(ex))) from ex
+
+
+def capture_probe() -> int:
+    """A one-layer model's training step captured as every export captures one (`gradbridge doctor`): the
+    number of ops in its op list; ExportError when this torch cannot."""
+    model = nn.Linear(2, 1)
+    graph, _ = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
+                        True, [f"input:{model_inputs.X}", "target"], {})
+    return len(graph["nodes"])
 
 
 class _Builder:
@@ -383,8 +400,9 @@ def _micro_batches(batch: int, accumulate: int) -> List[int]:
 
 
 def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, model_name: Any,
-           check: bool, options: Dict[str, Any]) -> Path:
-    """See ``export_training_module`` (format="export") and this module's docstring."""
+           check: bool, options: Dict[str, Any], auto_reason: Optional[str] = None) -> Path:
+    """See ``export_training_module`` (format="export") and this module's docstring. ``auto_reason``: why
+    format="auto" did not take TorchScript (recorded in the metadata's ``capture``)."""
     from .training_module import _loss_spec, _spec_from_example
 
     if options.get("inputs") is not None or example_inputs is None:
@@ -471,7 +489,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
-    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check}
+    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check,
+                                      **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {})}
     entries = [{"name": name, "dtype": _dtype(t), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import inputs, messages, torchscript
-from ..errors import ExportError, TorchScriptUnavailableError
+from ..errors import CaptureError, ExportError, TorchScriptUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, scr
     except TorchScriptUnavailableError:
         raise
     except Exception as ex:
-        raise ExportError(messages.export_capture_failed(
+        raise CaptureError(messages.export_capture_failed(
             name, "script or trace", f"scripting: {script_failure}; tracing: {_forget(ex)}")) from None
     finally:
         model.train(was_training)

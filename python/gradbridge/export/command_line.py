@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .. import protocol
 from ..errors import GradbridgeError
 from ..files import check_writable
 from ..models import BUILTIN_MODELS
@@ -124,18 +125,19 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
                         milestones: Optional[List[int]] = None, scheduler_interval: Optional[str] = None,
                         clip_norm: Optional[float] = None, clip_norm_type: Optional[float] = None,
                         clip_value: Optional[float] = None, init_weights=None,
-                        op_libraries: Sequence[str | os.PathLike] = (), check: bool = True) -> Path:
+                        op_libraries: Sequence[str | os.PathLike] = (), check: bool = True,
+                        format: str = protocol.DEFAULT_FORMAT) -> Path:
     """Export ``model`` to ``output`` as `gradbridge export` does; returns the written path.
 
     ``optimizer``: the optimizer spec (name and the options given); ``groups``: ``PREFIX:KEY=VALUE,...``
     texts; ``loss_name`` (default mse) and ``loss``: the loss options given (``class_weights`` is
     torch's ``weight``); ``schedulers``: ``NAME:KEY=VALUE,...`` texts (several with ``milestones``:
-    a SequentialLR); ``check``: the export's check against the eager model (``--no-check``); the rest
-    are the fine-tuning options under their CLI names.
+    a SequentialLR); ``check``: the export's check against the eager model (``--no-check``); ``format``:
+    ``--format``; the rest are the fine-tuning options under their CLI names.
     """
     import torch
 
-    from .. import ops, protocol
+    from .. import ops
     from . import export_builtin, export_training_module
     from .training_module import example_batch
 
@@ -148,6 +150,7 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
                                scheduler_interval=scheduler_interval, clip_norm=clip_norm,
                                clip_norm_type=clip_norm_type, clip_value=clip_value, init_weights=init_weights)
     fine_tuning["check"] = check
+    fine_tuning["format"] = format
     loss = {"name": loss_name or "mse", **(loss or {})}
     if "class_weights" in loss:
         loss["weight"] = loss.pop("class_weights")

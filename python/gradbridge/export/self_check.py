@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import inputs, messages, torchscript
-from ..errors import ExportError
+from ..errors import CaptureError, ExportError
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
 STEPS = 2
@@ -73,15 +73,16 @@ class _Comparison:
     def tensor(self, method: str, name: str, expected: Optional[Tensor], actual: Optional[Tensor]) -> None:
         if expected is None or actual is None:
             if (expected is None) != (actual is None):
-                raise ExportError(messages.export_mismatch(method, name, "no tensor" if expected is None else "a tensor",
-                                                           "no tensor" if actual is None else "a tensor"))
+                raise CaptureError(messages.export_mismatch(method, name,
+                                                            "no tensor" if expected is None else "a tensor",
+                                                            "no tensor" if actual is None else "a tensor"))
             return
         if expected.dtype != actual.dtype or list(expected.shape) != list(actual.shape):
-            raise ExportError(messages.export_mismatch(method, name, f"{expected.dtype} {list(expected.shape)}",
+            raise CaptureError(messages.export_mismatch(method, name, f"{expected.dtype} {list(expected.shape)}",
                                                        f"{actual.dtype} {list(actual.shape)}"))
         i = first_difference(expected, actual)
         if i is not None:
-            raise ExportError(messages.export_differs(method, name, i, _value(expected, i), _value(actual, i),
+            raise CaptureError(messages.export_differs(method, name, i, _value(expected, i), _value(actual, i),
                                                       self.capture))
 
     def named(self, method: str, what: str, expected: Dict[str, Tensor], actual: Dict[str, Tensor]) -> None:
@@ -91,7 +92,7 @@ class _Comparison:
     def draws(self, method: str, eager: List[str], exported: List[str], eager_state: Tensor,
               exported_state: Tensor) -> None:
         if eager != exported or not torch.equal(eager_state, exported_state):
-            raise ExportError(messages.export_random_draws(method, _draws_text(eager), _draws_text(exported),
+            raise CaptureError(messages.export_random_draws(method, _draws_text(eager), _draws_text(exported),
                                                            self.capture))
 
 
@@ -169,13 +170,13 @@ class _Check:
         eager_keys = sorted({key for state in reference.optimizer.state.values() for key, value in state.items()
                              if torch.is_tensor(value)})
         if eager_keys != sorted(exported_state):
-            raise ExportError(messages.export_mismatch(method, "the optimizer state's keys", str(eager_keys),
+            raise CaptureError(messages.export_mismatch(method, "the optimizer state's keys", str(eager_keys),
                                                        str(sorted(exported_state))))
         for key, values in exported_state.items():
             expected = _optimizer_state(reference.optimizer, key)
             if len(expected) != len(values):
-                raise ExportError(messages.export_mismatch(method, f"optimizer state {key}", f"{len(expected)} tensors",
-                                                           f"{len(values)} tensors"))
+                raise CaptureError(messages.export_mismatch(method, f"optimizer state {key}",
+                                                            f"{len(expected)} tensors", f"{len(values)} tensors"))
             for i, (mine, theirs) in enumerate(zip(values, expected)):
                 if theirs is not None:
                     compare.tensor(method, f"optimizer state {key} #{i}", theirs, mine)
@@ -206,4 +207,4 @@ def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: T
         raise
     except Exception as ex:  # the model raised on one side: still one line, naming where
         reason = " ".join(str(ex).split()) or type(ex).__name__
-        raise ExportError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex
+        raise CaptureError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex

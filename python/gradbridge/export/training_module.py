@@ -8,14 +8,14 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from .. import inputs as model_inputs, libtorch, messages, ops, protocol, torchscript
 from .._version import __version__
-from ..errors import ExportError  # also importable from here, as before
+from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from ..files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from . import capture as model_capture, finetune, losses, optim, self_check
@@ -61,9 +61,9 @@ def export_training_module(
     accumulate: int = 1,
     init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
     check: bool = True,
-    format: str = "torchscript",
+    format: str = protocol.DEFAULT_FORMAT,
 ) -> Path:
-    """Script ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
+    """Export ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
     Args:
         model: the nn.Module to train; its current parameters are the initial state. It is not
@@ -98,11 +98,15 @@ def export_training_module(
             on the example batch (two training steps, then ``evaluate`` and ``forward`` in eval mode)
             and refuse the export at the first bit that differs (``self_check``). On by default; turn
             it off only for a model too large to run twice.
-        format: ``"torchscript"`` (the default: protocol 2) or ``"export"``: protocol 3, the training
-            step captured with torch.export as aten op lists that the native layer runs op by op
-            (``export.aten_export``). It takes example_inputs (a batch of at least 2) and every option
-            above with SGD, Adam, AdamW, RMSprop or Adagrad, except the onecycle schedule; it refuses that,
-            inputs without example_inputs and parameters the loss gives no gradient in one line.
+        format: ``"torchscript"`` (protocol 2), ``"export"``: protocol 3, the training step captured
+            with torch.export as aten op lists that the native layer runs op by op
+            (``export.aten_export``; it takes every option above with SGD, Adam, AdamW, RMSprop or
+            Adagrad and a batch of at least 2, except the onecycle schedule; it refuses that and
+            parameters the loss gives no gradient in one line), or ``"auto"`` (the default):
+            TorchScript where it scripts or traces the model and passes the check, else protocol 3 (a
+            warning says so, and the metadata's ``capture`` holds TorchScript's reason under
+            ``"auto"``); when neither can, one line gives both reasons. A torch whose
+            ``torch.jit.script`` fails takes protocol 3.
 
     Returns the path written.
 
@@ -116,14 +120,57 @@ def export_training_module(
     model_capture.refuse_captured(model)
     if format not in protocol.FORMATS:
         raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
+    common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check)
+    fine_tuning = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
+                       clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights)
+    aten_options = dict(fine_tuning, scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
     if format == "export":
-        from . import aten_export
+        return _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options)
+    try:
+        return _torchscript(model, loss, optimizer, path, **common, **fine_tuning,
+                            scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
+    except (CaptureError, TorchScriptUnavailableError) as ex:
+        if format == "torchscript":
+            raise
+        reason = str(ex)
+    # format="auto": TorchScript cannot capture the model (faithfully); protocol 3 may
+    try:
+        written = _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options, auto_reason=reason)
+    except (ExportError, ValueError) as ex:
+        raise ExportError(messages.auto_neither(reason, str(ex))) from ex
+    log.warning(messages.auto_took_export(reason))
+    return written
 
-        options = dict(freeze=freeze, scheduler=scheduler, scheduler_interval=scheduler_interval,
-                       clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value,
-                       accumulate=accumulate, init_weights=init_weights, inputs=inputs)
-        return aten_export.export(model, loss, optimizer, Path(path), example_inputs=example_inputs,
-                                  model_name=model_name, check=check, options=options)
+
+def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, inputs: Any,
+               model_name: Optional[str], check: bool, options: Dict[str, Any],
+               auto_reason: Optional[str] = None) -> Path:
+    """Protocol 3 (``export.aten_export``). A model declared by ``inputs`` alone is captured on
+    ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
+    from . import aten_export
+
+    if example_inputs is None and inputs is not None:
+        example_inputs = example_batch(_declared(model, inputs))
+    return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
+                              check=check, options=options, auto_reason=auto_reason)
+
+
+def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The specs of ``inputs`` (the model's inputs, then ``y``), their names checked against forward's."""
+    specs = [dict(spec) for spec in inputs]
+    names = [spec.get("name") for spec in specs]
+    if len(specs) < 2 or names[-1] != "y":
+        raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {names}")
+    model_inputs.check_names(model, names[:-1])
+    return specs
+
+
+def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, os.PathLike], *,
+                 example_inputs: Any, inputs: Any, model_name: Optional[str], freeze: Sequence[str], scheduler: Any,
+                 scheduler_interval: str, clip_grad_norm: Optional[float], clip_norm_type: float,
+                 clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool) -> Path:
+    """Protocol 2: the model scripted (or traced) inside the scripted training module (see
+    ``export_training_module``)."""
     loss_spec = _loss_spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
@@ -138,11 +185,8 @@ def export_training_module(
         specs = [_spec_from_example(n, t) for n, t in model_inputs.arrays(example_x).items()]
         specs.append(_spec_from_example("y", example_inputs[1]))
     elif inputs is not None:
-        specs = [dict(spec) for spec in inputs]
-        input_names = [spec.get("name") for spec in specs[:-1]]
-        if len(specs) < 2 or specs[-1].get("name") != "y":
-            raise ValueError(f"inputs must be the specs of the model's inputs then 'y', got {[s.get('name') for s in specs]}")
-        model_inputs.check_names(model, input_names)
+        specs = _declared(model, inputs)
+        input_names = [spec["name"] for spec in specs[:-1]]
     else:
         raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
     target_dtype = specs[-1]["dtype"]
