@@ -122,8 +122,6 @@ def test_shared_wording_matches(jvm):
     assert str(Messages.INPUT_SPECS) == messages.INPUT_SPECS
     needs = ["input_ids", "attention_mask", "y"]
     java_list = lambda items: jpype.java.util.ArrayList(jpype.java.util.Arrays.asList(*items))  # noqa: E731
-    assert str(Messages.oneInputOnly("m.pt", "gradbridge-spark", java_list(needs[:2]))) \
-        == messages.one_input_only("m.pt", "gradbridge-spark", needs[:2])
     assert str(Messages.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
         == messages.input_missing("d.npz", "y", ["x"], needs)
     # an online input beyond --max-input-abs (Java's double spelling on both sides)

@@ -226,12 +226,6 @@ def input_too_large(name: str, index: Sequence[int], value: float, limit: float)
             f"limit {java_double(limit)} (--max-input-abs; 0 turns it off)")
 
 
-def one_input_only(module: str, tool: str, names: Sequence[str]) -> str:
-    """A module of several named inputs given to a tool that takes modules of one input ``x``."""
-    return (f"{module}: takes several inputs [{', '.join(names)}]; {tool} trains modules of one input x for now "
-            f"(train it with gradbridge-train or the Java Trainer)")
-
-
 def data_parallel_accumulate(module: str, accumulate: int) -> str:
     return (f"{module}: exported with accumulate={accumulate}; data-parallel training splits each mini-batch "
             f"over partitions instead: export it with accumulate=1")

@@ -450,17 +450,6 @@ public final class Messages {
 
     /**
      * @param module the training module file
-     * @param tool the tool that refuses it
-     * @param names the module's inputs
-     * @return the line for a module of several named inputs given to a tool of one-input modules
-     */
-    public static String oneInputOnly(String module, String tool, java.util.List<String> names) {
-        return module + ": takes several inputs [" + String.join(", ", names) + "]; " + tool
-                + " trains modules of one input x for now (train it with gradbridge-train or the Java Trainer)";
-    }
-
-    /**
-     * @param module the training module file
      * @param accumulate its gradient-accumulation factor
      * @return the line for a module exported with gradient accumulation
      */
