@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradbridge import messages, program
 from tests.faults import gradbridge_cli, one_error_line
 
 PREFIX = "gradbridge: error: "
@@ -43,9 +44,18 @@ def test_an_unknown_format_is_refused(factories):
 
 def test_an_option_protocol_3_does_not_hold_is_refused_with_format_export(factories):
     result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
+                            "cross_entropy", "--format", "export", "--scheduler", "onecycle:max_lr=0.1,total_steps=10",
+                            cwd=factories)
+    assert one_error_line(result, PREFIX) == messages.aten_option_refused(
+        f"scheduler onecycle (it holds {', '.join(program.SCHEDULERS)})")
+    assert not (factories / "m.pt").exists()
+
+
+def test_micro_batches_below_protocol_3s_smallest_are_refused(factories):
+    result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
                             "cross_entropy", "--format", "export", "--accumulate", "2", cwd=factories)
-    assert one_error_line(result, PREFIX) == ("format='export' does not support accumulate yet; export with "
-                                              "format='torchscript' or leave it out")
+    line = one_error_line(result, PREFIX)
+    assert line.startswith("format='export': accumulate=2 splits a batch of 2 into micro-batches of [1, 1]"), line
     assert not (factories / "m.pt").exists()
 
 
