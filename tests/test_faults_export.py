@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradbridge import GradbridgeError, export_training_module, protocol, reference
+from gradbridge import GradbridgeError, export_training_module, messages, protocol, reference
 from gradbridge.models import mlp
 
 INPUTS = [protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")]
@@ -49,6 +49,26 @@ def test_stepped_optimizer_is_refused(tmp_path, make):
     with pytest.raises(GradbridgeError, match=r"has already stepped; export a fresh optimizer"):
         export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", inputs=INPUTS)
     assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("fmt", ["auto", "torchscript", "export"])
+def test_a_model_or_batch_off_the_cpu_is_refused_in_one_line(tmp_path, fmt):
+    # Java runs libtorch's CPU kernels; a CUDA run is not the same training (found on a GPU machine: the
+    # check refused a CUDA model as a capture difference, protocol 3 failed with numpy's error). The meta
+    # device stands in for CUDA here: any device but the CPU is refused alike.
+    model = _model()
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(GradbridgeError) as refused:
+        export_training_module(_model().to("meta"), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=(x, y),
+                               format=fmt)
+    assert str(refused.value) == messages.not_on_cpu("parameter 0.weight", "meta")
+    with pytest.raises(GradbridgeError, match=r"^example_inputs\[1\] is on meta; gradbridge trains on the CPU"):
+        export_training_module(model, "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=(x, y.to("meta")),
+                               format=fmt)
+    assert not (tmp_path / "m.pt").exists()
+    path = export_training_module(model, "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=(x, y), format=fmt)
+    with pytest.raises(GradbridgeError, match=r"^parameter 0.weight is on meta; "):
+        reference.train(path, x.numpy(), y.numpy(), epochs=1, batch_size=4, model=_model().to("meta"))
 
 
 def test_builtin_with_an_impossible_input_shape_is_refused_at_export(tmp_path):

@@ -242,6 +242,13 @@ def export_already_captured(kind: str) -> str:
             "or traces it with its training step around it (a scripted or traced module receives no gradients)")
 
 
+def not_on_cpu(what: str, device: str) -> str:
+    """A model or batch on another device: gradbridge's Java side runs libtorch on the CPU, where an eager
+    run is reproducible bit for bit (a CUDA run is not, even against itself, without deterministic kernels)."""
+    return (f"{what} is on {device}; gradbridge trains on the CPU (Java runs the module with libtorch's CPU "
+            f"kernels): pass model.cpu() and CPU tensors (your model itself may stay where it is)")
+
+
 def export_capture_failed(model: str, how: str, reason: str) -> str:
     return f"cannot {how} {model}: {reason}"
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from . import inputs, messages, protocol, shuffle
 from . import shuffle as shuffle_module
 from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
-from .export import finetune, groups, losses, optim, schedulers
+from .export import capture, finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
 from . import torchscript
@@ -90,6 +90,9 @@ class Reference:
             # A traced model's eval-mode trace (modules exported before it have the one model).
             self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
+            off_cpu = capture.off_cpu(model)
+            if off_cpu:
+                raise InvalidInputError(off_cpu)
             self.model = copy.deepcopy(model)
             state = _program_state(model_path) if program else _state_of(scripted)
             tensors = list(self.model.named_parameters()) + list(self.model.named_buffers())

@@ -94,6 +94,27 @@ def refuse_captured(model: nn.Module) -> None:
             "traced" if isinstance(model, torch.jit.TracedModule) else "scripted"))
 
 
+def off_cpu(model: nn.Module, example_inputs: object = None) -> Optional[str]:
+    """The line refusing the first parameter, buffer or example tensor not on the CPU, or None
+    (``messages.not_on_cpu`` says why)."""
+    named = [*((f"parameter {n}", t) for n, t in model.named_parameters()),
+             *((f"buffer {n}", t) for n, t in model.named_buffers())]
+    for what, tensor in [*named, *_example_tensors(example_inputs, "example_inputs")]:
+        if tensor.device.type != "cpu":
+            return messages.not_on_cpu(what, str(tensor.device))
+    return None
+
+
+def _example_tensors(value: object, where: str) -> List[Tuple[str, Tensor]]:
+    if isinstance(value, Tensor):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [t for key, item in value.items() for t in _example_tensors(item, f"{where}[{key!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [t for i, item in enumerate(value) for t in _example_tensors(item, f"{where}[{i}]")]
+    return []
+
+
 def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,)) -> Capture:
     """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``. A model
     of several inputs is captured inside ``keyword_call``, which takes them as a list."""
@@ -158,10 +179,8 @@ def _forget(ex: BaseException) -> str:
 def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
     was_training = model.training
     saved = [(b, b.clone()) for b in model.buffers()]
-    devices = sorted({t.device.index or 0 for t in [*(x if isinstance(x, list) else [x]), *model.parameters()]
-                      if t.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=[]):
             # check_trace=False: torch's own re-run check fails on any random op; the export's check
             # against the eager model replaces it.
             train = torchscript.trace(model.train(), (x,), check_trace=False)

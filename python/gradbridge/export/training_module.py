@@ -118,6 +118,9 @@ def export_training_module(
     """
     model = model_capture.uncompiled(model)
     model_capture.refuse_captured(model)
+    off_cpu = model_capture.off_cpu(model, example_inputs)
+    if off_cpu:
+        raise ExportError(off_cpu)
     if format not in protocol.FORMATS:
         raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
     common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check)
