@@ -284,6 +284,55 @@ def test_users_own_java_class_runs_beside_the_installed_library(user_env, outsid
     assert result.stdout.strip().startswith("hello python, protocol methods: "), result.stdout
 
 
+_USER_TRANSFORMER = """\
+import numpy as np, torch, transformers
+from gradbridge import export_training_module
+
+
+class Classifier(torch.nn.Module):  # what a user writes around an HF model: logits for the loss
+    def __init__(self):
+        super().__init__()
+        config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=37, vocab_size=50, max_position_embeddings=16, num_labels=3)
+        self.bert = transformers.BertForSequenceClassification(config)
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def make():
+    torch.manual_seed(0)
+    return Classifier()
+
+
+if __name__ == "__main__":
+    g = np.random.default_rng(0)
+    ids = g.integers(3, 50, size=(12, 8)).astype("int64")
+    mask = (np.arange(8) < g.integers(4, 9, size=(12, 1))).astype("int64")
+    y = g.integers(0, 3, size=12).astype("int64")
+    np.savez("train.npz", input_ids=ids, attention_mask=mask, y=y)
+    model = make()
+    example = ({"input_ids": torch.from_numpy(ids[:4]), "attention_mask": torch.from_numpy(mask[:4])},
+               torch.from_numpy(y[:4]))
+    export_training_module(model, "cross_entropy", {"name": "adamw", "lr": 1e-3}, "bert.pt", example_inputs=example,
+                           format="export")
+"""
+
+
+def test_protocol_3_trains_a_transformers_model_from_the_install(user_env, outside):
+    """An HF model with its attention mask, captured with torch.export from the installed wheel: Java in
+    this process and in a JVM of its own (this Python's libtorch) against the user's own eager model."""
+    bin_dir, env = user_env
+    (outside / "my_model.py").write_text(_USER_TRANSFORMER)
+    exported = _run([bin_dir / "python", "my_model.py"], cwd=outside, env=env)
+    assert exported.returncode == 0, exported.stderr
+    result = _run([bin_dir / "gradbridge", "parity", "bert.pt", "--data", "train.npz", "--epochs", 2, "--batch-size", 4,
+                   "--java", "both", "--model-factory", "my_model:make"], cwd=outside, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "java: bitwise identical over 2 epochs" in result.stdout, result.stdout
+    assert "java-subprocess: bitwise identical over 2 epochs" in result.stdout, result.stdout
+
+
 # ---- bad installations: one line naming the fix, exit code 1 ----
 
 def _fake_old_jdk(where: Path) -> Path:
