@@ -28,6 +28,7 @@ import pytest
 from gradbridge import feedback_log
 from gradbridge import replay as replay_mod
 
+from .faults import gradbridge_cli
 from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,6 +181,14 @@ def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, 
     assert statuses.count(feedback_log.POSITION_DUPLICATE) == 2
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+    # the topic itself, read again: the same events, the same versions bit for bit
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    from_topic = replay_mod.replay(log_dir, model, from_kafka=source)
+    assert from_topic.bitwise and from_topic.from_topic == len(feedback_log.read_log(log_dir).events), from_topic.table()
+    assert [(r.version, r.digest_python) for r in from_topic.rows] == [(r.version, r.digest_python) for r in report.rows]
+    result = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--from-kafka", "--kafka-bootstrap",
+                            source.bootstrap, "--kafka-topic", topic)
+    assert result.returncode == 0 and f"events read again from Kafka topic '{topic}'" in result.stdout, result.stderr
 
 
 def _torn_read_cuts(log_dir):
