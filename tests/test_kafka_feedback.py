@@ -191,6 +191,51 @@ def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, 
     assert result.returncode == 0 and f"events read again from Kafka topic '{topic}'" in result.stdout, result.stderr
 
 
+def test_two_instances_in_one_group_each_learn_the_whole_topic_once(serve_script, broker, models, tmp_path):
+    """Two services (each its own log folder) in one consumer group: no rebalance moves a partition (each is assigned
+    every partition; one model learns from the whole topic), kill -9 of one mid-stream does not disturb the other,
+    and the killed one, restarted after the other has committed the group's offsets to the end, reads on from its own
+    log, not from the group's offsets: each log covers every partition exactly once and replays bitwise."""
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-group"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    records = [(k, v) for k, v, _, _ in _records(200, 11, "g")]
+    kafka_broker.produce(broker, topic, records)
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 3,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first = Service(serve_script, model, first_dir, *options)
+    second = Service(serve_script, model, second_dir, *options)
+    try:
+        _wait_for_records(first_dir, 30)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(timeout=30)
+        more = [(k, v) for k, v, _, _ in _records(100, 12, "h")]
+        kafka_broker.produce(broker, topic, more)
+        records += more
+        _wait_for_records(second_dir, len(records))
+        end_offsets = kafka_broker.end_offsets(broker, topic)
+        deadline = time.monotonic() + 30
+        while kafka_broker.committed_offsets(broker, "gb-test", topic) != end_offsets:  # committed after each read
+            assert time.monotonic() < deadline, kafka_broker.committed_offsets(broker, "gb-test", topic)
+            time.sleep(0.5)
+        behind = sum(len(p.items) for p in feedback_log.read_log(first_dir).positions)
+        assert behind < len(records), "the first service had read everything before it was killed"
+        first = Service(serve_script, model, first_dir, *options)  # its log is behind the group's offsets
+        _wait_for_records(first_dir, len(records))
+        for service in (first, second):
+            code, _, err = service.terminate()
+            assert code == 0, err
+    finally:
+        first.kill()
+        second.kill()
+    produced = _produced(broker, topic, records)
+    for log_dir in (first_dir, second_dir):
+        _check_exactly_once(log_dir, topic, end_offsets, produced)
+        report = replay_mod.replay(log_dir, model)
+        assert report.bitwise, report.table()
+
+
 def _torn_read_cuts(log_dir):
     """The log's bytes and the last read's write: (data, its S record's offset, the S frame's end, the write's end)."""
     log = feedback_log.read_log(log_dir)
