@@ -382,3 +382,18 @@ def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_scri
     _check_exactly_once(log_dir, topic, end_offsets, produced)
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+
+
+@pytest.mark.slow
+def test_the_kafka_fed_benchmark_runs_and_reports_both_variants(tmp_path):
+    """benchmarks/kafka_online_bench.py end to end on a small size (its own broker): both rates and latencies."""
+    import sys
+
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kafka_online_bench.py"), "--events", "1024",
+                             "--rounds", "1", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads((tmp_path / "kafka-bench.json").read_text())
+    assert figures["events"] == 1024
+    for key in ("http_json_events_per_s", "kafka_events_per_s", "kafka_steady_events_per_s", "kafka_p99_us"):
+        assert len(figures["by_round"][key]) == 1 and figures["by_round"][key][0] > 0, key
+    assert "kafka / JSON-fed throughput" in result.stdout
