@@ -256,3 +256,14 @@ def test_jvm_options_the_jvm_refuses_are_one_line_naming_gradbridge_jvm_options(
     assert line.endswith("; correct or unset GRADBRIDGE_JVM_OPTIONS"), line
     assert result.stderr.strip().splitlines() == [PREFIX + line]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
+
+
+def test_replay_from_kafka_without_its_options_is_one_line(tmp_path):
+    """Checked before the log is read: --from-kafka needs the topic's address, and the Kafka options need it."""
+    result = gradbridge_cli("replay", "--log", tmp_path / "log", "--model", tmp_path / "m.pt", "--from-kafka",
+                            "--kafka-topic", "feedback")
+    assert one_error_line(result, PREFIX) == ("replay --from-kafka needs --kafka-bootstrap and --kafka-topic (as "
+                                              "gradbridge serve took them)")
+    result = gradbridge_cli("replay", "--log", tmp_path / "log", "--model", tmp_path / "m.pt", "--kafka-topic", "feedback")
+    assert one_error_line(result, PREFIX) == ("--kafka-bootstrap, --kafka-topic and --kafka-properties go with replay "
+                                              "--from-kafka")

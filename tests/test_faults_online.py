@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
 import subprocess
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from gradbridge import replay as replay_mod
 
 from .faults import gradbridge_cli, one_error_line
+from .test_kafka_feedback import broker  # noqa: F401 (fixture: a real Kafka broker, started when a case asks for it)
 from .test_online_serve import Service, _data, serve_script  # noqa: F401 (fixture)
 
 
@@ -1073,3 +1075,66 @@ def test_the_input_magnitude_limit_refuses_absurd_features_naming_the_element(se
         service.kill()
     assert sorted(replay_mod.read_log(log_dir).events) == [0]
     _replay_bitwise(log_dir, model, 1)
+
+
+def _kafka_fed_log(serve_script, broker, model, log_dir, topic, records):
+    from .test_kafka_feedback import _kafka_options, _wait_for_records, kafka_broker
+
+    kafka_broker.create_topic(broker, topic, partitions=1)
+    kafka_broker.produce(broker, topic, records)
+    service = Service(serve_script, model, log_dir, "--max-batch", 8, *_kafka_options(broker, topic))
+    try:
+        _wait_for_records(log_dir, len(records))
+        code, _, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+
+
+def _renamed_source(log_dir, into, topic):
+    """A copy of a Kafka-fed log whose reads name ``topic``: the same offsets, of another topic."""
+    path = Path(log_dir) / replay_mod.FILE_NAME
+    out = bytearray()
+    for _, payload in replay_mod.frames(path, path.read_bytes()):
+        if payload[:1] == b"S":
+            (n,) = struct.unpack_from("<H", payload, 1)
+            payload = payload[:1] + struct.pack("<H", len(topic.encode())) + topic.encode() + payload[3 + n:]
+        out += replay_mod.frame(payload)
+    into.mkdir()
+    (into / replay_mod.FILE_NAME).write_bytes(bytes(out))
+
+
+def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_script, broker, models, tmp_path):
+    """replay --from-kafka against a topic holding other feedback under the same keys, a topic that ends before the
+    log's offsets, a topic the log never read and a properties file that is missing: one line each, exit 1."""
+    from .test_kafka_feedback import _records, kafka_broker
+
+    model = models["mlp_classifier.pt"]
+    records = [(k, v) for k, v, _, _ in _records(30, 5, "f")]
+    log_dir = tmp_path / "log"
+    _kafka_fed_log(serve_script, broker, model, log_dir, "faults-fed", records)
+    bootstrap = kafka_broker.bootstrap(broker)
+
+    def replay_from(log, topic, *more):
+        return gradbridge_cli("replay", "--log", log, "--model", model, "--from-kafka", "--kafka-bootstrap", bootstrap,
+                              "--kafka-topic", topic, *more)
+
+    assert replay_from(log_dir, "faults-fed").returncode == 0  # the topic it read: bitwise
+    other = [(key, value) for (key, _), (_, value, _, _) in zip(records, _records(30, 6, "f"))]  # same keys
+    kafka_broker.create_topic(broker, "faults-other", partitions=1)
+    kafka_broker.produce(broker, "faults-other", other)
+    _renamed_source(log_dir, tmp_path / "other", "faults-other")
+    line = one_error_line(replay_from(tmp_path / "other", "faults-other"), "gradbridge: error: ")
+    assert line == ("Kafka topic 'faults-other' partition 0 offset 0: sample 0 differs from the log's event 0: not the "
+                    "records the log learned from"), line
+    kafka_broker.create_topic(broker, "faults-short", partitions=1)
+    kafka_broker.produce(broker, "faults-short", records[:3])
+    _renamed_source(log_dir, tmp_path / "short", "faults-short")
+    line = one_error_line(replay_from(tmp_path / "short", "faults-short"), "gradbridge: error: ")
+    assert line == ("Kafka topic 'faults-short' partition 0 ends at offset 3 but the log read it up to offset 30 (not "
+                    "the topic the log was fed from)"), line
+    line = one_error_line(replay_from(log_dir, "faults-never"), "gradbridge: error: ")
+    assert line == f"{log_dir / replay_mod.FILE_NAME} holds no read of Kafka topic 'faults-never' (it read 'faults-fed')"
+    missing = tmp_path / "missing.properties"
+    line = one_error_line(replay_from(log_dir, "faults-fed", "--kafka-properties", missing), "gradbridge: error: ")
+    assert line == f"--kafka-properties {missing}: no such file", line  # as gradbridge serve says it

@@ -7,8 +7,8 @@ to its end without gap or overlap, each record's events are logged once (a dupli
 the first record, a poison record is logged as refused), every logged event is applied exactly once, and
 `gradbridge replay` of the log equals the service bit for bit.
 
-The default run has one case (`test_kill_9_mid_stream_then_restart_applies_every_record_once`); the slower
-scenarios are marked `slow` and run with `pytest --full` (tests/conftest.py).
+The default run has one case of each scenario (kill -9 mid-stream; a read's write torn inside its events);
+the slower ones are marked `slow` and run with `pytest --full` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import importlib.util
 import json
 import re
 import signal
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ import pytest
 from gradbridge import feedback_log
 from gradbridge import replay as replay_mod
 
+from .faults import gradbridge_cli
 from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,6 +181,136 @@ def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, 
     assert statuses.count(feedback_log.POSITION_DUPLICATE) == 2
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+    # the topic itself, read again: the same events, the same versions bit for bit
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    from_topic = replay_mod.replay(log_dir, model, from_kafka=source)
+    assert from_topic.bitwise and from_topic.from_topic == len(feedback_log.read_log(log_dir).events), from_topic.table()
+    assert [(r.version, r.digest_python) for r in from_topic.rows] == [(r.version, r.digest_python) for r in report.rows]
+    result = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--from-kafka", "--kafka-bootstrap",
+                            source.bootstrap, "--kafka-topic", topic)
+    assert result.returncode == 0 and f"events read again from Kafka topic '{topic}'" in result.stdout, result.stderr
+
+
+def test_two_instances_in_one_group_each_learn_the_whole_topic_once(serve_script, broker, models, tmp_path):
+    """Two services (each its own log folder) in one consumer group: no rebalance moves a partition (each is assigned
+    every partition; one model learns from the whole topic), kill -9 of one mid-stream does not disturb the other,
+    and the killed one, restarted after the other has committed the group's offsets to the end, reads on from its own
+    log, not from the group's offsets: each log covers every partition exactly once and replays bitwise."""
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-group"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    records = [(k, v) for k, v, _, _ in _records(200, 11, "g")]
+    kafka_broker.produce(broker, topic, records)
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 3,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first = Service(serve_script, model, first_dir, *options)
+    second = Service(serve_script, model, second_dir, *options)
+    try:
+        _wait_for_records(first_dir, 30)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(timeout=30)
+        more = [(k, v) for k, v, _, _ in _records(100, 12, "h")]
+        kafka_broker.produce(broker, topic, more)
+        records += more
+        _wait_for_records(second_dir, len(records))
+        end_offsets = kafka_broker.end_offsets(broker, topic)
+        deadline = time.monotonic() + 30
+        while kafka_broker.committed_offsets(broker, "gb-test", topic) != end_offsets:  # committed after each read
+            assert time.monotonic() < deadline, kafka_broker.committed_offsets(broker, "gb-test", topic)
+            time.sleep(0.5)
+        behind = sum(len(p.items) for p in feedback_log.read_log(first_dir).positions)
+        assert behind < len(records), "the first service had read everything before it was killed"
+        first = Service(serve_script, model, first_dir, *options)  # its log is behind the group's offsets
+        _wait_for_records(first_dir, len(records))
+        for service in (first, second):
+            code, _, err = service.terminate()
+            assert code == 0, err
+    finally:
+        first.kill()
+        second.kill()
+    produced = _produced(broker, topic, records)
+    for log_dir in (first_dir, second_dir):
+        _check_exactly_once(log_dir, topic, end_offsets, produced)
+        report = replay_mod.replay(log_dir, model)
+        assert report.bitwise, report.table()
+
+
+def _torn_read_cuts(log_dir):
+    """The log's bytes and the last read's write: (data, its S record's offset, the S frame's end, the write's end)."""
+    log = feedback_log.read_log(log_dir)
+    data = (Path(log_dir) / feedback_log.FILE_NAME).read_bytes()
+    last = log.positions[-1]
+    assert last.following > 0, "the last read logged no event"
+    (length,) = struct.unpack_from("<I", data, last.offset)
+    s_end = last.offset + feedback_log.FRAME_HEADER + length
+    return data, last.offset, s_end, s_end + last.following
+
+
+def _frame_ends(data, start, stop):
+    """Offsets of the frame boundaries in data[start:stop]."""
+    ends = []
+    while start < stop:
+        (length,) = struct.unpack_from("<I", data, start)
+        start += feedback_log.FRAME_HEADER + length
+        ends.append(start)
+    return ends
+
+
+@pytest.mark.parametrize("every_cut", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_read_torn_anywhere_in_its_write_is_read_again_once(serve_script, broker, models, tmp_path, every_cut):
+    """A crash that tears the write of one read (its S record, events and keys) leaves no event without its offsets:
+    the whole write is a torn tail, cut on start, and its records are read again from the topic, exactly once."""
+    model = models["mlp_classifier.pt"]
+    topic = f"feedback-torn-{int(every_cut)}"
+    kafka_broker.create_topic(broker, topic, partitions=3)
+    records = [(k, v) for k, v, _, _ in _records(90, 3, "t")]
+    records.append(records[4])  # a duplicate: its key is logged again after the cut
+    kafka_broker.produce(broker, topic, records)
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, *_kafka_options(broker, topic)]
+    whole_dir = tmp_path / "whole"
+    service = Service(serve_script, model, whole_dir, *options)
+    try:
+        _wait_for_records(whole_dir, len(records))
+        code, _, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+    data, start, s_end, write_end = _torn_read_cuts(whole_dir)
+    ends = _frame_ends(data, s_end, write_end)
+    assert ends[-1] == write_end
+    whole = feedback_log.read_log(whole_dir)
+    last_read = {first + i for _, _, first, count, status in whole.positions[-1].items
+                 if status == feedback_log.POSITION_LOGGED for i in range(count)}
+    # the reader (Python here, Java on start) cuts the whole write wherever it is torn
+    for cut in sorted({*range(start + 1, min(s_end + 20, write_end)), *(e + d for e in ends for d in (-1, 0, 1))}):
+        if start < cut < write_end:
+            torn_dir = tmp_path / "reader"
+            torn_dir.mkdir(exist_ok=True)
+            (torn_dir / feedback_log.FILE_NAME).write_bytes(data[:cut])
+            torn = feedback_log.read_log(torn_dir)
+            assert (torn.end, torn.torn_bytes) == (start, cut - start), cut
+            assert len(torn.positions) == len(whole.positions) - 1 and not last_read & set(torn.events), cut
+    # restarted on the torn log, the service reads those records again from the topic: exactly once, bitwise
+    cuts = [s_end + 5] if not every_cut else sorted({start + 1, start + 12, s_end - 1, s_end, *ends[:3], ends[0] + 7,
+                                                     write_end - 1})
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    produced = _produced(broker, topic, records)
+    for cut in cuts:
+        log_dir = tmp_path / f"cut-{cut}"
+        log_dir.mkdir()
+        (log_dir / feedback_log.FILE_NAME).write_bytes(data[:cut])
+        service = Service(serve_script, model, log_dir, *options)
+        try:
+            _wait_for_records(log_dir, len(records))
+            code, _, err = service.terminate()
+            assert code == 0, err
+        finally:
+            service.kill()
+        assert f"cut a torn tail of {cut - start} bytes at offset {start}" in err
+        _check_exactly_once(log_dir, topic, end_offsets, produced)
+        report = replay_mod.replay(log_dir, model)
+        assert report.bitwise, report.table()
 
 
 def _refused_start(script, model, log_dir, *options):
@@ -250,3 +382,18 @@ def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_scri
     _check_exactly_once(log_dir, topic, end_offsets, produced)
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+
+
+@pytest.mark.slow
+def test_the_kafka_fed_benchmark_runs_and_reports_both_variants(tmp_path):
+    """benchmarks/kafka_online_bench.py end to end on a small size (its own broker): both rates and latencies."""
+    import sys
+
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kafka_online_bench.py"), "--events", "1024",
+                             "--rounds", "1", "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads((tmp_path / "kafka-bench.json").read_text())
+    assert figures["events"] == 1024
+    for key in ("http_json_events_per_s", "kafka_events_per_s", "kafka_steady_events_per_s", "kafka_p99_us"):
+        assert len(figures["by_round"][key]) == 1 and figures["by_round"][key][0] > 0, key
+    assert "kafka / JSON-fed throughput" in result.stdout

@@ -216,6 +216,17 @@ def end_offsets(folder, topic: str) -> dict:
     return offsets
 
 
+def committed_offsets(folder, group: str, topic: str) -> dict:
+    """{partition: offset} that consumer group ``group`` committed for ``topic`` (partitions it never committed left out)."""
+    out = tool(folder, "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--describe", "--group", group)
+    offsets = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0] == group and fields[1] == topic and fields[3].isdigit():
+            offsets[int(fields[2])] = int(fields[3])
+    return offsets
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kafka_broker.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

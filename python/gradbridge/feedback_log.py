@@ -6,11 +6,12 @@ tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
 payload, whose first byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B``
 micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version
-before it, ``R`` an operator's rollback of predictions to an earlier version, ``P`` the offsets of an external source such as a
-Kafka topic that the events of the same write were read from: replay needs only the events and batches, so
-it ignores them; `positions` checks that they cover the source without gap or overlap). Only an incomplete last frame (a torn
-tail) may end the log early; any other frame that does not check is an error naming its offset, as
-in Java.
+before it, ``R`` an operator's rollback of predictions to an earlier version, ``S`` the offsets of an external source such as
+a Kafka topic that one read consumed, first in its write and followed by that read's events and keys, whose length in bytes
+it carries; ``P`` the same offsets after their events, in logs of earlier versions: replay needs only the events and
+batches, so it ignores them; tests check that they cover the source without gap or overlap). Only an incomplete last
+frame, or a last ``S`` record whose write is not all in the file (a torn tail), may end the log early; any other frame
+that does not check is an error naming its offset, as in Java.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ FRAME_HEADER = 12
 MAX_PAYLOAD = 64 << 20
 #: record types (the payload's first byte)
 RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V",
-                "position": b"P", "gate": b"G", "rollback": b"R"}
+                "position": b"P", "sourced": b"S", "gate": b"G", "rollback": b"R"}
 #: a P record's item status: the record's events were logged / answered from an earlier key / refused
 POSITION_LOGGED, POSITION_DUPLICATE, POSITION_REFUSED = 0, 1, 2
 #: a G record's decision: the version was published / held back / held back and the learner rolled back
@@ -112,11 +113,13 @@ class Rollback:
 @dataclass
 class Position:
     """One read of an external source: per partition the offsets [from, to) it consumed, and per record
-    (partition, offset, first_seq, count, status)."""
+    (partition, offset, first_seq, count, status); ``following``: bytes of the frames after it that complete
+    its write (an ``S`` record), -1 for a ``P`` record (after its events)."""
     source: str
     ranges: List[Tuple[int, int, int]]
     items: List[Tuple[int, int, int, int, int]]
     offset: int = 0
+    following: int = -1
 
 
 @dataclass
@@ -186,9 +189,20 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                        f"expected {FORMAT} version {FORMAT_VERSION}")
     log = FeedbackLog(path, header)
     end = FRAME_HEADER + len(first[1])
+    write_end = -1  # the end of the last S record's write
     for offset, payload in records:
-        end = offset + FRAME_HEADER + len(payload)
+        if offset < write_end < offset + FRAME_HEADER + len(payload):
+            raise LogError(_inside_frame(path, offset, write_end))
         kind = payload[:1]
+        if kind == b"S":
+            read = _position(path, offset, payload)
+            if offset + FRAME_HEADER + len(payload) + read.following > len(data):
+                break  # torn: the write this record begins did not reach the file whole
+            write_end = offset + FRAME_HEADER + len(payload) + read.following
+            log.positions.append(read)
+            end = offset + FRAME_HEADER + len(payload)
+            continue
+        end = offset + FRAME_HEADER + len(payload)
         try:
             if kind == b"E":
                 seq, n = struct.unpack_from("<qI", payload, 1)
@@ -227,24 +241,46 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                     raise ValueError("lengths do not add up")
                 log.order.append(Rollback(*struct.unpack_from("<qq", payload, 1), offset=offset))
             elif kind == b"P":
-                (n,) = struct.unpack_from("<H", payload, 1)
-                source = payload[3:3 + n].decode("utf-8")
-                at = 3 + n
-                (count,) = struct.unpack_from("<I", payload, at)
-                ranges = [struct.unpack_from("<iqq", payload, at + 4 + 20 * i) for i in range(count)]
-                at += 4 + 20 * count
-                (count,) = struct.unpack_from("<I", payload, at)
-                items = [struct.unpack_from("<iqqIb", payload, at + 4 + 25 * i) for i in range(count)]
-                if at + 4 + 25 * count != len(payload):
-                    raise ValueError("lengths do not add up")
-                log.positions.append(Position(source, ranges, items, offset=offset))
+                log.positions.append(_position(path, offset, payload))
             else:
                 raise ValueError(f"unknown record type {kind!r}")
         except (struct.error, ValueError, UnicodeDecodeError) as ex:
             raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
+    if end < write_end:
+        raise LogError(_inside_frame(path, end, write_end))
     log.end = end
     log.torn_bytes = len(data) - end
     return log
+
+
+def _position(path: Path, offset: int, payload: bytes) -> Position:
+    """A P or S record's fields (S: the length of the rest of its write after them)."""
+    try:
+        (n,) = struct.unpack_from("<H", payload, 1)
+        source = payload[3:3 + n].decode("utf-8")
+        at = 3 + n
+        (count,) = struct.unpack_from("<I", payload, at)
+        ranges = [struct.unpack_from("<iqq", payload, at + 4 + 20 * i) for i in range(count)]
+        at += 4 + 20 * count
+        (count,) = struct.unpack_from("<I", payload, at)
+        items = [struct.unpack_from("<iqqIb", payload, at + 4 + 25 * i) for i in range(count)]
+        at += 4 + 25 * count
+        following = -1
+        if payload[:1] == b"S":
+            (following,) = struct.unpack_from("<q", payload, at)
+            at += 8
+            if following < 0:
+                raise ValueError("a negative length")
+        if at != len(payload):
+            raise ValueError("lengths do not add up")
+    except (struct.error, ValueError, UnicodeDecodeError) as ex:
+        raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
+    return Position(source, ranges, items, offset=offset, following=following)
+
+
+def _inside_frame(path: Path, offset: int, write_end: int) -> str:
+    return (f"{path}: offset {offset}: the write of a read from a source ends inside this frame (its S record names "
+            f"offset {write_end} as the end)")
 
 
 def check_checkpoint(log: FeedbackLog, log_dir, model_sha256: str) -> None:

@@ -100,6 +100,8 @@ class ReplayReport:
     rollbacks: int = 0
     #: the version serving at the end of the log
     serving: int = 0
+    #: events read again from the Kafka topic instead of the log (``from_kafka``)
+    from_topic: int = 0
 
     @property
     def bitwise(self) -> bool:
@@ -344,8 +346,19 @@ class _Gate:
         _restore(self.reference, copy.deepcopy(self.kept[-1][2]))  # load_state_dict may keep the tensors it is given
 
 
+@dataclass
+class KafkaSource:
+    """The topic a Kafka-fed log read, as ``gradbridge serve`` took it (``--kafka-bootstrap``, ``--kafka-topic``,
+    ``--kafka-properties``)."""
+
+    bootstrap: str
+    topic: str
+    properties: str | os.PathLike | None = None
+
+
 def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None, *,
-           keep_parameters: bool = False, gate_data: str | os.PathLike | None = None) -> ReplayReport:
+           keep_parameters: bool = False, gate_data: str | os.PathLike | None = None,
+           from_kafka: KafkaSource | None = None) -> ReplayReport:
     """Apply the logged micro-batches to ``model_path``'s initial tensors with eager torch.optim and
     compare every logged version and quarantine; ``model`` (an eager nn.Module) as for
     ``reference.Reference``. ``keep_parameters`` keeps each version's replayed parameters in
@@ -353,7 +366,9 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     else the file the log's header names when it is still the same) both gate losses are computed
     again and compared bit for bit; without it the logged losses decide. LogError on the conditions
     the Java learner refuses to start on: a damaged record, a log or checkpoint of another model, a
-    log that contradicts the checkpoint."""
+    log that contradicts the checkpoint. With ``from_kafka`` the events the log learned from that topic are read
+    again from the topic (the offsets its ``S``/``P`` records name) and replayed instead of the logged ones; a topic
+    that does not hold the same records is a LogError naming the partition and offset."""
     from .reference import Reference
 
     if not Path(model_path).is_file():
@@ -367,6 +382,14 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     metadata = protocol.read_metadata(model_path)
     _check_header(log, metadata, model_path)
     input_specs = _input_specs(log)
+    from_topic = {}
+    if from_kafka is not None:
+        from . import kafka_topic
+
+        wanted = kafka_topic.ranges(log, from_kafka.topic)
+        records = kafka_topic.read_records(from_kafka.bootstrap, from_kafka.topic, from_kafka.properties, wanted)
+        from_topic = kafka_topic.events(log, from_kafka.topic, records, input_specs)
+        log.events = {**log.events, **from_topic}
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
     dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"]}
@@ -467,7 +490,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     elif rows:
         serving = rows[-1].version
     return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept,
-                        quarantined, gates, gate is not None and gate.checks_losses, rollbacks, serving)
+                        quarantined, gates, gate is not None and gate.checks_losses, rollbacks, serving, len(from_topic))
 
 
 def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:

@@ -207,7 +207,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run
 
-    return run(args.log, args.model, gate_data=args.gate_data)
+    return run(args.log, args.model, gate_data=args.gate_data, from_kafka=args.from_kafka,
+               kafka_bootstrap=args.kafka_bootstrap, kafka_topic=args.kafka_topic, kafka_properties=args.kafka_properties)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -413,6 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.add_argument("--gate-data", help="a gated log's gate data (default: the file its header names, when it is "
                                             "unchanged): each gate loss is computed again and compared bit for bit")
+    replay.add_argument("--from-kafka", action="store_true",
+                        help="read the events a Kafka-fed log learned from again from the topic (the offsets the log "
+                             "names) and replay those; a topic that holds other records is an error")
+    replay.add_argument("--kafka-bootstrap", help="with --from-kafka: HOST:PORT[,...] as gradbridge serve took it")
+    replay.add_argument("--kafka-topic", help="with --from-kafka: the topic")
+    replay.add_argument("--kafka-properties", help="with --from-kafka: the client properties file gradbridge serve took "
+                                                   "(security settings)")
     replay.set_defaults(run=_replay)
 
     serve = commands.add_parser(

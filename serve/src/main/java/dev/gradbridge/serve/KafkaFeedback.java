@@ -107,6 +107,9 @@ public final class KafkaFeedback implements AutoCloseable {
         if (file == null) {
             return properties;
         }
+        if (!Files.isRegularFile(file)) {
+            throw new GradbridgeException("--kafka-properties " + file.toAbsolutePath() + ": no such file");
+        }
         try (InputStream in = Files.newInputStream(file)) {
             properties.load(in);
         } catch (IOException | IllegalArgumentException e) {
@@ -138,6 +141,27 @@ public final class KafkaFeedback implements AutoCloseable {
      */
     public static KafkaFeedback start(OnlineLearner learner, String bootstrap, String topic, String group, Properties client,
             Duration startTimeout) {
+        KafkaConsumer<byte[], byte[]> consumer = consumer(bootstrap, group, client);
+        try {
+            return new KafkaFeedback(learner, topic, group, consumer, partitions(consumer, bootstrap, topic, startTimeout,
+                    "create it first: gradbridge-serve reads every partition of an existing topic"));
+        } catch (RuntimeException e) {
+            consumer.close(CloseOptions.timeout(Duration.ofSeconds(1)));
+            throw e;
+        }
+    }
+
+    /**
+     * A consumer with the settings exactly once depends on (no auto-commit, {@code
+     * auto.offset.reset=none}, {@code read_committed}, byte arrays) over {@code client}'s.
+     *
+     * @param bootstrap host:port[,host:port...]
+     * @param group the group to commit offsets to, or null for none
+     * @param client further client properties (security)
+     * @return the consumer, not yet assigned
+     * @throws GradbridgeException when the client refuses its settings
+     */
+    static KafkaConsumer<byte[], byte[]> consumer(String bootstrap, String group, Properties client) {
         Properties properties = new Properties();
         properties.putAll(client);
         properties.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -149,34 +173,36 @@ public final class KafkaFeedback implements AutoCloseable {
         properties.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
         properties.putIfAbsent(ConsumerConfig.CLIENT_ID_CONFIG, "gradbridge-serve");
         properties.putIfAbsent(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "500");
-        KafkaConsumer<byte[], byte[]> consumer;
         try {
-            consumer = new KafkaConsumer<>(properties, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+            return new KafkaConsumer<>(properties, new ByteArrayDeserializer(), new ByteArrayDeserializer());
         } catch (RuntimeException e) {
             throw new GradbridgeException("cannot create the Kafka consumer for " + bootstrap + ": " + ServeCommand.rootMessage(e), e);
         }
+    }
+
+    /**
+     * @param hint what to do when the topic does not exist
+     * @return every partition of {@code topic}, ascending
+     * @throws GradbridgeException when the topic does not exist or its partitions cannot be read
+     */
+    static List<TopicPartition> partitions(KafkaConsumer<?, ?> consumer, String bootstrap, String topic, Duration timeout,
+            String hint) {
+        List<PartitionInfo> infos;
         try {
-            List<PartitionInfo> infos;
-            try {
-                infos = consumer.partitionsFor(topic, startTimeout);
-            } catch (RuntimeException e) {
-                throw new GradbridgeException("cannot read the partitions of Kafka topic '" + topic + "' at " + bootstrap + ": "
-                        + ServeCommand.rootMessage(e), e);
-            }
-            if (infos == null || infos.isEmpty()) {
-                throw new GradbridgeException("Kafka topic '" + topic + "' does not exist at " + bootstrap
-                        + " (create it first: gradbridge-serve reads every partition of an existing topic)");
-            }
-            List<TopicPartition> partitions = new ArrayList<>();
-            for (PartitionInfo info : infos) {
-                partitions.add(new TopicPartition(topic, info.partition()));
-            }
-            partitions.sort(Comparator.comparingInt(TopicPartition::partition));
-            return new KafkaFeedback(learner, topic, group, consumer, partitions);
+            infos = consumer.partitionsFor(topic, timeout);
         } catch (RuntimeException e) {
-            consumer.close(CloseOptions.timeout(Duration.ofSeconds(1)));
-            throw e;
+            throw new GradbridgeException("cannot read the partitions of Kafka topic '" + topic + "' at " + bootstrap + ": "
+                    + ServeCommand.rootMessage(e), e);
         }
+        if (infos == null || infos.isEmpty()) {
+            throw new GradbridgeException("Kafka topic '" + topic + "' does not exist at " + bootstrap + " (" + hint + ")");
+        }
+        List<TopicPartition> partitions = new ArrayList<>();
+        for (PartitionInfo info : infos) {
+            partitions.add(new TopicPartition(topic, info.partition()));
+        }
+        partitions.sort(Comparator.comparingInt(TopicPartition::partition));
+        return partitions;
     }
 
     private KafkaFeedback(OnlineLearner learner, String topic, String group, KafkaConsumer<byte[], byte[]> consumer,

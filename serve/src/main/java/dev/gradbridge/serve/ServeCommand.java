@@ -230,9 +230,6 @@ public final class ServeCommand implements Callable<Integer> {
             if (kafkaBootstrap == null || kafkaBootstrap.trim().isEmpty() || kafkaTopic == null || kafkaTopic.trim().isEmpty()) {
                 throw new GradbridgeException("Kafka feedback needs both --kafka-bootstrap and --kafka-topic");
             }
-            if (kafkaProperties != null && !Files.isRegularFile(kafkaProperties)) {
-                throw new GradbridgeException("--kafka-properties " + kafkaProperties.toAbsolutePath() + ": no such file");
-            }
             kafkaClient = KafkaFeedback.properties(kafkaProperties);
         }
     }

@@ -11,8 +11,9 @@ import java.util.zip.CRC32C;
  * crc32c(the 8 bytes before)}, then {@code length} payload bytes whose first byte is the record
  * type. The frame header checks itself, so a damaged length is never mistaken for a torn tail:
  * the only thing a reader may drop is an incomplete last frame (fewer than {@value #FRAME_HEADER}
- * bytes, or a valid frame header whose payload runs past the end of the file). Anything else that
- * does not check is corruption.
+ * bytes, or a valid frame header whose payload runs past the end of the file), or a last {@link
+ * #SOURCED} record whose write did not reach the file whole. Anything else that does not check is
+ * corruption.
  */
 public final class LogFormat {
 
@@ -41,9 +42,18 @@ public final class LogFormat {
     public static final byte VERSION = 'V';
     /**
      * Record type: the positions in an external source (a Kafka topic's partitions) that the
-     * events before it, in the same write, were read from. Only logs fed from a source hold it.
+     * events before it, in the same write, were read from. Only logs of earlier versions hold it;
+     * they are read as before, but a write torn between its events and this record cannot be told
+     * from a whole one, so the writer logs {@link #SOURCED} instead.
      */
     public static final byte POSITION = 'P';
+    /**
+     * Record type: a {@link #POSITION} record written <em>first</em> in its write, carrying the
+     * bytes of the frames after it (the read's events and keys) that complete the write. A reader
+     * that finds fewer bytes than that before the end treats this record and everything after it
+     * as a torn tail, so a read from a source is in the log whole (events and offsets) or not at all.
+     */
+    public static final byte SOURCED = 'S';
     /**
      * Record type: a publish gate's decision on the version just logged (its loss and the serving
      * version's on the gate data, published or held back). Only logs of a gated learner hold it.

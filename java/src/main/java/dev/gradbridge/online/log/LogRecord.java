@@ -27,7 +27,9 @@ import java.util.Map;
  *       first seq, u32 count, u8 status)}: the source offsets {@code [from, to)} of each partition
  *       that the write it ends consumed, and what became of each source record (status {@link
  *       Position#LOGGED}, {@link Position#DUPLICATE} or {@link Position#REFUSED}); after that
- *       write's events and keys, in the same write.
+ *       write's events and keys, in the same write (logs of earlier versions);
+ *   <li>{@code S} {@link Position} too: the fields of {@code P}, then {@code i64 bytes}: the frames
+ *       after it that complete its write (the events and keys), which follow it in the same write.
  *   <li>{@code G} {@link Gate}: {@code i64 version, i64 serving version, f64 version's gate loss, f64
  *       serving version's gate loss, u8 decision} ({@link Gate#PUBLISHED}, {@link Gate#HELD} or
  *       {@link Gate#ROLLED_BACK}); right after the version's {@code V};
@@ -81,10 +83,10 @@ public abstract class LogRecord {
                 .put(LogFormat.VERSION).putLong(id).putLong(updates).putDouble(loss).put(json).array();
     }
 
-    static byte[] position(String source, long[][] ranges, long[][] items) {
+    static byte[] sourced(String source, long[][] ranges, long[][] items, long following) {
         byte[] name = source.getBytes(StandardCharsets.UTF_8);
-        ByteBuffer p = payload(1 + 2 + name.length + 4 + ranges.length * 20 + 4 + items.length * 25)
-                .put(LogFormat.POSITION).putShort((short) name.length).put(name).putInt(ranges.length);
+        ByteBuffer p = payload(1 + 2 + name.length + 4 + ranges.length * 20 + 4 + items.length * 25 + 8)
+                .put(LogFormat.SOURCED).putShort((short) name.length).put(name).putInt(ranges.length);
         for (long[] r : ranges) {
             p.putInt((int) r[0]).putLong(r[1]).putLong(r[2]);
         }
@@ -92,7 +94,7 @@ public abstract class LogRecord {
         for (long[] item : items) {
             p.putInt((int) item[0]).putLong(item[1]).putLong(item[2]).putInt((int) item[3]).put((byte) item[4]);
         }
-        return p.array();
+        return p.putLong(following).array();
     }
 
     static byte[] gate(long version, long serving, double loss, double servingLoss, int decision) {
@@ -142,7 +144,8 @@ public abstract class LogRecord {
                             .forEach(e -> digests.put(e.getKey(), e.getValue().getAsString()));
                     return new Version(offset, id, updates, loss, digests);
                 }
-                case LogFormat.POSITION: {
+                case LogFormat.POSITION:
+                case LogFormat.SOURCED: {
                     byte[] name = new byte[p.getShort() & 0xffff];
                     p.get(name);
                     long[][] ranges = new long[checkedCount(p, 20)][];
@@ -153,8 +156,15 @@ public abstract class LogRecord {
                     for (int i = 0; i < items.length; i++) {
                         items[i] = new long[] {p.getInt(), p.getLong(), p.getLong(), p.getInt() & 0xffffffffL, p.get()};
                     }
+                    long following = -1;
+                    if (type == LogFormat.SOURCED) {
+                        following = p.getLong();
+                        if (following < 0) {
+                            throw new BufferUnderflowException();
+                        }
+                    }
                     end(p);
-                    return new Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items);
+                    return new Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items, following);
                 }
                 case LogFormat.GATE: {
                     Gate gate = new Gate(offset, p.getLong(), p.getLong(), p.getDouble(), p.getDouble(), p.get());
@@ -382,12 +392,22 @@ public abstract class LogRecord {
         private final String source;
         private final long[][] ranges;
         private final long[][] items;
+        private final long following;
 
-        Position(long offset, String source, long[][] ranges, long[][] items) {
+        Position(long offset, String source, long[][] ranges, long[][] items, long following) {
             super(offset);
             this.source = source;
             this.ranges = ranges;
             this.items = items;
+            this.following = following;
+        }
+
+        /**
+         * @return bytes of the frames after this record that complete its write ({@code S}), or -1
+         *     for a {@code P} record, which follows its events
+         */
+        public long getFollowing() {
+            return following;
         }
 
         /** @return the source's name (the topic) */

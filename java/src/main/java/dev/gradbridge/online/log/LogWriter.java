@@ -212,9 +212,11 @@ public final class LogWriter implements AutoCloseable {
     }
 
     /**
-     * Appends what one read from an external source gave, in one write: the events (consecutive
-     * numbers from {@code firstSeq}), the keys of the requests among them, then the {@code P}
-     * record of the source offsets consumed (see {@link LogRecord.Position}); not yet forced.
+     * Appends what one read from an external source gave, in one write: the {@code S} record of
+     * the source offsets consumed (see {@link LogRecord.Position}) with the length of the rest of
+     * the write, then the events (consecutive numbers from {@code firstSeq}) and the keys of the
+     * requests among them; not yet forced. The record comes first so that a write torn anywhere is
+     * a torn tail as a whole: no event is logged without the offsets it came from.
      *
      * @param firstSeq the first event's sequence number
      * @param xRows x bytes of each event
@@ -229,19 +231,24 @@ public final class LogWriter implements AutoCloseable {
     public synchronized long[] appendSourced(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, List<KeyEntry> keys,
             String source, long[][] ranges, long[][] items) throws IOException {
         int n = xRows.size();
-        byte[][] payloads = new byte[n + keys.size() + 1][];
-        long[] offsets = new long[n + 1];
-        long position = end;
+        byte[][] payloads = new byte[1 + n + keys.size()][];
+        long following = 0;
         for (int i = 0; i < n; i++) {
-            payloads[i] = LogRecord.event(firstSeq + i, xRows.get(i), yRows.get(i));
-            offsets[i] = position;
-            position += LogFormat.frameLength(payloads[i].length);
+            payloads[1 + i] = LogRecord.event(firstSeq + i, xRows.get(i), yRows.get(i));
+            following += LogFormat.frameLength(payloads[1 + i].length);
         }
         for (int i = 0; i < keys.size(); i++) {
             KeyEntry k = keys.get(i);
-            payloads[n + i] = LogRecord.key(k.firstSeq, k.count, k.sha256, k.key);
+            payloads[1 + n + i] = LogRecord.key(k.firstSeq, k.count, k.sha256, k.key);
+            following += LogFormat.frameLength(payloads[1 + n + i].length);
         }
-        payloads[payloads.length - 1] = LogRecord.position(source, ranges, items);
+        payloads[0] = LogRecord.sourced(source, ranges, items, following);
+        long[] offsets = new long[n + 1];
+        long position = end + LogFormat.frameLength(payloads[0].length);
+        for (int i = 0; i < n; i++) {
+            offsets[i] = position;
+            position += LogFormat.frameLength(payloads[1 + i].length);
+        }
         offsets[n] = append(frames(payloads));
         return offsets;
     }

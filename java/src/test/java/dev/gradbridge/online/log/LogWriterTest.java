@@ -7,8 +7,12 @@ import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.GradbridgeException;
 import java.io.RandomAccessFile;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.List;
@@ -68,14 +72,14 @@ public class LogWriterTest {
             assertEquals(3, offsets.length);
             assertEquals(log.end(), offsets[2]);
         }
-        // P and K records are kept even before keepFrom (a checkpoint's scan offset); events are not
+        // S and K records are kept even before keepFrom (a checkpoint's scan offset); events are not
         List<LogRecord> records = LogReader.read(LogReader.file(dir), Long.MAX_VALUE).getRecords();
         assertEquals(2, records.size());
-        LogRecord.Position position = (LogRecord.Position) records.get(1);
+        LogRecord.Position position = (LogRecord.Position) records.get(0);
         assertEquals("clicks", position.getSource());
         assertArrayEquals(new long[] {2, 0, 5}, position.ranges()[1]);
         assertArrayEquals(new long[] {2, 4, -1, 0, LogRecord.Position.REFUSED}, position.items()[2]);
-        assertEquals("k-1", ((LogRecord.Key) records.get(0)).getKey());
+        assertEquals("k-1", ((LogRecord.Key) records.get(1)).getKey());
     }
 
     @Test
@@ -105,5 +109,80 @@ public class LogWriterTest {
         e = assertThrows(LogCorruptException.class, () -> LogReader.read(file, 0));
         assertTrue(e.getMessage(), e.getMessage().contains("offset " + second + ": the frame header's checksum"));
         assertArrayEquals(bytes, Files.readAllBytes(file)); // reading changes nothing
+    }
+
+    private static long[] appendRead(LogWriter log, long firstSeq, long partitionFrom) throws Exception {
+        return log.appendSourced(firstSeq, Arrays.asList(new byte[16], new byte[16]), Arrays.asList(new byte[8], new byte[8]),
+                Collections.singletonList(new LogWriter.KeyEntry(firstSeq, 1, new byte[32], "k-" + firstSeq)), "clicks",
+                new long[][] {{0, partitionFrom, partitionFrom + 2}},
+                new long[][] {{0, partitionFrom, firstSeq, 1, LogRecord.Position.LOGGED},
+                    {0, partitionFrom + 1, firstSeq + 1, 1, LogRecord.Position.LOGGED}});
+    }
+
+    @Test
+    public void aReadFromASourceTornAnywhereIsCutWhole() throws Exception {
+        Path dir = folder.newFolder().toPath();
+        long first;
+        long second;
+        int sourced; // the second S record's payload bytes
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, true)) {
+            log.begin(log.read(0), HEADER);
+            first = appendRead(log, 0, 0)[2];
+            long[] offsets = appendRead(log, 2, 2);
+            second = offsets[2];
+            sourced = (int) (offsets[0] - first - LogFormat.FRAME_HEADER);
+        }
+        Path file = LogReader.file(dir);
+        byte[] whole = Files.readAllBytes(file);
+        List<LogRecord> records = LogReader.read(file, 0).getRecords();
+        assertEquals(8, records.size()); // S (first in its write), two events, a key; twice
+        assertEquals(first, records.get(4).getOffset());
+        assertEquals(second - first - LogFormat.FRAME_HEADER - sourced, ((LogRecord.Position) records.get(4)).getFollowing());
+        for (long cut = first + 1; cut < second; cut++) {
+            Files.write(file, Arrays.copyOf(whole, (int) cut));
+            LogReader.Contents torn = LogReader.read(file, 0);
+            assertEquals("cut at " + cut, first, torn.getEnd());
+            assertEquals(cut - first, torn.getTornBytes());
+            assertEquals(4, torn.getRecords().size()); // nothing of the second read: no event without its offsets
+        }
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, false)) {
+            log.begin(log.read(0), HEADER); // cuts the torn read
+            assertEquals(first, Files.size(file));
+        }
+        // a length that does not end on a frame boundary is damage, not a torn tail
+        byte[] bad = Arrays.copyOf(whole, whole.length);
+        ByteBuffer payload = ByteBuffer.wrap(Arrays.copyOfRange(whole, (int) first + LogFormat.FRAME_HEADER,
+                (int) first + LogFormat.FRAME_HEADER + sourced))
+                .order(ByteOrder.LITTLE_ENDIAN);
+        payload.putLong(payload.capacity() - 8, payload.getLong(payload.capacity() - 8) - 5);
+        ByteBuffer frame = ByteBuffer.allocate(LogFormat.FRAME_HEADER + payload.capacity()).order(ByteOrder.LITTLE_ENDIAN);
+        LogFormat.putFrame(frame, payload.array());
+        System.arraycopy(frame.array(), 0, bad, (int) first, frame.capacity());
+        Files.write(file, bad);
+        LogCorruptException e = assertThrows(LogCorruptException.class, () -> LogReader.read(file, 0));
+        assertTrue(e.getMessage(), e.getMessage().contains("the write of a read from a source ends inside this frame"));
+    }
+
+    @Test
+    public void aLogWhosePositionsFollowTheirEventsStillReads() throws Exception {
+        Path dir = folder.newFolder().toPath();
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, true)) {
+            log.begin(log.read(0), HEADER);
+        }
+        byte[] name = "clicks".getBytes(StandardCharsets.UTF_8);
+        byte[] p = LogRecord.payload(1 + 2 + name.length + 4 + 20 + 4 + 25).put(LogFormat.POSITION)
+                .putShort((short) name.length).put(name).putInt(1).putInt(0).putLong(0).putLong(1)
+                .putInt(1).putInt(0).putLong(0).putLong(0).putInt(1).put((byte) LogRecord.Position.LOGGED).array();
+        byte[] event = LogRecord.event(0, new byte[16], new byte[8]);
+        ByteBuffer frames = ByteBuffer.allocate(2 * LogFormat.FRAME_HEADER + event.length + p.length)
+                .order(ByteOrder.LITTLE_ENDIAN);
+        LogFormat.putFrame(frames, event);
+        LogFormat.putFrame(frames, p);
+        Files.write(LogReader.file(dir), frames.array(), StandardOpenOption.APPEND);
+        List<LogRecord> records = LogReader.read(LogReader.file(dir), 0).getRecords();
+        assertEquals(2, records.size());
+        LogRecord.Position position = (LogRecord.Position) records.get(1);
+        assertEquals(-1, position.getFollowing());
+        assertArrayEquals(new long[] {0, 0, 1}, position.ranges()[0]);
     }
 }
