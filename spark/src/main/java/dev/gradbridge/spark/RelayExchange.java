@@ -1,6 +1,7 @@
 package dev.gradbridge.spark;
 
-import java.util.ArrayList;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -34,7 +35,12 @@ final class RelayExchange implements GradientExchange {
     private final String stage;
     private final int partition;
     private final int partitions;
-    private Chunks chunks;
+    private final List<String> dtypes;
+    private final Chunks chunks;
+    /** My gradient, one direct buffer per parameter ({@link #put}). */
+    private final ByteBuffer[] own;
+    private final GradientCombiner.Combined combined;
+    private final long[] phases = new long[PHASES.length];
     private int step;
     private long sent;
     private long received;
@@ -43,25 +49,43 @@ final class RelayExchange implements GradientExchange {
      * @param relayName the driver's relay endpoint
      * @param secret the secret the stage carried ({@link DriverEndpoint.Caller})
      * @param stage names the stage attempt (rounds of different attempts never mix)
+     * @param dtypes each parameter's dtype
+     * @param sizes each parameter's number of elements
      */
-    RelayExchange(String relayName, byte[] secret, String stage, int partition, int partitions) {
+    RelayExchange(String relayName, byte[] secret, String stage, int partition, int partitions, List<String> dtypes,
+            long[] sizes) {
         this.relay = new DriverEndpoint.Caller(relayName, secret);
         this.stage = stage;
         this.partition = partition;
         this.partitions = partitions;
+        this.dtypes = dtypes;
+        chunks = new Chunks(dtypes, sizes, partitions);
+        own = new ByteBuffer[sizes.length];
+        ByteBuffer[] gradients = new ByteBuffer[sizes.length];
+        for (int i = 0; i < sizes.length; i++) {
+            GradientCombiner.requireFloating(dtypes.get(i));
+            own[i] = Buffers.direct(sizes[i] * ShardedData.bytesOf(dtypes.get(i)));
+            gradients[i] = Buffers.direct(sizes[i] * ShardedData.bytesOf(dtypes.get(i)));
+        }
+        combined = new GradientCombiner.Combined(gradients, new boolean[sizes.length]);
     }
 
     @Override
-    public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
-        if (chunks == null) {
-            chunks = new Chunks(dtypes, sizes, partitions);
-        }
-        int count = dtypes.size();
+    public void put(int parameter, ByteBuffer values) {
+        long t0 = System.nanoTime();
+        own[parameter].put(0, values, 0, own[parameter].limit());
+        phases[0] += System.nanoTime() - t0;
+    }
+
+    /** Over Spark's RPC, whose messages are Java arrays: the records are encoded and decoded per step. */
+    @Override
+    public GradientCombiner.Combined combine(ShardResult mine) {
+        int count = combined.flags.length;
         byte[][] toOwners = new byte[partitions][];
         ShardResult own = null;
         for (int c = 0; c < partitions; c++) {
             ShardResult slice = mine.rows == 0 ? mine
-                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, mine.gradients), mine.flags);
+                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, this.own), mine.flags);
             if (c == partition) {
                 own = slice; // my own slice stays here: the relay gets an empty placeholder for it
                 toOwners[c] = NOTHING;
@@ -70,36 +94,61 @@ final class RelayExchange implements GradientExchange {
             }
         }
         // Round 1: every partition's slice of my chunk, in partition order.
-        List<ShardResult> mineFromAll = new ArrayList<>();
-        boolean[] flags = new boolean[count];
+        long t0 = System.nanoTime();
         byte[][] slices = exchange("scatter", toOwners);
+        long t1 = System.nanoTime();
+        int[] rows = new int[partitions];
+        double[] losses = new double[partitions];
+        boolean[][] flags = new boolean[partitions][count];
+        ByteBuffer[][] inputs = new ByteBuffer[partitions][];
         for (int q = 0; q < partitions; q++) {
             ShardResult r = q == partition ? own : ShardResult.decode(slices[q]);
+            rows[q] = r.rows;
+            losses[q] = r.loss;
             if (r.rows > 0) {
                 for (int i = 0; i < count; i++) {
-                    flags[i] |= r.flags[i];
+                    flags[q][i] = r.flags[i];
                 }
-                r = new ShardResult(r.partition, r.rows, r.loss, r.gradients, chunks.flags(partition, r.flags));
             }
-            mineFromAll.add(r);
+            inputs[q] = r.rows > 0 ? r.gradients : chunks.cut(partition, combined.gradients); // rows 0: never read
         }
-        GradientCombiner.Combined part =
-                GradientCombiner.combine(mineFromAll, chunks.dtypes(partition, dtypes), chunks.sizes(partition));
-        // Round 2: every combined chunk.
-        ShardResult combinedChunk = new ShardResult(partition, part.rows, part.loss, part.gradients, part.flags);
-        byte[][] gradients = new byte[count][];
+        ByteBuffer[] part = new ByteBuffer[chunks.pieces(partition).size()];
+        for (int j = 0; j < part.length; j++) {
+            part[j] = ByteBuffer.allocate(chunks.bytes(chunks.pieces(partition).get(j))).order(ByteOrder.LITTLE_ENDIAN);
+        }
+        GradientCombiner combiner =
+                new GradientCombiner(chunks.dtypes(partition, dtypes), chunks.parameters(partition), inputs, part);
+        for (int j = 0; j < part.length; j++) {
+            combiner.combine(j, rows, flags);
+        }
+        double loss = GradientCombiner.loss(rows, losses);
+        int total = GradientCombiner.total(rows);
         for (int i = 0; i < count; i++) {
-            gradients[i] = GradientCombiner.zeros(dtypes.get(i), sizes[i]);
+            boolean any = false;
+            for (int q = 0; q < partitions; q++) {
+                any |= rows[q] > 0 && flags[q][i];
+            }
+            combined.flags[i] = any;
         }
+        // Round 2: every combined chunk.
+        long t2 = System.nanoTime();
+        ShardResult combinedChunk = new ShardResult(partition, total, loss, part, combined.flags);
         byte[][] all = exchange("gather", new byte[][] {combinedChunk.encode()});
+        long t3 = System.nanoTime();
         for (int c = 0; c < partitions; c++) {
             ShardResult r = c == partition ? combinedChunk : ShardResult.decode(all[c]);
             if (r.rows > 0) {
-                chunks.paste(c, r.gradients, gradients);
+                chunks.paste(c, r.gradients, combined.gradients);
             }
         }
+        combined.loss = loss;
+        combined.rows = total;
         step++;
-        return new GradientCombiner.Combined(gradients, flags, part.loss, part.rows);
+        phases[1] += t1 - t0;
+        phases[2] += t2 - t1;
+        phases[3] += t3 - t2;
+        phases[4] += System.nanoTime() - t3;
+        return combined;
     }
 
     private byte[][] exchange(String round, byte[][] payloads) {
@@ -132,6 +181,11 @@ final class RelayExchange implements GradientExchange {
                 }
             }
         }
+    }
+
+    @Override
+    public long[] phaseNanos() {
+        return phases.clone();
     }
 
     @Override
