@@ -3,6 +3,7 @@ package dev.gradbridge.spark;
 import java.nio.ByteBuffer;
 import java.nio.DoubleBuffer;
 import java.nio.FloatBuffer;
+import java.util.Arrays;
 import java.util.List;
 
 /**
@@ -19,8 +20,8 @@ import java.util.List;
  * {@code gradbridge.reference.combine_shards}.
  *
  * <p>One combiner per run and exchange: it reads the partitions' gradients from, and writes the
- * combined one into, buffers the exchange allocated once (views made here once), so a step
- * allocates nothing. Each piece (a parameter or part of one, {@link Chunks}) is combined on its own,
+ * combined one into, buffers the exchange allocated once (views and arrays made here once), so a
+ * step allocates nothing. Each piece (a parameter or part of one, {@link Chunks}) is combined on its own,
  * element by element, so an exchange may combine some pieces while others are still in flight.
  */
 final class GradientCombiner {
@@ -46,6 +47,11 @@ final class GradientCombiner {
     private final DoubleBuffer[][] doublesIn;
     private final FloatBuffer[] floatsOut;
     private final DoubleBuffer[] doublesOut;
+    /** The combine's arrays: the sum so far and one partition's gradient, as long as the longest piece. */
+    private final float[] floatAcc;
+    private final float[] floatTerm;
+    private final double[] doubleAcc;
+    private final double[] doubleTerm;
 
     /**
      * @param dtypes per piece: its dtype ({@code float32} or {@code float64})
@@ -79,6 +85,19 @@ final class GradientCombiner {
                 throw noGradient(dtype);
             }
         }
+        int longestFloats = 0;
+        int longestDoubles = 0;
+        for (int j = 0; j < pieces; j++) {
+            if (floatsOut[j] != null) {
+                longestFloats = Math.max(longestFloats, lengths[j]);
+            } else {
+                longestDoubles = Math.max(longestDoubles, lengths[j]);
+            }
+        }
+        floatAcc = new float[longestFloats];
+        floatTerm = new float[longestFloats];
+        doubleAcc = new double[longestDoubles];
+        doubleTerm = new double[longestDoubles];
     }
 
     /** @return the number of pieces */
@@ -99,7 +118,9 @@ final class GradientCombiner {
     }
 
     /**
-     * Combines piece {@code j} into its output.
+     * Combines piece {@code j} into its output. The arithmetic runs on Java arrays, one bulk copy in per
+     * partition and one out (made once per combiner): a loop over arrays is what the JIT vectorizes,
+     * an element at a time through a buffer view ran ~10x slower.
      *
      * @param rows per partition: its rows of the step's batch (0: nothing to read)
      * @param flags per partition, per parameter: whether it has a gradient for it
@@ -115,41 +136,45 @@ final class GradientCombiner {
             }
             double weight = (double) rows[q] / total;
             if (floatsOut[j] != null) {
-                FloatBuffer g = floatsIn[q][j];
-                FloatBuffer out = floatsOut[j];
                 float w = (float) weight;
+                float[] acc = floatAcc;
+                float[] g = floatTerm;
+                floatsIn[q][j].get(0, g, 0, n);
                 if (first) {
                     for (int i = 0; i < n; i++) {
-                        out.put(i, g.get(i) * w);
+                        acc[i] = g[i] * w;
                     }
                 } else {
                     for (int i = 0; i < n; i++) {
-                        out.put(i, out.get(i) + g.get(i) * w);
+                        acc[i] = acc[i] + g[i] * w;
                     }
                 }
             } else {
-                DoubleBuffer g = doublesIn[q][j];
-                DoubleBuffer out = doublesOut[j];
+                double[] acc = doubleAcc;
+                double[] g = doubleTerm;
+                doublesIn[q][j].get(0, g, 0, n);
                 if (first) {
                     for (int i = 0; i < n; i++) {
-                        out.put(i, g.get(i) * weight);
+                        acc[i] = g[i] * weight;
                     }
                 } else {
                     for (int i = 0; i < n; i++) {
-                        out.put(i, out.get(i) + g.get(i) * weight);
+                        acc[i] = acc[i] + g[i] * weight;
                     }
                 }
             }
             first = false;
         }
-        if (first) { // no gradient: zeros, as a zeroed buffer holds (the buffer holds a previous step's)
-            for (int i = 0; i < n; i++) {
-                if (floatsOut[j] != null) {
-                    floatsOut[j].put(i, 0f);
-                } else {
-                    doublesOut[j].put(i, 0d);
-                }
+        if (floatsOut[j] != null) {
+            if (first) { // no gradient: zeros, as a zeroed buffer holds (the buffer holds a previous step's)
+                Arrays.fill(floatAcc, 0, n, 0f);
             }
+            floatsOut[j].put(0, floatAcc, 0, n);
+        } else {
+            if (first) {
+                Arrays.fill(doubleAcc, 0, n, 0d);
+            }
+            doublesOut[j].put(0, doubleAcc, 0, n);
         }
         return !first;
     }

@@ -1,7 +1,6 @@
 package dev.gradbridge.spark;
 
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -35,10 +34,14 @@ final class RelayExchange implements GradientExchange {
     private final String stage;
     private final int partition;
     private final int partitions;
-    private final List<String> dtypes;
     private final Chunks chunks;
     /** My gradient, one direct buffer per parameter ({@link #put}). */
     private final ByteBuffer[] own;
+    /** Per partition but mine, its pieces of my chunk, copied out of its message; mine: views of {@link #own}. */
+    private final ByteBuffer[][] mineFromAll;
+    /** My combined chunk, per piece. */
+    private final ByteBuffer[] part;
+    private final GradientCombiner combiner;
     private final GradientCombiner.Combined combined;
     private final long[] phases = new long[PHASES.length];
     private int step;
@@ -58,7 +61,6 @@ final class RelayExchange implements GradientExchange {
         this.stage = stage;
         this.partition = partition;
         this.partitions = partitions;
-        this.dtypes = dtypes;
         chunks = new Chunks(dtypes, sizes, partitions);
         own = new ByteBuffer[sizes.length];
         ByteBuffer[] gradients = new ByteBuffer[sizes.length];
@@ -68,6 +70,20 @@ final class RelayExchange implements GradientExchange {
             gradients[i] = Buffers.direct(sizes[i] * ShardedData.bytesOf(dtypes.get(i)));
         }
         combined = new GradientCombiner.Combined(gradients, new boolean[sizes.length]);
+        List<Chunks.Piece> pieces = chunks.pieces(partition);
+        mineFromAll = new ByteBuffer[partitions][];
+        for (int q = 0; q < partitions; q++) {
+            mineFromAll[q] = q == partition ? chunks.cut(partition, own) : new ByteBuffer[pieces.size()];
+            for (int j = 0; q != partition && j < pieces.size(); j++) {
+                mineFromAll[q][j] = Buffers.direct(chunks.bytes(pieces.get(j)));
+            }
+        }
+        part = new ByteBuffer[pieces.size()];
+        for (int j = 0; j < part.length; j++) {
+            part[j] = Buffers.direct(chunks.bytes(pieces.get(j)));
+        }
+        combiner = new GradientCombiner(chunks.dtypes(partition, dtypes), chunks.parameters(partition), mineFromAll,
+                part);
     }
 
     @Override
@@ -77,17 +93,20 @@ final class RelayExchange implements GradientExchange {
         phases[0] += System.nanoTime() - t0;
     }
 
-    /** Over Spark's RPC, whose messages are Java arrays: the records are encoded and decoded per step. */
+    /**
+     * Over Spark's RPC, whose messages are Java arrays: the records are encoded and decoded per step,
+     * and the received pieces copied into buffers the run's combiner reads.
+     */
     @Override
     public GradientCombiner.Combined combine(ShardResult mine) {
         int count = combined.flags.length;
         byte[][] toOwners = new byte[partitions][];
-        ShardResult own = null;
+        ShardResult mySlice = null;
         for (int c = 0; c < partitions; c++) {
             ShardResult slice = mine.rows == 0 ? mine
-                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, this.own), mine.flags);
+                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, own), mine.flags);
             if (c == partition) {
-                own = slice; // my own slice stays here: the relay gets an empty placeholder for it
+                mySlice = slice; // my own slice stays here: the relay gets an empty placeholder for it
                 toOwners[c] = NOTHING;
             } else {
                 toOwners[c] = slice.encode();
@@ -100,24 +119,19 @@ final class RelayExchange implements GradientExchange {
         int[] rows = new int[partitions];
         double[] losses = new double[partitions];
         boolean[][] flags = new boolean[partitions][count];
-        ByteBuffer[][] inputs = new ByteBuffer[partitions][];
         for (int q = 0; q < partitions; q++) {
-            ShardResult r = q == partition ? own : ShardResult.decode(slices[q]);
+            ShardResult r = q == partition ? mySlice : ShardResult.decode(slices[q]);
             rows[q] = r.rows;
             losses[q] = r.loss;
             if (r.rows > 0) {
                 for (int i = 0; i < count; i++) {
                     flags[q][i] = r.flags[i];
                 }
+                for (int j = 0; q != partition && j < part.length; j++) {
+                    mineFromAll[q][j].put(0, r.gradients[j], 0, mineFromAll[q][j].limit());
+                }
             }
-            inputs[q] = r.rows > 0 ? r.gradients : chunks.cut(partition, combined.gradients); // rows 0: never read
         }
-        ByteBuffer[] part = new ByteBuffer[chunks.pieces(partition).size()];
-        for (int j = 0; j < part.length; j++) {
-            part[j] = ByteBuffer.allocate(chunks.bytes(chunks.pieces(partition).get(j))).order(ByteOrder.LITTLE_ENDIAN);
-        }
-        GradientCombiner combiner =
-                new GradientCombiner(chunks.dtypes(partition, dtypes), chunks.parameters(partition), inputs, part);
         for (int j = 0; j < part.length; j++) {
             combiner.combine(j, rows, flags);
         }
