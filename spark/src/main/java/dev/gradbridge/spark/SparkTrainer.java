@@ -123,6 +123,11 @@ public final class SparkTrainer {
         public long stepNanos;
         /** Per step the slowest task's compute (its rows' forward and backward), summed, ns. */
         public long computeNanos;
+        /**
+         * Per step the slowest task's compute minus the fastest's, summed, ns: what the fastest waits for
+         * in the exchange's first collective (the tasks start each step together, after the last one's).
+         */
+        public long computeSpreadNanos;
         /** The slowest task's time in the gradient exchange, all steps, ns. */
         public long exchangeNanos;
         /**
@@ -164,13 +169,13 @@ public final class SparkTrainer {
         public String toJson() {
             return String.format(
                     Locale.ROOT,
-                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"exchange_s\": %.6f,"
+                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"compute_spread_s\": %.6f, \"exchange_s\": %.6f,"
                             + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"epoch_end_s\": %.6f, \"load_s\": %.6f,"
                             + " \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
                             + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
                             + " \"one_round_bytes\": %d, \"executors\": %s, \"exchange_phases_s\": %s}",
-                    steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
+                    steps, stepNanos / 1e9, computeNanos / 1e9, computeSpreadNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
                     stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
                     failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, executorsJson(), phasesJson());
         }
@@ -405,12 +410,15 @@ public final class SparkTrainer {
         }
         for (int s = 0; s < steps; s++) {
             long compute = 0;
+            long fastest = Long.MAX_VALUE;
             long step = 0;
             for (TrainingTask.Result r : results) {
                 compute = Math.max(compute, r.computeNanos[s]);
+                fastest = Math.min(fastest, r.computeNanos[s]);
                 step = Math.max(step, r.stepNanos[s]);
             }
             stats.computeNanos += compute;
+            stats.computeSpreadNanos += compute - fastest;
             stats.stepNanos += step;
         }
         stats.steps += steps;
