@@ -71,7 +71,7 @@ def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dic
     out = {"case": case.name, "parameters": sum(p.numel() for p in model.parameters()), "batch": case.batch,
            "samples": samples, "epochs": epochs, "steps_per_epoch": steps_per_epoch}
     samples_of = {label: {"rates": [], "step": [], "compute": [], "overhead": [], "exchange": [], "optimizer": [],
-                          "loads": [_load_average()], "runs": []} for label, _, _ in RUNS}
+                          "spread": [], "phases": [], "loads": [_load_average()], "runs": []} for label, _, _ in RUNS}
     # rounds outermost: a change of the machine's load between rounds hits every configuration alike
     for _ in range(rounds):
         for label, k, exchange in RUNS:
@@ -88,6 +88,10 @@ def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dic
             got["overhead"].append(1e3 * (s["step_s"] - s["compute_s"]) / s["steps"])
             got["exchange"].append(1e3 * s["exchange_s"] / s["steps"])
             got["optimizer"].append(1e3 * s["optimizer_s"] / s["steps"])
+            got["spread"].append(1e3 * s["compute_spread_s"] / s["steps"])
+            # per phase of the exchange, per partition: ms per step
+            got["phases"].append({phase: [1e3 * t / s["steps"] for t in per_partition]
+                                  for phase, per_partition in s.get("exchange_phases_s", {}).items()})
             got["runs"].append(s)
     for label, _, _ in RUNS:
         got = samples_of[label]
@@ -99,7 +103,14 @@ def _run_case(case, samples: int, epochs: int, folder: Path, rounds: int) -> dic
             "per_step_ms": {"step": _spread(got["step"]), "compute_slowest_task": _spread(got["compute"]),
                             "overhead": _spread(got["overhead"]),
                             # the slowest task's, so they include waiting for the slowest compute
-                            "exchange": _spread(got["exchange"]), "optimizer": _spread(got["optimizer"])},
+                            "exchange": _spread(got["exchange"]), "optimizer": _spread(got["optimizer"]),
+                            # the slowest task's compute minus the fastest's: the fastest one's wait in the exchange
+                            "compute_spread": _spread(got["spread"])},
+            # inside the exchange, per phase (GradientExchange.PHASES), per partition: median over rounds; a
+            # collective's time includes waiting for the slower task, so the smaller partition's is the collective's own
+            "exchange_phases_ms": {phase: [statistics.median(r[phase][q] for r in got["phases"])
+                                           for q in range(len(got["phases"][0][phase]))]
+                                   for phase in (got["phases"][0] if got["phases"] else {})},
             # one barrier stage per run: its start (launch, meeting, module loads) once, and partition
             # 0's epoch ends on its step path (the snapshot; the archive is saved off it)
             "run_stage_s": s["stage_s"],
@@ -216,6 +227,13 @@ def _table(results: list) -> str:
                          f"{_fmt(ms['step'], 2)} | {_fmt(ms['compute_slowest_task'], 2)} | {_fmt(ms['overhead'], 2)} | "
                          f"{_fmt(ms['exchange'], 2)} | {_fmt(ms['optimizer'], 2)} | "
                          f"{s['bytes_per_task_per_step']['sent']:,} | {s['bytes_per_task_per_step']['received']:,} |")
+        lines.append("")
+        for label, k, _ in RUNS:
+            phases = r[label].get("exchange_phases_ms", {})
+            if k > 1 and phases:
+                lines.append(f"{label} exchange per step, ms (partition 0 / 1 / ...): " + ", ".join(
+                    f"{phase} {' / '.join(f'{v:.2f}' for v in values)}" for phase, values in phases.items())
+                    + f"; compute spread (slowest minus fastest task) {_fmt(r[label]['per_step_ms']['compute_spread'], 2)}")
         m = r["model"]
         lines.append("")
         lines.append(f"K=2 over K=1: {r['speedup_K2_over_K1']:.2f}x with Gloo, {r['speedup_K2_relay_over_K1']:.2f}x "

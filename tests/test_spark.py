@@ -128,21 +128,27 @@ def test_resume_on_parquet_after_an_executor_loss_equals_the_replay(work, tmp_pa
     assert stats["stages_retried"] >= 1 and stats["failed_tasks"] >= 1, stats
 
 
+def _gloo_header(parameters) -> int:
+    """A Gloo record's header: rows (int), loss (double), one flag per parameter, padded to 8 bytes."""
+    return -(-(4 + 8 + len(parameters)) // 8) * 8
+
+
 def gloo_bytes_per_step(parameters, k: int) -> int:
     """What the busiest task sends per step over Gloo (GlooExchange): to each other owner c a record
-    (rows, loss, one flag per parameter, chunk c of the float32 gradient), then (K-1) padded chunks
-    around the all-gather's ring."""
+    (the header, chunk c of the float32 gradient: ceil(E/K) elements, the last chunk the rest), then
+    (K-1) padded chunks around the all-gather's ring."""
     total = sum(int(np.prod(p.shape)) for p in parameters)
-    chunk = [4 * (total * (c + 1) // k - total * c // k) for c in range(k)]
-    record = [4 + 8 + len(parameters) + b for b in chunk]
+    each = -(-total // k)
+    chunk = [4 * (min(total, each * (c + 1)) - min(total, each * c)) for c in range(k)]
+    record = [_gloo_header(parameters) + b for b in chunk]
     return max(sum(record) - record[me] + (k - 1) * max(chunk) for me in range(k))
 
 
 def gloo_one_round_bytes_per_step(parameters, k: int) -> int:
     """What a task sends per step over Gloo in one round ((K-1) times the gradient at most oneRoundBytes):
-    its whole record (rows, loss, one flag per parameter, the float32 gradient) to the (K-1) others."""
+    its whole record (the header, the float32 gradient) to the (K-1) others."""
     total = sum(int(np.prod(p.shape)) for p in parameters)
-    return (k - 1) * (4 + 8 + len(parameters) + 4 * total)
+    return (k - 1) * (_gloo_header(parameters) + 4 * total)
 
 
 def test_adam_k2_in_order_equals_the_replay(work, tmp_path):

@@ -1,13 +1,17 @@
 package dev.gradbridge.spark;
 
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
 
 /**
- * The gradient cut into K chunks of about equal element counts, over the parameters laid end to
- * end in protocol order: chunk c holds elements [E*c/K, E*(c+1)/K) of the E in all, as pieces
- * (a parameter and an element range of it). The combine is element by element, so combining
- * each chunk's pieces apart gives the same bits as combining whole parameters.
+ * The gradient cut into K chunks over the parameters laid end to end in protocol order: with E
+ * elements in all and {@code L = ceil(E/K)}, chunk c holds elements {@code [min(E, L*c), min(E,
+ * L*(c+1)))}, as pieces (a parameter and an element range of it). Every chunk but the last has L
+ * elements, so when every parameter has one dtype the chunks laid end to end, each padded to the
+ * longest, are the whole gradient laid end to end (the Gloo exchange's all-gather output is then the
+ * combined gradient itself, no copy out). The combine is element by element, so combining each
+ * chunk's pieces apart gives the same bits as combining whole parameters, wherever the cuts fall.
  */
 final class Chunks {
 
@@ -34,9 +38,10 @@ final class Chunks {
             elementBytes[i] = ShardedData.bytesOf(dtypes.get(i));
             total += sizes[i];
         }
+        long each = (total + k - 1) / k;
         for (int c = 0; c < k; c++) {
-            long from = total * c / k;
-            long to = total * (c + 1) / k;
+            long from = Math.min(total, each * c);
+            long to = Math.min(total, each * (c + 1));
             List<Piece> pieces = new ArrayList<>();
             long offset = 0;
             for (int i = 0; i < sizes.length; i++) {
@@ -49,6 +54,10 @@ final class Chunks {
             }
             chunks.add(pieces);
         }
+    }
+
+    int count() {
+        return chunks.size();
     }
 
     List<Piece> pieces(int chunk) {
@@ -65,24 +74,32 @@ final class Chunks {
         return piece.length * elementBytes[piece.parameter];
     }
 
-    /** @return the bytes of each piece of {@code chunk}, cut from whole-parameter gradients */
-    byte[][] cut(int chunk, byte[][] gradients) {
+    /** @return the bytes of {@code chunk}'s pieces together */
+    long bytes(int chunk) {
+        long out = 0;
+        for (Piece piece : pieces(chunk)) {
+            out += bytes(piece);
+        }
+        return out;
+    }
+
+    /** @return views of the pieces of {@code chunk} in whole-parameter gradients (no copy) */
+    ByteBuffer[] cut(int chunk, ByteBuffer[] gradients) {
         List<Piece> pieces = pieces(chunk);
-        byte[][] out = new byte[pieces.size()][];
+        ByteBuffer[] out = new ByteBuffer[pieces.size()];
         for (int j = 0; j < out.length; j++) {
             Piece piece = pieces.get(j);
-            out[j] = new byte[bytes(piece)];
-            System.arraycopy(gradients[piece.parameter], offset(piece), out[j], 0, out[j].length);
+            out[j] = Buffers.view(gradients[piece.parameter], offset(piece), bytes(piece));
         }
         return out;
     }
 
     /** Copies the pieces of {@code chunk} into whole-parameter gradients. */
-    void paste(int chunk, byte[][] pieceBytes, byte[][] gradients) {
+    void paste(int chunk, ByteBuffer[] pieceBytes, ByteBuffer[] gradients) {
         List<Piece> pieces = pieces(chunk);
         for (int j = 0; j < pieceBytes.length; j++) {
             Piece piece = pieces.get(j);
-            System.arraycopy(pieceBytes[j], 0, gradients[piece.parameter], offset(piece), pieceBytes[j].length);
+            gradients[piece.parameter].put(offset(piece), pieceBytes[j], 0, bytes(piece));
         }
     }
 
@@ -95,22 +112,12 @@ final class Chunks {
         return out;
     }
 
-    /** @return per piece of {@code chunk}: its element count */
-    long[] sizes(int chunk) {
+    /** @return per piece of {@code chunk}: its parameter's index */
+    int[] parameters(int chunk) {
         List<Piece> pieces = pieces(chunk);
-        long[] out = new long[pieces.size()];
+        int[] out = new int[pieces.size()];
         for (int j = 0; j < out.length; j++) {
-            out[j] = pieces.get(j).length;
-        }
-        return out;
-    }
-
-    /** @return per piece of {@code chunk}: its parameter's flag */
-    boolean[] flags(int chunk, boolean[] flags) {
-        List<Piece> pieces = pieces(chunk);
-        boolean[] out = new boolean[pieces.size()];
-        for (int j = 0; j < out.length; j++) {
-            out[j] = flags[pieces.get(j).parameter];
+            out[j] = pieces.get(j).parameter;
         }
         return out;
     }

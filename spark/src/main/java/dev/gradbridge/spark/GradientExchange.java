@@ -1,6 +1,6 @@
 package dev.gradbridge.spark;
 
-import java.util.List;
+import java.nio.ByteBuffer;
 
 /**
  * How the training tasks of one barrier stage combine their gradients each step, among
@@ -15,6 +15,10 @@ import java.util.List;
  * for one partition. The Spark setting {@value #SETTING} picks one; over Gloo, a gradient of which
  * each task would receive at most {@value #ONE_ROUND_SETTING} bytes ((K-1) P) goes in one all-gather
  * of whole records instead (the same bits).
+ *
+ * <p>An exchange is made for one run's parameters (dtypes and sizes): it sizes its direct buffers
+ * once, each step's gradient is copied straight from libtorch's tensors into them ({@link #put}),
+ * and the combined gradient it returns lies in its own buffers, which the optimizer reads in place.
  */
 interface GradientExchange extends AutoCloseable {
 
@@ -34,13 +38,29 @@ interface GradientExchange extends AutoCloseable {
     /** Through an endpoint on the driver, over Spark's RPC. */
     String RELAY = "relay";
 
+    /** What {@link #phaseNanos} times, in its order. */
+    String[] PHASES = {"copy_in", "alltoall", "combine", "allgather", "copy_out"};
+
     /**
-     * @param mine this task's contribution to the step
-     * @param dtypes each parameter's dtype
-     * @param sizes each parameter's number of elements
-     * @return the step's combined gradient and loss, the same on every task
+     * Copies this step's gradient of one parameter to where the exchange sends it from (every
+     * parameter once per step, before {@link #combine}; a task without rows puts nothing).
+     *
+     * @param parameter its index in protocol order
+     * @param values its bytes from index 0, little-endian (libtorch's tensor memory: read now, not kept)
      */
-    GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes);
+    void put(int parameter, ByteBuffer values);
+
+    /**
+     * @param mine this task's rows, loss and flags for the step (its gradient {@link #put} before)
+     * @return the step's combined gradient and loss, the same on every task, in this exchange's
+     *     buffers: valid until the next step's {@link #put}
+     */
+    GradientCombiner.Combined combine(ShardResult mine);
+
+    /** @return per {@link #PHASES} entry, this task's time in it so far, ns (zeros where an exchange has none) */
+    default long[] phaseNanos() {
+        return new long[PHASES.length];
+    }
 
     /** @return bytes this task sent so far */
     long bytesSent();

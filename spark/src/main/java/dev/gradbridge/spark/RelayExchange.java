@@ -1,6 +1,6 @@
 package dev.gradbridge.spark;
 
-import java.util.ArrayList;
+import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -34,7 +34,16 @@ final class RelayExchange implements GradientExchange {
     private final String stage;
     private final int partition;
     private final int partitions;
-    private Chunks chunks;
+    private final Chunks chunks;
+    /** My gradient, one direct buffer per parameter ({@link #put}). */
+    private final ByteBuffer[] own;
+    /** Per partition but mine, its pieces of my chunk, copied out of its message; mine: views of {@link #own}. */
+    private final ByteBuffer[][] mineFromAll;
+    /** My combined chunk, per piece. */
+    private final ByteBuffer[] part;
+    private final GradientCombiner combiner;
+    private final GradientCombiner.Combined combined;
+    private final long[] phases = new long[PHASES.length];
     private int step;
     private long sent;
     private long received;
@@ -43,63 +52,117 @@ final class RelayExchange implements GradientExchange {
      * @param relayName the driver's relay endpoint
      * @param secret the secret the stage carried ({@link DriverEndpoint.Caller})
      * @param stage names the stage attempt (rounds of different attempts never mix)
+     * @param dtypes each parameter's dtype
+     * @param sizes each parameter's number of elements
      */
-    RelayExchange(String relayName, byte[] secret, String stage, int partition, int partitions) {
+    RelayExchange(String relayName, byte[] secret, String stage, int partition, int partitions, List<String> dtypes,
+            long[] sizes) {
         this.relay = new DriverEndpoint.Caller(relayName, secret);
         this.stage = stage;
         this.partition = partition;
         this.partitions = partitions;
+        chunks = new Chunks(dtypes, sizes, partitions);
+        own = new ByteBuffer[sizes.length];
+        ByteBuffer[] gradients = new ByteBuffer[sizes.length];
+        for (int i = 0; i < sizes.length; i++) {
+            GradientCombiner.requireFloating(dtypes.get(i));
+            own[i] = Buffers.direct(sizes[i] * ShardedData.bytesOf(dtypes.get(i)));
+            gradients[i] = Buffers.direct(sizes[i] * ShardedData.bytesOf(dtypes.get(i)));
+        }
+        combined = new GradientCombiner.Combined(gradients, new boolean[sizes.length]);
+        List<Chunks.Piece> pieces = chunks.pieces(partition);
+        mineFromAll = new ByteBuffer[partitions][];
+        for (int q = 0; q < partitions; q++) {
+            mineFromAll[q] = q == partition ? chunks.cut(partition, own) : new ByteBuffer[pieces.size()];
+            for (int j = 0; q != partition && j < pieces.size(); j++) {
+                mineFromAll[q][j] = Buffers.direct(chunks.bytes(pieces.get(j)));
+            }
+        }
+        part = new ByteBuffer[pieces.size()];
+        for (int j = 0; j < part.length; j++) {
+            part[j] = Buffers.direct(chunks.bytes(pieces.get(j)));
+        }
+        combiner = new GradientCombiner(chunks.dtypes(partition, dtypes), chunks.parameters(partition), mineFromAll,
+                part);
     }
 
     @Override
-    public GradientCombiner.Combined combine(ShardResult mine, List<String> dtypes, long[] sizes) {
-        if (chunks == null) {
-            chunks = new Chunks(dtypes, sizes, partitions);
-        }
-        int count = dtypes.size();
+    public void put(int parameter, ByteBuffer values) {
+        long t0 = System.nanoTime();
+        own[parameter].put(0, values, 0, own[parameter].limit());
+        phases[0] += System.nanoTime() - t0;
+    }
+
+    /**
+     * Over Spark's RPC, whose messages are Java arrays: the records are encoded and decoded per step,
+     * and the received pieces copied into buffers the run's combiner reads.
+     */
+    @Override
+    public GradientCombiner.Combined combine(ShardResult mine) {
+        int count = combined.flags.length;
         byte[][] toOwners = new byte[partitions][];
-        ShardResult own = null;
+        ShardResult mySlice = null;
         for (int c = 0; c < partitions; c++) {
             ShardResult slice = mine.rows == 0 ? mine
-                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, mine.gradients), mine.flags);
+                    : new ShardResult(mine.partition, mine.rows, mine.loss, chunks.cut(c, own), mine.flags);
             if (c == partition) {
-                own = slice; // my own slice stays here: the relay gets an empty placeholder for it
+                mySlice = slice; // my own slice stays here: the relay gets an empty placeholder for it
                 toOwners[c] = NOTHING;
             } else {
                 toOwners[c] = slice.encode();
             }
         }
         // Round 1: every partition's slice of my chunk, in partition order.
-        List<ShardResult> mineFromAll = new ArrayList<>();
-        boolean[] flags = new boolean[count];
+        long t0 = System.nanoTime();
         byte[][] slices = exchange("scatter", toOwners);
+        long t1 = System.nanoTime();
+        int[] rows = new int[partitions];
+        double[] losses = new double[partitions];
+        boolean[][] flags = new boolean[partitions][count];
         for (int q = 0; q < partitions; q++) {
-            ShardResult r = q == partition ? own : ShardResult.decode(slices[q]);
+            ShardResult r = q == partition ? mySlice : ShardResult.decode(slices[q]);
+            rows[q] = r.rows;
+            losses[q] = r.loss;
             if (r.rows > 0) {
                 for (int i = 0; i < count; i++) {
-                    flags[i] |= r.flags[i];
+                    flags[q][i] = r.flags[i];
                 }
-                r = new ShardResult(r.partition, r.rows, r.loss, r.gradients, chunks.flags(partition, r.flags));
+                for (int j = 0; q != partition && j < part.length; j++) {
+                    mineFromAll[q][j].put(0, r.gradients[j], 0, mineFromAll[q][j].limit());
+                }
             }
-            mineFromAll.add(r);
         }
-        GradientCombiner.Combined part =
-                GradientCombiner.combine(mineFromAll, chunks.dtypes(partition, dtypes), chunks.sizes(partition));
-        // Round 2: every combined chunk.
-        ShardResult combinedChunk = new ShardResult(partition, part.rows, part.loss, part.gradients, part.flags);
-        byte[][] gradients = new byte[count][];
+        for (int j = 0; j < part.length; j++) {
+            combiner.combine(j, rows, flags);
+        }
+        double loss = GradientCombiner.loss(rows, losses);
+        int total = GradientCombiner.total(rows);
         for (int i = 0; i < count; i++) {
-            gradients[i] = GradientCombiner.zeros(dtypes.get(i), sizes[i]);
+            boolean any = false;
+            for (int q = 0; q < partitions; q++) {
+                any |= rows[q] > 0 && flags[q][i];
+            }
+            combined.flags[i] = any;
         }
+        // Round 2: every combined chunk.
+        long t2 = System.nanoTime();
+        ShardResult combinedChunk = new ShardResult(partition, total, loss, part, combined.flags);
         byte[][] all = exchange("gather", new byte[][] {combinedChunk.encode()});
+        long t3 = System.nanoTime();
         for (int c = 0; c < partitions; c++) {
             ShardResult r = c == partition ? combinedChunk : ShardResult.decode(all[c]);
             if (r.rows > 0) {
-                chunks.paste(c, r.gradients, gradients);
+                chunks.paste(c, r.gradients, combined.gradients);
             }
         }
+        combined.loss = loss;
+        combined.rows = total;
         step++;
-        return new GradientCombiner.Combined(gradients, flags, part.loss, part.rows);
+        phases[1] += t1 - t0;
+        phases[2] += t2 - t1;
+        phases[3] += t3 - t2;
+        phases[4] += System.nanoTime() - t3;
+        return combined;
     }
 
     private byte[][] exchange(String round, byte[][] payloads) {
@@ -132,6 +195,11 @@ final class RelayExchange implements GradientExchange {
                 }
             }
         }
+    }
+
+    @Override
+    public long[] phaseNanos() {
+        return phases.clone();
     }
 
     @Override

@@ -20,19 +20,27 @@ import java.util.Map;
  * One training task's copy of the module, for the run's barrier stage: loaded from the state the
  * driver holds (a module archive: parameters, optimizer state, learning rate) and stepped by the
  * task; at each epoch's end partition 0 snapshots it for the driver. Every tensor the Spark trainer
- * touches goes through here: gradients out as raw little-endian bytes, the combined gradient in.
+ * touches goes through here: gradients out as raw little-endian bytes straight into the exchange's
+ * buffers, the combined gradient in as tensors over the exchange's buffers (no copy on the way in:
+ * {@code set_gradients} clones what it is given).
  */
 final class Replica implements AutoCloseable {
 
     private final TrainingModule module;
     private final Metadata metadata;
-    /** The gradients' arrays, one per parameter, reused by every {@link #gradients} call. */
-    private final byte[][] reused;
+    /** Which parameters got a gradient, reused by every {@link #gradients} call. */
+    private final boolean[] flags;
+    /** The combined gradient's tensors over the buffers last given to {@link #step}, and those buffers. */
+    private List<Tensor> combinedTensors;
+    private ByteBuffer[] combinedBuffers;
+    /** The combined flags' tensor over {@link #combinedFlags}. */
+    private Tensor flagsTensor;
+    private ByteBuffer combinedFlags;
 
     private Replica(TrainingModule module) {
         this.module = module;
         this.metadata = module.getMetadata();
-        this.reused = new byte[metadata.getParameters().size()][];
+        this.flags = new boolean[metadata.getParameters().size()];
     }
 
     /** Loads a module archive (the bytes of a .pt) through a temporary file. */
@@ -51,13 +59,11 @@ final class Replica implements AutoCloseable {
 
     /**
      * The gradients of the mean loss over {@code count} rows ({@code columns}: the bytes of each input in
-     * the metadata's order, then y's, in the metadata's dtypes), from zeroed gradients. Their arrays are
-     * this replica's, overwritten by the next call (a step's megabytes are not garbage every step): the
-     * exchange reads them before.
+     * the metadata's order, then y's, in the metadata's dtypes, from index 0), from zeroed gradients,
+     * copied into {@code exchange} ({@link GradientExchange#put}). The result's flags array is this
+     * replica's, overwritten by the next call.
      */
-    ShardResult gradients(int partition, byte[][] columns, int count) {
-        byte[][] gradients = new byte[metadata.getParameters().size()][];
-        boolean[] flags;
+    ShardResult gradients(int partition, byte[][] columns, int count, GradientExchange exchange) {
         double loss;
         try (TensorScope scope = new TensorScope()) {
             module.zeroGrad();
@@ -71,31 +77,49 @@ final class Replica implements AutoCloseable {
             List<?> grads = (List<?>) module.call(Protocol.GET_GRADIENTS);
             for (int p = 0; p < grads.size(); p++) {
                 try (Tensor g = (Tensor) grads.get(p)) {
-                    ByteBuffer values = g.buffer();
-                    if (reused[p] == null || reused[p].length != values.remaining()) {
-                        reused[p] = new byte[values.remaining()];
-                    }
-                    values.get(reused[p]);
-                    gradients[p] = reused[p];
+                    exchange.put(p, g.buffer());
                 }
             }
             try (Tensor f = (Tensor) module.call(Protocol.GRADIENT_FLAGS)) {
-                flags = f.toBooleanArray();
+                ByteBuffer values = f.buffer();
+                for (int p = 0; p < flags.length; p++) {
+                    flags[p] = values.get(p) != 0;
+                }
             }
         }
-        return new ShardResult(partition, count, loss, gradients, flags);
+        return new ShardResult(partition, count, loss, null, flags);
     }
 
-    /** Sets the step's combined gradient and runs the exported optimizer once. */
+    /**
+     * Sets the step's combined gradient and runs the exported optimizer once. The tensors over the
+     * combined buffers are made once (an exchange returns the same buffers every step) and closed
+     * with the replica.
+     */
     void step(GradientCombiner.Combined combined) {
-        try (TensorScope scope = new TensorScope()) {
-            List<Tensor> gradients = new ArrayList<>();
+        if (combinedBuffers != combined.gradients) {
+            closeCombined();
+            combinedTensors = new ArrayList<>();
             for (int i = 0; i < combined.gradients.length; i++) {
                 Metadata.TensorSpec spec = metadata.getParameters().get(i);
-                gradients.add(create(scope, combined.gradients[i], spec.getShape(), spec.getDtype()));
+                combinedTensors.add(Tensor.fromBuffer(combined.gradients[i], DType.of(spec.getDtype()), spec.getShape()));
             }
-            module.call(Protocol.SET_GRADIENTS, gradients, scope.add(Tensor.of(combined.flags, combined.flags.length)));
-            module.call(Protocol.OPTIMIZER_STEP);
+            combinedFlags = ByteBuffer.allocateDirect(Math.max(1, combined.flags.length));
+            flagsTensor = Tensor.fromBuffer(combinedFlags, DType.BOOL, combined.flags.length);
+            combinedBuffers = combined.gradients;
+        }
+        for (int i = 0; i < combined.flags.length; i++) {
+            combinedFlags.put(i, (byte) (combined.flags[i] ? 1 : 0));
+        }
+        module.call(Protocol.SET_GRADIENTS, combinedTensors, flagsTensor);
+        module.call(Protocol.OPTIMIZER_STEP);
+    }
+
+    private void closeCombined() {
+        if (combinedTensors != null) {
+            for (Tensor t : combinedTensors) {
+                t.close();
+            }
+            flagsTensor.close();
         }
     }
 
@@ -111,18 +135,18 @@ final class Replica implements AutoCloseable {
 
     @Override
     public void close() {
+        closeCombined();
         module.close();
     }
 
-    /** {@code count} rows of {@code spec}'s tensor, filled with {@code bytes}. */
+    /**
+     * {@code count} rows of {@code spec}'s tensor, in libtorch's memory (no Java direct buffer to free per
+     * step), filled with the first bytes of {@code bytes}.
+     */
     private static Tensor create(TensorScope scope, byte[] bytes, int count, Metadata.TensorSpec spec) {
-        return create(scope, bytes, rowsShape(spec.getShape(), count), spec.getDtype());
-    }
-
-    /** A tensor in libtorch's memory, filled with {@code bytes} (no Java direct buffer to free per step). */
-    private static Tensor create(TensorScope scope, byte[] bytes, long[] shape, String dtype) {
-        Tensor tensor = scope.add(Tensor.empty(DType.of(dtype), shape));
-        tensor.buffer().put(bytes);
+        Tensor tensor = scope.add(Tensor.empty(DType.of(spec.getDtype()), rowsShape(spec.getShape(), count)));
+        ByteBuffer values = tensor.buffer();
+        values.put(bytes, 0, values.remaining());
         return tensor;
     }
 

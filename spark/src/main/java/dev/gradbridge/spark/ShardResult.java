@@ -5,21 +5,23 @@ import java.io.DataInputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 
 /**
  * What one partition contributes to one step: how many rows of the global mini-batch it held,
- * the mean loss over them, and the gradients of that mean loss (raw little-endian bytes, one array
- * per parameter in {@code parameter_names()} order) with the flags saying which parameters got one.
+ * the mean loss over them, and the gradients of that mean loss (raw little-endian bytes, one buffer
+ * per parameter or piece of one) with the flags saying which parameters got one. A task's own result
+ * carries no gradients: they are in its exchange's buffers already ({@link GradientExchange#put}).
  */
 final class ShardResult {
 
     final int partition;
     final int rows;
     final double loss;
-    final byte[][] gradients;
+    final ByteBuffer[] gradients;
     final boolean[] flags;
 
-    ShardResult(int partition, int rows, double loss, byte[][] gradients, boolean[] flags) {
+    ShardResult(int partition, int rows, double loss, ByteBuffer[] gradients, boolean[] flags) {
         this.partition = partition;
         this.rows = rows;
         this.loss = loss;
@@ -49,8 +51,10 @@ final class ShardResult {
                 out.put((byte) (flag ? 1 : 0));
             }
             out.putInt(gradients.length);
-            for (byte[] gradient : gradients) {
-                out.putInt(gradient.length).put(gradient);
+            for (ByteBuffer gradient : gradients) {
+                int length = gradient.remaining();
+                out.putInt(length).put(out.position(), gradient, gradient.position(), length);
+                out.position(out.position() + length);
             }
         }
         return out.array();
@@ -68,10 +72,11 @@ final class ShardResult {
             for (int i = 0; i < flags.length; i++) {
                 flags[i] = in.readBoolean();
             }
-            byte[][] gradients = new byte[in.readInt()][];
+            ByteBuffer[] gradients = new ByteBuffer[in.readInt()];
             for (int i = 0; i < gradients.length; i++) {
-                gradients[i] = new byte[in.readInt()];
-                in.readFully(gradients[i]);
+                byte[] bytes = new byte[in.readInt()];
+                in.readFully(bytes);
+                gradients[i] = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
             }
             return new ShardResult(partition, rows, loss, gradients, flags);
         } catch (IOException e) {
@@ -82,8 +87,8 @@ final class ShardResult {
     int gradientBytes() {
         int total = 0;
         if (gradients != null) {
-            for (byte[] g : gradients) {
-                total += g.length;
+            for (ByteBuffer g : gradients) {
+                total += g.remaining();
             }
         }
         return total;

@@ -123,8 +123,19 @@ public final class SparkTrainer {
         public long stepNanos;
         /** Per step the slowest task's compute (its rows' forward and backward), summed, ns. */
         public long computeNanos;
+        /**
+         * Per step the slowest task's compute minus the fastest's, summed, ns: what the fastest waits for
+         * in the exchange's first collective (the tasks start each step together, after the last one's).
+         */
+        public long computeSpreadNanos;
         /** The slowest task's time in the gradient exchange, all steps, ns. */
         public long exchangeNanos;
+        /**
+         * Per partition, per {@link GradientExchange#PHASES} entry ({@code copy_in}: the gradients into the
+         * exchange's buffers; {@code alltoall}, {@code allgather}: the collectives, a task's wait for a slower
+         * one inside; {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
+         */
+        public final List<long[]> exchangePhaseNanos = new ArrayList<>();
         /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
         public long optimizerNanos;
         /** The driver's time in the run's barrier stage (launch, module loads, steps, epoch ends, results), ns. */
@@ -158,15 +169,28 @@ public final class SparkTrainer {
         public String toJson() {
             return String.format(
                     Locale.ROOT,
-                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"exchange_s\": %.6f,"
+                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"compute_spread_s\": %.6f, \"exchange_s\": %.6f,"
                             + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"epoch_end_s\": %.6f, \"load_s\": %.6f,"
                             + " \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
                             + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
-                            + " \"one_round_bytes\": %d, \"executors\": %s}",
-                    steps, stepNanos / 1e9, computeNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
+                            + " \"one_round_bytes\": %d, \"executors\": %s, \"exchange_phases_s\": %s}",
+                    steps, stepNanos / 1e9, computeNanos / 1e9, computeSpreadNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
                     stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
-                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, executorsJson());
+                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, executorsJson(), phasesJson());
+        }
+
+        /** @return per phase, each partition's seconds in it: {"copy_in": [p0, p1, ...], ...} */
+        private String phasesJson() {
+            List<String> phases = new ArrayList<>();
+            for (int f = 0; f < GradientExchange.PHASES.length; f++) {
+                List<String> seconds = new ArrayList<>();
+                for (long[] partition : exchangePhaseNanos) {
+                    seconds.add(String.format(Locale.ROOT, "%.6f", partition[f] / 1e9));
+                }
+                phases.add("\"" + GradientExchange.PHASES[f] + "\": [" + String.join(", ", seconds) + "]");
+            }
+            return "{" + String.join(", ", phases) + "}";
         }
 
         private String executorsJson() {
@@ -386,18 +410,29 @@ public final class SparkTrainer {
         }
         for (int s = 0; s < steps; s++) {
             long compute = 0;
+            long fastest = Long.MAX_VALUE;
             long step = 0;
             for (TrainingTask.Result r : results) {
                 compute = Math.max(compute, r.computeNanos[s]);
+                fastest = Math.min(fastest, r.computeNanos[s]);
                 step = Math.max(step, r.stepNanos[s]);
             }
             stats.computeNanos += compute;
+            stats.computeSpreadNanos += compute - fastest;
             stats.stepNanos += step;
         }
         stats.steps += steps;
         stats.loadNanos += load;
         stats.epochEndNanos += results.get(0).endNanos;
         stats.exchangeNanos += exchange;
+        for (TrainingTask.Result r : results) {
+            while (stats.exchangePhaseNanos.size() <= r.partition) {
+                stats.exchangePhaseNanos.add(new long[GradientExchange.PHASES.length]);
+            }
+            for (int f = 0; f < r.exchangePhaseNanos.length; f++) {
+                stats.exchangePhaseNanos.get(r.partition)[f] += r.exchangePhaseNanos[f];
+            }
+        }
         stats.optimizerNanos += optimizer;
         stats.bytesSent += sent;
         stats.bytesReceived += received;

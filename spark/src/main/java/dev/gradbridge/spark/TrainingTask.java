@@ -148,6 +148,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         /** Per step of the attempt: the whole step, compute to optimizer step. */
         long[] stepNanos;
         long exchangeNanos;
+        /** Per {@link GradientExchange#PHASES} entry: this task's time in it, all steps. */
+        long[] exchangePhaseNanos;
         long optimizerNanos;
         /**
          * Partition 0: its epoch ends' time on the step path (the snapshot, and waiting for the previous
@@ -193,13 +195,14 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
 
     private GradientExchange exchange(BarrierTaskContext context, Shard shard) {
         if (shard.partitions == 1) {
-            return new SoloExchange();
+            return new SoloExchange(run.dtypes, run.sizes);
         }
         if (GradientExchange.RELAY.equals(run.exchange)) {
             return new RelayExchange(run.meeting, run.secret, context.stageId() + "." + context.stageAttemptNumber(),
-                    shard.partition, shard.partitions);
+                    shard.partition, shard.partitions, run.dtypes, run.sizes);
         }
-        return GlooExchange.join(context, run.meeting, run.secret, shard.partition, shard.partitions, run.oneRoundBytes);
+        return GlooExchange.join(context, run.meeting, run.secret, shard.partition, shard.partitions, run.oneRoundBytes,
+                run.dtypes, run.sizes);
     }
 
     private Iterator<Result> train(Shard shard, BarrierTaskContext context, GradientExchange exchange,
@@ -218,6 +221,11 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         Future<Object> handover = null; // partition 0's last epoch end, on its way to the driver
         ExecutorService ender = shard.partition == 0 ? Executors.newSingleThreadExecutor(TrainingTask::endThread) : null;
         long loading = System.nanoTime();
+        // the batch's rows of this partition, reused every step (a step's inputs are not garbage every step)
+        byte[][] columns = new byte[shard.columns.length][];
+        for (int c = 0; c < columns.length; c++) {
+            columns[c] = new byte[Math.toIntExact((long) Math.min(run.batch, shard.rows) * shard.rowBytes[c])];
+        }
         try (Replica replica = Replica.load(archive)) {
             result.loadNanos = System.nanoTime() - loading;
             for (int epoch = firstEpoch; epoch < run.endEpoch; epoch++) {
@@ -228,10 +236,10 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 for (int start = 0; start < run.rows; step++, start += run.batch) {
                     long t0 = System.nanoTime();
                     int end = (int) Math.min(run.rows, (long) start + run.batch);
-                    ShardResult mine = slice(shard, order, start, end, replica);
+                    ShardResult mine = slice(shard, order, start, end, replica, exchange, columns);
                     long t1 = System.nanoTime();
                     injectFault(epoch, shard.partition, step, attempt);
-                    GradientCombiner.Combined combined = exchange.combine(mine, run.dtypes, run.sizes);
+                    GradientCombiner.Combined combined = exchange.combine(mine);
                     long t2 = System.nanoTime();
                     replica.step(combined);
                     long t3 = System.nanoTime();
@@ -268,6 +276,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         awaitHandover(handover);
         result.computeNanos = Arrays.copyOf(result.computeNanos, taken);
         result.stepNanos = Arrays.copyOf(result.stepNanos, taken);
+        result.exchangePhaseNanos = exchange.phaseNanos();
         result.bytesSent = exchange.bytesSent();
         result.bytesReceived = exchange.bytesReceived();
         return Collections.singletonList(result).iterator();
@@ -332,8 +341,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         }
     }
 
-    /** This partition's rows of the batch {@code order[start..end)}, and their gradients. */
-    private static ShardResult slice(Shard shard, long[] order, int start, int end, Replica replica) {
+    /**
+     * This partition's rows of the batch {@code order[start..end)} (copied into {@code columns}), and
+     * their gradients (into {@code exchange}).
+     */
+    private static ShardResult slice(Shard shard, long[] order, int start, int end, Replica replica,
+            GradientExchange exchange, byte[][] columns) {
         int k = shard.partitions;
         int count = 0;
         for (int i = start; i < end; i++) {
@@ -343,10 +356,6 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         }
         if (count == 0) {
             return ShardResult.empty(shard.partition);
-        }
-        byte[][] columns = new byte[shard.columns.length][];
-        for (int c = 0; c < columns.length; c++) {
-            columns[c] = new byte[count * shard.rowBytes[c]];
         }
         int r = 0;
         for (int i = start; i < end; i++) {
@@ -360,7 +369,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 r++;
             }
         }
-        return replica.gradients(shard.partition, columns, count);
+        return replica.gradients(shard.partition, columns, count, exchange);
     }
 
     /**
