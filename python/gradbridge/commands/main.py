@@ -207,7 +207,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run
 
-    return run(args.log, args.model, gate_data=args.gate_data)
+    return run(args.log, args.model, gate_data=args.gate_data, model_factory=args.model_factory)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--model", required=True, help="the exported training module the learner started from")
     replay.add_argument("--gate-data", help="a gated log's gate data (default: the file its header names, when it is "
                                             "unchanged): each gate loss is computed again and compared bit for bit")
+    replay.add_argument("--model-factory", metavar="MODULE:FACTORY",
+                        help="your own nn.Module (a function returning it), started from the module's initial tensors "
+                             "(default: the model stored in the .pt; a protocol-3 module stores none)")
     replay.set_defaults(run=_replay)
 
     serve = commands.add_parser(

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
+from ..export.command_line import build_model
 from ..replay import recover, replay
 
 
 def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print,
-        gate_data: str | os.PathLike | None = None) -> int:
+        gate_data: str | os.PathLike | None = None, model_factory: Optional[str] = None) -> int:
     """``gradbridge replay``: print the table and verdict; 0 when every version (and gate decision)
-    matches bit for bit."""
-    report = replay(log_dir, model_path, gate_data=gate_data)
+    matches bit for bit. ``model_factory`` (``MODULE:FACTORY``): the user's own nn.Module to replay with
+    (a protocol-3 module holds no Python model)."""
+    model = None if model_factory is None else build_model(model_factory)
+    report = replay(log_dir, model_path, model, gate_data=gate_data)
     out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
         f"{report.unapplied_events} logged but not yet applied, {report.quarantined} micro-batches quarantined"
         + (f", torn tail of {report.torn_bytes} bytes ignored"
