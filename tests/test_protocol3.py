@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import export_training_module, java, launcher, oplist, protocol, reference
+from gradbridge import export_training_module, java, launcher, messages, oplist, protocol, reference
 from gradbridge.errors import ExportError, GradbridgeError
 from gradbridge.export.aten_export import read_program
 from gradbridge.jvm import load_module
@@ -511,6 +512,41 @@ def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, t
             assert got == eager(x[:rows]).numpy().astype("<f4").tobytes(), (version, rows)
     assert cli_main(["replay", "--log", str(log_dir), "--model", str(path), "--model-factory",
                      "tests.models.custom:unscriptable"]) == 0
+
+
+def test_gradcheck_checks_a_protocol_3_module_with_the_users_model(jvm, tmp_path):
+    """Java's gradients against the op lists run by the interpreter's Python twin and against the user's eager
+    autograd (dropout on, one seed), bit for bit; finite differences on the user's model in float64; the CLI
+    needs --model-factory for a protocol-3 module (one line without it)."""
+    from gradbridge import gradcheck, models
+    from gradbridge.commands.main import main as cli_main
+    from gradbridge.reference import Reference
+
+    torch.manual_seed(0)
+    model = models.mlp(dropout=0.2)
+    x, y = _mlp_data(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), tmp_path / "m.pt",
+                                  example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
+    result = gradcheck.check(path, tmp_path / "d.npz", user_model=model)
+    assert result.ok and not result.differing and len(result.checks) == 6, result
+    java = gradcheck.java_gradients(path, x[:8].numpy(), y[:8].numpy())
+    eager = Reference(path, model)
+    torch.manual_seed(gradcheck.SEED)
+    eager.loss(eager.model(x[:8]), y[:8]).backward()
+    for name, p in eager.model.named_parameters():
+        assert np.array_equal(java[name].ravel(), p.grad.double().numpy().ravel()), name
+
+    plain = tmp_path / "plain.pt"
+    torch.manual_seed(0)
+    model = models.mlp()
+    export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), plain,
+                           example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    assert cli_main(["gradcheck", str(plain), "--data", str(tmp_path / "d.npz"), "--model-factory",
+                     "gradbridge.models:mlp"]) == 0
+    result = subprocess.run([sys.executable, "-m", "gradbridge", "gradcheck", str(plain), "--data",
+                             str(tmp_path / "d.npz")], capture_output=True, text=True)
+    assert one_error_line(result, "gradbridge: error: ") == messages.protocol3_needs_model(str(plain))
 
 
 def _java_flags(values):

@@ -108,7 +108,7 @@ def _gradcheck(args: argparse.Namespace) -> int:
     from .gradcheck import run
 
     return run(args.model, args.data, batch_size=args.batch_size, op_libraries=args.op_library,
-               max_elements=args.max_elements, report_path=args.report)
+               max_elements=args.max_elements, report_path=args.report, model_factory=args.model_factory)
 
 
 def _op_library_option(parser: argparse.ArgumentParser) -> None:
@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     gradcheck.add_argument("--batch-size", type=int, default=8, help="samples in the checked batch (default 8)")
     gradcheck.add_argument("--max-elements", type=int, default=64,
                            help="finite differences for at most this many elements per parameter (default 64)")
+    gradcheck.add_argument("--model-factory", metavar="MODULE:FACTORY",
+                           help="your own nn.Module (a function returning it) for the finite differences, started "
+                                "from the module's initial tensors (needed for a protocol-3 module, which stores none)")
     gradcheck.add_argument("--report", help="write every figure as JSON here")
     _op_library_option(gradcheck)
     gradcheck.set_defaults(run=_gradcheck)
