@@ -483,8 +483,8 @@ def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, t
     torch.manual_seed(0)
     model = custom.unscriptable()
     x, y = _mlp_data(0)
-    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2), tmp_path / "m.pt",
-                                  example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
     entry = protocol.read_metadata(path)[protocol.PROGRAM_KEY]
     assert entry["min_batch"] == 1 and {"train@1", "forward@1", "loss@1"} <= set(entry["graphs"])
     xs, ys = x.numpy(), y.numpy()
@@ -525,8 +525,8 @@ def test_gradcheck_checks_a_protocol_3_module_with_the_users_model(jvm, tmp_path
     torch.manual_seed(0)
     model = models.mlp(dropout=0.2)
     x, y = _mlp_data(0)
-    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), tmp_path / "m.pt",
-                                  example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
+                                  tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
     result = gradcheck.check(path, tmp_path / "d.npz", user_model=model)
     assert result.ok and not result.differing and len(result.checks) == 6, result

@@ -450,7 +450,8 @@ final class ExportedModule extends ScriptedModule {
         for (int i = 0; i < n; i++) {
             Metadata.TensorSpec spec = metadata.getParameters().get(i);
             Tensor gradient = (Tensor) gradients.get(i);
-            if (!Arrays.equals(gradient.shape(), spec.getShape()) || !gradient.dtype().torchName().equals(spec.getDtype())) {
+            if (!Arrays.equals(gradient.shape(), spec.getShape())
+                    || !gradient.dtype().torchName().equals(spec.getDtype())) {
                 throw refused(spec.getName() + " must have shape " + Arrays.toString(spec.getShape()) + " and dtype "
                         + spec.getDtype());
             }
@@ -469,7 +470,8 @@ final class ExportedModule extends ScriptedModule {
     }
 
     private MethodCallException refused(String reason) {
-        return new MethodCallException(path + ": " + Protocol.SET_GRADIENTS + "() failed: set_gradients: " + reason, null);
+        return new MethodCallException(path + ": " + Protocol.SET_GRADIENTS + "() failed: set_gradients: " + reason,
+                null);
     }
 
     /** torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per trainable parameter, in group order. */
