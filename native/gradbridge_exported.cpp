@@ -568,7 +568,6 @@ struct Exported {
   Schedule schedule;
   int64_t steps = 0;
   int64_t accumulate = 1;
-  int64_t min_batch = 2;
 
   using Values = std::unordered_map<std::string, c10::IValue>;
 
@@ -613,11 +612,17 @@ struct Exported {
     return out;
   }
 
+  // The graph that runs `name` on a batch of n samples: its capture at one sample (`name@1`, program.one)
+  // for a batch of one, since torch.export specializes on size 1; a batch its file holds no graph for is refused.
+  std::string graph_for(const std::string& name, int64_t n) const {
+    if (n == 1 && graphs.count(name + "@1") > 0) return name + "@1";
+    if (n < 2)
+      throw std::invalid_argument("a batch of " + std::to_string(n) + " samples: this protocol-3 module runs batches of at least 2 (its export captured no graph " + name + " at one sample)");
+    return name;
+  }
+
   Values batch_values(const std::vector<at::Tensor>& xs, const at::Tensor* y) const {
     if (xs.size() != inputs.size()) throw std::invalid_argument("expected " + std::to_string(inputs.size()) + " inputs, got " + std::to_string(xs.size()));
-    int64_t n = xs[0].size(0);
-    if (n < min_batch)
-      throw std::invalid_argument("a batch of " + std::to_string(n) + " samples: a protocol-3 module runs batches of at least " + std::to_string(min_batch));
     Values values;
     for (size_t k = 0; k < xs.size(); k++) values["input:" + inputs[k]] = xs[k];
     if (y != nullptr) values["target"] = *y;
@@ -628,7 +633,7 @@ struct Exported {
   // accumulates its gradients as autograd's AccumulateGrad does; returns its loss.
   at::Tensor backward(const std::string& graph, const std::vector<at::Tensor>& xs, const at::Tensor& y) {
     at::Tensor loss;
-    for (auto& [to, value] : run(graph, batch_values(xs, &y))) {
+    for (auto& [to, value] : run(graph_for(graph, y.size(0)), batch_values(xs, &y))) {
       if (to == "loss") {
         loss = value.toTensor();
       } else if (to.rfind("grad:", 0) == 0) {
@@ -714,13 +719,14 @@ struct Exported {
   }
 
   at::Tensor forward(const std::vector<at::Tensor>& xs) {
-    return run("forward", batch_values(xs, nullptr))[0].second.toTensor();
+    Values values = batch_values(xs, nullptr);
+    return run(graph_for("forward", xs[0].size(0)), values)[0].second.toTensor();
   }
 
   at::Tensor evaluate(const std::vector<at::Tensor>& xs, const at::Tensor& y) {
     at::Tensor output = forward(xs);
     Values values{{"output", output}, {"target", y}};
-    return run("loss", values)[0].second.toTensor();
+    return run(graph_for("loss", y.size(0)), values)[0].second.toTensor();
   }
 
   void sgd_step(double rate) {
@@ -858,7 +864,6 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jcl
     Utf8 text(env, program);
     Json root = parse_json(text.str());
     auto module = std::make_unique<Exported>();
-    module->min_batch = root.at("min_batch", "program").integer();
     for (const auto& p : root.at("parameters", "program").items) module->parameters.push_back(p.str());
     for (const auto& p : root.at("inputs", "program").items) module->inputs.push_back(p.str());
     for (const auto& g : root.at("graphs", "program").fields) module->graphs.emplace(g.first, parse_graph(g.first, g.second));

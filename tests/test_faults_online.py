@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradbridge import replay as replay_mod
+from gradbridge import protocol, replay as replay_mod
 
 from .faults import gradbridge_cli, one_error_line
 from .test_kafka_feedback import broker  # noqa: F401 (fixture: a real Kafka broker, started when a case asks for it)
@@ -1138,3 +1138,71 @@ def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_scr
     missing = tmp_path / "missing.properties"
     line = one_error_line(replay_from(log_dir, "faults-fed", "--kafka-properties", missing), "gradbridge: error: ")
     assert line == f"--kafka-properties {missing}: no such file", line  # as gradbridge serve says it
+
+
+# ---- protocol 3 (format="export") behind the same service ----
+
+def _export_protocol_3(model, path):
+    import torch
+
+    from gradbridge import export_training_module
+
+    x, y = _data(8, 0)
+    return export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2), path,
+                                  example_inputs=(torch.from_numpy(x), torch.from_numpy(y)), format="export")
+
+
+def test_protocol_3_extreme_features_are_quarantined_undone_and_replayed_alike(serve_script, tmp_path):
+    """The update guard on a protocol-3 module (micro-batches of one event: the graphs captured at one sample):
+    the non-finite Adam update is undone and quarantined; `gradbridge replay` needs the user's model (one line
+    without it) and agrees bit for bit with it; a restart resumes through the same decisions."""
+    import torch
+
+    from gradbridge import models
+
+    torch.manual_seed(0)
+    model = _export_protocol_3(models.mlp(), tmp_path / "m.pt")
+    log_dir = tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
+                      "--max-input-abs", 0)
+    try:
+        for x, y in (([[0.1, 0.2, 0.3, 0.4]], [0]), ([[3e38, -3e38, 3e38, 3e38]], [1]), ([[0.5, 0.6, 0.7, 0.8]], [1])):
+            status, body = service.post("/feedback", {"x": x, "y": y})
+            assert status == 200, body
+        status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
+        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+        code, _, err = service.terminate()
+    finally:
+        service.kill()
+    assert code == 0, err
+    log = replay_mod.read_log(log_dir)
+    assert [q.first_seq for q in log.quarantines] == [1] and log.quarantines[0].reason.startswith("the update makes ")
+    line = one_error_line(gradbridge_cli("replay", "--log", log_dir, "--model", model), "gradbridge: error: ")
+    assert line.endswith("holds no Python model: pass model= (your eager nn.Module; on the command line "
+                         "--model-factory MODULE:FACTORY) to compare against"), line
+    replayed = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--model-factory",
+                              "gradbridge.models:mlp")
+    assert replayed.returncode == 0 and "bitwise identical" in replayed.stdout, replayed.stdout + replayed.stderr
+    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        status, body = restarted.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
+        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+
+
+def test_a_protocol_3_module_that_cannot_run_one_sample_is_refused_before_anything_is_written(serve_script, tmp_path):
+    """BatchNorm in training refuses a batch of one sample (eager too): its export holds no graphs at one
+    sample, and online learning (micro-batches of one event) is refused in one line."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = _export_protocol_3(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)), tmp_path / "m.pt")
+    assert protocol.read_metadata(model)[protocol.PROGRAM_KEY]["min_batch"] == 2
+    line = one_error_line(_serve(serve_script, "--model", model, "--log", tmp_path / "log", "--port", 0))
+    assert line.endswith(f"{model}: this protocol-3 module runs batches of at least 2 (its export could not capture "
+                         "one sample), but online learning runs batches of one; export with format='torchscript' "
+                         "for it"), line
+    assert not (tmp_path / "log").exists()

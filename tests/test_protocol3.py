@@ -10,6 +10,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import export_training_module, java, launcher, oplist, protocol, reference
+from gradbridge import export_training_module, java, launcher, messages, oplist, protocol, reference
 from gradbridge.errors import ExportError, GradbridgeError
 from gradbridge.export.aten_export import read_program
 from gradbridge.jvm import load_module
@@ -62,7 +63,9 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
     assert tuple(metadata)[:len(protocol.METADATA_KEYS)] == protocol.METADATA_KEYS
     assert metadata["capture"] == {"kind": "export", "checked": True}
     program = metadata[protocol.PROGRAM_KEY]
-    assert set(program["graphs"]) == {"train", "forward", "loss", "optimizer"}
+    # each batch-dependent graph again at one sample (torch.export specializes on size 1): a batch of one runs it
+    assert set(program["graphs"]) == {"train", "forward", "loss", "optimizer", "train@1", "forward@1", "loss@1"}
+    assert program["min_batch"] == 1
     with zipfile.ZipFile(path) as archive:
         train = json.loads(archive.read(program["graphs"]["train"]))
         assert {e["file"] for e in program["state"]} <= set(archive.namelist())
@@ -81,6 +84,32 @@ def test_java_trains_an_mlp_with_dropout_like_the_users_model(jvm, mlp, mode):
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
     _same(java.train(path, x.numpy(), y.numpy(), **settings),
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_a_last_batch_of_one_sample_trains_like_the_users_model(jvm, mlp, mode):
+    """17 samples in batches of 8: the last batch of one runs the graphs captured at one sample."""
+    model, path = mlp
+    x, y = _mlp_data(0)
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:1].numpy(), y[:1].numpy()))
+    _same(java.train(path, x[:17].numpy(), y[:17].numpy(), **settings),
+          reference.train(path, x[:17].numpy(), y[:17].numpy(), model=model, **settings))
+
+
+def test_a_batch_of_one_is_refused_in_one_line_when_the_model_cannot_run_one(jvm, tmp_path):
+    """BatchNorm in training refuses one sample (eager too): the export holds no graphs at one sample, and
+    a last batch of one is refused naming the graph."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    x, y = _mlp_data(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
+                                  tmp_path / "bn.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    assert protocol.read_metadata(path)[protocol.PROGRAM_KEY]["min_batch"] == 2
+    with pytest.raises(GradbridgeError) as info:
+        java.train(path, x[:9].numpy(), y[:9].numpy(), epochs=1, batch_size=BATCH, mode="step")
+    assert "a batch of 1 samples: this protocol-3 module runs batches of at least 2 (its export captured no graph " \
+           "train at one sample)" in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_java_trains_bert_with_an_attention_mask_in_process_and_in_a_jvm_of_its_own(jvm, tmp_path):
@@ -420,18 +449,151 @@ def test_a_snapshot_is_the_module_as_it_is_now(jvm, resumable, tmp_path):
         module.close()
 
 
-def test_online_learning_is_refused_in_one_line_before_anything_is_written(jvm, mlp, tmp_path):
+def _online(model_path, log_dir, batch):
     import jpype
 
-    _, path = mlp
     OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
     Paths = jpype.JClass("java.nio.file.Paths")
-    with pytest.raises(Exception) as info:
-        OnlineLearner.builder().open(Paths.get(str(path)), Paths.get(str(tmp_path / "log")))
-    line = str(info.value.getMessage())
-    assert line == f"{path}: protocol-3 modules (format='export') do not support online learning yet; export with " \
-                   "format='torchscript' for them"
-    assert not (tmp_path / "log").exists()
+    return (OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(0).optPublishEvery(2).optCheckpointEvery(2)
+            .optPredictors(2).open(Paths.get(str(model_path)), Paths.get(str(log_dir))))
+
+
+def _host(values):
+    import jpype
+
+    HostTensor = jpype.JClass("dev.gradbridge.online.HostTensor")
+    dtype = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64"}[values.dtype]
+    return HostTensor.of(dtype, jpype.JArray(jpype.JLong)(list(values.shape)),
+                         jpype.JArray(jpype.JByte)(np.ascontiguousarray(values).astype(values.dtype.newbyteorder("<"))
+                                                   .tobytes()))
+
+
+def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, tmp_path):
+    """A model TorchScript cannot script, served and trained online from protocol 3: micro-batches of 1 to 4
+    events (one sample runs the graphs captured at one), predictions of 1 and 3 rows equal to eager's forward
+    on the version they report, a restart from the learner's checkpoint and log; `gradbridge replay` with the
+    user's model factory bit for bit."""
+    import jpype
+
+    from gradbridge.commands.main import main as cli_main
+    from gradbridge.replay import replay
+    from tests.models import custom
+
+    TimeUnit = jpype.JClass("java.util.concurrent.TimeUnit")
+    torch.manual_seed(0)
+    model = custom.unscriptable()
+    x, y = _mlp_data(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    entry = protocol.read_metadata(path)[protocol.PROGRAM_KEY]
+    assert entry["min_batch"] == 1 and {"train@1", "forward@1", "loss@1"} <= set(entry["graphs"])
+    xs, ys = x.numpy(), y.numpy()
+    log_dir, at, predictions = tmp_path / "log", 0, []
+    for sizes in ([1, 3, 4, 1, 2], [1, 4, 2]):  # a second learner resumes from the first's checkpoint and log
+        learner = _online(path, log_dir, batch=4)
+        try:
+            for size in sizes:  # each call its own micro-batch (no wait)
+                learner.learn(_host(xs[at:at + size]), _host(ys[at:at + size]))
+                assert learner.awaitIdle(10, TimeUnit.SECONDS)
+                at += size
+                for rows in (1, 3):
+                    p = learner.predict(_host(xs[:rows]))
+                    predictions.append((int(p.getVersion()), rows, bytes(p.getOutput().toBytes())))
+        finally:
+            learner.close()
+    report = replay(log_dir, path, custom.unscriptable(), keep_parameters=True)
+    assert report.bitwise, report.table()
+    assert report.batches == 8 and report.events == at == 18
+    eager = custom.unscriptable().eval()
+    for version, rows, got in predictions:
+        with torch.no_grad():
+            for name, p in eager.named_parameters():
+                p.copy_(report.parameters[version][name])
+            assert got == eager(x[:rows]).numpy().astype("<f4").tobytes(), (version, rows)
+    assert cli_main(["replay", "--log", str(log_dir), "--model", str(path), "--model-factory",
+                     "tests.models.custom:unscriptable"]) == 0
+
+
+def test_gradcheck_checks_a_protocol_3_module_with_the_users_model(jvm, tmp_path):
+    """Java's gradients against the op lists run by the interpreter's Python twin and against the user's eager
+    autograd (dropout on, one seed), bit for bit; finite differences on the user's model in float64; the CLI
+    needs --model-factory for a protocol-3 module (one line without it)."""
+    from gradbridge import gradcheck, models
+    from gradbridge.commands.main import main as cli_main
+    from gradbridge.reference import Reference
+
+    torch.manual_seed(0)
+    model = models.mlp(dropout=0.2)
+    x, y = _mlp_data(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
+                                  tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
+    result = gradcheck.check(path, tmp_path / "d.npz", user_model=model)
+    assert result.ok and not result.differing and len(result.checks) == 6, result
+    java = gradcheck.java_gradients(path, x[:8].numpy(), y[:8].numpy())
+    eager = Reference(path, model)
+    torch.manual_seed(gradcheck.SEED)
+    eager.loss(eager.model(x[:8]), y[:8]).backward()
+    for name, p in eager.model.named_parameters():
+        assert np.array_equal(java[name].ravel(), p.grad.double().numpy().ravel()), name
+
+    plain = tmp_path / "plain.pt"
+    torch.manual_seed(0)
+    model = models.mlp()
+    export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), plain,
+                           example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    assert cli_main(["gradcheck", str(plain), "--data", str(tmp_path / "d.npz"), "--model-factory",
+                     "gradbridge.models:mlp"]) == 0
+    result = subprocess.run([sys.executable, "-m", "gradbridge", "gradcheck", str(plain), "--data",
+                             str(tmp_path / "d.npz")], capture_output=True, text=True)
+    assert one_error_line(result, "gradbridge: error: ") == messages.protocol3_needs_model(str(plain))
+
+
+def _java_flags(values):
+    import jpype
+
+    return jpype.JClass("dev.gradbridge.Tensor").of(jpype.JArray(jpype.JBoolean)(values),
+                                                   jpype.JArray(jpype.JLong)([len(values)]))
+
+
+def test_set_gradients_checks_its_arguments_as_the_torchscript_method(jvm, tmp_path):
+    """Spark's combined gradients go in through set_gradients: a wrong count, shape or dtype, or a gradient for
+    a frozen parameter, is refused naming it and changes nothing; gradient_flags reports what it set."""
+    import jpype
+
+    torch.manual_seed(0)
+    model = _mlp()
+    model[0].weight.requires_grad_(False)
+    x, y = _mlp_data(0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(trainable, lr=0.1),
+                                  tmp_path / "frozen.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    module = load_module(path)
+    try:
+        with jvm.java_errors():
+            shapes = [p.shape for p in model.parameters()]
+            grads = jpype.JClass("java.util.ArrayList")()
+            for shape in shapes:
+                grads.add(jvm.to_tensor(np.ones(shape, dtype=np.float32)))
+            flags = _java_flags([False, True, True, True])
+            module.call("set_gradients", grads, flags)
+            assert list(module.call("gradient_flags").toBooleanArray()) == [False, True, True, True]
+            assert np.array_equal(module.getGradients()["3.bias"], np.ones(3))
+            assert np.array_equal(module.getGradients()["0.weight"], np.zeros(32))
+        refusals = [
+            (grads.subList(0, 3), flags, "expected 4 tensors and 4 flags, got 3 and 4"),
+            (grads, _java_flags([True] * 4), "0.weight is frozen and cannot hold a gradient"),
+        ]
+        doubles = jpype.JClass("java.util.ArrayList")(grads)
+        doubles.set(1, jvm.to_tensor(np.ones(shapes[1], dtype=np.float64)))
+        refusals.append((doubles, flags, "0.bias must have shape [8] and dtype float32"))
+        for values, given, reason in refusals:
+            with pytest.raises(Exception) as info:
+                module.call("set_gradients", values, given)
+            assert str(info.value.getMessage()) == f"{path}: set_gradients() failed: set_gradients: {reason}"
+        assert list(module.call("gradient_flags").toBooleanArray()) == [False, True, True, True]
+    finally:
+        module.close()
 
 
 def test_load_optimizer_state_is_refused_in_one_line(jvm, mlp):

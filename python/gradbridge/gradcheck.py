@@ -4,11 +4,14 @@ Two checks on one batch of the user's data:
 
 1. **Java against Python.** Java (in this process, same libtorch) runs the module's
    ``calculate_loss_and_backward`` and ``get_gradients``; Python runs the same methods on the
-   same file. Same libtorch, same generator seed: they must agree bit for bit.
+   same file (a protocol-3 module's op lists on the native interpreter's twin, ``program.Program``).
+   Same libtorch, same generator seed: they must agree bit for bit.
 2. **Analytic against numeric**, like ``torch.autograd.gradcheck``: the model and loss in float64,
    every parameter's autograd gradient against central finite differences of the loss, element
    by element (at most ``max_elements`` per parameter, spread evenly). A custom operator with a
-   wrong backward shows up here, named by parameter and element.
+   wrong backward shows up here, named by parameter and element. A protocol-3 module holds op lists
+   captured in float32, not a model: this check runs on the user's own model (``model``, the CLI's
+   ``--model-factory``) from the module's initial tensors.
 
 Exit code 0 only when both pass.
 """
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-from . import data, messages, ops, protocol, torch_gate
-from .errors import InvalidInputError
+from . import data, inputs, messages, ops, protocol, torch_gate
+from .errors import InvalidInputError, ProtocolError
 
 #: Finite-difference step and tolerances: torch.autograd.gradcheck's defaults for float64.
 EPS = 1e-6
@@ -73,6 +77,8 @@ def python_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, nam
 
     from .torchscript import load, plain_graph_executor
 
+    if protocol.read_metadata(model)["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION:
+        return _program_gradients(model, x, y, names)
     module = load(str(model))
     module.train()
     with plain_graph_executor():
@@ -82,15 +88,35 @@ def python_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, nam
     return {name: g.detach().double().numpy().ravel() for name, g in zip(names, grads)}
 
 
-def finite_differences(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, names: List[str],
-                       max_elements: int) -> List[ParameterCheck]:
-    """Every parameter's float64 autograd gradient against central differences of the loss."""
+def _program_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, names: List[str]
+                       ) -> Dict[str, np.ndarray]:
+    """A protocol-3 module's ``calculate_loss_and_backward`` on the native interpreter's Python twin."""
     import torch
 
+    from .export.aten_export import read_program
+    from .program import Program
+
+    metadata, graphs, state = read_program(Path(model))
+    entry = metadata[protocol.PROGRAM_KEY]
+    twin = Program(graphs, state, names, entry["training"], entry["counters"])
+    torch.manual_seed(SEED)
+    twin.calculate_loss_and_backward({inputs.names(metadata)[0]: torch.from_numpy(x)}, torch.from_numpy(y))
+    return {name: twin.state[f"grad:{name}"].double().numpy().ravel() if f"grad:{name}" in twin.state
+            else np.zeros(int(np.prod(spec["shape"])))
+            for name, spec in zip(names, metadata["parameters"])}
+
+
+def finite_differences(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, names: List[str],
+                       max_elements: int, user_model: Any = None) -> List[ParameterCheck]:
+    """Every parameter's float64 autograd gradient against central differences of the loss (on ``user_model``
+    from the module's initial tensors when given, else on the model the module stores)."""
+    import torch
+
+    from .reference import Reference
     from .torchscript import load
 
-    module = load(str(model))
-    module.train()
+    module = Reference(model, user_model) if user_model is not None else load(str(model))
+    module.model.train()
     net, loss_fn = module.model.double(), module.loss.double()
     params = list(net.parameters())
     x64 = torch.from_numpy(x).double() if x.dtype.kind == "f" else torch.from_numpy(x)
@@ -143,14 +169,19 @@ class GradcheckResult:
 
 
 def check(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: int = 8,
-          op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64) -> GradcheckResult:
-    """Both checks on the first ``batch_size`` samples of ``data_path``."""
+          op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64,
+          user_model: Any = None) -> GradcheckResult:
+    """Both checks on the first ``batch_size`` samples of ``data_path``; ``user_model``: the user's own
+    nn.Module for the finite differences (a protocol-3 module needs it: it stores no Python model)."""
     if batch_size < 1:
         raise InvalidInputError(messages.argument("batch_size", "at least 1", batch_size))
     if max_elements < 1:
         raise InvalidInputError(messages.argument("max_elements", "at least 1", max_elements))
     torch_gate.require_torch()  # before any gradient is computed
     metadata = protocol.read_metadata(model)
+    if metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION:
+        if user_model is None:
+            raise ProtocolError(messages.protocol3_needs_model(str(model)))
     ops.prepare(metadata, op_libraries, str(model))
     x, y = data.load_checked(metadata, data_path)
     x, y = np.ascontiguousarray(x[:batch_size]), np.ascontiguousarray(y[:batch_size])
@@ -159,4 +190,4 @@ def check(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size:
     in_python = python_gradients(model, x, y, names)
     differing = {name: float(np.max(np.abs(in_java[name] - in_python[name]))) for name in names
                  if not np.array_equal(in_java[name], in_python[name])}
-    return GradcheckResult(len(x), names, differing, finite_differences(model, x, y, names, max_elements))
+    return GradcheckResult(len(x), names, differing, finite_differences(model, x, y, names, max_elements, user_model))

@@ -440,7 +440,7 @@ def program_unreadable(path: str, reason: str) -> str:
 
 def protocol3_needs_model(path: str) -> str:
     return (f"{path}: a protocol-3 module (format='export') holds no Python model: pass model= (your eager "
-            "nn.Module) to compare against")
+            "nn.Module; on the command line --model-factory MODULE:FACTORY) to compare against")
 
 
 def protocol3_not_torchscript(path: str) -> str:

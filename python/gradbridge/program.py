@@ -8,7 +8,9 @@ joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per trainable
 ``forward`` (eval mode: ``output``), ``loss`` (the loss of an ``output`` and the ``target``: ``evaluate`` is
 ``forward`` then ``loss``), ``clip`` (torch.nn.utils' gradient clipping, in place, when exported),
 ``optimizer`` (one torch.optim step of every group, in place), and for SGD with momentum
-``optimizer_first`` (the first step, which creates the momentum buffers).
+``optimizer_first`` (the first step, which creates the momentum buffers). ``train@1``, ``forward@1`` and
+``loss@1`` (``one``): the same captured at one sample, which a batch of one runs (``min_batch`` 1); without
+them (``min_batch`` 2) a batch of one is refused.
 
 ``training`` (``program.training``, fixed at export): the optimizer's name, its parameter groups (each
 group's parameters and hyper-parameters), ``accumulate``, the schedule (``scheduler``: a resolved spec
@@ -44,9 +46,14 @@ SCHEDULERS: Dict[str, tuple] = {
     "plateau": ("minimize", "relative", "factor", "patience", "threshold", "cooldown", "min_lrs", "eps"),
     "sequential": ("milestones",),  # and its ``schedulers``, each resolved
 }
-#: The smallest batch (and micro-batch) a protocol-3 graph runs (a size-1 batch is one torch.export
-#: specializes on).
+#: The smallest batch (and micro-batch) a protocol-3 graph captured at two sizes runs (a size-1 batch is
+#: one torch.export specializes on: a batch of one runs the graphs captured at one sample, ``one``).
 MIN_BATCH = 2
+
+
+def one(graph: str) -> str:
+    """The name of graph ``graph`` captured at one sample."""
+    return f"{graph}@1"
 
 
 def scalar_binding(name: str, group: int) -> str:
@@ -112,7 +119,13 @@ class Program:
         self.steps = int(counters["steps"])
         self.schedule = schedule
 
-    def _run(self, graph: str, values: Dict[str, Any]) -> Dict[str, Any]:
+    def _run(self, graph: str, values: Dict[str, Any], batch: int = 0) -> Dict[str, Any]:
+        """Runs ``graph``, or its capture at one sample for a ``batch`` of one (the native layer's graph_for)."""
+        if batch == 1 and one(graph) in self.graphs:
+            graph = one(graph)
+        elif 0 < batch < MIN_BATCH:
+            raise oplist.OpListError(f"a batch of {batch} samples: this protocol-3 module runs batches of at least "
+                                     f"{MIN_BATCH}")
         merged = dict(self.state)
         merged.update(values)
         return oplist.run(self.graphs[graph], merged)
@@ -122,7 +135,7 @@ class Program:
         return {f"input:{name}": t for name, t in x.items()}
 
     def _backward(self, graph: str, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
-        out = self._run(graph, {**self._inputs(x), "target": y})
+        out = self._run(graph, {**self._inputs(x), "target": y}, len(y))
         for to, value in out.items():
             if to.startswith("grad:"):
                 held = self.state.get(to)
@@ -173,7 +186,7 @@ class Program:
         return loss
 
     def forward(self, x: Mapping[str, Tensor]) -> Tensor:
-        return self._run("forward", self._inputs(x))["output"]
+        return self._run("forward", self._inputs(x), len(next(iter(x.values()))))["output"]
 
     def evaluate(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
-        return self._run("loss", {"output": self.forward(x), "target": y})["loss"]
+        return self._run("loss", {"output": self.forward(x), "target": y}, len(y))["loss"]

@@ -92,8 +92,9 @@ REQUIRED_METHODS: tuple[str, ...] = (
     LOAD_OPTIMIZER_STATE,
 )
 
-#: The methods a protocol-3 module runs (the required ones and the optional ones).
-PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
+#: The methods a protocol-3 module runs (the required ones, the optional ones and the data-parallel ones).
+PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GRADIENT_FLAGS,
+                                                         SET_GRADIENTS)
 
 #: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
 OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)

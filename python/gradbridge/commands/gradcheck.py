@@ -6,19 +6,24 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
+from ..export.command_line import build_model
 from ..files import atomic_path, check_writable
 from ..gradcheck import ATOL, EPS, RTOL, check
 
 
 def run(model: str | os.PathLike, data_path: str | os.PathLike, *, batch_size: int = 8,
         op_libraries: Sequence[str | os.PathLike] = (), max_elements: int = 64,
-        report_path: str | os.PathLike | None = None, out: Callable[[str], None] = print) -> int:
-    """Print both checks and a verdict; returns the exit code (0: both pass)."""
+        report_path: str | os.PathLike | None = None, model_factory: Optional[str] = None,
+        out: Callable[[str], None] = print) -> int:
+    """Print both checks and a verdict; returns the exit code (0: both pass). ``model_factory``
+    (``MODULE:FACTORY``): the user's own nn.Module for the finite differences."""
     if report_path is not None:
         check_writable(report_path)
-    result = check(model, data_path, batch_size=batch_size, op_libraries=op_libraries, max_elements=max_elements)
+    user_model = None if model_factory is None else build_model(model_factory)
+    result = check(model, data_path, batch_size=batch_size, op_libraries=op_libraries, max_elements=max_elements,
+                   user_model=user_model)
     out(f"gradcheck {Path(model).name}: {result.samples} samples from {Path(data_path).name}")
     if result.differing:
         out("Java vs Python autograd (float32, same module): DIFFER: " +

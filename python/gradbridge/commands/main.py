@@ -108,7 +108,7 @@ def _gradcheck(args: argparse.Namespace) -> int:
     from .gradcheck import run
 
     return run(args.model, args.data, batch_size=args.batch_size, op_libraries=args.op_library,
-               max_elements=args.max_elements, report_path=args.report)
+               max_elements=args.max_elements, report_path=args.report, model_factory=args.model_factory)
 
 
 def _op_library_option(parser: argparse.ArgumentParser) -> None:
@@ -207,8 +207,9 @@ def _verify(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from .replay import run
 
-    return run(args.log, args.model, gate_data=args.gate_data, from_kafka=args.from_kafka,
-               kafka_bootstrap=args.kafka_bootstrap, kafka_topic=args.kafka_topic, kafka_properties=args.kafka_properties)
+    return run(args.log, args.model, gate_data=args.gate_data, model_factory=args.model_factory,
+               from_kafka=args.from_kafka, kafka_bootstrap=args.kafka_bootstrap, kafka_topic=args.kafka_topic,
+               kafka_properties=args.kafka_properties)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -369,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     gradcheck.add_argument("--batch-size", type=int, default=8, help="samples in the checked batch (default 8)")
     gradcheck.add_argument("--max-elements", type=int, default=64,
                            help="finite differences for at most this many elements per parameter (default 64)")
+    gradcheck.add_argument("--model-factory", metavar="MODULE:FACTORY",
+                           help="your own nn.Module (a function returning it) for the finite differences, started "
+                                "from the module's initial tensors (needed for a protocol-3 module, which stores none)")
     gradcheck.add_argument("--report", help="write every figure as JSON here")
     _op_library_option(gradcheck)
     gradcheck.set_defaults(run=_gradcheck)
@@ -421,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--kafka-topic", help="with --from-kafka: the topic")
     replay.add_argument("--kafka-properties", help="with --from-kafka: the client properties file gradbridge serve took "
                                                    "(security settings)")
+    replay.add_argument("--model-factory", metavar="MODULE:FACTORY",
+                        help="your own nn.Module (a function returning it), started from the module's initial tensors "
+                             "(default: the model stored in the .pt; a protocol-3 module stores none)")
     replay.set_defaults(run=_replay)
 
     serve = commands.add_parser(

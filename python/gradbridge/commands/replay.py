@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from ..errors import InvalidInputError
+from ..export.command_line import build_model
 from ..replay import KafkaSource, recover, replay
 
 
 def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print,
-        gate_data: str | os.PathLike | None = None, from_kafka: bool = False, kafka_bootstrap: str | None = None,
-        kafka_topic: str | None = None, kafka_properties: str | os.PathLike | None = None) -> int:
+        gate_data: str | os.PathLike | None = None, model_factory: Optional[str] = None, from_kafka: bool = False,
+        kafka_bootstrap: str | None = None, kafka_topic: str | None = None,
+        kafka_properties: str | os.PathLike | None = None) -> int:
     """``gradbridge replay``: print the table and verdict; 0 when every version (and gate decision)
-    matches bit for bit. ``from_kafka``: the events learned from the topic are read from it again."""
+    matches bit for bit. ``model_factory`` (``MODULE:FACTORY``): the user's own nn.Module to replay with
+    (a protocol-3 module holds no Python model). ``from_kafka``: the events learned from the topic are
+    read from it again."""
     kafka = None
     if from_kafka:
         if not kafka_bootstrap or not kafka_topic:
@@ -21,7 +26,8 @@ def run(log_dir: str | os.PathLike, model_path: str | os.PathLike, out=print,
         kafka = KafkaSource(kafka_bootstrap, kafka_topic, kafka_properties)
     elif kafka_bootstrap or kafka_topic or kafka_properties:
         raise InvalidInputError("--kafka-bootstrap, --kafka-topic and --kafka-properties go with replay --from-kafka")
-    report = replay(log_dir, model_path, gate_data=gate_data, from_kafka=kafka)
+    model = None if model_factory is None else build_model(model_factory)
+    report = replay(log_dir, model_path, model, gate_data=gate_data, from_kafka=kafka)
     out(f"{report.log}: {report.batches} micro-batches, {report.events} events applied, "
         f"{report.unapplied_events} logged but not yet applied, {report.quarantined} micro-batches quarantined"
         + (f", torn tail of {report.torn_bytes} bytes ignored" if report.torn_bytes else "")

@@ -9,9 +9,12 @@ torch.optim's single-tensor op sequence, written here op by op with the per-step
 scalars (``program.host_scalars``).
 
 Shapes: each graph is captured at the example's batch size and at one more; the sizes that change between
-the two become ``a * batch + c`` (``oplist.batch_affine``), anything else that changes is refused. The
+the two become ``a * batch + c`` (``oplist.batch_affine``), anything else that changes is refused. A batch of
+one sample is one torch.export specializes on (size 1 broadcasts), so ``train``, ``forward`` and ``loss``
+are captured once more at one sample as graphs of their own (``NAME@1``, ``program.ONE``); a model that
+cannot run one sample (eager refuses too, e.g. BatchNorm in training) gets none and ``min_batch`` 2. The
 check then runs the program (``program.Program``, the native interpreter's twin) beside the user's eager
-model and torch.optim, bit for bit, at both sizes, before the file is written.
+model and torch.optim, bit for bit, at every size it holds, before the file is written.
 
 The file: a zip of ``gradbridge.json`` (protocol 3; ``program`` names the graphs and the state), one op
 list per graph (``graphs/NAME.json``) and the state tensors (``state/K.bin``, raw little-endian bytes).
@@ -147,6 +150,33 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
         return oplist.batch_affine(small, large, b, b + 1, name), grads
     except oplist.OpListError as ex:
         raise ExportError(messages.aten_batch_dependent(str(ex))) from ex
+
+
+def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], xs: Tuple[Tensor, ...], y: Tensor,
+                       bindings: List[str], constants: Dict[str, Tensor]) -> Dict[str, Any]:
+    """``train``, ``forward`` and ``loss`` captured at one sample (``NAME@1``), or none when the model cannot
+    be captured at one (then protocol 3 runs batches of ``program.MIN_BATCH`` or more); leaves the model in
+    training mode."""
+    one, target = tuple(t[:1] for t in xs), y[:1]
+    made = dict(constants)  # a failed capture adds none
+    graphs: Dict[str, Any] = {}
+    try:
+        model.train()
+        graphs[program.one("train")], _ = _capture(_Step(model, loss, names).train(), (*one, target), True,
+                                                   bindings + ["target"], made)
+        model.eval()
+        graphs[program.one("forward")], _ = _capture(_Forward(model, names).eval(), one, False, bindings, made)
+        with torch.no_grad():
+            output = _call(model, names, one)
+        graphs[program.one("loss")], _ = _capture(_Loss(loss).eval(), (output, target), False, ["output", "target"],
+                                                  made, "loss")
+    except ExportError as ex:
+        log.info("no graphs at one sample: %s", ex)
+        return {}
+    finally:
+        model.train()
+    constants.update(made)
+    return graphs
 
 
 def capture_probe() -> int:
@@ -461,7 +491,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         output = _call(model, input_names, xs)
     graphs["loss"], _ = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
                                             ["output", "target"], constants, "loss", "loss")
-    model.train()
+    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants))
     if setup.plan.clip["kind"] != "none":
         graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad], setup.plan.clip)
     graphs.update(_optimizer_graphs(setup, names))
@@ -494,7 +524,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     entries = [{"name": name, "dtype": _dtype(t), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {
-        "oplist_version": oplist.VERSION, "min_batch": program.MIN_BATCH,
+        "oplist_version": oplist.VERSION,
+        "min_batch": 1 if program.one("train") in graphs else program.MIN_BATCH,
         "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
         "training": training, "counters": counters}
     path = Path(path)
@@ -604,8 +635,9 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
            y: Tensor) -> None:
     """The written program (read back, run by the native interpreter's Python twin) beside the user's eager
     model with torch.optim as the reference trains it (groups, frozen parameters, clipping, accumulation,
-    the schedule): two steps at the example's size, one at one more, each followed by the end-of-epoch
-    schedule step; then evaluate and forward in eval mode; bit for bit."""
+    the schedule): two steps at the example's size, one at one more (and one at one sample when the program
+    holds its graphs), each followed by the end-of-epoch schedule step; then evaluate and forward in eval
+    mode at the example's size (and at one sample); bit for bit."""
     from ..reference import Reference
 
     compare = self_check._Comparison("export")
@@ -617,6 +649,10 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
                                entry["counters"], schedule)
         reference = Reference(path, eager)
         batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
+        evaluated = [(x, y)]
+        if program.one("train") in graphs:
+            batches.append(({n: t[:1] for n, t in x.items()}, y[:1]))
+            evaluated.append(batches[-1])
         with torch.random.fork_rng(devices=[]):
             for k, (bx, by) in enumerate(batches):
                 method = f"train_step {k + 1}"
@@ -637,13 +673,14 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
                 if reference.lrs() != twin.lrs:
                     raise ExportError(messages.export_mismatch(method, "the learning rates", str(reference.lrs()),
                                                                str(twin.lrs)))
-            method = "evaluate (eval mode)"
-            compare.tensor(method, "loss", reference.evaluate(_batch(input_names, x), y), twin.evaluate(x, y))
-            method = "forward (eval mode)"
-            reference.model.eval()
-            with torch.no_grad():
-                out = _call(reference.model, input_names, [x[n] for n in input_names])
-            compare.tensor(method, "output", out, twin.forward(x))
+            for bx, by in evaluated:
+                method = f"evaluate (eval mode, {len(by)} samples)"
+                compare.tensor(method, "loss", reference.evaluate(_batch(input_names, bx), by), twin.evaluate(bx, by))
+                method = f"forward (eval mode, {len(by)} samples)"
+                reference.model.eval()
+                with torch.no_grad():
+                    out = _call(reference.model, input_names, [bx[n] for n in input_names])
+                compare.tensor(method, "output", out, twin.forward(bx))
     except ExportError:
         raise
     except Exception as ex:

@@ -24,7 +24,6 @@ import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.zip.CRC32;
 import java.util.zip.ZipEntry;
 import java.util.zip.ZipFile;
@@ -36,17 +35,14 @@ import java.util.zip.ZipOutputStream;
  * state tensors (parameters, buffers, gradients, optimizer state) and the host's counters (steps, learning
  * rates, the schedule's state). The second implementation of the engine boundary; the protocol's methods
  * map onto the native module's. A checkpoint is the same zip with the state tensors and counters as they
- * are now; {@code load_optimizer_state} and the data-parallel methods are refused in one line for now.
+ * are now; {@code load_optimizer_state} is refused in one line for now.
  */
 final class ExportedModule extends ScriptedModule {
 
     private static final Gson PRETTY = new GsonBuilder().setPrettyPrinting().create();
     private static final LocalDateTime ZIP_TIME = LocalDateTime.of(1980, 1, 1, 0, 0);
 
-    private final Path path;
     private final Metadata metadata;
-    private final AtomicLong handle;
-    private final Set<String> methodNames;
     private final List<String> parameterNames = new ArrayList<>();
     private final List<String> bufferNames = new ArrayList<>();
     /** The optimizer's parameters in group order (torch.optim's state order). */
@@ -56,9 +52,7 @@ final class ExportedModule extends ScriptedModule {
 
     private ExportedModule(Path path, long handle, Metadata metadata, List<String> trainableNames,
             Map<String, String> graphFiles) {
-        this.path = path;
-        this.handle = new AtomicLong(handle);
-        this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(metadata.getMethods()));
+        super(path, handle, metadata.getMethods());
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
             parameterNames.add(spec.getName());
         }
@@ -90,8 +84,7 @@ final class ExportedModule extends ScriptedModule {
                     trainable.add(name.getAsString());
                 }
             }
-            StringBuilder text = new StringBuilder("{\"min_batch\":").append(program.get("min_batch"))
-                    .append(",\"parameters\":").append(names(metadata.getParameters()))
+            StringBuilder text = new StringBuilder("{\"parameters\":").append(names(metadata.getParameters()))
                     .append(",\"inputs\":").append(strings(metadata.getInputNames()))
                     .append(",\"training\":").append(training)
                     .append(",\"counters\":").append(counters)
@@ -247,19 +240,6 @@ final class ExportedModule extends ScriptedModule {
         return array.toString();
     }
 
-    private long handle() {
-        long value = handle.get();
-        if (value == 0) {
-            throw new IllegalStateException(path + " is closed");
-        }
-        return value;
-    }
-
-    @Override
-    Set<String> methodNames() {
-        return methodNames;
-    }
-
     @Override
     void setTraining(boolean training) {
         // the graphs carry their mode: train (training mode), forward and loss (eval mode)
@@ -339,8 +319,8 @@ final class ExportedModule extends ScriptedModule {
 
     @Override
     Object invoke(String method, Object... args) {
-        if (!methodNames.contains(method)) {
-            throw new ProtocolException(path + " has no method '" + method + "'; its methods: " + methodNames);
+        if (!methodNames().contains(method)) {
+            throw new ProtocolException(path + " has no method '" + method + "'; its methods: " + methodNames());
         }
         try {
             switch (method) {
@@ -356,6 +336,11 @@ final class ExportedModule extends ScriptedModule {
                     return get("grad:", parameterNames);
                 case Protocol.SET_PARAMETERS:
                     set("param:", parameterNames, (List<?>) args[0]);
+                    return null;
+                case Protocol.GRADIENT_FLAGS:
+                    return gradientFlags();
+                case Protocol.SET_GRADIENTS:
+                    setGradients((List<?>) args[0], ((Tensor) args[1]).toBooleanArray());
                     return null;
                 case Protocol.ZERO_GRAD:
                 case Protocol.OPTIMIZER_STEP:
@@ -440,6 +425,55 @@ final class ExportedModule extends ScriptedModule {
         Native.exportedSet(handle(), keys, tensors);
     }
 
+    /** Which parameters hold a gradient (the native module holds {@code grad:NAME} only after a backward). */
+    private Tensor gradientFlags() {
+        Set<String> held = new LinkedHashSet<>(Arrays.asList(Native.exportedStateNames(handle())));
+        boolean[] flags = new boolean[parameterNames.size()];
+        for (int i = 0; i < flags.length; i++) {
+            flags[i] = held.contains("grad:" + parameterNames.get(i));
+        }
+        return Tensor.of(flags, flags.length);
+    }
+
+    /**
+     * The flagged parameters' gradients become {@code gradients}' (copies); the others hold none, as after
+     * zero_grad. Checked as the TorchScript module's set_gradients checks them, changing nothing when refused.
+     */
+    private void setGradients(List<?> gradients, boolean[] flags) {
+        int n = parameterNames.size();
+        if (gradients.size() != n || flags.length != n) {
+            throw refused("expected " + n + " tensors and " + n + " flags, got " + gradients.size() + " and "
+                    + flags.length);
+        }
+        List<String> names = new ArrayList<>();
+        List<Object> values = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            Metadata.TensorSpec spec = metadata.getParameters().get(i);
+            Tensor gradient = (Tensor) gradients.get(i);
+            if (!Arrays.equals(gradient.shape(), spec.getShape())
+                    || !gradient.dtype().torchName().equals(spec.getDtype())) {
+                throw refused(spec.getName() + " must have shape " + Arrays.toString(spec.getShape()) + " and dtype "
+                        + spec.getDtype());
+            }
+            if (flags[i] && !trainableNames.contains(spec.getName())) {
+                throw refused(spec.getName() + " is frozen and cannot hold a gradient");
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            if (flags[i]) {
+                names.add(parameterNames.get(i));
+                values.add(gradients.get(i));
+            }
+        }
+        Native.exportedCall(handle(), Protocol.ZERO_GRAD, new long[0], 0);
+        set("grad:", names, values);
+    }
+
+    private MethodCallException refused(String reason) {
+        return new MethodCallException(path + ": " + Protocol.SET_GRADIENTS + "() failed: set_gradients: " + reason,
+                null);
+    }
+
     /** torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per trainable parameter, in group order. */
     private Map<String, List<Tensor>> optimizerState() {
         Map<String, List<Tensor>> state = new LinkedHashMap<>();
@@ -516,7 +550,7 @@ final class ExportedModule extends ScriptedModule {
 
     @Override
     public void close() {
-        long value = handle.getAndSet(0);
+        long value = release();
         if (value != 0) {
             Native.exportedFree(value);
         }

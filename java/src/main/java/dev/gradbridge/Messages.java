@@ -567,6 +567,12 @@ public final class Messages {
                 + " format='torchscript' for them";
     }
 
+    /** A protocol-3 module without graphs at one sample, where a batch of one must run (online micro-batches). */
+    public static String protocol3NoBatchOfOne(String path, int minBatch, String what) {
+        return path + ": this protocol-3 module runs batches of at least " + minBatch + " (its export could not"
+                + " capture one sample), but " + what + " runs batches of one; export with format='torchscript' for it";
+    }
+
     /** A protocol-3 module captured with another torch release than the libtorch this JVM runs. */
     public static String protocol3OtherTorch(String path, String captured, String engine) {
         return path + " was captured with torch " + captured + " but this JVM runs libtorch " + engine

@@ -421,6 +421,15 @@ public final class Metadata {
         return capture == null ? Collections.<String, Object>emptyMap() : Collections.unmodifiableMap(capture);
     }
 
+    /**
+     * @return the smallest batch the module runs: 1, or for a protocol-3 module whose export could not
+     *     capture a batch of one sample (torch.export specializes on size 1) its program's {@code min_batch}
+     */
+    public int getMinBatch() {
+        JsonElement minimum = program == null ? null : program.get("min_batch");
+        return minimum == null || !minimum.isJsonPrimitive() ? 1 : minimum.getAsInt();
+    }
+
     /** @return the names of the parameters that train, in protocol order */
     public List<String> getTrainableParameterNames() {
         List<String> names = new java.util.ArrayList<>();

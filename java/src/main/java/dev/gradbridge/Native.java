@@ -179,7 +179,7 @@ final class Native {
     // ---- protocol 3: op lists run over libtorch's dispatcher (native/gradbridge_exported.cpp) ----
 
     /**
-     * A protocol-3 module from its program (JSON: min_batch, parameters, inputs, graphs, training, counters) and its
+     * A protocol-3 module from its program (JSON: parameters, inputs, graphs, training, counters) and its
      * state tensors by binding name (cloned: the caller keeps and frees its own).
      */
     static native long exportedLoad(String program, String[] stateNames, long[] stateTensors);

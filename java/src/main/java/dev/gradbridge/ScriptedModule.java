@@ -1,7 +1,11 @@
 package dev.gradbridge;
 
 import java.nio.file.Path;
+import java.util.Collection;
+import java.util.Collections;
+import java.util.LinkedHashSet;
 import java.util.Set;
+import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * The engine boundary: everything gradbridge asks of a loaded training module, and nothing of
@@ -15,6 +19,18 @@ import java.util.Set;
  * ThreadGuard}); tensors are {@link Tensor}s, results owned by the caller.
  */
 abstract class ScriptedModule implements AutoCloseable {
+
+    /** The file the module was loaded from (what messages name). */
+    final Path path;
+    private final AtomicLong handle;
+    private final Set<String> methodNames;
+
+    /** @param handle the engine's native module, which this one frees on close */
+    ScriptedModule(Path path, long handle, Collection<String> methodNames) {
+        this.path = path;
+        this.handle = new AtomicLong(handle);
+        this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(methodNames));
+    }
 
     /**
      * Loads a module file with the engine that reads it, chosen by the metadata's protocol version:
@@ -42,7 +58,23 @@ abstract class ScriptedModule implements AutoCloseable {
     }
 
     /** @return the module's method names */
-    abstract Set<String> methodNames();
+    final Set<String> methodNames() {
+        return methodNames;
+    }
+
+    /** @return the native module, while it is open */
+    final long handle() {
+        long value = handle.get();
+        if (value == 0) {
+            throw new IllegalStateException(path + " is closed");
+        }
+        return value;
+    }
+
+    /** @return the native module, now closed here (0 when it already was): the caller frees it */
+    final long release() {
+        return handle.getAndSet(0);
+    }
 
     /** Training mode on (BatchNorm updates statistics, dropout drops) or off (eval). */
     abstract void setTraining(boolean training);

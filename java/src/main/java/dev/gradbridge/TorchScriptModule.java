@@ -3,18 +3,15 @@ package dev.gradbridge;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Arrays;
-import java.util.Collections;
-import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * A TorchScript module in libtorch, through gradbridge's native layer ({@link Native}): the
- * one implementation of the engine boundary today.
+ * first implementation of the engine boundary ({@link ExportedModule} is the second).
  */
 final class TorchScriptModule extends ScriptedModule {
 
@@ -22,16 +19,11 @@ final class TorchScriptModule extends ScriptedModule {
     private static final String[] STEP_METHODS = {Protocol.ZERO_GRAD, Protocol.CALCULATE_LOSS_AND_BACKWARD,
         Protocol.GET_GRADIENTS, Protocol.OPTIMIZER_STEP};
 
-    private final Path path;
-    private final AtomicLong handle;
-    private final Set<String> methodNames;
     private final Map<String, Long> hotMethods = new ConcurrentHashMap<>(); // guarded for writes by itself
     private final Map<String, Long> plans = new ConcurrentHashMap<>(); // the same
 
     private TorchScriptModule(Path path, long handle) {
-        this.path = path;
-        this.handle = new AtomicLong(handle);
-        this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(Arrays.asList(Native.moduleMethods(handle))));
+        super(path, handle, Arrays.asList(Native.moduleMethods(handle)));
     }
 
     static TorchScriptModule load(Path file) {
@@ -43,19 +35,6 @@ final class TorchScriptModule extends ScriptedModule {
             Native.moduleFree(handle);
             throw e;
         }
-    }
-
-    private long handle() {
-        long value = handle.get();
-        if (value == 0) {
-            throw new IllegalStateException(path + " is closed");
-        }
-        return value;
-    }
-
-    @Override
-    Set<String> methodNames() {
-        return methodNames;
     }
 
     @Override
@@ -192,9 +171,9 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     private void requireMethod(String method) {
-        if (!methodNames.contains(method)) {
+        if (!methodNames().contains(method)) {
             Set<String> publicMethods = new TreeSet<>();
-            for (String name : methodNames) {
+            for (String name : methodNames()) {
                 if (!name.startsWith("_")) {
                     publicMethods.add(name);
                 }
@@ -242,7 +221,7 @@ final class TorchScriptModule extends ScriptedModule {
 
     @Override
     public void close() {
-        long value = handle.getAndSet(0);
+        long value = release();
         if (value != 0) {
             synchronized (hotMethods) {
                 for (long method : hotMethods.values()) {

@@ -4,7 +4,6 @@ import dev.gradbridge.Digests;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Messages;
 import dev.gradbridge.Metadata;
-import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
 import dev.gradbridge.online.log.LogCorruptException;
@@ -434,10 +433,14 @@ public final class OnlineLearner implements AutoCloseable {
         return header.withInputs(inputs);
     }
 
-    /** Modules with buffers or gradient accumulation are refused. */
+    /**
+     * Modules with buffers or gradient accumulation are refused, and protocol-3 modules that cannot run a
+     * batch of one (a micro-batch or a prediction may hold one event).
+     */
     private static void checkSupported(Path modelPath, TrainingModule module) {
-        if (module.getMetadata().getProtocolVersion() == Protocol.EXPORT_VERSION) {
-            throw new InvalidInputException(Messages.protocol3Refuses(modelPath.toString(), "online learning"));
+        if (module.getMetadata().getMinBatch() > 1) {
+            throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
+                    module.getMetadata().getMinBatch(), "online learning"));
         }
         if (!module.getBufferNames().isEmpty()) {
             throw new InvalidInputException(
