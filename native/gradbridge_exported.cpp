@@ -383,7 +383,7 @@ std::vector<double> hex_doubles(const Json& list) {
 
 struct Group {
   std::vector<std::string> params;
-  double beta1 = 0, beta2 = 0, weight_decay = 0, lr_decay = 0;
+  double momentum = 0, beta1 = 0, beta2 = 0, weight_decay = 0, lr_decay = 0;
 };
 
 // export/scheduler_modules.py's arithmetic (torch.optim.lr_scheduler's chainable get_lr) for the schedules
@@ -399,9 +399,18 @@ struct Schedule {
   std::vector<int64_t> milestones;  // MultiStepLR's, or SequentialLR's
   std::vector<double> min_lrs;
   std::vector<Schedule> children;  // SequentialLR's
-  // what a checkpoint saves (and each child's last_epoch)
+  // OneCycleLR's, resolved at export (scheduler_modules.OneCycleLR): per group the initial, max and min lrs
+  // and momenta; per phase its end step and the keys of the values it anneals between (0 initial lr, 1 max
+  // lr, 2 min lr, 3 max momentum, 4 base momentum)
+  int64_t total_steps = 0;
+  std::vector<double> initial, max_lrs, end_steps, max_momenta, base_momenta;
+  std::vector<int64_t> start_keys, end_keys, start_momentum_keys, end_momentum_keys;
+  bool cos = true, cycle_momentum = false;
+  // what a checkpoint saves (and each child's last_epoch); momenta: OneCycleLR's cycled momentum (SGD) or
+  // beta1 (Adam) per group, empty when not cycled
   int64_t last_epoch = 0, num_bad_epochs = 0, cooldown_counter = 0;
   double best = 0;
+  std::vector<double> momenta;
 
   // the closed form from the base lrs, what SequentialLR's step(0) uses to restart a schedule
   std::vector<double> closed_form() const {
@@ -429,11 +438,54 @@ struct Schedule {
     return out;
   }
 
+  double anneal(double start, double end, double pct) const {
+    const double pi = 3.141592653589793;  // math.pi
+    if (cos) {
+      double cos_out = std::cos(pi * pct) + 1;
+      return end + (start - end) / 2.0 * cos_out;
+    }
+    return (end - start) * pct + start;
+  }
+
+  double one_cycle_value(int64_t key, size_t group) const {
+    switch (key) {
+      case 0: return initial.at(group);
+      case 1: return max_lrs.at(group);
+      case 2: return min_lrs.at(group);
+      case 3: return max_momenta.at(group);
+      default: return base_momenta.at(group);
+    }
+  }
+
+  std::vector<double> one_cycle(std::vector<double> lrs) {
+    const int64_t step_num = last_epoch;
+    if (step_num > total_steps)
+      throw std::invalid_argument("Tried to step " + std::to_string(step_num) + " times. The specified number of total steps is " + std::to_string(total_steps));
+    std::vector<double> cycled(lrs.size(), 0.0);
+    for (size_t g = 0; g < lrs.size(); g++) {
+      double start_step = 0.0;
+      for (size_t i = 0; i < end_steps.size(); i++) {
+        const double end_step = end_steps[i];
+        if (static_cast<double>(step_num) <= end_step || i == end_steps.size() - 1) {
+          const double pct = (static_cast<double>(step_num) - start_step) / (end_step - start_step);
+          lrs[g] = anneal(one_cycle_value(start_keys[i], g), one_cycle_value(end_keys[i], g), pct);
+          if (cycle_momentum)
+            cycled[g] = anneal(one_cycle_value(start_momentum_keys[i], g), one_cycle_value(end_momentum_keys[i], g), pct);
+          break;
+        }
+        start_step = end_steps[i];
+      }
+    }
+    if (cycle_momentum) momenta = cycled;
+    return lrs;
+  }
+
   std::vector<double> step(std::vector<double> lrs) {
     if (name.empty()) return lrs;
     if (name == "plateau") throw std::invalid_argument("ReduceLROnPlateau steps with a metric (schedule_epoch)");
     last_epoch++;
     const int64_t e = last_epoch;
+    if (name == "onecycle") return one_cycle(std::move(lrs));
     if (name == "sequential") {
       size_t index = 0;
       for (int64_t m : milestones) index += m <= e ? 1 : 0;
@@ -549,6 +601,25 @@ struct Schedule {
       cooldown = spec.at("cooldown", where).integer();
       min_lrs = hex_doubles(spec.at("min_lrs", where));
       eps = spec.at("eps", where).number();
+    } else if (name == "onecycle") {
+      total_steps = spec.at("total_steps", where).integer();
+      initial = hex_doubles(spec.at("initial", where));
+      max_lrs = hex_doubles(spec.at("max_lrs", where));
+      min_lrs = hex_doubles(spec.at("min_lrs", where));
+      end_steps = hex_doubles(spec.at("end_steps", where));
+      max_momenta = hex_doubles(spec.at("max_momenta", where));
+      base_momenta = hex_doubles(spec.at("base_momenta", where));
+      for (const auto& k : spec.at("start_keys", where).items) start_keys.push_back(k.integer());
+      for (const auto& k : spec.at("end_keys", where).items) end_keys.push_back(k.integer());
+      for (const auto& k : spec.at("start_momentum_keys", where).items) start_momentum_keys.push_back(k.integer());
+      for (const auto& k : spec.at("end_momentum_keys", where).items) end_momentum_keys.push_back(k.integer());
+      cos = spec.at("cos", where).b;
+      cycle_momentum = spec.at("cycle_momentum", where).b;
+      const size_t phases = end_steps.size(), groups = base_lrs.size();
+      if (phases == 0 || start_keys.size() != phases || end_keys.size() != phases || start_momentum_keys.size() != phases ||
+          end_momentum_keys.size() != phases || initial.size() != groups || max_lrs.size() != groups || min_lrs.size() != groups ||
+          (cycle_momentum && (max_momenta.size() != groups || base_momenta.size() != groups)))
+        throw std::invalid_argument("program: scheduler onecycle's phases or groups do not add up");
     } else {
       throw std::invalid_argument("program: unknown scheduler '" + name + "'");
     }
@@ -658,12 +729,16 @@ struct Exported {
       const Group& group = groups[g];
       const double lr = lrs[g];
       auto put = [&](const char* name, double value) { v["scalar:" + std::string(name) + ":" + std::to_string(g)] = value; };
+      const bool cycled = !schedule.momenta.empty();
       if (optimizer == "sgd" || optimizer == "rmsprop") {
         put("neg_lr", -lr);
+        if (optimizer == "sgd") put("momentum", cycled ? schedule.momenta[g] : group.momentum);
       } else if (optimizer == "adagrad") {
         put("neg_clr", -(lr / (1 + (step - 1) * group.lr_decay)));
       } else {
-        double bias_correction1 = 1 - std::pow(group.beta1, step);
+        const double beta1 = cycled ? schedule.momenta[g] : group.beta1;
+        put("one_minus_beta1", 1 - beta1);
+        double bias_correction1 = 1 - std::pow(beta1, step);
         double bias_correction2 = 1 - std::pow(group.beta2, step);
         double step_size = lr / bias_correction1;
         put("neg_step_size", -step_size);
@@ -750,6 +825,8 @@ struct Exported {
             "\",\"num_bad_epochs\":" + std::to_string(schedule.num_bad_epochs) +
             ",\"cooldown_counter\":" + std::to_string(schedule.cooldown_counter) + ",\"children_last_epochs\":[";
     for (size_t k = 0; k < schedule.children.size(); k++) text += (k ? "," : "") + std::to_string(schedule.children[k].last_epoch);
+    text += "],\"momenta\":[";
+    for (size_t g = 0; g < schedule.momenta.size(); g++) text += (g ? ",\"" : "\"") + hex_text(schedule.momenta[g]) + "\"";
     return text + "]}";
   }
 
@@ -768,6 +845,7 @@ struct Exported {
         group.beta1 = betas->items.at(0).number();
         group.beta2 = betas->items.at(1).number();
       }
+      if (const Json* momentum = g.get("momentum")) group.momentum = momentum->number();
       if (const Json* decay = g.get("weight_decay")) group.weight_decay = decay->number();
       if (const Json* decay = g.get("lr_decay")) group.lr_decay = decay->number();
       groups.push_back(group);
@@ -791,6 +869,10 @@ struct Exported {
     if (children.size() != schedule.children.size())
       throw std::invalid_argument("program counters: " + std::to_string(children.size()) + " children's epochs for " + std::to_string(schedule.children.size()) + " schedules");
     for (size_t k = 0; k < children.size(); k++) schedule.children[k].last_epoch = children[k].integer();
+    // files written before OneCycleLR's momentum was held lack the entry: nothing cycled
+    if (const Json* momenta = counts.get("momenta")) schedule.momenta = hex_doubles(*momenta);
+    if (!schedule.momenta.empty() && (!schedule.cycle_momentum || schedule.momenta.size() != groups.size()))
+      throw std::invalid_argument("program counters: " + std::to_string(schedule.momenta.size()) + " momenta for " + std::to_string(groups.size()) + " parameter groups of a schedule that cycles " + (schedule.cycle_momentum ? "them" : "none"));
   }
 };
 

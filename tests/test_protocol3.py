@@ -212,10 +212,69 @@ def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_
     _java_equals_eager(path, model, ["fused", "step"], epochs=4)
 
 
+def _one_cycle(optimizer, interval, **options):
+    # 4 epochs of N / BATCH steps each, per step; 4 per epoch
+    steps = 4 * N // BATCH if interval == "step" else 4
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=steps, **options)
+
+
+# OneCycleLR: the cycled momentum (SGD) or beta1 (Adam) is a per-step host scalar, as torch.optim reads it
+ONE_CYCLE = [
+    ("sgd", "step", dict(momentum=0.9, nesterov=True), dict(pct_start=0.4)),
+    ("sgd", "epoch", dict(), dict(cycle_momentum=False, anneal_strategy="linear")),
+    ("adam", "step", dict(weight_decay=0.01), dict(three_phase=True, base_momentum=0.7, max_momentum=0.9)),
+    ("adamw", "epoch", dict(), dict()),
+]
+
+
+@pytest.mark.parametrize("name, interval, hyper, options",
+                         ONE_CYCLE[:2] + [pytest.param(*case, marks=pytest.mark.slow) for case in ONE_CYCLE[2:]])
+def test_one_cycle_cycles_momentum_and_beta1_from_java_like_torch_optim(jvm, tmp_path, name, interval, hyper,
+                                                                          options):
+    model = _deep()
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    optimizer = cls(model.parameters(), lr=0.01, **hyper)
+    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, interval, **options),
+                   scheduler_interval=interval)
+    counters = protocol.read_metadata(path)["program"]["counters"]
+    assert len(counters["momenta"]) == (0 if options.get("cycle_momentum") is False else 1)
+    _java_equals_eager(path, model, ["fused", "step"], epochs=4)
+
+
+def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
+    model = _deep()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, "step"))
+    x, y = (t.numpy() for t in _mlp_data(0))
+    settings = dict(batch_size=BATCH, mode="fused", seed=3)
+    whole = java.train(path, x, y, epochs=4, **settings)
+    first = java.train(path, x, y, epochs=2, checkpoint=tmp_path / "run.pt", **settings)
+    counters = protocol.read_metadata(tmp_path / "run.pt")["program"]["counters"]
+    fresh = protocol.read_metadata(path)["program"]["counters"]
+    assert counters["momenta"] != fresh["momenta"]  # mid-cycle: beta1 moved from the cycle's start
+    rest = java.train(tmp_path / "run.pt", x, y, epochs=2, **settings)
+    _same(first.records + rest.records, whole)
+    _same(whole, reference.train(path, x, y, epochs=4, model=model, **settings))
+    # gradbridge-train in a JVM of its own: resumed from its checkpoint, the run never stopped
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    cli = ["--data", tmp_path / "train.npz", "--batch-size", BATCH, "--seed", 3, "--mode", "fused"]
+    first = train_cli("--model", path, *cli, "--epochs", 2, "--checkpoint", tmp_path / "c.pt",
+                      "--history", tmp_path / "first.jsonl")
+    if _own_jvm_refused(first):
+        return
+    rest = train_cli("--resume", tmp_path / "c.pt", *cli, "--epochs", 2, "--history", tmp_path / "rest.jsonl")
+    assert rest.returncode == 0, rest.stderr
+    assert _records(tmp_path / "first.jsonl") + _records(tmp_path / "rest.jsonl") == [
+        (r.epoch, r.loss, r.val_loss, r.digests) for r in whole]
+
+
 @pytest.mark.parametrize("options, line", [
-    (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
-     "format='export' does not support scheduler onecycle (it holds step, multistep, exponential, cosine, linear, "
-     "plateau, sequential) yet"),
+    (dict(optimizer="rmsprop", scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
+     "format='export' does not support OneCycleLR's cycle_momentum with optimizer rmsprop (it cycles SGD's momentum "
+     "and Adam's beta1) yet"),
+    (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9, "base_momentum": 0.0}),
+     "format='export' does not support OneCycleLR cycling SGD's momentum through 0.0 (base_momentum and "
+     "max_momentum above 0 are held) yet"),
     (dict(accumulate=5), "format='export': accumulate=5 splits a batch of 9 into micro-batches of [2, 2, 2, 2, 1]; "
                          "protocol 3 runs micro-batches of at least 2 samples"),
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
@@ -223,8 +282,9 @@ def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_
 def test_what_protocol_3_does_not_hold_is_refused_in_one_line(tmp_path, options, line):
     x, y = _mlp_data(0)
     batch = options.pop("batch", BATCH)
+    optimizer = options.pop("optimizer", "sgd")
     with pytest.raises(ExportError) as info:
-        export_training_module(_mlp(), "cross_entropy", "sgd", tmp_path / "m.pt",
+        export_training_module(_mlp(), "cross_entropy", optimizer, tmp_path / "m.pt",
                                example_inputs=(x[:batch], y[:batch]), format="export", **options)
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
     assert not (tmp_path / "m.pt").exists()

@@ -255,22 +255,22 @@ def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], pa
             b.output(buf, f"state:momentum_buffer:{n}")
         else:
             buf = state["momentum_buffer"]
-            b.op("aten::mul_", "Scalar", buf, h["momentum"])
+            b.op("aten::mul_", "Scalar", buf, scalar["momentum"])
             b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
-        grad = b.op("aten::add", "Tensor", grad, buf, alpha=h["momentum"]) if h["nesterov"] else buf
+        grad = b.op("aten::add", "Tensor", grad, buf, alpha=scalar["momentum"]) if h["nesterov"] else buf
     b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
 
 
 def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
                state: Dict[str, Any], first: bool, decoupled: bool) -> None:
-    beta1, beta2 = h["betas"]
+    beta2 = h["betas"][1]
     b.op("aten::add_", "Scalar", state["step"], 1)
     if h["weight_decay"] != 0:
         if decoupled:
             b.op("aten::mul_", "Scalar", param, scalar["decay"])
         else:
             grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, 1 - beta1)
+    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, scalar["one_minus_beta1"])
     b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
     b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
     if h["amsgrad"]:
@@ -345,10 +345,9 @@ def _clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Di
     return b.graph()
 
 
-def _optimizer_graphs(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    name = setup.spec["name"]
-    groups = [([names[i] for i in indices], module.hyperparameters())
-              for (indices, _), module in zip(setup.resolved, setup.optimizers)]
+def _optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    name = training["optimizer"]
+    groups = [(group["params"], group) for group in training["groups"]]
     graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
     if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
         graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
@@ -387,7 +386,30 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
             raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
         schedule = plan.scheduler_module
         training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
-    return training, program.initial_counters(plan.lrs, schedule), schedule
+    counters = program.initial_counters(plan.lrs, schedule)
+    if counters["momenta"]:
+        _cycle_momentum(training, schedule)
+    return training, counters, schedule
+
+
+def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
+    """OneCycleLR cycles SGD's momentum or Adam's beta1: a host scalar per step (``program.host_scalars``); the
+    groups hold the cycle's start, as torch's construction sets it, so the step graph has SGD's momentum ops.
+    A cycle through momentum 0 (torch's SGD then skips its buffer) and RMSprop's are refused."""
+    name = training["optimizer"]
+    if name not in ("sgd", "adam", "adamw"):
+        raise ExportError(messages.aten_option_refused(f"OneCycleLR's cycle_momentum with optimizer {name} "
+                                                       "(it cycles SGD's momentum and Adam's beta1)"))
+    for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
+                                       schedule.max_momenta):
+        if name == "sgd":
+            if min(low, high) <= 0:
+                raise ExportError(messages.aten_option_refused(
+                    f"OneCycleLR cycling SGD's momentum through {min(low, high)} (base_momentum and max_momentum "
+                    "above 0 are held)"))
+            group["momentum"] = start
+        else:
+            group["betas"] = [start, group["betas"][1]]
 
 
 def _bits(t: Tensor) -> bytes:
@@ -464,7 +486,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     model.train()
     if setup.plan.clip["kind"] != "none":
         graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad], setup.plan.clip)
-    graphs.update(_optimizer_graphs(setup, names))
+    graphs.update(_optimizer_graphs(training))
 
     state: Dict[str, Tensor] = {f"param:{n}": p.detach().clone() for n, p in named}
     buffers = list(model.named_buffers())
