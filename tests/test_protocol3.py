@@ -241,6 +241,45 @@ def test_one_cycle_cycles_momentum_and_beta1_from_java_like_torch_optim(jvm, tmp
     _java_equals_eager(path, model, ["fused", "step"], epochs=4)
 
 
+class _Idle(nn.Module):
+    """A model with parameters the loss gives no gradient: a head it never calls, a scale it detaches."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _deep()
+        self.spare = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.full((3,), 0.5))
+
+    def forward(self, x):
+        return self.body(x) * self.scale.detach()
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_path, name):
+    model = _Idle()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1) if name == "adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01))
+    path = _export(tmp_path / "m.pt", model, optimizer, clip_grad_norm=0.5)
+    program = protocol.read_metadata(path)["program"]
+    idle = ["spare.weight", "spare.bias", "scale"]
+    assert not set(idle) & set(program["training"]["groups"][0]["params"])
+    assert not [e["name"] for e in program["state"] if e["name"].startswith("state:") and e["name"].split(":")[2] in idle]
+    _java_equals_eager(path, model, ["fused", "step"])
+    # torch.optim held no state for them either (Adam's step counts are per parameter)
+    x, y = _mlp_data(0)
+    eager = reference.Reference(path, model)
+    eager.train_step(x[:BATCH], y[:BATCH])
+    assert sorted(n for n, p in eager.named_parameters() if eager.optimizer.state[p]) == sorted(
+        n for n, _ in model.named_parameters() if n not in idle)
+    if name == "adam":  # and gradbridge-train in a JVM of its own
+        np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
+        run = train_cli("--model", path, "--data", tmp_path / "train.npz", "--batch-size", BATCH, "--seed", 3,
+                        "--epochs", 2, "--history", tmp_path / "h.jsonl")
+        if not _own_jvm_refused(run):
+            expected = reference.train(path, x.numpy(), y.numpy(), epochs=2, batch_size=BATCH, seed=3, model=model)
+            assert _records(tmp_path / "h.jsonl") == [(r.epoch, r.loss, r.val_loss, r.digests) for r in expected]
+
+
 def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
     model = _deep()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
