@@ -749,6 +749,100 @@ struct Exported {
     return v;
   }
 
+  // The state bindings the first optimizer step creates (SGD's momentum buffers), and how many are held:
+  // all or none (a load of a state holding some is refused).
+  std::vector<std::string> created() const {
+    std::vector<std::string> out;
+    auto first = graphs.find("optimizer_first");
+    if (first != graphs.end())
+      for (const auto& o : first->second.outputs) out.push_back(o.second);
+    return out;
+  }
+
+  size_t created_held() const {
+    size_t held = 0;
+    for (const auto& b : created()) held += state.count(b);
+    return held;
+  }
+
+  // torch.optim's state layout: per key in the order the step graph binds them, the trainable parameters
+  // that hold it (in group order); optimizer_state and load_optimizer_state take it.
+  std::vector<std::pair<std::string, std::vector<std::string>>> optimizer_layout() const {
+    std::vector<std::pair<std::string, std::vector<std::string>>> layout;
+    auto it = graphs.find("optimizer");
+    if (it == graphs.end()) return layout;
+    for (const auto& b : it->second.inputs) {
+      if (b.rfind("state:", 0) != 0) continue;
+      const size_t colon = b.find(':', 6);
+      const std::string key = b.substr(6, colon - 6);
+      auto entry = std::find_if(layout.begin(), layout.end(), [&](const auto& e) { return e.first == key; });
+      if (entry == layout.end()) entry = layout.insert(layout.end(), {key, {}});
+      entry->second.push_back(b.substr(colon + 1));
+    }
+    return layout;
+  }
+
+  // torch.optim's load_state_dict of the per-parameter state (export/scripted_module.py's load_optimizer_state
+  // is the TorchScript twin): every key of the layout, one tensor per parameter that holds it, each of its
+  // parameter's shape (`step` a scalar); a key the first step creates (SGD's momentum_buffer) may be absent
+  // or an empty tensor, for all parameters or none. The steps count becomes the state's `step` (Adam's
+  // bias corrections read it). Checked whole before anything changes.
+  void load_optimizer_state(const std::vector<std::string>& keys, const std::vector<int64_t>& counts,
+                            const std::vector<at::Tensor>& tensors) {
+    const std::string where = "load_optimizer_state: ";
+    const auto layout = optimizer_layout();
+    const auto lazy = created();
+    std::map<std::string, std::vector<at::Tensor>> given;
+    size_t at = 0;
+    for (size_t k = 0; k < keys.size(); k++) {
+      if (counts[k] < 0 || at + counts[k] > tensors.size()) throw std::invalid_argument(where + "tensor counts do not add up");
+      given[keys[k]] = std::vector<at::Tensor>(tensors.begin() + at, tensors.begin() + at + counts[k]);
+      at += counts[k];
+    }
+    for (const auto& [key, _] : given)
+      if (std::none_of(layout.begin(), layout.end(), [&](const auto& e) { return e.first == key; }))
+        throw std::invalid_argument(where + "unexpected key " + key);
+    std::vector<std::pair<std::string, at::Tensor>> loads;  // binding, tensor (undefined: not held)
+    int64_t step = -1;
+    for (const auto& [key, params] : layout) {
+      const bool creatable = std::find(lazy.begin(), lazy.end(), "state:" + key + ":" + params[0]) != lazy.end();
+      auto it = given.find(key);
+      if (it == given.end()) {
+        if (!creatable) throw std::invalid_argument(where + "missing key " + key);
+        for (const auto& p : params) loads.emplace_back("state:" + key + ":" + p, at::Tensor());
+        continue;
+      }
+      const auto& values = it->second;
+      if (values.size() != params.size())
+        throw std::invalid_argument(where + key + " has " + std::to_string(values.size()) + " tensors, expected " + std::to_string(params.size()));
+      size_t held = 0;
+      for (size_t i = 0; i < params.size(); i++) {
+        const at::Tensor& param = state.at("param:" + params[i]);
+        const bool empty = values[i].dim() == 1 && values[i].size(0) == 0;
+        if (creatable && empty) { loads.emplace_back("state:" + key + ":" + params[i], at::Tensor()); continue; }
+        const std::vector<int64_t> expected = key == "step" ? std::vector<int64_t>{} : param.sizes().vec();
+        if (values[i].sizes().vec() != expected)
+          throw std::invalid_argument(where + key + "[" + std::to_string(i) + "] has shape " + c10::str(values[i].sizes()) + ", expected " + c10::str(c10::IntArrayRef(expected)));
+        at::NoGradGuard no_grad;
+        at::Tensor copy = values[i].to(key == "step" ? at::kFloat : param.scalar_type()).clone();
+        if (key == "step") {
+          const int64_t count = static_cast<int64_t>(copy.item<float>());
+          if (step >= 0 && count != step)
+            throw std::invalid_argument(where + "step is " + std::to_string(step) + " for " + params[0] + " but " + std::to_string(count) + " for " + params[i] + "; a protocol-3 module steps its parameters together");
+          step = count;
+        }
+        loads.emplace_back("state:" + key + ":" + params[i], copy);
+        held++;
+      }
+      if (held > 0 && held < params.size())
+        throw std::invalid_argument(where + key + " is held for " + std::to_string(held) + " of " + std::to_string(params.size()) + " parameters; a protocol-3 module loads it for all of them or none");
+    }
+    for (auto& [binding, tensor] : loads) {
+      if (tensor.defined()) state[binding] = tensor; else state.erase(binding);
+    }
+    if (step >= 0) steps = step;
+  }
+
   // torch's order: clip_grad_*_, optimizer.step(), scheduler.step() (a per-step schedule)
   void optimizer_step() {
     for (const auto& p : trainable)
@@ -756,7 +850,8 @@ struct Exported {
         throw std::invalid_argument("optimizer_step: parameter " + p + " has no gradient (run calculate_loss_and_backward first)");
     steps++;
     if (graphs.count("clip") > 0) run("clip", {});
-    bool first = steps == 1 && graphs.count("optimizer_first") > 0;
+    // SGD's first step with momentum (torch's momentum_buffer is None): copies the gradient into new buffers
+    bool first = graphs.count("optimizer_first") > 0 && created_held() == 0;
     for (auto& [to, value] : run(first ? "optimizer_first" : "optimizer", host_scalars())) state[to] = value.toTensor();
     if (schedule.interval == "step") lrs = schedule.step(lrs);
   }
@@ -914,18 +1009,17 @@ std::vector<std::string> strings_of(JNIEnv* env, jobjectArray array) {
   return out;
 }
 
-// A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum).
+// A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
+// and none of those is held.
 void check_bound(const Exported& module) {
-  std::vector<std::string> created;
-  auto first = module.graphs.find("optimizer_first");
-  if (first != module.graphs.end())
-    for (const auto& out : first->second.outputs) created.push_back(out.second);
+  const auto created = module.created();
+  const bool none_created = module.created_held() == 0;
   for (const auto& [name, graph] : module.graphs)
     for (const auto& b : graph.inputs) {
       bool held = b.rfind("param:", 0) == 0 || b.rfind("buffer:", 0) == 0 || b.rfind("const:", 0) == 0 ||
                   b.rfind("state:", 0) == 0;
       if (!held || module.state.count(b) > 0) continue;
-      if (module.steps == 0 && std::find(created.begin(), created.end(), b) != created.end()) continue;
+      if (none_created && std::find(created.begin(), created.end(), b) != created.end()) continue;
       throw std::invalid_argument("op list " + name + " reads state tensor " + b + ", which the file lacks");
     }
 }
@@ -1050,11 +1144,41 @@ JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedGet(JNIEnv* env,
     for (const auto& name : strings_of(env, names)) {
       auto it = m.state.find(name);
       if (it != m.state.end()) { out.push_back(handle_of(it->second.clone())); continue; }
+      // an optimizer state a parameter does not hold (SGD's momentum_buffer before its first step): empty,
+      // as the TorchScript path's optimizer_state says
+      if (name.rfind("state:", 0) == 0) { out.push_back(handle_of(at::empty({0}))); continue; }
       if (name.rfind("grad:", 0) == 0) { out.push_back(handle_of(at::zeros_like(m.state.at("param:" + name.substr(5))))); continue; }
       for (jlong h : out) delete reinterpret_cast<at::Tensor*>(h);
       throw std::invalid_argument("the module holds no state tensor " + name);
     }
     return to_java(env, out);
+  });
+}
+
+// torch.optim's state layout: "state:KEY:PARAM" per key (the step graph's order), its parameters in group order.
+JNIEXPORT jobjectArray JNICALL Java_dev_gradbridge_Native_exportedOptimizerLayout(JNIEnv* env, jclass, jlong handle) {
+  return guarded(env, static_cast<jobjectArray>(nullptr), [&] {
+    std::vector<std::string> names;
+    for (const auto& [key, params] : exported_of(handle).optimizer_layout())
+      for (const auto& p : params) names.push_back("state:" + key + ":" + p);
+    jclass string = env->FindClass("java/lang/String");
+    jobjectArray out = env->NewObjectArray(static_cast<jsize>(names.size()), string, nullptr);
+    if (out == nullptr) throw JavaPending{};
+    for (size_t k = 0; k < names.size(); k++) {
+      jstring s = env->NewStringUTF(names[k].c_str());
+      env->SetObjectArrayElement(out, static_cast<jsize>(k), s);
+      env->DeleteLocalRef(s);
+    }
+    return out;
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedLoadOptimizerState(JNIEnv* env, jclass, jlong handle,
+                                                                             jobjectArray keys, jlongArray counts,
+                                                                             jlongArray tensors) {
+  guarded<Message::first_line>(env, 0, [&] {
+    exported_of(handle).load_optimizer_state(strings_of(env, keys), longs(env, counts, "counts"), tensors_of(env, tensors));
+    return 0;
   });
 }
 

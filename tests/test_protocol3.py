@@ -263,7 +263,8 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_pat
     program = protocol.read_metadata(path)["program"]
     idle = ["spare.weight", "spare.bias", "scale"]
     assert not set(idle) & set(program["training"]["groups"][0]["params"])
-    assert not [e["name"] for e in program["state"] if e["name"].startswith("state:") and e["name"].split(":")[2] in idle]
+    optimizer_state = [e["name"].split(":") for e in program["state"] if e["name"].startswith("state:")]
+    assert (optimizer_state or name == "sgd") and not [n for _, _, n in optimizer_state if n in idle]
     _java_equals_eager(path, model, ["fused", "step"])
     # torch.optim held no state for them either (Adam's step counts are per parameter)
     x, y = _mlp_data(0)
@@ -533,14 +534,102 @@ def test_online_learning_is_refused_in_one_line_before_anything_is_written(jvm, 
     assert not (tmp_path / "log").exists()
 
 
-def test_load_optimizer_state_is_refused_in_one_line(jvm, mlp):
-    _, path = mlp
+def _torch_layout(optimizer):
+    """torch.optim's state dict as load_optimizer_state takes it: per key, the tensor of each parameter that
+    holds it, in group order."""
+    state = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state[p].items():
+                state.setdefault(key, []).append(value)
+    return state
+
+
+def _java_state(jvm, state):
+    """{key: [tensor]} as a Java map of tensor lists."""
+    java_map = jvm.jclass("java.util.LinkedHashMap")()
+    for key, values in state.items():
+        tensors = jvm.jclass("java.util.ArrayList")()
+        for value in values:
+            tensors.add(jvm.to_tensor(value.detach().numpy()))
+        java_map.put(key, tensors)
+    return java_map
+
+
+def _values(tensors):
+    return [np.array(list(t.toExactDoubles())) for t in tensors]
+
+
+def _set_parameters(jvm, module, parameters):
+    tensors = jvm.jclass("java.util.ArrayList")()
+    for name in module.call("parameter_names"):
+        tensors.add(jvm.to_tensor(parameters[str(name)].numpy()))
+    module.call("set_parameters", tensors)
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path, name):
+    # Given torch.optim's state after two steps of the user's eager model (Adam: its step counts too)
+    model = _deep()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True, weight_decay=0.1) if name == "adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=0.2))
+    path = _export(tmp_path / "m.pt", model, optimizer)
+    x, y = _mlp_data(0)
+    batches = [(x[k * BATCH:(k + 1) * BATCH], y[k * BATCH:(k + 1) * BATCH]) for k in range(3)]
+    eager = reference.Reference(path, model)
+    for k in (0, 1):
+        torch.manual_seed(k)
+        eager.train_step(*batches[k])
     module = load_module(path)
     try:
-        with pytest.raises(Exception) as info:
-            module.call("load_optimizer_state", None)
-        assert "protocol-3 modules (format='export') do not support load_optimizer_state() yet" in str(
-            info.value.getMessage())
+        with jvm.java_errors():
+            # When a fresh protocol-3 module takes its parameters and torch.optim's state
+            _set_parameters(jvm, module, eager.parameters())
+            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            # Then it trains on as torch.optim does
+            for k in (2, 0):
+                torch.manual_seed(k)
+                expected = eager.train_step(*batches[k])
+                torch.manual_seed(k)
+                actual = module.call("train_step", jvm.to_tensor(batches[k][0].numpy()), jvm.to_tensor(batches[k][1].numpy()))
+                assert list(actual.toExactDoubles()) == [float(expected)]
+            held = module.call("optimizer_state")
+            torch_state = _torch_layout(eager.optimizer)
+            assert sorted(str(k) for k in held.keySet()) == sorted(torch_state)
+            for key, values in torch_state.items():
+                for a, e in zip(_values(held.get(key)), values):
+                    assert np.array_equal(a, e.double().numpy().ravel()), key
+            for a, (n, e) in zip(_values(module.call("get_parameters")), eager.parameters().items()):
+                assert np.array_equal(a, e.double().numpy().ravel()), n
+    finally:
+        module.close()
+
+
+def test_a_state_without_momentum_buffers_makes_the_next_sgd_step_create_them(jvm, tmp_path):
+    # Given a module that stepped (its buffers held) and torch.optim's state before any step (no buffers)
+    model = _deep()
+    path = _export(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                                                               dampening=0.5))
+    x, y = _mlp_data(0)
+    eager = reference.Reference(path, model)
+    initial = eager.parameters()
+    module = load_module(path)
+    try:
+        with jvm.java_errors():
+            for _ in range(2):
+                module.call("train_step", jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+            assert set(str(k) for k in module.call("optimizer_state").keySet()) == {"momentum_buffer"}
+            # When it loads that state: no buffers (torch's momentum_buffer is None again)
+            _set_parameters(jvm, module, initial)
+            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            assert module.call("optimizer_state").isEmpty()
+            # Then its next step copies the gradient into new buffers, as torch's first step does (no dampening)
+            for k in range(3):
+                torch.manual_seed(k)
+                expected = eager.train_step(x[:BATCH], y[:BATCH])
+                torch.manual_seed(k)
+                actual = module.call("train_step", jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+                assert list(actual.toExactDoubles()) == [float(expected)]
     finally:
         module.close()
 

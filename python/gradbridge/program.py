@@ -8,7 +8,8 @@ joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per trainable
 ``forward`` (eval mode: ``output``), ``loss`` (the loss of an ``output`` and the ``target``: ``evaluate`` is
 ``forward`` then ``loss``), ``clip`` (torch.nn.utils' gradient clipping, in place, when exported),
 ``optimizer`` (one torch.optim step of every group, in place), and for SGD with momentum
-``optimizer_first`` (the first step, which creates the momentum buffers).
+``optimizer_first`` (the step while no momentum buffer is held, the first or after a load of a state
+without them: it creates the buffers).
 
 ``training`` (``program.training``, fixed at export): the optimizer's name, its parameter groups (each
 group's parameters and hyper-parameters), ``accumulate``, the schedule (``scheduler``: a resolved spec
@@ -162,7 +163,10 @@ class Program:
             momentum = self.momenta[g] if self.momenta else None
             for key, value in host_scalars(name, group, lr, self.steps, momentum).items():
                 scalars[scalar_binding(key, g)] = value
-        graph = "optimizer_first" if self.steps == 1 and "optimizer_first" in self.graphs else "optimizer"
+        # SGD's first step with momentum (no buffer held yet, torch's None) creates the buffers
+        first = "optimizer_first" in self.graphs and not any(
+            out["to"] in self.state for out in self.graphs["optimizer_first"]["outputs"])
+        graph = "optimizer_first" if first else "optimizer"
         self.state.update(self._run(graph, scalars))
         if self.schedule is not None and self.training["scheduler_interval"] == "step":
             self.lrs = self.schedule.step(self.lrs)

@@ -620,7 +620,7 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
         for key in ("training", "counters"):
             if not isinstance(entry.get(key), dict):
                 raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
-        _check_bound(graphs, state, entry["counters"])
+        _check_bound(graphs, state)
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
     except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
@@ -628,15 +628,16 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
     return metadata, graphs, state
 
 
-def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor], counters: Dict[str, Any]) -> None:
-    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum);
-    the native layer's check_bound."""
+def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:
+    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
+    and none of those is held; the native layer's check_bound."""
     created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
+    none_created = not created & set(state)
     for name, graph in graphs.items():
         for binding in graph["inputs"]:
             if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
                 continue
-            if not (counters["steps"] == 0 and binding in created):
+            if not (none_created and binding in created):
                 raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
 
 
