@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from . import memory as bench_memory
-from .cases import IN_PROCESS, REAL_MODELS, VARIANTS
+from .cases import IN_PROCESS, PROTOCOL3, REAL_MODELS, VARIANTS
 from .stats import CANNOT_TELL, MET, MISSED, compare, verdict
 
 def _ratio_target(text: str, case: Dict, key: str, base: str, limit: float) -> Dict | None:
@@ -44,6 +44,13 @@ def targets(results: Dict) -> List[Dict]:
         if key in steps:
             found.append(_ratio_target("Java fused (d) <= 1.0x eager Python (a)", steps[key], "d", "a", 1.0))
             found.append(_ratio_target("Java fused in Python (d*) <= 1.0x eager Python (a)", steps[key], "d*", "a", 1.0))
+    # Protocol 3 (issue 33): the same, the module exported in format='export', beside TorchScript's (d), (d*)
+    for key in PROTOCOL3:
+        if key in steps:
+            found.append(_ratio_target("Java fused, protocol 3 (d3) <= 1.0x eager Python (a)", steps[key], "d3", "a",
+                                       1.0))
+            found.append(_ratio_target("Java fused, protocol 3, in Python (d3*) <= 1.0x eager Python (a)", steps[key],
+                                       "d3*", "a", 1.0))
     if "transfer" in results:
         speed = results["transfer"]["one_copy_vs_numpy_copy_speed"]
         # ">= 0.5x numpy's speed" as "numpy's speed / ours <= 2"
@@ -161,7 +168,8 @@ def write_chart(results: Dict, path: Path) -> None:
     if not cases:
         return
     figure, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 4.5), squeeze=False)
-    palette = dict(zip(VARIANTS, ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:gray", "black"]))
+    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:gray", "black", "tab:purple"]
+    palette = dict(zip(VARIANTS, colors))
     for ax, case in zip(axes[0], cases):
         keys = [k for k in VARIANTS if k in case["variants"]]
         rounds = [np.asarray(case["variants"][k]["rounds_s"]) * 1e6 for k in keys]
