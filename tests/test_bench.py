@@ -194,6 +194,14 @@ def test_protocol_3_variants_are_judged_beside_torchscripts_on_the_real_shapes()
                         "Java fused, protocol 3, in Python (d3*) <= 1.0x eager Python (a)": MISSED}
 
 
+def test_a_model_protocol_3_refuses_is_reported_with_its_reason():
+    machine = {"quick": True, "cpus": 2, "torch": torch.__version__, "torch_threads": 2, "rounds": 2,
+               "load_average_at_start": [1.0, 1.0, 1.0], "load_average_at_end": [1.0, 1.0, 1.0]}
+    case = {**_case("transformer", {}), "parameters": 10, "rounds": 2, "protocol3_refused": "export check failed: x"}
+    lines = report.format_tables({"machine": machine, "steps": [case], "targets": [], "answers": []})
+    assert "  (d3), (d3*): format='export' refused the model: export check failed: x" in lines
+
+
 @pytest.mark.gradle
 def test_a_tiny_run_times_the_protocol_3_module_beside_the_torchscript_one(tmp_path):
     result = subprocess.run([sys.executable, "-m", "gradbridge", "bench", "--quick", "--cases", "mlp", "--rounds", "2",

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import classpath, jdk, jvm, libtorch, messages, torchscript
-from ..errors import SetupError
+from ..errors import ExportError, SetupError
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
@@ -43,7 +43,7 @@ VARIANTS = {
 IN_PROCESS = {
     "c*": "Java -> train_step, in Python (JPype)",
     "d*": "Java -> train_epoch, in Python (JPype)",
-    "d3*": "Java -> train_epoch, protocol 3, in Python",
+    "d3*": "protocol 3 (d3) in Python (JPype)",
 }
 #: The cases whose model is also exported in format='export' (protocol 3: the training step captured with
 #: torch.export, run op by op by the native layer) for (d3) and (d3*), beside TorchScript's (d) and (d*).
@@ -147,8 +147,14 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     batches = case.samples // case.batch
     fused_calls = max(1, calls // batches)
     protocol3 = ("d3", "d3*")
-    wanted = lambda key: (not only or key in only) and (key not in protocol3 or case.key in PROTOCOL3)  # noqa: E731
-    exported = _export(case, out_dir, format="export")[1] if wanted("d3") or wanted("d3*") else None
+    refused = None  # why protocol 3 cannot export the case's model: reported, the other variants still run
+    exported = None
+    if (not only or set(only) & set(protocol3)) and case.key in PROTOCOL3:
+        try:
+            exported = _export(case, out_dir, format="export")[1]
+        except ExportError as ex:
+            refused = str(ex)
+    wanted = lambda key: (not only or key in only) and (key not in protocol3 or exported is not None)  # noqa: E731
 
     eager = copy.deepcopy(model)  # (a) eager PyTorch + torch.optim
     optimizer = optim.torch_optimizer(case.optimizer, eager.parameters())
@@ -243,7 +249,8 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
                     value["cpu_" + name] = ratio_ci(cpu, base_cpu)
     return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
             "batch": case.batch, "rounds": rounds, "load_average": load,
-            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results}}
+            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results},
+            **({"protocol3_refused": refused} if refused else {})}
 
 
 def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:

@@ -104,6 +104,8 @@ def format_tables(results: Dict) -> List[str]:
             lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['median_s']):>10} {_us(v['min_s']):>10}  "
                          f"{_ci(v.get('vs_a')):<20} {_ci(v.get('vs_e')):<20} {_ci(v.get('vs_e_fused')):<20} "
                          f"{per.get('minor_faults', float('nan')):>7.1f} {switches:>6.1f} {cpu:>5.2f}")
+        if "protocol3_refused" in case:
+            lines.append(f"  (d3), (d3*): format='export' refused the model: {case['protocol3_refused']}")
         lines.append("  (faults: minor page faults per step; ctxsw: context switches per step; cpu: CPU seconds "
                      "per wall second, all threads of the process)")
         lines.append("  CPU time per step (all threads of the process), ratios as above:")
