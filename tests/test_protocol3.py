@@ -221,9 +221,9 @@ def _one_cycle(optimizer, interval, **options):
 # OneCycleLR: the cycled momentum (SGD) or beta1 (Adam) is a per-step host scalar, as torch.optim reads it
 ONE_CYCLE = [
     ("sgd", "step", dict(momentum=0.9, nesterov=True), dict(pct_start=0.4)),
-    ("sgd", "epoch", dict(), dict(cycle_momentum=False, anneal_strategy="linear")),
+    ("sgd", "epoch", dict(), dict(anneal_strategy="linear")),  # SGD built without momentum: the cycle brings it
     ("adam", "step", dict(weight_decay=0.01), dict(three_phase=True, base_momentum=0.7, max_momentum=0.9)),
-    ("adamw", "epoch", dict(), dict()),
+    ("adamw", "epoch", dict(), dict(cycle_momentum=False)),
 ]
 
 
