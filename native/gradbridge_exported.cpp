@@ -383,7 +383,7 @@ std::vector<double> hex_doubles(const Json& list) {
 
 struct Group {
   std::vector<std::string> params;
-  double beta1 = 0, beta2 = 0, weight_decay = 0, lr_decay = 0;
+  double momentum = 0, beta1 = 0, beta2 = 0, weight_decay = 0, lr_decay = 0;
 };
 
 // export/scheduler_modules.py's arithmetic (torch.optim.lr_scheduler's chainable get_lr) for the schedules
@@ -399,9 +399,18 @@ struct Schedule {
   std::vector<int64_t> milestones;  // MultiStepLR's, or SequentialLR's
   std::vector<double> min_lrs;
   std::vector<Schedule> children;  // SequentialLR's
-  // what a checkpoint saves (and each child's last_epoch)
+  // OneCycleLR's, resolved at export (scheduler_modules.OneCycleLR): per group the initial, max and min lrs
+  // and momenta; per phase its end step and the keys of the values it anneals between (0 initial lr, 1 max
+  // lr, 2 min lr, 3 max momentum, 4 base momentum)
+  int64_t total_steps = 0;
+  std::vector<double> initial, max_lrs, end_steps, max_momenta, base_momenta;
+  std::vector<int64_t> start_keys, end_keys, start_momentum_keys, end_momentum_keys;
+  bool cos = true, cycle_momentum = false;
+  // what a checkpoint saves (and each child's last_epoch); momenta: OneCycleLR's cycled momentum (SGD) or
+  // beta1 (Adam) per group, empty when not cycled
   int64_t last_epoch = 0, num_bad_epochs = 0, cooldown_counter = 0;
   double best = 0;
+  std::vector<double> momenta;
 
   // the closed form from the base lrs, what SequentialLR's step(0) uses to restart a schedule
   std::vector<double> closed_form() const {
@@ -429,11 +438,54 @@ struct Schedule {
     return out;
   }
 
+  double anneal(double start, double end, double pct) const {
+    const double pi = 3.141592653589793;  // math.pi
+    if (cos) {
+      double cos_out = std::cos(pi * pct) + 1;
+      return end + (start - end) / 2.0 * cos_out;
+    }
+    return (end - start) * pct + start;
+  }
+
+  double one_cycle_value(int64_t key, size_t group) const {
+    switch (key) {
+      case 0: return initial.at(group);
+      case 1: return max_lrs.at(group);
+      case 2: return min_lrs.at(group);
+      case 3: return max_momenta.at(group);
+      default: return base_momenta.at(group);
+    }
+  }
+
+  std::vector<double> one_cycle(std::vector<double> lrs) {
+    const int64_t step_num = last_epoch;
+    if (step_num > total_steps)
+      throw std::invalid_argument("Tried to step " + std::to_string(step_num) + " times. The specified number of total steps is " + std::to_string(total_steps));
+    std::vector<double> cycled(lrs.size(), 0.0);
+    for (size_t g = 0; g < lrs.size(); g++) {
+      double start_step = 0.0;
+      for (size_t i = 0; i < end_steps.size(); i++) {
+        const double end_step = end_steps[i];
+        if (static_cast<double>(step_num) <= end_step || i == end_steps.size() - 1) {
+          const double pct = (static_cast<double>(step_num) - start_step) / (end_step - start_step);
+          lrs[g] = anneal(one_cycle_value(start_keys[i], g), one_cycle_value(end_keys[i], g), pct);
+          if (cycle_momentum)
+            cycled[g] = anneal(one_cycle_value(start_momentum_keys[i], g), one_cycle_value(end_momentum_keys[i], g), pct);
+          break;
+        }
+        start_step = end_steps[i];
+      }
+    }
+    if (cycle_momentum) momenta = cycled;
+    return lrs;
+  }
+
   std::vector<double> step(std::vector<double> lrs) {
     if (name.empty()) return lrs;
     if (name == "plateau") throw std::invalid_argument("ReduceLROnPlateau steps with a metric (schedule_epoch)");
     last_epoch++;
     const int64_t e = last_epoch;
+    if (name == "onecycle") return one_cycle(std::move(lrs));
     if (name == "sequential") {
       size_t index = 0;
       for (int64_t m : milestones) index += m <= e ? 1 : 0;
@@ -549,6 +601,25 @@ struct Schedule {
       cooldown = spec.at("cooldown", where).integer();
       min_lrs = hex_doubles(spec.at("min_lrs", where));
       eps = spec.at("eps", where).number();
+    } else if (name == "onecycle") {
+      total_steps = spec.at("total_steps", where).integer();
+      initial = hex_doubles(spec.at("initial", where));
+      max_lrs = hex_doubles(spec.at("max_lrs", where));
+      min_lrs = hex_doubles(spec.at("min_lrs", where));
+      end_steps = hex_doubles(spec.at("end_steps", where));
+      max_momenta = hex_doubles(spec.at("max_momenta", where));
+      base_momenta = hex_doubles(spec.at("base_momenta", where));
+      for (const auto& k : spec.at("start_keys", where).items) start_keys.push_back(k.integer());
+      for (const auto& k : spec.at("end_keys", where).items) end_keys.push_back(k.integer());
+      for (const auto& k : spec.at("start_momentum_keys", where).items) start_momentum_keys.push_back(k.integer());
+      for (const auto& k : spec.at("end_momentum_keys", where).items) end_momentum_keys.push_back(k.integer());
+      cos = spec.at("cos", where).b;
+      cycle_momentum = spec.at("cycle_momentum", where).b;
+      const size_t phases = end_steps.size(), groups = base_lrs.size();
+      if (phases == 0 || start_keys.size() != phases || end_keys.size() != phases || start_momentum_keys.size() != phases ||
+          end_momentum_keys.size() != phases || initial.size() != groups || max_lrs.size() != groups || min_lrs.size() != groups ||
+          (cycle_momentum && (max_momenta.size() != groups || base_momenta.size() != groups)))
+        throw std::invalid_argument("program: scheduler onecycle's phases or groups do not add up");
     } else {
       throw std::invalid_argument("program: unknown scheduler '" + name + "'");
     }
@@ -663,12 +734,16 @@ struct Exported {
       const Group& group = groups[g];
       const double lr = lrs[g];
       auto put = [&](const char* name, double value) { v["scalar:" + std::string(name) + ":" + std::to_string(g)] = value; };
+      const bool cycled = !schedule.momenta.empty();
       if (optimizer == "sgd" || optimizer == "rmsprop") {
         put("neg_lr", -lr);
+        if (optimizer == "sgd") put("momentum", cycled ? schedule.momenta[g] : group.momentum);
       } else if (optimizer == "adagrad") {
         put("neg_clr", -(lr / (1 + (step - 1) * group.lr_decay)));
       } else {
-        double bias_correction1 = 1 - std::pow(group.beta1, step);
+        const double beta1 = cycled ? schedule.momenta[g] : group.beta1;
+        put("one_minus_beta1", 1 - beta1);
+        double bias_correction1 = 1 - std::pow(beta1, step);
         double bias_correction2 = 1 - std::pow(group.beta2, step);
         double step_size = lr / bias_correction1;
         put("neg_step_size", -step_size);
@@ -679,6 +754,100 @@ struct Exported {
     return v;
   }
 
+  // The state bindings the first optimizer step creates (SGD's momentum buffers), and how many are held:
+  // all or none (a load of a state holding some is refused).
+  std::vector<std::string> created() const {
+    std::vector<std::string> out;
+    auto first = graphs.find("optimizer_first");
+    if (first != graphs.end())
+      for (const auto& o : first->second.outputs) out.push_back(o.second);
+    return out;
+  }
+
+  size_t created_held() const {
+    size_t held = 0;
+    for (const auto& b : created()) held += state.count(b);
+    return held;
+  }
+
+  // torch.optim's state layout: per key in the order the step graph binds them, the trainable parameters
+  // that hold it (in group order); optimizer_state and load_optimizer_state take it.
+  std::vector<std::pair<std::string, std::vector<std::string>>> optimizer_layout() const {
+    std::vector<std::pair<std::string, std::vector<std::string>>> layout;
+    auto it = graphs.find("optimizer");
+    if (it == graphs.end()) return layout;
+    for (const auto& b : it->second.inputs) {
+      if (b.rfind("state:", 0) != 0) continue;
+      const size_t colon = b.find(':', 6);
+      const std::string key = b.substr(6, colon - 6);
+      auto entry = std::find_if(layout.begin(), layout.end(), [&](const auto& e) { return e.first == key; });
+      if (entry == layout.end()) entry = layout.insert(layout.end(), {key, {}});
+      entry->second.push_back(b.substr(colon + 1));
+    }
+    return layout;
+  }
+
+  // torch.optim's load_state_dict of the per-parameter state (export/scripted_module.py's load_optimizer_state
+  // is the TorchScript twin): every key of the layout, one tensor per parameter that holds it, each of its
+  // parameter's shape (`step` a scalar); a key the first step creates (SGD's momentum_buffer) may be absent
+  // or an empty tensor, for all parameters or none. The steps count becomes the state's `step` (Adam's
+  // bias corrections read it). Checked whole before anything changes.
+  void load_optimizer_state(const std::vector<std::string>& keys, const std::vector<int64_t>& counts,
+                            const std::vector<at::Tensor>& tensors) {
+    const std::string where = "load_optimizer_state: ";
+    const auto layout = optimizer_layout();
+    const auto lazy = created();
+    std::map<std::string, std::vector<at::Tensor>> given;
+    size_t at = 0;
+    for (size_t k = 0; k < keys.size(); k++) {
+      if (counts[k] < 0 || at + counts[k] > tensors.size()) throw std::invalid_argument(where + "tensor counts do not add up");
+      given[keys[k]] = std::vector<at::Tensor>(tensors.begin() + at, tensors.begin() + at + counts[k]);
+      at += counts[k];
+    }
+    for (const auto& [key, _] : given)
+      if (std::none_of(layout.begin(), layout.end(), [&](const auto& e) { return e.first == key; }))
+        throw std::invalid_argument(where + "unexpected key " + key);
+    std::vector<std::pair<std::string, at::Tensor>> loads;  // binding, tensor (undefined: not held)
+    int64_t step = -1;
+    for (const auto& [key, params] : layout) {
+      const bool creatable = std::find(lazy.begin(), lazy.end(), "state:" + key + ":" + params[0]) != lazy.end();
+      auto it = given.find(key);
+      if (it == given.end()) {
+        if (!creatable) throw std::invalid_argument(where + "missing key " + key);
+        for (const auto& p : params) loads.emplace_back("state:" + key + ":" + p, at::Tensor());
+        continue;
+      }
+      const auto& values = it->second;
+      if (values.size() != params.size())
+        throw std::invalid_argument(where + key + " has " + std::to_string(values.size()) + " tensors, expected " + std::to_string(params.size()));
+      size_t held = 0;
+      for (size_t i = 0; i < params.size(); i++) {
+        const at::Tensor& param = state.at("param:" + params[i]);
+        const bool empty = values[i].dim() == 1 && values[i].size(0) == 0;
+        if (creatable && empty) { loads.emplace_back("state:" + key + ":" + params[i], at::Tensor()); continue; }
+        const std::vector<int64_t> expected = key == "step" ? std::vector<int64_t>{} : param.sizes().vec();
+        if (values[i].sizes().vec() != expected)
+          throw std::invalid_argument(where + key + "[" + std::to_string(i) + "] has shape " + c10::str(values[i].sizes()) + ", expected " + c10::str(c10::IntArrayRef(expected)));
+        at::NoGradGuard no_grad;
+        at::Tensor copy = values[i].to(key == "step" ? at::kFloat : param.scalar_type()).clone();
+        if (key == "step") {
+          const int64_t count = static_cast<int64_t>(copy.item<float>());
+          if (step >= 0 && count != step)
+            throw std::invalid_argument(where + "step is " + std::to_string(step) + " for " + params[0] + " but " + std::to_string(count) + " for " + params[i] + "; a protocol-3 module steps its parameters together");
+          step = count;
+        }
+        loads.emplace_back("state:" + key + ":" + params[i], copy);
+        held++;
+      }
+      if (held > 0 && held < params.size())
+        throw std::invalid_argument(where + key + " is held for " + std::to_string(held) + " of " + std::to_string(params.size()) + " parameters; a protocol-3 module loads it for all of them or none");
+    }
+    for (auto& [binding, tensor] : loads) {
+      if (tensor.defined()) state[binding] = tensor; else state.erase(binding);
+    }
+    if (step >= 0) steps = step;
+  }
+
   // torch's order: clip_grad_*_, optimizer.step(), scheduler.step() (a per-step schedule)
   void optimizer_step() {
     for (const auto& p : trainable)
@@ -686,7 +855,8 @@ struct Exported {
         throw std::invalid_argument("optimizer_step: parameter " + p + " has no gradient (run calculate_loss_and_backward first)");
     steps++;
     if (graphs.count("clip") > 0) run("clip", {});
-    bool first = steps == 1 && graphs.count("optimizer_first") > 0;
+    // SGD's first step with momentum (torch's momentum_buffer is None): copies the gradient into new buffers
+    bool first = graphs.count("optimizer_first") > 0 && created_held() == 0;
     for (auto& [to, value] : run(first ? "optimizer_first" : "optimizer", host_scalars())) state[to] = value.toTensor();
     if (schedule.interval == "step") lrs = schedule.step(lrs);
   }
@@ -756,6 +926,8 @@ struct Exported {
             "\",\"num_bad_epochs\":" + std::to_string(schedule.num_bad_epochs) +
             ",\"cooldown_counter\":" + std::to_string(schedule.cooldown_counter) + ",\"children_last_epochs\":[";
     for (size_t k = 0; k < schedule.children.size(); k++) text += (k ? "," : "") + std::to_string(schedule.children[k].last_epoch);
+    text += "],\"momenta\":[";
+    for (size_t g = 0; g < schedule.momenta.size(); g++) text += (g ? ",\"" : "\"") + hex_text(schedule.momenta[g]) + "\"";
     return text + "]}";
   }
 
@@ -774,6 +946,7 @@ struct Exported {
         group.beta1 = betas->items.at(0).number();
         group.beta2 = betas->items.at(1).number();
       }
+      if (const Json* momentum = g.get("momentum")) group.momentum = momentum->number();
       if (const Json* decay = g.get("weight_decay")) group.weight_decay = decay->number();
       if (const Json* decay = g.get("lr_decay")) group.lr_decay = decay->number();
       groups.push_back(group);
@@ -797,6 +970,10 @@ struct Exported {
     if (children.size() != schedule.children.size())
       throw std::invalid_argument("program counters: " + std::to_string(children.size()) + " children's epochs for " + std::to_string(schedule.children.size()) + " schedules");
     for (size_t k = 0; k < children.size(); k++) schedule.children[k].last_epoch = children[k].integer();
+    // files written before OneCycleLR's momentum was held lack the entry: nothing cycled
+    if (const Json* momenta = counts.get("momenta")) schedule.momenta = hex_doubles(*momenta);
+    if (!schedule.momenta.empty() && (!schedule.cycle_momentum || schedule.momenta.size() != groups.size()))
+      throw std::invalid_argument("program counters: " + std::to_string(schedule.momenta.size()) + " momenta for " + std::to_string(groups.size()) + " parameter groups of a schedule that cycles " + (schedule.cycle_momentum ? "them" : "none"));
   }
 };
 
@@ -838,18 +1015,17 @@ std::vector<std::string> strings_of(JNIEnv* env, jobjectArray array) {
   return out;
 }
 
-// A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum).
+// A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
+// and none of those is held.
 void check_bound(const Exported& module) {
-  std::vector<std::string> created;
-  auto first = module.graphs.find("optimizer_first");
-  if (first != module.graphs.end())
-    for (const auto& out : first->second.outputs) created.push_back(out.second);
+  const auto created = module.created();
+  const bool none_created = module.created_held() == 0;
   for (const auto& [name, graph] : module.graphs)
     for (const auto& b : graph.inputs) {
       bool held = b.rfind("param:", 0) == 0 || b.rfind("buffer:", 0) == 0 || b.rfind("const:", 0) == 0 ||
                   b.rfind("state:", 0) == 0;
       if (!held || module.state.count(b) > 0) continue;
-      if (module.steps == 0 && std::find(created.begin(), created.end(), b) != created.end()) continue;
+      if (none_created && std::find(created.begin(), created.end(), b) != created.end()) continue;
       throw std::invalid_argument("op list " + name + " reads state tensor " + b + ", which the file lacks");
     }
 }
@@ -973,11 +1149,41 @@ JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedGet(JNIEnv* env,
     for (const auto& name : strings_of(env, names)) {
       auto it = m.state.find(name);
       if (it != m.state.end()) { out.push_back(handle_of(it->second.clone())); continue; }
+      // an optimizer state a parameter does not hold (SGD's momentum_buffer before its first step): empty,
+      // as the TorchScript path's optimizer_state says
+      if (name.rfind("state:", 0) == 0) { out.push_back(handle_of(at::empty({0}))); continue; }
       if (name.rfind("grad:", 0) == 0) { out.push_back(handle_of(at::zeros_like(m.state.at("param:" + name.substr(5))))); continue; }
       for (jlong h : out) delete reinterpret_cast<at::Tensor*>(h);
       throw std::invalid_argument("the module holds no state tensor " + name);
     }
     return to_java(env, out);
+  });
+}
+
+// torch.optim's state layout: "state:KEY:PARAM" per key (the step graph's order), its parameters in group order.
+JNIEXPORT jobjectArray JNICALL Java_dev_gradbridge_Native_exportedOptimizerLayout(JNIEnv* env, jclass, jlong handle) {
+  return guarded(env, static_cast<jobjectArray>(nullptr), [&] {
+    std::vector<std::string> names;
+    for (const auto& [key, params] : exported_of(handle).optimizer_layout())
+      for (const auto& p : params) names.push_back("state:" + key + ":" + p);
+    jclass string = env->FindClass("java/lang/String");
+    jobjectArray out = env->NewObjectArray(static_cast<jsize>(names.size()), string, nullptr);
+    if (out == nullptr) throw JavaPending{};
+    for (size_t k = 0; k < names.size(); k++) {
+      jstring s = env->NewStringUTF(names[k].c_str());
+      env->SetObjectArrayElement(out, static_cast<jsize>(k), s);
+      env->DeleteLocalRef(s);
+    }
+    return out;
+  });
+}
+
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedLoadOptimizerState(JNIEnv* env, jclass, jlong handle,
+                                                                             jobjectArray keys, jlongArray counts,
+                                                                             jlongArray tensors) {
+  guarded<Message::first_line>(env, 0, [&] {
+    exported_of(handle).load_optimizer_state(strings_of(env, keys), longs(env, counts, "counts"), tensors_of(env, tensors));
+    return 0;
   });
 }
 

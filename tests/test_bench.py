@@ -184,6 +184,41 @@ def test_a_real_model_case_judges_java_fused_against_eager(tmp_path):
     assert target["verdict"] in {MET, MISSED, CANNOT_TELL}
 
 
+def test_protocol_3_variants_are_judged_beside_torchscripts_on_the_real_shapes():
+    quiet = {"ratio": 0.9, "ci95": [0.85, 0.95]}
+    results = {"steps": [_case("resnet18", {"a": {}, "d": {"vs_a": quiet}, "d3": {"vs_a": quiet},
+                                            "d3*": {"vs_a": {"ratio": 1.3, "ci95": [1.2, 1.4]}}})]}
+    verdicts = {t["target"].split(":")[0]: t["verdict"] for t in report.targets(results)}
+    assert verdicts == {"Java fused (d) <= 1.0x eager Python (a)": MET,
+                        "Java fused, protocol 3 (d3) <= 1.0x eager Python (a)": MET,
+                        "Java fused, protocol 3, in Python (d3*) <= 1.0x eager Python (a)": MISSED}
+
+
+def test_a_model_protocol_3_refuses_is_reported_with_its_reason():
+    machine = {"quick": True, "cpus": 2, "torch": torch.__version__, "torch_threads": 2, "rounds": 2,
+               "load_average_at_start": [1.0, 1.0, 1.0], "load_average_at_end": [1.0, 1.0, 1.0]}
+    case = {**_case("transformer", {}), "parameters": 10, "rounds": 2, "protocol3_refused": "export check failed: x"}
+    lines = report.format_tables({"machine": machine, "steps": [case], "targets": [], "answers": []})
+    assert "  (d3), (d3*): format='export' refused the model: export check failed: x" in lines
+
+
+@pytest.mark.gradle
+def test_a_tiny_run_times_the_protocol_3_module_beside_the_torchscript_one(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "gradbridge", "bench", "--quick", "--cases", "mlp", "--rounds", "2",
+                             "--only", "a,d,d3,d3*", "--steps-only", "--out-dir", tmp_path],
+                            capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Java -> train_epoch, protocol 3" in result.stdout
+    document = json.loads((tmp_path / "bench.json").read_text())
+    (case,) = document["steps"]
+    assert case["key"] == "mlp" and set(case["variants"]) == {"a", "d", "d3", "d3*"}
+    assert case["variants"]["d3"]["steps_per_block"] == case["variants"]["d"]["steps_per_block"]
+    assert (tmp_path / "mlp-64-export.pt").exists()
+    assert {t["target"].split(":")[0] for t in document["targets"]} >= {
+        "Java fused, protocol 3 (d3) <= 1.0x eager Python (a)",
+        "Java fused, protocol 3, in Python (d3*) <= 1.0x eager Python (a)"}
+
+
 def test_the_resnet_case_without_torchvision_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` raises ImportError
     with pytest.raises(cases.SetupError, match="^bench case resnet18 needs the torchvision package"):

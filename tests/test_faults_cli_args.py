@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge import messages, program
+from gradbridge import messages
 from tests.faults import gradbridge_cli, one_error_line
 
 PREFIX = "gradbridge: error: "
@@ -44,10 +44,10 @@ def test_an_unknown_format_is_refused(factories):
 
 def test_an_option_protocol_3_does_not_hold_is_refused_with_format_export(factories):
     result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
-                            "cross_entropy", "--format", "export", "--scheduler", "onecycle:max_lr=0.1,total_steps=10",
-                            cwd=factories)
+                            "cross_entropy", "--format", "export", "--optimizer", "rmsprop", "--scheduler",
+                            "onecycle:max_lr=0.1,total_steps=10", cwd=factories)
     assert one_error_line(result, PREFIX) == messages.aten_option_refused(
-        f"scheduler onecycle (it holds {', '.join(program.SCHEDULERS)})")
+        "OneCycleLR's cycle_momentum with optimizer rmsprop (it cycles SGD's momentum and Adam's beta1)")
     assert not (factories / "m.pt").exists()
 
 

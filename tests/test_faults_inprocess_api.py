@@ -109,3 +109,61 @@ def test_classpath_without_the_trainer_classes(jvm, model_path, monkeypatch):
                  lambda: java.train(model_path, X, Y, epochs=1, mode="full", lr=0.1)):
         with pytest.raises(JavaBuildMissingError, match=r"^the Java classpath \(.*\) lacks dev\.gradbridge\."):
             call()
+
+
+# ---- load_optimizer_state on a protocol-3 module: checked whole, one line, nothing changed ----
+
+def _protocol_3_module(tmp_path, optimizer):
+    """A protocol-3 module after two steps, and the eager reference after the same two."""
+    import torch
+
+    from gradbridge.jvm import load_module
+    from tests.test_protocol3 import BATCH, _deep, _export, _mlp_data
+
+    model = _deep()
+    opt = (torch.optim.Adam(model.parameters(), lr=0.01) if optimizer == "adam" else
+           torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    path = _export(tmp_path / "m.pt", model, opt)
+    x, y = _mlp_data(0)
+    eager = reference.Reference(path, model)
+    for _ in range(2):
+        eager.train_step(x[:BATCH], y[:BATCH])
+    return load_module(path), eager
+
+
+def _first_only(state, key):
+    import torch
+
+    return {**state, key: [state[key][0]] + [torch.empty(0) for _ in state[key][1:]]}
+
+
+@pytest.mark.parametrize("optimizer, edit, words", [
+    ("adam", lambda s: {**s, "nope": s["step"]}, "load_optimizer_state: unexpected key nope"),
+    ("adam", lambda s: {k: v for k, v in s.items() if k != "exp_avg"}, "load_optimizer_state: missing key exp_avg"),
+    ("adam", lambda s: {**s, "exp_avg": s["exp_avg"][:-1]}, "load_optimizer_state: exp_avg has 7 tensors, expected 8"),
+    ("adam", lambda s: {**s, "exp_avg_sq": [s["exp_avg_sq"][1]] + s["exp_avg_sq"][1:]},
+     "load_optimizer_state: exp_avg_sq[0] has shape [8], expected [8, 4]"),
+    ("adam", lambda s: {**s, "step": [t + i for i, t in enumerate(s["step"])]},
+     "load_optimizer_state: step is 2 for 0.weight but 3 for 0.bias; a protocol-3 module steps its parameters together"),
+    ("sgd", lambda s: _first_only(s, "momentum_buffer"),
+     "load_optimizer_state: momentum_buffer is held for 1 of 8 parameters; a protocol-3 module loads it for all of "
+     "them or none"),
+    ("sgd", lambda s: None, "load_optimizer_state() takes {key: [one tensor per parameter]}, got null"),
+])
+def test_a_bad_optimizer_state_for_a_protocol_3_module_is_one_line_and_changes_nothing(jvm, tmp_path, optimizer,
+                                                                                          edit, words):
+    from tests.test_protocol3 import _java_state, _torch_layout, _values
+
+    module, eager = _protocol_3_module(tmp_path, optimizer)
+    try:
+        before = {str(k): _values(v) for k, v in module.call("optimizer_state").items()}
+        state = edit(_torch_layout(eager.optimizer))
+        with pytest.raises(Exception) as info:
+            module.call("load_optimizer_state", None if state is None else _java_state(jvm, state))
+        message = str(info.value.getMessage())
+        assert words in message and "\n" not in message, message
+        after = {str(k): _values(v) for k, v in module.call("optimizer_state").items()}
+        assert before.keys() == after.keys()
+        assert all(np.array_equal(a, b) for k in before for a, b in zip(before[k], after[k]))
+    finally:
+        module.close()

@@ -241,10 +241,109 @@ def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_
     _java_equals_eager(path, model, ["fused", "step"], epochs=4)
 
 
+def _one_cycle(optimizer, interval, **options):
+    # 4 epochs of N / BATCH steps each, per step; 4 per epoch
+    steps = 4 * N // BATCH if interval == "step" else 4
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=steps, **options)
+
+
+# OneCycleLR: the cycled momentum (SGD) or beta1 (Adam) is a per-step host scalar, as torch.optim reads it
+ONE_CYCLE = [
+    ("sgd", "step", dict(momentum=0.9, nesterov=True), dict(pct_start=0.4)),
+    ("sgd", "epoch", dict(), dict(anneal_strategy="linear")),  # SGD built without momentum: the cycle brings it
+    ("adam", "step", dict(weight_decay=0.01), dict(three_phase=True, base_momentum=0.7, max_momentum=0.9)),
+    ("adamw", "epoch", dict(), dict(cycle_momentum=False)),
+]
+
+
+@pytest.mark.parametrize("name, interval, hyper, options",
+                         ONE_CYCLE[:2] + [pytest.param(*case, marks=pytest.mark.slow) for case in ONE_CYCLE[2:]])
+def test_one_cycle_cycles_momentum_and_beta1_from_java_like_torch_optim(jvm, tmp_path, name, interval, hyper,
+                                                                          options):
+    model = _deep()
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    optimizer = cls(model.parameters(), lr=0.01, **hyper)
+    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, interval, **options),
+                   scheduler_interval=interval)
+    counters = protocol.read_metadata(path)["program"]["counters"]
+    assert len(counters["momenta"]) == (0 if options.get("cycle_momentum") is False else 1)
+    _java_equals_eager(path, model, ["fused", "step"], epochs=4)
+
+
+class _Idle(nn.Module):
+    """A model with parameters the loss gives no gradient: a head it never calls, a scale it detaches."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _deep()
+        self.spare = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.full((3,), 0.5))
+
+    def forward(self, x):
+        return self.body(x) * self.scale.detach()
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_path, name):
+    model = _Idle()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1) if name == "adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01))
+    path = _export(tmp_path / "m.pt", model, optimizer, clip_grad_norm=0.5)
+    program = protocol.read_metadata(path)["program"]
+    idle = ["spare.weight", "spare.bias", "scale"]
+    assert not set(idle) & set(program["training"]["groups"][0]["params"])
+    optimizer_state = [e["name"].split(":") for e in program["state"] if e["name"].startswith("state:")]
+    assert (optimizer_state or name == "sgd") and not [n for _, _, n in optimizer_state if n in idle]
+    _java_equals_eager(path, model, ["fused", "step"])
+    # torch.optim held no state for them either (Adam's step counts are per parameter)
+    x, y = _mlp_data(0)
+    eager = reference.Reference(path, model)
+    eager.train_step(x[:BATCH], y[:BATCH])
+    assert sorted(n for n, p in eager.named_parameters() if eager.optimizer.state[p]) == sorted(
+        n for n, _ in model.named_parameters() if n not in idle)
+    if name == "adam":  # and gradbridge-train in a JVM of its own
+        np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
+        run = train_cli("--model", path, "--data", tmp_path / "train.npz", "--batch-size", BATCH, "--seed", 3,
+                        "--epochs", 2, "--history", tmp_path / "h.jsonl")
+        if not _own_jvm_refused(run):
+            expected = reference.train(path, x.numpy(), y.numpy(), epochs=2, batch_size=BATCH, seed=3, model=model)
+            assert _records(tmp_path / "h.jsonl") == [(r.epoch, r.loss, r.val_loss, r.digests) for r in expected]
+
+
+def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
+    model = _deep()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, "step"))
+    x, y = (t.numpy() for t in _mlp_data(0))
+    settings = dict(batch_size=BATCH, mode="fused", seed=3)
+    whole = java.train(path, x, y, epochs=4, **settings)
+    first = java.train(path, x, y, epochs=2, checkpoint=tmp_path / "run.pt", **settings)
+    counters = protocol.read_metadata(tmp_path / "run.pt")["program"]["counters"]
+    fresh = protocol.read_metadata(path)["program"]["counters"]
+    assert counters["momenta"] != fresh["momenta"]  # mid-cycle: beta1 moved from the cycle's start
+    rest = java.train(tmp_path / "run.pt", x, y, epochs=2, **settings)
+    _same(first.records + rest.records, whole)
+    _same(whole, reference.train(path, x, y, epochs=4, model=model, **settings))
+    # gradbridge-train in a JVM of its own: resumed from its checkpoint, the run never stopped
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    cli = ["--data", tmp_path / "train.npz", "--batch-size", BATCH, "--seed", 3, "--mode", "fused"]
+    first = train_cli("--model", path, *cli, "--epochs", 2, "--checkpoint", tmp_path / "c.pt",
+                      "--history", tmp_path / "first.jsonl")
+    if _own_jvm_refused(first):
+        return
+    rest = train_cli("--resume", tmp_path / "c.pt", *cli, "--epochs", 2, "--history", tmp_path / "rest.jsonl")
+    assert rest.returncode == 0, rest.stderr
+    assert _records(tmp_path / "first.jsonl") + _records(tmp_path / "rest.jsonl") == [
+        (r.epoch, r.loss, r.val_loss, r.digests) for r in whole]
+
+
 @pytest.mark.parametrize("options, line", [
-    (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
-     "format='export' does not support scheduler onecycle (it holds step, multistep, exponential, cosine, linear, "
-     "plateau, sequential) yet"),
+    (dict(optimizer="rmsprop", scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
+     "format='export' does not support OneCycleLR's cycle_momentum with optimizer rmsprop (it cycles SGD's momentum "
+     "and Adam's beta1) yet"),
+    (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9, "base_momentum": 0.0}),
+     "format='export' does not support OneCycleLR cycling SGD's momentum through 0.0 (base_momentum and "
+     "max_momentum above 0 are held) yet"),
     (dict(accumulate=5), "format='export': accumulate=5 splits a batch of 9 into micro-batches of [2, 2, 2, 2, 1]; "
                          "protocol 3 runs micro-batches of at least 2 samples"),
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
@@ -252,8 +351,9 @@ def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_
 def test_what_protocol_3_does_not_hold_is_refused_in_one_line(tmp_path, options, line):
     x, y = _mlp_data(0)
     batch = options.pop("batch", BATCH)
+    optimizer = options.pop("optimizer", "sgd")
     with pytest.raises(ExportError) as info:
-        export_training_module(_mlp(), "cross_entropy", "sgd", tmp_path / "m.pt",
+        export_training_module(_mlp(), "cross_entropy", optimizer, tmp_path / "m.pt",
                                example_inputs=(x[:batch], y[:batch]), format="export", **options)
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
     assert not (tmp_path / "m.pt").exists()
@@ -596,14 +696,102 @@ def test_set_gradients_checks_its_arguments_as_the_torchscript_method(jvm, tmp_p
         module.close()
 
 
-def test_load_optimizer_state_is_refused_in_one_line(jvm, mlp):
-    _, path = mlp
+def _torch_layout(optimizer):
+    """torch.optim's state dict as load_optimizer_state takes it: per key, the tensor of each parameter that
+    holds it, in group order."""
+    state = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state[p].items():
+                state.setdefault(key, []).append(value)
+    return state
+
+
+def _java_state(jvm, state):
+    """{key: [tensor]} as a Java map of tensor lists."""
+    java_map = jvm.jclass("java.util.LinkedHashMap")()
+    for key, values in state.items():
+        tensors = jvm.jclass("java.util.ArrayList")()
+        for value in values:
+            tensors.add(jvm.to_tensor(value.detach().numpy()))
+        java_map.put(key, tensors)
+    return java_map
+
+
+def _values(tensors):
+    return [np.array(list(t.toExactDoubles())) for t in tensors]
+
+
+def _set_parameters(jvm, module, parameters):
+    tensors = jvm.jclass("java.util.ArrayList")()
+    for name in module.call("parameter_names"):
+        tensors.add(jvm.to_tensor(parameters[str(name)].numpy()))
+    module.call("set_parameters", tensors)
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path, name):
+    # Given torch.optim's state after two steps of the user's eager model (Adam: its step counts too)
+    model = _deep()
+    optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True, weight_decay=0.1) if name == "adam" else
+                 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=0.2))
+    path = _export(tmp_path / "m.pt", model, optimizer)
+    x, y = _mlp_data(0)
+    batches = [(x[k * BATCH:(k + 1) * BATCH], y[k * BATCH:(k + 1) * BATCH]) for k in range(3)]
+    eager = reference.Reference(path, model)
+    for k in (0, 1):
+        torch.manual_seed(k)
+        eager.train_step(*batches[k])
     module = load_module(path)
     try:
-        with pytest.raises(Exception) as info:
-            module.call("load_optimizer_state", None)
-        assert "protocol-3 modules (format='export') do not support load_optimizer_state() yet" in str(
-            info.value.getMessage())
+        with jvm.java_errors():
+            # When a fresh protocol-3 module takes its parameters and torch.optim's state
+            _set_parameters(jvm, module, eager.parameters())
+            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            # Then it trains on as torch.optim does
+            for k in (2, 0):
+                torch.manual_seed(k)
+                expected = eager.train_step(*batches[k])
+                torch.manual_seed(k)
+                actual = module.call("train_step", jvm.to_tensor(batches[k][0].numpy()), jvm.to_tensor(batches[k][1].numpy()))
+                assert list(actual.toExactDoubles()) == [float(expected)]
+            held = module.call("optimizer_state")
+            torch_state = _torch_layout(eager.optimizer)
+            assert sorted(str(k) for k in held.keySet()) == sorted(torch_state)
+            for key, values in torch_state.items():
+                for a, e in zip(_values(held.get(key)), values):
+                    assert np.array_equal(a, e.double().numpy().ravel()), key
+            for a, (n, e) in zip(_values(module.call("get_parameters")), eager.parameters().items()):
+                assert np.array_equal(a, e.double().numpy().ravel()), n
+    finally:
+        module.close()
+
+
+def test_a_state_without_momentum_buffers_makes_the_next_sgd_step_create_them(jvm, tmp_path):
+    # Given a module that stepped (its buffers held) and torch.optim's state before any step (no buffers)
+    model = _deep()
+    path = _export(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                                                               dampening=0.5))
+    x, y = _mlp_data(0)
+    eager = reference.Reference(path, model)
+    initial = eager.parameters()
+    module = load_module(path)
+    try:
+        with jvm.java_errors():
+            for _ in range(2):
+                module.call("train_step", jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+            assert set(str(k) for k in module.call("optimizer_state").keySet()) == {"momentum_buffer"}
+            # When it loads that state: no buffers (torch's momentum_buffer is None again)
+            _set_parameters(jvm, module, initial)
+            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            assert module.call("optimizer_state").isEmpty()
+            # Then its next step copies the gradient into new buffers, as torch's first step does (no dampening)
+            for k in range(3):
+                torch.manual_seed(k)
+                expected = eager.train_step(x[:BATCH], y[:BATCH])
+                torch.manual_seed(k)
+                actual = module.call("train_step", jvm.to_tensor(x[:BATCH].numpy()), jvm.to_tensor(y[:BATCH].numpy()))
+                assert list(actual.toExactDoubles()) == [float(expected)]
     finally:
         module.close()
 

@@ -391,10 +391,6 @@ def aten_data_dependent(at: str) -> str:
             f"or a random draw), which one graph cannot hold{at}")
 
 
-def aten_unused_parameter() -> str:
-    return "a parameter gets no gradient from the loss; protocol 3 does not support parameters without gradients yet"
-
-
 def aten_batch_dependent(reason: str) -> str:
     return (f"format='export': the captured graph depends on the batch size beyond its sizes ({reason}); "
             "export with format='torchscript'")
@@ -404,9 +400,8 @@ def aten_batch_too_small(batch: int, minimum: int) -> str:
     return f"format='export' needs an example batch of at least {minimum} samples, got {batch}"
 
 
-def aten_no_gradient(name: str) -> str:
-    return (f"format='export': parameter {name} gets no gradient from the loss; protocol 3 does not support "
-            "parameters without gradients yet")
+def aten_no_gradient(model: str) -> str:
+    return f"format='export': no trainable parameter of {model} gets a gradient from the loss; nothing to train"
 
 
 def aten_unbound(name: str) -> str:

@@ -8,16 +8,18 @@ joint graph; outputs the mutated buffers, ``loss`` and a ``grad:`` per trainable
 ``forward`` (eval mode: ``output``), ``loss`` (the loss of an ``output`` and the ``target``: ``evaluate`` is
 ``forward`` then ``loss``), ``clip`` (torch.nn.utils' gradient clipping, in place, when exported),
 ``optimizer`` (one torch.optim step of every group, in place), and for SGD with momentum
-``optimizer_first`` (the first step, which creates the momentum buffers). ``train@1``, ``forward@1`` and
-``loss@1`` (``one``): the same captured at one sample, which a batch of one runs (``min_batch`` 1); without
-them (``min_batch`` 2) a batch of one is refused.
+``optimizer_first`` (the step while no momentum buffer is held, the first or after a load of a state
+without them: it creates the buffers). ``train@1``, ``forward@1`` and ``loss@1`` (``one``): the same
+captured at one sample, which a batch of one runs (``min_batch`` 1); without them (``min_batch`` 2) a
+batch of one is refused.
 
 ``training`` (``program.training``, fixed at export): the optimizer's name, its parameter groups (each
 group's parameters and hyper-parameters), ``accumulate``, the schedule (``scheduler``: a resolved spec
 with its ``base_lrs``, or absent) and ``scheduler_interval``. ``counters`` (``program.counters``, what a
 checkpoint saves beside the state tensors): ``steps``, each group's current ``lrs`` and the schedule's
 state (``last_epoch``, ReduceLROnPlateau's ``best``, ``num_bad_epochs``, ``cooldown_counter``, a
-SequentialLR's ``children_last_epochs``); doubles as ``float.hex`` text (exact, inf included).
+SequentialLR's ``children_last_epochs``) and ``momenta``, each group's momentum (SGD) or beta1 (Adam) as
+OneCycleLR cycles it (empty when nothing cycles); doubles as ``float.hex`` text (exact, inf included).
 
 Methods: ``calculate_loss_and_backward`` runs ``train`` and accumulates the gradients (a parameter without
 one takes the new gradient, as autograd's ``AccumulateGrad``); ``zero_grad`` drops them (torch's
@@ -45,6 +47,10 @@ SCHEDULERS: Dict[str, tuple] = {
     "cosine": ("T_max", "eta_min"), "linear": ("start_factor", "end_factor", "total_iters"),
     "plateau": ("minimize", "relative", "factor", "patience", "threshold", "cooldown", "min_lrs", "eps"),
     "sequential": ("milestones",),  # and its ``schedulers``, each resolved
+    # OneCycleLR as torch's construction resolved it (scheduler_modules.OneCycleLR): per group its initial,
+    # max and min lrs and momenta, the phases' end steps and which value each phase starts and ends at
+    "onecycle": ("total_steps", "initial", "max_lrs", "min_lrs", "end_steps", "start_keys", "end_keys",
+                 "start_momentum_keys", "end_momentum_keys", "cos", "cycle_momentum", "max_momenta", "base_momenta"),
 }
 #: The smallest batch (and micro-batch) a protocol-3 graph captured at two sizes runs (a size-1 batch is
 #: one torch.export specializes on: a batch of one runs the graphs captured at one sample, ``one``).
@@ -61,21 +67,27 @@ def scalar_binding(name: str, group: int) -> str:
     return f"scalar:{name}:{group}"
 
 
-def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int) -> Dict[str, float]:
+def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int,
+                 momentum: Optional[float] = None) -> Dict[str, float]:
     """The per-step doubles torch.optim computes in Python for one group (the specification the native twin
-    follows): SGD and RMSprop ``-lr``; Adam/AdamW the bias corrections of step ``step`` (1-based) and AdamW's
-    decay factor; Adagrad ``-clr``, its decayed rate."""
-    if name in ("sgd", "rmsprop"):
+    follows): SGD and RMSprop ``-lr``, SGD its ``momentum``; Adam/AdamW ``1 - beta1``, the bias corrections of
+    step ``step`` (1-based) and AdamW's decay factor; Adagrad ``-clr``, its decayed rate. ``momentum``: the
+    group's momentum (SGD) or beta1 (Adam) as OneCycleLR cycled it, None for the group's own."""
+    if name == "rmsprop":
         return {"neg_lr": -lr}
+    if name == "sgd":
+        return {"neg_lr": -lr, "momentum": hyper["momentum"] if momentum is None else momentum}
     step_f = float(step)
     if name == "adagrad":
         return {"neg_clr": -(lr / (1 + (step_f - 1) * hyper["lr_decay"]))}
     beta1, beta2 = hyper["betas"]
+    if momentum is not None:
+        beta1 = momentum
     bias_correction1 = 1 - beta1 ** step_f
     bias_correction2 = 1 - beta2 ** step_f
     step_size = lr / bias_correction1
-    return {"neg_step_size": -step_size, "bias_correction2_sqrt": bias_correction2 ** 0.5,
-            "decay": 1 - lr * hyper["weight_decay"]}
+    return {"one_minus_beta1": 1 - beta1, "neg_step_size": -step_size,
+            "bias_correction2_sqrt": bias_correction2 ** 0.5, "decay": 1 - lr * hyper["weight_decay"]}
 
 
 def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
@@ -86,7 +98,8 @@ def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
     spec: Dict[str, Any] = {"name": name, "base_lrs": [float(v).hex() for v in module.base_lrs]}
     for key in SCHEDULERS[name]:
         value = getattr(module, key)
-        spec[key] = [float(v).hex() for v in value] if key == "min_lrs" else value
+        exact = key == "min_lrs" or (isinstance(value, list) and any(isinstance(v, float) for v in value))
+        spec[key] = [float(v).hex() for v in value] if exact else value
     if name == "sequential":
         spec["schedulers"] = [schedule_spec(child, m) for child, m in zip(given["schedulers"], module.children_list)]
     return spec
@@ -100,7 +113,8 @@ def initial_counters(lrs: List[float], schedule: Optional[Any]) -> Dict[str, Any
             "best": float(getattr(schedule, "best", 0.0)).hex(),
             "num_bad_epochs": int(getattr(schedule, "num_bad_epochs", 0)),
             "cooldown_counter": int(getattr(schedule, "cooldown_counter", 0)),
-            "children_last_epochs": [int(c.last_epoch) for c in getattr(schedule, "children_list", [])]}
+            "children_last_epochs": [int(c.last_epoch) for c in getattr(schedule, "children_list", [])],
+            "momenta": [float(v).hex() for v in getattr(schedule, "last_momenta", [])]}
 
 
 class Program:
@@ -117,6 +131,7 @@ class Program:
         self.trainable = [name for group in training["groups"] for name in group["params"]]
         self.lrs = [float.fromhex(v) for v in counters["lrs"]]
         self.steps = int(counters["steps"])
+        self.momenta = [float.fromhex(v) for v in counters.get("momenta", [])]
         self.schedule = schedule
 
     def _run(self, graph: str, values: Dict[str, Any], batch: int = 0) -> Dict[str, Any]:
@@ -158,16 +173,27 @@ class Program:
         name = self.training["optimizer"]
         scalars = {}
         for g, (group, lr) in enumerate(zip(self.training["groups"], self.lrs)):
-            for key, value in host_scalars(name, group, lr, self.steps).items():
+            momentum = self.momenta[g] if self.momenta else None
+            for key, value in host_scalars(name, group, lr, self.steps, momentum).items():
                 scalars[scalar_binding(key, g)] = value
-        graph = "optimizer_first" if self.steps == 1 and "optimizer_first" in self.graphs else "optimizer"
+        # SGD's first step with momentum (no buffer held yet, torch's None) creates the buffers
+        first = "optimizer_first" in self.graphs and not any(
+            out["to"] in self.state for out in self.graphs["optimizer_first"]["outputs"])
+        graph = "optimizer_first" if first else "optimizer"
         self.state.update(self._run(graph, scalars))
         if self.schedule is not None and self.training["scheduler_interval"] == "step":
             self.lrs = self.schedule.step(self.lrs)
+            self._cycled()
 
     def schedule_epoch(self, metric: float) -> None:
         if self.schedule is not None and self.training["scheduler_interval"] == "epoch":
             self.lrs = self.schedule.step_metric(self.lrs, metric)
+            self._cycled()
+
+    def _cycled(self) -> None:
+        """OneCycleLR's momenta after its step (torch writes them into the groups)."""
+        if self.schedule.momenta():
+            self.momenta = list(self.schedule.momenta())
 
     def train_step(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
         self.zero_grad()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import classpath, jdk, jvm, libtorch, messages, torchscript
-from ..errors import SetupError
+from ..errors import ExportError, SetupError
 from ..export import export_training_module, losses, optim
 from ..gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
@@ -36,13 +36,18 @@ VARIANTS = {
     "d": "Java -> train_epoch (fused)",
     "e": "native C++ -> train_step",
     "e'": "native C++ -> train_epoch",
+    "d3": "Java -> train_epoch, protocol 3",
 }
 #: Java inside this Python process (JPype), for comparison: libtorch's autograd engine is then
 #: the Python one, which manages the GIL around every backward pass.
 IN_PROCESS = {
     "c*": "Java -> train_step, in Python (JPype)",
     "d*": "Java -> train_epoch, in Python (JPype)",
+    "d3*": "protocol 3 (d3) in Python (JPype)",
 }
+#: The cases whose model is also exported in format='export' (protocol 3: the training step captured with
+#: torch.export, run op by op by the native layer) for (d3) and (d3*), beside TorchScript's (d) and (d*).
+PROTOCOL3 = ("mlp", "resnet18", "transformer")
 
 
 @dataclass
@@ -122,13 +127,14 @@ def _data(case: Case, n: int, seed: int = 0):
     return x, g.integers(0, case.classes, n).astype(np.int64)
 
 
-def _export(case: Case, out_dir: Path):
-    """The case's model (seeded) and its exported training module."""
+def _export(case: Case, out_dir: Path, format: str = "auto"):
+    """The case's model (seeded) and its exported training module (``format``: export_training_module's)."""
     torch.manual_seed(0)
     model = case.build()
     xb, yb = _data(case, case.batch)
-    path = export_training_module(model, case.loss, case.optimizer, out_dir / f"{case.key}-{case.batch}.pt",
-                                  example_inputs=(torch.from_numpy(xb), torch.from_numpy(yb)))
+    suffix = "-export" if format == "export" else ""
+    path = export_training_module(model, case.loss, case.optimizer, out_dir / f"{case.key}-{case.batch}{suffix}.pt",
+                                  example_inputs=(torch.from_numpy(xb), torch.from_numpy(yb)), format=format)
     return model, path
 
 
@@ -140,7 +146,15 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     x, y = _data(case, case.samples, seed=1)
     batches = case.samples // case.batch
     fused_calls = max(1, calls // batches)
-    wanted = lambda key: not only or key in only  # noqa: E731
+    protocol3 = ("d3", "d3*")
+    refused = None  # why protocol 3 cannot export the case's model: reported, the other variants still run
+    exported = None
+    if (not only or set(only) & set(protocol3)) and case.key in PROTOCOL3:
+        try:
+            exported = _export(case, out_dir, format="export")[1]
+        except ExportError as ex:
+            refused = str(ex)
+    wanted = lambda key: (not only or key in only) and (key not in protocol3 or exported is not None)  # noqa: E731
 
     eager = copy.deepcopy(model)  # (a) eager PyTorch + torch.optim
     optimizer = optim.torch_optimizer(case.optimizer, eager.parameters())
@@ -163,7 +177,7 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     here = _in_process_environment("this Python process")
     variants: List[Variant] = []
     workers: List[Worker] = []
-    module = None
+    module = module3 = None
     try:
         if wanted("a"):
             variants.append(Variant("a", _python_block(eager_step), calls, 1, None, here))
@@ -172,18 +186,20 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
         # (c), (d): a JVM of their own; (e), (e'): the native loop; each a worker process
         own_jvm = f"a JVM of its own{' on CPUs ' + java.cpus if java.cpus else ''}"
         started = []  # all workers load at once; each is asked for its settings line afterwards
-        for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls)):
+        for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls),
+                                   ("d3", epoch_npz, "fused", fused_calls)):
             if wanted(key):
-                workers.append(_java_worker(path, data, mode, case.batch, threads, java))
+                workers.append(_java_worker(exported if key == "d3" else path, data, mode, case.batch, threads, java))
                 started.append((key, workers[-1], n, 1 if mode == "step" else batches, own_jvm, java.env))
         for key, data, mode, n in (("e", step_bin, "step", calls), ("e'", epoch_bin, "fused", fused_calls)):
             if wanted(key):
                 workers.append(_native_worker(binary, path, data, mode, threads, case.batch))
                 started.append((key, workers[-1], n, 1 if mode == "step" else batches, "a native process", None))
         variants += [_worker_variant(*worker) for worker in started]
-        if wanted("c*") or wanted("d*"):  # loops and clock inside the JVM, in this process (JPype)
+        if wanted("c*") or wanted("d*") or wanted("d3*"):  # loops and clock inside the JVM, in this process (JPype)
             Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
             module = jvm.load_module(path)
+            module3 = jvm.load_module(exported) if wanted("d3*") else None
             jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
             jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
             perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
@@ -197,6 +213,10 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
                 variants.append(Variant("d*", lambda n: float(Bench.trainEpoch(module, jx, jy, perm, case.batch,
                                                                                0, 1, n)[0]),
                                         fused_calls, batches, None, in_jvm))
+            if wanted("d3*"):
+                variants.append(Variant("d3*", lambda n: float(Bench.trainEpoch(module3, jx, jy, perm, case.batch,
+                                                                                0, 1, n)[0]),
+                                        fused_calls, batches, None, in_jvm))
         load = {"before": os.getloadavg()}
         with jvm.java_errors(), plain_graph_executor():
             timings = run_rounds(variants, rounds, warmup_s=warmup_s, out=out)
@@ -204,8 +224,9 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     finally:
         for worker in workers:
             worker.close()
-        if module is not None:
-            module.close()
+        for held in (module, module3):
+            if held is not None:
+                held.close()
     results = {}
     for variant in variants:
         record = timings[variant.key]
@@ -228,7 +249,8 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
                     value["cpu_" + name] = ratio_ci(cpu, base_cpu)
     return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
             "batch": case.batch, "rounds": rounds, "load_average": load,
-            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results}}
+            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results},
+            **({"protocol3_refused": refused} if refused else {})}
 
 
 def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:

@@ -9,7 +9,7 @@ from typing import Dict, List
 import numpy as np
 
 from . import memory as bench_memory
-from .cases import IN_PROCESS, REAL_MODELS, VARIANTS
+from .cases import IN_PROCESS, PROTOCOL3, REAL_MODELS, VARIANTS
 from .stats import CANNOT_TELL, MET, MISSED, compare, verdict
 
 def _ratio_target(text: str, case: Dict, key: str, base: str, limit: float) -> Dict | None:
@@ -44,6 +44,13 @@ def targets(results: Dict) -> List[Dict]:
         if key in steps:
             found.append(_ratio_target("Java fused (d) <= 1.0x eager Python (a)", steps[key], "d", "a", 1.0))
             found.append(_ratio_target("Java fused in Python (d*) <= 1.0x eager Python (a)", steps[key], "d*", "a", 1.0))
+    # Protocol 3 (issue 33): the same, the module exported in format='export', beside TorchScript's (d), (d*)
+    for key in PROTOCOL3:
+        if key in steps:
+            found.append(_ratio_target("Java fused, protocol 3 (d3) <= 1.0x eager Python (a)", steps[key], "d3", "a",
+                                       1.0))
+            found.append(_ratio_target("Java fused, protocol 3, in Python (d3*) <= 1.0x eager Python (a)", steps[key],
+                                       "d3*", "a", 1.0))
     if "transfer" in results:
         speed = results["transfer"]["one_copy_vs_numpy_copy_speed"]
         # ">= 0.5x numpy's speed" as "numpy's speed / ours <= 2"
@@ -97,6 +104,8 @@ def format_tables(results: Dict) -> List[str]:
             lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['median_s']):>10} {_us(v['min_s']):>10}  "
                          f"{_ci(v.get('vs_a')):<20} {_ci(v.get('vs_e')):<20} {_ci(v.get('vs_e_fused')):<20} "
                          f"{per.get('minor_faults', float('nan')):>7.1f} {switches:>6.1f} {cpu:>5.2f}")
+        if "protocol3_refused" in case:
+            lines.append(f"  (d3), (d3*): format='export' refused the model: {case['protocol3_refused']}")
         lines.append("  (faults: minor page faults per step; ctxsw: context switches per step; cpu: CPU seconds "
                      "per wall second, all threads of the process)")
         lines.append("  CPU time per step (all threads of the process), ratios as above:")
@@ -161,7 +170,8 @@ def write_chart(results: Dict, path: Path) -> None:
     if not cases:
         return
     figure, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 4.5), squeeze=False)
-    palette = dict(zip(VARIANTS, ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:gray", "black"]))
+    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:gray", "black", "tab:purple"]
+    palette = dict(zip(VARIANTS, colors))
     for ax, case in zip(axes[0], cases):
         keys = [k for k in VARIANTS if k in case["variants"]]
         rounds = [np.asarray(case["variants"][k]["rounds_s"]) * 1e6 for k in keys]

@@ -127,7 +127,7 @@ def _bench(args: argparse.Namespace) -> int:
 #: `gradbridge bench --cases/--only` names (bench.cases.CASES keys, VARIANTS + IN_PROCESS keys; a test
 #: checks they agree), here so that the parser does not import torch.
 BENCH_CASES = ("seed", "mlp", "big", "resnet18", "transformer", "lstm")
-BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "c*", "d*")
+BENCH_VARIANTS = ("a", "b", "c", "d", "e", "e'", "d3", "c*", "d*", "d3*")
 
 
 def _bench_rounds(text: str) -> int:

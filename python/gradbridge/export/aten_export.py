@@ -90,8 +90,8 @@ def _strip(name: str) -> str:
 
 
 def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bindings: List[str],
-             constants: Dict[str, Tensor], result: str = "output") -> Tuple[Dict[str, Any], List[str]]:
-    """One graph as an op list; returns it and the parameter names of its ``grad:`` outputs."""
+             constants: Dict[str, Tensor], result: str = "output") -> Dict[str, Any]:
+    """One graph as an op list."""
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
@@ -127,12 +127,34 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     outputs: List[Any] = [f"buffer:{_strip(n)}" for n in signature.buffers_to_mutate.values()]
     if joint:
         outputs.append("loss")
-        grads = [_strip(n) for n in signature.backward_signature.gradients_to_parameters.values()]
-        outputs += [f"grad:{n}" for n in grads]
+        outputs += [f"grad:{_strip(n)}" for n in signature.backward_signature.gradients_to_parameters.values()]
     else:
         outputs.append(result)
-        grads = []
-    return oplist.from_fx(gm.graph, bindings, outputs), grads
+    return oplist.from_fx(gm.graph, bindings, outputs)
+
+
+def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], args: Tuple[Tensor, ...],
+                      trainable: List[str]) -> List[str]:
+    """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of a
+    copy: torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
+    leaves it out. The set is the graph's: a model whose reach depends on its data is refused by the capture."""
+    probe = copy.deepcopy(model)
+    wanted = dict(probe.named_parameters())
+    try:
+        with torch.random.fork_rng(devices=[]):
+            value = _Step(probe, loss, names).train()(*args)[0]
+            if not value.requires_grad:
+                return list(trainable)
+            grads = torch.autograd.grad(value, [wanted[n] for n in trainable], allow_unused=True)
+    except Exception as ex:  # the user's model fails: the capture would say the same
+        raise ExportError(messages.aten_capture_failed(type(model).__name__, traceable.capture_failure(ex))) from ex
+    return [n for n, g in zip(trainable, grads) if g is None]
+
+
+def _drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
+    """Parameters without a gradient leave their groups: no step, no optimizer state, as in torch.optim."""
+    for group in training["groups"]:
+        group["params"] = [n for n in group["params"] if n not in idle]
 
 
 def _grow(batch: Tensor) -> Tensor:
@@ -141,13 +163,12 @@ def _grow(batch: Tensor) -> Tensor:
 
 
 def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindings: List[str],
-                        constants: Dict[str, Tensor], name: str, result: str = "output"
-                        ) -> Tuple[Dict[str, Any], List[str]]:
+                        constants: Dict[str, Tensor], name: str, result: str = "output") -> Dict[str, Any]:
     b = int(args[0].shape[0])
-    small, grads = _capture(make(), args, joint, bindings, constants, result)
-    large, _ = _capture(make(), tuple(_grow(a) for a in args), joint, bindings, constants, result)
+    small = _capture(make(), args, joint, bindings, constants, result)
+    large = _capture(make(), tuple(_grow(a) for a in args), joint, bindings, constants, result)
     try:
-        return oplist.batch_affine(small, large, b, b + 1, name), grads
+        return oplist.batch_affine(small, large, b, b + 1, name)
     except oplist.OpListError as ex:
         raise ExportError(messages.aten_batch_dependent(str(ex))) from ex
 
@@ -183,7 +204,7 @@ def capture_probe() -> int:
     """A one-layer model's training step captured as every export captures one (`gradbridge doctor`): the
     number of ops in its op list; ExportError when this torch cannot."""
     model = nn.Linear(2, 1)
-    graph, _ = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
+    graph = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
                         True, [f"input:{model_inputs.X}", "target"], {})
     return len(graph["nodes"])
 
@@ -285,22 +306,22 @@ def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], pa
             b.output(buf, f"state:momentum_buffer:{n}")
         else:
             buf = state["momentum_buffer"]
-            b.op("aten::mul_", "Scalar", buf, h["momentum"])
+            b.op("aten::mul_", "Scalar", buf, scalar["momentum"])
             b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
-        grad = b.op("aten::add", "Tensor", grad, buf, alpha=h["momentum"]) if h["nesterov"] else buf
+        grad = b.op("aten::add", "Tensor", grad, buf, alpha=scalar["momentum"]) if h["nesterov"] else buf
     b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
 
 
 def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
                state: Dict[str, Any], first: bool, decoupled: bool) -> None:
-    beta1, beta2 = h["betas"]
+    beta2 = h["betas"][1]
     b.op("aten::add_", "Scalar", state["step"], 1)
     if h["weight_decay"] != 0:
         if decoupled:
             b.op("aten::mul_", "Scalar", param, scalar["decay"])
         else:
             grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, 1 - beta1)
+    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, scalar["one_minus_beta1"])
     b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
     b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
     if h["amsgrad"]:
@@ -375,10 +396,9 @@ def _clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Di
     return b.graph()
 
 
-def _optimizer_graphs(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    name = setup.spec["name"]
-    groups = [([names[i] for i in indices], module.hyperparameters())
-              for (indices, _), module in zip(setup.resolved, setup.optimizers)]
+def _optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    name = training["optimizer"]
+    groups = [(group["params"], group) for group in training["groups"]]
     graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
     if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
         graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
@@ -417,7 +437,30 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
             raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
         schedule = plan.scheduler_module
         training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
-    return training, program.initial_counters(plan.lrs, schedule), schedule
+    counters = program.initial_counters(plan.lrs, schedule)
+    if counters["momenta"]:
+        _cycle_momentum(training, schedule)
+    return training, counters, schedule
+
+
+def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
+    """OneCycleLR cycles SGD's momentum or Adam's beta1: a host scalar per step (``program.host_scalars``); the
+    groups hold the cycle's start, as torch's construction sets it, so the step graph has SGD's momentum ops.
+    A cycle through momentum 0 (torch's SGD then skips its buffer) and RMSprop's are refused."""
+    name = training["optimizer"]
+    if name not in ("sgd", "adam", "adamw"):
+        raise ExportError(messages.aten_option_refused(f"OneCycleLR's cycle_momentum with optimizer {name} "
+                                                       "(it cycles SGD's momentum and Adam's beta1)"))
+    for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
+                                       schedule.max_momenta):
+        if name == "sgd":
+            if min(low, high) <= 0:
+                raise ExportError(messages.aten_option_refused(
+                    f"OneCycleLR cycling SGD's momentum through {min(low, high)} (base_momentum and max_momentum "
+                    "above 0 are held)"))
+            group["momentum"] = start
+        else:
+            group["betas"] = [start, group["betas"][1]]
 
 
 def _bits(t: Tensor) -> bytes:
@@ -474,33 +517,40 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     constants: Dict[str, Tensor] = {}
 
     model.train()
+    idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable)
+    if idle == trainable:
+        raise ExportError(messages.aten_no_gradient(type(model).__name__))
+    params = dict(named)
+    for n in idle:  # aot_export_module asserts a gradient for every parameter that requires one
+        params[n].requires_grad_(False)
     graphs: Dict[str, Any] = {}
-    graphs["train"], grads = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y),
+    graphs["train"] = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y),
                                                  True, input_bindings + ["target"], constants, "train")
-    missing = [n for n in trainable if n not in grads]
-    if missing:
-        raise ExportError(messages.aten_no_gradient(missing[0]))
     if accumulate > 1:
-        graphs["train_accumulate"], _ = _graph_at_two_sizes(
+        graphs["train_accumulate"] = _graph_at_two_sizes(
             lambda: _Step(model, loss_module, input_names, accumulate).train(), (*xs, y), True,
             input_bindings + ["target"], constants, "train_accumulate")
     model.eval()
-    graphs["forward"], _ = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
+    graphs["forward"] = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
                                                constants, "forward")
     with torch.no_grad():
         output = _call(model, input_names, xs)
-    graphs["loss"], _ = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
+    graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
                                             ["output", "target"], constants, "loss", "loss")
     graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants))
+    model.train()
+    for n in idle:
+        params[n].requires_grad_(True)
+    _drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad], setup.plan.clip)
-    graphs.update(_optimizer_graphs(setup, names))
+        graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
+    graphs.update(_optimizer_graphs(training))
 
     state: Dict[str, Tensor] = {f"param:{n}": p.detach().clone() for n, p in named}
     buffers = list(model.named_buffers())
     state.update({f"buffer:{n}": b.detach().clone() for n, b in buffers})
     state.update(constants)
-    state.update(_initial_optimizer_state(setup, names))
+    state.update({k: v for k, v in _initial_optimizer_state(setup, names).items() if k.split(":")[2] not in idle})
     bound = {b for g in graphs.values() for b in g["inputs"]}
     for name in bound:
         if name.split(":")[0] in ("param", "buffer", "const") and name not in state:
@@ -602,7 +652,7 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
         for key in ("training", "counters"):
             if not isinstance(entry.get(key), dict):
                 raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
-        _check_bound(graphs, state, entry["counters"])
+        _check_bound(graphs, state)
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
     except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
@@ -610,15 +660,16 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
     return metadata, graphs, state
 
 
-def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor], counters: Dict[str, Any]) -> None:
-    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum);
-    the native layer's check_bound."""
+def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:
+    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
+    and none of those is held; the native layer's check_bound."""
     created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
+    none_created = not created & set(state)
     for name, graph in graphs.items():
         for binding in graph["inputs"]:
             if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
                 continue
-            if not (counters["steps"] == 0 and binding in created):
+            if not (none_created and binding in created):
                 raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
 
 
@@ -629,6 +680,13 @@ def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
 
 def _text(spec: Any) -> str:
     return "a constant" if spec is None else f"{spec[0]} {list(spec[1])}"
+
+
+def _torch_state(reference: Any) -> Dict[str, Tensor]:
+    """torch.optim's per-parameter state tensors by ``KEY:NAME`` (a parameter that never had a gradient holds none)."""
+    names = {id(p): n for n, p in reference.named_parameters()}
+    return {f"{key}:{names[id(p)]}": value for p, held in reference.optimizer.state.items()
+            for key, value in held.items() if torch.is_tensor(value)}
 
 
 def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], x: Dict[str, Tensor],
@@ -665,9 +723,13 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
                               {n: twin.state[f"param:{n}"] for n in twin.parameters})
                 compare.named(method, "buffer", reference.buffers(),
                               {n: twin.state[f"buffer:{n}"] for n in reference.buffers()})
-                for key, values in reference.optimizer_state().items():
-                    compare.named(method, f"optimizer state {key} of", dict(zip(twin.trainable, values)),
-                                  {n: twin.state.get(f"state:{key}:{n}") for n in twin.trainable})
+                held = _torch_state(reference)
+                own = {name[len("state:"):]: t for name, t in twin.state.items() if name.startswith("state:")}
+                compare.named(method, "optimizer state", held, own)
+                extra = sorted(set(own) - set(held))
+                if extra:
+                    raise ExportError(messages.export_mismatch(method, f"optimizer state {extra[0]}",
+                                                               "none (torch.optim holds none)", "a tensor"))
                 reference.end_epoch(float(expected))
                 twin.schedule_epoch(float(expected))
                 if reference.lrs() != twin.lrs:

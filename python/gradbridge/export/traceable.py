@@ -189,7 +189,5 @@ def capture_failure(ex: BaseException) -> str:
     at = f" at {where}" if where else ""
     if "data-dependent" in text:  # torch's GuardOnDataDependentSymNode and kin
         return messages.aten_data_dependent(at)
-    if "did not receive a gradient" in text:  # aot_export_module's assertion names no parameter
-        return messages.aten_unused_parameter()
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(ex).__name__)
     return f"{first[:300]}{at}"

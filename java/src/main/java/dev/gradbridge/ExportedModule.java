@@ -35,7 +35,7 @@ import java.util.zip.ZipOutputStream;
  * state tensors (parameters, buffers, gradients, optimizer state) and the host's counters (steps, learning
  * rates, the schedule's state). The second implementation of the engine boundary; the protocol's methods
  * map onto the native module's. A checkpoint is the same zip with the state tensors and counters as they
- * are now; {@code load_optimizer_state} is refused in one line for now.
+ * are now.
  */
 final class ExportedModule extends ScriptedModule {
 
@@ -378,6 +378,9 @@ final class ExportedModule extends ScriptedModule {
                     return null;
                 case Protocol.OPTIMIZER_STATE:
                     return optimizerState();
+                case Protocol.LOAD_OPTIMIZER_STATE:
+                    loadOptimizerState(args == null || args.length == 0 ? null : args[0]); // call(m, null): no array
+                    return null;
                 default:
                     throw new ProtocolException(Messages.protocol3Refuses(path.toString(), method + "()"));
             }
@@ -474,20 +477,62 @@ final class ExportedModule extends ScriptedModule {
                 null);
     }
 
-    /** torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per trainable parameter, in group order. */
+    /**
+     * torch.optim's state keys (exp_avg, step, momentum_buffer...) to one tensor per parameter that holds the
+     * key, in group order; a key no parameter holds yet (SGD's momentum_buffer before the first step) is left
+     * out, as the TorchScript path's optimizer_state leaves it.
+     */
     private Map<String, List<Tensor>> optimizerState() {
-        Map<String, List<Tensor>> state = new LinkedHashMap<>();
         Set<String> held = new LinkedHashSet<>(Arrays.asList(Native.exportedStateNames(handle())));
-        Set<String> keys = new LinkedHashSet<>();
-        for (String name : held) {
-            if (name.startsWith("state:")) {
-                keys.add(name.substring(6, name.indexOf(':', 6)));
+        Map<String, List<String>> layout = new LinkedHashMap<>();
+        for (String binding : Native.exportedOptimizerLayout(handle())) {
+            layout.computeIfAbsent(binding.substring(6, binding.indexOf(':', 6)), k -> new ArrayList<>()).add(binding);
+        }
+        Map<String, List<Tensor>> state = new LinkedHashMap<>();
+        for (Map.Entry<String, List<String>> key : layout.entrySet()) {
+            if (!Collections.disjoint(held, key.getValue())) {
+                List<Tensor> tensors = new ArrayList<>();
+                for (long h : Native.exportedGet(handle(), key.getValue().toArray(new String[0]))) {
+                    tensors.add(new Tensor(h));
+                }
+                state.put(key.getKey(), tensors);
             }
         }
-        for (String key : keys) {
-            state.put(key, get("state:" + key + ":", trainableNames));
-        }
         return state;
+    }
+
+    /** torch.optim's load_state_dict of {@link #optimizerState}'s layout (see the native layer's checks). */
+    private void loadOptimizerState(Object given) {
+        String expected = path + ": load_optimizer_state() takes {key: [one tensor per parameter]}, got ";
+        if (!(given instanceof Map)) {
+            throw new InvalidInputException(expected + (given == null ? "null" : given.getClass().getSimpleName()));
+        }
+        Map<?, ?> state = (Map<?, ?>) given;
+        String[] keys = new String[state.size()];
+        long[] counts = new long[state.size()];
+        List<Long> tensors = new ArrayList<>();
+        int k = 0;
+        for (Map.Entry<?, ?> entry : state.entrySet()) {
+            keys[k] = String.valueOf(entry.getKey());
+            if (!(entry.getValue() instanceof List)) {
+                throw new InvalidInputException(expected + keys[k] + ": " + entry.getValue());
+            }
+            List<?> values = (List<?>) entry.getValue();
+            counts[k] = values.size();
+            for (Object value : values) {
+                if (!(value instanceof Tensor)) {
+                    String kind = value == null ? "null" : value.getClass().getSimpleName();
+                    throw new InvalidInputException(expected + "a " + kind + " in " + keys[k]);
+                }
+                tensors.add(((Tensor) value).handle());
+            }
+            k++;
+        }
+        long[] handles = new long[tensors.size()];
+        for (int i = 0; i < handles.length; i++) {
+            handles[i] = tensors.get(i);
+        }
+        Native.exportedLoadOptimizerState(handle(), keys, counts, handles);
     }
 
     @Override

@@ -198,6 +198,15 @@ final class Native {
     /** Copies of state tensors by binding name (an absent gradient: zeros); the caller owns them. */
     static native long[] exportedGet(long module, String[] names);
 
+    /** torch.optim's state layout: {@code state:KEY:PARAM} per key, its parameters in group order. */
+    static native String[] exportedOptimizerLayout(long module);
+
+    /**
+     * Loads torch.optim's per-parameter state: {@code counts[k]} tensors of key {@code keys[k]}, in order,
+     * checked whole against the layout before anything changes.
+     */
+    static native void exportedLoadOptimizerState(long module, String[] keys, long[] counts, long[] tensors);
+
     /** Replaces state tensors by binding name with copies of the given ones. */
     static native void exportedSet(long module, String[] names, long[] tensors);
 
