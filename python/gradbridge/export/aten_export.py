@@ -183,14 +183,14 @@ def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], 
     graphs: Dict[str, Any] = {}
     try:
         model.train()
-        graphs[program.one("train")], _ = _capture(_Step(model, loss, names).train(), (*one, target), True,
-                                                   bindings + ["target"], made)
+        graphs[program.one("train")] = _capture(_Step(model, loss, names).train(), (*one, target), True,
+                                                bindings + ["target"], made)
         model.eval()
-        graphs[program.one("forward")], _ = _capture(_Forward(model, names).eval(), one, False, bindings, made)
+        graphs[program.one("forward")] = _capture(_Forward(model, names).eval(), one, False, bindings, made)
         with torch.no_grad():
             output = _call(model, names, one)
-        graphs[program.one("loss")], _ = _capture(_Loss(loss).eval(), (output, target), False, ["output", "target"],
-                                                  made, "loss")
+        graphs[program.one("loss")] = _capture(_Loss(loss).eval(), (output, target), False, ["output", "target"],
+                                               made, "loss")
     except ExportError as ex:
         log.info("no graphs at one sample: %s", ex)
         return {}
