@@ -995,6 +995,18 @@ std::vector<at::Tensor> tensors_of(JNIEnv* env, jlongArray handles) {
   return out;
 }
 
+jobjectArray to_java(JNIEnv* env, const std::vector<std::string>& strings) {
+  jclass string = env->FindClass("java/lang/String");
+  jobjectArray out = env->NewObjectArray(static_cast<jsize>(strings.size()), string, nullptr);
+  if (out == nullptr) throw JavaPending{};
+  for (size_t k = 0; k < strings.size(); k++) {
+    jstring s = env->NewStringUTF(strings[k].c_str());
+    env->SetObjectArrayElement(out, static_cast<jsize>(k), s);
+    env->DeleteLocalRef(s);
+  }
+  return out;
+}
+
 jlongArray to_java(JNIEnv* env, const std::vector<jlong>& handles) {
   jlongArray out = env->NewLongArray(static_cast<jsize>(handles.size()));
   if (out == nullptr) throw JavaPending{};
@@ -1128,15 +1140,7 @@ JNIEXPORT jobjectArray JNICALL Java_dev_gradbridge_Native_exportedStateNames(JNI
     std::vector<std::string> names;
     for (const auto& [name, _] : m.state) names.push_back(name);
     std::sort(names.begin(), names.end());
-    jclass string = env->FindClass("java/lang/String");
-    jobjectArray out = env->NewObjectArray(static_cast<jsize>(names.size()), string, nullptr);
-    if (out == nullptr) throw JavaPending{};
-    for (size_t k = 0; k < names.size(); k++) {
-      jstring s = env->NewStringUTF(names[k].c_str());
-      env->SetObjectArrayElement(out, static_cast<jsize>(k), s);
-      env->DeleteLocalRef(s);
-    }
-    return out;
+    return to_java(env, names);
   });
 }
 
@@ -1166,15 +1170,7 @@ JNIEXPORT jobjectArray JNICALL Java_dev_gradbridge_Native_exportedOptimizerLayou
     std::vector<std::string> names;
     for (const auto& [key, params] : exported_of(handle).optimizer_layout())
       for (const auto& p : params) names.push_back("state:" + key + ":" + p);
-    jclass string = env->FindClass("java/lang/String");
-    jobjectArray out = env->NewObjectArray(static_cast<jsize>(names.size()), string, nullptr);
-    if (out == nullptr) throw JavaPending{};
-    for (size_t k = 0; k < names.size(); k++) {
-      jstring s = env->NewStringUTF(names[k].c_str());
-      env->SetObjectArrayElement(out, static_cast<jsize>(k), s);
-      env->DeleteLocalRef(s);
-    }
-    return out;
+    return to_java(env, names);
   });
 }
 
