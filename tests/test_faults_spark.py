@@ -240,6 +240,13 @@ def test_a_spark_start_failure_is_one_line(files, tmp_path):
 
 def _listening(pid: int) -> list:
     """The TCP sockets process ``pid`` listens on, as (address, port), from /proc (IPv4-mapped IPv6 as IPv4)."""
+    try:
+        return _listening_now(pid)
+    except OSError:  # it ended (or became a zombie, which has no fds or net tables) between poll() and here
+        return []
+
+
+def _listening_now(pid: int) -> list:
     import ipaddress
     import os
     import re
