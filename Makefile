@@ -3,10 +3,12 @@ PYTHON3 ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 # The newest torch of the supported range (python/gradbridge/requirements.txt), for the tests
-# marked every_torch; the default venv holds the oldest, the release DJL's native library runs.
+# marked every_torch; the default venv holds the oldest, PINNED_TORCH below.
 NEWEST  := .venv-newest
 PY_NEWEST := $(NEWEST)/bin/python
-DJL_TORCH := $(shell sed -n 's/^torchVersion=//p' gradle.properties)
+# The lower end of the supported range: gradle.properties' torchVersion, the libtorch release of the
+# pytorch-native-cpu jar that a JVM of its own runs in a checkout (tests/test_pins.py and test_torch_range.py tie them).
+PINNED_TORCH := $(shell sed -n 's/^torchVersion=//p' gradle.properties)
 # The tests that `make test` runs on the newest torch too: the range's checks and the fast
 # in-process Java parity cases (every_torch_java).
 NEWEST_TESTS := every_torch or every_torch_java
@@ -27,11 +29,11 @@ TIMM := timm==1.0.31
 TORCHVISION_OLDEST := torchvision==0.22.1
 TORCHVISION_NEWEST := torchvision==0.29.2
 
-# The venv holds torch $(DJL_TORCH) (DJL's release, gradle.properties), JPype, numpy, pytest.
+# The venv holds torch $(PINNED_TORCH) (the oldest of the range, gradle.properties), JPype, numpy, pytest.
 $(VENV)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt gradle.properties Makefile
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(DJL_TORCH)'
+	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(PINNED_TORCH)'
 	$(PY) -m pip install --quiet --no-deps '$(TIMM)' '$(TORCHVISION_OLDEST)'
 	touch $@
 
