@@ -1,6 +1,6 @@
 """A model with a custom C++ operator, trained from Java, and `gradbridge gradcheck`.
 
-The operator library is built once per session with the README's command (`gradbridge build-op`),
+The operator library is built once per session with docs/custom-ops.md's command (`gradbridge build-op`),
 against this Python's libtorch. It then serves the in-process JVM (the same libtorch) and a
 separate JVM on DJL's own libtorch build (pytorch-native-cpu 2.7.1): both are 2.7.1 builds with
 the C++11 ABI, and the library binds to whichever libtorch is already loaded, by soname.
@@ -142,9 +142,9 @@ def test_gradcheck_on_a_model_without_custom_operators(models, tmp_path, jvm):
     assert "verdict: gradients check out" in result.stdout
 
 
-def test_readme_custom_op_block_runs(tmp_path):
-    readme = (root() / "README.md").read_text()
-    block = re.search(r"```bash\n(.*?)```", readme[readme.index("<!-- custom-op -->"):], re.DOTALL).group(1)
+def test_docs_custom_op_block_runs(tmp_path):
+    guide = (root() / "docs" / "custom-ops.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", guide[guide.index("<!-- custom-op -->"):], re.DOTALL).group(1)
     shutil.copytree(EXAMPLE, tmp_path / "examples" / "custom-op")
     # `gradbridge` is the script beside this interpreter (the README's set-up puts both in .venv/bin).
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -76,14 +76,14 @@ def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_
     _same_run(separate, eager, "Java in a JVM of its own")
 
 
-def test_the_readme_table_says_what_the_zoo_does():
+def test_the_docs_table_says_what_the_zoo_does():
     import timm
     import transformers
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"transformers {transformers.__version__}, timm {timm.__version__}" in readme
+    guide = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    assert f"transformers {transformers.__version__}, timm {timm.__version__}" in guide
     for case in zoo.CASES:
-        row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \| (.+?) \|$", readme, re.MULTILINE)
-        assert row, f"README.md has no model-table row for {case.name}"
+        row = re.search(rf"^\| {re.escape(case.name)} \| {case.library} \| (.+?) \| (.+?) \|$", guide, re.MULTILINE)
+        assert row, f"docs/export.md has no model-table row for {case.name}"
         for said, expected in zip(row.groups(), (case.torchscript, case.export)):
             assert (said == "bitwise") if expected == "bitwise" else expected in said, (case.name, said)

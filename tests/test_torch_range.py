@@ -3,7 +3,7 @@ the oldest, .venv, and on the newest, .venv-newest).
 
 - The range is defined once (python/gradbridge/requirements.txt) and read by the library: a lower end
   only, the libtorch of the separate JVM's distribution (gradle.properties); "verified up to" is
-  VERIFIED_TORCH beside it, and the README names both (tests/test_torch_gate.py: a newer torch).
+  VERIFIED_TORCH beside it, and docs/torch-versions.md names both (tests/test_torch_gate.py: a newer torch).
 - A torch below the range gets one line naming the range before any JVM starts; in range, Java in
   this process runs on this torch through gradbridge's native library built for it, bit for bit.
 - gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
@@ -61,15 +61,16 @@ def test_the_range_starts_at_djls_release_and_holds_this_torch():
         assert libtorch.is_verified(version) is checked, version
 
 
-def test_readme_names_the_range_and_the_verified_releases():
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert f"`{libtorch.supported()}`" in readme
+def test_the_docs_name_the_range_and_the_verified_releases():
+    guide = (REPO_ROOT / "docs" / "torch-versions.md").read_text()
+    assert f"`{libtorch.supported()}`" in guide
     verified = libtorch.verified_up_to()
-    assert f"verified up to {verified}.x" in readme.lower()
+    assert f"verified up to {verified}.x" in guide.lower()
+    assert f"verified up to {verified}.x" in (REPO_ROOT / "README.md").read_text().lower()
     # where the verdicts are kept, and how CI turns the automatic self-check off
-    assert f"`~/.cache/gradbridge/{torch_gate.FOLDER}`" in readme and f"`{torch_gate.AUTO_ENV}=0`" in readme
+    assert f"`~/.cache/gradbridge/{torch_gate.FOLDER}`" in guide and f"`{torch_gate.AUTO_ENV}=0`" in guide
     # the release table's last row is the verified minor release
-    rows = re.findall(r"^\| (\d+\.\d+)\.\d+\+\w+ \|", readme, re.MULTILINE)
+    rows = re.findall(r"^\| (\d+\.\d+)\.\d+\+\w+ \|", guide, re.MULTILINE)
     assert rows and rows[-1] == verified, rows
 
 

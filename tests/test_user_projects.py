@@ -603,10 +603,12 @@ def test_java_app_trains_with_the_published_artifact(published, models, tmp_path
     assert_histories_match(python, java, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
 
 
-def test_readme_names_the_project_version():
-    text = (REPO_ROOT / "README.md").read_text()
-    assert set(re.findall(r"gradbridge-(\d+\.\d+\.\d+)-py3", text)) == {VERSION}
-    assert set(re.findall(r"dev\.gradbridge:gradbridge:(\d+\.\d+\.\d+)", text)) == {VERSION}
+def test_readme_and_docs_name_the_project_version():
+    readme = (REPO_ROOT / "README.md").read_text()
+    guides = "".join(path.read_text() for path in sorted((REPO_ROOT / "docs").glob("*.md")))
+    for text in (readme, readme + guides):
+        assert set(re.findall(r"gradbridge-(\d+\.\d+\.\d+)-py3", text)) == {VERSION}
+        assert set(re.findall(r"dev\.gradbridge:gradbridge:(\d+\.\d+\.\d+)", text)) == {VERSION}
 
 
 def test_separate_jvm_runs_offline_on_the_wheels_jars_and_the_override_wins(user_env, outside):

@@ -13,7 +13,7 @@ separate JVM on DJL's libtorch, and the fast in-process Java parity cases on tha
 libtorch, through the native library compiled once for it), and deletes the venv again (``--keep``
 keeps it: each is ~5 GB). The next release's venv is created while the current one's tests run
 (downloads take as long as the tests), so at most two venvs exist at once. ``--use VENV`` reuses an
-existing venv for the minor its torch has. Prints a Markdown table (the README shows the last one)
+existing venv for the minor its torch has. Prints a Markdown table (docs/torch-versions.md shows the last one)
 and writes it with the details to build/version-matrix.json. Needs `make java` (the Java library).
 """
 

@@ -5,7 +5,7 @@ what gradbridge does with it.
 
 For each format (``format="torchscript"``, ``format="export"``) a case expects either ``"bitwise"`` (exported,
 and Java trains it like the user's eager model bit for bit) or the start of the one line the export refuses
-it with. README.md's model table says the same (tests/test_model_zoo.py pins them together).
+it with. docs/export.md's model table says the same (tests/test_model_zoo.py pins them together).
 """
 
 from __future__ import annotations
