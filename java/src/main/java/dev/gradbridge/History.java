@@ -5,8 +5,10 @@ import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
+import java.security.MessageDigest;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -130,6 +132,24 @@ public final class History {
     }
 
     /**
+     * The digest of a tensor's values, the same as {@link #digest(double[], String)} of its exact
+     * values: hashed straight from the tensor's memory when it holds {@code dtype} in the digest's
+     * byte order (no copy), else through its values.
+     *
+     * @param tensor the tensor
+     * @param dtype {@code float32}, {@code float64} or {@code int64}
+     * @return lowercase hex digest
+     */
+    static String digest(Tensor tensor, String dtype) {
+        if (tensor.dtype() == digestType(dtype) && ByteOrder.nativeOrder().equals(DType.FILE_ORDER)) {
+            MessageDigest sha = Digests.sha256();
+            sha.update(tensor.buffer());
+            return Digests.hex(sha.digest());
+        }
+        return digest(tensor.toExactDoubles(), dtype);
+    }
+
+    /**
      * The dtype of a digest: {@code float32}, {@code float64} or {@code int64} (what parameters,
      * buffers and optimizer state hold).
      *
@@ -162,11 +182,9 @@ public final class History {
     public static EpochRecord record(
             TrainingModule module, int epoch, double loss, Double valLoss, double elapsedSeconds,
             boolean withValues) {
-        Map<String, double[]> values = module.getParameters();
+        Map<String, double[]> values = withValues ? new LinkedHashMap<>() : null;
         Map<String, String> digests = new LinkedHashMap<>();
-        for (Metadata.TensorSpec spec : module.getMetadata().getParameters()) {
-            digests.put(spec.getName(), digest(values.get(spec.getName()), spec.getDtype()));
-        }
+        module.readParameters(digests, values);
         return new EpochRecord(
                 epoch, loss, valLoss, elapsedSeconds,
                 withValues ? values : Collections.<String, double[]>emptyMap(), digests, module.getLrs());
