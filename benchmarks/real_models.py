@@ -3,7 +3,9 @@ every parameter value recorded against digests only; losses compared in every ro
 
 Models: torchvision ResNet-18, MobileNetV3-small, ShuffleNetV2 x0.5 (32x32 images) and the bench's
 transformer encoder, random weights, Adam, batch 32, 2 epochs a call. Environment: ROUNDS (default 5),
-N samples (default 256), NO_VALUES=1 skips the recorded-values run.
+N samples (default 256), NO_VALUES=1 skips the recorded-values run, THREADS (torch's intra-op threads,
+default one per core), CLOCK=cpu times the process's CPU (all threads) instead of the wall (a loaded
+machine's CPU time is steadier than its wall time).
 
     python benchmarks/real_models.py [resnet18 mobilenet_v3_small shufflenet_v2_x0_5 transformer]
 """
@@ -33,6 +35,9 @@ def spread(values):
 
 
 def main(names):
+    if os.environ.get("THREADS"):
+        torch.set_num_threads(int(os.environ["THREADS"]))  # Java in this process shares libtorch's pool
+    clock = time.process_time if os.environ.get("CLOCK") == "cpu" else time.perf_counter
     rounds, n = int(os.environ.get("ROUNDS", 5)), int(os.environ.get("N", 256))
     variants = ["eager", "java"] + ([] if os.environ.get("NO_VALUES") else ["java+values"])
     folder = tempfile.mkdtemp()
@@ -50,14 +55,14 @@ def main(names):
         same = True
         for _ in range(rounds):  # interleaved: the machine's drift hits every variant alike
             for variant in variants:
-                started = time.perf_counter()
+                started = clock()
                 if variant == "eager":
                     history = reference.train(path, x, y, epochs=2, mode="fused", record_values=False)
                     expected = list(history.losses)
                 else:
                     history = java.train(path, x, y, epochs=2, mode="fused", record_values=variant == "java+values")
                     same = same and list(history.losses) == expected
-                times[variant].append(time.perf_counter() - started)
+                times[variant].append(clock() - started)
         line = (f"{name}: eager {statistics.median(times['eager']) / 2:.3f} s/epoch; java/eager "
                 f"{spread([j / e for j, e in zip(times['java'], times['eager'])])}")
         if "java+values" in times:
