@@ -35,8 +35,9 @@ public final class History {
         private final double loss;
         private final Double val_loss; // NOPMD: the schema's key
         private final double elapsed_s; // NOPMD: the schema's key
-        private final Map<String, double[]> parameters;
+        private volatile Map<String, double[]> parameters; // built from `buffers` when first asked
         private final Map<String, String> digests;
+        private final transient Map<String, ByteBuffer> buffers; // float64 values, native order; not JSON
         private final double[] lrs; // optional key of the schema: null is not written
 
         /**
@@ -69,13 +70,25 @@ public final class History {
         public EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
+            this(epoch, loss, valLoss, elapsedSeconds, Collections.unmodifiableMap(new LinkedHashMap<>(parameters)),
+                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs);
+        }
+
+        /**
+         * {@code parameters} null: built from {@code buffers} when first asked. A record of an epoch
+         * then costs one native copy per parameter, not a Java array (see {@link #getParameterBuffers}).
+         */
+        private EpochRecord(
+                int epoch, double loss, Double valLoss, double elapsedSeconds, Map<String, double[]> parameters,
+                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs) {
             this.lrs = lrs == null ? null : lrs.clone();
             this.epoch = epoch;
             this.loss = loss;
             this.val_loss = valLoss;
             this.elapsed_s = elapsedSeconds;
-            this.parameters = Collections.unmodifiableMap(new LinkedHashMap<>(parameters));
+            this.parameters = parameters;
             this.digests = Collections.unmodifiableMap(new LinkedHashMap<>(digests));
+            this.buffers = Collections.unmodifiableMap(new LinkedHashMap<>(buffers));
         }
 
         /** @return epoch index, from 0 */
@@ -100,7 +113,34 @@ public final class History {
 
         /** @return parameters after the epoch's step, by name (empty for digests only) */
         public Map<String, double[]> getParameters() {
-            return parameters;
+            Map<String, double[]> values = parameters;
+            if (values == null) {
+                Map<String, double[]> built = new LinkedHashMap<>();
+                for (Map.Entry<String, ByteBuffer> entry : buffers.entrySet()) {
+                    java.nio.DoubleBuffer doubles = entry.getValue().duplicate().order(ByteOrder.nativeOrder()).asDoubleBuffer();
+                    double[] array = new double[doubles.remaining()];
+                    doubles.get(array);
+                    built.put(entry.getKey(), array);
+                }
+                values = Collections.unmodifiableMap(built);
+                parameters = values; // racing readers build equal maps
+            }
+            return values;
+        }
+
+        /**
+         * The same values as {@link #getParameters()} without a Java array: each parameter's float64
+         * values in a read-only direct buffer in native byte order (empty when the record keeps digests
+         * only, or was made from arrays). Python's {@code History.from_java} reads these.
+         *
+         * @return the buffers by name, in protocol order
+         */
+        public Map<String, ByteBuffer> getParameterBuffers() {
+            Map<String, ByteBuffer> views = new LinkedHashMap<>();
+            for (Map.Entry<String, ByteBuffer> entry : buffers.entrySet()) {
+                views.put(entry.getKey(), entry.getValue().asReadOnlyBuffer().order(ByteOrder.nativeOrder()));
+            }
+            return views;
         }
 
         /** @return parameter digests by name */
@@ -182,12 +222,11 @@ public final class History {
     public static EpochRecord record(
             TrainingModule module, int epoch, double loss, Double valLoss, double elapsedSeconds,
             boolean withValues) {
-        Map<String, double[]> values = withValues ? new LinkedHashMap<>() : null;
+        Map<String, ByteBuffer> values = new LinkedHashMap<>();
         Map<String, String> digests = new LinkedHashMap<>();
-        module.readParameters(digests, values);
-        return new EpochRecord(
-                epoch, loss, valLoss, elapsedSeconds,
-                withValues ? values : Collections.<String, double[]>emptyMap(), digests, module.getLrs());
+        module.readParameters(digests, withValues ? values : null);
+        return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
+                values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs());
     }
 
     /**
@@ -222,6 +261,7 @@ public final class History {
     public String toJsonLines() {
         StringBuilder out = new StringBuilder();
         for (EpochRecord record : records) {
+            record.getParameters(); // the JSON writer reads the field
             JsonObject line = GSON.toJsonTree(record).getAsJsonObject();
             if (line.get("lrs").isJsonNull()) {
                 line.remove("lrs"); // optional key: absent, as the Python writer does

@@ -332,15 +332,29 @@ public final class Tensor implements AutoCloseable {
             return toDoubleArray();
         }
         if (type == DType.FLOAT32) {
-            float[] floats = toFloatArray();
-            double[] widened = new double[floats.length];
-            for (int i = 0; i < floats.length; i++) {
-                widened[i] = floats[i];
+            // widened straight from the tensor's memory: no float[] copy of a large parameter between
+            java.nio.FloatBuffer floats = buffer().asFloatBuffer();
+            double[] widened = new double[floats.limit()];
+            for (int i = 0; i < widened.length; i++) {
+                widened[i] = floats.get(i);
             }
             return widened;
         }
         try (Tensor wide = to(DType.FLOAT64)) {
             return wide.toDoubleArray();
+        }
+    }
+
+    /**
+     * The values as {@link #toExactDoubles()} gives them, in a new direct buffer (native order):
+     * widened by libtorch and copied once, no Java array (an epoch's record of a large model).
+     */
+    ByteBuffer exactDoubleBuffer() {
+        try (Tensor wide = dtype() == DType.FLOAT64 ? null : to(DType.FLOAT64)) {
+            ByteBuffer values = (wide == null ? this : wide).buffer();
+            ByteBuffer copy = ByteBuffer.allocateDirect(values.remaining()).order(ByteOrder.nativeOrder());
+            copy.put(values).flip();
+            return copy;
         }
     }
 
