@@ -110,7 +110,7 @@ def test_shared_wording_matches(jvm):
     """Lines both languages print, built by each side's one definition from the same values."""
     from gradbridge import messages
 
-    Messages = jpype.JClass("dev.gradbridge.Messages")
+    Messages = jpype.JClass("dev.gradbridge.internal.Messages")
     longs = jpype.JArray(jpype.JLong)
     assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
     for loss in (float("nan"), float("inf"), float("-inf")):

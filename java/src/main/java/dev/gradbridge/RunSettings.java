@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.AtomicFiles;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.Arrays;

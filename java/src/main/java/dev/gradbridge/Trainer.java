@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;

@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.nio.LongBuffer;
 import java.nio.file.Files;

@@ -1,6 +1,6 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.LogRecord;

@@ -1,7 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.ServerSocket;

@@ -1,10 +1,10 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.AtomicFiles;
+import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;

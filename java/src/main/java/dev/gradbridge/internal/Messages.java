@@ -1,5 +1,6 @@
-package dev.gradbridge;
+package dev.gradbridge.internal;
 
+import dev.gradbridge.Protocol;
 import java.util.Arrays;
 
 /**
