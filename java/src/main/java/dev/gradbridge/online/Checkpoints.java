@@ -1,5 +1,6 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.internal.ModuleAccess;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
@@ -189,7 +190,7 @@ final class Checkpoints {
         if (servingArchive != null) {
             AtomicFiles.write(dir.resolve(checkpoint.servingFile), servingArchive);
         }
-        byte[] archive = training.checkpointArchive(
+        byte[] archive = ModuleAccess.checkpointArchive(training,
                 Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
         AtomicFiles.write(dir.resolve(checkpoint.file), archive);
         JsonObject json = new JsonObject();
