@@ -16,6 +16,12 @@ from typing import Any, Sequence
 LONG_MAX = (1 << 63) - 1
 
 
+# ---- training runs ----
+
+def batch_size(n: int, got: int) -> str:
+    return f"batch size must be in 1..{n}, got {got}"
+
+
 # ---- data files (.npz / .npy) ----
 
 def big_endian(source: str, array: str, descr: str) -> str:

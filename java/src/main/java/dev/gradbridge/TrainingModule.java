@@ -370,7 +370,7 @@ public final class TrainingModule implements AutoCloseable {
             }
             if (batchSize < 1 || batchSize > n) {
                 throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
+                        Protocol.TRAIN_EPOCH + ": " + Messages.batchSize(n, batchSize));
             }
             if (perm.size(0) > 0) { // range read from perm's memory: no copy into Java
                 long[] range = minMax(perm);

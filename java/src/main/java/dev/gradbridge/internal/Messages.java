@@ -13,6 +13,20 @@ public final class Messages {
 
     private Messages() {}
 
+    // ---- every program ----
+
+    /** What a program's refusal line starts with (Python: {@code launcher.ERROR_PREFIX} reads it from output). */
+    public static final String ERROR_PREFIX = "error: ";
+
+    /**
+     * @param n samples in the data
+     * @param got the batch size asked for
+     * @return the line for a batch size outside 1..n
+     */
+    public static String batchSize(long n, long got) {
+        return "batch size must be in 1.." + n + ", got " + got;
+    }
+
     // ---- data files (.npz / .npy) ----
 
     /**
