@@ -33,7 +33,7 @@ public final class Messages {
      * @param source the data file
      * @param array the array's name
      * @param descr numpy's dtype descriptor, e.g. {@code >f4}
-     * @return the line for a big-endian array (DJL would read its bytes swapped)
+     * @return the line for a big-endian array (its bytes would be read swapped)
      */
     public static String bigEndian(String source, String array, String descr) {
         String little = "<" + descr.substring(1);
@@ -117,7 +117,7 @@ public final class Messages {
 
     /**
      * @param mode the mode asked for
-     * @return the line for a mode that is not one of {@link Trainer.Mode}
+     * @return the line for a mode that is not one of {@link dev.gradbridge.Trainer.Mode}
      */
     public static String unknownMode(String mode) {
         return "unknown mode '" + mode + "'; expected full, step or fused";

@@ -397,7 +397,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             }
         }
         if ("executor".equals(kind[0])) {
-            SparkEnv.get().blockManager().removeRdd(run.shardsRdd);
+            SparkInternals.dropCachedPartitions(run.shardsRdd);
         }
         throw new IllegalStateException(
                 "injected " + kind[0] + " fault at epoch " + epoch + ", step " + step + ", partition " + partition);
