@@ -98,11 +98,12 @@ def test_java_trains_like_the_eager_model_and_keeps_each_buffers_dtype(jvm, mode
             k: b.double().numpy().ravel().tolist() for k, b in eager.buffers().items()}
         assert java_buffers["steps"].tolist() == [5.0]
         # a snapshot (what the online learner and gradbridge-spark save from) copies them as they are
-        snapshot = module.snapshot().get()
+        access = jvm.jclass("dev.gradbridge.internal.ModuleAccess")  # library-internal calls, no API
+        snapshot = access.snapshot(module).get()
         try:
             assert {str(k): list(v) for k, v in snapshot.getBuffers().items()} == {
                 k: list(v) for k, v in java_buffers.items()}
-            assert bytes(snapshot.checkpointArchive(None)) == bytes(module.checkpointArchive(None))
+            assert bytes(access.checkpointArchive(snapshot, None)) == bytes(access.checkpointArchive(module, None))
         finally:
             snapshot.close()
         assert [bool(b.isPersistent()) for b in module.getMetadata().getBuffers()] == [False] + [True] * 5

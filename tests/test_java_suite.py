@@ -12,6 +12,8 @@ from gradbridge.gradle import run_task
 from gradbridge._devtree import root
 
 REPO_ROOT = root()
+#: the subprojects with JUnit tests of their own
+SUBPROJECTS = ("programs", "serve", "spark")
 
 pytestmark = pytest.mark.gradle
 
@@ -27,8 +29,8 @@ def _problem(case):
 def test_junit_suite_passes():
     # cleanTest: run the suite even when Gradle thinks it is up to date.
     result = run_task(["cleanTest", "test"])
-    # the library's tests, the programs' (programs/) and gradbridge-spark's (spark/)
-    reports = sorted(report for project in (Path(REPO_ROOT), Path(REPO_ROOT, "programs"), Path(REPO_ROOT, "spark"))
+    # the library's tests, the programs' (programs/), gradbridge-serve's (serve/) and gradbridge-spark's (spark/)
+    reports = sorted(report for project in (Path(REPO_ROOT), *(Path(REPO_ROOT, p) for p in SUBPROJECTS))
                      for report in (project / "build" / "test-results" / "test").glob("TEST-*.xml"))
     suites = [ET.parse(report).getroot() for report in reports]
     failures = [p for suite in suites for p in map(_problem, suite.iter("testcase")) if p]
@@ -37,7 +39,6 @@ def test_junit_suite_passes():
     skipped = sum(int(suite.get("skipped")) for suite in suites)
     # Every @Test in the sources ran: none silently dropped, none skipped.
     written = sum(len(re.findall(r"^\s*@Test\b", source.read_text(), re.MULTILINE))
-                  for tests in (Path(REPO_ROOT, "java", "src", "test"), Path(REPO_ROOT, "programs", "src", "test"),
-                                Path(REPO_ROOT, "spark", "src", "test"))
+                  for tests in (Path(REPO_ROOT, "java", "src", "test"), *(Path(REPO_ROOT, p, "src", "test") for p in SUBPROJECTS))
                   for source in tests.rglob("*.java"))
     assert ran == written and skipped == 0, f"{ran} JUnit tests ran of {written} written, {skipped} skipped"

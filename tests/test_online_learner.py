@@ -56,7 +56,7 @@ def test_concurrent_feedback_and_predictions_replay_bitwise(jvm, models, tmp_pat
     x, y = _classification_data(600)
     learner = _open(model, tmp_path / "log", fsync="always")
     try:
-        OnlineLoad = jpype.JClass("dev.gradbridge.online.OnlineLoad")
+        OnlineLoad = jpype.JClass("dev.gradbridge.bench.OnlineLoad")
         result = OnlineLoad.run(learner, _host(x), _host(y), 4, 3, 2, 150)
         assert learner.awaitIdle(30, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
         assert learner.acceptedEvents() == 600

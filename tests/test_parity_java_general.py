@@ -163,7 +163,7 @@ class _RowBuffer(torch.nn.Module):
 
 @pytest.mark.every_torch_java
 def test_a_snapshot_is_the_module_or_refused_when_tensors_share_a_storage(jvm, tmp_path):
-    """TrainingModule.snapshot (what gradbridge-spark saves each epoch's end from, off the step path):
+    """A snapshot (ModuleAccess.snapshot: what gradbridge-spark saves each epoch's end from, off the step path):
     after BatchNorm steps its archive is the module's byte for byte, and it stays so while the module
     trains on; a module two of whose tensors share a storage gets none (a copy would split them)."""
     torch.manual_seed(0)
@@ -177,12 +177,14 @@ def test_a_snapshot_is_the_module_or_refused_when_tensors_share_a_storage(jvm, t
         jx, jy = jvm.to_tensor(x.numpy()), jvm.to_tensor(y.numpy())
         for _ in range(2):
             module.trainStep(jx, jy)
-        now = bytes(module.checkpointArchive(checkpoint))
-        copy = module.snapshot().get()
+        access = jvm.jclass("dev.gradbridge.internal.ModuleAccess")  # library-internal calls, no API
+        now = bytes(access.checkpointArchive(module, checkpoint))
+        copy = access.snapshot(module).get()
         try:
-            assert bytes(copy.checkpointArchive(checkpoint)) == now
+            assert bytes(access.checkpointArchive(copy, checkpoint)) == now
             module.trainStep(jx, jy)
-            assert bytes(copy.checkpointArchive(checkpoint)) == now != bytes(module.checkpointArchive(checkpoint))
+            assert bytes(access.checkpointArchive(copy, checkpoint)) == now
+            assert bytes(access.checkpointArchive(module, checkpoint)) != now
         finally:
             copy.close()
     finally:
@@ -197,6 +199,6 @@ def test_a_snapshot_is_the_module_or_refused_when_tensors_share_a_storage(jvm, t
     torch.jit.save(scripted, str(aliased), _extra_files={protocol.METADATA_FILE: json.dumps(protocol.read_metadata(path))})
     module = jvm.load_module(aliased)
     try:
-        assert not module.snapshot().isPresent()
+        assert not access.snapshot(module).isPresent()
     finally:
         module.close()

@@ -12,7 +12,7 @@ import torch
 
 from gradbridge import oplist, protocol
 from gradbridge import classpath
-from gradbridge import libtorch
+from gradbridge import launcher, libtorch
 from tests import spark_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -110,9 +110,12 @@ def test_shared_wording_matches(jvm):
     """Lines both languages print, built by each side's one definition from the same values."""
     from gradbridge import messages
 
-    Messages = jpype.JClass("dev.gradbridge.Messages")
+    Messages = jpype.JClass("dev.gradbridge.internal.Messages")
     longs = jpype.JArray(jpype.JLong)
     assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
+    assert str(Messages.ERROR_PREFIX) == launcher.ERROR_PREFIX
+    for n, got in ((60, 0), (60, 61), (1, 2**40)):
+        assert str(Messages.batchSize(n, got)) == messages.batch_size(n, got)
     for loss in (float("nan"), float("inf"), float("-inf")):
         assert str(Messages.divergence(loss, 3, 1, 8, 15)) == messages.divergence(loss, 3, 1, 8, 15)
     for source in ("data.npz", ""):
@@ -269,3 +272,20 @@ def test_torch_versions_lose_their_local_suffix_in_one_place():
     package = REPO_ROOT / "python" / "gradbridge"
     stripping = [str(path.relative_to(package)) for path in package.rglob("*.py") if 'split("+")' in path.read_text()]
     assert stripping == ["libtorch.py"], stripping
+
+
+def test_online_defaults_match_the_java_builder(jvm):
+    """gradbridge.online.open_learner's defaults are OnlineLearner's (serve's options read the same constants)."""
+    import inspect
+
+    from gradbridge import online
+
+    OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
+    defaults = {name: p.default for name, p in inspect.signature(online.open_learner).parameters.items()}
+    assert defaults["max_batch"] == OnlineLearner.DEFAULT_MAX_BATCH
+    assert defaults["max_wait_ms"] == OnlineLearner.DEFAULT_MAX_WAIT_MILLIS
+    assert defaults["publish_every"] == OnlineLearner.DEFAULT_PUBLISH_EVERY
+    assert defaults["checkpoint_every"] == OnlineLearner.DEFAULT_CHECKPOINT_EVERY
+    assert defaults["queue_capacity"] == OnlineLearner.DEFAULT_QUEUE_CAPACITY
+    assert defaults["fsync"] == str(OnlineLearner.DEFAULT_FSYNC)
+    assert defaults["max_grad_norm"] == OnlineLearner.DEFAULT_MAX_GRAD_NORM

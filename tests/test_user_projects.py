@@ -512,7 +512,7 @@ def test_published_pom_declares_no_djl_code_and_libtorch_at_run_time(published):
     assert optional == {"progressbar"}, optional
     with zipfile.ZipFile(published / f"gradbridge-{VERSION}.jar") as jar:
         programs = [n for n in jar.namelist() if n.startswith(("dev/gradbridge/cli/", "dev/gradbridge/examples/",
-                                                               "dev/gradbridge/bench/", "dev/gradbridge/online/OnlineLoad"))]
+                                                               "dev/gradbridge/bench/"))]
     assert not programs, programs
     assert not list(published.glob("*.asc")), "signing is off unless -PsignMaven=true"
     for suffix in ("sources", "javadoc"):

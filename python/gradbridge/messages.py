@@ -1,6 +1,6 @@
 """The wording of error lines that both languages print, in one place.
 
-``dev.gradbridge.Messages`` holds the same sentences for Java; ``tests/test_faults_data_files.py``
+``dev.gradbridge.internal.Messages`` holds the same sentences for Java; ``tests/test_faults_data_files.py``
 and ``tests/test_faults_metadata.py`` check that both sides print the same line for the same
 bad input. Every line names the file, key, array or argument at fault, and what was expected
 versus what was found.
@@ -14,6 +14,12 @@ import math
 from typing import Any, Sequence
 
 LONG_MAX = (1 << 63) - 1
+
+
+# ---- training runs ----
+
+def batch_size(n: int, got: int) -> str:
+    return f"batch size must be in 1..{n}, got {got}"
 
 
 # ---- data files (.npz / .npy) ----

@@ -334,7 +334,7 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     if n == 0:
         raise InvalidInputError(messages.empty_dataset("training data"))
     if not 1 <= batch_size <= n:
-        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch_size}")
+        raise InvalidInputError(messages.batch_size(n, batch_size))
     if shards > n:
         raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
     reference = Reference(model_path, model)
@@ -381,7 +381,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         raise InvalidInputError(messages.empty_dataset("training data"))
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
-        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")
+        raise InvalidInputError(messages.batch_size(n, batch))
     reference = Reference(model_path, model)
     if lr is not None:
         for group in reference.optimizer.param_groups:

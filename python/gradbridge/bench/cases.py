@@ -204,7 +204,7 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
             jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
             perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
             # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
-            here["native_memory"] = str(jvm.jclass("dev.gradbridge.NativeMemory").describe())
+            here["native_memory"] = str(jvm.jclass("dev.gradbridge.internal.ModuleAccess").nativeMemory())
             in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
             if wanted("c*"):
                 variants.append(Variant("c*", lambda n: float(Bench.trainStep(module, jxb, jyb, 0, 1, n)[0]),

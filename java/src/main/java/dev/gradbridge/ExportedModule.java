@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonArray;

@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;

@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.Digests;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;

@@ -29,7 +29,7 @@ import org.slf4j.LoggerFactory;
  * MALLOC_MMAP_THRESHOLD_}, {@code MALLOC_TRIM_THRESHOLD_}, {@code MALLOC_TOP_PAD_}, {@code
  * GLIBC_TUNABLES} with {@code malloc}), or with {@code -Dgradbridge.mallocTuning=false}.
  */
-public final class NativeMemory {
+final class NativeMemory {
 
     /** System property: {@code false} leaves glibc's allocator settings alone. */
     public static final String PROPERTY = "gradbridge.mallocTuning";

@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;

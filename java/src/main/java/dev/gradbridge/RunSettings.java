@@ -1,8 +1,6 @@
 package dev.gradbridge;
 
-import java.io.IOException;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.function.Consumer;
 
 /**
@@ -156,167 +154,28 @@ public final class RunSettings {
         return historyFile;
     }
 
-    /**
-     * @param done the epochs a stopped run completed
-     * @return what it kept, and where (the end of a divergence line, the same for every trainer)
-     */
-    public String kept(History done) {
-        int completed = done.getRecords().size();
-        String epochs = completed == 0
-                ? "no epoch completed in this run"
-                : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);
-        return epochs + (checkpoint == null ? "" : "; " + checkpoint + " holds the last good epoch, if one finished");
-    }
-
     /** @return whether the history keeps parameter values (else digests only) */
     public boolean isRecordValues() {
         return recordValues;
     }
 
-    /**
-     * @param from the module's file (named in refusals)
-     * @param resumed the checkpoint entry it resumes, or {@code null} for a new run
-     * @return the settings applied to that start
-     */
-    public Run start(Path from, Metadata.Checkpoint resumed) {
-        return new Run(from, resumed);
+    /** @return the caller's batch size, or {@code null} (then the checkpoint's, else 32) */
+    public Integer getBatchSize() {
+        return batchSize;
     }
 
-    /** Writes a checkpoint to a path (the trainer knows what its state is). */
-    public interface CheckpointSave {
-        /**
-         * @param target where to write, atomically
-         * @throws IOException when it cannot be written
-         */
-        void save(Path target) throws IOException;
+    /** @return the caller's seed, or {@code null} (then the checkpoint's, else 0) */
+    public Long getSeed() {
+        return seed;
     }
 
-    /** The settings applied to one run's start: a new run, or the one a checkpoint resumes. */
-    public final class Run {
-        private final Path from;
-        private final Metadata.Checkpoint resumed;
-
-        private Run(Path from, Metadata.Checkpoint resumed) {
-            this.from = from;
-            this.resumed = resumed;
-        }
-
-        /**
-         * A setting: the caller's value, else the checkpoint's, else the default. A caller's value
-         * that differs from the checkpoint's is refused: the resumed run would not be the run.
-         *
-         * @param what the setting's name in the refusal
-         * @param given the caller's value, or {@code null}
-         * @param saved the checkpoint's, or {@code null}
-         * @param fallback the default
-         * @param <T> its type
-         * @return the value the run uses
-         */
-        public <T> T resolve(String what, T given, T saved, T fallback) {
-            if (given != null && saved != null && !given.equals(saved)) {
-                throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
-            }
-            return given != null ? given : saved != null ? saved : fallback;
-        }
-
-        /** @return the run's seed: the caller's, else the checkpoint's, else 0 */
-        public long seed() {
-            return resolve("seed", seed, resumed == null ? null : resumed.getSeed(), 0L);
-        }
-
-        /**
-         * @param n samples in the training data
-         * @param source the data's name in the refusal
-         * @return the run's batch size (the caller's, else the checkpoint's, else 32), in 1..n
-         */
-        public int batchSize(long n, String source) {
-            return checkBatch(resolve("batch size", batchSize, resumed == null ? null : resumed.getBatchSize(), 32),
-                    n, source);
-        }
-
-        /**
-         * @param batch a batch size the run fixes itself (one batch of all samples)
-         * @param n samples in the training data
-         * @param source the data's name in the refusal
-         * @return {@code batch}, once checked to be in 1..n
-         */
-        public int checkBatch(int batch, long n, String source) {
-            if (batch < 1 || batch > n) {
-                throw new InvalidInputException(
-                        "batch size must be in 1.." + n + " (the number of samples in " + source + "), got " + batch);
-            }
-            return batch;
-        }
-
-        /** @return the first epoch of this run (the checkpoint's epochs completed), with room for all epochs */
-        public int firstEpoch() {
-            int first = resumed == null ? 0 : resumed.getEpochsCompleted();
-            if (first < 0 || (long) first + epochs > Integer.MAX_VALUE) {
-                throw new InvalidInputException(Messages.epochCount(from.toString(), first, epochs, Integer.MAX_VALUE));
-            }
-            return first;
-        }
-
-        /**
-         * A resumed run must see the data it started with: refused, unless the caller allows
-         * other data, when the shapes or the digests differ (a checkpoint without them checks none).
-         *
-         * @param source the data's name
-         * @param xShape the data's input shape
-         * @param yShape the data's target shape
-         * @param saved the checkpoint's digest of its data, or {@code null}
-         * @param digest the same digest of this data
-         */
-        public void checkSameData(String source, long[] xShape, long[] yShape, String saved, String digest) {
-            if (resumed == null || allowDifferentData) {
-                return;
-            }
-            boolean sameShapes = (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), xShape))
-                    && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), yShape));
-            boolean sameBytes = saved == null || saved.equals(digest);
-            if (!sameShapes || !sameBytes) {
-                throw new InvalidInputException(Messages.differentData(source, from.toString(),
-                        "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
-                                + " sha256 " + shortHash(saved),
-                        "x " + Arrays.toString(xShape) + " y " + Arrays.toString(yShape) + " sha256 " + shortHash(digest)));
-            }
-        }
-
-        /**
-         * Checks, before the first step, that the checkpoint and history can be written there.
-         *
-         * @throws IOException when they cannot
-         */
-        public void prepareOutputs() throws IOException {
-            for (Path output : new Path[] {checkpoint, historyFile}) {
-                if (output != null) {
-                    AtomicFiles.prepare(output);
-                }
-            }
-        }
-
-        /**
-         * After an epoch: the checkpoint, then the history, then the listener.
-         *
-         * @param history the run's history, {@code record} already added
-         * @param record the epoch's record
-         * @param save writes the checkpoint
-         * @throws IOException when a file cannot be written
-         */
-        public void endEpoch(History history, History.EpochRecord record, CheckpointSave save) throws IOException {
-            if (checkpoint != null) {
-                save.save(checkpoint);
-            }
-            if (historyFile != null) {
-                history.save(historyFile);
-            }
-            if (epochListener != null) {
-                epochListener.accept(record);
-            }
-        }
+    /** @return whether a resumed run may train on other data than it started with */
+    public boolean isAllowDifferentData() {
+        return allowDifferentData;
     }
 
-    private static String shortHash(String hash) {
-        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
+    /** @return what is called after every epoch, or {@code null} */
+    public Consumer<History.EpochRecord> getEpochListener() {
+        return epochListener;
     }
 }

@@ -5,7 +5,7 @@ import java.util.List;
 
 /**
  * Closes every tensor added to it, last added first: one {@code try} block for the tensors of a
- * computation (what DJL's sub-managers did).
+ * computation.
  *
  * <pre>{@code
  * try (TensorScope scope = new TensorScope()) {

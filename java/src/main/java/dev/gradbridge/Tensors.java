@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.Messages;
 import java.util.List;
 
 /** Tensors against their metadata specs, and the clean-up of result tensors. */

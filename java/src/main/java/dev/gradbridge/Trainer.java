@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.RunStart;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -168,7 +170,7 @@ public final class Trainer {
         }
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
         Path from = module.getPath();
-        RunSettings.Run run = settings.start(from, resumed);
+        RunStart run = new RunStart(settings, from, resumed);
         long runSeed = run.seed();
         String modeName = run.resolve("mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
                 resumed == null ? null : resumed.getMode(), "step");
@@ -285,7 +287,7 @@ public final class Trainer {
         if (Double.isNaN(loss) || Double.isInfinite(loss)) {
             int from = index * batch;
             throw new DivergenceException(
-                    Messages.divergence(loss, epoch, index, from, Math.min(n, from + batch) - 1) + "; " + settings.kept(done),
+                    Messages.divergence(loss, epoch, index, from, Math.min(n, from + batch) - 1) + "; " + RunStart.kept(settings, done),
                     epoch, index, done);
         }
     }

@@ -1,5 +1,8 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ModuleAccess;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.LongBuffer;
@@ -12,7 +15,6 @@ import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
-import java.util.Optional;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.function.Supplier;
@@ -43,9 +45,13 @@ public final class TrainingModule implements AutoCloseable {
 
     private static final Logger logger = LoggerFactory.getLogger(TrainingModule.class);
 
-    private final Path path;
-    private final Metadata metadata;
-    private final ScriptedModule scripted;
+    static {
+        ModuleAccess.register(new LibraryCalls());
+    }
+
+    final Path path;
+    final Metadata metadata;
+    final ScriptedModule scripted;
     private final Set<String> methodNames;
     private final List<String> parameterNames;
     private final List<String> bufferNames;
@@ -54,7 +60,7 @@ public final class TrainingModule implements AutoCloseable {
     private final Tensors.SpecCheck yCheck;
     private final List<String> inputNames;
 
-    private TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
+    TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
         this.path = path;
         this.metadata = metadata;
         this.scripted = scripted;
@@ -328,78 +334,6 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * {@code train_step}'s calls for several micro-batches in one native call, each step guarded:
-     * for each {@code (xs[i], ys[i])} in order, {@code zero_grad}, {@code
-     * calculate_loss_and_backward}, then {@code optimizer_step} only when the loss and every
-     * gradient are finite (as {@link #gradientsFinite}). Stops at the first micro-batch that is not
-     * finite, leaving its gradients in place (neither stepped nor zeroed), or whose call fails.
-     * Between two micro-batches the thread yields its core to any thread waiting for one
-     * ({@code sched_yield}), so a long run holds a core for one micro-batch at a time rather than
-     * for a whole scheduler tick (predictions served beside training wait less).
-     *
-     * @param xs inputs matching the metadata's {@code x} spec, one per micro-batch
-     * @param ys targets matching the metadata's {@code y} spec, as many, each as large as its x
-     * @return what went through
-     * @throws InvalidInputException when an input does not match the metadata; nothing ran
-     */
-    public GuardedSteps stepWhileFinite(Tensor[] xs, Tensor[] ys) {
-        try (ThreadGuard.Use use = use()) {
-            if (xs.length != ys.length) {
-                throw new InvalidInputException(Protocol.TRAIN_STEP + ": " + xs.length + " x batches but " + ys.length
-                        + " y batches");
-            }
-            for (int i = 0; i < xs.length; i++) {
-                checkBatch(Protocol.TRAIN_STEP, xs[i], ys[i]);
-            }
-            double[] losses = new double[xs.length];
-            MethodCallException[] failure = new MethodCallException[1];
-            int stepped = scripted.stepWhileFinite(xs, ys, losses, failure);
-            return new GuardedSteps(stepped, xs.length, losses, failure[0]);
-        }
-    }
-
-    /** What {@link #stepWhileFinite} did. */
-    public static final class GuardedSteps {
-        private final int stepped;
-        private final int count;
-        private final double[] losses;
-        private final MethodCallException failure;
-
-        GuardedSteps(int stepped, int count, double[] losses, MethodCallException failure) {
-            this.stepped = stepped;
-            this.count = count;
-            this.losses = losses;
-            this.failure = failure;
-        }
-
-        /** @return how many micro-batches, from the first, were stepped */
-        public int stepped() {
-            return stepped;
-        }
-
-        /** @return whether every micro-batch was stepped */
-        public boolean complete() {
-            return stepped == count;
-        }
-
-        /**
-         * @param i a stepped micro-batch, or the one it stopped at when its loss was computed
-         * @return its loss, exactly (float32 widened to double)
-         */
-        public double loss(int i) {
-            return losses[i];
-        }
-
-        /**
-         * @return the failed call that stopped it at micro-batch {@link #stepped()}, or null
-         *     (then, unless complete, that micro-batch's loss or a gradient is not finite)
-         */
-        public MethodCallException failure() {
-            return failure;
-        }
-    }
-
-    /**
      * Runs {@code train_epoch(x, y, perm, batch_size)}: one native call that steps through the
      * batches {@code perm[i:i + batchSize]}.
      *
@@ -437,7 +371,7 @@ public final class TrainingModule implements AutoCloseable {
             }
             if (batchSize < 1 || batchSize > n) {
                 throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": batch size must be in 1.." + n + ", got " + batchSize);
+                        Protocol.TRAIN_EPOCH + ": " + Messages.batchSize(n, batchSize));
             }
             if (perm.size(0) > 0) { // range read from perm's memory: no copy into Java
                 long[] range = minMax(perm);
@@ -553,7 +487,7 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /** Checks x and y against the metadata and each other; returns the number of samples. */
-    private long checkBatch(String method, Tensor x, Tensor y) {
+    long checkBatch(String method, Tensor x, Tensor y) {
         return rows(argument(method, single(method, x), y, true));
     }
 
@@ -805,43 +739,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws IOException when the folder cannot be written
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
-        AtomicFiles.write(target, checkpointArchive(checkpoint));
-    }
-
-    /**
-     * The bytes {@link #saveCheckpoint} writes, in memory (what a distributed trainer sends to
-     * the process that writes the file).
-     *
-     * @param checkpoint epochs trained so far, and the run's settings and data
-     * @return the archive's bytes
-     */
-    public byte[] checkpointArchive(Metadata.Checkpoint checkpoint) {
-        try (ThreadGuard.Use use = use()) {
-            return CheckpointWriter.archive(scripted, metadata.withCheckpoint(checkpoint));
-        }
-    }
-
-    /**
-     * A copy of the module as it is now (every attribute's tensors cloned: parameters, optimizer
-     * state, learning rate), to save or read on another thread while this one trains on: its {@link
-     * #checkpointArchive} is the bytes this module's gives now. The caller closes it.
-     *
-     * @return the copy, or empty when two of the module's tensors share a storage (a copy would
-     *     split them)
-     */
-    public Optional<TrainingModule> snapshot() {
-        try (ThreadGuard.Use use = use()) {
-            ScriptedModule copy = scripted.snapshot();
-            if (copy == null) {
-                return Optional.empty();
-            }
-            try {
-                return Optional.of(new TrainingModule(path, metadata, copy));
-            } catch (RuntimeException e) {
-                copy.close();
-                throw e;
-            }
-        }
+        AtomicFiles.write(target, LibraryCalls.archive(this, checkpoint));
     }
 
     /**

@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.GuardedSteps;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
@@ -95,7 +97,7 @@ public class GeneralModuleTest {
         module.close();
         module = TrainingModule.load(TrainingModuleTest.fixture("mlp_classifier.pt"));
 
-        TrainingModule.GuardedSteps steps = module.stepWhileFinite(xs, ys);
+        GuardedSteps steps = ModuleAccess.stepWhileFinite(module, xs, ys);
         assertEquals(2, steps.stepped());
         assertFalse(steps.complete());
         assertEquals(null, steps.failure());
@@ -107,7 +109,7 @@ public class GeneralModuleTest {
         }
         assertFalse(module.gradientsFinite()); // left for the caller to explain
         module.zeroGrad();
-        assertTrue(module.stepWhileFinite(new Tensor[] {x}, new Tensor[] {y}).complete());
+        assertTrue(ModuleAccess.stepWhileFinite(module, new Tensor[] {x}, new Tensor[] {y}).complete());
     }
 
     @Test

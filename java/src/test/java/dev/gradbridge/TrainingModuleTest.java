@@ -1,5 +1,7 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.GuardedSteps;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertNotEquals;
@@ -168,7 +170,7 @@ public class TrainingModuleTest {
                 for (int i = 0; i < xs.length; i++) {
                     losses[i] = stepped.trainStep(xs[i], ys[i]);
                 }
-                TrainingModule.GuardedSteps steps = guarded.stepWhileFinite(xs, ys);
+                GuardedSteps steps = ModuleAccess.stepWhileFinite(guarded, xs, ys);
                 assertTrue(name, steps.complete());
                 for (int i = 0; i < xs.length; i++) {
                     assertEquals(name, Double.doubleToRawLongBits(losses[i]), Double.doubleToRawLongBits(steps.loss(i)));
@@ -327,19 +329,19 @@ public class TrainingModuleTest {
         Metadata.Checkpoint checkpoint = Metadata.Checkpoint.progress(1, 0);
         for (String name : new String[] {"linear_regression.pt", "cnn_classifier.pt", "mlp_regressor.pt", "mlp_finetune.pt"}) {
             try (TrainingModule loaded = TrainingModule.load(fixture(name));
-                    TrainingModule copy = loaded.snapshot().get()) {
-                assertArrayEquals(name, loaded.checkpointArchive(checkpoint), copy.checkpointArchive(checkpoint));
+                    TrainingModule copy = ModuleAccess.snapshot(loaded).get()) {
+                assertArrayEquals(name, ModuleAccess.checkpointArchive(loaded, checkpoint), ModuleAccess.checkpointArchive(copy, checkpoint));
             }
         }
         try (TrainingModule mlp = TrainingModule.load(fixture("mlp_classifier.pt"))) {
             stepOnce(mlp, 0f);
             stepOnce(mlp, 0.5f); // Adam's moments and step count are set
-            byte[] now = mlp.checkpointArchive(checkpoint);
-            try (TrainingModule copy = mlp.snapshot().get()) {
-                assertArrayEquals(now, copy.checkpointArchive(checkpoint));
+            byte[] now = ModuleAccess.checkpointArchive(mlp, checkpoint);
+            try (TrainingModule copy = ModuleAccess.snapshot(mlp).get()) {
+                assertArrayEquals(now, ModuleAccess.checkpointArchive(copy, checkpoint));
                 stepOnce(mlp, 1f);
-                assertArrayEquals(now, copy.checkpointArchive(checkpoint));
-                assertNotEquals(Arrays.toString(now), Arrays.toString(mlp.checkpointArchive(checkpoint)));
+                assertArrayEquals(now, ModuleAccess.checkpointArchive(copy, checkpoint));
+                assertNotEquals(Arrays.toString(now), Arrays.toString(ModuleAccess.checkpointArchive(mlp, checkpoint)));
                 assertEquals(mlp.getMetadata().getParameters().size(), copy.getParameters().size());
             }
         }

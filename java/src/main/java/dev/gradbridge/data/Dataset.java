@@ -1,9 +1,9 @@
 package dev.gradbridge.data;
 
 import dev.gradbridge.DType;
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Tensor;
 import java.io.IOException;

@@ -1,7 +1,7 @@
 package dev.gradbridge.data;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import java.io.DataInputStream;
 import java.io.IOException;
 import java.io.InputStream;

@@ -1,12 +1,13 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.internal.ModuleAccess;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
-import dev.gradbridge.AtomicFiles;
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.LogCorruptException;
@@ -189,7 +190,7 @@ final class Checkpoints {
         if (servingArchive != null) {
             AtomicFiles.write(dir.resolve(checkpoint.servingFile), servingArchive);
         }
-        byte[] archive = training.checkpointArchive(
+        byte[] archive = ModuleAccess.checkpointArchive(training,
                 Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
         AtomicFiles.write(dir.resolve(checkpoint.file), archive);
         JsonObject json = new JsonObject();

@@ -1,8 +1,8 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import java.security.MessageDigest;
 import java.util.ArrayList;

@@ -1,6 +1,6 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;

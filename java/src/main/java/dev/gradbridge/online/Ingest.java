@@ -1,7 +1,7 @@
 package dev.gradbridge.online;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;

@@ -1,5 +1,7 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.DType;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
@@ -113,7 +115,7 @@ final class ModuleCalls {
      * micro-batch {@link #lossAndBackward}'s calls, then {@code optimizer_step} when finite; one
      * reused buffer per micro-batch and input.
      */
-    TrainingModule.GuardedSteps stepWhileFinite(TrainingModule training, List<List<byte[]>> xs, List<List<byte[]>> ys) {
+    GuardedSteps stepWhileFinite(TrainingModule training, List<List<byte[]>> xs, List<List<byte[]>> ys) {
         int n = xs.size();
         Tensor[] x = new Tensor[n];
         Tensor[] y = new Tensor[n];
@@ -126,7 +128,7 @@ final class ModuleCalls {
                 x[i] = rows(xs.get(i), xSpec, xType, xRun.get(i));
                 y[i] = rows(ys.get(i), ySpec, yType, yRun.get(i));
             }
-            return training.stepWhileFinite(x, y);
+            return ModuleAccess.stepWhileFinite(training, x, y);
         } finally {
             for (int i = 0; i < n; i++) {
                 if (x[i] != null) {

@@ -1,8 +1,8 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
@@ -75,6 +75,22 @@ public final class OnlineLearner implements AutoCloseable {
     public static final int MAX_KEEP_VERSIONS = 10_000;
     /** Largest absolute value of a floating-point input when not set ({@link Builder#optMaxInputAbs}). */
     public static final double DEFAULT_MAX_INPUT_ABS = 1e6;
+    /** Largest micro-batch when not set ({@link Builder#optMaxBatch}). */
+    public static final int DEFAULT_MAX_BATCH = 32;
+    /** Micro-batch wait in ms when not set ({@link Builder#optMaxWaitMillis}). */
+    public static final long DEFAULT_MAX_WAIT_MILLIS = 10;
+    /** Updates per published version when not set ({@link Builder#optPublishEvery}). */
+    public static final int DEFAULT_PUBLISH_EVERY = 1;
+    /** Versions per checkpoint when not set ({@link Builder#optCheckpointEvery}). */
+    public static final int DEFAULT_CHECKPOINT_EVERY = 100;
+    /** Events waiting before a refusal when not set ({@link Builder#optQueueCapacity}). */
+    public static final int DEFAULT_QUEUE_CAPACITY = 10_000;
+    /** The log's fsync policy when not set ({@link Builder#optFsync}), as {@link FsyncPolicy#parse} reads it. */
+    public static final String DEFAULT_FSYNC = "always";
+    /** Group commit window in ms when not set ({@link Builder#optGroupCommitMillis}). */
+    public static final long DEFAULT_GROUP_COMMIT_MILLIS = 2;
+    /** Gradient norm limit when not set ({@link Builder#optMaxGradNorm}): 0, no limit. */
+    public static final double DEFAULT_MAX_GRAD_NORM = 0;
 
     private final Path logDir;
     private final Metadata metadata;
@@ -103,15 +119,15 @@ public final class OnlineLearner implements AutoCloseable {
 
     /** Options of an {@link OnlineLearner}. */
     public static final class Builder {
-        private int maxBatch = 32;
-        private long maxWaitMillis = 10;
-        private int publishEvery = 1;
-        private int checkpointEvery = 100;
-        private int queueCapacity = 10_000;
+        private int maxBatch = DEFAULT_MAX_BATCH;
+        private long maxWaitMillis = DEFAULT_MAX_WAIT_MILLIS;
+        private int publishEvery = DEFAULT_PUBLISH_EVERY;
+        private int checkpointEvery = DEFAULT_CHECKPOINT_EVERY;
+        private int queueCapacity = DEFAULT_QUEUE_CAPACITY;
         private int predictors = defaultPredictors();
-        private FsyncPolicy fsync = FsyncPolicy.ALWAYS;
-        private long groupCommitMillis = 2;
-        private double maxGradNorm;
+        private FsyncPolicy fsync = FsyncPolicy.parse(DEFAULT_FSYNC);
+        private long groupCommitMillis = DEFAULT_GROUP_COMMIT_MILLIS;
+        private double maxGradNorm = DEFAULT_MAX_GRAD_NORM;
         private boolean validateTargets = true;
         private boolean timePhases;
         private List<Path> opLibraries = Collections.emptyList();

@@ -1,7 +1,7 @@
 package dev.gradbridge.online;
 
 import dev.gradbridge.DType;
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.History;
 import java.nio.ByteBuffer;
 import java.security.MessageDigest;

@@ -126,7 +126,7 @@ final class PredictorPool implements AutoCloseable {
             }
         }
         int colon = line.lastIndexOf(": ");
-        if (line.matches(".*\\b(ai\\.djl|java\\.|dev\\.gradbridge)\\..*") && colon >= 0) {
+        if (line.matches(".*\\b(java\\.|dev\\.gradbridge)\\..*") && colon >= 0) {
             line = line.substring(colon + 2);
         }
         return line.length() > 200 ? line.substring(0, 200) + "..." : line;

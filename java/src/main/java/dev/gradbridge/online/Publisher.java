@@ -1,6 +1,7 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.LogRecord;
@@ -218,7 +219,7 @@ final class Publisher {
     /** The version the log starts serving from (recovery): version 0, or the checkpoint's serving version. */
     void startServing(ModelVersion version, TrainingModule module) {
         double loss = gate.loss(module);
-        kept.addLast(new Kept(version, loss, gate.onHold() == HoldPolicy.ROLLBACK ? module.snapshot().orElseThrow(
+        kept.addLast(new Kept(version, loss, gate.onHold() == HoldPolicy.ROLLBACK ? ModuleAccess.snapshot(module).orElseThrow(
                 () -> new IllegalStateException("--gate-on-hold rollback cannot copy the learner")) : null));
         servingGateLoss = loss;
     }
@@ -450,11 +451,11 @@ final class Publisher {
         Metadata.Checkpoint progress = Metadata.Checkpoint.progress(
                 (int) Math.min(Integer.MAX_VALUE, serving.version.getId()), 0L);
         if (serving.state != null) {
-            return serving.state.checkpointArchive(progress);
+            return ModuleAccess.checkpointArchive(serving.state, progress);
         }
         try (TrainingModule copy = updater.copyState()) {
             copy.setParameters(serving.version.parameters());
-            return copy.checkpointArchive(progress);
+            return ModuleAccess.checkpointArchive(copy, progress);
         }
     }
 }

@@ -1,5 +1,7 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import java.util.ArrayList;
@@ -93,7 +95,7 @@ final class Updater implements AutoCloseable {
             if (backup != null) {
                 backup.close();
             }
-            backup = training.snapshot().orElse(null);
+            backup = ModuleAccess.snapshot(training).orElse(null);
             since.clear();
         }
     }
@@ -112,7 +114,7 @@ final class Updater implements AutoCloseable {
         }
         training.close();
         training = backup;
-        backup = training.snapshot().orElse(null); // still the backup of training + since (null: a new one next time)
+        backup = ModuleAccess.snapshot(training).orElse(null); // still the backup of training + since (null: a new one next time)
         for (List<List<byte[]>> batch : since) {
             calls.lossAndBackward(training, batch.get(0), batch.get(1));
             training.optimizerStep();
@@ -167,7 +169,7 @@ final class Updater implements AutoCloseable {
         }
         long t = PhaseTimes.clock(phases);
         refreshBackup();
-        TrainingModule.GuardedSteps steps;
+        GuardedSteps steps;
         try {
             steps = calls.stepWhileFinite(training, xs, ys);
         } catch (RuntimeException e) {
@@ -251,7 +253,7 @@ final class Updater implements AutoCloseable {
      * @throws IllegalStateException when two of the module's tensors share a storage (no copy)
      */
     TrainingModule copyState() {
-        return training.snapshot().orElseThrow(() -> new IllegalStateException("--gate-on-hold rollback cannot copy "
+        return ModuleAccess.snapshot(training).orElseThrow(() -> new IllegalStateException("--gate-on-hold rollback cannot copy "
                 + training.getPath() + ": two of its tensors share a storage"));
     }
 
@@ -261,7 +263,7 @@ final class Updater implements AutoCloseable {
      * the log holds, applied or since rolled back.
      */
     void restore(TrainingModule state) {
-        TrainingModule restored = state.snapshot().orElseThrow(IllegalStateException::new); // copyState copied it before
+        TrainingModule restored = ModuleAccess.snapshot(state).orElseThrow(IllegalStateException::new); // copyState copied it before
         training.close();
         training = restored;
         if (backup != null) {

@@ -7,7 +7,7 @@ import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.online.log.FsyncPolicy;
 import dev.gradbridge.online.log.LogFormat;

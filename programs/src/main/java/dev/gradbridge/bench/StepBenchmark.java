@@ -1,7 +1,6 @@
 package dev.gradbridge.bench;
 
-import dev.gradbridge.CallBreakdown;
-import dev.gradbridge.NativeMemory;
+import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.Tensor;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -77,12 +76,12 @@ public final class StepBenchmark {
         for (String option : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
             options.add(quote(option));
         }
-        return "{\"ready\": true, \"intra_op_threads\": " + CallBreakdown.intraOpThreads()
-                + ", \"interop_threads\": " + CallBreakdown.interopThreads()
+        return "{\"ready\": true, \"intra_op_threads\": " + ModuleAccess.intraOpThreads()
+                + ", \"interop_threads\": " + ModuleAccess.interopThreads()
                 + ", \"java\": " + quote(System.getProperty("java.vm.name") + " " + System.getProperty("java.version"))
                 + ", \"available_processors\": " + Runtime.getRuntime().availableProcessors()
                 + ", \"max_heap_bytes\": " + Runtime.getRuntime().maxMemory()
-                + ", \"native_memory\": " + quote(NativeMemory.describe())
+                + ", \"native_memory\": " + quote(ModuleAccess.nativeMemory())
                 + ", \"gc\": " + gcs + ", \"jvm_options\": " + options + "}";
     }
 
@@ -158,7 +157,7 @@ public final class StepBenchmark {
     static String breakdown(String model, String data, int rounds, int calls) {
         try (TrainingModule module = TrainingModule.load(Paths.get(model));
                 Dataset batch = Dataset.loadNpz(Paths.get(data));
-                CallBreakdown.BareCall bare = CallBreakdown.bareTrainStep(Paths.get(model), batch.getX(), batch.getY())) {
+                ModuleAccess.BareCall bare = ModuleAccess.bareTrainStep(Paths.get(model), batch.getX(), batch.getY())) {
             Tensor x = batch.getX();
             Tensor y = batch.getY();
             Runnable trainStep = () -> module.trainStep(x, y);

@@ -13,7 +13,7 @@ public final class ConsoleLogging {
     private ConsoleLogging() {}
 
     /**
-     * slf4j-simple: gradbridge at info, DJL's start-up chatter at warn, all on stderr. Call before
+     * slf4j-simple: info and above, on stderr. Call before
      * the first logger is created; a system property the user set wins.
      */
     public static void applyDefaults() {

@@ -1,5 +1,6 @@
 package dev.gradbridge.cli;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.GradbridgeException;
 import java.io.IOException;
 import picocli.CommandLine;
@@ -19,13 +20,13 @@ public final class OneLineErrors {
     public static CommandLine install(CommandLine cli) {
         cli.setParameterExceptionHandler(
                 (ex, arguments) -> {
-                    ex.getCommandLine().getErr().println("error: " + ex.getMessage() + " (see --help)");
+                    ex.getCommandLine().getErr().println(Messages.ERROR_PREFIX + ex.getMessage() + " (see --help)");
                     return 1;
                 });
         cli.setExecutionExceptionHandler(
                 (ex, commandLine, parseResult) -> {
                     if (ex instanceof GradbridgeException || ex instanceof IOException) {
-                        commandLine.getErr().println("error: " + ex.getMessage());
+                        commandLine.getErr().println(Messages.ERROR_PREFIX + ex.getMessage());
                         return 1;
                     }
                     throw ex;

@@ -1,5 +1,6 @@
 package dev.gradbridge.cli;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.Trainer;
@@ -94,7 +95,7 @@ public final class TrainCommand implements Callable<Integer> {
             run.printOutputs(result);
             if (trainer.wasStopped()) {
                 System.err.println(
-                        "error: " + StopSignals.received() + " received: stopped after epoch "
+                        Messages.ERROR_PREFIX + StopSignals.received() + " received: stopped after epoch "
                                 + last(result) + (run.checkpoint() == null ? "" : "; resume with --resume " + run.checkpoint()));
                 return StopSignals.exitCode();
             }

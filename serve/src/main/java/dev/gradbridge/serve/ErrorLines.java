@@ -1,5 +1,6 @@
 package dev.gradbridge.serve;
 
+import dev.gradbridge.internal.Messages;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import org.eclipse.jetty.http.HttpException;
@@ -42,7 +43,7 @@ final class ErrorLines extends ErrorHandler {
         }
         response.getHeaders().put(HttpHeader.CONTENT_TYPE, "text/plain; charset=utf-8");
         long declared = request.getHeaders().getLongField(HttpHeader.CONTENT_LENGTH);
-        byte[] line = ("error: " + describe(code, message, declared) + "\n").getBytes(StandardCharsets.UTF_8);
+        byte[] line = (Messages.ERROR_PREFIX + describe(code, message, declared) + "\n").getBytes(StandardCharsets.UTF_8);
         response.write(true, ByteBuffer.wrap(line), callback);
         return true;
     }

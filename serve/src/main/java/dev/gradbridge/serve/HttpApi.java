@@ -1,5 +1,6 @@
 package dev.gradbridge.serve;
 
+import dev.gradbridge.internal.Messages;
 import com.google.gson.Gson;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
@@ -427,6 +428,6 @@ final class HttpApi {
 
     private static void fail(Context ctx, int status, String message) {
         ctx.status(status).contentType("text/plain; charset=utf-8")
-                .result("error: " + String.valueOf(message).replace('\n', ' ') + "\n");
+                .result(Messages.ERROR_PREFIX + String.valueOf(message).replace('\n', ' ') + "\n");
     }
 }

@@ -1,5 +1,6 @@
 package dev.gradbridge.serve;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.cli.OneLineErrors;
 import dev.gradbridge.online.HoldPolicy;
@@ -78,34 +79,34 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--tls-password-env", description = "environment variable holding the keystore's password")
     String tlsPasswordEnv;
 
-    @Option(names = "--max-batch", defaultValue = "32", description = "largest micro-batch B (default ${DEFAULT-VALUE})")
+    @Option(names = "--max-batch", defaultValue = "" + OnlineLearner.DEFAULT_MAX_BATCH, description = "largest micro-batch B (default ${DEFAULT-VALUE})")
     int maxBatch;
 
-    @Option(names = "--max-wait-ms", defaultValue = "10", description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
+    @Option(names = "--max-wait-ms", defaultValue = "" + OnlineLearner.DEFAULT_MAX_WAIT_MILLIS, description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
     long maxWaitMillis;
 
-    @Option(names = "--publish-every", defaultValue = "1", description = "a version every N updates (default ${DEFAULT-VALUE})")
+    @Option(names = "--publish-every", defaultValue = "" + OnlineLearner.DEFAULT_PUBLISH_EVERY, description = "a version every N updates (default ${DEFAULT-VALUE})")
     int publishEvery;
 
-    @Option(names = "--checkpoint-every", defaultValue = "100", description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
+    @Option(names = "--checkpoint-every", defaultValue = "" + OnlineLearner.DEFAULT_CHECKPOINT_EVERY, description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
     int checkpointEvery;
 
-    @Option(names = "--queue-capacity", defaultValue = "10000", description = "events waiting before 429 (default ${DEFAULT-VALUE})")
+    @Option(names = "--queue-capacity", defaultValue = "" + OnlineLearner.DEFAULT_QUEUE_CAPACITY, description = "events waiting before 429 (default ${DEFAULT-VALUE})")
     int queueCapacity;
 
     @Option(names = "--predictors",
             description = "concurrent predictions (default " + OnlineLearner.DEFAULT_PREDICTORS + ", at most the cores)")
     Integer predictors; // null: the learner's default
 
-    @Option(names = "--fsync", defaultValue = "always", description = "always or never (default ${DEFAULT-VALUE})")
+    @Option(names = "--fsync", defaultValue = OnlineLearner.DEFAULT_FSYNC, description = "always or never (default ${DEFAULT-VALUE})")
     String fsync;
 
-    @Option(names = "--group-commit-ms", defaultValue = "2",
+    @Option(names = "--group-commit-ms", defaultValue = "" + OnlineLearner.DEFAULT_GROUP_COMMIT_MILLIS,
             description = "with --fsync always, the longest a new version waits for the fsync that publishes it;"
                     + " one fsync covers the micro-batches applied meanwhile (default ${DEFAULT-VALUE})")
     long groupCommitMillis;
 
-    @Option(names = "--max-grad-norm", defaultValue = "0",
+    @Option(names = "--max-grad-norm", defaultValue = "" + OnlineLearner.DEFAULT_MAX_GRAD_NORM,
             description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
     double maxGradNorm;
 
@@ -130,7 +131,7 @@ public final class ServeCommand implements Callable<Integer> {
 
     @Option(names = "--max-input-abs", paramLabel = "A",
             description = "refuse feedback and predictions with a floating-point feature of larger magnitude (400);"
-                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "1e6")
+                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "" + OnlineLearner.DEFAULT_MAX_INPUT_ABS)
     double maxInputAbs;
 
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
@@ -407,7 +408,7 @@ public final class ServeCommand implements Callable<Integer> {
                 if (admin != null) {
                     admin.stop();
                 }
-                System.err.println("error: Kafka feedback from '" + kafkaTopic + "' stopped: " + rootMessage(kafka.getFailure())
+                System.err.println(Messages.ERROR_PREFIX + "Kafka feedback from '" + kafkaTopic + "' stopped: " + rootMessage(kafka.getFailure())
                         + " (everything read is in " + learner.getLogDir() + "; a restart reads on from there)");
                 return 1;
             }
@@ -422,7 +423,7 @@ public final class ServeCommand implements Callable<Integer> {
         } catch (IllegalStateException e) {
             failed = true;
         } catch (IOException e) {
-            System.err.println("error: training stopped, the service cannot continue: " + e.getMessage()
+            System.err.println(Messages.ERROR_PREFIX + "training stopped, the service cannot continue: " + e.getMessage()
                     + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
             return 1;
         } finally {
@@ -431,7 +432,7 @@ public final class ServeCommand implements Callable<Integer> {
             }
         }
         if (failed) {
-            System.err.println("error: training stopped, the service cannot continue: " + learner.getFailure().getMessage()
+            System.err.println(Messages.ERROR_PREFIX + "training stopped, the service cannot continue: " + learner.getFailure().getMessage()
                     + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
             return 1;
         }

@@ -1,5 +1,6 @@
 package dev.gradbridge.serve;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.GradbridgeException;
 import java.io.BufferedReader;
 import java.io.DataOutputStream;
@@ -61,10 +62,10 @@ public final class TopicRecords {
             data.flush();
             return 0;
         } catch (GradbridgeException e) {
-            err.println("error: " + e.getMessage());
+            err.println(Messages.ERROR_PREFIX + e.getMessage());
             return 1;
         } catch (IOException | RuntimeException e) {
-            err.println("error: cannot read Kafka topic records: " + ServeCommand.rootMessage(e));
+            err.println(Messages.ERROR_PREFIX + "cannot read Kafka topic records: " + ServeCommand.rootMessage(e));
             return 1;
         }
     }

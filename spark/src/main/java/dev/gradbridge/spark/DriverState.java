@@ -9,7 +9,6 @@ import java.util.Map;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
-import org.apache.spark.rpc.RpcCallContext;
 
 /**
  * The state of a run the driver holds, on an endpoint of its RPC environment ({@link
@@ -95,7 +94,7 @@ final class DriverState extends DriverEndpoint {
     }
 
     @Override
-    synchronized void arrive(Object[] message, RpcCallContext caller) {
+    synchronized void arrive(Object[] message, SparkInternals.Reply caller) {
         caller.reply(answer(message));
     }
 

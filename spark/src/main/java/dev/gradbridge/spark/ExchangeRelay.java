@@ -2,7 +2,6 @@ package dev.gradbridge.spark;
 
 import java.util.HashMap;
 import java.util.Map;
-import org.apache.spark.rpc.RpcCallContext;
 
 /**
  * The driver's side of {@link RelayExchange}: an endpoint ({@link DriverEndpoint}) that, for
@@ -24,12 +23,12 @@ final class ExchangeRelay extends DriverEndpoint {
     private long stageAttempt = -1;
 
     private static final class Round {
-        final RpcCallContext[] callers;
+        final SparkInternals.Reply[] callers;
         final byte[][][] payloads;
         int arrived;
 
         Round(int partitions) {
-            callers = new RpcCallContext[partitions];
+            callers = new SparkInternals.Reply[partitions];
             payloads = new byte[partitions][][];
         }
     }
@@ -46,7 +45,7 @@ final class ExchangeRelay extends DriverEndpoint {
     }
 
     @Override
-    synchronized void arrive(Object[] message, RpcCallContext caller) {
+    synchronized void arrive(Object[] message, SparkInternals.Reply caller) {
         String key = (String) message[0];
         int partition = (Integer) message[1];
         int partitions = (Integer) message[2];

@@ -7,7 +7,6 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import org.apache.spark.BarrierTaskContext;
-import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 
 /**
@@ -243,7 +242,7 @@ final class GlooExchange implements GradientExchange {
      */
     static GlooExchange join(BarrierTaskContext context, String store, byte[] secret, int partition, int partitions,
             long oneRoundBytes, List<String> dtypes, long[] sizes) {
-        String host = SparkEnv.get().blockManager().blockManagerId().host();
+        String host = SparkInternals.executorHost();
         String attempt = "gradbridge/" + context.stageId() + "." + context.stageAttemptNumber();
         try (GlooGroup.Store client = GlooGroup.Store.over(new RunStore.Client(store, secret), TIMEOUT)) {
             return new GlooExchange(GlooGroup.join(client, attempt, host, partition, partitions, TIMEOUT), partition,

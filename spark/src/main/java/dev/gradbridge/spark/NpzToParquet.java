@@ -1,5 +1,6 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.DType;
 import dev.gradbridge.Tensor;
 import dev.gradbridge.data.Dataset;
@@ -37,12 +38,12 @@ public final class NpzToParquet {
      */
     public static void main(String[] args) {
         if (args.length == 0 || args.length % 2 != 0) {
-            System.err.println("error: usage: NpzToParquet IN.npz OUT.parquet [IN2.npz OUT2.parquet ...]");
+            System.err.println(Messages.ERROR_PREFIX + "usage: NpzToParquet IN.npz OUT.parquet [IN2.npz OUT2.parquet ...]");
             System.exit(1);
         }
         for (int i = 1; i < args.length; i += 2) {
             if (Files.exists(Paths.get(args[i]))) {
-                System.err.println("error: " + args[i] + " exists; give a new folder");
+                System.err.println(Messages.ERROR_PREFIX + args[i] + " exists; give a new folder");
                 System.exit(1);
             }
         }

@@ -1,7 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import java.net.URISyntaxException;
 import java.net.URL;
 import java.util.ArrayList;
@@ -21,8 +21,8 @@ import org.apache.spark.SparkContext;
  * Warnings and errors only, unless the user configured logging (a {@code log4j2.properties} in
  * Spark's conf folder, {@code -Dlog4j2.configurationFile}, or {@code spark.log.level}). Spark falls
  * back to its own INFO defaults ({@code org/apache/spark/log4j2-defaults.properties}) when it finds
- * no configuration. Then the driver sets the root level to WARN at once (DJL's lines as the module
- * loads) and {@code spark.log.level=WARN} (Spark resets the level as its context starts and applies
+ * no configuration. Then the driver sets the root level to WARN at once (the library's lines as the
+ * module loads) and {@code spark.log.level=WARN} (Spark resets the level as its context starts and applies
  * that setting right after its first three lines); the first training task of each executor JVM
  * replaces the defaults with {@value #RESOURCE} (a resource of this jar), which also drops the line
  * every executor logs when its worker ends it at a normal application end.

@@ -5,7 +5,6 @@ import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import org.apache.spark.TaskContext;
-import org.apache.spark.rpc.RpcTimeout;
 import scala.concurrent.Await;
 import scala.concurrent.Future;
 import scala.concurrent.duration.Duration;
@@ -24,9 +23,6 @@ import scala.concurrent.duration.FiniteDuration;
 final class RelayExchange implements GradientExchange {
 
     private static final byte[] NOTHING = new byte[0];
-    /** A request to the driver waits as long as it takes (a killed task gets out through {@link #await}). */
-    static final RpcTimeout NO_TIMEOUT =
-            new RpcTimeout(FiniteDuration.apply(365, TimeUnit.DAYS), "gradbridge exchange");
     /** How often a waiting task checks whether Spark killed it (a sibling failed the stage). */
     private static final FiniteDuration CHECK = FiniteDuration.apply(200, TimeUnit.MILLISECONDS);
 

@@ -7,7 +7,6 @@ import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.TaskContext;
-import org.apache.spark.rpc.RpcCallContext;
 
 /**
  * The store the tasks of a Gloo run meet through ({@link GlooExchange}): c10d's key-value store,
@@ -47,7 +46,7 @@ final class RunStore extends DriverEndpoint {
     }
 
     @Override
-    synchronized void arrive(Object[] message, RpcCallContext caller) {
+    synchronized void arrive(Object[] message, SparkInternals.Reply caller) {
         try {
             caller.reply(answer(message));
         } catch (RuntimeException e) {

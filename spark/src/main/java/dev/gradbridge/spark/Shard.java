@@ -1,7 +1,7 @@
 package dev.gradbridge.spark;
 
 import java.io.Serializable;
-import dev.gradbridge.Digests;
+import dev.gradbridge.internal.Digests;
 import java.security.MessageDigest;
 
 /**

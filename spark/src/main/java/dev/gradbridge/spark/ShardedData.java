@@ -2,8 +2,8 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.DType;
-import dev.gradbridge.Digests;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;

@@ -1,21 +1,16 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.ServerSocket;
 import java.net.UnknownHostException;
 import java.util.Arrays;
-import java.util.Iterator;
 import java.util.Locale;
-import java.util.ServiceConfigurationError;
-import java.util.ServiceLoader;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.spark.SparkConf;
-import org.apache.spark.scheduler.ExternalClusterManager;
-import org.apache.spark.util.Utils;
 
 /**
  * The settings of a run that are checked before the Spark context starts, each refused with one
@@ -90,21 +85,8 @@ final class SparkSettings {
         if (master.startsWith("local")) {
             throw new InvalidInputException(Messages.sparkMaster(source, master));
         }
-        // SparkContext.getClusterManager: a cluster manager on the classpath that accepts the URL (yarn, k8s)
-        ServiceLoader<ExternalClusterManager> managers =
-                ServiceLoader.load(ExternalClusterManager.class, Utils.getContextOrSparkClassLoader());
-        Iterator<ExternalClusterManager> each = managers.iterator();
-        while (true) {
-            try {
-                if (!each.hasNext()) {
-                    break;
-                }
-                if (each.next().canCreate(master)) {
-                    return;
-                }
-            } catch (ServiceConfigurationError e) {
-                // a manager that cannot load accepts nothing
-            }
+        if (SparkInternals.clusterManagerAccepts(master)) {
+            return;
         }
         throw new InvalidInputException(Messages.sparkMaster(source, master));
     }

@@ -1,6 +1,6 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.AtomicFiles;
+import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;

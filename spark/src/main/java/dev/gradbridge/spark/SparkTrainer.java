@@ -1,10 +1,11 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.AtomicFiles;
+import dev.gradbridge.internal.RunStart;
+import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.Messages;
+import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
@@ -100,7 +101,7 @@ public final class SparkTrainer {
          * @param fault the fault, or null
          * @return this
          */
-        public Builder optFault(String fault) {
+        Builder optFault(String fault) {
             if (fault != null && !fault.matches("(task|executor|kill)@\\d+:\\d+:\\d+")) {
                 throw new InvalidInputException(
                         "--inject-fault must be task@E:S:P, executor@E:S:P or kill@E:S:P, got " + fault);
@@ -115,55 +116,58 @@ public final class SparkTrainer {
         }
     }
 
-    /** Counters and timings summed over every run of this trainer (for the benchmark and the tests). */
+    /**
+     * Counters and timings summed over every run of this trainer (for the benchmark and the tests): read
+     * them as {@link #toJson}; the trainer alone updates them.
+     */
     public static final class Stats {
         /** Steps taken (by the stage attempt that succeeded: a retry repeats the epoch a failed one was in). */
-        public long steps;
+        long steps;
         /** Per step the slowest task's whole step (compute, exchange, optimizer), summed, ns. */
-        public long stepNanos;
+        long stepNanos;
         /** Per step the slowest task's compute (its rows' forward and backward), summed, ns. */
-        public long computeNanos;
+        long computeNanos;
         /**
          * Per step the slowest task's compute minus the fastest's, summed, ns: what the fastest waits for
          * in the exchange's first collective (the tasks start each step together, after the last one's).
          */
-        public long computeSpreadNanos;
+        long computeSpreadNanos;
         /** The slowest task's time in the gradient exchange, all steps, ns. */
-        public long exchangeNanos;
+        long exchangeNanos;
         /**
          * Per partition, per {@link GradientExchange#PHASES} entry ({@code copy_in}: the gradients into the
          * exchange's buffers; {@code alltoall}, {@code allgather}: the collectives, a task's wait for a slower
          * one inside; {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
          */
-        public final List<long[]> exchangePhaseNanos = new ArrayList<>();
+        final List<long[]> exchangePhaseNanos = new ArrayList<>();
         /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
-        public long optimizerNanos;
+        long optimizerNanos;
         /** The driver's time in the run's barrier stage (launch, module loads, steps, epoch ends, results), ns. */
-        public long stageNanos;
+        long stageNanos;
         /** Partition 0's time at the epochs' ends on its step path (the snapshot, the wait for the last hand-over), ns. */
-        public long epochEndNanos;
+        long epochEndNanos;
         /** The slowest module load at the stage's start, ns. */
-        public long loadNanos;
+        long loadNanos;
         /** Bytes the busiest task sent in the exchange, all steps. */
-        public long bytesSent;
+        long bytesSent;
         /** Bytes the busiest task received in the exchange, all steps. */
-        public long bytesReceived;
+        long bytesReceived;
         /** Parameter bytes of the model (one copy). */
-        public long parameterBytes;
+        long parameterBytes;
         /** Replicas loaded by the stage attempt that succeeded (K per run). */
-        public long moduleLoads;
+        long moduleLoads;
         /** Task attempts that failed. */
-        public int failedTasks;
+        int failedTasks;
         /** Barrier stage attempts that failed and were retried as a whole. */
-        public int stagesRetried;
+        int stagesRetried;
         /** Partitions. */
-        public int partitions;
+        int partitions;
         /** Per epoch trained, the executors of the stage attempt that trained it, in partition order. */
-        public final List<List<String>> executors = new ArrayList<>();
+        final List<List<String>> executors = new ArrayList<>();
         /** The exchange in use. */
-        public String exchange;
+        String exchange;
         /** The setting {@value GradientExchange#ONE_ROUND_SETTING} in use. */
-        public long oneRoundBytes;
+        long oneRoundBytes;
 
         /** @return the counters as a JSON object */
         public String toJson() {
@@ -261,7 +265,7 @@ public final class SparkTrainer {
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
-        RunSettings.Run start = settings.start(from, resumed);
+        RunStart start = new RunStart(settings, from, resumed);
         int k = data.getPartitions();
         long runSeed = start.seed();
         String savedMode = resumed == null ? null : resumed.getMode();
@@ -358,7 +362,7 @@ public final class SparkTrainer {
                 long from0 = (long) step * batch;
                 throw new DivergenceException(
                         Messages.divergence(losses[step], lead.divergedEpoch, step, from0, Math.min(n, from0 + batch) - 1)
-                                + "; " + settings.kept(history),
+                                + "; " + RunStart.kept(settings, history),
                         lead.divergedEpoch, step, history);
             }
         } finally {

@@ -1,5 +1,6 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -293,7 +294,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
      */
     private Future<Object> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
             DriverEndpoint.Caller driver, Future<Object> previous, ExecutorService ender) {
-        Optional<TrainingModule> snapshot = module.snapshot();
+        Optional<TrainingModule> snapshot = ModuleAccess.snapshot(module);
         try {
             awaitHandover(previous);
         } catch (RuntimeException | Error e) {
@@ -320,7 +321,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     /** Saves {@code module}'s archive and its history record's inputs and hands them to the driver. */
     private void handOver(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
             DriverEndpoint.Caller driver) {
-        byte[] state = module.checkpointArchive(Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
+        byte[] state = ModuleAccess.checkpointArchive(module, Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
                 run.xShape, run.yShape, run.shardsSha256));
         History.EpochRecord record = History.record(module, epoch, loss, null, 0.0, run.recordValues);
         Object[] end = {DriverState.END, attempt, epoch, losses, state, new LinkedHashMap<>(record.getDigests()),
@@ -396,7 +397,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             }
         }
         if ("executor".equals(kind[0])) {
-            SparkEnv.get().blockManager().removeRdd(run.shardsRdd);
+            SparkInternals.dropCachedPartitions(run.shardsRdd);
         }
         throw new IllegalStateException(
                 "injected " + kind[0] + " fault at epoch " + epoch + ", step " + step + ", partition " + partition);

@@ -1,5 +1,9 @@
-package dev.gradbridge.online;
+package dev.gradbridge.bench;
 
+import dev.gradbridge.online.OnlineLearner;
+import dev.gradbridge.online.HostTensor;
+import dev.gradbridge.online.Prediction;
+import dev.gradbridge.online.QueueFullException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -144,14 +148,15 @@ public final class OnlineLoad {
     static List<HostTensor> chunks(HostTensor tensor, int size) {
         long[] shape = tensor.getShape();
         long n = shape[0];
-        int rowBytes = (int) (tensor.bytes().length / Math.max(1, n));
+        byte[] bytes = tensor.toBytes();
+        int rowBytes = (int) (bytes.length / Math.max(1, n));
         List<HostTensor> chunks = new ArrayList<>();
         for (long start = 0; start < n; start += size) {
             long count = Math.min(size, n - start);
             long[] chunkShape = shape.clone();
             chunkShape[0] = count;
             chunks.add(HostTensor.of(tensor.getDtype(), chunkShape,
-                    Arrays.copyOfRange(tensor.bytes(), (int) (start * rowBytes), (int) ((start + count) * rowBytes))));
+                    Arrays.copyOfRange(bytes, (int) (start * rowBytes), (int) ((start + count) * rowBytes))));
         }
         return chunks;
     }

@@ -1,4 +1,4 @@
-package dev.gradbridge;
+package dev.gradbridge.internal;
 
 import java.io.IOException;
 import java.io.InputStream;

@@ -1,5 +1,6 @@
-package dev.gradbridge;
+package dev.gradbridge.internal;
 
+import dev.gradbridge.Protocol;
 import java.util.Arrays;
 
 /**
@@ -12,13 +13,27 @@ public final class Messages {
 
     private Messages() {}
 
+    // ---- every program ----
+
+    /** What a program's refusal line starts with (Python: {@code launcher.ERROR_PREFIX} reads it from output). */
+    public static final String ERROR_PREFIX = "error: ";
+
+    /**
+     * @param n samples in the data
+     * @param got the batch size asked for
+     * @return the line for a batch size outside 1..n
+     */
+    public static String batchSize(long n, long got) {
+        return "batch size must be in 1.." + n + ", got " + got;
+    }
+
     // ---- data files (.npz / .npy) ----
 
     /**
      * @param source the data file
      * @param array the array's name
      * @param descr numpy's dtype descriptor, e.g. {@code >f4}
-     * @return the line for a big-endian array (DJL would read its bytes swapped)
+     * @return the line for a big-endian array (its bytes would be read swapped)
      */
     public static String bigEndian(String source, String array, String descr) {
         String little = "<" + descr.substring(1);
@@ -102,7 +117,7 @@ public final class Messages {
 
     /**
      * @param mode the mode asked for
-     * @return the line for a mode that is not one of {@link Trainer.Mode}
+     * @return the line for a mode that is not one of {@link dev.gradbridge.Trainer.Mode}
      */
     public static String unknownMode(String mode) {
         return "unknown mode '" + mode + "'; expected full, step or fused";

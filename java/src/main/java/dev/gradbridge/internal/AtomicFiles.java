@@ -1,5 +1,6 @@
-package dev.gradbridge;
+package dev.gradbridge.internal;
 
+import dev.gradbridge.InvalidInputException;
 import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.file.DirectoryStream;
@@ -24,7 +25,7 @@ import java.util.regex.Pattern;
 public final class AtomicFiles {
 
     /** Fills a temporary file. */
-    interface Writer {
+    public interface Writer {
         void writeTo(Path tmp) throws IOException;
     }
 
@@ -43,7 +44,7 @@ public final class AtomicFiles {
         write(path, tmp -> Files.write(tmp, content));
     }
 
-    static void write(Path path, Writer writer) throws IOException {
+    public static void write(Path path, Writer writer) throws IOException {
         Path target = path.toAbsolutePath();
         Path tmp = null;
         try {

@@ -1,0 +1,88 @@
+package dev.gradbridge;
+
+import dev.gradbridge.internal.GuardedSteps;
+import dev.gradbridge.internal.ModuleAccess;
+import java.nio.file.Path;
+import java.util.Optional;
+
+/** {@link ModuleAccess}'s calls: the library's other packages reach {@link TrainingModule}'s internals through them. */
+final class LibraryCalls implements ModuleAccess.Calls {
+
+    @Override
+    public GuardedSteps stepWhileFinite(TrainingModule module, Tensor[] xs, Tensor[] ys) {
+        try (ThreadGuard.Use use = module.use()) {
+            if (xs.length != ys.length) {
+                throw new InvalidInputException(Protocol.TRAIN_STEP + ": " + xs.length + " x batches but " + ys.length
+                        + " y batches");
+            }
+            for (int i = 0; i < xs.length; i++) {
+                module.checkBatch(Protocol.TRAIN_STEP, xs[i], ys[i]);
+            }
+            double[] losses = new double[xs.length];
+            MethodCallException[] failure = new MethodCallException[1];
+            int stepped = module.scripted.stepWhileFinite(xs, ys, losses, failure);
+            return new GuardedSteps(stepped, xs.length, losses, failure[0]);
+        }
+    }
+
+    @Override
+    public Optional<TrainingModule> snapshot(TrainingModule module) {
+        try (ThreadGuard.Use use = module.use()) {
+            ScriptedModule copy = module.scripted.snapshot();
+            if (copy == null) {
+                return Optional.empty();
+            }
+            try {
+                return Optional.of(new TrainingModule(module.path, module.metadata, copy));
+            } catch (RuntimeException e) {
+                copy.close();
+                throw e;
+            }
+        }
+    }
+
+    @Override
+    public byte[] checkpointArchive(TrainingModule module, Metadata.Checkpoint checkpoint) {
+        return archive(module, checkpoint);
+    }
+
+    /** What {@link TrainingModule#saveCheckpoint} writes. */
+    static byte[] archive(TrainingModule module, Metadata.Checkpoint checkpoint) {
+        try (ThreadGuard.Use use = module.use()) {
+            return CheckpointWriter.archive(module.scripted, module.metadata.withCheckpoint(checkpoint));
+        }
+    }
+
+    @Override
+    public ModuleAccess.BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
+        TorchScriptModule module = TorchScriptModule.load(model.toAbsolutePath());
+        return new ModuleAccess.BareCall() {
+            @Override
+            public void run() {
+                module.invokeToDouble(Protocol.TRAIN_STEP, x, y);
+            }
+
+            @Override
+            public void close() {
+                module.close();
+            }
+        };
+    }
+
+    @Override
+    public int intraOpThreads() {
+        NativeLibrary.load();
+        return Native.getNumThreads();
+    }
+
+    @Override
+    public int interopThreads() {
+        NativeLibrary.load();
+        return Native.getNumInteropThreads();
+    }
+
+    @Override
+    public String nativeMemory() {
+        return NativeMemory.describe();
+    }
+}

@@ -1,0 +1,146 @@
+package dev.gradbridge.internal;
+
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.Tensor;
+import dev.gradbridge.TrainingModule;
+import java.nio.file.Path;
+import java.util.Optional;
+
+/**
+ * What the library's other packages (the online learner, gradbridge-spark, the benchmark programs)
+ * call on a {@link TrainingModule} and the native layer beyond the user API. {@code dev.gradbridge}
+ * implements {@link Calls} and registers it when {@link TrainingModule} loads, so that these calls
+ * reach its package-private parts while {@link TrainingModule}'s public methods stay the user API.
+ */
+public final class ModuleAccess {
+
+    /** The calls; implemented in {@code dev.gradbridge} only. */
+    public interface Calls {
+        /** @see ModuleAccess#stepWhileFinite */
+        GuardedSteps stepWhileFinite(TrainingModule module, Tensor[] xs, Tensor[] ys);
+
+        /** @see ModuleAccess#snapshot */
+        Optional<TrainingModule> snapshot(TrainingModule module);
+
+        /** @see ModuleAccess#checkpointArchive */
+        byte[] checkpointArchive(TrainingModule module, Metadata.Checkpoint checkpoint);
+
+        /** @see ModuleAccess#bareTrainStep */
+        BareCall bareTrainStep(Path model, Tensor x, Tensor y);
+
+        /** @see ModuleAccess#intraOpThreads */
+        int intraOpThreads();
+
+        /** @see ModuleAccess#interopThreads */
+        int interopThreads();
+
+        /** @see ModuleAccess#nativeMemory */
+        String nativeMemory();
+    }
+
+    /** {@code train_step(x, y)} on a module of its own, straight through the native layer: no checks, no guard. */
+    public interface BareCall extends Runnable, AutoCloseable {
+        @Override
+        void close();
+    }
+
+    private static volatile Calls calls;
+
+    private ModuleAccess() {}
+
+    /**
+     * Called once, by {@link TrainingModule}'s class initializer.
+     *
+     * @param implementation the calls
+     */
+    public static synchronized void register(Calls implementation) {
+        if (calls != null) {
+            throw new IllegalStateException("ModuleAccess is registered already");
+        }
+        calls = implementation;
+    }
+
+    private static Calls calls() {
+        if (calls == null) {
+            try { // initializing TrainingModule registers the calls
+                Class.forName(TrainingModule.class.getName(), true, TrainingModule.class.getClassLoader());
+            } catch (ClassNotFoundException e) {
+                throw new IllegalStateException(e);
+            }
+        }
+        return calls;
+    }
+
+    /**
+     * {@code train_step}'s calls for several micro-batches in one native call, each step guarded:
+     * for each {@code (xs[i], ys[i])} in order, {@code zero_grad}, {@code
+     * calculate_loss_and_backward}, then {@code optimizer_step} only when the loss and every
+     * gradient are finite (as {@link TrainingModule#gradientsFinite}). Stops at the first
+     * micro-batch that is not finite, leaving its gradients in place (neither stepped nor zeroed),
+     * or whose call fails. Between two micro-batches the thread yields its core to any thread
+     * waiting for one ({@code sched_yield}), so a long run holds a core for one micro-batch at a
+     * time rather than for a whole scheduler tick (predictions served beside training wait less).
+     *
+     * @param module the module
+     * @param xs inputs matching the metadata's {@code x} spec, one per micro-batch
+     * @param ys targets matching the metadata's {@code y} spec, as many, each as large as its x
+     * @return what went through
+     * @throws InvalidInputException when an input does not match the metadata; nothing ran
+     */
+    public static GuardedSteps stepWhileFinite(TrainingModule module, Tensor[] xs, Tensor[] ys) {
+        return calls().stepWhileFinite(module, xs, ys);
+    }
+
+    /**
+     * A copy of the module as it is now (every attribute's tensors cloned: parameters, optimizer
+     * state, learning rate), to save or read on another thread while this one trains on: its
+     * {@link #checkpointArchive} is the bytes the module's gives now. The caller closes it.
+     *
+     * @param module the module
+     * @return the copy, or empty when two of the module's tensors share a storage (a copy would
+     *     split them)
+     */
+    public static Optional<TrainingModule> snapshot(TrainingModule module) {
+        return calls().snapshot(module);
+    }
+
+    /**
+     * The bytes {@link TrainingModule#saveCheckpoint} writes, in memory (what a distributed
+     * trainer sends to the process that writes the file).
+     *
+     * @param module the module
+     * @param checkpoint epochs trained so far, and the run's settings and data
+     * @return the archive's bytes
+     */
+    public static byte[] checkpointArchive(TrainingModule module, Metadata.Checkpoint checkpoint) {
+        return calls().checkpointArchive(module, checkpoint);
+    }
+
+    /**
+     * For {@code gradbridge bench} only: {@code train_step} below {@link TrainingModule}, timed on its own.
+     *
+     * @param model the module file (loaded once more, apart from any TrainingModule)
+     * @param x one batch of inputs
+     * @param y its targets
+     * @return the bare call; close it
+     */
+    public static BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
+        return calls().bareTrainStep(model, x, y);
+    }
+
+    /** @return libtorch's intra-op thread count */
+    public static int intraOpThreads() {
+        return calls().intraOpThreads();
+    }
+
+    /** @return libtorch's inter-op thread count */
+    public static int interopThreads() {
+        return calls().interopThreads();
+    }
+
+    /** @return the allocator settings applied when the engine started, in words, or "not applied yet" */
+    public static String nativeMemory() {
+        return calls().nativeMemory();
+    }
+}

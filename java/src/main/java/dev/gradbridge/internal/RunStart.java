@@ -1,0 +1,173 @@
+package dev.gradbridge.internal;
+
+import dev.gradbridge.History;
+import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Metadata;
+import dev.gradbridge.RunSettings;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.Arrays;
+
+/**
+ * A trainer's {@link RunSettings} applied to one run's start, a new run or the one a checkpoint
+ * resumes: the one way every trainer ({@code Trainer}, gradbridge-spark's {@code SparkTrainer})
+ * resolves its settings, checks the batch size and the data, and writes its outputs.
+ */
+public final class RunStart {
+    private final RunSettings settings;
+    private final Path from;
+    private final Metadata.Checkpoint resumed;
+
+    /**
+     * @param settings the trainer's settings
+     * @param from the module's file (named in refusals)
+     * @param resumed the checkpoint entry it resumes, or {@code null} for a new run
+     */
+    public RunStart(RunSettings settings, Path from, Metadata.Checkpoint resumed) {
+        this.settings = settings;
+        this.from = from;
+        this.resumed = resumed;
+    }
+
+    /** Writes a checkpoint to a path (the trainer knows what its state is). */
+    public interface CheckpointSave {
+        /**
+         * @param target where to write, atomically
+         * @throws IOException when it cannot be written
+         */
+        void save(Path target) throws IOException;
+    }
+
+    /**
+     * A setting: the caller's value, else the checkpoint's, else the default. A caller's value
+     * that differs from the checkpoint's is refused: the resumed run would not be the run.
+     *
+     * @param what the setting's name in the refusal
+     * @param given the caller's value, or {@code null}
+     * @param saved the checkpoint's, or {@code null}
+     * @param fallback the default
+     * @param <T> its type
+     * @return the value the run uses
+     */
+    public <T> T resolve(String what, T given, T saved, T fallback) {
+        if (given != null && saved != null && !given.equals(saved)) {
+            throw new InvalidInputException(Messages.resumeConflict(from.toString(), what, saved, given));
+        }
+        return given != null ? given : saved != null ? saved : fallback;
+    }
+
+    /** @return the run's seed: the caller's, else the checkpoint's, else 0 */
+    public long seed() {
+        return resolve("seed", settings.getSeed(), resumed == null ? null : resumed.getSeed(), 0L);
+    }
+
+    /**
+     * @param n samples in the training data
+     * @param source the data's name in the refusal
+     * @return the run's batch size (the caller's, else the checkpoint's, else 32), in 1..n
+     */
+    public int batchSize(long n, String source) {
+        return checkBatch(resolve("batch size", settings.getBatchSize(),
+                resumed == null ? null : resumed.getBatchSize(), 32), n, source);
+    }
+
+    /**
+     * @param batch a batch size the run fixes itself (one batch of all samples)
+     * @param n samples in the training data
+     * @param source the data's name in the refusal
+     * @return {@code batch}, once checked to be in 1..n
+     */
+    public int checkBatch(int batch, long n, String source) {
+        if (batch < 1 || batch > n) {
+            throw new InvalidInputException(source + ": " + Messages.batchSize(n, batch));
+        }
+        return batch;
+    }
+
+    /** @return the first epoch of this run (the checkpoint's epochs completed), with room for all epochs */
+    public int firstEpoch() {
+        int first = resumed == null ? 0 : resumed.getEpochsCompleted();
+        if (first < 0 || (long) first + settings.getEpochs() > Integer.MAX_VALUE) {
+            throw new InvalidInputException(Messages.epochCount(from.toString(), first, settings.getEpochs(),
+                    Integer.MAX_VALUE));
+        }
+        return first;
+    }
+
+    /**
+     * A resumed run must see the data it started with: refused, unless the caller allows
+     * other data, when the shapes or the digests differ (a checkpoint without them checks none).
+     *
+     * @param source the data's name
+     * @param xShape the data's input shape
+     * @param yShape the data's target shape
+     * @param saved the checkpoint's digest of its data, or {@code null}
+     * @param digest the same digest of this data
+     */
+    public void checkSameData(String source, long[] xShape, long[] yShape, String saved, String digest) {
+        if (resumed == null || settings.isAllowDifferentData()) {
+            return;
+        }
+        boolean sameShapes = (resumed.getXShape() == null || Arrays.equals(resumed.getXShape(), xShape))
+                && (resumed.getYShape() == null || Arrays.equals(resumed.getYShape(), yShape));
+        boolean sameBytes = saved == null || saved.equals(digest);
+        if (!sameShapes || !sameBytes) {
+            throw new InvalidInputException(Messages.differentData(source, from.toString(),
+                    "x " + Arrays.toString(resumed.getXShape()) + " y " + Arrays.toString(resumed.getYShape())
+                            + " sha256 " + shortHash(saved),
+                    "x " + Arrays.toString(xShape) + " y " + Arrays.toString(yShape) + " sha256 " + shortHash(digest)));
+        }
+    }
+
+    /**
+     * Checks, before the first step, that the checkpoint and history can be written there.
+     *
+     * @throws IOException when they cannot
+     */
+    public void prepareOutputs() throws IOException {
+        for (Path output : new Path[] {settings.getCheckpoint(), settings.getHistory()}) {
+            if (output != null) {
+                AtomicFiles.prepare(output);
+            }
+        }
+    }
+
+    /**
+     * After an epoch: the checkpoint, then the history, then the listener.
+     *
+     * @param history the run's history, {@code record} already added
+     * @param record the epoch's record
+     * @param save writes the checkpoint
+     * @throws IOException when a file cannot be written
+     */
+    public void endEpoch(History history, History.EpochRecord record, CheckpointSave save) throws IOException {
+        if (settings.getCheckpoint() != null) {
+            save.save(settings.getCheckpoint());
+        }
+        if (settings.getHistory() != null) {
+            history.save(settings.getHistory());
+        }
+        if (settings.getEpochListener() != null) {
+            settings.getEpochListener().accept(record);
+        }
+    }
+
+    /**
+     * @param settings the stopped run's settings
+     * @param done the epochs it completed
+     * @return what it kept, and where (the end of a divergence line, the same for every trainer)
+     */
+    public static String kept(RunSettings settings, History done) {
+        int completed = done.getRecords().size();
+        Path historyFile = settings.getHistory();
+        Path checkpoint = settings.getCheckpoint();
+        String epochs = completed == 0
+                ? "no epoch completed in this run"
+                : completed + " completed epoch(s) kept" + (historyFile == null ? "" : " in " + historyFile);
+        return epochs + (checkpoint == null ? "" : "; " + checkpoint + " holds the last good epoch, if one finished");
+    }
+
+    private static String shortHash(String hash) {
+        return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
+    }
+}
