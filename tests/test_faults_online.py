@@ -1218,6 +1218,39 @@ def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_scr
     assert line == f"--kafka-properties {missing}: no such file", line  # as gradbridge serve says it
 
 
+def test_replay_from_kafka_against_no_broker_fails_in_seconds_naming_the_address(serve_script, models, tmp_path):
+    """replay --from-kafka with nothing listening at --kafka-bootstrap: one line naming the address within the
+    bounded wait (5 s, or the properties file's default.api.timeout.ms), not the Kafka client's minute."""
+    import time
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        _feed(service, 8, 4)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    # a read of partition 0 of topic 'gone' (no records): what a Kafka-fed log holds, without a broker to write it
+    name = b"gone"
+    read = b"S" + struct.pack("<H", len(name)) + name + struct.pack("<Iiqq", 1, 0, 0, 0) + struct.pack("<Iq", 0, 0)
+    with open(log_dir / replay_mod.FILE_NAME, "ab") as log:
+        log.write(replay_mod.frame(read))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        bootstrap = f"127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
+    props = tmp_path / "client.properties"
+    props.write_text("default.api.timeout.ms=1500\n")
+    for more, wait in (((), 5000), (("--kafka-properties", props), 1500)):
+        started = time.monotonic()
+        result = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--from-kafka", "--kafka-bootstrap",
+                                bootstrap, "--kafka-topic", "gone", *more)
+        elapsed = time.monotonic() - started
+        line = one_error_line(result, "gradbridge: error: ")
+        assert line == (f"no Kafka broker at {bootstrap} answered within {wait} ms (is it running and reachable from "
+                        "here? default.api.timeout.ms in --kafka-properties sets the wait)"), line
+        assert elapsed < 45, f"replay waited {elapsed:.0f} s"  # the JVM's start on a loaded machine, plus the wait
+
+
 # ---- protocol 3 (format="export") behind the same service ----
 
 def _export_protocol_3(model, path):
