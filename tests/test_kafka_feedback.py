@@ -385,6 +385,68 @@ def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_scri
 
 
 @pytest.mark.slow
+def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(serve_script, broker, models, tmp_path):
+    """The streaming scenario whole: a topic of 4 partitions, 2,400 records with duplicates, a poison record and
+    poisoned but finite feedback, a publish gate, the service killed three times mid-stream. Every offset accounted for
+    once, every event applied once, replay from the log and from the topic bitwise with every gate loss recomputed,
+    and no published version worse than the gate allows."""
+    from gradbridge.feedback_log import GATE_PUBLISHED
+
+    from .test_online_serve import _data
+
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-gated"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    gx, gy = _data(64, 7)
+    gate = tmp_path / "gate.npz"
+    np.savez(gate, x=gx, y=gy)
+    regression = 0.05
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 5, "--checkpoint-every", 4, "--fsync", "always",
+               "--gate-data", gate, "--gate-max-regression", regression, *_kafka_options(broker, topic)]
+    rng = np.random.default_rng(17)
+    records = []
+    for round_ in range(4):
+        batch = [(k, v) for k, v, _, _ in _records(560, 30 + round_, f"s{round_}")]
+        bad_x, bad_y = _data(40, 40 + round_)  # finite but harmful: forty times the scale, every label wrong
+        batch += [(f"p{round_}-{i}", json.dumps({"x": [(40 * bad_x[i]).tolist()], "y": [int(2 - bad_y[i])]}))
+                  for i in range(40)]
+        earlier = [r for r in records if r[0].startswith("s")]
+        batch += [earlier[int(rng.integers(len(earlier)))] for _ in range(3 if earlier else 0)]  # duplicates
+        if round_ == 1:
+            batch.append(("poison-1", "{not json"))
+        kafka_broker.produce(broker, topic, batch)
+        records += batch
+        service = Service(serve_script, model, log_dir, *options)
+        try:
+            if round_ < 3:  # killed once a random part of this round is logged
+                _wait_for_records(log_dir, len(records) - len(batch) + int(rng.integers(50, 500)), timeout=300)
+                service.process.send_signal(signal.SIGKILL)
+                service.process.wait(timeout=30)
+            else:
+                _wait_for_records(log_dir, len(records), timeout=600)
+                code, _, err = service.terminate()
+                assert code == 0, err
+        finally:
+            service.kill()
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    assert sum(end_offsets.values()) == len(records) > 2400
+    items = _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
+    assert [status for _, _, status in items.values()].count(feedback_log.POSITION_REFUSED) == 1  # the poison record
+    report = replay_mod.replay(log_dir, model)
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    from_topic = replay_mod.replay(log_dir, model, from_kafka=source)
+    for replayed in (report, from_topic):
+        assert replayed.bitwise and replayed.gate_losses_checked and replayed.unapplied_events == 0, replayed.table()
+    assert from_topic.from_topic == len(feedback_log.read_log(log_dir).events)
+    assert [(g.version, g.loss_python, g.decision_python) for g in from_topic.gates] == \
+        [(g.version, g.loss_python, g.decision_python) for g in report.gates]
+    assert any(g.decision_java != GATE_PUBLISHED for g in report.gates), "the poisoned feedback held nothing back"
+    for row in report.gates:  # no published version is worse than the gate allows
+        assert (row.loss_java <= row.serving_loss_java + regression) == (row.decision_java == GATE_PUBLISHED), row
+
+
+@pytest.mark.slow
 def test_the_kafka_fed_benchmark_runs_and_reports_both_variants(tmp_path):
     """benchmarks/kafka_online_bench.py end to end on a small size (its own broker): both rates and latencies."""
     import sys
