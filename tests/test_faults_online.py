@@ -231,6 +231,13 @@ def test_a_request_torn_anywhere_in_its_write_is_cut_whole_and_its_retry_applied
     first, count = whole.keys["req-9"]
     last = set(range(first, first + count))
     assert len(last) == 3 and last <= set(whole.events)
+    # a log of an earlier version (no W records) reads as before
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    (old_dir / replay_mod.FILE_NAME).write_bytes(b"".join(replay_mod.frame(payload) for _, payload
+                                                          in replay_mod.frames(log_file, data) if payload[:1] != b"W"))
+    old = replay_mod.read_log(old_dir)
+    assert (old.events, old.keys, old.torn_bytes) == (whole.events, whole.keys, 0)
     # the reader (Python here, Java on start) cuts the whole write wherever it is torn
     reader_dir = tmp_path / "reader"
     reader_dir.mkdir()

@@ -4,16 +4,17 @@
 tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge.online.log.LogFormat``.
 
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
-payload, whose first byte is its type (``H`` header JSON, ``W`` the start of one request's write, with the length in bytes
-of the events and key that follow it in that write, ``E`` event, ``K`` idempotency key, ``B``
-micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version
-before it, ``R`` an operator's rollback of predictions to an earlier version, ``S`` the offsets of an external source such as
-a Kafka topic that one read consumed, first in its write and followed by that read's events and keys, whose length in bytes
+payload, whose first byte is its type (``H`` header JSON, ``W`` the start of one request's write, with the length
+in bytes of the events and key that follow it in that write, ``E`` event, ``K`` idempotency key, ``B`` micro-batch,
+``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version before it, ``R`` an
+operator's rollback of predictions to an earlier version, ``S`` the offsets of an external source such as a Kafka
+topic that one read consumed, first in its write and followed by that read's events and keys, whose length in bytes
 it carries; ``P`` the same offsets after their events, in logs of earlier versions: replay needs only the events and
 batches, so it ignores them; tests check that they cover the source without gap or overlap). Only an incomplete last
-frame, or a last ``S`` or ``W`` record whose write is not all in the file (a torn tail, with what there is of its write),
-may end the log early, so a request or a read is in the log whole or not at all; any other frame that does not check
-is an error naming its offset, as in Java. Logs of earlier versions hold no ``W``: their requests read as before.
+frame, or a last ``S`` or ``W`` record whose write is not all in the file (a torn tail, with what there is of its
+write), may end the log early, so a request or a read is in the log whole or not at all; any other frame that does
+not check is an error naming its offset, as in Java. Logs of earlier versions hold no ``W``: their requests read as
+before.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ FORMAT_VERSION = 2
 FRAME_HEADER = 12
 MAX_PAYLOAD = 64 << 20
 #: record types (the payload's first byte)
-RECORD_TYPES = {"header": b"H", "request": b"W", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V",
-                "position": b"P", "sourced": b"S", "gate": b"G", "rollback": b"R"}
+RECORD_TYPES = {"header": b"H", "request": b"W", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q",
+                "version": b"V", "position": b"P", "sourced": b"S", "gate": b"G", "rollback": b"R"}
 #: a P record's item status: the record's events were logged / answered from an earlier key / refused
 POSITION_LOGGED, POSITION_DUPLICATE, POSITION_REFUSED = 0, 1, 2
 #: a G record's decision: the version was published / held back / held back and the learner rolled back
