@@ -189,6 +189,91 @@ def test_token_by_default_idempotent_retries_across_a_restart(serve_script, mode
     _replay_bitwise(log_dir, model, 2)
 
 
+def _last_request_write(log_file):
+    """The log's bytes and its last request's write: (data, its W record's offset, the W frame's end, the write's end,
+    each frame's end in the write)."""
+    data = log_file.read_bytes()
+    start = [offset for offset, payload in replay_mod.frames(log_file, data) if payload[:1] == b"W"][-1]
+    (length,) = struct.unpack_from("<I", data, start)
+    w_end = start + replay_mod.FRAME_HEADER + length
+    (following,) = struct.unpack_from("<q", data, w_end - 8)
+    ends, at = [], w_end
+    while at < w_end + following:
+        at += replay_mod.FRAME_HEADER + struct.unpack_from("<I", data, at)[0]
+        ends.append(at)
+    return data, start, w_end, w_end + following, ends
+
+
+@pytest.mark.parametrize("every_cut", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_request_torn_anywhere_in_its_write_is_cut_whole_and_its_retry_applied_once(serve_script, models, tmp_path,
+                                                                                       every_cut):
+    """A crash that tears one request's write (its W record, events and key) leaves no event without its key and no key
+    without its events: both readers cut the whole write as a torn tail; the client, never answered, retries with its
+    key and the request is applied once; every acknowledged event is applied exactly once and replay is bitwise."""
+    model, whole_dir = models["mlp_classifier.pt"], tmp_path / "whole"
+    x, y = _data(30, 21)
+    requests = [({"x": x[i:i + 3].tolist(), "y": y[i:i + 3].tolist()}, {"Idempotency-Key": f"req-{i // 3}"})
+                for i in range(0, 30, 3)]
+    # events wait in the queue (nothing applied), so the last request's write ends the log when the service is killed
+    service = Service(serve_script, model, whole_dir, "--fsync", "always", "--max-batch", 64, "--max-wait-ms", 600_000)
+    try:
+        for body, key in requests:
+            status, text = service.post("/feedback", body, headers=key)
+            assert status == 200 and json.loads(text)["accepted"] == 3, text
+        service.process.kill()
+        service.process.wait(timeout=30)
+    finally:
+        service.kill()
+    log_file = whole_dir / replay_mod.FILE_NAME
+    data, start, w_end, write_end, ends = _last_request_write(log_file)
+    assert write_end == len(data) and len(ends) == 4, "the last request's write (3 events, a key) does not end the log"
+    whole = replay_mod.read_log(whole_dir)
+    first, count = whole.keys["req-9"]
+    last = set(range(first, first + count))
+    assert len(last) == 3 and last <= set(whole.events)
+    # a log of an earlier version (no W records) reads as before
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    (old_dir / replay_mod.FILE_NAME).write_bytes(b"".join(replay_mod.frame(payload) for _, payload
+                                                          in replay_mod.frames(log_file, data) if payload[:1] != b"W"))
+    old = replay_mod.read_log(old_dir)
+    assert (old.events, old.keys, old.torn_bytes) == (whole.events, whole.keys, 0)
+    # the reader (Python here, Java on start) cuts the whole write wherever it is torn
+    reader_dir = tmp_path / "reader"
+    reader_dir.mkdir()
+    for cut in range(start + 1, write_end):
+        (reader_dir / replay_mod.FILE_NAME).write_bytes(data[:cut])
+        torn = replay_mod.read_log(reader_dir)
+        assert (torn.end, torn.torn_bytes) == (start, cut - start), cut
+        assert not last & set(torn.events) and "req-9" not in torn.keys and len(torn.events) == 27, cut
+    # restarted on the torn log: the retry is applied once, the 27 acknowledged events too, bitwise
+    cuts = [ends[-2]] if not every_cut else [start + 1, w_end - 1, w_end, w_end + 5, ends[0], ends[1] + 20, ends[-2],
+                                             write_end - 1]
+    for cut in cuts:
+        log_dir = tmp_path / f"cut-{cut}"
+        log_dir.mkdir()
+        (log_dir / replay_mod.FILE_NAME).write_bytes(data[:cut])
+        restarted = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 4, "--max-wait-ms", 1)
+        try:
+            answers = [json.loads(restarted.post("/feedback", body, headers=key)[1]) for body, key in requests[-2:]]
+            assert answers[0]["duplicate"] and answers[0]["first_seq"] == whole.keys["req-8"][0], answers
+            assert not answers[1]["duplicate"] and answers[1]["accepted"] == 3, answers  # the torn one, logged anew
+            code, _, err = restarted.terminate()
+        finally:
+            restarted.kill()
+        assert code == 0, err
+        assert f"cut a torn tail of {cut - start} bytes at offset {start}" in err, err
+        log = replay_mod.read_log(log_dir)
+        assert len(log.keys) == 10 and len(log.events) == 30, (cut, sorted(log.keys))
+        for body, key in requests:
+            first, count = log.keys[key["Idempotency-Key"]]
+            assert [log.events[first + i][0] for i in range(count)] == [np.asarray(r, np.float32).tobytes()
+                                                                          for r in body["x"]], (cut, key)
+        applied = sorted(s for b in log.batches for s in range(b.first_seq, b.first_seq + b.count))
+        assert applied == sorted(log.events), f"cut at {cut}: an event applied twice or never"
+        _replay_bitwise(log_dir, model, 30)
+
+
 def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models, tmp_path):
     model = models["mlp_classifier.pt"]
     for args, expected in ((("--max-body-bytes", -5), "--max-body-bytes must be in 1..1073741824, got -5"),
@@ -1138,6 +1223,39 @@ def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_scr
     missing = tmp_path / "missing.properties"
     line = one_error_line(replay_from(log_dir, "faults-fed", "--kafka-properties", missing), "gradbridge: error: ")
     assert line == f"--kafka-properties {missing}: no such file", line  # as gradbridge serve says it
+
+
+def test_replay_from_kafka_against_no_broker_fails_in_seconds_naming_the_address(serve_script, models, tmp_path):
+    """replay --from-kafka with nothing listening at --kafka-bootstrap: one line naming the address within the
+    bounded wait (5 s, or the properties file's default.api.timeout.ms), not the Kafka client's minute."""
+    import time
+
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    service = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        _feed(service, 8, 4)
+        assert service.terminate()[0] == 0
+    finally:
+        service.kill()
+    # a read of partition 0 of topic 'gone' (no records): what a Kafka-fed log holds, without a broker to write it
+    name = b"gone"
+    read = b"S" + struct.pack("<H", len(name)) + name + struct.pack("<Iiqq", 1, 0, 0, 0) + struct.pack("<Iq", 0, 0)
+    with open(log_dir / replay_mod.FILE_NAME, "ab") as log:
+        log.write(replay_mod.frame(read))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        bootstrap = f"127.0.0.1:{probe.getsockname()[1]}"  # closed again: nothing listens there
+    props = tmp_path / "client.properties"
+    props.write_text("default.api.timeout.ms=1500\n")
+    for more, wait in (((), 5000), (("--kafka-properties", props), 1500)):
+        started = time.monotonic()
+        result = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--from-kafka", "--kafka-bootstrap",
+                                bootstrap, "--kafka-topic", "gone", *more)
+        elapsed = time.monotonic() - started
+        line = one_error_line(result, "gradbridge: error: ")
+        assert line == (f"no Kafka broker at {bootstrap} answered within {wait} ms (is it running and reachable from "
+                        "here? default.api.timeout.ms in --kafka-properties sets the wait)"), line
+        assert elapsed < 45, f"replay waited {elapsed:.0f} s"  # the JVM's start on a loaded machine, plus the wait
 
 
 # ---- protocol 3 (format="export") behind the same service ----

@@ -83,8 +83,9 @@ def _wait_for_records(log_dir, total, timeout=120):
         time.sleep(0.3)
 
 
-def _check_exactly_once(log_dir, topic, end_offsets, produced):
-    """Every offset of every partition accounted for once, each record's events as produced, each event applied once."""
+def _check_exactly_once(log_dir, topic, end_offsets, produced, http=()):
+    """Every offset of every partition accounted for once, each record's events as produced, each event applied once
+    (``http``: the sequence numbers of the events fed over HTTP beside the topic)."""
     log = feedback_log.read_log(log_dir)
     reads = [p for p in log.positions if p.source == topic]
     covered = {}
@@ -117,6 +118,7 @@ def _check_exactly_once(log_dir, topic, end_offsets, produced):
         key, value = produced[(partition, offset)]
         if status == feedback_log.POSITION_DUPLICATE:
             assert first_of_key[key] == (first_seq, count)
+    seqs.extend(http)
     assert sorted(seqs) == sorted(log.events) and len(set(seqs)) == len(seqs), "events logged that no record gave, or twice"
     applied = []
     for record in log.order:
@@ -234,6 +236,87 @@ def test_two_instances_in_one_group_each_learn_the_whole_topic_once(serve_script
         _check_exactly_once(log_dir, topic, end_offsets, produced)
         report = replay_mod.replay(log_dir, model)
         assert report.bitwise, report.table()
+
+
+def test_http_and_kafka_feedback_together_through_a_kill_9_each_apply_once(serve_script, broker, models, tmp_path):
+    """HTTP requests (with idempotency keys) posted while the topic is read, the service killed mid-way, the
+    requests without an answer retried after the restart: every record and every request is logged once, both
+    sources in one order of sequence numbers, every event applied once, replay bitwise from the log and from the topic
+    (which reads the topic's events again and the HTTP events from the log)."""
+    import threading
+    import urllib.error
+
+    from .test_online_serve import _data
+
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-mixed"
+    kafka_broker.create_topic(broker, topic, partitions=2)
+    records = [(k, v) for k, v, _, _ in _records(300, 21, "m")]
+    kafka_broker.produce(broker, topic, records)
+    x, y = _data(240, 22)
+    requests = [(f"h-{i // 2}", {"x": x[i:i + 2].tolist(), "y": y[i:i + 2].tolist()}) for i in range(0, 240, 2)]
+    answered = {}
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 4, "--fsync", "always",
+               *_kafka_options(broker, topic)]
+
+    def post_all(service, stop):
+        for key, body in requests:
+            if key in answered or stop.is_set():
+                continue
+            try:
+                status, text = service.post("/feedback", body, headers={"Idempotency-Key": key})
+            except (OSError, urllib.error.URLError):
+                return  # the service is gone: this request has no answer
+            assert status == 200, text
+            answered[key] = json.loads(text)
+
+    service = Service(serve_script, model, log_dir, *options)
+    stop = threading.Event()
+    poster = threading.Thread(target=post_all, args=(service, stop))
+    try:
+        poster.start()
+        _wait_for_records(log_dir, 100)
+        deadline = time.monotonic() + 60
+        while len(answered) < 30 and poster.is_alive():
+            assert time.monotonic() < deadline, f"{len(answered)} requests answered"
+            time.sleep(0.05)
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(timeout=30)
+        stop.set()
+        poster.join(timeout=30)
+    finally:
+        stop.set()
+        service.kill()
+    assert 0 < len(answered) < len(requests), len(answered)
+    first_answers = dict(answered)
+    more = [(k, v) for k, v, _, _ in _records(100, 23, "n")]
+    kafka_broker.produce(broker, topic, more)
+    records += more
+    service = Service(serve_script, model, log_dir, *options)
+    try:
+        post_all(service, threading.Event())  # the rest, and retries of those never answered
+        for key, body in requests[:3]:  # answered before the kill: the same events again, nothing logged twice
+            again = json.loads(service.post("/feedback", body, headers={"Idempotency-Key": key})[1])
+            assert again["duplicate"] and again["first_seq"] == first_answers[key]["first_seq"], again
+        _wait_for_records(log_dir, len(records))
+        code, _, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+    log = feedback_log.read_log(log_dir)
+    http = []
+    for key, body in requests:
+        first, count = log.keys[key]
+        assert (first, count) == (answered[key]["first_seq"], 2), key
+        assert [log.events[first + i][0] for i in range(count)] == [np.asarray(r, np.float32).tobytes() for r in body["x"]]
+        http.extend(range(first, first + count))
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records), http=http)
+    report = replay_mod.replay(log_dir, model)
+    assert report.bitwise, report.table()
+    from_topic = replay_mod.replay(log_dir, model, from_kafka=replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic))
+    assert from_topic.bitwise and from_topic.from_topic == len(log.events) - len(http), from_topic.table()
 
 
 def _torn_read_cuts(log_dir):
@@ -382,6 +465,68 @@ def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_scri
     _check_exactly_once(log_dir, topic, end_offsets, produced)
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
+
+
+@pytest.mark.slow
+def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(serve_script, broker, models, tmp_path):
+    """The streaming scenario whole: a topic of 4 partitions, 2,400 records with duplicates, a poison record and
+    poisoned but finite feedback, a publish gate, the service killed three times mid-stream. Every offset accounted for
+    once, every event applied once, replay from the log and from the topic bitwise with every gate loss recomputed,
+    and no published version worse than the gate allows."""
+    from gradbridge.feedback_log import GATE_PUBLISHED
+
+    from .test_online_serve import _data
+
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-gated"
+    kafka_broker.create_topic(broker, topic, partitions=4)
+    gx, gy = _data(64, 7)
+    gate = tmp_path / "gate.npz"
+    np.savez(gate, x=gx, y=gy)
+    regression = 0.05
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 5, "--checkpoint-every", 4, "--fsync", "always",
+               "--gate-data", gate, "--gate-max-regression", regression, *_kafka_options(broker, topic)]
+    rng = np.random.default_rng(17)
+    records = []
+    for round_ in range(4):
+        batch = [(k, v) for k, v, _, _ in _records(560, 30 + round_, f"s{round_}")]
+        bad_x, bad_y = _data(40, 40 + round_)  # finite but harmful: forty times the scale, every label wrong
+        batch += [(f"p{round_}-{i}", json.dumps({"x": [(40 * bad_x[i]).tolist()], "y": [int(2 - bad_y[i])]}))
+                  for i in range(40)]
+        earlier = [r for r in records if r[0].startswith("s")]
+        batch += [earlier[int(rng.integers(len(earlier)))] for _ in range(3 if earlier else 0)]  # duplicates
+        if round_ == 1:
+            batch.append(("poison-1", "{not json"))
+        kafka_broker.produce(broker, topic, batch)
+        records += batch
+        service = Service(serve_script, model, log_dir, *options)
+        try:
+            if round_ < 3:  # killed once a random part of this round is logged
+                _wait_for_records(log_dir, len(records) - len(batch) + int(rng.integers(50, 500)), timeout=300)
+                service.process.send_signal(signal.SIGKILL)
+                service.process.wait(timeout=30)
+            else:
+                _wait_for_records(log_dir, len(records), timeout=600)
+                code, _, err = service.terminate()
+                assert code == 0, err
+        finally:
+            service.kill()
+    end_offsets = kafka_broker.end_offsets(broker, topic)
+    assert sum(end_offsets.values()) == len(records) > 2400
+    items = _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
+    assert [status for _, _, status in items.values()].count(feedback_log.POSITION_REFUSED) == 1  # the poison record
+    report = replay_mod.replay(log_dir, model)
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    from_topic = replay_mod.replay(log_dir, model, from_kafka=source)
+    for replayed in (report, from_topic):
+        assert replayed.bitwise and replayed.gate_losses_checked and replayed.unapplied_events == 0, replayed.table()
+    assert from_topic.from_topic == len(feedback_log.read_log(log_dir).events)
+    assert [(g.version, g.loss_python, g.decision_python) for g in from_topic.gates] == \
+        [(g.version, g.loss_python, g.decision_python) for g in report.gates]
+    assert any(g.decision_java != GATE_PUBLISHED for g in report.gates), "the poisoned feedback held nothing back"
+    for row in report.gates:  # no published version is worse than the gate allows
+        assert (row.loss_java <= row.serving_loss_java + regression) == (row.decision_java == GATE_PUBLISHED), row
 
 
 @pytest.mark.slow

@@ -4,14 +4,17 @@
 tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge.online.log.LogFormat``.
 
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
-payload, whose first byte is its type (``H`` header JSON, ``E`` event, ``K`` idempotency key, ``B``
-micro-batch, ``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version
-before it, ``R`` an operator's rollback of predictions to an earlier version, ``S`` the offsets of an external source such as
-a Kafka topic that one read consumed, first in its write and followed by that read's events and keys, whose length in bytes
+payload, whose first byte is its type (``H`` header JSON, ``W`` the start of one request's write, with the length
+in bytes of the events and key that follow it in that write, ``E`` event, ``K`` idempotency key, ``B`` micro-batch,
+``Q`` quarantined micro-batch, ``V`` version, ``G`` a publish gate's decision on the version before it, ``R`` an
+operator's rollback of predictions to an earlier version, ``S`` the offsets of an external source such as a Kafka
+topic that one read consumed, first in its write and followed by that read's events and keys, whose length in bytes
 it carries; ``P`` the same offsets after their events, in logs of earlier versions: replay needs only the events and
 batches, so it ignores them; tests check that they cover the source without gap or overlap). Only an incomplete last
-frame, or a last ``S`` record whose write is not all in the file (a torn tail), may end the log early; any other frame
-that does not check is an error naming its offset, as in Java.
+frame, or a last ``S`` or ``W`` record whose write is not all in the file (a torn tail, with what there is of its
+write), may end the log early, so a request or a read is in the log whole or not at all; any other frame that does
+not check is an error naming its offset, as in Java. Logs of earlier versions hold no ``W``: their requests read as
+before.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ FORMAT_VERSION = 2
 FRAME_HEADER = 12
 MAX_PAYLOAD = 64 << 20
 #: record types (the payload's first byte)
-RECORD_TYPES = {"header": b"H", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q", "version": b"V",
-                "position": b"P", "sourced": b"S", "gate": b"G", "rollback": b"R"}
+RECORD_TYPES = {"header": b"H", "request": b"W", "event": b"E", "key": b"K", "batch": b"B", "quarantine": b"Q",
+                "version": b"V", "position": b"P", "sourced": b"S", "gate": b"G", "rollback": b"R"}
 #: a P record's item status: the record's events were logged / answered from an earlier key / refused
 POSITION_LOGGED, POSITION_DUPLICATE, POSITION_REFUSED = 0, 1, 2
 #: a G record's decision: the version was published / held back / held back and the learner rolled back
@@ -189,17 +192,19 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
                        f"expected {FORMAT} version {FORMAT_VERSION}")
     log = FeedbackLog(path, header)
     end = FRAME_HEADER + len(first[1])
-    write_end = -1  # the end of the last S record's write
+    write_start, write_end = -1, -1  # the last S or W record, which begins a write, and that write's end
     for offset, payload in records:
         if offset < write_end < offset + FRAME_HEADER + len(payload):
-            raise LogError(_inside_frame(path, offset, write_end))
+            raise LogError(_inside_frame(path, offset, write_start, write_end))
         kind = payload[:1]
-        if kind == b"S":
-            read = _position(path, offset, payload)
-            if offset + FRAME_HEADER + len(payload) + read.following > len(data):
+        if kind in (b"S", b"W"):
+            read = _position(path, offset, payload) if kind == b"S" else None
+            following = read.following if read is not None else _request_following(path, offset, payload)
+            if offset + FRAME_HEADER + len(payload) + following > len(data):
                 break  # torn: the write this record begins did not reach the file whole
-            write_end = offset + FRAME_HEADER + len(payload) + read.following
-            log.positions.append(read)
+            write_start, write_end = offset, offset + FRAME_HEADER + len(payload) + following
+            if read is not None:
+                log.positions.append(read)
             end = offset + FRAME_HEADER + len(payload)
             continue
         end = offset + FRAME_HEADER + len(payload)
@@ -247,7 +252,7 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
         except (struct.error, ValueError, UnicodeDecodeError) as ex:
             raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
     if end < write_end:
-        raise LogError(_inside_frame(path, end, write_end))
+        raise LogError(_inside_frame(path, end, write_start, write_end))
     log.end = end
     log.torn_bytes = len(data) - end
     return log
@@ -278,9 +283,17 @@ def _position(path: Path, offset: int, payload: bytes) -> Position:
     return Position(source, ranges, items, offset=offset, following=following)
 
 
-def _inside_frame(path: Path, offset: int, write_end: int) -> str:
-    return (f"{path}: offset {offset}: the write of a read from a source ends inside this frame (its S record names "
-            f"offset {write_end} as the end)")
+def _request_following(path: Path, offset: int, payload: bytes) -> int:
+    """A W record's length of the rest of its write."""
+    following = struct.unpack_from("<q", payload, 1)[0] if len(payload) == 9 else -1
+    if following < 0:
+        raise LogError(f"{path}: offset {offset}: the record is malformed (lengths do not add up)")
+    return following
+
+
+def _inside_frame(path: Path, offset: int, write_start: int, write_end: int) -> str:
+    return (f"{path}: offset {offset}: the write that the record at offset {write_start} begins ends inside this frame "
+            f"(at offset {write_end}; damaged, not a torn tail)")
 
 
 def check_checkpoint(log: FeedbackLog, log_dir, model_sha256: str) -> None:

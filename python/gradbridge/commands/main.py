@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--kafka-bootstrap", help="with --from-kafka: HOST:PORT[,...] as gradbridge serve took it")
     replay.add_argument("--kafka-topic", help="with --from-kafka: the topic")
     replay.add_argument("--kafka-properties", help="with --from-kafka: the client properties file gradbridge serve took "
-                                                   "(security settings)")
+                                                   "(security settings; default.api.timeout.ms: the wait for a broker, "
+                                                   "default 5000)")
     replay.add_argument("--model-factory", metavar="MODULE:FACTORY",
                         help="your own nn.Module (a function returning it), started from the module's initial tensors "
                              "(default: the model stored in the .pt; a protocol-3 module stores none)")

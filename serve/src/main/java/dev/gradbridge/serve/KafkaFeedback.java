@@ -40,6 +40,7 @@ import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.TimeoutException;
 import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.slf4j.Logger;
@@ -181,15 +182,33 @@ public final class KafkaFeedback implements AutoCloseable {
     }
 
     /**
+     * How long a first call waits for the brokers: the client's own {@code default.api.timeout.ms}
+     * when the properties file sets it, else {@code fallback}.
+     *
+     * @param client the client properties (already accepted by a consumer, so the value is an int)
+     * @param fallback the wait when they do not set it
+     * @return the wait
+     */
+    static Duration apiTimeout(Properties client, Duration fallback) {
+        String millis = client.getProperty(ConsumerConfig.DEFAULT_API_TIMEOUT_MS_CONFIG);
+        return millis == null ? fallback : Duration.ofMillis(Integer.parseInt(millis.trim()));
+    }
+
+    /**
      * @param hint what to do when the topic does not exist
      * @return every partition of {@code topic}, ascending
-     * @throws GradbridgeException when the topic does not exist or its partitions cannot be read
+     * @throws GradbridgeException when the topic does not exist, no broker answers within {@code
+     *     timeout} or its partitions cannot be read
      */
     static List<TopicPartition> partitions(KafkaConsumer<?, ?> consumer, String bootstrap, String topic, Duration timeout,
             String hint) {
         List<PartitionInfo> infos;
         try {
             infos = consumer.partitionsFor(topic, timeout);
+        } catch (TimeoutException e) {
+            throw new GradbridgeException("no Kafka broker at " + bootstrap + " answered within " + timeout.toMillis()
+                    + " ms (is it running and reachable from here? " + ConsumerConfig.DEFAULT_API_TIMEOUT_MS_CONFIG
+                    + " in --kafka-properties sets the wait)", e);
         } catch (RuntimeException e) {
             throw new GradbridgeException("cannot read the partitions of Kafka topic '" + topic + "' at " + bootstrap + ": "
                     + ServeCommand.rootMessage(e), e);

@@ -344,7 +344,8 @@ public final class ServeCommand implements Callable<Integer> {
                 tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
             }
             if (kafkaClient != null) {
-                kafka = KafkaFeedback.start(learner, kafkaBootstrap, kafkaTopic, kafkaGroup, kafkaClient, java.time.Duration.ofSeconds(30));
+                kafka = KafkaFeedback.start(learner, kafkaBootstrap, kafkaTopic, kafkaGroup, kafkaClient,
+                        KafkaFeedback.apiTimeout(kafkaClient, java.time.Duration.ofSeconds(30)));
             }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
             if (kafka != null) {

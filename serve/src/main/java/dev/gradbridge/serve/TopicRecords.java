@@ -33,7 +33,12 @@ import org.apache.kafka.common.TopicPartition;
  */
 public final class TopicRecords {
 
-    private static final Duration TIMEOUT = Duration.ofSeconds(60);
+    /**
+     * The longest wait for a broker's answer, and for the next record of a range, unless the
+     * properties file sets {@code default.api.timeout.ms}: a replay against a broker that is not
+     * there fails in seconds, not after the client's own minute.
+     */
+    static final Duration DEFAULT_TIMEOUT = Duration.ofSeconds(5);
 
     private TopicRecords() {}
 
@@ -73,8 +78,9 @@ public final class TopicRecords {
     private static void read(String bootstrap, String topic, Properties client, Map<Integer, long[]> ranges,
             DataOutputStream out) throws IOException {
         KafkaConsumer<byte[], byte[]> consumer = KafkaFeedback.consumer(bootstrap, null, client);
+        Duration timeout = KafkaFeedback.apiTimeout(client, DEFAULT_TIMEOUT);
         try {
-            List<TopicPartition> partitions = KafkaFeedback.partitions(consumer, bootstrap, topic, TIMEOUT,
+            List<TopicPartition> partitions = KafkaFeedback.partitions(consumer, bootstrap, topic, timeout,
                     "the log was fed from a topic of that name");
             for (Map.Entry<Integer, long[]> range : ranges.entrySet()) {
                 int p = range.getKey();
@@ -86,8 +92,8 @@ public final class TopicRecords {
                 }
                 TopicPartition tp = partitions.get(p);
                 List<TopicPartition> one = Collections.singletonList(tp);
-                long first = consumer.beginningOffsets(one, TIMEOUT).get(tp);
-                long end = consumer.endOffsets(one, TIMEOUT).get(tp);
+                long first = consumer.beginningOffsets(one, timeout).get(tp);
+                long end = consumer.endOffsets(one, timeout).get(tp);
                 if (first > from) {
                     throw new GradbridgeException("Kafka topic '" + topic + "' partition " + p + " starts at offset " + first
                             + " but the log read it from offset " + from + " (retention removed records the log learned from)");
@@ -98,13 +104,17 @@ public final class TopicRecords {
                 }
                 consumer.assign(one);
                 consumer.seek(tp, from);
-                long deadline = System.nanoTime() + TIMEOUT.toNanos();
-                while (consumer.position(tp, TIMEOUT) < to) {
+                long deadline = System.nanoTime() + timeout.toNanos(); // for the next record: a long range takes its time
+                for (long position; (position = consumer.position(tp, timeout)) < to; ) {
                     if (System.nanoTime() > deadline) {
                         throw new GradbridgeException("Kafka topic '" + topic + "' partition " + p + ": no records after offset "
-                                + consumer.position(tp) + " within " + TIMEOUT.getSeconds() + " s (the log read it up to " + to + ")");
+                                + position + " within " + timeout.toMillis() + " ms (the log read it up to " + to + ")");
                     }
-                    for (ConsumerRecord<byte[], byte[]> record : consumer.poll(Duration.ofMillis(500)).records(tp)) {
+                    List<ConsumerRecord<byte[], byte[]>> polled = consumer.poll(Duration.ofMillis(500)).records(tp);
+                    if (!polled.isEmpty()) {
+                        deadline = System.nanoTime() + timeout.toNanos();
+                    }
+                    for (ConsumerRecord<byte[], byte[]> record : polled) {
                         if (record.offset() < to) {
                             out.writeInt(p);
                             out.writeLong(record.offset());

@@ -12,8 +12,8 @@ import java.util.zip.CRC32C;
  * type. The frame header checks itself, so a damaged length is never mistaken for a torn tail:
  * the only thing a reader may drop is an incomplete last frame (fewer than {@value #FRAME_HEADER}
  * bytes, or a valid frame header whose payload runs past the end of the file), or a last {@link
- * #SOURCED} record whose write did not reach the file whole. Anything else that does not check is
- * corruption.
+ * #SOURCED} or {@link #REQUEST} record whose write did not reach the file whole (with what is there
+ * of that write). Anything else that does not check is corruption.
  */
 public final class LogFormat {
 
@@ -32,6 +32,15 @@ public final class LogFormat {
     public static final byte HEADER = 'H';
     /** Record type: one feedback event. */
     public static final byte EVENT = 'E';
+    /**
+     * Record type: the start of one request's write (a {@code learn} call, a {@code /feedback}
+     * request): {@code i64} bytes of the frames after it that complete the write (the request's
+     * events, then its key). A reader that finds fewer bytes than that before the end treats this
+     * record and everything after it as a torn tail, so a request is in the log whole (events and
+     * key) or not at all, as {@link #SOURCED} does for a read from a source. Logs of earlier versions
+     * have none; their requests read as before.
+     */
+    public static final byte REQUEST = 'W';
     /** Record type: a request's idempotency key, after the request's events. */
     public static final byte KEY = 'K';
     /** Record type: a micro-batch, written before it is applied. */

@@ -13,7 +13,7 @@ import java.util.List;
 
 /**
  * Reads a log strictly: every frame must check, except an incomplete last frame or a last {@code
- * S} record whose write is not all in the file (a torn tail, reported in {@link
+ * S} or {@code W} record whose write is not all in the file (a torn tail, reported in {@link
  * Contents#getTornBytes()}, never cut here). Anything else throws {@link LogCorruptException}
  * naming the file and the frame's offset.
  */
@@ -53,10 +53,11 @@ public final class LogReader {
         LogHeader header = null;
         List<LogRecord> records = new ArrayList<>();
         ByteBuffer head = ByteBuffer.allocate(LogFormat.FRAME_HEADER).order(ByteOrder.LITTLE_ENDIAN);
-        long writeEnd = -1; // the end of the last S record's write, while reading inside it
+        long writeStart = -1; // the last S or W record, which begins a write
+        long writeEnd = -1; // the end of its write, while reading inside it
         while (offset < size) {
             if (offset < writeEnd && writeEnd - offset < LogFormat.FRAME_HEADER) {
-                throw insideFrame(where, offset, writeEnd);
+                throw insideFrame(where, offset, writeStart, writeEnd);
             }
             if (size - offset < LogFormat.FRAME_HEADER) {
                 break; // torn: the frame header itself is incomplete
@@ -77,7 +78,7 @@ public final class LogReader {
                         + " is outside 1.." + LogFormat.MAX_PAYLOAD);
             }
             if (offset < writeEnd && offset + LogFormat.FRAME_HEADER + length > writeEnd) {
-                throw insideFrame(where, offset, writeEnd);
+                throw insideFrame(where, offset, writeStart, writeEnd);
             }
             if (offset + LogFormat.FRAME_HEADER + length > size) {
                 break; // torn: a whole frame header whose payload was not all written
@@ -95,14 +96,19 @@ public final class LogReader {
                 if (type == LogFormat.HEADER) {
                     throw new LogCorruptException(where + ": offset " + offset + ": a second header record");
                 }
-                if (type == LogFormat.SOURCED) {
-                    LogRecord.Position read = (LogRecord.Position) LogRecord.parse(where, offset, bytes);
-                    long end = offset + LogFormat.FRAME_HEADER + length + read.getFollowing();
+                if (type == LogFormat.SOURCED || type == LogFormat.REQUEST) {
+                    LogRecord.Position read = type == LogFormat.SOURCED
+                            ? (LogRecord.Position) LogRecord.parse(where, offset, bytes) : null;
+                    long end = offset + LogFormat.FRAME_HEADER + length
+                            + (read != null ? read.getFollowing() : LogRecord.requestFollowing(where, offset, bytes));
                     if (end > size) {
                         break; // torn: the write that this record begins did not reach the file whole
                     }
+                    writeStart = offset;
                     writeEnd = end;
-                    records.add(read);
+                    if (read != null) {
+                        records.add(read);
+                    }
                 } else if (offset >= keepFrom || type == LogFormat.KEY || type == LogFormat.VERSION
                         || type == LogFormat.POSITION || type == LogFormat.GATE || type == LogFormat.ROLLBACK) {
                     records.add(LogRecord.parse(where, offset, bytes));
@@ -113,9 +119,9 @@ public final class LogReader {
         return new Contents(file, header, records, offset, size - offset);
     }
 
-    private static LogCorruptException insideFrame(String where, long offset, long writeEnd) {
-        return new LogCorruptException(where + ": offset " + offset + ": the write of a read from a source ends inside this"
-                + " frame (its S record names offset " + writeEnd + " as the end)");
+    private static LogCorruptException insideFrame(String where, long offset, long writeStart, long writeEnd) {
+        return new LogCorruptException(where + ": offset " + offset + ": the write that the record at offset " + writeStart
+                + " begins ends inside this frame (at offset " + writeEnd + "; damaged, not a torn tail)");
     }
 
     private static void readFully(FileChannel channel, ByteBuffer buffer, long offset) throws IOException {

@@ -14,6 +14,9 @@ import java.util.Map;
  * One record after the header. Payloads, little-endian, after the type byte:
  *
  * <ul>
+ *   <li>{@code W}: {@code i64 bytes}: the frames after it that complete its write (one request's
+ *       events and key, which follow it in the same write); read by {@link LogReader} for the
+ *       framing, never returned as a record;
  *   <li>{@code E} {@link Event}: {@code i64 seq, u32 n, x bytes, u32 m, y bytes} (one sample);
  *   <li>{@code K} {@link Key}: {@code i64 first seq, u32 count, 32 bytes SHA-256 of the request's
  *       x and y bytes, UTF-8 key} (after the request's events, in the same write);
@@ -59,6 +62,19 @@ public abstract class LogRecord {
     static byte[] event(long seq, byte[] x, byte[] y) {
         return payload(1 + 8 + 4 + x.length + 4 + y.length)
                 .put(LogFormat.EVENT).putLong(seq).putInt(x.length).put(x).putInt(y.length).put(y).array();
+    }
+
+    static byte[] request(long following) {
+        return payload(1 + 8).put(LogFormat.REQUEST).putLong(following).array();
+    }
+
+    /** The bytes a checked {@code W} payload says complete its write; one that does not parse is corruption. */
+    static long requestFollowing(String file, long offset, byte[] bytes) {
+        long following = bytes.length == 9 ? ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN).getLong(1) : -1;
+        if (following < 0) {
+            throw new LogCorruptException(file + ": offset " + offset + ": the record's fields do not add up to its length");
+        }
+        return following;
     }
 
     static byte[] key(long firstSeq, int count, byte[] sha256, String key) {

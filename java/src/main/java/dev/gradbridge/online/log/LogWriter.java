@@ -159,8 +159,10 @@ public final class LogWriter implements AutoCloseable {
     }
 
     /**
-     * Appends events (one sample each) as consecutive records and, when {@code key} is not null,
-     * the request's key after them, in one write; not yet forced.
+     * Appends one request in one write: a {@code W} record with the length of the rest of the
+     * write, the events (one sample each) as consecutive records and, when {@code key} is not null,
+     * the request's key; not yet forced. The length comes first so that a write torn anywhere is a
+     * torn tail as a whole: no event without its key, no key without its events.
      *
      * @param firstSeq the first event's sequence number
      * @param xRows x bytes of each event
@@ -173,18 +175,22 @@ public final class LogWriter implements AutoCloseable {
     public synchronized long[] appendEvents(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, String key,
             byte[] sha256) throws IOException {
         int n = xRows.size();
-        byte[][] payloads = new byte[n + (key == null ? 0 : 1)][];
+        byte[][] payloads = new byte[1 + n + (key == null ? 0 : 1)][];
+        long following = 0;
         for (int i = 0; i < n; i++) {
-            payloads[i] = LogRecord.event(firstSeq + i, xRows.get(i), yRows.get(i));
+            payloads[1 + i] = LogRecord.event(firstSeq + i, xRows.get(i), yRows.get(i));
+            following += LogFormat.frameLength(payloads[1 + i].length);
         }
         if (key != null) {
-            payloads[n] = LogRecord.key(firstSeq, n, sha256, key);
+            payloads[1 + n] = LogRecord.key(firstSeq, n, sha256, key);
+            following += LogFormat.frameLength(payloads[1 + n].length);
         }
+        payloads[0] = LogRecord.request(following);
         long[] offsets = new long[n + 1];
-        long position = end;
+        long position = end + LogFormat.frameLength(payloads[0].length);
         for (int i = 0; i < n; i++) {
             offsets[i] = position;
-            position += LogFormat.frameLength(payloads[i].length);
+            position += LogFormat.frameLength(payloads[1 + i].length);
         }
         offsets[n] = append(frames(payloads));
         return offsets;

@@ -160,7 +160,77 @@ public class LogWriterTest {
         System.arraycopy(frame.array(), 0, bad, (int) first, frame.capacity());
         Files.write(file, bad);
         LogCorruptException e = assertThrows(LogCorruptException.class, () -> LogReader.read(file, 0));
-        assertTrue(e.getMessage(), e.getMessage().contains("the write of a read from a source ends inside this frame"));
+        assertTrue(e.getMessage(), e.getMessage().contains("offset " + first + " begins ends inside this frame"));
+    }
+
+    private static long[] appendRequest(LogWriter log, long firstSeq) throws Exception {
+        return log.appendEvents(firstSeq, Arrays.asList(new byte[16], new byte[16], new byte[16]),
+                Arrays.asList(new byte[8], new byte[8], new byte[8]), "request-" + firstSeq, new byte[32]);
+    }
+
+    @Test
+    public void aRequestTornAnywhereInItsWriteIsCutWhole() throws Exception {
+        Path dir = folder.newFolder().toPath();
+        long first;
+        long second;
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, true)) {
+            log.begin(log.read(0), HEADER);
+            first = appendRequest(log, 0)[3];
+            long[] offsets = appendRequest(log, 3);
+            second = offsets[3];
+            assertEquals(first + LogFormat.frameLength(9), offsets[0]); // the W record, then the events
+        }
+        Path file = LogReader.file(dir);
+        byte[] whole = Files.readAllBytes(file);
+        List<LogRecord> records = LogReader.read(file, 0).getRecords();
+        assertEquals(8, records.size()); // three events and a key, twice (W records frame the writes, never returned)
+        assertEquals("request-3", ((LogRecord.Key) records.get(7)).getKey());
+        for (long cut = first + 1; cut < second; cut++) {
+            Files.write(file, Arrays.copyOf(whole, (int) cut));
+            LogReader.Contents torn = LogReader.read(file, 0);
+            assertEquals("cut at " + cut, first, torn.getEnd());
+            assertEquals(cut - first, torn.getTornBytes());
+            assertEquals(4, torn.getRecords().size()); // nothing of the second request: no event without its key
+        }
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, false)) {
+            log.begin(log.read(0), HEADER); // cuts the torn request
+            assertEquals(first, Files.size(file));
+        }
+        // a length that does not end on a frame boundary is damage, not a torn tail
+        byte[] bad = Arrays.copyOf(whole, whole.length);
+        ByteBuffer frame = ByteBuffer.allocate(LogFormat.frameLength(9)).order(ByteOrder.LITTLE_ENDIAN);
+        LogFormat.putFrame(frame, LogRecord.request(second - first - LogFormat.frameLength(9) - 5));
+        System.arraycopy(frame.array(), 0, bad, (int) first, frame.capacity());
+        Files.write(file, bad);
+        LogCorruptException e = assertThrows(LogCorruptException.class, () -> LogReader.read(file, 0));
+        long keyFrame = records.get(7).getOffset(); // the frame that the damaged length ends in
+        assertEquals(file + ": offset " + keyFrame + ": the write that the record at offset "
+                + first + " begins ends inside this frame (at offset " + (second - 5) + "; damaged, not a torn tail)",
+                e.getMessage());
+    }
+
+    @Test
+    public void aLogWhoseRequestsHaveNoLengthRecordStillReads() throws Exception {
+        Path dir = folder.newFolder().toPath();
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, true)) {
+            log.begin(log.read(0), HEADER);
+        }
+        byte[] event = LogRecord.event(0, new byte[16], new byte[8]);
+        byte[] key = LogRecord.key(0, 1, new byte[32], "old-1");
+        ByteBuffer frames = ByteBuffer.allocate(LogFormat.frameLength(event.length) + LogFormat.frameLength(key.length))
+                .order(ByteOrder.LITTLE_ENDIAN);
+        LogFormat.putFrame(frames, event);
+        LogFormat.putFrame(frames, key);
+        Files.write(LogReader.file(dir), frames.array(), StandardOpenOption.APPEND);
+        List<LogRecord> records = LogReader.read(LogReader.file(dir), 0).getRecords();
+        assertEquals(2, records.size());
+        assertEquals("old-1", ((LogRecord.Key) records.get(1)).getKey());
+        try (LogWriter log = LogWriter.lock(dir, FsyncPolicy.NEVER, false)) {
+            log.begin(log.read(0), HEADER);
+            long[] offsets = appendRequest(log, 1); // new requests in an old log get their W record
+            assertEquals(log.end(), offsets[3]);
+        }
+        assertEquals(6, LogReader.read(LogReader.file(dir), 0).getRecords().size());
     }
 
     @Test
