@@ -101,6 +101,19 @@ def _differentiated(args: Any) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+_has_torch_function = torch.overrides.has_torch_function
+
+
+def _subclass_torch_function(args: Any) -> bool:
+    """``has_torch_function`` of the arguments themselves (a tensor subclass), not of the active modes."""
+    return any(isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, torch.nn.Parameter)
+               and type(a).__torch_function__ is not torch._C._disabled_torch_function_impl for a in args)
+
+
+def _encoder_layer_shape(src: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.empty_like(src, memory_format=torch.contiguous_format)
+
+
 @contextlib.contextmanager
 def while_capturing() -> Iterator[List[str]]:
     """The replacements of this module's docstring, for the libraries this process has imported. Yields the
@@ -135,6 +148,14 @@ def while_capturing() -> Iterator[List[str]]:
             original = masks._vmap_for_bhqkv
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
+        # eager evaluates a TransformerEncoderLayer under no_grad with its native kernel; the trace takes it
+        # too: its fast-path test asks has_torch_function, which torch.export's own torch-function mode
+        # turns true, and the kernel has no shape function for fake tensors
+        torch.overrides.has_torch_function = _subclass_torch_function
+        stack.callback(setattr, torch.overrides, "has_torch_function", _has_torch_function)
+        shapes = torch.library.Library("aten", "IMPL")
+        stack.callback(shapes._destroy)
+        shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
         yield applied
