@@ -71,8 +71,8 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
         assert {e["file"] for e in program["state"]} <= set(archive.namelist())
     assert train["oplist_version"] == oplist.VERSION
     ops = [node["op"] for node in train["nodes"]]
-    # eager's CPU dropout (a bernoulli mask, divided by 1 - p, multiplied in), not torch's traced native_dropout
-    assert "aten::bernoulli" in ops and "aten::native_dropout" not in ops
+    # eager's CPU dropout (a bernoulli_ mask drawn in place, divided by 1 - p, multiplied in), not native_dropout
+    assert "aten::bernoulli_" in ops and "aten::native_dropout" not in ops
     assert {o["to"] for o in train["outputs"]} == {"loss"} | {f"grad:{n}" for n, _ in _mlp().named_parameters()}
 
 

@@ -26,9 +26,9 @@ computes per step for parameter group G by the optimizer's formula, ``program.ho
 Version rule: any change a reader of the previous version would misread (a binding, an argument kind,
 what the program around the op lists means) bumps ``VERSION``; readers refuse any other version in one
 line. Version 2: host scalars per parameter group (``scalar:NAME:G``), and the program's ``training`` and
-``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints). Version 3: SGD's
-``momentum`` is a host scalar (``scalar:momentum:G``, read by its step graph even at momentum 0) and the
-counters hold OneCycleLR's cycled ``momenta``. The native layer's ``kOpListVersion`` and Java's
+``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints). Version 3: SGD's and
+RMSprop's ``momentum`` is a host scalar (``scalar:momentum:G``, read by the step graph even at momentum 0)
+and the counters hold OneCycleLR's cycled ``momenta``. The native layer's ``kOpListVersion`` and Java's
 ``Protocol.OPLIST_VERSION`` equal ``VERSION`` (tests/test_pins.py).
 
 ``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
@@ -125,7 +125,7 @@ def _fresh_mask(node: Any) -> bool:
     """``bernoulli.p`` drawn into an ``empty_like`` that nothing else reads: eager's in-place draw."""
     source = node.args[0] if node.target is torch.ops.aten.bernoulli.p else None
     return (getattr(source, "target", None) is torch.ops.aten.empty_like.default and len(source.users) == 1
-            and source.kwargs.get("memory_format", torch.preserve_format) is torch.preserve_format)
+            and source.kwargs.get("memory_format") in (None, torch.preserve_format))
 
 
 def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[str, Any]:

@@ -178,9 +178,9 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
 
 def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], xs: Tuple[Tensor, ...], y: Tensor,
                        bindings: List[str], constants: Dict[str, Tensor], accumulate: int) -> Dict[str, Any]:
-    """``train`` (and ``train_accumulate``), ``forward`` and ``loss`` captured at one sample (``NAME@1``), or none when the model cannot
-    be captured at one (then protocol 3 runs batches of ``program.MIN_BATCH`` or more); leaves the model in
-    training mode."""
+    """``train`` (and ``train_accumulate``), ``forward`` and ``loss`` captured at one sample (``NAME@1``), or
+    none when the model cannot be captured at one (then protocol 3 runs batches, and micro-batches, of
+    ``program.MIN_BATCH`` or more); leaves the model in training mode."""
     one, target = tuple(t[:1] for t in xs), y[:1]
     made = dict(constants)  # a failed capture adds none
     graphs: Dict[str, Any] = {}

@@ -18,6 +18,11 @@ in a way torch.export cannot trace:
   the trace ``sigmoid``, ``sub``, ``mul``...). While capturing, those Python decompositions are set aside
   (the C++ composite runs, as in eager) and those ops stay whole in the graph (``eager_kernels``).
 
+- eager evaluates a ``TransformerEncoderLayer`` under ``no_grad`` with its native
+  ``_transformer_encoder_layer_fwd``; the layer's fast-path test asks ``has_torch_function``, which
+  torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
+  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
+
 It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
 (non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
 torch's logs and partial graphs of a failed capture off stderr.
@@ -153,9 +158,10 @@ def while_capturing() -> Iterator[List[str]]:
         # turns true, and the kernel has no shape function for fake tensors
         torch.overrides.has_torch_function = _subclass_torch_function
         stack.callback(setattr, torch.overrides, "has_torch_function", _has_torch_function)
-        shapes = torch.library.Library("aten", "IMPL")
-        stack.callback(shapes._destroy)
-        shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
+        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_transformer_encoder_layer_fwd", "Meta"):
+            shapes = torch.library.Library("aten", "IMPL")
+            stack.callback(shapes._destroy)
+            shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
         yield applied
