@@ -32,7 +32,7 @@ namespace {
 
 using namespace gradbridge;
 
-constexpr int64_t kOpListVersion = 2;
+constexpr int64_t kOpListVersion = 3;
 
 // ---- a small JSON reader (the op lists and the program are JSON) ----
 struct Json {
@@ -737,7 +737,7 @@ struct Exported {
       const bool cycled = !schedule.momenta.empty();
       if (optimizer == "sgd" || optimizer == "rmsprop") {
         put("neg_lr", -lr);
-        if (optimizer == "sgd") put("momentum", cycled ? schedule.momenta[g] : group.momentum);
+        put("momentum", cycled ? schedule.momenta[g] : group.momentum);
       } else if (optimizer == "adagrad") {
         put("neg_clr", -(lr / (1 + (step - 1) * group.lr_decay)));
       } else {
@@ -821,10 +821,15 @@ struct Exported {
       if (values.size() != params.size())
         throw std::invalid_argument(where + key + " has " + std::to_string(values.size()) + " tensors, expected " + std::to_string(params.size()));
       size_t held = 0;
+      std::string without;  // a parameter that holds none (named in the refusal below)
       for (size_t i = 0; i < params.size(); i++) {
         const at::Tensor& param = state.at("param:" + params[i]);
         const bool empty = values[i].dim() == 1 && values[i].size(0) == 0;
-        if (creatable && empty) { loads.emplace_back("state:" + key + ":" + params[i], at::Tensor()); continue; }
+        if (creatable && empty) {
+          if (without.empty()) without = params[i];
+          loads.emplace_back("state:" + key + ":" + params[i], at::Tensor());
+          continue;
+        }
         const std::vector<int64_t> expected = key == "step" ? std::vector<int64_t>{} : param.sizes().vec();
         if (values[i].sizes().vec() != expected)
           throw std::invalid_argument(where + key + "[" + std::to_string(i) + "] has shape " + c10::str(values[i].sizes()) + ", expected " + c10::str(c10::IntArrayRef(expected)));
@@ -840,7 +845,7 @@ struct Exported {
         held++;
       }
       if (held > 0 && held < params.size())
-        throw std::invalid_argument(where + key + " is held for " + std::to_string(held) + " of " + std::to_string(params.size()) + " parameters; a protocol-3 module loads it for all of them or none");
+        throw std::invalid_argument(where + key + " is held for " + std::to_string(held) + " of " + std::to_string(params.size()) + " parameters, not for " + without + "; a protocol-3 module loads it for all of them or none");
     }
     for (auto& [binding, tensor] : loads) {
       if (tensor.defined()) state[binding] = tensor; else state.erase(binding);

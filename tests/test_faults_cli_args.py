@@ -19,7 +19,8 @@ def factories(tmp_path):
         "import torch\n"
         "def raises():\n    raise RuntimeError('no weights here')\n"
         "def not_a_module():\n    return 42\n"
-        "def fine():\n    return torch.nn.Linear(4, 3)\n")
+        "def fine():\n    return torch.nn.Linear(4, 3)\n"
+        "def normed():\n    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))\n")
     return tmp_path
 
 
@@ -45,14 +46,15 @@ def test_an_unknown_format_is_refused(factories):
 def test_an_option_protocol_3_does_not_hold_is_refused_with_format_export(factories):
     result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
                             "cross_entropy", "--format", "export", "--optimizer", "rmsprop", "--scheduler",
-                            "onecycle:max_lr=0.1,total_steps=10", cwd=factories)
+                            "onecycle:max_lr=0.1,total_steps=10,base_momentum=0.0", cwd=factories)
     assert one_error_line(result, PREFIX) == messages.aten_option_refused(
-        "OneCycleLR's cycle_momentum with optimizer rmsprop (it cycles SGD's momentum and Adam's beta1)")
+        "OneCycleLR cycling RMSprop's momentum through 0.0 (base_momentum and max_momentum above 0 are held)")
     assert not (factories / "m.pt").exists()
 
 
 def test_micro_batches_below_protocol_3s_smallest_are_refused(factories):
-    result = gradbridge_cli("export", "badfactories:fine", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
+    """BatchNorm in training cannot run one sample (eager neither): no micro-batches of one."""
+    result = gradbridge_cli("export", "badfactories:normed", "-o", factories / "m.pt", "--input-shape", "4", "--loss",
                             "cross_entropy", "--format", "export", "--accumulate", "2", cwd=factories)
     line = one_error_line(result, PREFIX)
     assert line.startswith("format='export': accumulate=2 splits a batch of 2 into micro-batches of [1, 1]"), line

@@ -322,3 +322,17 @@ def test_bad_loss_options_are_one_line_naming_the_option(tmp_path, loss, message
         export_training_module(_model(), loss, {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt", inputs=INPUTS)
     assert str(error.value).startswith(message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_micro_batches_of_one_are_refused_in_one_line_where_the_model_cannot_run_one(tmp_path):
+    """BatchNorm in training refuses one sample (eager too): no train_accumulate@1, so accumulate=5 over an
+    example batch of 8 (a batch of 9 splits into [2, 2, 2, 2, 1]) is refused before anything is written."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+    with pytest.raises(GradbridgeError) as info:
+        export_training_module(model, "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=(x, y),
+                               format="export", accumulate=5)
+    assert str(info.value) == messages.aten_micro_batches_too_small(9, 5, [2, 2, 2, 2, 1], 2)
+    assert not (tmp_path / "m.pt").exists()

@@ -146,8 +146,8 @@ def _first_only(state, key):
     ("adam", lambda s: {**s, "step": [t + i for i, t in enumerate(s["step"])]},
      "load_optimizer_state: step is 2 for 0.weight but 3 for 0.bias; a protocol-3 module steps its parameters together"),
     ("sgd", lambda s: _first_only(s, "momentum_buffer"),
-     "load_optimizer_state: momentum_buffer is held for 1 of 8 parameters; a protocol-3 module loads it for all of "
-     "them or none"),
+     "load_optimizer_state: momentum_buffer is held for 1 of 8 parameters, not for 0.bias; a protocol-3 module "
+     "loads it for all of them or none"),
     ("sgd", lambda s: None, "load_optimizer_state() takes {key: [one tensor per parameter]}, got null"),
 ])
 def test_a_bad_optimizer_state_for_a_protocol_3_module_is_one_line_and_changes_nothing(jvm, tmp_path, optimizer,

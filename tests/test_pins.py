@@ -71,6 +71,8 @@ def test_java_protocol_constants_match_python(jvm):
     assert int(Protocol.EXPORT_VERSION) == protocol.EXPORT_PROTOCOL_VERSION
     assert str(Protocol.PROGRAM_KEY) == protocol.PROGRAM_KEY
     assert int(Protocol.OPLIST_VERSION) == oplist.VERSION
+    native = (Path(__file__).resolve().parents[1] / "native" / "gradbridge_exported.cpp").read_text()
+    assert re.search(r"kOpListVersion = (\d+);", native).group(1) == str(oplist.VERSION)
     java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
     methods = protocol.REQUIRED_METHODS + protocol.DATA_PARALLEL_METHODS
     python_names = {name for name, value in vars(protocol).items()

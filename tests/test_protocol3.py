@@ -71,8 +71,8 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
         assert {e["file"] for e in program["state"]} <= set(archive.namelist())
     assert train["oplist_version"] == oplist.VERSION
     ops = [node["op"] for node in train["nodes"]]
-    # eager's CPU dropout (a bernoulli mask, divided by 1 - p, multiplied in), not torch's traced native_dropout
-    assert "aten::bernoulli" in ops and "aten::native_dropout" not in ops
+    # eager's CPU dropout (a bernoulli_ mask drawn in place, divided by 1 - p, multiplied in), not native_dropout
+    assert "aten::bernoulli_" in ops and "aten::native_dropout" not in ops
     assert {o["to"] for o in train["outputs"]} == {"loss"} | {f"grad:{n}" for n, _ in _mlp().named_parameters()}
 
 
@@ -84,6 +84,51 @@ def test_java_trains_an_mlp_with_dropout_like_the_users_model(jvm, mlp, mode):
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
     _same(java.train(path, x.numpy(), y.numpy(), **settings),
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+class _Encoder(nn.Module):
+    """The bench transformer's shape, small: batch-first encoder layers (dropout 0.1 in training), mean-pooled."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm, tmp_path, mode):
+    """Dropout after a batch-first attention draws its mask into a transposed tensor (eager's in-place
+    ``bernoulli_``, in that memory order), and eager evaluates under no_grad with the layer's native kernel:
+    the op lists do the same, bit for bit."""
+    torch.manual_seed(0)
+    model = _Encoder()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path / "encoder.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    graphs = read_program(path)[1]
+    assert "aten::bernoulli_" in {n["op"] for n in graphs["train"]["nodes"]}
+    assert "aten::_transformer_encoder_layer_fwd" in {n["op"] for n in graphs["forward"]["nodes"]}
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
+    """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch
+    of one runs train_accumulate@1; dropout on."""
+    model = _mlp()
+    path = _export(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), accumulate=5)
+    assert "train_accumulate@1" in read_program(path)[1]
+    x, y = _mlp_data(0)
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode)
+    _same(java.train(path, x[:17].numpy(), y[:17].numpy(), **settings),
+          reference.train(path, x[:17].numpy(), y[:17].numpy(), model=model, **settings))
 
 
 @pytest.mark.parametrize("mode", ["step", "fused"])
@@ -247,21 +292,23 @@ def _one_cycle(optimizer, interval, **options):
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=steps, **options)
 
 
-# OneCycleLR: the cycled momentum (SGD) or beta1 (Adam) is a per-step host scalar, as torch.optim reads it
+# OneCycleLR: the cycled momentum (SGD, RMSprop) or beta1 (Adam) is a per-step host scalar, as torch.optim reads it
 ONE_CYCLE = [
     ("sgd", "step", dict(momentum=0.9, nesterov=True), dict(pct_start=0.4)),
     ("sgd", "epoch", dict(), dict(anneal_strategy="linear")),  # SGD built without momentum: the cycle brings it
+    ("rmsprop", "step", dict(centered=True), dict()),  # so for RMSprop, whose first step makes zero buffers
     ("adam", "step", dict(weight_decay=0.01), dict(three_phase=True, base_momentum=0.7, max_momentum=0.9)),
     ("adamw", "epoch", dict(), dict(cycle_momentum=False)),
 ]
 
 
 @pytest.mark.parametrize("name, interval, hyper, options",
-                         ONE_CYCLE[:2] + [pytest.param(*case, marks=pytest.mark.slow) for case in ONE_CYCLE[2:]])
+                         ONE_CYCLE[:3] + [pytest.param(*case, marks=pytest.mark.slow) for case in ONE_CYCLE[3:]])
 def test_one_cycle_cycles_momentum_and_beta1_from_java_like_torch_optim(jvm, tmp_path, name, interval, hyper,
                                                                           options):
     model = _deep()
-    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+           "rmsprop": torch.optim.RMSprop}[name]
     optimizer = cls(model.parameters(), lr=0.01, **hyper)
     path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, interval, **options),
                    scheduler_interval=interval)
@@ -338,14 +385,12 @@ def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
 
 
 @pytest.mark.parametrize("options, line", [
-    (dict(optimizer="rmsprop", scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9}),
-     "format='export' does not support OneCycleLR's cycle_momentum with optimizer rmsprop (it cycles SGD's momentum "
-     "and Adam's beta1) yet"),
+    (dict(optimizer="rmsprop", scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9, "max_momentum": 0.0}),
+     "format='export' does not support OneCycleLR cycling RMSprop's momentum through 0.0 (base_momentum and "
+     "max_momentum above 0 are held) yet"),
     (dict(scheduler={"name": "onecycle", "max_lr": 0.1, "total_steps": 9, "base_momentum": 0.0}),
      "format='export' does not support OneCycleLR cycling SGD's momentum through 0.0 (base_momentum and "
      "max_momentum above 0 are held) yet"),
-    (dict(accumulate=5), "format='export': accumulate=5 splits a batch of 9 into micro-batches of [2, 2, 2, 2, 1]; "
-                         "protocol 3 runs micro-batches of at least 2 samples"),
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
 ])
 def test_what_protocol_3_does_not_hold_is_refused_in_one_line(tmp_path, options, line):

@@ -416,7 +416,8 @@ def aten_unbound(name: str) -> str:
 
 def aten_micro_batches_too_small(batch: int, accumulate: int, sizes: Any, minimum: int) -> str:
     return (f"format='export': accumulate={accumulate} splits a batch of {batch} into micro-batches of {sizes}; "
-            f"protocol 3 runs micro-batches of at least {minimum} samples: pick another example batch size")
+            f"protocol 3 runs micro-batches of at least {minimum} samples for a model it cannot capture at one sample "
+            f"(eager refuses one too: BatchNorm in training): pick another example batch size")
 
 
 def program_entry_missing(path: str, entry: str) -> str:

@@ -3,7 +3,7 @@
 Not torch's ExportedProgram schema (it moves with torch): a small format of gradbridge's own, versioned by
 ``VERSION``. A graph is::
 
-    {"oplist_version": 2,
+    {"oplist_version": 3,
      "inputs": ["param:fc.weight", "input:x", "target", "scalar:neg_lr:0", ...],   # slots 0..k-1
      "nodes": [{"op": "aten::addmm", "overload": "default", "args": [ARG, ...], "outputs": 1}, ...],
      "outputs": [{"ref": SLOT, "to": "loss"}, {"ref": SLOT, "to": "grad:fc.weight"}, ...]}
@@ -26,7 +26,10 @@ computes per step for parameter group G by the optimizer's formula, ``program.ho
 Version rule: any change a reader of the previous version would misread (a binding, an argument kind,
 what the program around the op lists means) bumps ``VERSION``; readers refuse any other version in one
 line. Version 2: host scalars per parameter group (``scalar:NAME:G``), and the program's ``training`` and
-``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints).
+``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints). Version 3: SGD's and
+RMSprop's ``momentum`` is a host scalar (``scalar:momentum:G``, read by the step graph even at momentum 0)
+and the counters hold OneCycleLR's cycled ``momenta``. The native layer's ``kOpListVersion`` and Java's
+``Protocol.OPLIST_VERSION`` equal ``VERSION`` (tests/test_pins.py).
 
 ``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
 export's bitwise check before anything is written.
@@ -38,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
 
-VERSION = 2
+VERSION = 3
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
 ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
 #: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
@@ -118,6 +121,13 @@ def encode_arg(value: Any, slot_of: Dict[Any, int], type_: Any) -> Any:
     raise OpListError(f"op list: unsupported argument {value!r} of type {type_}")
 
 
+def _fresh_mask(node: Any) -> bool:
+    """``bernoulli.p`` drawn into an ``empty_like`` that nothing else reads: eager's in-place draw."""
+    source = node.args[0] if node.target is torch.ops.aten.bernoulli.p else None
+    return (getattr(source, "target", None) is torch.ops.aten.empty_like.default and len(source.users) == 1
+            and source.kwargs.get("memory_format") in (None, torch.preserve_format))
+
+
 def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[str, Any]:
     """An FX graph (placeholders in ``inputs``' order, an output tuple in ``outputs``' order; an output
     binding ``None`` drops that output) as an op list."""
@@ -155,6 +165,11 @@ def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[s
         schema = node.target._schema
         if schema.name in DROPPED:
             continue
+        if _fresh_mask(node):
+            # eager's dropout draws its mask with ``empty_like(x).bernoulli_(p)``, in x's memory order;
+            # functionalization made it ``bernoulli.p``, which draws into a new contiguous tensor: another
+            # order (other masks) when x is not contiguous (a batch-first attention's output)
+            schema = torch.ops.aten.bernoulli_.float._schema
         args = []
         for i, argument in enumerate(schema.arguments):
             if i < len(node.args) and not argument.kwarg_only:

@@ -70,12 +70,10 @@ def scalar_binding(name: str, group: int) -> str:
 def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int,
                  momentum: Optional[float] = None) -> Dict[str, float]:
     """The per-step doubles torch.optim computes in Python for one group (the specification the native twin
-    follows): SGD and RMSprop ``-lr``, SGD its ``momentum``; Adam/AdamW ``1 - beta1``, the bias corrections of
+    follows): SGD and RMSprop ``-lr`` and their ``momentum``; Adam/AdamW ``1 - beta1``, the bias corrections of
     step ``step`` (1-based) and AdamW's decay factor; Adagrad ``-clr``, its decayed rate. ``momentum``: the
-    group's momentum (SGD) or beta1 (Adam) as OneCycleLR cycled it, None for the group's own."""
-    if name == "rmsprop":
-        return {"neg_lr": -lr}
-    if name == "sgd":
+    group's momentum (SGD, RMSprop) or beta1 (Adam) as OneCycleLR cycled it, None for the group's own."""
+    if name in ("sgd", "rmsprop"):
         return {"neg_lr": -lr, "momentum": hyper["momentum"] if momentum is None else momentum}
     step_f = float(step)
     if name == "adagrad":

@@ -95,7 +95,10 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
     from torch._functorch.aot_autograd import aot_export_module
 
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing() as functions:
+        # eager evaluates and predicts under no_grad, where a model may take another path (a
+        # TransformerEncoderLayer's native fast path): the eval graphs are captured so too
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), traceable.while_capturing() as functions, \
+                torch.set_grad_enabled(joint):
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
@@ -174,10 +177,10 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
 
 
 def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], xs: Tuple[Tensor, ...], y: Tensor,
-                       bindings: List[str], constants: Dict[str, Tensor]) -> Dict[str, Any]:
-    """``train``, ``forward`` and ``loss`` captured at one sample (``NAME@1``), or none when the model cannot
-    be captured at one (then protocol 3 runs batches of ``program.MIN_BATCH`` or more); leaves the model in
-    training mode."""
+                       bindings: List[str], constants: Dict[str, Tensor], accumulate: int) -> Dict[str, Any]:
+    """``train`` (and ``train_accumulate``), ``forward`` and ``loss`` captured at one sample (``NAME@1``), or
+    none when the model cannot be captured at one (then protocol 3 runs batches, and micro-batches, of
+    ``program.MIN_BATCH`` or more); leaves the model in training mode."""
     one, target = tuple(t[:1] for t in xs), y[:1]
     made = dict(constants)  # a failed capture adds none
     graphs: Dict[str, Any] = {}
@@ -185,6 +188,9 @@ def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], 
         model.train()
         graphs[program.one("train")] = _capture(_Step(model, loss, names).train(), (*one, target), True,
                                                 bindings + ["target"], made)
+        if accumulate > 1:
+            graphs[program.one("train_accumulate")] = _capture(_Step(model, loss, names, accumulate).train(),
+                                                               (*one, target), True, bindings + ["target"], made)
         model.eval()
         graphs[program.one("forward")] = _capture(_Forward(model, names).eval(), one, False, bindings, made)
         with torch.no_grad():
@@ -350,7 +356,7 @@ def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any]
         avg = b.op("aten::sqrt", "default", state["square_avg"])
     b.op("aten::add_", "Scalar", avg, h["eps"])
     if h["momentum"] > 0:
-        b.op("aten::mul_", "Scalar", state["momentum_buffer"], h["momentum"])
+        b.op("aten::mul_", "Scalar", state["momentum_buffer"], scalar["momentum"])
         b.op("aten::addcdiv_", "default", state["momentum_buffer"], grad, avg)
         b.op("aten::add_", "Tensor", param, state["momentum_buffer"], alpha=scalar["neg_lr"])
     else:
@@ -443,21 +449,21 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
     return training, counters, schedule
 
 
+_OPTIMIZER_NAMES = {"sgd": "SGD", "rmsprop": "RMSprop"}
+
+
 def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
-    """OneCycleLR cycles SGD's momentum or Adam's beta1: a host scalar per step (``program.host_scalars``); the
-    groups hold the cycle's start, as torch's construction sets it, so the step graph has SGD's momentum ops.
-    A cycle through momentum 0 (torch's SGD then skips its buffer) and RMSprop's are refused."""
+    """OneCycleLR cycles the momentum of SGD and RMSprop, or Adam's beta1: a host scalar per step
+    (``program.host_scalars``); the groups hold the cycle's start, as torch's construction sets it, so the step
+    graph has the momentum ops. A cycle through momentum 0 (torch then skips the buffer) is refused."""
     name = training["optimizer"]
-    if name not in ("sgd", "adam", "adamw"):
-        raise ExportError(messages.aten_option_refused(f"OneCycleLR's cycle_momentum with optimizer {name} "
-                                                       "(it cycles SGD's momentum and Adam's beta1)"))
     for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
                                        schedule.max_momenta):
-        if name == "sgd":
+        if name in ("sgd", "rmsprop"):
             if min(low, high) <= 0:
                 raise ExportError(messages.aten_option_refused(
-                    f"OneCycleLR cycling SGD's momentum through {min(low, high)} (base_momentum and max_momentum "
-                    "above 0 are held)"))
+                    f"OneCycleLR cycling {_OPTIMIZER_NAMES[name]}'s momentum through {min(low, high)} "
+                    "(base_momentum and max_momentum above 0 are held)"))
             group["momentum"] = start
         else:
             group["betas"] = [start, group["betas"][1]]
@@ -504,10 +510,6 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
                            clip_grad_value=options.get("clip_grad_value"), accumulate=options.get("accumulate", 1))
     training, counters, schedule = _training(setup, names)
     accumulate = setup.plan.accumulate
-    for size in (batch, batch + 1):
-        micro = _micro_batches(size, accumulate)
-        if accumulate > 1 and min(micro) < program.MIN_BATCH:
-            raise ExportError(messages.aten_micro_batches_too_small(size, accumulate, micro, program.MIN_BATCH))
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
     eager = copy.deepcopy(model)
@@ -537,7 +539,11 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         output = _call(model, input_names, xs)
     graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
                                             ["output", "target"], constants, "loss", "loss")
-    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants))
+    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants, accumulate))
+    for size in (batch, batch + 1):  # a micro-batch of one runs train_accumulate@1, where the model has one
+        micro = _micro_batches(size, accumulate)
+        if accumulate > 1 and min(micro) < program.MIN_BATCH and program.one("train") not in graphs:
+            raise ExportError(messages.aten_micro_batches_too_small(size, accumulate, micro, program.MIN_BATCH))
     model.train()
     for n in idle:
         params[n].requires_grad_(True)
@@ -551,6 +557,10 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     state.update({f"buffer:{n}": b.detach().clone() for n, b in buffers})
     state.update(constants)
     state.update({k: v for k, v in _initial_optimizer_state(setup, names).items() if k.split(":")[2] not in idle})
+    if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
+        for group in training["groups"]:
+            for n in group["params"] if group["momentum"] > 0 else ():
+                state.setdefault(f"state:momentum_buffer:{n}", torch.zeros_like(params[n].detach()))
     bound = {b for g in graphs.values() for b in g["inputs"]}
     for name in bound:
         if name.split(":")[0] in ("param", "buffer", "const") and name not in state:

@@ -18,6 +18,11 @@ in a way torch.export cannot trace:
   the trace ``sigmoid``, ``sub``, ``mul``...). While capturing, those Python decompositions are set aside
   (the C++ composite runs, as in eager) and those ops stay whole in the graph (``eager_kernels``).
 
+- eager evaluates a ``TransformerEncoderLayer`` under ``no_grad`` with its native
+  ``_transformer_encoder_layer_fwd``; the layer's fast-path test asks ``has_torch_function``, which
+  torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
+  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
+
 It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
 (non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
 torch's logs and partial graphs of a failed capture off stderr.
@@ -101,6 +106,19 @@ def _differentiated(args: Any) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+_has_torch_function = torch.overrides.has_torch_function
+
+
+def _subclass_torch_function(args: Any) -> bool:
+    """``has_torch_function`` of the arguments themselves (a tensor subclass), not of the active modes."""
+    return any(isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, torch.nn.Parameter)
+               and type(a).__torch_function__ is not torch._C._disabled_torch_function_impl for a in args)
+
+
+def _encoder_layer_shape(src: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.empty_like(src, memory_format=torch.contiguous_format)
+
+
 @contextlib.contextmanager
 def while_capturing() -> Iterator[List[str]]:
     """The replacements of this module's docstring, for the libraries this process has imported. Yields the
@@ -135,6 +153,15 @@ def while_capturing() -> Iterator[List[str]]:
             original = masks._vmap_for_bhqkv
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
+        # eager evaluates a TransformerEncoderLayer under no_grad with its native kernel; the trace takes it
+        # too: its fast-path test asks has_torch_function, which torch.export's own torch-function mode
+        # turns true, and the kernel has no shape function for fake tensors
+        torch.overrides.has_torch_function = _subclass_torch_function
+        stack.callback(setattr, torch.overrides, "has_torch_function", _has_torch_function)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_transformer_encoder_layer_fwd", "Meta"):
+            shapes = torch.library.Library("aten", "IMPL")
+            stack.callback(shapes._destroy)
+            shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
         yield applied
