@@ -7,7 +7,8 @@ submit jar of the cluster's Scala version, bit for bit against the replay (``ref
 Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
 shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
 spark-submit output is warnings plus one line per epoch; a model of several inputs (a Parquet column per
-input). ``--full`` adds Adam, shuffled and in order.
+input). ``--full`` adds Adam, shuffled and in order, and docs/spark.md's spark-submit walkthrough run as
+it stands (``--spark-lines`` runs it on each Spark too).
 """
 
 from __future__ import annotations

@@ -372,8 +372,8 @@ final class GlooExchange implements GradientExchange {
                 send.put(i + 12 + p, (byte) (mine.rows > 0 && mine.flags[p] ? 1 : 0));
             }
         }
-        long t0 = System.nanoTime();
         if (whole) {
+            long t0 = System.nanoTime();
             group.allgather(send, gathered, gatherBytes, killed);
             sent += gatherBytes * (partitions - 1);
             received += gatherBytes * (partitions - 1);
