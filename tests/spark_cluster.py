@@ -158,6 +158,10 @@ class Cluster:
         return subprocess.run(command, env=_environment(self.home), capture_output=True, text=True, timeout=timeout,
                               check=False)
 
+    def environment(self) -> dict:
+        """The environment its processes and spark-submit run in (its SPARK_HOME, Java, 127.0.0.1)."""
+        return _environment(self.home)
+
     def executor_logs(self) -> List[Path]:
         """The stderr files of the last application's executors (under the workers' work folders)."""
         apps = sorted({p.name for p in self.folder.glob("work*/app-*")})

@@ -7,21 +7,27 @@ submit jar of the cluster's Scala version, bit for bit against the replay (``ref
 Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
 shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
 spark-submit output is warnings plus one line per epoch; a model of several inputs (a Parquet column per
-input). ``--full`` adds Adam, shuffled and in order.
+input). ``--full`` adds Adam, shuffled and in order, and docs/spark.md's spark-submit walkthrough run as
+it stands (``--spark-lines`` runs it on each Spark too).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradbridge import protocol, reference, sparkrun
+from gradbridge import libtorch as gb_libtorch, protocol, reference, sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
 from tests import spark_cluster
-from tests.spark_cluster import Cluster
+from tests.spark_cluster import REPO_ROOT, Cluster
 from tests.test_spark import assert_bitwise, recommender_case
 
 BATCH = 32
@@ -158,3 +164,36 @@ def test_adam_on_the_cluster_equals_the_replay(cluster, jar, work, tmp_path, ful
                            "--shuffle" if shuffle else "--no-shuffle")
     assert_bitwise(history, reference.train_sharded(work["models"]["adam"], work["x"], work["y"], epochs=2,
                                                     shards=2, batch_size=BATCH, shuffle=shuffle))
+
+
+def _docs_walkthrough() -> str:
+    """The marked block of docs/spark.md, as it stands."""
+    text = (REPO_ROOT / "docs" / "spark.md").read_text()
+    return re.search(r"```bash\n(.*?)```", text[text.index("<!-- walkthrough"):], re.DOTALL).group(1)
+
+
+def test_the_docs_walkthrough_equals_the_replay(cluster, jar, tmp_path, request):
+    """docs/spark.md's spark-submit walkthrough, run as shown in an empty folder against the cluster:
+    export, data, Parquet, two epochs, a resume, its own replay check. The cluster's spark-defaults.conf
+    holds what an administrator sets (the driver's address, this Python's libtorch on both sides).
+    Under --spark-lines on each Spark of the matrix; on the pinned Spark with --full (~1-2 min)."""
+    if not (request.config.getoption("--spark-lines") or request.config.getoption("--full")):
+        pytest.skip("runs with --full or --spark-lines")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    libtorch = " ".join(gb_libtorch.java_options(use_torch_lib=True))
+    (conf / "spark-defaults.conf").write_text("\n".join([
+        "spark.driver.host 127.0.0.1", "spark.driver.bindAddress 127.0.0.1", "spark.executor.memory 1g",
+        f"spark.driver.extraJavaOptions {libtorch}", f"spark.executor.extraJavaOptions {libtorch}", ""]))
+    folder = tmp_path / "walkthrough"
+    folder.mkdir()
+    path = os.pathsep.join([str(cluster.home / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = {**cluster.environment(), "SPARK_CONF_DIR": str(conf), "PATH": path, "MASTER": cluster.url,
+           "JARS": str(jar.parent)}
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", _docs_walkthrough()], cwd=folder, env=env,
+                            capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "spark vs replay: bitwise identical over 3 epochs" in result.stdout, result.stdout + result.stderr[-4000:]
+    data = np.load(folder / "train.npz")
+    replay = reference.train_sharded(folder / "my_net.pt", data["x"], data["y"], epochs=3, shards=2, batch_size=32)
+    assert_bitwise(list(History.load(folder / "h.jsonl")) + list(History.load(folder / "resumed.jsonl")), replay)

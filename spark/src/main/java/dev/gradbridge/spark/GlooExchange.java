@@ -6,6 +6,12 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.TaskContext;
 
@@ -36,6 +42,16 @@ import org.apache.spark.TaskContext;
  * Per step a task sends (K-1)/K of the gradient in each round (the all-gather is Gloo's ring):
  * about 2P(K-1)/K bytes, whatever K is.
  *
+ * <p>The combine overlaps the collectives: a large gradient's chunks are cut again into S slices
+ * ({@link #slices}), the K·S chunks of {@link Chunks} over the gradient, chunk {@code s·K + c} being
+ * slice s of owner c. A thread of the exchange's own runs the collectives in order, slice by slice
+ * (S all-to-alls, then S all-gathers, each waiting for its slice's combine), while the task's
+ * thread combines slice s as soon as it has arrived: slice s's combine runs while slice s+1's
+ * all-to-all and slice s-1's all-gather are in flight. Every element's sum is still taken over the
+ * partitions in order (the combine is element by element), so the bits do not change; the slices
+ * of one all-gather are adjacent in the gradient, so its output is still the gradient laid end to
+ * end.
+ *
  * <p>A small gradient goes in one round instead ({@link #oneRound}: when a task would receive at
  * most {@link GradientExchange#ONE_ROUND_SETTING} bytes of it, (K-1) P): an {@code allgather} of
  * every task's whole record, and every task combines all K in partition order (the same arithmetic
@@ -51,6 +67,12 @@ final class GlooExchange implements GradientExchange {
     /** How long a collective (or the rendezvous) waits for a peer that neither answers nor dies. */
     static final Duration TIMEOUT = Duration.ofMinutes(10);
 
+    /** The least bytes of a slice of an owner's chunk ({@link #slices}): below, a collective's latency outweighs the overlap. */
+    static final long SLICE_BYTES = 512 * 1024;
+
+    /** The most slices: each one more costs two collectives' latency. */
+    static final int MAX_SLICES = 4;
+
     private final GlooGroup group;
     private final int partition;
     private final int partitions;
@@ -59,17 +81,23 @@ final class GlooExchange implements GradientExchange {
     /** A record's header: rows (int), loss (double), one flag byte per parameter, padded to 8 bytes. */
     private final int header;
     private final int parameters;
-    /** Where each record starts in {@link #send} (one per owner; one in all when whole). */
+    /** Where each record with a header starts in {@link #send} (slice 0's, one per owner; one in all when whole). */
     private final long[] recordOffsets;
-    private final long[] sendSplits;
-    private final long[] receiveSplits;
+    /** By chunk: the number of slices S (1 when whole). */
+    private final int slices;
+    /** By chunk, per slice: what it sends to each owner, its part of {@link #send}, and what it receives. */
+    private final long[][] sendSplits;
+    private final ByteBuffer[] sendSlices;
+    private final long[][] receiveSplits;
+    private final ByteBuffer[] receiveSlices;
     private final ByteBuffer send;
-    /** By chunk: my chunk's K records, in partition order (none when whole). */
-    private final ByteBuffer receive;
     private final ByteBuffer gathered;
     private final long gatherBytes;
-    /** By chunk: my slot of {@link #gathered}, where my combined chunk is written (the all-gather's input). */
-    private final ByteBuffer mineCombined;
+    /** By chunk, per slice: my slot of {@link #gathered} (my combined chunk: the all-gather's input), and its output. */
+    private final ByteBuffer[] mineCombined;
+    private final ByteBuffer[] gatheredSlices;
+    /** By chunk, per slice: its first piece in {@link #combiner}, and S + 1 entries. */
+    private final int[] slicePieces;
     /** Where the K headers are read: {@link #receive} by chunk, {@link #gathered} when whole. */
     private final ByteBuffer headers;
     private final long headerStride;
@@ -88,9 +116,19 @@ final class GlooExchange implements GradientExchange {
     private final long[] phases = new long[PHASES.length];
     private long sent;
     private long received;
+    /** By chunk: the thread that runs the collectives, and its hand-overs with the task's thread per slice. */
+    private final ExecutorService rounds;
+    private final Runnable collectives = this::collectives;
+    private final Runnable killed = this::checkKilled;
+    private final Semaphore arrived = new Semaphore(0);
+    private final Semaphore combinedSlices = new Semaphore(0);
+    /** Set when the task's thread left a step midway: the collectives' thread then stops waiting for it. */
+    private volatile boolean abandoned;
+    /** The task the exchange serves (null outside Spark): the collectives' thread checks whether it was killed. */
+    private final TaskContext task = TaskContext.get();
 
     /** Sizes every buffer and makes every view once, for the run's parameters. */
-    GlooExchange(GlooGroup group, int partition, int partitions, long oneRoundBytes, List<String> dtypes,
+    GlooExchange(GlooGroup group, int partition, int partitions, long oneRoundBytes, int slices, List<String> dtypes,
             long[] sizes) {
         this.group = group;
         this.partition = partition;
@@ -117,17 +155,21 @@ final class GlooExchange implements GradientExchange {
             puts.add(new ArrayList<>());
         }
         ByteBuffer[][] inputs = new ByteBuffer[partitions][];
-        ByteBuffer[] outputs;
         if (whole) {
             long record = header + gradientBytes;
             recordOffsets = new long[] {0};
+            this.slices = 1;
             sendSplits = null;
+            sendSlices = null;
             receiveSplits = null;
+            receiveSlices = null;
             send = Buffers.direct(record);
-            receive = null;
             gatherBytes = record;
             gathered = Buffers.direct(record * partitions);
             mineCombined = null;
+            gatheredSlices = null;
+            slicePieces = null;
+            rounds = null;
             headers = gathered;
             headerStride = record;
             for (int i = 0; i < parameters; i++) {
@@ -140,7 +182,7 @@ final class GlooExchange implements GradientExchange {
                 }
             }
             ByteBuffer out = Buffers.direct(gradientBytes);
-            outputs = new ByteBuffer[parameters];
+            ByteBuffer[] outputs = new ByteBuffer[parameters];
             int[] identity = new int[parameters];
             for (int i = 0; i < parameters; i++) {
                 outputs[i] = Buffers.view(out, offsets[i], bytes[i]);
@@ -151,60 +193,96 @@ final class GlooExchange implements GradientExchange {
             chunks = null;
             gatheredPieces = null;
         } else {
-            chunks = new Chunks(dtypes, sizes, partitions);
-            recordOffsets = new long[partitions];
-            sendSplits = new long[partitions];
+            this.slices = slices;
+            int n = partitions * slices;
+            chunks = new Chunks(dtypes, sizes, n);
             long longest = 0;
-            long total = 0;
-            for (int c = 0; c < partitions; c++) {
-                recordOffsets[c] = total;
-                sendSplits[c] = header + chunks.bytes(c);
-                total += sendSplits[c];
-                longest = Math.max(longest, chunks.bytes(c));
-                long within = 0;
-                for (Chunks.Piece piece : chunks.pieces(c)) {
-                    puts.get(piece.parameter).add(new int[] {Math.toIntExact(recordOffsets[c] + header + within),
-                        chunks.offset(piece), chunks.bytes(piece)});
-                    within += chunks.bytes(piece);
-                }
+            for (int i = 0; i < n; i++) {
+                longest = Math.max(longest, chunks.bytes(i));
             }
-            send = Buffers.direct(total);
-            long mine = sendSplits[partition];
-            receiveSplits = new long[partitions];
-            Arrays.fill(receiveSplits, mine);
-            receive = Buffers.direct(mine * partitions);
+            // slice s: to each owner c a record of chunk s·K + c, slice 0's with the header first
+            recordOffsets = new long[partitions];
+            sendSplits = new long[slices][partitions];
+            receiveSplits = new long[slices][partitions];
+            long[] sendStarts = new long[slices + 1];
+            long[] receiveStarts = new long[slices + 1];
+            for (int s = 0; s < slices; s++) {
+                long head = s == 0 ? header : 0;
+                for (int c = 0; c < partitions; c++) {
+                    int chunk = s * partitions + c;
+                    if (s == 0) {
+                        recordOffsets[c] = sumTo(sendSplits[0], c);
+                    }
+                    sendSplits[s][c] = head + chunks.bytes(chunk);
+                    long within = 0;
+                    for (Chunks.Piece piece : chunks.pieces(chunk)) {
+                        puts.get(piece.parameter).add(new int[] {Math.toIntExact(
+                                sendStarts[s] + sumTo(sendSplits[s], c) + head + within),
+                            chunks.offset(piece), chunks.bytes(piece)});
+                        within += chunks.bytes(piece);
+                    }
+                }
+                Arrays.fill(receiveSplits[s], head + chunks.bytes(s * partitions + partition));
+                sendStarts[s + 1] = sendStarts[s] + sumTo(sendSplits[s], partitions);
+                receiveStarts[s + 1] = receiveStarts[s] + receiveSplits[s][0] * partitions;
+            }
+            send = Buffers.direct(sendStarts[slices]);
+            ByteBuffer receive = Buffers.direct(receiveStarts[slices]);
             gatherBytes = longest;
-            gathered = Buffers.direct(longest * partitions);
-            mineCombined = Buffers.view(gathered, longest * partition, longest);
-            headers = receive;
-            headerStride = mine;
-            List<Chunks.Piece> minePieces = chunks.pieces(partition);
-            outputs = new ByteBuffer[minePieces.size()];
+            gathered = Buffers.direct(longest * n);
+            sendSlices = new ByteBuffer[slices];
+            receiveSlices = new ByteBuffer[slices];
+            mineCombined = new ByteBuffer[slices];
+            gatheredSlices = new ByteBuffer[slices];
+            slicePieces = new int[slices + 1];
+            List<String> pieceDtypes = new ArrayList<>();
+            List<Integer> pieceParameters = new ArrayList<>();
+            List<ByteBuffer> outs = new ArrayList<>();
+            List<List<ByteBuffer>> pieceInputs = new ArrayList<>();
             for (int q = 0; q < partitions; q++) {
-                inputs[q] = new ByteBuffer[minePieces.size()];
+                pieceInputs.add(new ArrayList<>());
             }
-            long within = 0;
-            for (int j = 0; j < minePieces.size(); j++) {
-                int length = chunks.bytes(minePieces.get(j));
-                for (int q = 0; q < partitions; q++) {
-                    inputs[q][j] = Buffers.view(receive, mine * q + header + within, length);
+            for (int s = 0; s < slices; s++) {
+                int chunk = s * partitions + partition;
+                sendSlices[s] = Buffers.view(send, sendStarts[s], sendStarts[s + 1] - sendStarts[s]);
+                receiveSlices[s] = Buffers.view(receive, receiveStarts[s], receiveStarts[s + 1] - receiveStarts[s]);
+                mineCombined[s] = Buffers.view(gathered, longest * chunk, longest);
+                gatheredSlices[s] = Buffers.view(gathered, longest * partitions * s, longest * partitions);
+                long record = receiveSplits[s][0];
+                long head = s == 0 ? header : 0;
+                long within = 0;
+                for (Chunks.Piece piece : chunks.pieces(chunk)) {
+                    int length = chunks.bytes(piece);
+                    for (int q = 0; q < partitions; q++) {
+                        pieceInputs.get(q).add(
+                                Buffers.view(receive, receiveStarts[s] + record * q + head + within, length));
+                    }
+                    outs.add(Buffers.view(gathered, longest * chunk + within, length));
+                    pieceDtypes.add(dtypes.get(piece.parameter));
+                    pieceParameters.add(piece.parameter);
+                    within += length;
                 }
-                outputs[j] = Buffers.view(gathered, longest * partition + within, length);
-                within += length;
+                slicePieces[s + 1] = outs.size();
             }
-            combiner = new GradientCombiner(chunks.dtypes(partition, dtypes), chunks.parameters(partition), inputs,
-                    outputs);
+            headers = receiveSlices[0];
+            headerStride = receiveSplits[0][0];
+            for (int q = 0; q < partitions; q++) {
+                inputs[q] = pieceInputs.get(q).toArray(new ByteBuffer[0]);
+            }
+            combiner = new GradientCombiner(pieceDtypes, pieceParameters.stream().mapToInt(Integer::intValue).toArray(),
+                    inputs, outs.toArray(new ByteBuffer[0]));
+            // one dtype: every chunk followed by a non-empty one is full, so the padded chunks are the gradient
             boolean flat = oneDtype;
-            for (int c = 0; c < partitions - 1; c++) {
-                flat &= chunks.bytes(c) == longest;
+            for (int i = 0; i + 1 < n; i++) {
+                flat &= chunks.bytes(i + 1) == 0 || chunks.bytes(i) == longest;
             }
             ByteBuffer[] gradients = new ByteBuffer[parameters];
             for (int i = 0; i < parameters; i++) {
                 gradients[i] = flat ? Buffers.view(gathered, offsets[i], bytes[i]) : Buffers.direct(bytes[i]);
             }
             combined = new GradientCombiner.Combined(gradients, new boolean[parameters]);
-            gatheredPieces = flat ? null : new ByteBuffer[partitions][];
-            for (int c = 0; !flat && c < partitions; c++) {
+            gatheredPieces = flat ? null : new ByteBuffer[n][];
+            for (int c = 0; !flat && c < n; c++) {
                 List<Chunks.Piece> pieces = chunks.pieces(c);
                 gatheredPieces[c] = new ByteBuffer[pieces.size()];
                 long at = 0;
@@ -213,6 +291,11 @@ final class GlooExchange implements GradientExchange {
                     at += chunks.bytes(pieces.get(j));
                 }
             }
+            rounds = Executors.newSingleThreadExecutor(runnable -> {
+                Thread thread = new Thread(runnable, "gradbridge-gloo-" + partition);
+                thread.setDaemon(true);
+                return thread;
+            });
         }
         putAt = new int[parameters][];
         putFrom = new int[parameters][];
@@ -245,8 +328,12 @@ final class GlooExchange implements GradientExchange {
         String host = SparkInternals.executorHost();
         String attempt = "gradbridge/" + context.stageId() + "." + context.stageAttemptNumber();
         try (GlooGroup.Store client = GlooGroup.Store.over(new RunStore.Client(store, secret), TIMEOUT)) {
+            long gradientBytes = 0;
+            for (int i = 0; i < sizes.length; i++) {
+                gradientBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
+            }
             return new GlooExchange(GlooGroup.join(client, attempt, host, partition, partitions, TIMEOUT), partition,
-                    partitions, oneRoundBytes, dtypes, sizes);
+                    partitions, oneRoundBytes, slices(gradientBytes, partitions), dtypes, sizes);
         }
     }
 
@@ -256,6 +343,14 @@ final class GlooExchange implements GradientExchange {
      */
     static boolean oneRound(long gradientBytes, int partitions, long oneRoundBytes) {
         return gradientBytes * (partitions - 1) <= oneRoundBytes;
+    }
+
+    /**
+     * @return how many slices an owner's chunk of a gradient of {@code gradientBytes} is cut into: as
+     *     many as leave each at least {@link #SLICE_BYTES}, at most {@link #MAX_SLICES}, at least one
+     */
+    static int slices(long gradientBytes, int partitions) {
+        return (int) Math.max(1, Math.min(MAX_SLICES, gradientBytes / partitions / SLICE_BYTES));
     }
 
     @Override
@@ -276,9 +371,9 @@ final class GlooExchange implements GradientExchange {
                 send.put(i + 12 + p, (byte) (mine.rows > 0 && mine.flags[p] ? 1 : 0));
             }
         }
-        long t0 = System.nanoTime();
         if (whole) {
-            group.allgather(send, gathered, gatherBytes, GlooExchange::checkKilled);
+            long t0 = System.nanoTime();
+            group.allgather(send, gathered, gatherBytes, killed);
             sent += gatherBytes * (partitions - 1);
             received += gatherBytes * (partitions - 1);
             long t1 = System.nanoTime();
@@ -288,40 +383,115 @@ final class GlooExchange implements GradientExchange {
             phases[2] += System.nanoTime() - t1;
             return combined;
         }
-        // Round 1: to each owner c, my record for chunk c; from each partition, its record of my chunk.
-        group.alltoall(send, sendSplits, receive, receiveSplits, GlooExchange::checkKilled);
-        sent += sumExcept(sendSplits, partition);
-        received += receiveSplits[partition] * (partitions - 1);
-        long t1 = System.nanoTime();
-        readHeaders();
-        for (int p = 0; p < parameters; p++) {
-            boolean any = false;
-            for (int q = 0; q < partitions; q++) {
-                any |= flags[q][p]; // a task without rows sent no flag
+        // The collectives on the exchange's thread; each slice combined here as soon as it has arrived.
+        Future<?> running = rounds.submit(collectives);
+        boolean done = false;
+        try {
+            for (int s = 0; s < slices; s++) {
+                await(arrived, running);
+                long t1 = System.nanoTime();
+                if (s == 0) {
+                    readHeaders();
+                    for (int p = 0; p < parameters; p++) {
+                        boolean any = false;
+                        for (int q = 0; q < partitions; q++) {
+                            any |= flags[q][p]; // a task without rows sent no flag
+                        }
+                        combined.flags[p] = any;
+                    }
+                }
+                for (int j = slicePieces[s]; j < slicePieces[s + 1]; j++) {
+                    combiner.combine(j, rows, flags);
+                }
+                phases[2] += System.nanoTime() - t1;
+                combinedSlices.release();
             }
-            combined.flags[p] = any;
-        }
-        for (int j = 0; j < combiner.pieces(); j++) {
-            combiner.combine(j, rows, flags);
+            finish(running);
+            done = true;
+        } finally {
+            if (!done) {
+                abandoned = true;
+            }
         }
         combined.loss = GradientCombiner.loss(rows, losses);
         combined.rows = GradientCombiner.total(rows);
-        long t2 = System.nanoTime();
-        // Round 2: every combined chunk, each padded to the longest.
-        group.allgather(mineCombined, gathered, gatherBytes, GlooExchange::checkKilled);
-        sent += gatherBytes * (partitions - 1);
-        received += gatherBytes * (partitions - 1);
         long t3 = System.nanoTime();
         if (gatheredPieces != null) {
-            for (int c = 0; c < partitions; c++) {
+            for (int c = 0; c < gatheredPieces.length; c++) {
                 chunks.paste(c, gatheredPieces[c], combined.gradients);
             }
         }
-        phases[1] += t1 - t0;
-        phases[2] += t2 - t1;
-        phases[3] += t3 - t2;
         phases[4] += System.nanoTime() - t3;
         return combined;
+    }
+
+    /**
+     * The exchange's thread, per step: round 1 slice by slice (to each owner c my record of its chunk
+     * of the slice; from each partition its record of mine), each handed to the task's thread as it
+     * arrives, then round 2 slice by slice, each once the task's thread has combined it: every
+     * combined chunk of the slice, each padded to the longest.
+     */
+    private void collectives() {
+        for (int s = 0; s < slices; s++) {
+            long t0 = System.nanoTime();
+            group.alltoall(sendSlices[s], sendSplits[s], receiveSlices[s], receiveSplits[s], killed);
+            phases[1] += System.nanoTime() - t0;
+            sent += sumExcept(sendSplits[s], partition);
+            received += receiveSplits[s][partition] * (partitions - 1);
+            arrived.release();
+        }
+        for (int s = 0; s < slices; s++) {
+            while (!acquire(combinedSlices)) {
+                if (abandoned) {
+                    throw new IllegalStateException("the task left the step");
+                }
+                checkKilled();
+            }
+            long t0 = System.nanoTime();
+            group.allgather(mineCombined[s], gatheredSlices[s], gatherBytes, killed);
+            phases[3] += System.nanoTime() - t0;
+            sent += gatherBytes * (partitions - 1);
+            received += gatherBytes * (partitions - 1);
+        }
+    }
+
+    /** Waits on the task's thread for a permit of {@code slices}, or the collectives' failure. */
+    private void await(Semaphore permits, Future<?> running) {
+        while (!acquire(permits)) {
+            if (running.isDone()) {
+                finish(running); // returns only if it succeeded, and then its permit is there
+            }
+            checkKilled();
+        }
+    }
+
+    /** @return whether a permit came within {@link GlooGroup#CHECK_MILLIS} */
+    private static boolean acquire(Semaphore permits) {
+        try {
+            return permits.tryAcquire(GlooGroup.CHECK_MILLIS, TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt(); // a killed task: checkKilled says so
+            return false;
+        }
+    }
+
+    /** Waits for the collectives of the step; their failure is thrown here, on the task's thread. */
+    private static void finish(Future<?> running) {
+        try {
+            running.get();
+        } catch (ExecutionException e) {
+            Throwable cause = e.getCause();
+            if (cause instanceof RuntimeException) {
+                throw (RuntimeException) cause;
+            }
+            if (cause instanceof Error) {
+                throw (Error) cause;
+            }
+            throw new IllegalStateException(cause);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("interrupted in the exchange", e);
+        }
     }
 
     /** Every partition's rows, loss and flags, from the records' headers, in partition order. */
@@ -336,11 +506,20 @@ final class GlooExchange implements GradientExchange {
         }
     }
 
-    private static void checkKilled() {
-        TaskContext task = TaskContext.get();
+    /** Throws if Spark killed the task (from either thread: the task is the one the exchange was made in). */
+    private void checkKilled() {
         if (task != null) {
             task.killTaskIfInterrupted();
         }
+    }
+
+    /** @return the sum of {@code values[0..to)} */
+    private static long sumTo(long[] values, int to) {
+        long sum = 0;
+        for (int i = 0; i < to; i++) {
+            sum += values[i];
+        }
+        return sum;
     }
 
     private static long sumExcept(long[] values, int skip) {
@@ -369,6 +548,10 @@ final class GlooExchange implements GradientExchange {
     /** Leaves the group: a peer still waiting in a collective with this task fails at once. */
     @Override
     public void close() {
+        abandoned = true;
         group.close();
+        if (rounds != null) {
+            rounds.shutdownNow();
+        }
     }
 }

@@ -69,7 +69,8 @@ public class GlooExchangeTest {
         }
     }
 
-    private static void exchange(List<String> dtypes, long[] sizes, long oneRoundBytes) throws Exception {
+    private static void exchange(List<String> dtypes, long[] sizes, long oneRoundBytes, int slices)
+            throws Exception {
         int partitions = 3;
         Random random = new Random(11);
         List<Step> steps = Arrays.asList(
@@ -88,7 +89,8 @@ public class GlooExchangeTest {
                 ranks.add(pool.submit(() -> {
                     int checked = 0;
                     try (GlooExchange exchange =
-                            new GlooExchange(groups.get(rank), rank, partitions, oneRoundBytes, dtypes, sizes)) {
+                            new GlooExchange(groups.get(rank), rank, partitions, oneRoundBytes, slices, dtypes,
+                                    sizes)) {
                         for (Step step : steps) {
                             if (step.rows[rank] > 0) {
                                 for (int i = 0; i < sizes.length; i++) {
@@ -121,17 +123,36 @@ public class GlooExchangeTest {
 
     @Test
     public void byChunkWithOneDtypeEqualsTheWholeCombine() throws Exception {
-        exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0);
+        exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 1);
+    }
+
+    /** Slices: each combined while the next one's all-to-all and the previous one's all-gather are in flight. */
+    @Test
+    public void bySlicesWithOneDtypeEqualsTheWholeCombine() throws Exception {
+        exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 3);
+    }
+
+    @Test
+    public void bySlicesWithMixedDtypesEqualsTheWholeCombine() throws Exception {
+        exchange(Arrays.asList("float32", "float64", "float32"), new long[] {1001, 7, 333}, 0, 4);
+    }
+
+    @Test
+    public void slicesKeepAtLeastSliceBytesEach() {
+        assertEquals(1, GlooExchange.slices(4L << 20, 8));
+        assertEquals(4, GlooExchange.slices(4L << 20, 2));
+        assertEquals(GlooExchange.MAX_SLICES, GlooExchange.slices(1L << 30, 2));
+        assertEquals(3, GlooExchange.slices(3 * 2 * GlooExchange.SLICE_BYTES + 1, 2));
     }
 
     @Test
     public void byChunkWithMixedDtypesEqualsTheWholeCombine() throws Exception {
-        exchange(Arrays.asList("float32", "float64", "float32"), new long[] {1001, 7, 333}, 0);
+        exchange(Arrays.asList("float32", "float64", "float32"), new long[] {1001, 7, 333}, 0, 1);
     }
 
     @Test
     public void inOneRoundEqualsTheWholeCombine() throws Exception {
-        exchange(Arrays.asList("float32", "float64", "float32"), new long[] {101, 7, 33}, 1L << 20);
+        exchange(Arrays.asList("float32", "float64", "float32"), new long[] {101, 7, 33}, 1L << 20, 1);
     }
 
     private static boolean[] repeat(boolean value, int n) {
