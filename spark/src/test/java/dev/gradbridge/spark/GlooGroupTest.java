@@ -1,4 +1,4 @@
-package dev.gradbridge;
+package dev.gradbridge.spark;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;

@@ -1,5 +1,6 @@
-package dev.gradbridge;
+package dev.gradbridge.spark;
 
+import dev.gradbridge.NativeException;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.concurrent.atomic.AtomicLong;
