@@ -1,9 +1,11 @@
-// gradbridge's collective among Spark's training tasks: libtorch's own c10d Gloo process group
-// (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the Gloo entry
-// points of dev/gradbridge/Native.java). Part of the same native library as gradbridge_jni.cpp,
-// compiled per libtorch build by python/gradbridge/native.py, against torch's c10d headers and
-// the gloo headers vendored in native/third_party/gloo (pip torch ships the first, not the second;
-// every gloo object is created inside libtorch, so the headers only have to compile).
+// gradbridge-spark's collective among Spark's training tasks: libtorch's own c10d Gloo process
+// group (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the entry
+// points of dev/gradbridge/spark/GlooNative.java). A native library of its own (libgradbridge_gloo),
+// so that gradbridge's core library and wheel carry no gloo: compiled per libtorch build by
+// python/gradbridge/native.py (`build --gloo`), against torch's c10d headers, the core's
+// native/jni_support.h and the gloo headers vendored beside this file in third_party/gloo (pip
+// torch ships the first, not the last; every gloo object is created inside libtorch, so the headers
+// only have to compile). Java loads it after the core library, so libtorch is already in the process.
 //
 // - Errors (a peer died, a timeout, a port in use) become one-line dev.gradbridge.NativeException,
 //   never an abort: the guard of gradbridge_jni.cpp (jni_support.h), keeping the first line.
@@ -15,7 +17,7 @@
 //   which wait for an operation in flight to end (its peer gone, or Gloo's timeout).
 // - Two kinds of store: a TCPStore whose server listens on the host it is given (a socket bound here
 //   and handed to c10d: c10d's own server would listen on every interface), and a store kept by a
-//   Java object (JavaStore: dev.gradbridge.GlooGroup.Rendezvous; gradbridge-spark's is on its
+//   Java object (JavaStore: dev.gradbridge.spark.GlooGroup.Rendezvous; gradbridge-spark's is on its
 //   driver, over Spark's RPC, behind the run's secret), which opens no socket at all.
 
 #include <jni.h>
@@ -39,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "dev_gradbridge_Native.h"
+#include "dev_gradbridge_spark_GlooNative.h"
 #include "jni_support.h"
 
 namespace {
@@ -298,7 +300,7 @@ class JavaStore : public c10d::Store {
 
 extern "C" {
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStore(
     JNIEnv* env, jclass, jstring host, jint port, jboolean server, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
     std::string where = Utf8(env, host).str();
@@ -334,12 +336,12 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStoreOver(JNIEnv* env, jclass, jobject keeper, jint timeout_ms) {
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreOver(JNIEnv* env, jclass, jobject keeper, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
     if (keeper == nullptr) throw std::invalid_argument("the store's keeper is null");
     auto held = std::make_shared<Keeper>();
     if (env->GetJavaVM(&held->vm) != JNI_OK) throw std::runtime_error("no Java VM");
-    jclass type = env->FindClass("dev/gradbridge/GlooGroup$Rendezvous");
+    jclass type = env->FindClass("dev/gradbridge/spark/GlooGroup$Rendezvous");
     if (type == nullptr) throw JavaPending{};
     held->set = env->GetMethodID(type, "set", "(Ljava/lang/String;[B)V");
     held->get = env->GetMethodID(type, "get", "(Ljava/lang/String;)[B");
@@ -357,7 +359,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStoreOver(JNIEnv* env, jc
   });
 }
 
-JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_glooStorePort(JNIEnv* env, jclass, jlong store) {
+JNIEXPORT jint JNICALL Java_dev_gradbridge_spark_GlooNative_glooStorePort(JNIEnv* env, jclass, jlong store) {
   return guarded(env, jint{0}, [&] {
     auto* tcp = dynamic_cast<c10d::TCPStore*>(of<Store>(store, "store").get());
     if (tcp == nullptr) throw std::invalid_argument("the store has no port (its keys are kept in Java)");
@@ -365,14 +367,14 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_glooStorePort(JNIEnv* env, jcl
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooStoreFree(JNIEnv* env, jclass, jlong store) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreFree(JNIEnv* env, jclass, jlong store) {
   guarded(env, 0, [&] {
     delete reinterpret_cast<Store*>(store);
     return 0;
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooGroup(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroup(
     JNIEnv* env, jclass, jlong store, jstring prefix, jstring host, jint rank, jint size, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), of<Store>(store, "store"));
@@ -384,7 +386,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooGroup(
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooGroupFree(JNIEnv* env, jclass, jlong group) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroupFree(JNIEnv* env, jclass, jlong group) {
   guarded(env, 0, [&] {
     auto* owned = reinterpret_cast<Group*>(group);
     if (owned != nullptr) std::thread([owned] { delete owned; }).detach();
@@ -392,7 +394,7 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooGroupFree(JNIEnv* env, jcl
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAlltoall(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAlltoall(
     JNIEnv* env, jclass, jlong group, jobject send, jlongArray send_splits, jobject receive,
     jlongArray receive_splits) {
   return guarded(env, jlong{0}, [&] {
@@ -409,7 +411,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAlltoall(
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAllgather(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAllgather(
     JNIEnv* env, jclass, jlong group, jobject send, jobject receive, jlong each) {
   return guarded(env, jlong{0}, [&] {
     c10::AutoGradMode no_grad(false);
@@ -425,7 +427,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAllgather(
   });
 }
 
-JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_glooWait(JNIEnv* env, jclass, jlong work, jint millis) {
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_spark_GlooNative_glooWait(JNIEnv* env, jclass, jlong work, jint millis) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
     Work& w = of<Work>(work, "Gloo operation");
     try {
@@ -438,7 +440,7 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_glooWait(JNIEnv* env, jcla
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooWorkFree(JNIEnv* env, jclass, jlong work) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooWorkFree(JNIEnv* env, jclass, jlong work) {
   guarded(env, 0, [&] {
     delete reinterpret_cast<Work*>(work);
     return 0;

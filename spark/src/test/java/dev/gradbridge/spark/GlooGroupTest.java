@@ -7,6 +7,7 @@ import static org.junit.Assert.assertSame;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import dev.gradbridge.NativeException;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;
