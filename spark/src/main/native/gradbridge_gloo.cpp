@@ -50,7 +50,11 @@ using gradbridge::JavaPending;
 using gradbridge::Local;
 using gradbridge::Message;
 using gradbridge::Utf8;
+using gradbridge::borrow;
+using gradbridge::drop;
 using gradbridge::longs;
+using gradbridge::release;
+using gradbridge::take;
 using gradbridge::tensor_over;
 
 // A uint8 tensor over the first `bytes` of a direct buffer (the exchange sends raw bytes).
@@ -75,11 +79,6 @@ using Store = c10::intrusive_ptr<c10d::Store>;
 using Group = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 using Work = c10::intrusive_ptr<c10d::Work>;
 
-template <typename T>
-T& of(jlong handle, const char* what) {
-  if (handle == 0) throw std::invalid_argument(std::string("the ") + what + " is closed");
-  return *reinterpret_cast<T*>(handle);
-}
 
 std::shared_ptr<::gloo::transport::Device> device_for(const std::string& host) {
   // torch 2.15 added a lazyInit argument (defaulted); the call reads the same on every version.
@@ -298,6 +297,10 @@ class JavaStore : public c10d::Store {
 
 }  // namespace
 
+GRADBRIDGE_HANDLE_KIND(Store, store);
+GRADBRIDGE_HANDLE_KIND(Group, group);
+GRADBRIDGE_HANDLE_KIND(Work, work);
+
 extern "C" {
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStore(
@@ -311,7 +314,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStore(
     options.timeout = std::chrono::milliseconds(timeout_ms);
     if (!server) {
       Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
-      return reinterpret_cast<jlong>(new Store(std::move(store)));
+      return release<Store>(std::move(store));
     }
     // c10d's own server listens on every interface; this socket only on `host`. Handed over as
     // masterListenFd, which the legacy backend takes (libuv's refuses it on torch 2.7; it is tried
@@ -327,7 +330,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStore(
       options.useLibUV = libuv;
       try {
         Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
-        return reinterpret_cast<jlong>(new Store(std::move(store)));
+        return release<Store>(std::move(store));
       } catch (const std::exception&) {
         if (libuv) throw;
       }
@@ -355,13 +358,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreOver(JNIEn
     held->object = env->NewGlobalRef(keeper);
     if (held->object == nullptr) throw JavaPending{};
     Store store = c10::make_intrusive<JavaStore>(held, std::chrono::milliseconds(timeout_ms));
-    return reinterpret_cast<jlong>(new Store(std::move(store)));
+    return release<Store>(std::move(store));
   });
 }
 
 JNIEXPORT jint JNICALL Java_dev_gradbridge_spark_GlooNative_glooStorePort(JNIEnv* env, jclass, jlong store) {
   return guarded(env, jint{0}, [&] {
-    auto* tcp = dynamic_cast<c10d::TCPStore*>(of<Store>(store, "store").get());
+    auto* tcp = dynamic_cast<c10d::TCPStore*>(borrow<Store>(store).get());
     if (tcp == nullptr) throw std::invalid_argument("the store has no port (its keys are kept in Java)");
     return static_cast<jint>(tcp->getPort());
   });
@@ -369,7 +372,7 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_spark_GlooNative_glooStorePort(JNIEnv
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreFree(JNIEnv* env, jclass, jlong store) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Store*>(store);
+    drop<Store>(store);
     return 0;
   });
 }
@@ -377,19 +380,18 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreFree(JNIEnv
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroup(
     JNIEnv* env, jclass, jlong store, jstring prefix, jstring host, jint rank, jint size, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), of<Store>(store, "store"));
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), borrow<Store>(store));
     auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(timeout_ms));
     options->devices.push_back(device_for(Utf8(env, host).str()));
     options->threads = 1;  // one collective at a time: the exchange waits for each
     Group group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
-    return reinterpret_cast<jlong>(new Group(std::move(group)));
+    return release(std::move(group));
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroupFree(JNIEnv* env, jclass, jlong group) {
   guarded(env, 0, [&] {
-    auto* owned = reinterpret_cast<Group*>(group);
-    if (owned != nullptr) std::thread([owned] { delete owned; }).detach();
+    if (group != 0) std::thread([owned = take<Group>(group)]() mutable { owned.reset(); }).detach();
     return 0;
   });
 }
@@ -406,8 +408,8 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAlltoall(
     for (auto r : receives) in_bytes += r;
     at::Tensor input = bytes_of(env, send, out_bytes);
     at::Tensor output = bytes_of(env, receive, in_bytes);
-    Work work = of<Group>(group, "Gloo group")->alltoall_base(output, input, receives, sends);
-    return reinterpret_cast<jlong>(new Work(std::move(work)));
+    Work work = borrow<Group>(group)->alltoall_base(output, input, receives, sends);
+    return release(std::move(work));
   });
 }
 
@@ -415,7 +417,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAllgather(
     JNIEnv* env, jclass, jlong group, jobject send, jobject receive, jlong each) {
   return guarded(env, jlong{0}, [&] {
     c10::AutoGradMode no_grad(false);
-    Group& g = of<Group>(group, "Gloo group");
+    Group& g = borrow<Group>(group);
     int size = g->getSize();
     at::Tensor input = bytes_of(env, send, each);
     at::Tensor output = bytes_of(env, receive, each * size);
@@ -423,13 +425,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAllgather(
     for (int r = 0; r < size; ++r) outputs[0].push_back(output.narrow(0, r * each, each));
     std::vector<at::Tensor> inputs{input};
     Work work = g->allgather(outputs, inputs);
-    return reinterpret_cast<jlong>(new Work(std::move(work)));
+    return release(std::move(work));
   });
 }
 
 JNIEXPORT jboolean JNICALL Java_dev_gradbridge_spark_GlooNative_glooWait(JNIEnv* env, jclass, jlong work, jint millis) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
-    Work& w = of<Work>(work, "Gloo operation");
+    Work& w = borrow<Work>(work);
     try {
       w->wait(std::chrono::milliseconds(millis));
     } catch (...) {
@@ -442,7 +444,7 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_spark_GlooNative_glooWait(JNIEnv*
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooWorkFree(JNIEnv* env, jclass, jlong work) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Work*>(work);
+    drop<Work>(work);
     return 0;
   });
 }

@@ -9,8 +9,10 @@ import java.nio.ByteBuffer;
  * {@code java.*} types. Callers load the library first ({@link NativeLibrary#load}).
  *
  * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one
- * {@code torch::jit::Module}; each is freed exactly once by its Java owner ({@link Tensor},
- * {@link TorchScriptModule}). Every entry point turns a libtorch error into a {@link
+ * {@code torch::jit::Module}, ...; each is freed exactly once by its Java owner ({@link Tensor},
+ * {@link TorchScriptModule}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
+ * zero handle, or one of another kind, is refused by name in a {@link NativeException}
+ * ("the tensor is closed", "a tensor handle where a module is expected"), never a crash. Every entry point turns a libtorch error into a {@link
  * NativeException} carrying libtorch's message without its C++ backtrace.
  */
 final class Native {
@@ -169,7 +171,7 @@ final class Native {
      * methods: zero_grad, the loss and backward (the loss
      * into {@code losses[i]}), then the step when the loss and every gradient are finite. Stops at
      * the first micro-batch that is not finite (its gradients left in place) or whose call fails
-     * (that method's index into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
+     * (that method's index in {@code plans}, the C++ {@code Step}, into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
      *
      * @return how many micro-batches were stepped
      */
