@@ -982,17 +982,17 @@ struct Exported {
   }
 };
 
-Exported& exported_of(jlong handle) {
-  if (handle == 0) throw std::invalid_argument("the module is closed");
-  return *reinterpret_cast<Exported*>(handle);
-}
+}  // namespace
 
-at::Tensor& tensor_at(jlong handle) {
-  if (handle == 0) throw std::invalid_argument("the tensor is closed");
-  return *reinterpret_cast<at::Tensor*>(handle);
-}
+GRADBRIDGE_HANDLE_KIND(Exported, exported);
 
-jlong handle_of(at::Tensor tensor) { return reinterpret_cast<jlong>(new at::Tensor(std::move(tensor))); }
+namespace {
+
+Exported& exported_of(jlong handle) { return borrow<Exported>(handle); }
+
+at::Tensor& tensor_at(jlong handle) { return borrow<at::Tensor>(handle); }
+
+jlong handle_of(at::Tensor tensor) { return release(std::move(tensor)); }
 
 std::vector<at::Tensor> tensors_of(JNIEnv* env, jlongArray handles) {
   std::vector<at::Tensor> out;
@@ -1068,13 +1068,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jcl
     if (names.size() != tensors.size()) throw std::invalid_argument("state: names and tensors differ in number");
     for (size_t k = 0; k < names.size(); k++) module->state[names[k]] = tensors[k].clone();
     check_bound(*module);
-    return reinterpret_cast<jlong>(module.release());
+    return release(std::move(*module));
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedFree(JNIEnv* env, jclass, jlong module) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Exported*>(module);
+    drop<Exported>(module);
     return 0;
   });
 }
@@ -1085,7 +1085,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedSnapshot(JNIEnv* env,
     auto copy = std::make_unique<Exported>(exported_of(handle));
     at::NoGradGuard no_grad;
     for (auto& [name, tensor] : copy->state) tensor = tensor.clone();
-    return reinterpret_cast<jlong>(copy.release());
+    return release(std::move(*copy));
   });
 }
 
@@ -1162,7 +1162,7 @@ JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedGet(JNIEnv* env,
       // as the TorchScript path's optimizer_state says
       if (name.rfind("state:", 0) == 0) { out.push_back(handle_of(at::empty({0}))); continue; }
       if (name.rfind("grad:", 0) == 0) { out.push_back(handle_of(at::zeros_like(m.state.at("param:" + name.substr(5))))); continue; }
-      for (jlong h : out) delete reinterpret_cast<at::Tensor*>(h);
+      for (jlong h : out) drop<at::Tensor>(h);
       throw std::invalid_argument("the module holds no state tensor " + name);
     }
     return to_java(env, out);

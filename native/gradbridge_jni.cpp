@@ -64,17 +64,11 @@ jclass global_class(JNIEnv* env, const char* name) {
   return global;
 }
 
-at::Tensor& tensor_of(jlong handle) {
-  if (handle == 0) throw std::invalid_argument("the tensor is closed");
-  return *reinterpret_cast<at::Tensor*>(handle);
-}
+at::Tensor& tensor_of(jlong handle) { return borrow<at::Tensor>(handle); }
 
-torch::jit::Module& module_of(jlong handle) {
-  if (handle == 0) throw std::invalid_argument("the module is closed");
-  return *reinterpret_cast<torch::jit::Module*>(handle);
-}
+torch::jit::Module& module_of(jlong handle) { return borrow<torch::jit::Module>(handle); }
 
-jlong new_handle(at::Tensor tensor) { return reinterpret_cast<jlong>(new at::Tensor(std::move(tensor))); }
+jlong new_handle(at::Tensor tensor) { return release(std::move(tensor)); }
 
 std::vector<int64_t> shape_of(JNIEnv* env, jlongArray shape) {
   auto dims = longs(env, shape, "shape");
@@ -195,7 +189,7 @@ jobject tensor_object(JNIEnv* env, at::Tensor tensor) {
   jlong handle = new_handle(std::move(tensor));
   jobject object = env->NewObject(T.tensor, T.tensor_new, handle);
   if (object == nullptr) {
-    delete reinterpret_cast<at::Tensor*>(handle);
+    drop<at::Tensor>(handle);
     throw JavaPending{};
   }
   return object;
@@ -259,8 +253,7 @@ torch::jit::Method method_of(torch::jit::Module& module, JNIEnv* env, jstring na
 
 // Runs a method looked up once (Native.methodOf) under TrainingCall; its result must be a tensor.
 at::Tensor run_to_tensor(jlong method, std::vector<c10::IValue> inputs) {
-  if (method == 0) throw std::invalid_argument("the method is closed");
-  auto& run = *reinterpret_cast<torch::jit::Method*>(method);
+  auto& run = borrow<torch::jit::Method>(method);
   TrainingCall call;
   c10::IValue result = run(std::move(inputs));
   if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
@@ -287,6 +280,10 @@ struct Plan {
   c10::IValue self;
   torch::jit::Code code;
 };
+
+// The plans of the guarded steps (plansStepWhileFinite), in the order Java passes them
+// (Native.STEP_ZERO_GRAD ...); the one that failed is reported by this index.
+enum Step : jint { zero_grad = 0, loss_and_backward = 1, get_gradients = 2, optimizer_step = 3, steps = 4 };
 
 // Runs a plan on the module object and `inputs` (the interpreter does not check arity as a method
 // call does: a count that does not match is refused here, before it runs).
@@ -351,6 +348,10 @@ bool shares_storage(const c10::IValue& value, std::unordered_map<const void*, co
 }
 
 }  // namespace
+
+GRADBRIDGE_HANDLE_KIND(torch::jit::Module, module);
+GRADBRIDGE_HANDLE_KIND(torch::jit::Method, method);
+GRADBRIDGE_HANDLE_KIND(Plan, plan);
 
 extern "C" {
 
@@ -470,7 +471,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorEmpty(JNIEnv* env, jcla
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_tensorFree(JNIEnv* env, jclass, jlong tensor) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<at::Tensor*>(tensor);
+    drop<at::Tensor>(tensor);
     return 0;
   });
 }
@@ -541,15 +542,15 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorTo(JNIEnv* env, jclass,
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleLoad(JNIEnv* env, jclass, jstring path) {
   return guarded(env, jlong{0}, [&] {
     Utf8 file(env, path);
-    auto module = std::make_unique<torch::jit::Module>(torch::jit::load(file.str()));
-    module->train(true);
-    return reinterpret_cast<jlong>(module.release());
+    torch::jit::Module module = torch::jit::load(file.str());
+    module.train(true);
+    return release(std::move(module));
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleFree(JNIEnv* env, jclass, jlong module) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<torch::jit::Module*>(module);
+    drop<torch::jit::Module>(module);
     return 0;
   });
 }
@@ -561,8 +562,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleSnapshot(JNIEnv* env, j
     if (shares_storage(original._ivalue(), owners)) return jlong{0};
     // autograd on: a clone of a parameter keeps requires_grad, which the archive records
     at::AutoGradMode grad(true);
-    auto copy = std::make_unique<torch::jit::Module>(original.deepcopy());
-    return reinterpret_cast<jlong>(copy.release());
+    return release(original.deepcopy());
   });
 }
 
@@ -660,21 +660,20 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_planOf(JNIEnv* env, jclass, j
       before = after;
     }
     torch::jit::runNooptPassPipeline(graph);
-    return reinterpret_cast<jlong>(new Plan{owner._ivalue(), torch::jit::Code(graph, method.name())});
+    return release(Plan{owner._ivalue(), torch::jit::Code(graph, method.name())});
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_planFree(JNIEnv* env, jclass, jlong plan) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Plan*>(plan);
+    drop<Plan>(plan);
     return 0;
   });
 }
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jclass, jlong plan, jlong tensor) {
   return guarded(env, jlong{0}, [&] {
-    if (plan == 0) throw std::invalid_argument("the plan is closed");
-    auto& run = *reinterpret_cast<Plan*>(plan);
+    auto& run = borrow<Plan>(plan);
     at::NoGradGuard no_grad;
     torch::jit::GraphOptimizerEnabledGuard optimizer{false};
     c10::IValue result = run_plan(run, {tensor_of(tensor)});
@@ -688,13 +687,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jcl
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_methodOf(JNIEnv* env, jclass, jlong module, jstring name) {
   return guarded(env, jlong{0}, [&] {
     // A Method holds a reference to its module's object: valid whichever is freed first.
-    return reinterpret_cast<jlong>(new torch::jit::Method(method_of(module_of(module), env, name)));
+    return release(method_of(module_of(module), env, name));
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_methodFree(JNIEnv* env, jclass, jlong method) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<torch::jit::Method*>(method);
+    drop<torch::jit::Method>(method);
     return 0;
   });
 }
@@ -764,8 +763,7 @@ bool all_finite_tensors(const c10::IValue& value) {
 // tensor is finite, decided here without a tensor crossing into Java.
 JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* env, jclass, jlong method) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
-    if (method == 0) throw std::invalid_argument("the method is closed");
-    auto& run = *reinterpret_cast<torch::jit::Method*>(method);
+    auto& run = borrow<torch::jit::Method>(method);
     c10::IValue result;
     {
       TrainingCall call;
@@ -783,27 +781,26 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* en
 // optimizer_step): for each (xs[i], ys[i]) in order: zero_grad(), calculate_loss_and_backward(x, y),
 // then optimizer_step() when the loss and every gradient are finite. Stops at the first micro-batch
 // that is not finite, its gradients left in place for the caller to explain, or whose call fails:
-// that method's index into failed[0] (else -1), its message into error[0]. losses[i] gets each
+// that method's Step into failed[0] (else -1), its message (message_of, as the guard says it) into error[0]. losses[i] gets each
 // computed loss. Returns how many micro-batches were stepped.
 JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_plansStepWhileFinite(JNIEnv* env, jclass, jlongArray plans,
     jlongArray xs, jlongArray ys, jdoubleArray losses, jintArray failed, jobjectArray error) {
   return guarded(env, jint{0}, [&] {
     const jsize n = env->GetArrayLength(xs);
-    if (env->GetArrayLength(plans) != 4 || env->GetArrayLength(ys) != n || env->GetArrayLength(losses) < n
+    if (env->GetArrayLength(plans) != Step::steps || env->GetArrayLength(ys) != n || env->GetArrayLength(losses) < n
         || env->GetArrayLength(failed) < 1 || env->GetArrayLength(error) < 1) {
       throw std::invalid_argument("plans, xs, ys, losses, failed and error do not match");
     }
-    jlong handles[4];
-    env->GetLongArrayRegion(plans, 0, 4, handles);
+    jlong handles[Step::steps];
+    env->GetLongArrayRegion(plans, 0, Step::steps, handles);
     std::vector<jlong> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
     env->GetLongArrayRegion(xs, 0, n, x.data());
     env->GetLongArrayRegion(ys, 0, n, y.data());
     check_java(env);
-    for (jlong plan : handles) {
-      if (plan == 0) throw std::invalid_argument("the plan is closed");
-    }
-    auto call_method = [&](int index, std::vector<c10::IValue> inputs) {
-      return run_plan(*reinterpret_cast<Plan*>(handles[index]), std::move(inputs));
+    Plan* plan[Step::steps];
+    for (int step = 0; step < Step::steps; step++) plan[step] = &borrow<Plan>(handles[step]);
+    auto call_method = [&](Step step, std::vector<c10::IValue> inputs) {
+      return run_plan(*plan[step], std::move(inputs));
     };
     jint calling = -1;
     jint stepped = 0;
@@ -811,10 +808,10 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_plansStepWhileFinite(JNIEnv* e
     try {
       TrainingCall call;
       for (; stepped < n; stepped++) {
-        calling = 0;
-        call_method(0, {});
-        calling = 1;
-        c10::IValue value = call_method(1, {tensor_of(x[stepped]), tensor_of(y[stepped])});
+        calling = Step::zero_grad;
+        call_method(Step::zero_grad, {});
+        calling = Step::loss_and_backward;
+        c10::IValue value = call_method(Step::loss_and_backward, {tensor_of(x[stepped]), tensor_of(y[stepped])});
         if (!value.isTensor()) throw std::invalid_argument("returned " + value.tagKind() + ", not a tensor");
         if (value.toTensor().numel() != 1) {
           throw std::invalid_argument("returned " + std::to_string(value.toTensor().numel()) + " values, not one loss");
@@ -823,25 +820,25 @@ JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_plansStepWhileFinite(JNIEnv* e
         copy_doubles(value.toTensor(), &loss);
         env->SetDoubleArrayRegion(losses, stepped, 1, &loss);
         if (!std::isfinite(loss)) break;
-        calling = 2;
-        c10::IValue grads = call_method(2, {});
+        calling = Step::get_gradients;
+        c10::IValue grads = call_method(Step::get_gradients, {});
         if (!grads.isTensorList()) throw std::invalid_argument("returned " + grads.tagKind() + ", not a list of tensors");
         bool finite = true;
         for (const at::Tensor& t : grads.toTensorVector()) {
           finite = finite && all_finite(t);
         }
         if (!finite) break;
-        calling = 3;
-        call_method(3, {});
+        calling = Step::optimizer_step;
+        call_method(Step::optimizer_step, {});
         // Hand the core to any thread waiting for it (one syscall when none is): a run of
         // micro-batches then holds a core for one of them at most, not for a scheduler tick.
         if (stepped + 1 < n) sched_yield();
       }
       calling = -1;
-    } catch (const c10::Error& e) {
-      message = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      message = e.what();
+    } catch (const JavaPending&) {
+      throw;
+    } catch (...) {  // reported through failed/error (the steps before it stand), worded as the guard words it
+      message = message_of(std::current_exception());
     }
     env->SetIntArrayRegion(failed, 0, 1, &calling);
     if (calling >= 0) {

@@ -1,12 +1,15 @@
-// What gradbridge's two JNI files (gradbridge_jni.cpp: modules and tensors; gradbridge_gloo.cpp:
-// the Gloo collective) share: the one error guard around every entry point, jstring and jlong[]
-// arguments, and CPU tensors over Java's direct buffers.
+// What gradbridge's JNI files (gradbridge_jni.cpp: modules and tensors; gradbridge_exported.cpp:
+// protocol 3; gradbridge-spark's gradbridge_gloo.cpp: the Gloo collective, a library of its own)
+// share: the one error path and guard around every entry point, the handles Java owns, jstring and
+// jlong[] arguments, and CPU tensors over Java's direct buffers.
 #pragma once
 
 #include <jni.h>
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -31,22 +34,33 @@ inline void throw_native(JNIEnv* env, const std::string& message) {
 // dev.gradbridge.ScriptedModule) or their first line (c10d's carry context lines).
 enum class Message { whole, first_line };
 
+// The one error path: what an exception caught in flight says in Java (c10::Error without its C++
+// backtrace), shaped as M says. The guard below uses it, and so does an entry point that reports a
+// failure through its results rather than throwing (plansStepWhileFinite).
+template <Message M = Message::whole>
+std::string message_of(std::exception_ptr error) {
+  std::string message;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown C++ exception in libtorch";
+  }
+  return M == Message::first_line ? message.substr(0, message.find('\n')) : message;
+}
+
 // The one guard around every entry point's body: c10::Error, std::exception and anything else
 // become a dev.gradbridge.NativeException; nothing escapes to the JVM.
 template <Message M = Message::whole, typename R, typename F>
 R guarded(JNIEnv* env, R failed, F&& body) {
-  auto shaped = [](std::string message) {
-    return M == Message::first_line ? message.substr(0, message.find('\n')) : message;
-  };
   try {
     return body();
   } catch (const JavaPending&) {
-  } catch (const c10::Error& e) {
-    throw_native(env, shaped(e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    throw_native(env, shaped(e.what()));
   } catch (...) {
-    throw_native(env, "unknown C++ exception in libtorch");
+    throw_native(env, message_of<M>(std::current_exception()));
   }
   return failed;
 }
@@ -113,6 +127,104 @@ inline at::Tensor tensor_over(JNIEnv* env, jobject buffer, void* data, at::IntAr
     env->DeleteGlobalRef(keep);
     throw;
   }
+}
+
+// ---- handles: what Java owns crosses JNI as a jlong, boxed with its kind ----
+// Every kind of object a Java owner holds (Tensor, TorchScriptModule, ..., gradbridge-spark's
+// GlooGroup) is one of these. release<T> boxes a value for Java; borrow<T> gives it back, refusing a
+// zero handle ("the tensor is closed") and a handle of another kind by name ("a module handle where
+// a tensor is expected") as a NativeException, never a crash; drop<T> frees it (take<T>: out of its box). A box
+// clears its tag as it goes, so a handle freed before is refused too while its memory is unused.
+enum class Kind : uint32_t { tensor = 1, module, method, plan, exported, store, group, work };
+
+inline const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::tensor: return "tensor";
+    case Kind::module: return "module";
+    case Kind::method: return "method";
+    case Kind::plan: return "plan";
+    case Kind::exported: return "exported module";
+    case Kind::store: return "store";
+    case Kind::group: return "Gloo group";
+    case Kind::work: return "Gloo operation";
+  }
+  return "unknown";
+}
+
+// "a tensor", "an exported module": for messages.
+inline std::string a_kind(Kind kind) {
+  std::string name = kind_name(kind);
+  return (std::string("aeiou").find(name[0]) == std::string::npos ? "a " : "an ") + name;
+}
+
+// Which kind each C++ type is: GRADBRIDGE_HANDLE_KIND(Type, kind) beside the type, once.
+template <typename T>
+struct KindOf;
+#define GRADBRIDGE_HANDLE_KIND(Type, name) \
+  template <>                              \
+  struct gradbridge::KindOf<Type> {        \
+    static constexpr gradbridge::Kind kind = gradbridge::Kind::name; \
+  }
+
+template <>
+struct KindOf<at::Tensor> {
+  static constexpr Kind kind = Kind::tensor;
+};
+
+// A tag that a stray pointer is unlikely to hold: "gb" and the kind.
+constexpr uint32_t tag_of(Kind kind) { return 0x67620000u | static_cast<uint32_t>(kind); }
+
+struct Box {
+  uint32_t tag;
+};
+
+template <typename T>
+struct Held : Box {
+  T value;
+  explicit Held(T v) : Box{tag_of(KindOf<T>::kind)}, value(std::move(v)) {}
+};
+
+template <typename T>
+jlong release(T value) {
+  return reinterpret_cast<jlong>(static_cast<Box*>(new Held<T>(std::move(value))));
+}
+
+template <typename T>
+Held<T>& held(jlong handle) {
+  constexpr Kind want = KindOf<T>::kind;
+  if (handle == 0) throw std::invalid_argument(std::string("the ") + kind_name(want) + " is closed");
+  auto* box = reinterpret_cast<Box*>(handle);
+  if (box->tag != tag_of(want)) {
+    uint32_t other = box->tag & 0xffffu;
+    bool known = (box->tag & 0xffff0000u) == 0x67620000u && other >= 1 && other <= static_cast<uint32_t>(Kind::work);
+    throw std::invalid_argument(known ? a_kind(static_cast<Kind>(other)) + " handle where " + a_kind(want) + " is expected"
+                                      : std::string("the ") + kind_name(want) + " handle is no live handle (freed, or not gradbridge's)");
+  }
+  return *static_cast<Held<T>*>(box);
+}
+
+template <typename T>
+T& borrow(jlong handle) {
+  return held<T>(handle).value;
+}
+
+// Frees a handle's object (a zero handle: nothing to free).
+template <typename T>
+void drop(jlong handle) {
+  if (handle == 0) return;
+  Held<T>& box = held<T>(handle);
+  box.tag = 0;
+  delete &box;
+}
+
+// The value out of its box, which is freed: for an object freed elsewhere (a Gloo group, on a thread of its own).
+template <typename T>
+T take(jlong handle) {
+  Held<T>& box = held<T>(handle);
+  T value = std::move(box.value);
+  box.tag = 0;
+  delete &box;
+  return value;
 }
 
 }  // namespace gradbridge

@@ -113,7 +113,7 @@ def test_a_cxx_naming_no_compiler_is_one_line_naming_cxx(tmp_path, monkeypatch):
     cxx = str(tmp_path / "no-such-g++")
     monkeypatch.setenv("CXX", cxx)
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_prebuilt_folders", lambda: [])
+    monkeypatch.setattr(native, "_prebuilt_folders", lambda build: [])
     with pytest.raises(SetupError) as info:
         native.ensure(quiet=True)
     assert str(info.value) == (f"CXX={cxx} names no compiler (not a file and not on PATH), needed to build "
@@ -126,7 +126,7 @@ def test_no_compiler_at_all_is_one_line_naming_what_to_install(tmp_path, monkeyp
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no g++, no c++
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_prebuilt_folders", lambda: [])
+    monkeypatch.setattr(native, "_prebuilt_folders", lambda build: [])
     with pytest.raises(SetupError) as info:
         native.ensure(quiet=True)
     assert str(info.value) == (f"no C++ compiler to build gradbridge's native library for torch "
@@ -138,7 +138,7 @@ def test_an_unwritable_cache_folder_names_gradbridge_cache_dir(tmp_path, monkeyp
     blocker = tmp_path / "a-file"
     blocker.write_text("in the way")
     monkeypatch.setenv(native.CACHE_ENV, str(blocker / "cache"))
-    monkeypatch.setattr(native, "_prebuilt_folders", lambda: [])
+    monkeypatch.setattr(native, "_prebuilt_folders", lambda build: [])
     with pytest.raises(SetupError) as info:
         native.ensure(quiet=True)
     line = str(info.value)
@@ -324,7 +324,7 @@ def test_the_extracted_libtorch_and_native_library_are_extracted_again_when_dama
 def cached_build(tmp_path, monkeypatch):
     """The native library for this torch in a cache of this test's own (a copy of the jar's), no prebuilt one."""
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_prebuilt_folders", lambda: [])
+    monkeypatch.setattr(native, "_prebuilt_folders", lambda build: [])
     build = native.current_build()
     folder = native.cache_folder(build)
     folder.mkdir(parents=True)

@@ -183,15 +183,33 @@ def test_a_module_exported_here_trains_in_a_jvm_on_djls_own_libtorch(regressor, 
           f"{'bitwise' if report.bitwise else f'max |dloss| {report.max_loss_delta:.2e}'}")
 
 
+def test_the_core_native_library_carries_no_gloo():
+    """c10d Gloo is gradbridge-spark's own library: the core library built for this torch neither
+    defines nor needs a gloo symbol, and spark's defines its JNI entry points."""
+    from gradbridge import native
+    from tests.test_user_projects import gloo_symbols
+
+    assert not gloo_symbols(native.ensure(quiet=True)), gloo_symbols(native.ensure(quiet=True))[:5]
+    spark = gloo_symbols(native.ensure_gloo(quiet=True))
+    assert any("Java_dev_gradbridge_spark_GlooNative_glooGroup" in line for line in spark), spark[:5]
+
+
 def test_the_gloo_group_runs_on_this_torch(jvm):
-    """gradbridge-spark's exchange (c10d Gloo inside this torch's libtorch, through the native library
-    built for it): three ranks on threads of the JVM in this process, an all-to-all of unequal splits
+    """gradbridge-spark's exchange (c10d Gloo inside this torch's libtorch, through spark's own Gloo
+    library built for it): three ranks on threads of the JVM in this process, an all-to-all of unequal splits
     and an all-gather over 127.0.0.1."""
     from concurrent.futures import ThreadPoolExecutor
 
     import jpype
 
-    gloo = jpype.JClass("dev.gradbridge.GlooGroup")
+    from gradbridge import _devtree, native
+
+    # gradbridge-spark's own classes and its Gloo library built for this torch (the core's carries no gloo)
+    jpype.JClass("java.lang.System").setProperty("gradbridge.gloo.library", str(native.ensure_gloo(quiet=True)))
+    spark_jar = next((_devtree.require_root("gradbridge-spark") / "spark" / "build" / "libs").glob("gradbridge-spark_2.13-*.jar"))
+    url = jpype.JClass("java.net.URL")(spark_jar.as_uri())
+    loader = jpype.JClass("java.net.URLClassLoader")([url], jpype.JClass("java.lang.ClassLoader").getSystemClassLoader())
+    gloo = jpype.JClass("dev.gradbridge.spark.GlooGroup", loader=loader)
     duration = jpype.JClass("java.time.Duration").ofSeconds(30)
     direct = jpype.JClass("java.nio.ByteBuffer").allocateDirect
     nothing = jpype.JProxy("java.lang.Runnable", dict={"run": lambda: None})

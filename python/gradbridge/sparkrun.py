@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
-from . import _devtree, classpath, jdk, libtorch, torch_gate
+from . import _devtree, classpath, jdk, libtorch, native, torch_gate
 from .errors import GradbridgeError, JavaBuildMissingError
 from .launcher import error_line
 
@@ -40,7 +40,9 @@ def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), mai
     entries = classpath.read_listing(_devtree.require_root("gradbridge-spark") / CLASSPATH_FILE, "gradbridge-spark")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
     torch_gate.require_torch()
-    return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), *jvm_options,
+    # gradbridge-spark's own Gloo library, built for this Python's torch like the core library
+    gloo = f"-Dgradbridge.gloo.library={native.ensure_gloo()}"
+    return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), gloo, *jvm_options,
             "-cp", os.pathsep.join(entries), main, *map(str, args)]
 
 

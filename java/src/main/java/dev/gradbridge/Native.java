@@ -9,8 +9,10 @@ import java.nio.ByteBuffer;
  * {@code java.*} types. Callers load the library first ({@link NativeLibrary#load}).
  *
  * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one
- * {@code torch::jit::Module}; each is freed exactly once by its Java owner ({@link Tensor},
- * {@link TorchScriptModule}). Every entry point turns a libtorch error into a {@link
+ * {@code torch::jit::Module}, ...; each is freed exactly once by its Java owner ({@link Tensor},
+ * {@link TorchScriptModule}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
+ * zero handle, or one of another kind, is refused by name in a {@link NativeException}
+ * ("the tensor is closed", "a tensor handle where a module is expected"), never a crash. Every entry point turns a libtorch error into a {@link
  * NativeException} carrying libtorch's message without its C++ backtrace.
  */
 final class Native {
@@ -169,7 +171,7 @@ final class Native {
      * methods: zero_grad, the loss and backward (the loss
      * into {@code losses[i]}), then the step when the loss and every gradient are finite. Stops at
      * the first micro-batch that is not finite (its gradients left in place) or whose call fails
-     * (that method's index into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
+     * (that method's index in {@code plans}, the C++ {@code Step}, into {@code failed[0]}, else -1; libtorch's message into {@code error[0]}).
      *
      * @return how many micro-batches were stepped
      */
@@ -227,48 +229,4 @@ final class Native {
 
     /** {@code p -= lr * grad} for each parameter with a gradient, then the gradients are dropped. */
     static native void exportedSgdStep(long module, double lr);
-
-    // ---- c10d Gloo: a process group among Spark's training tasks (native/gradbridge_gloo.cpp) ----
-
-    /**
-     * A c10d {@code TCPStore}: the server, listening on {@code host} only (port 0 picks a free one), or
-     * a client of the server at host:port.
-     */
-    static native long glooStore(String host, int port, boolean server, int timeoutMillis);
-
-    /**
-     * A c10d store whose keys {@code keeper} (a {@code GlooGroup.Rendezvous}: an Object, as this
-     * class compiles alone for {@code javac -h}) keeps; no socket: each operation calls it.
-     */
-    static native long glooStoreOver(Object keeper, int timeoutMillis);
-
-    /** @return the store's port (the one the server picked) */
-    static native int glooStorePort(long store);
-
-    static native void glooStoreFree(long store);
-
-    /**
-     * A {@code ProcessGroupGloo} of {@code size} ranks met through the store under {@code prefix}, its
-     * device on {@code host}; returns once every rank joined. The group keeps the store it needs.
-     */
-    static native long glooGroup(long store, String prefix, String host, int rank, int size, int timeoutMillis);
-
-    /** Frees the group on a thread of its own (it waits for an operation in flight to end). */
-    static native void glooGroupFree(long group);
-
-    /**
-     * Starts {@code alltoall_base} over bytes: {@code sendSplits[r]} bytes of {@code send} to rank r, in
-     * rank order, and {@code receiveSplits[r]} bytes from rank r into {@code receive}; returns the
-     * operation (direct buffers, kept alive by the operation).
-     */
-    static native long glooAlltoall(long group, ByteBuffer send, long[] sendSplits, ByteBuffer receive,
-            long[] receiveSplits);
-
-    /** Starts {@code allgather}: {@code each} bytes of {@code send} from every rank into {@code receive}, in rank order. */
-    static native long glooAllgather(long group, ByteBuffer send, ByteBuffer receive, long each);
-
-    /** @return whether the operation ended within {@code millis}; throws its error if it failed */
-    static native boolean glooWait(long work, int millis);
-
-    static native void glooWorkFree(long work);
 }

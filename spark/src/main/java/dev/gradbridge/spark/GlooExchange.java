@@ -1,6 +1,5 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.GlooGroup;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;

@@ -1,6 +1,5 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.GlooGroup;
 import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 import java.util.HashMap;

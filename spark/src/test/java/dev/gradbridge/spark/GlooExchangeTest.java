@@ -3,7 +3,6 @@ package dev.gradbridge.spark;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 
-import dev.gradbridge.GlooGroup;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;

@@ -1,9 +1,11 @@
-// gradbridge's collective among Spark's training tasks: libtorch's own c10d Gloo process group
-// (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the Gloo entry
-// points of dev/gradbridge/Native.java). Part of the same native library as gradbridge_jni.cpp,
-// compiled per libtorch build by python/gradbridge/native.py, against torch's c10d headers and
-// the gloo headers vendored in native/third_party/gloo (pip torch ships the first, not the second;
-// every gloo object is created inside libtorch, so the headers only have to compile).
+// gradbridge-spark's collective among Spark's training tasks: libtorch's own c10d Gloo process
+// group (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the entry
+// points of dev/gradbridge/spark/GlooNative.java). A native library of its own (libgradbridge_gloo),
+// so that gradbridge's core library and wheel carry no gloo: compiled per libtorch build by
+// python/gradbridge/native.py (`build --gloo`), against torch's c10d headers, the core's
+// native/jni_support.h and the gloo headers vendored beside this file in third_party/gloo (pip
+// torch ships the first, not the last; every gloo object is created inside libtorch, so the headers
+// only have to compile). Java loads it after the core library, so libtorch is already in the process.
 //
 // - Errors (a peer died, a timeout, a port in use) become one-line dev.gradbridge.NativeException,
 //   never an abort: the guard of gradbridge_jni.cpp (jni_support.h), keeping the first line.
@@ -15,7 +17,7 @@
 //   which wait for an operation in flight to end (its peer gone, or Gloo's timeout).
 // - Two kinds of store: a TCPStore whose server listens on the host it is given (a socket bound here
 //   and handed to c10d: c10d's own server would listen on every interface), and a store kept by a
-//   Java object (JavaStore: dev.gradbridge.GlooGroup.Rendezvous; gradbridge-spark's is on its
+//   Java object (JavaStore: dev.gradbridge.spark.GlooGroup.Rendezvous; gradbridge-spark's is on its
 //   driver, over Spark's RPC, behind the run's secret), which opens no socket at all.
 
 #include <jni.h>
@@ -39,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "dev_gradbridge_Native.h"
+#include "dev_gradbridge_spark_GlooNative.h"
 #include "jni_support.h"
 
 namespace {
@@ -48,7 +50,11 @@ using gradbridge::JavaPending;
 using gradbridge::Local;
 using gradbridge::Message;
 using gradbridge::Utf8;
+using gradbridge::borrow;
+using gradbridge::drop;
 using gradbridge::longs;
+using gradbridge::release;
+using gradbridge::take;
 using gradbridge::tensor_over;
 
 // A uint8 tensor over the first `bytes` of a direct buffer (the exchange sends raw bytes).
@@ -73,11 +79,6 @@ using Store = c10::intrusive_ptr<c10d::Store>;
 using Group = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 using Work = c10::intrusive_ptr<c10d::Work>;
 
-template <typename T>
-T& of(jlong handle, const char* what) {
-  if (handle == 0) throw std::invalid_argument(std::string("the ") + what + " is closed");
-  return *reinterpret_cast<T*>(handle);
-}
 
 std::shared_ptr<::gloo::transport::Device> device_for(const std::string& host) {
   // torch 2.15 added a lazyInit argument (defaulted); the call reads the same on every version.
@@ -296,9 +297,13 @@ class JavaStore : public c10d::Store {
 
 }  // namespace
 
+GRADBRIDGE_HANDLE_KIND(Store, store);
+GRADBRIDGE_HANDLE_KIND(Group, group);
+GRADBRIDGE_HANDLE_KIND(Work, work);
+
 extern "C" {
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStore(
     JNIEnv* env, jclass, jstring host, jint port, jboolean server, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
     std::string where = Utf8(env, host).str();
@@ -309,7 +314,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
     options.timeout = std::chrono::milliseconds(timeout_ms);
     if (!server) {
       Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
-      return reinterpret_cast<jlong>(new Store(std::move(store)));
+      return release<Store>(std::move(store));
     }
     // c10d's own server listens on every interface; this socket only on `host`. Handed over as
     // masterListenFd, which the legacy backend takes (libuv's refuses it on torch 2.7; it is tried
@@ -325,7 +330,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
       options.useLibUV = libuv;
       try {
         Store store = c10::make_intrusive<c10d::TCPStore>(where, options);
-        return reinterpret_cast<jlong>(new Store(std::move(store)));
+        return release<Store>(std::move(store));
       } catch (const std::exception&) {
         if (libuv) throw;
       }
@@ -334,12 +339,12 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStore(
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStoreOver(JNIEnv* env, jclass, jobject keeper, jint timeout_ms) {
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreOver(JNIEnv* env, jclass, jobject keeper, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
     if (keeper == nullptr) throw std::invalid_argument("the store's keeper is null");
     auto held = std::make_shared<Keeper>();
     if (env->GetJavaVM(&held->vm) != JNI_OK) throw std::runtime_error("no Java VM");
-    jclass type = env->FindClass("dev/gradbridge/GlooGroup$Rendezvous");
+    jclass type = env->FindClass("dev/gradbridge/spark/GlooGroup$Rendezvous");
     if (type == nullptr) throw JavaPending{};
     held->set = env->GetMethodID(type, "set", "(Ljava/lang/String;[B)V");
     held->get = env->GetMethodID(type, "get", "(Ljava/lang/String;)[B");
@@ -353,46 +358,45 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooStoreOver(JNIEnv* env, jc
     held->object = env->NewGlobalRef(keeper);
     if (held->object == nullptr) throw JavaPending{};
     Store store = c10::make_intrusive<JavaStore>(held, std::chrono::milliseconds(timeout_ms));
-    return reinterpret_cast<jlong>(new Store(std::move(store)));
+    return release<Store>(std::move(store));
   });
 }
 
-JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_glooStorePort(JNIEnv* env, jclass, jlong store) {
+JNIEXPORT jint JNICALL Java_dev_gradbridge_spark_GlooNative_glooStorePort(JNIEnv* env, jclass, jlong store) {
   return guarded(env, jint{0}, [&] {
-    auto* tcp = dynamic_cast<c10d::TCPStore*>(of<Store>(store, "store").get());
+    auto* tcp = dynamic_cast<c10d::TCPStore*>(borrow<Store>(store).get());
     if (tcp == nullptr) throw std::invalid_argument("the store has no port (its keys are kept in Java)");
     return static_cast<jint>(tcp->getPort());
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooStoreFree(JNIEnv* env, jclass, jlong store) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooStoreFree(JNIEnv* env, jclass, jlong store) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Store*>(store);
+    drop<Store>(store);
     return 0;
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooGroup(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroup(
     JNIEnv* env, jclass, jlong store, jstring prefix, jstring host, jint rank, jint size, jint timeout_ms) {
   return guarded(env, jlong{0}, [&] {
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), of<Store>(store, "store"));
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(Utf8(env, prefix).str(), borrow<Store>(store));
     auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(timeout_ms));
     options->devices.push_back(device_for(Utf8(env, host).str()));
     options->threads = 1;  // one collective at a time: the exchange waits for each
     Group group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
-    return reinterpret_cast<jlong>(new Group(std::move(group)));
+    return release(std::move(group));
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooGroupFree(JNIEnv* env, jclass, jlong group) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooGroupFree(JNIEnv* env, jclass, jlong group) {
   guarded(env, 0, [&] {
-    auto* owned = reinterpret_cast<Group*>(group);
-    if (owned != nullptr) std::thread([owned] { delete owned; }).detach();
+    if (group != 0) std::thread([owned = take<Group>(group)]() mutable { owned.reset(); }).detach();
     return 0;
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAlltoall(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAlltoall(
     JNIEnv* env, jclass, jlong group, jobject send, jlongArray send_splits, jobject receive,
     jlongArray receive_splits) {
   return guarded(env, jlong{0}, [&] {
@@ -404,16 +408,16 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAlltoall(
     for (auto r : receives) in_bytes += r;
     at::Tensor input = bytes_of(env, send, out_bytes);
     at::Tensor output = bytes_of(env, receive, in_bytes);
-    Work work = of<Group>(group, "Gloo group")->alltoall_base(output, input, receives, sends);
-    return reinterpret_cast<jlong>(new Work(std::move(work)));
+    Work work = borrow<Group>(group)->alltoall_base(output, input, receives, sends);
+    return release(std::move(work));
   });
 }
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAllgather(
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_spark_GlooNative_glooAllgather(
     JNIEnv* env, jclass, jlong group, jobject send, jobject receive, jlong each) {
   return guarded(env, jlong{0}, [&] {
     c10::AutoGradMode no_grad(false);
-    Group& g = of<Group>(group, "Gloo group");
+    Group& g = borrow<Group>(group);
     int size = g->getSize();
     at::Tensor input = bytes_of(env, send, each);
     at::Tensor output = bytes_of(env, receive, each * size);
@@ -421,13 +425,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_glooAllgather(
     for (int r = 0; r < size; ++r) outputs[0].push_back(output.narrow(0, r * each, each));
     std::vector<at::Tensor> inputs{input};
     Work work = g->allgather(outputs, inputs);
-    return reinterpret_cast<jlong>(new Work(std::move(work)));
+    return release(std::move(work));
   });
 }
 
-JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_glooWait(JNIEnv* env, jclass, jlong work, jint millis) {
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_spark_GlooNative_glooWait(JNIEnv* env, jclass, jlong work, jint millis) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
-    Work& w = of<Work>(work, "Gloo operation");
+    Work& w = borrow<Work>(work);
     try {
       w->wait(std::chrono::milliseconds(millis));
     } catch (...) {
@@ -438,9 +442,9 @@ JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_glooWait(JNIEnv* env, jcla
   });
 }
 
-JNIEXPORT void JNICALL Java_dev_gradbridge_Native_glooWorkFree(JNIEnv* env, jclass, jlong work) {
+JNIEXPORT void JNICALL Java_dev_gradbridge_spark_GlooNative_glooWorkFree(JNIEnv* env, jclass, jlong work) {
   guarded(env, 0, [&] {
-    delete reinterpret_cast<Work*>(work);
+    drop<Work>(work);
     return 0;
   });
 }

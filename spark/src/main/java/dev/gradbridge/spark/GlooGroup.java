@@ -1,5 +1,6 @@
-package dev.gradbridge;
+package dev.gradbridge.spark;
 
+import dev.gradbridge.NativeException;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.concurrent.atomic.AtomicLong;
@@ -77,8 +78,8 @@ public final class GlooGroup implements AutoCloseable {
          * @return a store that opens no socket: each operation calls {@code keeper}
          */
         public static Store over(Rendezvous keeper, Duration timeout) {
-            NativeLibrary.load();
-            return new Store(Native.glooStoreOver(keeper, millis(timeout)));
+            GlooLibrary.load();
+            return new Store(GlooNative.glooStoreOver(keeper, millis(timeout)));
         }
 
         /**
@@ -87,8 +88,8 @@ public final class GlooGroup implements AutoCloseable {
          * @return the server, on a free port ({@link #port()})
          */
         public static Store serve(String host, Duration timeout) {
-            NativeLibrary.load();
-            return new Store(Native.glooStore(host, 0, true, millis(timeout)));
+            GlooLibrary.load();
+            return new Store(GlooNative.glooStore(host, 0, true, millis(timeout)));
         }
 
         /**
@@ -101,13 +102,13 @@ public final class GlooGroup implements AutoCloseable {
 
         /** @return a client of the server at {@code host:port} */
         public static Store connect(String host, int port, Duration timeout) {
-            NativeLibrary.load();
-            return new Store(Native.glooStore(host, port, false, millis(timeout)));
+            GlooLibrary.load();
+            return new Store(GlooNative.glooStore(host, port, false, millis(timeout)));
         }
 
         /** @return the port the server listens on (a {@code TCPStore} only) */
         public int port() {
-            return Native.glooStorePort(live());
+            return GlooNative.glooStorePort(live());
         }
 
         private long live() {
@@ -123,7 +124,7 @@ public final class GlooGroup implements AutoCloseable {
         public void close() {
             long h = handle.getAndSet(0);
             if (h != 0) {
-                Native.glooStoreFree(h);
+                GlooNative.glooStoreFree(h);
             }
         }
     }
@@ -143,7 +144,7 @@ public final class GlooGroup implements AutoCloseable {
      * @param timeout how long a collective (and the rendezvous) waits for the peers
      */
     public static GlooGroup join(Store store, String prefix, String host, int rank, int size, Duration timeout) {
-        return new GlooGroup(Native.glooGroup(store.live(), prefix, host, rank, size, millis(timeout)), rank, size);
+        return new GlooGroup(GlooNative.glooGroup(store.live(), prefix, host, rank, size, millis(timeout)), rank, size);
     }
 
     /** @return this rank */
@@ -161,21 +162,21 @@ public final class GlooGroup implements AutoCloseable {
      * {@code receiveSplits[r]} bytes from rank r into {@code receive}, in rank order.
      */
     public void alltoall(ByteBuffer send, long[] sendSplits, ByteBuffer receive, long[] receiveSplits, Runnable check) {
-        await(Native.glooAlltoall(live(), send, sendSplits, receive, receiveSplits), check);
+        await(GlooNative.glooAlltoall(live(), send, sendSplits, receive, receiveSplits), check);
     }
 
     /** All-gather: {@code each} bytes of {@code send} from every rank into {@code receive}, in rank order. */
     public void allgather(ByteBuffer send, ByteBuffer receive, long each, Runnable check) {
-        await(Native.glooAllgather(live(), send, receive, each), check);
+        await(GlooNative.glooAllgather(live(), send, receive, each), check);
     }
 
     private static void await(long work, Runnable check) {
         try {
-            while (!Native.glooWait(work, CHECK_MILLIS)) {
+            while (!GlooNative.glooWait(work, CHECK_MILLIS)) {
                 check.run();
             }
         } finally {
-            Native.glooWorkFree(work);
+            GlooNative.glooWorkFree(work);
         }
     }
 
@@ -192,7 +193,7 @@ public final class GlooGroup implements AutoCloseable {
     public void close() {
         long h = handle.getAndSet(0);
         if (h != 0) {
-            Native.glooGroupFree(h);
+            GlooNative.glooGroupFree(h);
         }
     }
 

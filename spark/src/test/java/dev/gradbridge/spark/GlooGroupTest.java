@@ -1,4 +1,4 @@
-package dev.gradbridge;
+package dev.gradbridge.spark;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
@@ -7,6 +7,7 @@ import static org.junit.Assert.assertSame;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import dev.gradbridge.NativeException;
 import java.nio.ByteBuffer;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -256,6 +257,25 @@ public class GlooGroupTest {
             groups.forEach(GlooGroup::close);
         } finally {
             pool.shutdownNow();
+        }
+    }
+
+    @Test
+    public void aClosedOrForeignHandleIsRefusedInOneLine() {
+        GlooLibrary.load();
+        assertEquals("the Gloo operation is closed",
+                assertThrows(NativeException.class, () -> GlooNative.glooWait(0, 1)).getMessage());
+        assertEquals("the store is closed",
+                assertThrows(NativeException.class, () -> GlooNative.glooStorePort(0)).getMessage());
+        long store = GlooNative.glooStore("127.0.0.1", 0, true, 2000);
+        try {
+            assertEquals("a store handle where a Gloo operation is expected",
+                    assertThrows(NativeException.class, () -> GlooNative.glooWait(store, 1)).getMessage());
+            assertEquals("a store handle where a Gloo group is expected",
+                    assertThrows(NativeException.class, () -> GlooNative.glooGroupFree(store)).getMessage());
+            assertTrue(GlooNative.glooStorePort(store) > 0); // the refused calls left it whole
+        } finally {
+            GlooNative.glooStoreFree(store);
         }
     }
 }
