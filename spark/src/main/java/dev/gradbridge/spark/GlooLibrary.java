@@ -1,9 +1,9 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.Digests;
 import dev.gradbridge.GradbridgeException;
-import dev.gradbridge.Messages;
 import dev.gradbridge.Versions;
+import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Files;
