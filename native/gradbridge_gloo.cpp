@@ -1,7 +1,7 @@
 // gradbridge's collective among Spark's training tasks: libtorch's own c10d Gloo process group
 // (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the Gloo entry
 // points of dev/gradbridge/Native.java). Part of the same native library as gradbridge_jni.cpp,
-// compiled per libtorch build by python/gradbridge/native.py, against torch's c10d headers and
+// compiled per libtorch build by python/gradbridge/_runtime/native.py, against torch's c10d headers and
 // the gloo headers vendored in native/third_party/gloo (pip torch ships the first, not the second;
 // every gloo object is created inside libtorch, so the headers only have to compile).
 //

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from gradbridge import jdk, libtorch
+from gradbridge._runtime import jdk, libtorch
 
 MAIN = "dev.gradbridge.spark.SparkTrainCommand"
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,10 @@ import jpype
 import numpy as np
 import torch
 
-from gradbridge import oplist, protocol
-from gradbridge import classpath
-from gradbridge import libtorch
+from gradbridge._runtime import oplist
+from gradbridge import protocol
+from gradbridge._runtime import classpath
+from gradbridge._runtime import libtorch
 from tests import spark_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -225,7 +226,8 @@ def test_every_error_type_lives_in_errors_and_is_exported():
                if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
     assert defined <= set(gradbridge.__all__), defined - set(gradbridge.__all__)
     assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
-    from gradbridge import files, replay
+    from gradbridge._runtime import files
+    from gradbridge import replay
     from gradbridge.export import ExportError, finetune, groups
     assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
         errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
@@ -268,4 +270,4 @@ def test_the_java_trainers_run_defaults_are_pythons(jvm, models, tmp_path):
 def test_torch_versions_lose_their_local_suffix_in_one_place():
     package = REPO_ROOT / "python" / "gradbridge"
     stripping = [str(path.relative_to(package)) for path in package.rglob("*.py") if 'split("+")' in path.read_text()]
-    assert stripping == ["libtorch.py"], stripping
+    assert stripping == ["_runtime/libtorch.py"], stripping

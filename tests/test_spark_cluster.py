@@ -17,7 +17,8 @@ import json
 import numpy as np
 import pytest
 
-from gradbridge import protocol, reference, sparkrun
+from gradbridge import protocol, reference
+from gradbridge._runtime import sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
 from tests import spark_cluster
@@ -48,8 +49,8 @@ def spark_home(spark_release):
 @pytest.fixture(scope="module")
 def jar(spark_home):
     """The submit jar of the cluster's Scala version (gradbridge-spark-submit_2.12 for Spark 3.5, _2.13 for 4.x)."""
-    from gradbridge import _devtree
-    from gradbridge.gradle import run_task
+    from gradbridge._runtime import devtree as _devtree
+    from gradbridge._runtime.gradle import run_task
 
     scala = spark_cluster.spark_jars_version(spark_home)[1]
     built = run_task(spark_cluster.submit_jar_task(scala))

@@ -25,7 +25,8 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gradbridge import export_training_module, launcher, libtorch, reference, torch_gate, torchscript
+from gradbridge import export_training_module, reference
+from gradbridge._runtime import launcher, libtorch, torch_gate, torchscript
 from gradbridge.commands import doctor
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests.models.custom import export_regressor

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "python"))
 
-from gradbridge import libtorch  # noqa: E402  (the range's one definition)
+from gradbridge._runtime import libtorch  # noqa: E402  (the range's one definition)
 from packaging.version import Version  # noqa: E402
 
 OUT = REPO_ROOT / "build" / "version-matrix"

@@ -88,4 +88,4 @@ class WriteError(GradbridgeError, OSError):
 
 
 class OpListError(GradbridgeError, ValueError):
-    """A protocol-3 op list (``gradbridge.oplist``) this gradbridge cannot write or run: one line naming what."""
+    """A protocol-3 op list (``gradbridge._runtime.oplist``) this gradbridge cannot write or run: one line naming what."""

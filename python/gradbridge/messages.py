@@ -286,7 +286,7 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
             f"the draw; {CHECK_SKIP}")
 
 
-# ---- a model's inputs (gradbridge.inputs; Java: dev.gradbridge.Inputs) ----
+# ---- a model's inputs (gradbridge._runtime.inputs; Java: dev.gradbridge.Inputs) ----
 
 #: What the metadata's ``inputs`` must hold (Java: ``Messages.INPUT_SPECS``).
 INPUT_SPECS = "the specs of the model's inputs (x, or several by name) then y, each name once"
@@ -323,7 +323,7 @@ def input_missing(source: str, name: str, holds: Sequence[str], needs: Sequence[
             f"(save with numpy.savez(path, {', '.join(n + '=...' for n in needs)}))")
 
 
-# ---- a torch newer than the verified releases (gradbridge.torch_gate, gradbridge verify) ----
+# ---- a torch newer than the verified releases (gradbridge._runtime.torch_gate, gradbridge verify) ----
 
 def _newer(version: str, verified: str) -> str:
     return f"torch {version} is newer than the releases gradbridge verified (up to {verified}.x)"

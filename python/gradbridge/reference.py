@@ -23,14 +23,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import inputs, messages, protocol, shuffle
-from . import shuffle as shuffle_module
+from ._runtime import inputs, shuffle
+from . import messages, protocol
+from ._runtime import shuffle as shuffle_module
 from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
 from .export import capture, finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
-from . import torchscript
-from .torchscript import plain_graph_executor
+from ._runtime import torchscript
+from ._runtime.torchscript import plain_graph_executor
 
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:

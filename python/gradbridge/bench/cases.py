@@ -19,12 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import classpath, jdk, jvm, libtorch, messages, torchscript
+from .._runtime import classpath, jdk, libtorch, torchscript
+from .. import jvm, messages
 from ..errors import ExportError, SetupError
 from ..export import export_training_module, losses, optim
-from ..gradle import run_task
+from .._runtime.gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
-from ..torchscript import plain_graph_executor
+from .._runtime.torchscript import plain_graph_executor
 from .stats import ratio_ci
 from .workers import (JavaSettings, Variant, Worker, _in_process_environment, _in_process_jvm_options,
                       _java_worker, _native_worker, _python_block, _worker_variant, _write_native_data, run_rounds)

@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Sequence
 import numpy as np
 import torch
 
-from .. import _devtree, classpath, jdk, jvm, libtorch, native
+from .._runtime import devtree as _devtree, classpath, jdk, libtorch, native
+from .. import jvm
 
 #: The native loop's source lives in the checkout (benchmarks/native): `gradbridge bench` is a
 #: development command.

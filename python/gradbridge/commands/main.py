@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
-from ..files import check_writable
+from .._runtime.files import check_writable
 from ..models import BUILTIN_MODELS, SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -97,7 +97,7 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def _build_op(args: argparse.Namespace) -> int:
-    from .. import ops
+    from .._runtime import ops
 
     check_writable(args.output)
     print(f"wrote {ops.build(args.sources, args.output)}")

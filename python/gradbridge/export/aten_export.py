@@ -36,10 +36,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .. import inputs as model_inputs, libtorch, messages, oplist, program, protocol
+from .._runtime import inputs as model_inputs, libtorch, oplist, program
+from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
-from ..files import atomic_path
+from .._runtime.files import atomic_path
 from . import finetune, losses, self_check, traceable
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import inputs, messages, torchscript
+from .._runtime import inputs, torchscript
+from .. import messages
 from ..errors import CaptureError, ExportError
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).

@@ -13,10 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import inputs as model_inputs, libtorch, messages, ops, protocol, torchscript
+from .._runtime import inputs as model_inputs, libtorch, ops, torchscript
+from .. import messages, protocol
 from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
-from ..files import atomic_path
+from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from . import capture as model_capture, finetune, losses, optim, self_check
 from .scripted_module import _SeveralInputs, _TrainingModule

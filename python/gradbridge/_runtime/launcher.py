@@ -1,7 +1,7 @@
 """Java programs in a JVM of their own: the Trainer's CLI (``train``) and the seed driver.
 
-The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge.classpath``
-resolves, on the libtorch that ``gradbridge.libtorch`` chooses. No Gradle,
+The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge._runtime.classpath``
+resolves, on the libtorch that ``gradbridge._runtime.libtorch`` chooses. No Gradle,
 no checkout: this is what an installed wheel runs.
 """
 
@@ -11,11 +11,12 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, libtorch, protocol, torch_gate
-from .errors import GradbridgeError
+from . import classpath, jdk, libtorch, torch_gate
+from .. import protocol
+from ..errors import GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
-    from .history import History
+    from ..history import History
 
 TRAIN_MAIN = "dev.gradbridge.cli.TrainCommand"
 SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
@@ -60,7 +61,7 @@ def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int
           history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
     """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
     History it wrote. GradbridgeError carries the program's own error line."""
-    from .history import History
+    from ..history import History
 
     args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
             "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])

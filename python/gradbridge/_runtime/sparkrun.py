@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
-from . import _devtree, classpath, jdk, libtorch, torch_gate
-from .errors import GradbridgeError, JavaBuildMissingError
+from . import devtree as _devtree, classpath, jdk, libtorch, torch_gate
+from ..errors import GradbridgeError, JavaBuildMissingError
 from .launcher import error_line
 
 SPARK_MAIN = "dev.gradbridge.spark.SparkTrainCommand"
