@@ -1,5 +1,5 @@
 """Fault suite, in-process API for Python callers of an exported module: the supported way
-(gradbridge._runtime.torchscript.load_for_python) steps bit for bit like eager torch.optim.
+(gradbridge.load_for_python) steps bit for bit like eager torch.optim.
 
 A module loaded with plain torch.jit.load and driven with train_step runs under TorchScript's
 optimizing graph executor and drifts (1e-8 to 3e-5 within 25 steps for Adam and RMSprop).

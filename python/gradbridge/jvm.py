@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ._runtime import classpath, jdk, libtorch, torch_gate
+from ._runtime import classpath, jdk, native, torch_gate
 from . import errors, messages
 
 #: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". Tried first in a JVM of its own
@@ -54,7 +54,7 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
     path = classpath.resolve()
     user = classpath.user_entries(extra_classpath, classpath_source)
     torch_gate.require_torch()
-    options = libtorch.java_options()  # builds the native library for this torch once, when needed
+    options = native.jvm_options()  # builds the native library for this torch once, when needed
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)
     if version is not None:

@@ -1,7 +1,7 @@
 """Java programs in a JVM of their own: the Trainer's CLI (``train``) and the seed driver.
 
 The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge._runtime.classpath``
-resolves, on the libtorch that ``gradbridge._runtime.libtorch`` chooses. No Gradle,
+resolves, on the libtorch that ``gradbridge._runtime.native`` points it at. No Gradle,
 no checkout: this is what an installed wheel runs.
 """
 
@@ -11,7 +11,7 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, libtorch, torch_gate
+from . import classpath, jdk, native, torch_gate
 from .. import protocol
 from ..errors import GradbridgeError
 
@@ -24,14 +24,24 @@ SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
 ERROR_PREFIX = "error: "
 
 
+def java_command(main_class: str, args: Sequence[object] = (), *, entries: Sequence[str],
+                 jvm_options: Sequence[str] = (), use_torch_lib: bool = True) -> List[str]:
+    """The one ``java ... -cp ... main_class args`` command line every JVM of its own runs (the Trainer's
+    CLI, serve, the Kafka reader, Spark, the bench's workers). The torch gate comes first, always
+    (a torch outside the range or unverified starts no JVM), then ``java`` checked to be 17+, this
+    Python's libtorch and the native library built for it (unless ``use_torch_lib`` is false: the
+    classpath brings its own libtorch), ``jvm_options``, the classpath ``entries``."""
+    torch_gate.require_torch()
+    return [jdk.checked_java(), *(native.jvm_options() if use_torch_lib else []), *jvm_options,
+            "-cp", os.pathsep.join(entries), main_class, *map(str, args)]
+
+
 def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Sequence[str] = ()) -> List[str]:
     """The full command line that runs ``main_class`` with ``args`` in a new JVM, on gradbridge's
     classpath followed by ``extra_classpath``."""
     core = classpath.resolve()
     path = classpath.Classpath([*core.entries, *extra_classpath], core.source)
-    torch_gate.require_torch()
-    return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
-            "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
+    return java_command(main_class, args, entries=path.entries, use_torch_lib=not path.has_native_libtorch)
 
 
 def error_line(stderr: str, returncode: int) -> str:

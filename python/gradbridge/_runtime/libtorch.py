@@ -8,7 +8,7 @@ ran its whole version matrix on ("verified up to"); a newer torch needs a passin
 machine it runs on first (``gradbridge._runtime.torch_gate``).
 
 In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
-through gradbridge's native library built for that torch (``gradbridge._runtime.native``). A separate JVM uses
+through gradbridge's native library built for that torch (``gradbridge._runtime.native``, which reads this module, never the reverse). A separate JVM uses
 the libtorch of DJL's ``pytorch-native-cpu`` jar when its classpath has one (a checkout's Gradle build;
 the jar's own native library is built for it), else this Python's libtorch (an installed wheel).
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import List
 
 from ..errors import SetupError
 
@@ -89,13 +88,3 @@ def lib_dir() -> Path:
     import torch
 
     return Path(torch.__file__).resolve().parent / "lib"
-
-
-def java_options(use_torch_lib: bool = True) -> List[str]:
-    """System properties for Java: this Python's libtorch and the native library built for it (by default),
-    else none (Java then takes libtorch from the pytorch-native jar on its classpath)."""
-    if not use_torch_lib:
-        return []
-    from . import native
-
-    return native.jvm_options()

@@ -347,6 +347,3 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(spec.library(folder))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
