@@ -233,11 +233,36 @@ def test_every_error_type_lives_in_errors_and_is_exported():
         errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
 
 
-def test_the_cli_error_prefix_is_written_once():
+def test_the_error_prefixes_are_written_once():
+    """`error: ` (Java's programs) and `gradbridge: error: ` (the command) are errors.py's alone."""
+    from gradbridge import errors
+
     package = REPO_ROOT / "python" / "gradbridge"
     written = [str(path.relative_to(package)) for path in package.rglob("*.py")
-               if "gradbridge: error:" in path.read_text()]
+               if re.search(r"""["'](gradbridge: )?error: """, path.read_text())]
     assert written == ["errors.py"], written
+    assert errors.CLI_ERROR_PREFIX == "gradbridge: " + errors.ERROR_PREFIX == "gradbridge: error: "
+
+
+def test_long_exception_texts_are_shortened_by_one_rule():
+    """torch's multi-line messages become one line through messages.one_line only."""
+    from gradbridge import messages
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if re.search(r"\.join\((str\(ex\)|f\".*\{ex\}\")\.split\(\)\)", path.read_text())]
+    assert written == ["messages.py"], written
+    assert messages.one_line(RuntimeError("Target 5\n  is out of bounds.\n")) == "Target 5 is out of bounds."
+    assert messages.one_line(ValueError()) == "ValueError"
+
+
+def test_the_batch_size_range_has_one_wording():
+    from gradbridge import messages
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py") if "batch size must be in" in path.read_text()]
+    assert written == ["messages.py"], written
+    assert messages.batch_size_range(60, 0) == "batch size must be in 1..60, got 0"
 
 
 def test_the_seed_learning_rate_is_the_java_seed_examples_default():

@@ -44,6 +44,17 @@ def empty_dataset(source: str) -> str:
     return f"{source}: the dataset is empty (0 samples)"
 
 
+def one_line(ex: BaseException) -> str:
+    """An exception's text on one line: the one rule for shortening torch's and libtorch's messages,
+    which span several lines (whitespace collapsed; the exception's type when it says nothing)."""
+    return " ".join(str(ex).split()) or type(ex).__name__
+
+
+def batch_size_range(n: int, got: int) -> str:
+    """A batch size outside 1..n, n the number of samples (Java: RunSettings, TrainingModule)."""
+    return f"batch size must be in 1..{n}, got {got}"
+
+
 def java_double(value: float) -> str:
     """A float as Java's Double.toString writes it: NaN, Infinity, -Infinity; the shortest digits,
     plain from 1e-3 up to 1e7 (``123.45``, ``1000000.0``) and as ``d.dddE±n`` outside (``3.0E38``)."""

@@ -335,7 +335,7 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     if n == 0:
         raise InvalidInputError(messages.empty_dataset("training data"))
     if not 1 <= batch_size <= n:
-        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch_size}")
+        raise InvalidInputError(messages.batch_size_range(n, batch_size))
     if shards > n:
         raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
     reference = Reference(model_path, model)
@@ -382,7 +382,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         raise InvalidInputError(messages.empty_dataset("training data"))
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
-        raise InvalidInputError(f"batch size must be in 1..{n}, got {batch}")
+        raise InvalidInputError(messages.batch_size_range(n, batch))
     reference = Reference(model_path, model)
     if lr is not None:
         for group in reference.optimizer.param_groups:
@@ -399,8 +399,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                 losses = reference.train_epoch(xs, ys, perm, batch)
         except (RuntimeError, IndexError, ValueError) as ex:
             # e.g. "Target 5 is out of bounds." for a label outside the model's classes
-            reason = str(ex).strip().splitlines()[-1] if str(ex).strip() else type(ex).__name__
-            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {reason}") from ex
+            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {messages.one_line(ex)}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import messages
 from ._runtime import libtorch, torch_gate
 from .export.self_check import first_difference
 from .models import SmallCNN, linear, mlp
@@ -310,7 +311,7 @@ def run(out: Callable[[str], None] = print) -> Verdict:
                 if isinstance(summary, Difference):
                     failure = f"{name} / {summary.case}: {summary.detail}"
             except Exception as ex:  # whatever this torch raises in a case is that case's failure
-                reason = " ".join(str(ex).split())
+                reason = messages.one_line(ex)
                 failure = f"{name}: {reason if isinstance(ex, GradbridgeError) else f'{type(ex).__name__}: {reason}'}"
             if failure:
                 out(f"  {name:<16} FAILED: {failure}")

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, List, Sequence
 
 from . import classpath, jdk, native, torch_gate
 from .. import protocol
-from ..errors import GradbridgeError
+from ..errors import ERROR_PREFIX, GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
     from ..history import History
 
 TRAIN_MAIN = "dev.gradbridge.cli.TrainCommand"
 SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
-#: Java programs report a bad input as one line starting with this (TrainCommand, the seed driver).
-ERROR_PREFIX = "error: "
 
 
 def java_command(main_class: str, args: Sequence[object] = (), *, entries: Sequence[str],

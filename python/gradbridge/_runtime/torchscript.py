@@ -97,7 +97,7 @@ def _round_trip() -> None:
 
 def _unavailable(call: str, ex: Exception) -> TorchScriptUnavailableError:
     return TorchScriptUnavailableError(messages.torchscript_unavailable(
-        torch.__version__, call, " ".join(f"{type(ex).__name__}: {ex}".split()) or type(ex).__name__))
+        torch.__version__, call, f"{type(ex).__name__}: {messages.one_line(ex)}"))
 
 
 def require_available() -> None:

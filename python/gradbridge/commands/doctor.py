@@ -117,8 +117,8 @@ def _formats() -> str:
 
 
 #: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options).
-_JVM_PROBE = ("import sys\nfrom gradbridge import jvm\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
-              "    print(' '.join(str(ex).split()), file=sys.stderr)\n    sys.exit(1)\n"
+_JVM_PROBE = ("import sys\nfrom gradbridge import jvm, messages\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
+              "    print(messages.one_line(ex), file=sys.stderr)\n    sys.exit(1)\n"
               "print(jvm.jclass('java.lang.System').getProperty('java.version'))\n")
 
 

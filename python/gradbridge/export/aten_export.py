@@ -657,7 +657,7 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
     except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
-        raise protocol.ProtocolError(messages.program_unreadable(str(path), " ".join(str(ex).split()))) from ex
+        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex))) from ex
     return metadata, graphs, state
 
 
@@ -747,4 +747,4 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
     except ExportError:
         raise
     except Exception as ex:
-        raise ExportError(messages.export_check_raised(method, " ".join(str(ex).split())[:300])) from ex
+        raise ExportError(messages.export_check_raised(method, messages.one_line(ex)[:300])) from ex

@@ -203,5 +203,5 @@ def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: T
     except ExportError:
         raise
     except Exception as ex:  # the model raised on one side: still one line, naming where
-        reason = " ".join(str(ex).split()) or type(ex).__name__
+        reason = messages.one_line(ex)
         raise CaptureError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex
