@@ -153,6 +153,12 @@ def test_shared_wording_matches(jvm):
         messages.cache_damaged("libtorch", "/c", "x.so: truncated", "extracting it again")
     assert str(Messages.cacheUnwritable("/c/native", "Permission denied")) == \
         messages.cache_unwritable("/c/native", "Permission denied")
+    # what data-parallel training refuses (Python's one check: reference.check_data_parallel)
+    assert str(Messages.dataParallelMethods("m.pt", 1, java_list(["gradient_flags"]))) == \
+        messages.data_parallel_methods("m.pt", 1, ["gradient_flags"])
+    assert str(Messages.dataParallelBuffers("m.pt", java_list(["bn.running_mean"]))) == \
+        messages.data_parallel_buffers("m.pt", ["bn.running_mean"])
+    assert str(Messages.dataParallelAccumulate("m.pt", 4)) == messages.data_parallel_accumulate("m.pt", 4)
 
 
 def test_metadata_keys_match_java(jvm):
@@ -242,6 +248,31 @@ def test_the_error_prefixes_are_written_once():
                if re.search(r"""["'](gradbridge: )?error: """, path.read_text())]
     assert written == ["errors.py"], written
     assert errors.CLI_ERROR_PREFIX == "gradbridge: " + errors.ERROR_PREFIX == "gradbridge: error: "
+
+
+def test_online_open_learner_defaults_are_the_java_builders(jvm):
+    """online.open_learner's defaults are what a fresh OnlineLearner.Builder holds: read from the
+    builder itself, so renaming or moving Java's constants cannot hide a drift."""
+    import inspect
+
+    from gradbridge import online
+
+    builder = jpype.JClass("dev.gradbridge.online.OnlineLearner").builder()
+
+    def java_default(field):
+        declared = builder.getClass().getDeclaredField(field)
+        declared.setAccessible(True)
+        return declared.get(builder)
+
+    defaults = {name: p.default for name, p in inspect.signature(online.open_learner).parameters.items()}
+    for python, java in (("max_batch", "maxBatch"), ("max_wait_ms", "maxWaitMillis"), ("publish_every", "publishEvery"),
+                         ("checkpoint_every", "checkpointEvery"), ("queue_capacity", "queueCapacity"),
+                         ("max_grad_norm", "maxGradNorm"), ("gate_max_regression", "gateMaxRegression")):
+        assert defaults[python] == java_default(java), python
+    assert defaults["fsync"] == str(java_default("fsync").name()).lower()
+    assert defaults["gate_on_hold"] == str(java_default("gateOnHold").name()).lower()
+    # None: the builder's own default applies (open_learner does not pass it)
+    assert defaults["predictors"] is defaults["max_input_abs"] is defaults["keep_versions"] is None
 
 
 def test_long_exception_texts_are_shortened_by_one_rule():
