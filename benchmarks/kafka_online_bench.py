@@ -26,7 +26,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
 
-from gradbridge import classpath, launcher, protocol  # noqa: E402
+from gradbridge._runtime import classpath, launcher  # noqa: E402
+from gradbridge import protocol  # noqa: E402
 from gradbridge.bench.online import CLASSES, FEATURES  # noqa: E402
 from gradbridge.export import export_builtin  # noqa: E402
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradbridge import launcher, sparkrun
+from gradbridge._runtime import launcher, sparkrun
 from gradbridge.bench import cases as bench
 from gradbridge.export import export_training_module
 from gradbridge.history import History

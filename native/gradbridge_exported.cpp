@@ -1,5 +1,5 @@
 // gradbridge's protocol-3 engine: a training module captured with torch.export as gradbridge's own op lists
-// (python/gradbridge/oplist.py holds the format; program.py the Python twin of everything here), run op by
+// (python/gradbridge/_runtime/oplist.py holds the format; program.py the Python twin of everything here), run op by
 // op over libtorch's public dispatcher: each op resolved once per graph with
 // c10::Dispatcher::findSchema and run with callBoxed on an IValue stack, the kernels eager PyTorch reaches.
 // The module owns its state tensors (parameters, buffers, gradients, optimizer state) by binding name. An

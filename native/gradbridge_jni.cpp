@@ -1,7 +1,7 @@
 // gradbridge's native layer: TorchScript modules and tensors over libtorch's C++ API, for Java
 // through JNI. The signatures come from `javac -h` on dev/gradbridge/Native.java (the generated
 // header is included below), so Java and C++ cannot drift. Built per libtorch build by
-// python/gradbridge/native.py; nothing here depends on a particular libtorch minor version.
+// python/gradbridge/_runtime/native.py; nothing here depends on a particular libtorch minor version.
 //
 // Rules every entry point follows:
 // - one guard (`guarded`, in jni_support.h with gradbridge_gloo.cpp) turns c10::Error,

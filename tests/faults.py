@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradbridge._devtree import root
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 
@@ -52,7 +52,7 @@ def minimal_elf(payload: bytes = b"") -> bytes:
     import platform
     import struct
 
-    from gradbridge.ops import ELF_MACHINES
+    from gradbridge._runtime.ops import ELF_MACHINES
 
     ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
     header = ident + struct.pack("<HHIQQQIHHHHHH", 3, ELF_MACHINES.get(platform.machine().lower(), 62), 1, 0, 0, 0,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from gradbridge import jdk, libtorch
+from gradbridge._runtime import jdk, native
 
 MAIN = "dev.gradbridge.spark.SparkTrainCommand"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ class Cluster:
 
     def submit(self, jar: Path, args: Sequence[object], *, timeout: float = 600) -> subprocess.CompletedProcess:
         """``spark-submit`` of ``jar`` (client mode), driver and executors on this Python's libtorch."""
-        djl = " ".join(libtorch.java_options(use_torch_lib=True))
+        djl = " ".join(native.jvm_options())
         command = [str(self.home / "bin" / "spark-submit"), "--master", self.url, "--class", MAIN,
                    "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
                    "--conf", "spark.executor.memory=1g", "--conf", "spark.executor.cores=1",

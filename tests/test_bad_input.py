@@ -9,7 +9,7 @@ import pytest
 from gradbridge import java
 from gradbridge import InvalidInputError, JavaBuildMissingError, ProtocolError, TrainingError
 from gradbridge.errors import ModuleLoadError
-from gradbridge import classpath
+from gradbridge._runtime import classpath
 from gradbridge import jvm as gradbridge_jvm
 
 

@@ -16,7 +16,7 @@ import pytest
 from gradbridge.bench import cases, report, workers
 from gradbridge.bench.stats import CANNOT_TELL, MET, MISSED, compare, ratio_ci, verdict
 from gradbridge.commands import main as cli
-from gradbridge._devtree import root
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import (History, compare_histories, export_training_module, java, messages, protocol, reference,
-                        torchscript)
+from gradbridge import History, compare_histories, export_training_module, java, messages, protocol, reference
+from gradbridge._runtime import torchscript
 from gradbridge.export import state_dict_of
 
 pytestmark = pytest.mark.every_torch_java

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradbridge import GradbridgeError, java, launcher, messages, ops, protocol
-from gradbridge._devtree import root
+from gradbridge import GradbridgeError, java, messages, protocol
+from gradbridge._runtime import launcher, ops
+from gradbridge._runtime.devtree import root
 
 EXAMPLE = root() / "examples" / "custom-op"
 

@@ -9,7 +9,7 @@ import pytest
 from gradbridge import export_builtin, protocol
 from gradbridge.errors import ProtocolError
 from gradbridge.models import LinearRegression
-from gradbridge.torchscript import plain_graph_executor
+from gradbridge._runtime.torchscript import plain_graph_executor
 
 
 @pytest.fixture

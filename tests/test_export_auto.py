@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import export_training_module, java, messages, oplist, protocol, reference
+from gradbridge import export_training_module, java, messages, protocol, reference
+from gradbridge._runtime import oplist
 from gradbridge.commands import doctor
 from gradbridge.errors import ExportError, TorchScriptUnavailableError
 from tests.models import zoo

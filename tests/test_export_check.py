@@ -14,7 +14,7 @@ import torch
 
 from gradbridge import export_training_module, protocol, reference
 from gradbridge.errors import ExportError
-from gradbridge.torchscript import load
+from gradbridge._runtime.torchscript import load
 from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
 def test_a_model_left_in_eval_mode_is_exported_to_train_in_training_mode(tmp_path):
     """Java trains the module in the mode it was saved in: training mode, as eager training runs."""
     from gradbridge.reference import Reference
-    from gradbridge.torchscript import load_for_python
+    from gradbridge._runtime.torchscript import load_for_python
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)).eval()

@@ -13,7 +13,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from gradbridge import InvalidInputError, data, messages
+from gradbridge import InvalidInputError, messages
+from gradbridge._runtime import data
 from tests.faults import one_error_line, stray_files, train_cli
 
 X = (np.arange(40, dtype=np.float32).reshape(40, 1) / 40)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gradbridge import DivergenceError, History, java, protocol, reference
-from gradbridge._devtree import root
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 from tests.faults import one_error_line, stray_files, train_cli
@@ -72,7 +72,7 @@ def test_in_process_divergence_carries_the_completed_epochs(jvm, models, explodi
 def test_spark_divergence_keeps_every_completed_epoch(models, exploding, tmp_path):
     """The Spark trainer's one barrier stage stops at the non-finite step; the epochs whose ends
     partition 0 handed to the driver are in the history and the checkpoint, equal to the replay."""
-    from gradbridge import sparkrun
+    from gradbridge._runtime import sparkrun
 
     history, checkpoint = tmp_path / "h.jsonl", tmp_path / "c.pt"
     result = sparkrun.run(["--master", "local[2]", "--model", models["linear_regression.pt"], "--data", exploding,

@@ -13,8 +13,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from gradbridge import ModuleLoadError, ProtocolError, oplist
-from gradbridge._devtree import root
+from gradbridge import ModuleLoadError, ProtocolError
+from gradbridge._runtime import oplist
+from gradbridge._runtime.devtree import root
 from gradbridge.jvm import load_module
 
 REPO_ROOT = root()

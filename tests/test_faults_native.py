@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradbridge import libtorch, native
+from gradbridge._runtime import libtorch, native
 from gradbridge.errors import SetupError
 from tests.faults import minimal_elf, one_error_line, stray_files, train_cli
 
@@ -366,7 +366,7 @@ def test_a_damaged_cached_native_library_is_built_again_with_one_line(cached_bui
 
 
 def test_a_self_check_verdict_that_cannot_be_written_names_gradbridge_cache_dir(tmp_path, monkeypatch):
-    from gradbridge import torch_gate
+    from gradbridge._runtime import torch_gate
 
     blocker = tmp_path / "a-file"
     blocker.write_text("in the way")

@@ -1,5 +1,5 @@
 """Fault suite, in-process API for Python callers of an exported module: the supported way
-(gradbridge.torchscript.load_for_python) steps bit for bit like eager torch.optim.
+(gradbridge.load_for_python) steps bit for bit like eager torch.optim.
 
 A module loaded with plain torch.jit.load and driven with train_step runs under TorchScript's
 optimizing graph executor and drifts (1e-8 to 3e-5 within 25 steps for Adam and RMSprop).
@@ -12,7 +12,7 @@ import torch
 
 from gradbridge import export_training_module, protocol, reference
 from gradbridge.models import mlp
-from gradbridge.torchscript import load_for_python
+from gradbridge._runtime.torchscript import load_for_python
 
 STEPS = 25
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import ProtocolError, messages, protocol, reference, sparkrun
+from gradbridge import ProtocolError, messages, protocol, reference
+from gradbridge._runtime import sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.export import training_module
 from tests.faults import one_error_line, rewrite_metadata, stray_files, train_cli

@@ -11,7 +11,7 @@ from torch import nn
 
 from gradbridge import export_training_module, java, protocol, reference
 from gradbridge.reference import Reference
-from gradbridge.torchscript import plain_graph_executor
+from gradbridge._runtime.torchscript import plain_graph_executor
 
 
 def _data(n=96, features=6, classes=4, seed=0):

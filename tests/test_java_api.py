@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gradbridge._devtree import root
-from gradbridge.gradle import run_task
+from gradbridge._runtime.devtree import root
+from gradbridge._runtime.gradle import run_task
 
 REPO_ROOT = Path(root())
 LIBRARY = REPO_ROOT / "java" / "src" / "main" / "java"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gradbridge.gradle import run_task
-from gradbridge._devtree import root
+from gradbridge._runtime.gradle import run_task
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 #: the subprojects with JUnit tests of their own

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradbridge import java, launcher, reference
+from gradbridge import java, reference
+from gradbridge._runtime import launcher
 from gradbridge.parity import assert_histories_match
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 from tests import matrix
@@ -80,7 +81,7 @@ def test_subprocess(request, exported, npz_files, tmp_path, subprocess_case):
         history = launcher.train(path, npz_files[data], history=tmp_path / "h.jsonl", **settings)
     else:  # through Gradle, as a user would: `gradle train -Pargs="..."`
         from gradbridge import History
-        from gradbridge.gradle import run_task
+        from gradbridge._runtime.gradle import run_task
 
         result = run_task("train", ["--model", path, "--data", npz_files[data], "--history", tmp_path / "h.jsonl",
                                     *[f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]])

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler as ls
 
-from gradbridge import export_training_module, java, launcher, reference
+from gradbridge import export_training_module, java, reference
+from gradbridge._runtime import launcher
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests import matrix

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import classpath, export_training_module, inputs, java, launcher, reference
+from gradbridge._runtime import classpath, inputs, launcher
+from gradbridge import export_training_module, java, reference
 from gradbridge.errors import ExportError
 from tests.models import zoo
 

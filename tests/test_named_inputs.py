@@ -1,4 +1,4 @@
-"""Models of several inputs (gradbridge.inputs): exported with their names, dtypes and shapes, trained from
+"""Models of several inputs (gradbridge._runtime.inputs): exported with their names, dtypes and shapes, trained from
 Java (in this process, in a JVM of its own, through TrainingModule's named calls) bit for bit like the
 user's eager nn.Module; every wrong input refused in one line naming it."""
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gradbridge import data, export_training_module, java, launcher, messages, protocol, reference
+from gradbridge._runtime import data, launcher
+from gradbridge import export_training_module, java, messages, protocol, reference
 from gradbridge.errors import InvalidInputError
 from gradbridge.jvm import jclass, load_module, to_tensor
 

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import gradle, replay as replay_mod
+from gradbridge._runtime import gradle
+from gradbridge import replay as replay_mod
 from gradbridge.reference import Reference
 
 REPO = Path(__file__).resolve().parent.parent

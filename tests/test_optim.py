@@ -16,7 +16,7 @@ from gradbridge import export_training_module, verify
 from gradbridge.export import optim
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
-from gradbridge.torchscript import plain_graph_executor
+from gradbridge._runtime.torchscript import plain_graph_executor
 from tests.matrix import OPTIMIZER_VARIANTS as OPTIMIZERS
 
 pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too

@@ -14,7 +14,7 @@ import pytest
 from gradbridge import EpochRecord, History
 from gradbridge.commands import parity as paritycheck
 from gradbridge.parity import assert_histories_match, compare_histories
-from gradbridge._devtree import root
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 

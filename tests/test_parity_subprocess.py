@@ -8,7 +8,7 @@ import pytest
 
 from gradbridge import java
 from gradbridge import History, compare_histories, reference
-from gradbridge.gradle import run_task
+from gradbridge._runtime.gradle import run_task
 
 EPOCHS = 100
 LR = 0.01

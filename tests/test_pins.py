@@ -10,9 +10,8 @@ import jpype
 import numpy as np
 import torch
 
-from gradbridge import oplist, protocol
-from gradbridge import classpath
-from gradbridge import launcher, libtorch
+from gradbridge import errors, protocol
+from gradbridge._runtime import classpath, libtorch, oplist
 from tests import spark_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +114,7 @@ def test_shared_wording_matches(jvm):
     Messages = jpype.JClass("dev.gradbridge.internal.Messages")
     longs = jpype.JArray(jpype.JLong)
     assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
-    assert str(Messages.ERROR_PREFIX) == launcher.ERROR_PREFIX
+    assert str(Messages.ERROR_PREFIX) == errors.ERROR_PREFIX
     for n, got in ((60, 0), (60, 61), (1, 2**40)):
         assert str(Messages.batchSize(n, got)) == messages.batch_size(n, got)
     for loss in (float("nan"), float("inf"), float("-inf")):
@@ -157,6 +156,12 @@ def test_shared_wording_matches(jvm):
         messages.cache_damaged("libtorch", "/c", "x.so: truncated", "extracting it again")
     assert str(Messages.cacheUnwritable("/c/native", "Permission denied")) == \
         messages.cache_unwritable("/c/native", "Permission denied")
+    # what data-parallel training refuses (Python's one check: reference.check_data_parallel)
+    assert str(Messages.dataParallelMethods("m.pt", 1, java_list(["gradient_flags"]))) == \
+        messages.data_parallel_methods("m.pt", 1, ["gradient_flags"])
+    assert str(Messages.dataParallelBuffers("m.pt", java_list(["bn.running_mean"]))) == \
+        messages.data_parallel_buffers("m.pt", ["bn.running_mean"])
+    assert str(Messages.dataParallelAccumulate("m.pt", 4)) == messages.data_parallel_accumulate("m.pt", 4)
 
 
 def test_metadata_keys_match_java(jvm):
@@ -230,17 +235,68 @@ def test_every_error_type_lives_in_errors_and_is_exported():
                if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
     assert defined <= set(gradbridge.__all__), defined - set(gradbridge.__all__)
     assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
-    from gradbridge import files, replay
+    from gradbridge._runtime import files
+    from gradbridge import replay
     from gradbridge.export import ExportError, finetune, groups
     assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
         errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
 
 
-def test_the_cli_error_prefix_is_written_once():
+def test_the_error_prefixes_are_written_once():
+    """`error: ` (Java's programs) and `gradbridge: error: ` (the command) are errors.py's alone."""
+    from gradbridge import errors
+
     package = REPO_ROOT / "python" / "gradbridge"
     written = [str(path.relative_to(package)) for path in package.rglob("*.py")
-               if "gradbridge: error:" in path.read_text()]
+               if re.search(r"""["'](gradbridge: )?error: """, path.read_text())]
     assert written == ["errors.py"], written
+    assert errors.CLI_ERROR_PREFIX == "gradbridge: " + errors.ERROR_PREFIX == "gradbridge: error: "
+
+
+def test_online_open_learner_defaults_are_the_java_builders(jvm):
+    """online.open_learner's defaults are what a fresh OnlineLearner.Builder holds: read from the
+    builder itself, so renaming or moving Java's constants cannot hide a drift."""
+    import inspect
+
+    from gradbridge import online
+
+    builder = jpype.JClass("dev.gradbridge.online.OnlineLearner").builder()
+
+    def java_default(field):
+        declared = builder.getClass().getDeclaredField(field)
+        declared.setAccessible(True)
+        return declared.get(builder)
+
+    defaults = {name: p.default for name, p in inspect.signature(online.open_learner).parameters.items()}
+    for python, java in (("max_batch", "maxBatch"), ("max_wait_ms", "maxWaitMillis"), ("publish_every", "publishEvery"),
+                         ("checkpoint_every", "checkpointEvery"), ("queue_capacity", "queueCapacity"),
+                         ("max_grad_norm", "maxGradNorm"), ("gate_max_regression", "gateMaxRegression")):
+        assert defaults[python] == java_default(java), python
+    assert defaults["fsync"] == str(java_default("fsync").name()).lower()
+    assert defaults["gate_on_hold"] == str(java_default("gateOnHold").name()).lower()
+    # None: the builder's own default applies (open_learner does not pass it)
+    assert defaults["predictors"] is defaults["max_input_abs"] is defaults["keep_versions"] is None
+
+
+def test_long_exception_texts_are_shortened_by_one_rule():
+    """torch's multi-line messages become one line through messages.one_line only."""
+    from gradbridge import messages
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py")
+               if re.search(r"\.join\((str\(ex\)|f\".*\{ex\}\")\.split\(\)\)", path.read_text())]
+    assert written == ["messages.py"], written
+    assert messages.one_line(RuntimeError("Target 5\n  is out of bounds.\n")) == "Target 5 is out of bounds."
+    assert messages.one_line(ValueError()) == "ValueError"
+
+
+def test_the_batch_size_range_has_one_wording():
+    from gradbridge import messages
+
+    package = REPO_ROOT / "python" / "gradbridge"
+    written = [str(path.relative_to(package)) for path in package.rglob("*.py") if "batch size must be in" in path.read_text()]
+    assert written == ["messages.py"], written
+    assert messages.batch_size(60, 0) == "batch size must be in 1..60, got 0"
 
 
 def test_the_seed_learning_rate_is_the_java_seed_examples_default():
@@ -273,21 +329,4 @@ def test_the_java_trainers_run_defaults_are_pythons(jvm, models, tmp_path):
 def test_torch_versions_lose_their_local_suffix_in_one_place():
     package = REPO_ROOT / "python" / "gradbridge"
     stripping = [str(path.relative_to(package)) for path in package.rglob("*.py") if 'split("+")' in path.read_text()]
-    assert stripping == ["libtorch.py"], stripping
-
-
-def test_online_defaults_match_the_java_builder(jvm):
-    """gradbridge.online.open_learner's defaults are OnlineLearner's (serve's options read the same constants)."""
-    import inspect
-
-    from gradbridge import online
-
-    OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
-    defaults = {name: p.default for name, p in inspect.signature(online.open_learner).parameters.items()}
-    assert defaults["max_batch"] == OnlineLearner.DEFAULT_MAX_BATCH
-    assert defaults["max_wait_ms"] == OnlineLearner.DEFAULT_MAX_WAIT_MILLIS
-    assert defaults["publish_every"] == OnlineLearner.DEFAULT_PUBLISH_EVERY
-    assert defaults["checkpoint_every"] == OnlineLearner.DEFAULT_CHECKPOINT_EVERY
-    assert defaults["queue_capacity"] == OnlineLearner.DEFAULT_QUEUE_CAPACITY
-    assert defaults["fsync"] == str(OnlineLearner.DEFAULT_FSYNC)
-    assert defaults["max_grad_norm"] == OnlineLearner.DEFAULT_MAX_GRAD_NORM
+    assert stripping == ["_runtime/libtorch.py"], stripping

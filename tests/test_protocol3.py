@@ -19,7 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradbridge import export_training_module, java, launcher, messages, oplist, protocol, reference
+from gradbridge import export_training_module, java, messages, protocol, reference
+from gradbridge._runtime import launcher, oplist
 from gradbridge.errors import ExportError, GradbridgeError
 from gradbridge.export.aten_export import read_program
 from gradbridge.jvm import load_module
@@ -843,7 +844,7 @@ def test_a_state_without_momentum_buffers_makes_the_next_sgd_step_create_them(jv
 
 
 def test_python_tools_that_read_torchscript_refuse_a_protocol_3_module_in_one_line(mlp):
-    from gradbridge import torchscript
+    from gradbridge._runtime import torchscript
     from gradbridge.errors import ProtocolError
 
     _, path = mlp

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jpype
 
-from gradbridge import shuffle
+from gradbridge._runtime import shuffle
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "shuffle.json").read_text())
 

@@ -1,7 +1,7 @@
 """gradbridge-spark: synchronous data-parallel training on an embedded Spark (local[K]) in a JVM of
 its own, against its Python replay (``reference.train_sharded``), bit for bit.
 
-The Java side runs ``SparkTrainCommand`` through ``gradbridge.sparkrun`` (``java`` with Spark's
+The Java side runs ``SparkTrainCommand`` through ``gradbridge._runtime.sparkrun`` (``java`` with Spark's
 Java 17 flags, on this Python's libtorch). Default run: K=2 SGD shuffled with a task fault, its
 resume on Parquet with an executor-loss fault, K=2 SGD and Adam in order, K=3 over each exchange
 (Gloo, the default, and the driver relay), K=1 Adam equal to
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import export_training_module, protocol, reference, sparkrun
+from gradbridge import export_training_module, protocol, reference
+from gradbridge._runtime import sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
 
@@ -392,7 +393,7 @@ def test_combine_shards_is_the_weighted_sum_in_partition_order():
 def test_set_gradients_checks_its_arguments(work):
     """set_gradients (protocol 2) refuses a wrong count, shape or dtype, and a gradient for a frozen
     parameter, changing nothing; gradient_flags reports what it set."""
-    from gradbridge.torchscript import load_for_python
+    from gradbridge._runtime.torchscript import load_for_python
 
     module = load_for_python(work["models"]["sgd"])
     grads = [torch.ones_like(p) for p in module.get_parameters()]
@@ -408,7 +409,7 @@ def test_set_gradients_checks_its_arguments(work):
 
 
 def test_set_gradients_refuses_a_gradient_for_a_frozen_parameter(tmp_path):
-    from gradbridge.torchscript import load_for_python
+    from gradbridge._runtime.torchscript import load_for_python
 
     path = export_builtin("mlp", tmp_path / "frozen.pt", seed=0, in_features=4, hidden=(8,), out_features=3,
                           loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
@@ -431,7 +432,7 @@ def full_only(request):
 
 
 def test_gradle_spark_train(work, tmp_path, full_only):
-    from gradbridge.gradle import run_task
+    from gradbridge._runtime.gradle import run_task
 
     history = tmp_path / "h.jsonl"
     result = run_task(":spark:sparkTrain", ["--model", str(work["models"]["sgd"]), "--data", str(work["parquet"]),
@@ -450,8 +451,8 @@ def test_spark_submit_jar_runs_on_sparks_own_classpath(work, tmp_path, full_only
     import subprocess
     import zipfile
 
-    from gradbridge import _devtree, jdk
-    from gradbridge.gradle import run_task
+    from gradbridge._runtime import devtree as _devtree, jdk
+    from gradbridge._runtime.gradle import run_task
 
     root = _devtree.require_root("the spark-submit jar")
     built = run_task(":spark:sparkSubmitJar")

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradbridge import libtorch as gb_libtorch, protocol, reference, sparkrun
+from gradbridge import protocol, reference
+from gradbridge._runtime import native as gb_native, sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
 from tests import spark_cluster
@@ -54,8 +55,8 @@ def spark_home(spark_release):
 @pytest.fixture(scope="module")
 def jar(spark_home):
     """The submit jar of the cluster's Scala version (gradbridge-spark-submit_2.12 for Spark 3.5, _2.13 for 4.x)."""
-    from gradbridge import _devtree
-    from gradbridge.gradle import run_task
+    from gradbridge._runtime import devtree as _devtree
+    from gradbridge._runtime.gradle import run_task
 
     scala = spark_cluster.spark_jars_version(spark_home)[1]
     built = run_task(spark_cluster.submit_jar_task(scala))
@@ -181,7 +182,7 @@ def test_the_docs_walkthrough_equals_the_replay(cluster, jar, tmp_path, request)
         pytest.skip("runs with --full or --spark-lines")
     conf = tmp_path / "conf"
     conf.mkdir()
-    libtorch = " ".join(gb_libtorch.java_options(use_torch_lib=True))
+    libtorch = " ".join(gb_native.jvm_options())
     (conf / "spark-defaults.conf").write_text("\n".join([
         "spark.driver.host 127.0.0.1", "spark.driver.bindAddress 127.0.0.1", "spark.executor.memory 1g",
         f"spark.driver.extraJavaOptions {libtorch}", f"spark.executor.extraJavaOptions {libtorch}", ""]))

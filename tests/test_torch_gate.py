@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from packaging.version import Version
 
-from gradbridge import TorchScriptUnavailableError, export_training_module, libtorch, messages, native, protocol
-from gradbridge import reference, torch_gate, verify
+from gradbridge import TorchScriptUnavailableError, export_training_module, messages, protocol
+from gradbridge._runtime import libtorch, native
+from gradbridge import reference, verify
+from gradbridge._runtime import torch_gate
 from gradbridge.commands import verify as verify_command
 from gradbridge.errors import CLI_ERROR_PREFIX, SetupError
 from tests.models.custom import export_regressor
@@ -31,7 +33,7 @@ from tests.models.custom import export_regressor
 _TORCH = Version(libtorch.torch_version())
 #: A "verified up to" below this torch: this torch is the release newer than every verified one.
 LOWERED = f"{_TORCH.major}.{_TORCH.minor - 1}"
-_PREAMBLE = f"import gradbridge.libtorch as lt; lt.verified_up_to = lambda: {LOWERED!r}; "
+_PREAMBLE = f"import gradbridge._runtime.libtorch as lt; lt.verified_up_to = lambda: {LOWERED!r}; "
 
 
 def _cache(folder: Path) -> Path:

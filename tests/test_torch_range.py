@@ -25,7 +25,8 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from gradbridge import export_training_module, launcher, libtorch, reference, torch_gate, torchscript
+from gradbridge import export_training_module, reference
+from gradbridge._runtime import launcher, libtorch, torch_gate, torchscript
 from gradbridge.commands import doctor
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests.models.custom import export_regressor
@@ -202,7 +203,7 @@ def test_the_gloo_group_runs_on_this_torch(jvm):
 
     import jpype
 
-    from gradbridge import _devtree, native
+    from gradbridge._runtime import devtree as _devtree, native
 
     # gradbridge-spark's own classes and its Gloo library built for this torch (the core's carries no gloo)
     jpype.JClass("java.lang.System").setProperty("gradbridge.gloo.library", str(native.ensure_gloo(quiet=True)))

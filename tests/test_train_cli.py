@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from gradbridge import History, compare_histories, protocol, reference
-from gradbridge.gradle import run_task
-from gradbridge._devtree import root
+from gradbridge._runtime.gradle import run_task
+from gradbridge._runtime.devtree import root
 
 REPO_ROOT = root()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gradbridge import classpath, jdk
+from gradbridge._runtime import classpath, jdk
 
 USER_CLASS = textwrap.dedent("""\
     package my.project;

@@ -28,8 +28,9 @@ import numpy as np
 import pytest
 
 import gradbridge
-from gradbridge import History, libtorch, reference
-from gradbridge._devtree import root
+from gradbridge import History, reference
+from gradbridge._runtime import libtorch
+from gradbridge._runtime.devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 
 REPO_ROOT = root()
@@ -285,7 +286,7 @@ def test_users_own_java_class_runs_beside_the_installed_library(user_env, outsid
     source = outside / "src" / "my" / "project" / "Thing.java"
     source.parent.mkdir(parents=True)
     source.write_text(USER_CLASS)
-    from gradbridge import jdk
+    from gradbridge._runtime import jdk
 
     javac = Path(jdk.java_executable()).with_name("javac")
     compiled = _run([javac, "-d", outside / "classes", "-cp", jars / f"gradbridge-{VERSION}.jar", source],
@@ -478,7 +479,7 @@ def test_release_day_a_torch_newer_than_the_wheels_mark_is_self_checked_once(whe
         f"{release.major}.{release.minor - 1}\n")
     cache = base / "cache"  # verdicts of this test only; the native libraries already built are shared
     cache.mkdir()
-    from gradbridge.native import cache_dir
+    from gradbridge._runtime.native import cache_dir
 
     (cache_dir() / "native").mkdir(parents=True, exist_ok=True)
     (cache / "native").symlink_to(cache_dir() / "native")
@@ -626,7 +627,7 @@ def test_readme_and_docs_name_the_project_version():
 
 def test_separate_jvm_runs_offline_on_the_wheels_jars_and_the_override_wins(user_env, outside):
     bin_dir, env = user_env
-    probe = ("from gradbridge import classpath, launcher\n"
+    probe = ("from gradbridge._runtime import classpath, launcher\n"
              "print(classpath.resolve().source)\n"
              "print(' '.join(launcher.command(launcher.TRAIN_MAIN, ['--help'])))\n")
     result = _run([bin_dir / "python", "-c", probe], cwd=outside, env=env)

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "python"))
 
-from gradbridge import libtorch  # noqa: E402  (the range's one definition)
+from gradbridge._runtime import libtorch  # noqa: E402  (the range's one definition)
 from packaging.version import Version  # noqa: E402
 
 OUT = REPO_ROOT / "build" / "version-matrix"
@@ -88,7 +88,7 @@ def run_tests(venv: Path) -> Dict[str, object]:
     tail = [line for line in result.stdout.splitlines() if line.strip()][-1:] or ["(no output)"]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[0])}
     cross = _CROSS.search(result.stdout)
-    status = subprocess.run([_python(venv), "-c", "from gradbridge import torchscript; "
+    status = subprocess.run([_python(venv), "-c", "from gradbridge._runtime import torchscript; "
                              "print(torchscript.deprecation_status().split(' (')[0])"],
                             capture_output=True, text=True).stdout.strip()
     failed = [line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]

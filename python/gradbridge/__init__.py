@@ -4,6 +4,7 @@ Public API:
     export_training_module, export_builtin   -- write a scripted training module (.pt)
     History, EpochRecord                     -- per-epoch training record, JSON Lines I/O
     compare_histories, ParityReport          -- parity between two histories
+    load_for_python                          -- an exported module, loaded to train from Python
     gradbridge.reference                     -- eager torch.optim training (Reference, train)
     gradbridge.java                          -- the Java Trainer and seed driver, in this process
     gradbridge.jvm                           -- the in-process JVM (JPype): start, errors
@@ -43,6 +44,7 @@ _LAZY = {
     "EpochRecord": "history",
     "compare_histories": "parity",
     "ParityReport": "parity",
+    "load_for_python": "_runtime.torchscript",
 }
 
 

@@ -6,8 +6,11 @@ A Java exception crossing JPype becomes the error the Python reference raises fo
 
 from __future__ import annotations
 
+#: How a program starts its one error line on stderr: Java's (TrainCommand, serve, Spark's programs,
+#: the seed driver; the launcher finds their line by it) and, after the program's name, gradbridge's.
+ERROR_PREFIX = "error: "
 #: How the `gradbridge` command starts every error line on stderr.
-CLI_ERROR_PREFIX = "gradbridge: error: "
+CLI_ERROR_PREFIX = f"gradbridge: {ERROR_PREFIX}"
 
 
 class GradbridgeError(Exception):
@@ -88,4 +91,4 @@ class WriteError(GradbridgeError, OSError):
 
 
 class OpListError(GradbridgeError, ValueError):
-    """A protocol-3 op list (``gradbridge.oplist``) this gradbridge cannot write or run: one line naming what."""
+    """A protocol-3 op list (``gradbridge._runtime.oplist``) this gradbridge cannot write or run: one line naming what."""

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
-from . import data, inputs, messages, ops, protocol, torch_gate
+from ._runtime import data, inputs, ops, torch_gate
+from . import messages, protocol
 from .errors import InvalidInputError, ProtocolError
 
 #: Finite-difference step and tolerances: torch.autograd.gradcheck's defaults for float64.
@@ -75,7 +76,7 @@ def python_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, nam
     """The same methods on the same file, called from Python."""
     import torch
 
-    from .torchscript import load, plain_graph_executor
+    from ._runtime.torchscript import load, plain_graph_executor
 
     if protocol.read_metadata(model)["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION:
         return _program_gradients(model, x, y, names)
@@ -94,7 +95,7 @@ def _program_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
     import torch
 
     from .export.aten_export import read_program
-    from .program import Program
+    from ._runtime.program import Program
 
     metadata, graphs, state = read_program(Path(model))
     entry = metadata[protocol.PROGRAM_KEY]
@@ -113,7 +114,7 @@ def finite_differences(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
     import torch
 
     from .reference import Reference
-    from .torchscript import load
+    from ._runtime.torchscript import load
 
     module = Reference(model, user_model) if user_model is not None else load(str(model))
     module.model.train()

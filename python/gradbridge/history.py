@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .files import atomic_path
+from ._runtime.files import atomic_path
 
 #: The keys of one history line, in order.
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")

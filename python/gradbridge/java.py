@@ -1,5 +1,5 @@
 """Java training in this process (JPype): the Java ``Trainer`` on numpy data, and the seed
-example's data generator. (Java in a JVM of its own: ``gradbridge.launcher``.)
+example's data generator. (Java in a JVM of its own: ``gradbridge._runtime.launcher``.)
 
 Numpy arrays reach Java as direct ByteBuffers over their own memory (no copy in Python, no
 per-element conversion); libtorch tensors are built on that memory, so the arrays must stay
@@ -13,8 +13,9 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import inputs, messages, protocol
-from .data import check as check_data
+from ._runtime import inputs
+from . import messages, protocol
+from ._runtime.data import check as check_data
 from .errors import DivergenceError, InvalidInputError
 from .history import History
 from .jvm import direct_buffer, dtype_name, java_errors, jclass, load_module

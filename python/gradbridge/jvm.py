@@ -1,9 +1,9 @@
 """The in-process JVM: Java's gradbridge library called from Python through JPype.
 
-One JVM per process, started on the classpath that ``gradbridge.classpath`` resolves (the
+One JVM per process, started on the classpath that ``gradbridge._runtime.classpath`` resolves (the
 checkout's Gradle build, the jars inside an installed wheel, or ``GRADBRIDGE_CLASSPATH``; then
 the user's own jars and class folders), with gradbridge's native library (built for the torch that
-``import torch`` loaded, see ``gradbridge.native``) on that same libtorch: one libtorch per process,
+``import torch`` loaded, see ``gradbridge._runtime.native``) on that same libtorch: one libtorch per process,
 so both languages share one allocator, one thread pool and one random generator.
 """
 
@@ -15,7 +15,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import classpath, errors, jdk, libtorch, messages, torch_gate
+from ._runtime import classpath, jdk, native, torch_gate
+from . import errors, messages
 
 #: Extra JVM options (whitespace-separated), e.g. "-Xmx4g". Tried first in a JVM of its own
 #: (``check_options``): a JVM that rejects one, or dies of one, would end this process with its own lines.
@@ -38,7 +39,7 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
           classpath_source: str = "jvm.start(extra_classpath=...)") -> None:
     """Start the JVM once for this process; later calls only add ``extra_classpath``.
 
-    The classpath is gradbridge's own jars (``gradbridge.classpath.resolve``), then the user's:
+    The classpath is gradbridge's own jars (``gradbridge._runtime.classpath.resolve``), then the user's:
     entries given to ``jpype.addClassPath`` before this call, ``GRADBRIDGE_USER_CLASSPATH``, then
     ``extra_classpath`` (jars, class folders, ``dir/*``). Raises JavaBuildMissingError when the
     Java library is missing, SetupError when the JDK or torch does not fit it or a user entry does
@@ -53,7 +54,7 @@ def start(extra_options: Sequence[str] = (), extra_classpath: Sequence[str | os.
     path = classpath.resolve()
     user = classpath.user_entries(extra_classpath, classpath_source)
     torch_gate.require_torch()
-    options = libtorch.java_options()  # builds the native library for this torch once, when needed
+    options = native.jvm_options()  # builds the native library for this torch once, when needed
     libjvm = jdk.libjvm_path()
     version = jdk.libjvm_version(libjvm)
     if version is not None:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import classpath, launcher
+from ._runtime import classpath, launcher
 from .errors import LogError
 from .feedback_log import POSITION_DUPLICATE, POSITION_LOGGED, FeedbackLog
 

@@ -50,6 +50,12 @@ def empty_dataset(source: str) -> str:
     return f"{source}: the dataset is empty (0 samples)"
 
 
+def one_line(ex: BaseException) -> str:
+    """An exception's text on one line: the one rule for shortening torch's and libtorch's messages,
+    which span several lines (whitespace collapsed; the exception's type when it says nothing)."""
+    return " ".join(str(ex).split()) or type(ex).__name__
+
+
 def java_double(value: float) -> str:
     """A float as Java's Double.toString writes it: NaN, Infinity, -Infinity; the shortest digits,
     plain from 1e-3 up to 1e7 (``123.45``, ``1000000.0``) and as ``d.dddE±n`` outside (``3.0E38``)."""
@@ -292,7 +298,7 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
             f"the draw; {CHECK_SKIP}")
 
 
-# ---- a model's inputs (gradbridge.inputs; Java: dev.gradbridge.Inputs) ----
+# ---- a model's inputs (gradbridge._runtime.inputs; Java: dev.gradbridge.Inputs) ----
 
 #: What the metadata's ``inputs`` must hold (Java: ``Messages.INPUT_SPECS``).
 INPUT_SPECS = "the specs of the model's inputs (x, or several by name) then y, each name once"
@@ -329,7 +335,7 @@ def input_missing(source: str, name: str, holds: Sequence[str], needs: Sequence[
             f"(save with numpy.savez(path, {', '.join(n + '=...' for n in needs)}))")
 
 
-# ---- a torch newer than the verified releases (gradbridge.torch_gate, gradbridge verify) ----
+# ---- a torch newer than the verified releases (gradbridge._runtime.torch_gate, gradbridge verify) ----
 
 def _newer(version: str, verified: str) -> str:
     return f"torch {version} is newer than the releases gradbridge verified (up to {verified}.x)"

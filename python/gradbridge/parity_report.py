@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from .files import atomic_path
+from ._runtime.files import atomic_path
 from .history import History
 from .parity import ParityReport
 

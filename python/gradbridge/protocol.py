@@ -137,7 +137,7 @@ OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPT
 CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
                                     "data_sha256", "shards_sha256")
 
-#: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge.inputs``) and y (torch's names without the ``torch.`` prefix):
+#: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge._runtime.inputs``) and y (torch's names without the ``torch.`` prefix):
 #: what data files hold and what history digests hash.
 DTYPES = ("float32", "float64", "int64")
 #: The dtypes of buffers: every element type torch's CPU kernels handle that Java moves (Java's

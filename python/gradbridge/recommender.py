@@ -21,7 +21,7 @@ from torch import nn
 
 from . import online, protocol
 from .export import export_training_module
-from .files import atomic_path
+from ._runtime.files import atomic_path
 from .replay import ReplayReport, replay
 
 #: The demo's sizes and learning rate.

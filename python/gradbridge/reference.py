@@ -23,14 +23,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import inputs, messages, protocol, shuffle
-from . import shuffle as shuffle_module
+from ._runtime import inputs, shuffle
+from . import messages, protocol
+from ._runtime import shuffle as shuffle_module
 from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
 from .export import capture, finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
-from . import torchscript
-from .torchscript import plain_graph_executor
+from ._runtime import torchscript
+from ._runtime.torchscript import plain_graph_executor
 
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
@@ -398,8 +399,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                 losses = reference.train_epoch(xs, ys, perm, batch)
         except (RuntimeError, IndexError, ValueError) as ex:
             # e.g. "Target 5 is out of bounds." for a label outside the model's classes
-            reason = str(ex).strip().splitlines()[-1] if str(ex).strip() else type(ex).__name__
-            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {reason}") from ex
+            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {messages.one_line(ex)}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):

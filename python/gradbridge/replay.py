@@ -197,7 +197,7 @@ def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tu
     in float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit); a
     step that leaves a parameter or the optimizer's state not finite is undone. Returns the loss and
     None when applied, else the reason it was not."""
-    from .torchscript import plain_graph_executor
+    from ._runtime.torchscript import plain_graph_executor
 
     with plain_graph_executor():
         reference.optimizer.zero_grad()
@@ -284,7 +284,7 @@ class _Gate:
     the rollback policy the learner's state with each."""
 
     def __init__(self, log: FeedbackLog, settings: dict, metadata: dict, reference, gate_data) -> None:
-        from . import data, inputs
+        from ._runtime import data, inputs
 
         self.log = log
         self.max_regression = float(settings["max_regression"])

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import libtorch, torch_gate
+from . import messages
+from ._runtime import libtorch, torch_gate
 from .export.self_check import first_difference
 from .models import SmallCNN, linear, mlp
 
@@ -83,7 +84,7 @@ def optimizer_difference(path: Path, model: torch.nn.Module, batches: Sequence[T
     eager torch.optim on ``model`` (losses, parameters, buffers, optimizer state and its keys), or None when every
     step has the same bits. Both start from the same generator state (dropout draws the same masks)."""
     from .reference import Reference
-    from .torchscript import load, plain_graph_executor
+    from ._runtime.torchscript import load, plain_graph_executor
 
     reference = Reference(path, model)
     scripted = load(str(path))
@@ -154,7 +155,7 @@ def loss_cases() -> List[Tuple[dict, torch.Tensor, torch.Tensor, Callable]]:
 def loss_difference(spec: dict, prediction: torch.Tensor, target: torch.Tensor, expected: Callable) -> Optional[str]:
     """The scripted loss against the direct call: the first of value and gradient that differs, or None."""
     from .export import losses
-    from .torchscript import script
+    from ._runtime.torchscript import script
 
     module = script(losses.build(spec))
     ours, theirs = prediction.clone().requires_grad_(True), prediction.clone().requires_grad_(True)
@@ -223,13 +224,13 @@ class Difference:
 
 
 def _native(folder: Path) -> Union[str, Difference]:
-    from . import native
+    from ._runtime import native
 
     return f"built for torch {torch.__version__} ({native.ensure(quiet=True).name})"
 
 
 def _torchscript(folder: Path) -> Union[str, Difference]:
-    from . import torchscript
+    from ._runtime import torchscript
 
     torchscript.require_available()
     return "scripts, saves and loads"
@@ -310,7 +311,7 @@ def run(out: Callable[[str], None] = print) -> Verdict:
                 if isinstance(summary, Difference):
                     failure = f"{name} / {summary.case}: {summary.detail}"
             except Exception as ex:  # whatever this torch raises in a case is that case's failure
-                reason = " ".join(str(ex).split())
+                reason = messages.one_line(ex)
                 failure = f"{name}: {reason if isinstance(ex, GradbridgeError) else f'{type(ex).__name__}: {reason}'}"
             if failure:
                 out(f"  {name:<16} FAILED: {failure}")

@@ -19,12 +19,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import classpath, jdk, jvm, libtorch, messages, torchscript
+from .._runtime import classpath, torchscript
+from .._runtime.launcher import java_command
+from .. import jvm, messages
 from ..errors import ExportError, SetupError
 from ..export import export_training_module, losses, optim
-from ..gradle import run_task
+from .._runtime.gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
-from ..torchscript import plain_graph_executor
+from .._runtime.torchscript import plain_graph_executor
 from .stats import ratio_ci
 from .workers import (JavaSettings, Variant, Worker, _in_process_environment, _in_process_jvm_options,
                       _java_worker, _native_worker, _python_block, _worker_variant, _write_native_data, run_rounds)
@@ -256,10 +258,10 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
 def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:
     """Bench-only: one Java train_step call, layer by layer, interleaved in one JVM (see
     StepBenchmark.breakdown): the bare native call, TrainingModule.trainStep."""
-    command = [jdk.checked_java(), *libtorch.java_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-               f"-Dgradbridge.numThreads={torch.get_num_threads()}",
-               "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
-               "breakdown", str(model), str(data), str(rounds), str(calls)]
+    command = java_command("dev.gradbridge.bench.StepBenchmark", ["breakdown", model, data, rounds, calls],
+                           entries=classpath.resolve().entries,
+                           jvm_options=["-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                                        f"-Dgradbridge.numThreads={torch.get_num_threads()}"])
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     per_call = json.loads(result.stdout.strip().splitlines()[-1])["per_call_seconds"]
     return {"calls_per_block": calls, "median_s": {k: statistics.median(v) for k, v in per_call.items()},

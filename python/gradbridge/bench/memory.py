@@ -27,7 +27,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import numpy as np
 import torch
 
-from .. import jvm, launcher
+from .. import jvm
+from .._runtime import launcher
 from ..export import export_training_module
 
 #: A slope below this (bytes per step) counts as flat whatever the noise: 1 byte/step is 100 kB

@@ -33,10 +33,11 @@ from typing import Dict
 import numpy as np
 import torch
 
-from .. import launcher, protocol
+from .._runtime import launcher
+from .. import protocol
 from ..errors import GradbridgeError
 from ..export import export_builtin
-from ..files import atomic_path
+from .._runtime.files import atomic_path
 from ..reference import Reference
 
 CLASSES = 4

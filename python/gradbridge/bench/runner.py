@@ -14,8 +14,9 @@ from typing import Any, Callable, Dict, Sequence
 import numpy as np
 import torch
 
-from .. import _devtree, jdk, jvm
-from ..files import atomic_path
+from .._runtime import devtree as _devtree, jdk
+from .. import jvm
+from .._runtime.files import atomic_path
 from . import memory as bench_memory
 from .cases import CASES, _data, _export, bench_startup, bench_steps, bench_transfer, breakdown
 from .report import answers, targets, write_chart

@@ -17,7 +17,9 @@ from typing import Any, Callable, Dict, List, Sequence
 import numpy as np
 import torch
 
-from .. import _devtree, classpath, jdk, jvm, libtorch, native
+from .._runtime import devtree as _devtree, classpath, native
+from .._runtime.launcher import java_command
+from .. import jvm
 
 #: The native loop's source lives in the checkout (benchmarks/native): `gradbridge bench` is a
 #: development command.
@@ -181,12 +183,12 @@ class JavaSettings:
 
 def _java_worker(model: Path, data: Path, mode: str, batch: int, threads: int, settings: JavaSettings) -> Worker:
     """StepBenchmark in a JVM of its own, on the wheel's libtorch (no Python in that process)."""
-    command = [jdk.checked_java(), *libtorch.java_options(), "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-               f"-Dgradbridge.numThreads={threads}",
-               f"-Dgradbridge.numInteropThreads={torch.get_num_interop_threads()}",
-               *settings.options,
-               "-cp", os.pathsep.join(classpath.resolve().entries), "dev.gradbridge.bench.StepBenchmark",
-               str(model), str(data), mode, str(batch)]
+    command = java_command("dev.gradbridge.bench.StepBenchmark", [model, data, mode, batch],
+                           entries=classpath.resolve().entries,
+                           jvm_options=["-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                                        f"-Dgradbridge.numThreads={threads}",
+                                        f"-Dgradbridge.numInteropThreads={torch.get_num_interop_threads()}",
+                                        *settings.options])
     if settings.cpus:
         command = ["taskset", "-c", settings.cpus, *command]
     return Worker(command, {**os.environ, **settings.env})

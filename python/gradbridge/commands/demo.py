@@ -1,7 +1,7 @@
 """`gradbridge demo`: the seed's linear regression trained from Java twice, checked against Python.
 
 1. export the seed model;
-2. the Java seed driver trains it in a JVM of its own (`java`, see gradbridge.launcher) and writes
+2. the Java seed driver trains it in a JVM of its own (`java`, see gradbridge._runtime.launcher) and writes
    a history: DJL's own libtorch in a checkout, the pip libtorch from an installed wheel;
 3. the same Java driver trains it inside this process (JPype, the libtorch of `import torch`);
 4. eager PyTorch + torch.optim.SGD trains it on the same data;
@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .. import java, launcher, reference, torch_gate
+from .. import java, reference
+from .._runtime import launcher, torch_gate
 from ..export import export_builtin
 from ..history import History
 from ..models import SEED_LR as LR

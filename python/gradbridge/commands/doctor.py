@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .. import _devtree, classpath, jdk, libtorch, native, torch_gate
+from .._runtime import devtree as _devtree, classpath, jdk, libtorch, native, torch_gate
 from .._version import __version__
 from ..errors import GradbridgeError
 
@@ -60,7 +60,7 @@ def run(out: Callable[[str], None] = print) -> int:
     if torch_ok:
         check("torch self-check", torch_gate.status)
     if torch_ok:
-        from .. import torchscript
+        from .._runtime import torchscript
 
         check("TorchScript", torchscript.deprecation_status)
         check("export formats", _formats)
@@ -94,7 +94,7 @@ def run(out: Callable[[str], None] = print) -> int:
 
 def _formats() -> str:
     """The formats this torch exports, each probed on a one-layer model; a problem only when neither works."""
-    from .. import oplist, torchscript
+    from .._runtime import oplist, torchscript
     from ..errors import ExportError, TorchScriptUnavailableError
     from ..export import aten_export
 
@@ -117,8 +117,8 @@ def _formats() -> str:
 
 
 #: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options).
-_JVM_PROBE = ("import sys\nfrom gradbridge import jvm\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
-              "    print(' '.join(str(ex).split()), file=sys.stderr)\n    sys.exit(1)\n"
+_JVM_PROBE = ("import sys\nfrom gradbridge import jvm, messages\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
+              "    print(messages.one_line(ex), file=sys.stderr)\n    sys.exit(1)\n"
               "print(jvm.jclass('java.lang.System').getProperty('java.version'))\n")
 
 

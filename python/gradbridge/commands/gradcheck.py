@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..export.command_line import build_model
-from ..files import atomic_path, check_writable
+from .._runtime.files import atomic_path, check_writable
 from ..gradcheck import ATOL, EPS, RTOL, check
 
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
-from ..files import check_writable
+from .._runtime.files import check_writable
 from ..models import BUILTIN_MODELS, SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -97,7 +97,7 @@ def _parity(args: argparse.Namespace) -> int:
 
 
 def _build_op(args: argparse.Namespace) -> int:
-    from .. import ops
+    from .._runtime import ops
 
     check_writable(args.output)
     print(f"wrote {ops.build(args.sources, args.output)}")
@@ -496,12 +496,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.run(args)
     except (GradbridgeError, ValueError, OSError) as ex:
-        print(f"{CLI_ERROR_PREFIX}{_one_line(ex)}", file=sys.stderr)
+        print(f"{CLI_ERROR_PREFIX}{messages.one_line(ex)}", file=sys.stderr)
         return 1
     except Exception as ex:  # never a traceback for the user; TRACEBACK_ENV shows it for a bug report
         if os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"{CLI_ERROR_PREFIX}unexpected {type(ex).__name__}: {_one_line(ex)} "
+        print(f"{CLI_ERROR_PREFIX}unexpected {type(ex).__name__}: {messages.one_line(ex)} "
               f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
 
@@ -509,7 +509,3 @@ def main(argv: Optional[List[str]] = None) -> int:
 #: Set to show the traceback of an unexpected error.
 TRACEBACK_ENV = "GRADBRIDGE_TRACEBACK"
 
-
-def _one_line(ex: BaseException) -> str:
-    """The error's message on one line (torch's messages can span several)."""
-    return " ".join(str(ex).split()) or type(ex).__name__

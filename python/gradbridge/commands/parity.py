@@ -9,10 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import data, java, launcher, ops, parity_report, protocol, reference, torch_gate
+from .._runtime import data, launcher, ops, torch_gate
+from .. import java, parity_report, protocol, reference
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..export.command_line import build_model
-from ..files import check_writable
+from .._runtime.files import check_writable
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
 
 JAVA_MODES = ("inprocess", "subprocess", "both")

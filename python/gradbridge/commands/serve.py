@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import List, Sequence
 
-from .. import classpath, launcher
+from .._runtime import classpath, launcher
 
 SERVE_MAIN = "dev.gradbridge.serve.ServeCommand"
 

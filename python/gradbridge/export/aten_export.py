@@ -36,10 +36,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .. import inputs as model_inputs, libtorch, messages, oplist, program, protocol
+from .._runtime import inputs as model_inputs, libtorch, oplist, program
+from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
-from ..files import atomic_path
+from .._runtime.files import atomic_path
 from . import finetune, losses, self_check, traceable
 
 log = logging.getLogger(__name__)
@@ -666,7 +667,7 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
     except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
-        raise protocol.ProtocolError(messages.program_unreadable(str(path), " ".join(str(ex).split()))) from ex
+        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex))) from ex
     return metadata, graphs, state
 
 
@@ -756,4 +757,4 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
     except ExportError:
         raise
     except Exception as ex:
-        raise ExportError(messages.export_check_raised(method, " ".join(str(ex).split())[:300])) from ex
+        raise ExportError(messages.export_check_raised(method, messages.one_line(ex)[:300])) from ex

@@ -22,7 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Type
 import torch
 from torch import Tensor, nn
 
-from .. import inputs, messages, torchscript
+from .._runtime import inputs, torchscript
+from .. import messages
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .. import protocol
 from ..errors import GradbridgeError
-from ..files import check_writable
+from .._runtime.files import check_writable
 from ..models import BUILTIN_MODELS
 
 #: Losses whose targets are class indices (int64, one per sample) rather than values.
@@ -137,7 +137,7 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
     """
     import torch
 
-    from .. import ops
+    from .._runtime import ops
     from . import export_builtin, export_training_module
     from .training_module import example_batch
 

@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import protocol, torchscript
+from .. import protocol
+from .._runtime import torchscript
 from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
 from . import groups as param_groups, optim, scheduler_modules, schedulers
 
@@ -237,7 +238,7 @@ def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
 
 def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
     """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
-    from ..files import atomic_path, check_writable
+    from .._runtime.files import atomic_path, check_writable
 
     out = Path(out)
     check_writable(out)

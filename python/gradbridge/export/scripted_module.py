@@ -441,7 +441,7 @@ class _TrainingModule(nn.Module):
 
 class _SeveralInputs(_TrainingModule):
     """The protocol around a model of several named inputs: the methods that take the model's input
-    take the list of its tensors, in the metadata's order (``gradbridge.inputs``); ``model`` and
+    take the list of its tensors, in the metadata's order (``gradbridge._runtime.inputs``); ``model`` and
     ``eval_model`` take that list too (``capture.keyword_call`` passes each tensor by name)."""
 
     def forward(self, xs: List[Tensor]) -> Tensor:

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import inputs, messages, torchscript
+from .._runtime import inputs, torchscript
+from .. import messages
 from ..errors import CaptureError, ExportError
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
@@ -202,5 +203,5 @@ def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: T
     except ExportError:
         raise
     except Exception as ex:  # the model raised on one side: still one line, naming where
-        reason = " ".join(str(ex).split()) or type(ex).__name__
+        reason = messages.one_line(ex)
         raise CaptureError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex

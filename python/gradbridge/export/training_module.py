@@ -13,10 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .. import inputs as model_inputs, libtorch, messages, ops, protocol, torchscript
+from .._runtime import inputs as model_inputs, libtorch, ops, torchscript
+from .. import messages, protocol
 from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
-from ..files import atomic_path
+from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from . import capture as model_capture, finetune, losses, optim, self_check
 from .scripted_module import _SeveralInputs, _TrainingModule
@@ -224,7 +225,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         except ExportError:
             raise
         except Exception as ex:
-            reason = " ".join(str(ex).split())
+            reason = messages.one_line(ex)
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {reason}") from ex
         finally:
             with torch.no_grad():
@@ -307,7 +308,7 @@ def _check_specs_fit(model: nn.Module, loss_module: nn.Module, loss_name: str, s
             loss_module(model_inputs.call(copy.deepcopy(model).eval(),
                                           batch["x"] if model_inputs.is_single(list(batch)) else batch), y)
     except Exception as ex:  # torch raises RuntimeError, IndexError, ValueError...
-        reason = " ".join(str(ex).split())
+        reason = messages.one_line(ex)
         described = ", ".join(f"{s['name']} {s['shape']} {s['dtype']}" for s in specs)
         raise ValueError(f"inputs {described} do not fit model {name} with loss {loss_name}: {reason}") from ex
 

@@ -2,7 +2,7 @@
 // group (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the entry
 // points of dev/gradbridge/spark/GlooNative.java). A native library of its own (libgradbridge_gloo),
 // so that gradbridge's core library and wheel carry no gloo: compiled per libtorch build by
-// python/gradbridge/native.py (`build --gloo`), against torch's c10d headers, the core's
+// python/gradbridge/_runtime/native.py (`build --gloo`), against torch's c10d headers, the core's
 // native/jni_support.h and the gloo headers vendored beside this file in third_party/gloo (pip
 // torch ships the first, not the last; every gloo object is created inside libtorch, so the headers
 // only have to compile). Java loads it after the core library, so libtorch is already in the process.

@@ -5,7 +5,7 @@ import java.nio.ByteBuffer;
 /**
  * The JNI entry points of gradbridge's native library ({@code native/gradbridge_jni.cpp}), over
  * libtorch's C++ API. {@code javac -h} generates the C++ signatures from this file (see
- * {@code python/gradbridge/native.py}), so the two cannot drift; it therefore uses only
+ * {@code python/gradbridge/_runtime/native.py}), so the two cannot drift; it therefore uses only
  * {@code java.*} types. Callers load the library first ({@link NativeLibrary#load}).
  *
  * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one

@@ -2,7 +2,7 @@ package dev.gradbridge.data;
 
 /**
  * The mini-batch order and per-epoch torch seed, bit for bit the same as {@code
- * python/gradbridge/shuffle.py} (which states the specification); both suites check {@code
+ * python/gradbridge/_runtime/shuffle.py} (which states the specification); both suites check {@code
  * tests/vectors/shuffle.json}.
  *
  * <p>One SplitMix64 stream per (seed, epoch) starting at {@code seed ^ (epoch *

@@ -6,7 +6,7 @@ import java.nio.ByteBuffer;
  * The JNI entry points of gradbridge-spark's own native library, {@code libgradbridge_gloo}
  * ({@code spark/src/main/native/gradbridge_gloo.cpp}): libtorch's c10d Gloo, which only
  * gradbridge-spark uses, so gradbridge's core library carries none of it. {@code javac -h} generates
- * the C++ signatures from this file alone ({@code python/gradbridge/native.py}), so it uses only
+ * the C++ signatures from this file alone ({@code python/gradbridge/_runtime/native.py}), so it uses only
  * {@code java.*} types. Callers load the library first ({@link GlooLibrary#load}); each error is a
  * one-line {@code dev.gradbridge.NativeException}.
  */

@@ -5,10 +5,10 @@ The supported range is the torch line of ``requirements.txt`` (the wheel's depen
 end only, so that pip never refuses or downgrades a newer torch; a torch below it is refused with one
 line before any JVM starts. ``VERIFIED_TORCH`` beside it names the newest minor release the project
 ran its whole version matrix on ("verified up to"); a newer torch needs a passing self-check on the
-machine it runs on first (``gradbridge.torch_gate``).
+machine it runs on first (``gradbridge._runtime.torch_gate``).
 
 In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
-through gradbridge's native library built for that torch (``gradbridge.native``). A separate JVM uses
+through gradbridge's native library built for that torch (``gradbridge._runtime.native``, which reads this module, never the reverse). A separate JVM uses
 the libtorch of DJL's ``pytorch-native-cpu`` jar when its classpath has one (a checkout's Gradle build;
 the jar's own native library is built for it), else this Python's libtorch (an installed wheel).
 """
@@ -18,14 +18,13 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import List
 
-from .errors import SetupError
+from ..errors import SetupError
 
 #: gradbridge's run-time requirements (the wheel's too); its torch line is the supported range.
-REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
+REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
 #: One line, a minor release ("2.15"): the newest torch the project verified (every release of it).
-VERIFIED = Path(__file__).resolve().parent / "VERIFIED_TORCH"
+VERIFIED = Path(__file__).resolve().parents[1] / "VERIFIED_TORCH"
 
 
 @lru_cache(maxsize=None)
@@ -89,13 +88,3 @@ def lib_dir() -> Path:
     import torch
 
     return Path(torch.__file__).resolve().parent / "lib"
-
-
-def java_options(use_torch_lib: bool = True) -> List[str]:
-    """System properties for Java: this Python's libtorch and the native library built for it (by default),
-    else none (Java then takes libtorch from the pytorch-native jar on its classpath)."""
-    if not use_torch_lib:
-        return []
-    from . import native
-
-    return native.jvm_options()

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from .errors import GradbridgeError
-from . import _devtree
+from ..errors import GradbridgeError
+from . import devtree as _devtree
 
 
 def program_args(words: Sequence[str]) -> str:

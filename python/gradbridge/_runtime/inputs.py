@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import messages
+from .. import messages
 
 X = "x"
 Y = "y"

@@ -1,7 +1,7 @@
 """Java programs in a JVM of their own: the Trainer's CLI (``train``) and the seed driver.
 
-The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge.classpath``
-resolves, on the libtorch that ``gradbridge.libtorch`` chooses. No Gradle,
+The command is ``java`` (checked to be 17+) on the classpath that ``gradbridge._runtime.classpath``
+resolves, on the libtorch that ``gradbridge._runtime.native`` points it at. No Gradle,
 no checkout: this is what an installed wheel runs.
 """
 
@@ -11,16 +11,27 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, libtorch, protocol, torch_gate
-from .errors import GradbridgeError
+from . import classpath, jdk, native, torch_gate
+from .. import protocol
+from ..errors import ERROR_PREFIX, GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
-    from .history import History
+    from ..history import History
 
 TRAIN_MAIN = "dev.gradbridge.cli.TrainCommand"
 SEED_MAIN = "dev.gradbridge.examples.LinearRegressionTraining"
-#: Java programs report a bad input as one line starting with this (TrainCommand, the seed driver).
-ERROR_PREFIX = "error: "
+
+
+def java_command(main_class: str, args: Sequence[object] = (), *, entries: Sequence[str],
+                 jvm_options: Sequence[str] = (), use_torch_lib: bool = True) -> List[str]:
+    """The one ``java ... -cp ... main_class args`` command line every JVM of its own runs (the Trainer's
+    CLI, serve, the Kafka reader, Spark, the bench's workers). The torch gate comes first, always
+    (a torch outside the range or unverified starts no JVM), then ``java`` checked to be 17+, this
+    Python's libtorch and the native library built for it (unless ``use_torch_lib`` is false: the
+    classpath brings its own libtorch), ``jvm_options``, the classpath ``entries``."""
+    torch_gate.require_torch()
+    return [jdk.checked_java(), *(native.jvm_options() if use_torch_lib else []), *jvm_options,
+            "-cp", os.pathsep.join(entries), main_class, *map(str, args)]
 
 
 def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Sequence[str] = ()) -> List[str]:
@@ -28,9 +39,7 @@ def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Se
     classpath followed by ``extra_classpath``."""
     core = classpath.resolve()
     path = classpath.Classpath([*core.entries, *extra_classpath], core.source)
-    torch_gate.require_torch()
-    return [jdk.checked_java(), *libtorch.java_options(use_torch_lib=not path.has_native_libtorch),
-            "-cp", os.pathsep.join(path.entries), main_class, *map(str, args)]
+    return java_command(main_class, args, entries=path.entries, use_torch_lib=not path.has_native_libtorch)
 
 
 def error_line(stderr: str, returncode: int) -> str:
@@ -60,7 +69,7 @@ def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int
           history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
     """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
     History it wrote. GradbridgeError carries the program's own error line."""
-    from .history import History
+    from ..history import History
 
     args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
             "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
-from . import messages
+from .. import messages
 from .files import atomic_path
-from .errors import GradbridgeError, ModuleLoadError
+from ..errors import GradbridgeError, ModuleLoadError
 
 #: Namespaces of libtorch's own operators: anything else in a scripted graph is a custom operator.
 _BUILTIN_NAMESPACES = frozenset({"aten", "prim", "profiler", "quantized", "onnx", "cuda", "_caffe2", "torchvision",

@@ -57,7 +57,7 @@ MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format
                   "channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
 
 
-from .errors import OpListError  # noqa: E402  (re-exported: oplist.OpListError)
+from ..errors import OpListError  # noqa: E402  (re-exported: oplist.OpListError)
 
 
 def _name(value: Any, table: Mapping[str, Any], kind: str) -> str:

@@ -9,14 +9,13 @@ Java run and the eager replay (``reference.train_sharded``) run the same kernels
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import List, Sequence
 
-from . import _devtree, classpath, jdk, libtorch, native, torch_gate
-from .errors import GradbridgeError, JavaBuildMissingError
-from .launcher import error_line
+from . import devtree as _devtree, classpath, native
+from ..errors import GradbridgeError, JavaBuildMissingError
+from .launcher import error_line, java_command
 
 SPARK_MAIN = "dev.gradbridge.spark.SparkTrainCommand"
 PARQUET_MAIN = "dev.gradbridge.spark.NpzToParquet"
@@ -39,11 +38,9 @@ def command(args: Sequence[object] = (), *, jvm_options: Sequence[str] = (), mai
     checks and wording are ``classpath.read_listing``'s."""
     entries = classpath.read_listing(_devtree.require_root("gradbridge-spark") / CLASSPATH_FILE, "gradbridge-spark")
     jvm_args = [line for line in _build_file(JVM_ARGS_FILE).read_text().splitlines() if line.strip()]
-    torch_gate.require_torch()
     # gradbridge-spark's own Gloo library, built for this Python's torch like the core library
     gloo = f"-Dgradbridge.gloo.library={native.ensure_gloo()}"
-    return [jdk.checked_java(), *jvm_args, *libtorch.java_options(use_torch_lib=True), gloo, *jvm_options,
-            "-cp", os.pathsep.join(entries), main, *map(str, args)]
+    return java_command(main, args, entries=entries, jvm_options=[*jvm_args, gloo, *jvm_options])
 
 
 def run(args: Sequence[object], *, check: bool = True, timeout: float = 600,

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from .errors import SetupError
+from ..errors import SetupError
 
 #: The jars are compiled for Java 17 (Spark 4 needs it too).
 MIN_JAVA = 17

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-_CANDIDATE = Path(__file__).resolve().parents[2]
+_CANDIDATE = Path(__file__).resolve().parents[3]
 
 
 def root() -> Optional[Path]:
@@ -21,7 +21,7 @@ def root() -> Optional[Path]:
 
 def require_root(what: str) -> Path:
     """The checkout, or GradbridgeError saying that ``what`` needs one."""
-    from .errors import SetupError
+    from ..errors import SetupError
 
     checkout = root()
     if checkout is None:

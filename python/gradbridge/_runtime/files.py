@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import WriteError  # also importable from here, as before
+from ..errors import WriteError  # also importable from here, as before
 
 
 def _refused(target: Path, ex: OSError) -> WriteError:

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from . import libtorch, messages
-from ._version import __version__
-from .errors import SetupError
+from . import libtorch
+from .. import messages
+from .._version import __version__
+from ..errors import SetupError
 
 #: "0": an unchecked torch newer than the verified releases is refused (run `gradbridge verify` first)
 #: instead of being self-checked on its first use.

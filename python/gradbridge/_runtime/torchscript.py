@@ -11,8 +11,8 @@ from typing import Iterator
 
 import torch
 
-from . import messages
-from .errors import TorchScriptUnavailableError
+from .. import messages
+from ..errors import TorchScriptUnavailableError
 
 # torch deprecates TorchScript (2.11.0 and 2.15.0 do; 2.7.1 does not): every torch.jit.script/trace/save/
 # load call warns (FutureWarning;
@@ -72,9 +72,9 @@ def _refuse_protocol3(path) -> None:
     import os
     import zipfile
 
-    from . import messages
-    from .errors import ProtocolError
-    from .protocol import METADATA_FILE
+    from .. import messages
+    from ..errors import ProtocolError
+    from ..protocol import METADATA_FILE
 
     if isinstance(path, (str, os.PathLike)) and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
@@ -97,7 +97,7 @@ def _round_trip() -> None:
 
 def _unavailable(call: str, ex: Exception) -> TorchScriptUnavailableError:
     return TorchScriptUnavailableError(messages.torchscript_unavailable(
-        torch.__version__, call, " ".join(f"{type(ex).__name__}: {ex}".split()) or type(ex).__name__))
+        torch.__version__, call, f"{type(ex).__name__}: {messages.one_line(ex)}"))
 
 
 def require_available() -> None:

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from . import _devtree
-from .errors import JavaBuildMissingError, SetupError
+from . import devtree as _devtree
+from ..errors import JavaBuildMissingError, SetupError
 
 #: Overrides every other source of gradbridge's own jars: entries separated by os.pathsep.
 CLASSPATH_ENV = "GRADBRIDGE_CLASSPATH"
 #: The user's jars and class folders, added after gradbridge's own: entries separated by os.pathsep.
 USER_CLASSPATH_ENV = "GRADBRIDGE_USER_CLASSPATH"
 #: The jars a wheel carries (`make dist` fills it; absent in a checkout).
-BUNDLED_JARS = Path(__file__).resolve().parent / "jars"
+BUNDLED_JARS = Path(__file__).resolve().parents[1] / "jars"
 BUNDLE_INDEX = "classpath.txt"
 #: Written into the library jar by the build (Java: dev.gradbridge.Versions).
 VERSIONS_RESOURCE = "dev/gradbridge/versions.properties"

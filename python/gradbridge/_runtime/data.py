@@ -13,8 +13,9 @@ from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 
-from . import inputs, messages
-from .errors import InvalidInputError
+from . import inputs
+from .. import messages
+from ..errors import InvalidInputError
 
 
 def check_npy_header(fp, total_bytes: int, source: str, array: str) -> None:
