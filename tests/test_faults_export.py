@@ -336,3 +336,19 @@ def test_micro_batches_of_one_are_refused_in_one_line_where_the_model_cannot_run
                                format="export", accumulate=5)
     assert str(info.value) == messages.aten_micro_batches_too_small(9, 5, [2, 2, 2, 2, 1], 2)
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_bare_assertion_in_torch_export_names_where_it_failed():
+    """torch.export's internals fail some models with a bare `assert` (no text): the refusal line then
+    says where, not only "AssertionError"."""
+    from gradbridge.export import traceable
+
+    def create_graph_signature():
+        raise AssertionError()  # what a bare `assert` raises (pytest rewrites this file's asserts)
+
+    try:
+        create_graph_signature()
+    except AssertionError as ex:
+        reason = traceable.capture_failure(ex)
+    line = create_graph_signature.__code__.co_firstlineno + 1
+    assert reason.startswith(f"AssertionError in {__file__}:{line} (create_graph_signature)"), reason

@@ -202,10 +202,13 @@ def _model_frame(ex: BaseException) -> Optional[str]:
             found = frame
     if found is None:
         return None
-    parts = Path(found.filename).parts
-    short = "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else found.filename
     code = found.line.split("  #")[0].strip() if found.line else ""
-    return f"{short}:{found.lineno}" + (f" `{code}`" if code else "")
+    return f"{_short_path(found.filename)}:{found.lineno}" + (f" `{code}`" if code else "")
+
+
+def _short_path(filename: str) -> str:
+    parts = Path(filename).parts
+    return "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else filename
 
 
 def capture_failure(ex: BaseException) -> str:
@@ -216,5 +219,9 @@ def capture_failure(ex: BaseException) -> str:
     at = f" at {where}" if where else ""
     if "data-dependent" in text:  # torch's GuardOnDataDependentSymNode and kin
         return messages.aten_data_dependent(at)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(ex).__name__)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), None)
+    if first is None:  # a bare `assert` inside torch: where it failed is all there is to say
+        frames = traceback.extract_tb(ex.__traceback__)
+        inner = f" in {_short_path(frames[-1].filename)}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+        first = f"{type(ex).__name__}{inner}"
     return f"{first[:300]}{at}"
