@@ -1,13 +1,14 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Digests;
-import dev.gradbridge.internal.AtomicFiles;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
+import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.Digests;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.DoubleBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.security.MessageDigest;
@@ -119,7 +120,7 @@ public final class History {
             if (values == null) {
                 Map<String, double[]> built = new LinkedHashMap<>();
                 for (Map.Entry<String, ByteBuffer> entry : buffers.entrySet()) {
-                    java.nio.DoubleBuffer doubles = entry.getValue().duplicate().order(ByteOrder.nativeOrder()).asDoubleBuffer();
+                    DoubleBuffer doubles = entry.getValue().duplicate().order(ByteOrder.nativeOrder()).asDoubleBuffer();
                     double[] array = new double[doubles.remaining()];
                     doubles.get(array);
                     built.put(entry.getKey(), array);
