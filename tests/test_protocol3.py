@@ -22,7 +22,7 @@ from torch import nn
 from gradbridge import export_training_module, java, messages, protocol, reference
 from gradbridge._runtime import launcher, oplist
 from gradbridge.errors import ExportError, GradbridgeError
-from gradbridge.export.aten_export import read_program
+from gradbridge._runtime.program import read_program
 from gradbridge.jvm import load_module
 from tests.faults import TRAIN_SCRIPT, one_error_line, train_cli
 from tests.models import zoo

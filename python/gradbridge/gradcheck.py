@@ -94,8 +94,7 @@ def _program_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
     """A protocol-3 module's ``calculate_loss_and_backward`` on the native interpreter's Python twin."""
     import torch
 
-    from .export.aten_export import read_program
-    from ._runtime.program import Program
+    from ._runtime.program import Program, read_program
 
     metadata, graphs, state = read_program(Path(model))
     entry = metadata[protocol.PROGRAM_KEY]

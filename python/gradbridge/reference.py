@@ -32,6 +32,7 @@ from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
 from ._runtime import torchscript
 from ._runtime.torchscript import plain_graph_executor
+from ._runtime.program import read_program
 
 
 def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
@@ -43,8 +44,6 @@ def initial_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
 
 def _program_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
     """A protocol-3 module's parameters and buffers, by name (read from its state entries)."""
-    from .export.aten_export import read_program
-
     _, _, state = read_program(model_path)
     return {name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")}
 

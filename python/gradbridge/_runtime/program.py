@@ -31,13 +31,18 @@ accumulation loop), optimizer_step; ``schedule_epoch`` steps a per-epoch schedul
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Dict, List, Mapping, Optional
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import oplist
+from .. import messages, protocol
 
 #: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.aten_export``).
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
@@ -214,3 +219,84 @@ class Program:
 
     def evaluate(self, x: Mapping[str, Tensor], y: Tensor) -> Tensor:
         return self._run("loss", {"output": self.forward(x), "target": y}, len(y))["loss"]
+
+
+def _entry_spec(metadata: Dict[str, Any], name: str) -> Any:
+    """The dtype and shape a state entry must have, or None (a constant the model makes)."""
+    kind, _, rest = name.partition(":")
+    if kind == "state":
+        key, _, rest = rest.partition(":")
+        if key == "step":
+            return "float32", []
+        kind = "param"
+    specs = metadata["parameters"] if kind == "param" else metadata["buffers"] if kind == "buffer" else []
+    for spec in specs:
+        if spec["name"] == rest:
+            return spec["dtype"], list(spec["shape"])
+    return None
+
+
+def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor]]:
+    """A protocol-3 file's metadata, graphs and state tensors, each checked as the native layer checks
+    them (one line naming what is missing or wrong)."""
+    metadata = protocol.read_metadata(path)
+    if metadata.get("protocol_version") != protocol.EXPORT_PROTOCOL_VERSION:
+        raise protocol.ProtocolError(f"{path}: protocol {metadata.get('protocol_version')}, not a protocol-3 module")
+    entry = metadata.get(protocol.PROGRAM_KEY)
+    if not isinstance(entry, dict):
+        raise protocol.ProtocolError(messages.program_entry_missing(str(path), protocol.PROGRAM_KEY))
+    if entry.get("oplist_version") != oplist.VERSION or isinstance(entry.get("oplist_version"), bool):
+        raise protocol.ProtocolError(messages.program_version(str(path), json.dumps(entry.get("oplist_version")),
+                                                              oplist.VERSION))
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            graphs = {}
+            for name, file in entry["graphs"].items():
+                if file not in names:
+                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), file))
+                graphs[name] = json.loads(archive.read(file))
+                oplist.check(graphs[name], f"op list {name}")
+            state = {}
+            for spec in entry["state"]:
+                if spec["file"] not in names:
+                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
+                raw = bytearray(archive.read(spec["file"]))
+                expected = _entry_spec(metadata, spec["name"])
+                actual = (spec["dtype"], list(spec["shape"]))
+                if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
+                    raise protocol.ProtocolError(messages.program_state_mismatch(
+                        str(path), spec["name"], _text(expected), _text(actual)))
+                dtype = oplist.DTYPES[spec["dtype"]]
+                needed = math.prod(spec["shape"]) * dtype.itemsize
+                if len(raw) != needed:
+                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], len(raw),
+                                                                              spec["name"], _text(actual), needed))
+                flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
+        for key in ("training", "counters"):
+            if not isinstance(entry.get(key), dict):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
+        _check_bound(graphs, state)
+    except oplist.OpListError as ex:
+        raise protocol.ProtocolError(f"{path}: {ex}") from ex
+    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
+        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex))) from ex
+    return metadata, graphs, state
+
+
+def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:
+    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
+    and none of those is held; the native layer's check_bound."""
+    created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
+    none_created = not created & set(state)
+    for name, graph in graphs.items():
+        for binding in graph["inputs"]:
+            if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
+                continue
+            if not (none_created and binding in created):
+                raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
+
+
+def _text(spec: Any) -> str:
+    return "a constant" if spec is None else f"{spec[0]} {list(spec[1])}"

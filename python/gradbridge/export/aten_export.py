@@ -26,10 +26,8 @@ import copy
 import itertools
 import json
 import logging
-import math
 import warnings
 import zipfile
-import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -607,90 +605,9 @@ def _dtype(t: Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _entry_spec(metadata: Dict[str, Any], name: str) -> Any:
-    """The dtype and shape a state entry must have, or None (a constant the model makes)."""
-    kind, _, rest = name.partition(":")
-    if kind == "state":
-        key, _, rest = rest.partition(":")
-        if key == "step":
-            return "float32", []
-        kind = "param"
-    specs = metadata["parameters"] if kind == "param" else metadata["buffers"] if kind == "buffer" else []
-    for spec in specs:
-        if spec["name"] == rest:
-            return spec["dtype"], list(spec["shape"])
-    return None
-
-
-def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor]]:
-    """A protocol-3 file's metadata, graphs and state tensors, each checked as the native layer checks
-    them (one line naming what is missing or wrong)."""
-    metadata = protocol.read_metadata(path)
-    if metadata.get("protocol_version") != protocol.EXPORT_PROTOCOL_VERSION:
-        raise protocol.ProtocolError(f"{path}: protocol {metadata.get('protocol_version')}, not a protocol-3 module")
-    entry = metadata.get(protocol.PROGRAM_KEY)
-    if not isinstance(entry, dict):
-        raise protocol.ProtocolError(messages.program_entry_missing(str(path), protocol.PROGRAM_KEY))
-    if entry.get("oplist_version") != oplist.VERSION or isinstance(entry.get("oplist_version"), bool):
-        raise protocol.ProtocolError(messages.program_version(str(path), json.dumps(entry.get("oplist_version")),
-                                                              oplist.VERSION))
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            graphs = {}
-            for name, file in entry["graphs"].items():
-                if file not in names:
-                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), file))
-                graphs[name] = json.loads(archive.read(file))
-                oplist.check(graphs[name], f"op list {name}")
-            state = {}
-            for spec in entry["state"]:
-                if spec["file"] not in names:
-                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
-                raw = bytearray(archive.read(spec["file"]))
-                expected = _entry_spec(metadata, spec["name"])
-                actual = (spec["dtype"], list(spec["shape"]))
-                if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
-                    raise protocol.ProtocolError(messages.program_state_mismatch(
-                        str(path), spec["name"], _text(expected), _text(actual)))
-                dtype = oplist.DTYPES[spec["dtype"]]
-                needed = math.prod(spec["shape"]) * dtype.itemsize
-                if len(raw) != needed:
-                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], len(raw),
-                                                                              spec["name"], _text(actual), needed))
-                flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-                state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
-        for key in ("training", "counters"):
-            if not isinstance(entry.get(key), dict):
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
-        _check_bound(graphs, state)
-    except oplist.OpListError as ex:
-        raise protocol.ProtocolError(f"{path}: {ex}") from ex
-    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
-        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex))) from ex
-    return metadata, graphs, state
-
-
-def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:
-    """A state binding a graph reads must be held, unless the first optimizer step creates it (SGD's momentum)
-    and none of those is held; the native layer's check_bound."""
-    created = {out["to"] for out in graphs.get("optimizer_first", {}).get("outputs", [])}
-    none_created = not created & set(state)
-    for name, graph in graphs.items():
-        for binding in graph["inputs"]:
-            if binding.split(":")[0] not in ("param", "buffer", "const", "state") or binding in state:
-                continue
-            if not (none_created and binding in created):
-                raise oplist.OpListError(f"op list {name} reads state tensor {binding}, which the file lacks")
-
-
 def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
     """Inputs by name as the reference takes them: the tensor itself for a model of one input."""
     return x[names[0]] if model_inputs.is_single(names) else x
-
-
-def _text(spec: Any) -> str:
-    return "a constant" if spec is None else f"{spec[0]} {list(spec[1])}"
 
 
 def _torch_state(reference: Any) -> Dict[str, Tensor]:
@@ -712,7 +629,7 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
     compare = self_check._Comparison("export")
     method = "loading the export"
     try:
-        metadata, graphs, state = read_program(path)
+        metadata, graphs, state = program.read_program(path)
         entry = metadata[protocol.PROGRAM_KEY]
         twin = program.Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
                                entry["counters"], schedule)
