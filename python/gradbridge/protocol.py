@@ -154,6 +154,14 @@ def tensor_spec(name: str, shape: Sequence[int], dtype: str, *, kind: str = "inp
     return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
 
 
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def example_spec(name: str, example: Any) -> Dict[str, Any]:
+    return tensor_spec(name, [-1, *example.shape[1:]], dtype_name(example.dtype))
+
+
 def buffer_spec(name: str, shape: Sequence[int], dtype: str, persistent: bool) -> Dict[str, Any]:
     """One buffer in the metadata, of any of ``BUFFER_DTYPES``; ``persistent: false`` marks one that
     torch keeps out of ``state_dict()`` (``register_buffer(..., persistent=False)``)."""

@@ -481,14 +481,12 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
            check: bool, options: Dict[str, Any], auto_reason: Optional[str] = None) -> Path:
     """See ``export_training_module`` (format="export") and this module's docstring. ``auto_reason``: why
     format="auto" did not take TorchScript (recorded in the metadata's ``capture``)."""
-    from .training_module import _loss_spec, _spec_from_example
-
     if options.get("inputs") is not None or example_inputs is None:
         raise ExportError(messages.aten_option_refused("inputs without example_inputs"))
     if not isinstance(example_inputs, (tuple, list)) or len(example_inputs) != 2 \
             or not isinstance(example_inputs[1], Tensor):
         raise ValueError("example_inputs must be (x, y) with y a tensor")
-    loss_spec = _loss_spec(loss)
+    loss_spec = losses.spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
     input_names, example_x = model_inputs.of_example(model, example_inputs[0])
@@ -565,7 +563,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         if name.split(":")[0] in ("param", "buffer", "const") and name not in state:
             raise ExportError(messages.aten_unbound(name))
 
-    specs = [_spec_from_example(n, t) for n, t in x.items()] + [_spec_from_example("y", y)]
+    specs = [protocol.example_spec(n, t) for n, t in x.items()] + [protocol.example_spec("y", y)]
     persistent = model.state_dict(keep_vars=True)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,

@@ -6,7 +6,7 @@ against a direct torch.nn.functional call.
 """
 
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +178,14 @@ def build(spec: Dict[str, Any]) -> nn.Module:
         raise ValueError(f"Unknown loss {name!r}; supported: {', '.join(LOSSES)}")
     check(f"loss {name}", LOSSES[name], options)
     return LOSSES[name](**options)
+
+
+def spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
+    if isinstance(loss, str):
+        return {"name": loss}
+    if isinstance(loss, nn.Module):
+        return spec_of(loss)
+    return dict(loss)
 
 
 def spec_of(loss: nn.Module) -> Dict[str, Any]:

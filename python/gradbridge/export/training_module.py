@@ -19,29 +19,13 @@ from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import capture as model_capture, finetune, losses, optim, self_check
+from . import aten_export, capture as model_capture, finetune, losses, optim, self_check
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_LOSSES = tuple(losses.LOSSES)
 SUPPORTED_OPTIMIZERS = tuple(optim.OPTIMIZERS)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _spec_from_example(name: str, example: Tensor) -> Dict[str, Any]:
-    return protocol.tensor_spec(name, [-1, *example.shape[1:]], _dtype_name(example.dtype))
-
-
-def _loss_spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
-    if isinstance(loss, str):
-        return {"name": loss}
-    if isinstance(loss, nn.Module):
-        return losses.spec_of(loss)
-    return dict(loss)
 
 
 def export_training_module(
@@ -151,8 +135,6 @@ def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, examp
                auto_reason: Optional[str] = None) -> Path:
     """Protocol 3 (``export.aten_export``). A model declared by ``inputs`` alone is captured on
     ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
-    from . import aten_export
-
     if example_inputs is None and inputs is not None:
         example_inputs = example_batch(_declared(model, inputs))
     return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
@@ -175,7 +157,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
                  clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool) -> Path:
     """Protocol 2: the model scripted (or traced) inside the scripted training module (see
     ``export_training_module``)."""
-    loss_spec = _loss_spec(loss)
+    loss_spec = losses.spec(loss)
     loss_module = losses.build(loss_spec)
     loss_spec = {"name": loss_spec["name"], **loss_module.options()}
 
@@ -186,8 +168,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         if not isinstance(example_inputs[1], Tensor):
             raise ValueError(messages.input_not_tensor("y", type(example_inputs[1]).__name__))
         input_names, example_x = model_inputs.of_example(model, example_inputs[0])
-        specs = [_spec_from_example(n, t) for n, t in model_inputs.arrays(example_x).items()]
-        specs.append(_spec_from_example("y", example_inputs[1]))
+        specs = [protocol.example_spec(n, t) for n, t in model_inputs.arrays(example_x).items()]
+        specs.append(protocol.example_spec("y", example_inputs[1]))
     elif inputs is not None:
         specs = _declared(model, inputs)
         input_names = [spec["name"] for spec in specs[:-1]]
@@ -256,9 +238,9 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     persistent = model.state_dict(keep_vars=True)  # torch leaves out register_buffer(..., persistent=False)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype_name(p.dtype), kind="parameter"),
+        parameters=[{**protocol.tensor_spec(n, p.shape, protocol.dtype_name(p.dtype), kind="parameter"),
                      "trainable": p.requires_grad} for n, p in named_parameters],
-        buffers=[protocol.buffer_spec(n, b.shape, _dtype_name(b.dtype), n in persistent) for n, b in named_buffers],
+        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent) for n, b in named_buffers],
         loss=loss_spec,
         optimizer=optimizer_spec,
         inputs=specs,
