@@ -155,10 +155,12 @@ def tensor_spec(name: str, shape: Sequence[int], dtype: str, *, kind: str = "inp
 
 
 def dtype_name(dtype: Any) -> str:
+    """The metadata's name of a torch dtype (``torch.float32`` -> ``float32``)."""
     return str(dtype).replace("torch.", "")
 
 
 def example_spec(name: str, example: Any) -> Dict[str, Any]:
+    """The spec of a tensor of an example batch: its shape with the batch dimension (the first) as ``-1``."""
     return tensor_spec(name, [-1, *example.shape[1:]], dtype_name(example.dtype))
 
 
@@ -306,7 +308,7 @@ def check_parameters(path: str, metadata: Dict[str, Any], names: Sequence[str], 
     if list(names) != declared:
         raise ProtocolError(f"{path}: parameter_names() returns {list(names)} but the metadata lists {declared}")
     for spec, value in zip(metadata["parameters"], values):
-        dtype, shape = str(value.dtype).replace("torch.", ""), [int(d) for d in value.shape]
+        dtype, shape = dtype_name(value.dtype), [int(d) for d in value.shape]
         if dtype != spec["dtype"] or shape != spec["shape"]:
             raise ProtocolError(messages.parameter_mismatch(path, spec["name"], f"{spec['dtype']} {spec['shape']}",
                                                             f"{dtype} {shape}"))

@@ -39,6 +39,7 @@ from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
+from ..reference import Reference
 from . import finetune, losses, self_check, traceable
 
 log = logging.getLogger(__name__)
@@ -567,9 +568,9 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     persistent = model.state_dict(keep_vars=True)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
-        parameters=[{**protocol.tensor_spec(n, p.shape, _dtype(p), kind="parameter"), "trainable": p.requires_grad}
+        parameters=[{**protocol.tensor_spec(n, p.shape, protocol.dtype_name(p.dtype), kind="parameter"), "trainable": p.requires_grad}
                     for n, p in named],
-        buffers=[protocol.buffer_spec(n, b.shape, _dtype(b), n in persistent) for n, b in buffers],
+        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent) for n, b in buffers],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
         methods=protocol.PROTOCOL3_METHODS,
@@ -578,7 +579,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check,
                                       **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {})}
-    entries = [{"name": name, "dtype": _dtype(t), "shape": list(t.shape), "file": f"state/{i}.bin"}
+    entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {
         "oplist_version": oplist.VERSION,
@@ -597,10 +598,6 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
             _check(tmp, eager, copy.deepcopy(schedule), input_names, x, y)
     log.info("wrote %s", path)
     return path
-
-
-def _dtype(t: Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
 
 
 def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
@@ -622,8 +619,6 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
     the schedule): two steps at the example's size, one at one more (and one at one sample when the program
     holds its graphs), each followed by the end-of-epoch schedule step; then evaluate and forward in eval
     mode at the example's size (and at one sample); bit for bit."""
-    from ..reference import Reference
-
     compare = self_check._Comparison("export")
     method = "loading the export"
     try:

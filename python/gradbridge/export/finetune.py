@@ -28,8 +28,10 @@ from torch import Tensor, nn
 
 from .. import protocol
 from .._runtime import torchscript
+from .._runtime.files import atomic_path, check_writable
 from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
 from . import groups as param_groups, optim, scheduler_modules, schedulers
+from .options import tensor_refused
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -58,8 +60,6 @@ def freeze_prefixes(named_parameters: Sequence[Tuple[str, nn.Parameter]], prefix
 def initial_lrs(optimizer: torch.optim.Optimizer):
     """While a scheduler has moved the groups' lr (its initial step), show the base lrs: the spec
     must hold what a fresh optimizer starts from, so the reference can rebuild the pair."""
-    from .options import tensor_refused
-
     saved = [g["lr"] for g in optimizer.param_groups]
     name = type(optimizer).__name__
     for index, lr in enumerate(saved):
@@ -223,8 +223,6 @@ def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
     a checkpoint holds the trained ones), for ``model.load_state_dict``: as the model's own
     ``state_dict()``, without the buffers registered with ``persistent=False`` (a TorchScript
     module does not keep that flag; the metadata does)."""
-    from .. import protocol
-
     path = Path(module_path)
     metadata = protocol.read_metadata(path)  # identifies the file before torch reads it
     transient = {spec["name"] for spec in metadata["buffers"] if not spec.get("persistent", True)}
@@ -238,8 +236,6 @@ def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
 
 def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
     """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
-    from .._runtime.files import atomic_path, check_writable
-
     out = Path(out)
     check_writable(out)
     state = state_dict_of(module_path)

@@ -181,6 +181,7 @@ def build(spec: Dict[str, Any]) -> nn.Module:
 
 
 def spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
+    """The spec of a loss as ``export_training_module`` takes it: a name, a spec or a torch.nn loss module."""
     if isinstance(loss, str):
         return {"name": loss}
     if isinstance(loss, nn.Module):

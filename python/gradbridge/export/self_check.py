@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._runtime import inputs, torchscript
 from .. import messages
 from ..errors import CaptureError, ExportError
+from ..reference import Reference
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
 STEPS = 2
@@ -117,8 +118,6 @@ class _Check:
     """One run of the check; ``method`` names the step under way for a one-line error."""
 
     def __init__(self, path: str | os.PathLike, eager_model: nn.Module, capture: str):
-        from ..reference import Reference
-
         self.method = "loading the export"
         self.module = torchscript.load_for_python(path)
         self.reference = Reference(path, eager_model, loaded=self.module.module)  # in training mode
