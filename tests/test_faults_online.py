@@ -682,41 +682,53 @@ def test_a_bad_keystore_or_password_is_one_line_and_leaves_nothing(serve_script,
 
 # ---- issue 34: extreme feedback, slow clients, checkpoints, tokens, options, Jetty's own answers ----
 
-def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agrees(serve_script, models, tmp_path):
-    """3e38 features on a classifier: loss and gradients are finite, the Adam update is not. The step is
-    undone (the model stays as it was), the micro-batch quarantined, predictions stay numbers. (The
-    input magnitude limit would refuse such features first: it is off here, to reach the guard behind it.)"""
-    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+def _assert_predicts_numbers(service):
+    status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
+    assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+
+
+def _post_extreme_feedback(serve_script, model, log_dir, requests):
+    """Serve ``model`` with micro-batches of one event and the input magnitude limit off (it would refuse
+    extreme features first: off, to reach the update guard behind it), post each ``(x, y)`` feedback request
+    (each answered 200), check predictions are still numbers, stop cleanly; the log it wrote."""
     service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
                       "--max-input-abs", 0)
     try:
-        assert service.post("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [0]})[0] == 200
-        for x, y in (([[3e38, -3e38, 3e38, 3e38]], [1]), ([[-3e38, 3e38, 3e38, -3e38]], [2])):
+        for x, y in requests:
             status, body = service.post("/feedback", {"x": x, "y": y})
             assert status == 200, body
-        assert service.post("/feedback", {"x": [[0.5, 0.6, 0.7, 0.8]], "y": [1]})[0] == 200
-        # One request of four events: applied as one run of micro-batches, the bad one in its middle.
-        status, body = service.post("/feedback", {"x": [[0.2, 0.1, 0.4, 0.3], [3e38, 3e38, -3e38, 3e38],
-                                                        [0.3, 0.3, 0.1, 0.2], [0.9, 0.1, 0.5, 0.2]], "y": [0, 2, 1, 2]})
-        assert status == 200, body
-        status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
-        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
+        _assert_predicts_numbers(service)
         code, _, err = service.terminate()
     finally:
         service.kill()
     assert code == 0, err
-    log = replay_mod.read_log(log_dir)
+    return replay_mod.read_log(log_dir)
+
+
+def _restart_predicts_numbers(serve_script, model, log_dir):
+    """A restart on the log resumes through the same decisions: predictions are numbers, the stop clean."""
+    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
+    try:
+        _assert_predicts_numbers(restarted)
+        assert restarted.terminate()[0] == 0
+    finally:
+        restarted.kill()
+
+
+def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agrees(serve_script, models, tmp_path):
+    """3e38 features on a classifier: loss and gradients are finite, the Adam update is not. The step is
+    undone (the model stays as it was), the micro-batch quarantined, predictions stay numbers."""
+    model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
+    log = _post_extreme_feedback(serve_script, model, log_dir, [
+        ([[0.1, 0.2, 0.3, 0.4]], [0]), ([[3e38, -3e38, 3e38, 3e38]], [1]), ([[-3e38, 3e38, 3e38, -3e38]], [2]),
+        ([[0.5, 0.6, 0.7, 0.8]], [1]),
+        # One request of four events: applied as one run of micro-batches, the bad one in its middle.
+        ([[0.2, 0.1, 0.4, 0.3], [3e38, 3e38, -3e38, 3e38], [0.3, 0.3, 0.1, 0.2], [0.9, 0.1, 0.5, 0.2]], [0, 2, 1, 2])])
     assert [q.first_seq for q in log.quarantines] == [1, 2, 5], log.quarantines
     assert all(q.reason.startswith("the update makes ") and q.reason.endswith(" not finite") for q in log.quarantines)
     report = _replay_bitwise(log_dir, model, 8)
     assert report.quarantined == 3 and report.batches == 5
-    restarted = Service(serve_script, model, log_dir, "--fsync", "never")  # resumes through the same decisions
-    try:
-        status, body = restarted.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
-        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
-        assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
+    _restart_predicts_numbers(serve_script, model, log_dir)
 
 
 def test_slow_clients_on_the_main_port_cannot_starve_health_checks_or_predictions(serve_script, models, tmp_path):
@@ -1281,19 +1293,8 @@ def test_protocol_3_extreme_features_are_quarantined_undone_and_replayed_alike(s
     torch.manual_seed(0)
     model = _export_protocol_3(models.mlp(), tmp_path / "m.pt")
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
-                      "--max-input-abs", 0)
-    try:
-        for x, y in (([[0.1, 0.2, 0.3, 0.4]], [0]), ([[3e38, -3e38, 3e38, 3e38]], [1]), ([[0.5, 0.6, 0.7, 0.8]], [1])):
-            status, body = service.post("/feedback", {"x": x, "y": y})
-            assert status == 200, body
-        status, body = service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
-        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
-        code, _, err = service.terminate()
-    finally:
-        service.kill()
-    assert code == 0, err
-    log = replay_mod.read_log(log_dir)
+    log = _post_extreme_feedback(serve_script, model, log_dir, [
+        ([[0.1, 0.2, 0.3, 0.4]], [0]), ([[3e38, -3e38, 3e38, 3e38]], [1]), ([[0.5, 0.6, 0.7, 0.8]], [1])])
     assert [q.first_seq for q in log.quarantines] == [1] and log.quarantines[0].reason.startswith("the update makes ")
     line = one_error_line(gradbridge_cli("replay", "--log", log_dir, "--model", model), "gradbridge: error: ")
     assert line.endswith("holds no Python model: pass model= (your eager nn.Module; on the command line "
@@ -1301,13 +1302,7 @@ def test_protocol_3_extreme_features_are_quarantined_undone_and_replayed_alike(s
     replayed = gradbridge_cli("replay", "--log", log_dir, "--model", model, "--model-factory",
                               "gradbridge.models:mlp")
     assert replayed.returncode == 0 and "bitwise identical" in replayed.stdout, replayed.stdout + replayed.stderr
-    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
-        status, body = restarted.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})
-        assert status == 200 and all(v is not None for v in json.loads(body)["y"][0]), body
-        assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
+    _restart_predicts_numbers(serve_script, model, log_dir)
 
 
 def test_a_protocol_3_module_that_cannot_run_one_sample_is_refused_before_anything_is_written(serve_script, tmp_path):

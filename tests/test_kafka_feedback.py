@@ -427,42 +427,57 @@ def test_a_topic_that_does_not_exist_is_one_line_and_leaves_no_log_folder(serve_
     assert not log_dir.exists()
 
 
-@pytest.mark.slow
-def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_script, broker, models, tmp_path):
-    """Four kill -9 at random points while records arrive, a broker restart in the middle; then exactly once and bitwise."""
-    model = models["mlp_classifier.pt"]
-    topic = "feedback-slow"
+def _killed_mid_stream(serve_script, broker, model, log_dir, topic, options, rounds, next_batch, while_up, timeout):
+    """The service through ``rounds`` rounds on a topic of 4 partitions: each produces ``next_batch(round_, records)``
+    (the records produced so far), starts the service on the log and runs ``while_up(round_, applied_before)``
+    (``applied_before``: the records of the earlier rounds); then kill -9, but the last round waits for every
+    record and stops cleanly. Returns the records, the topic's end offsets and ``_check_exactly_once``'s items."""
     kafka_broker.create_topic(broker, topic, partitions=4)
-    log_dir = tmp_path / "log"
-    options = ["--max-batch", 16, "--max-wait-ms", 1, "--publish-every", 3, "--checkpoint-every", 4,
-               "--fsync", "always", *_kafka_options(broker, topic)]
-    rng = np.random.default_rng(7)
     records = []
-    for round_ in range(5):
-        batch = [(k, v) for k, v, _, _ in _records(300, 10 + round_, f"r{round_}")]
-        if records:
-            batch.append(records[int(rng.integers(len(records)))])  # a duplicate of an earlier record
+    for round_ in range(rounds):
+        batch = next_batch(round_, records)
         kafka_broker.produce(broker, topic, batch)
         records += batch
         service = Service(serve_script, model, log_dir, *options)
         try:
-            if round_ == 2:
-                kafka_broker.stop(broker)  # the service waits for it
-                time.sleep(2)
-                kafka_broker.start(broker)
-            time.sleep(float(rng.uniform(1.0, 4.0)))
-            if round_ < 4:
+            while_up(round_, len(records) - len(batch))
+            if round_ < rounds - 1:
                 service.process.send_signal(signal.SIGKILL)
                 service.process.wait(timeout=30)
             else:
-                _wait_for_records(log_dir, len(records), timeout=300)
+                _wait_for_records(log_dir, len(records), timeout=timeout)
                 code, _, err = service.terminate()
                 assert code == 0, err
         finally:
             service.kill()
     end_offsets = kafka_broker.end_offsets(broker, topic)
-    produced = _produced(broker, topic, records)
-    _check_exactly_once(log_dir, topic, end_offsets, produced)
+    return records, end_offsets, _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_script, broker, models, tmp_path):
+    """Four kill -9 at random points while records arrive, a broker restart in the middle; then exactly once and bitwise."""
+    model = models["mlp_classifier.pt"]
+    topic = "feedback-slow"
+    log_dir = tmp_path / "log"
+    options = ["--max-batch", 16, "--max-wait-ms", 1, "--publish-every", 3, "--checkpoint-every", 4,
+               "--fsync", "always", *_kafka_options(broker, topic)]
+    rng = np.random.default_rng(7)
+
+    def next_batch(round_, records):
+        batch = [(k, v) for k, v, _, _ in _records(300, 10 + round_, f"r{round_}")]
+        if records:
+            batch.append(records[int(rng.integers(len(records)))])  # a duplicate of an earlier record
+        return batch
+
+    def while_up(round_, _):
+        if round_ == 2:
+            kafka_broker.stop(broker)  # the service waits for it
+            time.sleep(2)
+            kafka_broker.start(broker)
+        time.sleep(float(rng.uniform(1.0, 4.0)))
+
+    _killed_mid_stream(serve_script, broker, model, log_dir, topic, options, 5, next_batch, while_up, timeout=300)
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
 
@@ -479,7 +494,6 @@ def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(
 
     model = models["mlp_classifier.pt"]
     topic = "feedback-gated"
-    kafka_broker.create_topic(broker, topic, partitions=4)
     gx, gy = _data(64, 7)
     gate = tmp_path / "gate.npz"
     np.savez(gate, x=gx, y=gy)
@@ -488,8 +502,8 @@ def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(
     options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 5, "--checkpoint-every", 4, "--fsync", "always",
                "--gate-data", gate, "--gate-max-regression", regression, *_kafka_options(broker, topic)]
     rng = np.random.default_rng(17)
-    records = []
-    for round_ in range(4):
+
+    def next_batch(round_, records):
         batch = [(k, v) for k, v, _, _ in _records(560, 30 + round_, f"s{round_}")]
         bad_x, bad_y = _data(40, 40 + round_)  # finite but harmful: forty times the scale, every label wrong
         batch += [(f"p{round_}-{i}", json.dumps({"x": [(40 * bad_x[i]).tolist()], "y": [int(2 - bad_y[i])]}))
@@ -498,23 +512,15 @@ def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(
         batch += [earlier[int(rng.integers(len(earlier)))] for _ in range(3 if earlier else 0)]  # duplicates
         if round_ == 1:
             batch.append(("poison-1", "{not json"))
-        kafka_broker.produce(broker, topic, batch)
-        records += batch
-        service = Service(serve_script, model, log_dir, *options)
-        try:
-            if round_ < 3:  # killed once a random part of this round is logged
-                _wait_for_records(log_dir, len(records) - len(batch) + int(rng.integers(50, 500)), timeout=300)
-                service.process.send_signal(signal.SIGKILL)
-                service.process.wait(timeout=30)
-            else:
-                _wait_for_records(log_dir, len(records), timeout=600)
-                code, _, err = service.terminate()
-                assert code == 0, err
-        finally:
-            service.kill()
-    end_offsets = kafka_broker.end_offsets(broker, topic)
+        return batch
+
+    def while_up(round_, applied_before):
+        if round_ < 3:  # killed once a random part of this round is logged
+            _wait_for_records(log_dir, applied_before + int(rng.integers(50, 500)), timeout=300)
+
+    records, end_offsets, items = _killed_mid_stream(serve_script, broker, model, log_dir, topic, options, 4,
+                                                     next_batch, while_up, timeout=600)
     assert sum(end_offsets.values()) == len(records) > 2400
-    items = _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
     assert [status for _, _, status in items.values()].count(feedback_log.POSITION_REFUSED) == 1  # the poison record
     report = replay_mod.replay(log_dir, model)
     source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
