@@ -148,12 +148,12 @@ class Cluster:
 
     def submit(self, jar: Path, args: Sequence[object], *, timeout: float = 600) -> subprocess.CompletedProcess:
         """``spark-submit`` of ``jar`` (client mode), driver and executors on this Python's libtorch."""
-        djl = " ".join(native.jvm_options())
+        jvm_options = " ".join(native.jvm_options())
         command = [str(self.home / "bin" / "spark-submit"), "--master", self.url, "--class", MAIN,
                    "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
                    "--conf", "spark.executor.memory=1g", "--conf", "spark.executor.cores=1",
                    "--conf", f"spark.cores.max={self.workers}", "--conf", "spark.task.maxFailures=4",
-                   "--conf", f"spark.executor.extraJavaOptions={djl}", "--driver-java-options", djl,
+                   "--conf", f"spark.executor.extraJavaOptions={jvm_options}", "--driver-java-options", jvm_options,
                    str(jar), *map(str, args)]
         return subprocess.run(command, env=_environment(self.home), capture_output=True, text=True, timeout=timeout,
                               check=False)

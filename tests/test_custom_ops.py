@@ -2,7 +2,7 @@
 
 The operator library is built once per session with docs/custom-ops.md's command (`gradbridge build-op`),
 against this Python's libtorch. It then serves the in-process JVM (the same libtorch) and a
-separate JVM on DJL's own libtorch build (pytorch-native-cpu 2.7.1): both are 2.7.1 builds with
+separate JVM on the pytorch-native-cpu jar's libtorch (2.7.1): both are 2.7.1 builds with
 the C++11 ABI, and the library binds to whichever libtorch is already loaded, by soname.
 """
 
@@ -66,7 +66,7 @@ def test_parity_with_the_operator_in_process_and_in_a_separate_jvm(op_models, op
                          "--java", "both", "--op-library", op_library, "--report", "r.json", cwd=op_models)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "java: bitwise identical over 3 epochs" in result.stdout
-    # DJL's own libtorch in the separate JVM: measured bitwise here; the allowed bound is
+    # The pytorch-native-cpu jar's libtorch in the separate JVM: measured bitwise here; the allowed bound is
     # parity.SEPARATE_JVM_RTOL/ATOL, as for every separate-JVM comparison.
     assert re.search(r"java-subprocess: (bitwise identical|within tolerance) over 3 epochs", result.stdout)
     report = json.loads((op_models / "r.json").read_text())

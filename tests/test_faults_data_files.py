@@ -1,8 +1,8 @@
 """Fault suite, surface "data files": .npz/.npy that must be refused the same way by both languages.
 
-Java's reader (DJL) ignores numpy's byte order and Fortran flag and trusts the header's shape, so
-these files used to train on garbage (big-endian) or die with an ArithmeticException trace
-(a header claiming 10^12 rows). Python and Java now print the same line.
+Java's first reader ignored numpy's byte order and Fortran flag and trusted the header's shape, so
+these files trained on garbage (big-endian) or died with an ArithmeticException trace (a header
+claiming 10^12 rows). Python and gradbridge's own Java reader now print the same line.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ HUGE = {"descr": "<f4", "fortran_order": False, "shape": (10**12, 1)}
 CASES = {
     "big_endian": (lambda: {"x": _npy_bytes(X.astype(">f4")), "y": _npy_bytes(Y)},
                    lambda src: messages.big_endian(src, "x", ">f4")),
-    # A column-major [40, 2] array: DJL would read it row-major, i.e. scrambled.
+    # A column-major [40, 2] array: a reader ignoring the flag reads it row-major, i.e. scrambled.
     "fortran": (lambda: {"x": _npy_bytes(np.asfortranarray(X.repeat(2, 1))), "y": _npy_bytes(Y)},
                 lambda src: messages.fortran_order(src, "x")),
     "huge_header": (lambda: {"x": _npy_with_header(HUGE, X.tobytes()), "y": _npy_bytes(Y)},

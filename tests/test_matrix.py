@@ -2,7 +2,7 @@
 
 CI: all 60 cases (5 models x 4 optimizers x {full batch, shuffled step, shuffled fused}) for
 5 epochs in this process through JPype (expected bitwise), and SUBPROCESS_CASES through
-`gradle train` (DJL's own libtorch; within rtol 1e-5, atol 1e-6).
+`gradle train` (the pytorch-native-cpu jar's libtorch; within rtol 1e-5, atol 1e-6).
 `pytest tests/test_matrix.py --full`: 20 epochs, and every case through a subprocess too.
 """
 

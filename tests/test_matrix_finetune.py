@@ -11,7 +11,7 @@
 
 Each in step, fused and full-batch mode, Java in this process against eager PyTorch: bitwise
 (losses, parameters and the lr of every group, every epoch). Two cases also run in a JVM of their
-own (DJL's libtorch), within the stated tolerance. Results join the matrix table.
+own (the pytorch-native-cpu jar's libtorch), within the stated tolerance. Results join the matrix table.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def _same_run(mine, theirs, label):
 @pytest.fixture
 def own_jvm_on_this_torch(monkeypatch):
     """A JVM of its own on this Python's libtorch (as an installed wheel runs it): the classpath
-    without DJL's libtorch jar, so it is compared bit for bit too."""
+    without the pytorch-native-cpu jar, so it is compared bit for bit too."""
     entries = [e for e in classpath.resolve().entries if not Path(e).name.startswith(classpath.NATIVE_JAR_PREFIX)]
     monkeypatch.setenv(classpath.CLASSPATH_ENV, os.pathsep.join(entries))
 

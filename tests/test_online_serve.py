@@ -1,7 +1,7 @@
 """gradbridge-serve over loopback HTTP with real clients (bounded: a few seconds per service).
 
-The service runs in a JVM of its own (serve/build/install/gradbridge-serve), on DJL's libtorch
-build; the checks: no 5xx under concurrent predict and feedback clients, one-line 400/413/429
+The service runs in a JVM of its own (serve/build/install/gradbridge-serve), on the pytorch-native-cpu
+jar's libtorch; the checks: no 5xx under concurrent predict and feedback clients, one-line 400/413/429
 answers with nothing applied, SIGTERM drains and exits 0, every acknowledged event is in the log
 and applied, the eager replay reproduces every version, and every prediction equals what its
 reported version computes."""

@@ -1,4 +1,4 @@
-"""`gradle run` (a separate JVM with DJL's own libtorch build) against the eager reference."""
+"""`gradle run` (a separate JVM on the pytorch-native-cpu jar's libtorch) against the eager reference."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gradbridge._runtime.gradle import run_task
 
 EPOCHS = 100
 LR = 0.01
-# DJL's pytorch-native-cpu is a different libtorch build from pip's torch: its kernels may
+# The pytorch-native-cpu jar's libtorch is a different build from pip's torch: its kernels may
 # round differently in the last bits, so this comparison allows float32-level relative error
 # (float32 epsilon is 1.2e-7; 100 epochs of compounding stay well inside 1e-5).
 RTOL = 1e-5

@@ -439,15 +439,15 @@ def test_gradle_spark_train(work, tmp_path, full_only):
                                             "--master", "local[2]", "--epochs", "1", "--history", str(history)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "spark: 2 partitions, 7 steps" in result.stdout
-    # gradle's JVM runs DJL's own libtorch build, not this Python's: compared within float rounding
+    # gradle's JVM runs the pytorch-native-cpu jar's libtorch, not this Python's: compared within float rounding
     replay = reference.train_sharded(work["models"]["sgd"], work["x"], work["y"], epochs=1, shards=2, batch_size=BATCH)
     java = History.load(history)
     assert abs(java[0].loss - replay[0].loss) <= 1e-6
 
 
 def test_spark_submit_jar_runs_on_sparks_own_classpath(work, tmp_path, full_only):
-    """The jar holds gradbridge-spark, gradbridge, DJL and libtorch but no Spark: beside Spark's jars
-    (what spark-submit provides) it trains; the run equals the replay within float rounding."""
+    """The jar holds gradbridge-spark, gradbridge and libtorch (the pytorch-native-cpu jar) but no Spark: beside
+    Spark's jars (what spark-submit provides) it trains; the run equals the replay within float rounding."""
     import subprocess
     import zipfile
 

@@ -7,7 +7,7 @@ the oldest, .venv, and on the newest, .venv-newest).
 - A torch below the range gets one line naming the range before any JVM starts; in range, Java in
   this process runs on this torch through gradbridge's native library built for it, bit for bit.
 - gradbridge's own TorchScript calls print none of torch's deprecation warnings; a user's still do.
-- A module exported here trains in a separate JVM on DJL's own libtorch and matches eager torch.
+- A module exported here trains in a separate JVM on the pytorch-native-cpu jar's libtorch and matches eager torch.
 - gradbridge-spark's c10d Gloo exchange runs on this torch's libtorch.
 """
 
@@ -34,7 +34,7 @@ from tests.models.custom import export_regressor
 pytestmark = pytest.mark.every_torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DJL_TORCH = re.search(r"^torchVersion=(\S+)$", (REPO_ROOT / "gradle.properties").read_text(), re.MULTILINE).group(1)
+PINNED_TORCH = re.search(r"^torchVersion=(\S+)$", (REPO_ROOT / "gradle.properties").read_text(), re.MULTILINE).group(1)
 RANGE_LINE = f"gradbridge supports {libtorch.supported()}: pip install '{libtorch.supported()}'"
 
 
@@ -51,12 +51,12 @@ def test_range_is_read_from_the_wheels_requirements():
     assert "dependencies" in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dynamic"]
 
 
-def test_the_range_starts_at_djls_release_and_holds_this_torch():
-    assert _lower_end() == Version(DJL_TORCH)
+def test_the_range_starts_at_the_pinned_release_and_holds_this_torch():
+    assert _lower_end() == Version(PINNED_TORCH)
     assert libtorch.in_range(libtorch.torch_version())
     verified = Version(libtorch.verified_up_to())
     newer = f"{verified.major}.{verified.minor + 1}.0"
-    for version, inside, checked in [(DJL_TORCH, True, True), ("2.15.0+cu132", True, True), ("2.7.0", False, False),
+    for version, inside, checked in [(PINNED_TORCH, True, True), ("2.15.0+cu132", True, True), ("2.7.0", False, False),
                                      (f"{verified}.9", True, True), (newer, True, False), ("3.0.0", True, False)]:
         assert libtorch.in_range(version) is inside, version
         assert libtorch.is_verified(version) is checked, version
@@ -173,14 +173,15 @@ def test_exports_and_the_reference_print_no_torchscript_deprecation_warning(tmp_
     assert bool(_torchscript_warnings(caught)) is _torch_deprecates_torchscript()
 
 
-def test_a_module_exported_here_trains_in_a_jvm_on_djls_own_libtorch(regressor, tmp_path):
-    """The separate JVM of a checkout runs DJL's libtorch (2.7.1) whatever this venv's torch is."""
+def test_a_module_exported_here_trains_in_a_jvm_on_the_jars_libtorch(regressor, tmp_path):
+    """The separate JVM of a checkout runs the pytorch-native-cpu jar's libtorch (2.7.1), whatever this venv's
+    torch is."""
     path, x, y = regressor
     java = launcher.train(path, path.parent / "train.npz", epochs=3, batch_size=16, seed=1, mode="step",
                           history=tmp_path / "h.jsonl")
     python = reference.train(path, x, y, epochs=3, batch_size=16, seed=1, mode="step")
     report = assert_histories_match(python, java, rtol=SEPARATE_JVM_RTOL, atol=SEPARATE_JVM_ATOL)
-    print(f"torch {libtorch.torch_version()} vs DJL's libtorch {DJL_TORCH}: "
+    print(f"torch {libtorch.torch_version()} vs the jar's libtorch {PINNED_TORCH}: "
           f"{'bitwise' if report.bitwise else f'max |dloss| {report.max_loss_delta:.2e}'}")
 
 

@@ -19,7 +19,7 @@ from gradbridge._runtime.devtree import root
 REPO_ROOT = root()
 
 SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
-# gradle train runs DJL's own libtorch build, not pip's: allow float32-level differences.
+# gradle train runs the pytorch-native-cpu jar's libtorch build, not pip's: allow float32-level differences.
 RTOL, ATOL = 1e-5, 1e-6
 
 

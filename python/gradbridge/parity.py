@@ -11,7 +11,7 @@ import numpy as np
 
 from .history import History
 
-#: Java in a JVM of its own may run another build of libtorch (DJL's) than pip's: its kernels may
+#: Java in a JVM of its own may run another build of libtorch (the pytorch-native-cpu jar's) than pip's: its kernels may
 #: round differently in the last bits, so that comparison allows float32-level differences. Java
 #: inside the Python process shares the libtorch and is compared exactly (rtol = atol = 0).
 SEPARATE_JVM_RTOL = 1e-5

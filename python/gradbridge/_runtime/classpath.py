@@ -29,7 +29,8 @@ BUNDLED_JARS = Path(__file__).resolve().parents[1] / "jars"
 BUNDLE_INDEX = "classpath.txt"
 #: Written into the library jar by the build (Java: dev.gradbridge.Versions).
 VERSIONS_RESOURCE = "dev/gradbridge/versions.properties"
-#: DJL's jar of libtorch's shared libraries; without one, a separate JVM runs this Python's libtorch.
+#: The pytorch-native-cpu jar: libtorch's shared libraries only (DJL's distribution of them; no DJL code
+#: runs). Without one, a separate JVM runs this Python's libtorch.
 NATIVE_JAR_PREFIX = "pytorch-native-"
 
 

@@ -9,7 +9,7 @@ machine it runs on first (``gradbridge._runtime.torch_gate``).
 
 In this process Java must use the libtorch that ``import torch`` loaded (one libtorch per process),
 through gradbridge's native library built for that torch (``gradbridge._runtime.native``, which reads this module, never the reverse). A separate JVM uses
-the libtorch of DJL's ``pytorch-native-cpu`` jar when its classpath has one (a checkout's Gradle build;
+the libtorch of the ``pytorch-native-cpu`` jar when its classpath has one (a checkout's Gradle build;
 the jar's own native library is built for it), else this Python's libtorch (an installed wheel).
 """
 

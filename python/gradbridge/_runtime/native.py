@@ -11,7 +11,7 @@ no longer matches its digest, or that is not a whole ELF shared object, never re
 linker: a cached one is built again (one line), a prebuilt one is passed over for the cache.
 
 Gradle calls ``python -m gradbridge.native build --out DIR`` to put the library for the venv's torch
-into the jar (for a JVM of its own on DJL's libtorch 2.7.1 build).
+into the jar (for a JVM of its own on the pytorch-native-cpu jar's libtorch 2.7.1).
 
 gradbridge-spark's collective (libtorch's c10d Gloo) is a library of its own, ``libgradbridge_gloo``
 (``spark/src/main/native``: its C++ source and the gloo headers vendored beside it, which pip torch

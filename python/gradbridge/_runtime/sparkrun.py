@@ -1,7 +1,7 @@
 """gradbridge-spark in a JVM of its own: ``java`` on the Spark subproject's classpath.
 
 ``gradle assemble`` writes ``spark/build/gradbridge-spark-classpath.txt`` (gradbridge-spark,
-gradbridge, DJL and Spark's jars) and ``spark/build/gradbridge-spark-jvm-args.txt`` (the
+gradbridge, the pytorch-native-cpu jar and Spark's jars) and ``spark/build/gradbridge-spark-jvm-args.txt`` (the
 ``--add-opens`` flags Spark needs on Java 17). Spark never runs inside the JPype JVM of a Python
 process: it starts here, in a separate ``java`` process pointed at this Python's libtorch, so the
 Java run and the eager replay (``reference.train_sharded``) run the same kernels.

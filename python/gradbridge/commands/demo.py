@@ -2,7 +2,7 @@
 
 1. export the seed model;
 2. the Java seed driver trains it in a JVM of its own (`java`, see gradbridge._runtime.launcher) and writes
-   a history: DJL's own libtorch in a checkout, the pip libtorch from an installed wheel;
+   a history: the pytorch-native-cpu jar's libtorch in a checkout, the pip libtorch from an installed wheel;
 3. the same Java driver trains it inside this process (JPype, the libtorch of `import torch`);
 4. eager PyTorch + torch.optim.SGD trains it on the same data;
 5. per-epoch parity tables: in-process (expected bitwise) and subprocess (tolerance below).
