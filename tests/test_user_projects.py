@@ -464,6 +464,55 @@ def test_python_half_runs_on_the_newest_torch_without_deprecation_warnings(newes
     assert "bitwise" in parity.stdout.lower() or "identical" in parity.stdout.lower(), parity.stdout
 
 
+_USER_TWO_INPUTS = """\
+import numpy as np, torch
+from gradbridge import export_training_module
+
+
+class Scorer(torch.nn.Module):  # two named inputs and dropout: what TorchScript's path does not take
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.drop = torch.nn.Dropout(0.2)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, ids, mask):
+        pooled = (self.embed(ids) * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
+        return self.head(self.drop(pooled))
+
+
+def make():
+    torch.manual_seed(0)
+    return Scorer()
+
+
+if __name__ == "__main__":
+    g = np.random.default_rng(0)
+    ids = g.integers(0, 20, size=(16, 6)).astype("int64")
+    mask = (np.arange(6) < g.integers(2, 7, size=(16, 1))).astype("float32")
+    y = g.integers(0, 3, size=16).astype("int64")
+    np.savez("train.npz", ids=ids, mask=mask, y=y)
+    example = ({"ids": torch.from_numpy(ids[:4]), "mask": torch.from_numpy(mask[:4])}, torch.from_numpy(y[:4]))
+    export_training_module(make(), "cross_entropy", {"name": "adam", "lr": 1e-2}, "scorer.pt",
+                           example_inputs=example, format="export")
+"""
+
+
+def test_protocol_3_from_the_wheel_on_the_newest_torch(newest_user_env, outside):
+    """torch.export's capture from the installed wheel on the newest torch of the range (the native library
+    compiled for it on first use): Java in this process and in a JVM of its own equal the user's own eager
+    module, dropout and two named inputs included."""
+    bin_dir, env, _, _ = newest_user_env
+    (outside / "my_model.py").write_text(_USER_TWO_INPUTS)
+    exported = _run([bin_dir / "python", "my_model.py"], cwd=outside, env=env)
+    assert exported.returncode == 0, exported.stderr
+    result = _run([bin_dir / "gradbridge", "parity", "scorer.pt", "--data", "train.npz", "--epochs", 2,
+                   "--batch-size", 4, "--java", "both", "--model-factory", "my_model:make"], cwd=outside, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "java: bitwise identical over 2 epochs" in result.stdout, result.stdout
+    assert "java-subprocess: bitwise identical over 2 epochs" in result.stdout, result.stdout
+
+
 def test_release_day_a_torch_newer_than_the_wheels_mark_is_self_checked_once(wheel, newest_torch, tmp_path_factory):
     """The wheel with "verified up to" below the newest torch (as if that torch came out after the wheel):
     pip keeps that torch; the first in-process training runs `gradbridge verify` from the installed wheel
