@@ -36,6 +36,8 @@ from .errors import (
 
 from ._version import __version__
 
+from ._runtime import lazy as _lazy
+
 # name -> submodule that defines it, imported on first use (PEP 562).
 _LAZY = {
     "export_training_module": "export",
@@ -48,14 +50,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _lazy.attributes(__name__, _LAZY)
 
 
 __all__ = [

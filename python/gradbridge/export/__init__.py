@@ -5,6 +5,7 @@ losses, optimizers and schedules defined in this package, and the export's check
 importing one of these modules must not run the exporter.
 """
 
+from .._runtime import lazy as _lazy
 from ..errors import ExportError
 
 # name -> module of this package that defines it
@@ -19,14 +20,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _lazy.attributes(__name__, _LAZY)
 
 
 __all__ = ["export_training_module", "export_builtin", "ExportError", "SUPPORTED_LOSSES", "SUPPORTED_OPTIMIZERS",
