@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import com.google.gson.Gson;
 import com.google.gson.JsonArray;
