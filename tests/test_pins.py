@@ -213,7 +213,7 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
     assert feedback_log.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
     # a G record's decisions and the header's gate policies
     record = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/LogRecord.java").read_text()
-    decisions = dict(re.findall(r"public static final int (PUBLISHED|HELD|ROLLED_BACK) = (\d+);", record))
+    decisions = dict(re.findall(r"static final int (PUBLISHED|HELD|ROLLED_BACK) = (\d+);", record))
     assert {name: int(v) for name, v in decisions.items()} == {
         "PUBLISHED": feedback_log.GATE_PUBLISHED, "HELD": feedback_log.GATE_HELD, "ROLLED_BACK": feedback_log.GATE_ROLLED_BACK}
     policies = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/HoldPolicy.java").read_text()

@@ -19,7 +19,7 @@ import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * Serves predictions while it learns from feedback: one exported training module, one training
- * thread, a write-ahead log ({@link dev.gradbridge.online.log}), published versions.
+ * thread, a write-ahead log ({@link LogFormat}), published versions.
  *
  * <ul>
  *   <li>{@link #learn} (any thread) validates the feedback, appends one event per row to the log
