@@ -49,7 +49,10 @@ public final class KafkaBenchmark {
 
     private KafkaBenchmark() {}
 
-    /** @param args see the class comment */
+    /**
+     * @param args see the class comment
+     * @throws Exception when a run fails: the benchmark stops with it
+     */
     public static void main(String[] args) throws Exception {
         System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", "error");
         Path model = Paths.get(args[0]);

@@ -86,7 +86,10 @@ public final class SparkTrainer {
             return this;
         }
 
-        /** @param shuffle shuffle each epoch (default) or take rows in order @return this */
+        /**
+         * @param shuffle shuffle each epoch (default) or take rows in order
+         * @return this
+         */
         public Builder optShuffle(boolean shuffle) {
             this.shuffle = shuffle;
             return this;
