@@ -1,6 +1,6 @@
 """The Java library's borders: every public type is documented API or listed as internal
 (docs/java-api.md), every package says what it is, no package is split over two jars, and the
-library's Javadoc builds without a warning."""
+Javadoc of the library, gradbridge-serve and gradbridge-spark builds without a warning."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def test_every_package_has_a_package_info_and_none_is_split():
 
 
 @pytest.mark.gradle
-def test_library_javadoc_builds_without_warnings():
-    # build.gradle: doclint on (but missing comments) and -Werror, so a warning fails the task
-    result = run_task([":javadoc"])
+def test_javadoc_builds_without_warnings():
+    # build.gradle: doclint on (but missing comments) and -Werror for the three, so a warning fails the task
+    result = run_task([":javadoc", ":serve:javadoc", ":spark:javadoc"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warning" not in result.stdout + result.stderr

@@ -30,7 +30,7 @@ def _open(model, log_dir, *, batch=8, wait_ms=2, publish=2, checkpoint=5, capaci
     import jpype
 
     OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
-    FsyncPolicy = jpype.JClass("dev.gradbridge.online.log.FsyncPolicy")
+    FsyncPolicy = jpype.JClass("dev.gradbridge.online.FsyncPolicy")
     Paths = jpype.JClass("java.nio.file.Paths")
     return (OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(wait_ms).optPublishEvery(publish)
             .optCheckpointEvery(checkpoint).optQueueCapacity(capacity).optPredictors(2)
@@ -251,7 +251,7 @@ def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_p
     finally:
         learner.halt()  # no final checkpoint: a resume replays the log from the module
     other = export_builtin("linear-regression", tmp_path / "other.pt", seed=1)  # same shapes, other initial values
-    with pytest.raises(jpype.JClass("dev.gradbridge.online.log.LogCorruptException"),
+    with pytest.raises(jpype.JClass("dev.gradbridge.online.LogCorruptException"),
                        match="offset 0: it was written for the module with SHA-256 .* start another log folder"):
         _open(other, tmp_path / "log", publish=1)
     with pytest.raises(replay_mod.LogError, match="offset 0: it was written for the module with SHA-256"):

@@ -202,7 +202,7 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
 
     from gradbridge import feedback_log
 
-    java = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/log/LogFormat.java").read_text()
+    java = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/LogFormat.java").read_text()
     constants = dict(re.findall(r"public static final \w+ (\w+) = ([^;]+);", java))
     assert constants["FILE_NAME"] == f'"{feedback_log.FILE_NAME}"' and constants["FORMAT"] == f'"{feedback_log.FORMAT}"'
     assert int(constants["FORMAT_VERSION"]) == feedback_log.FORMAT_VERSION
@@ -212,8 +212,8 @@ def test_feedback_log_format_is_the_same_in_java_and_python():
         assert constants[name.upper()] == f"'{kind.decode()}'", name
     assert feedback_log.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value, as java.util.zip.CRC32C
     # a G record's decisions and the header's gate policies
-    record = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/log/LogRecord.java").read_text()
-    decisions = dict(re.findall(r"public static final int (PUBLISHED|HELD|ROLLED_BACK) = (\d+);", record))
+    record = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/LogRecord.java").read_text()
+    decisions = dict(re.findall(r"static final int (PUBLISHED|HELD|ROLLED_BACK) = (\d+);", record))
     assert {name: int(v) for name, v in decisions.items()} == {
         "PUBLISHED": feedback_log.GATE_PUBLISHED, "HELD": feedback_log.GATE_HELD, "ROLLED_BACK": feedback_log.GATE_ROLLED_BACK}
     policies = (Path(__file__).resolve().parent.parent / "java/src/main/java/dev/gradbridge/online/HoldPolicy.java").read_text()

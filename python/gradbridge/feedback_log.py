@@ -1,7 +1,7 @@
 """The online learner's feedback log as Python reads it: the framing, the records, a strict reader.
 
-``dev.gradbridge.online.log`` (Java) writes it; ``gradbridge.replay`` replays it with eager PyTorch;
-tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge.online.log.LogFormat``.
+``dev.gradbridge.online.OnlineLearner`` (Java) writes it; ``gradbridge.replay`` replays it with eager PyTorch;
+tests/test_pins.py ties this module's constants and checksum to ``dev.gradbridge.online.LogFormat``.
 
 Framing, little-endian: ``u32 length, u32 crc32c(payload), u32 crc32c(the 8 bytes before)``, then the
 payload, whose first byte is its type (``H`` header JSON, ``W`` the start of one request's write, with the length

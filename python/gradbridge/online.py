@@ -44,7 +44,7 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
     ``max_input_abs`` and ``keep_versions`` None keep the learner's defaults. ``gate_data`` (an .npz)
     turns the publish gate on (``OnlineLearner.Builder.optGate``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
-    FsyncPolicy = jclass("dev.gradbridge.online.log.FsyncPolicy")
+    FsyncPolicy = jclass("dev.gradbridge.online.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")
     with java_errors():
         builder = (OnlineLearner.builder().optMaxBatch(max_batch).optMaxWaitMillis(max_wait_ms)

@@ -2,7 +2,7 @@
 
 ``dev.gradbridge.online.OnlineLearner`` (Java) logs every accepted feedback event, every
 micro-batch before it is applied and every published version with SHA-256 digests of its
-parameters (format: ``dev.gradbridge.online.log``). ``replay`` starts from the exported
+parameters (format: ``dev.gradbridge.online.LogFormat``). ``replay`` starts from the exported
 module's initial tensors, applies the logged micro-batches in order with ``reference.Reference``
 (torch.optim, eager autograd) and compares each logged version's digests and loss with its own:
 equal digests mean bitwise equal parameters.

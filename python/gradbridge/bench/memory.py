@@ -151,7 +151,7 @@ def online_learner(updates: int, samples: int = 80, batch: int = 32) -> Dict:
         path, x, y = _mlp_module(Path(folder), batch=batch)
         learner = (jvm.jclass("dev.gradbridge.online.OnlineLearner").builder().optMaxBatch(batch)
                    .optPublishEvery(100).optCheckpointEvery(1_000_000).optQueueCapacity(batch * 64)
-                   .optFsync(jvm.jclass("dev.gradbridge.online.log.FsyncPolicy").parse("never"))
+                   .optFsync(jvm.jclass("dev.gradbridge.online.FsyncPolicy").parse("never"))
                    .open(Paths.get(str(path)), Paths.get(f"{folder}/log")))
         hx = HostTensor.ofFloats(jpype.JArray(jpype.JFloat)(x.ravel().tolist()), *x.shape)
         hy = HostTensor.ofLongs(jpype.JArray(jpype.JLong)(y.tolist()), *y.shape)

@@ -166,7 +166,7 @@ public final class History {
      * @return lowercase hex digest
      */
     public static String digest(double[] values, String dtype) {
-        DType type = digestType(dtype);
+        DType type = Digests.digestType(dtype);
         ByteBuffer bytes = ByteBuffer.allocate(values.length * type.size()).order(DType.FILE_ORDER);
         for (double value : values) {
             type.put(bytes, value);
@@ -184,32 +184,13 @@ public final class History {
      * @return lowercase hex digest
      */
     static String digest(Tensor tensor, String dtype) {
-        if (tensor.dtype() == digestType(dtype) && ByteOrder.nativeOrder().equals(DType.FILE_ORDER)) {
+        if (tensor.dtype() == Digests.digestType(dtype) && ByteOrder.nativeOrder().equals(DType.FILE_ORDER)) {
             MessageDigest sha = Digests.sha256();
             sha.update(tensor.buffer());
             return Digests.hex(sha.digest());
         }
         return digest(tensor.toExactDoubles(), dtype);
     }
-
-    /**
-     * The dtype of a digest: {@code float32}, {@code float64} or {@code int64} (what parameters,
-     * buffers and optimizer state hold).
-     *
-     * @param dtype torch's name
-     * @return its type
-     * @throws IllegalArgumentException for any other
-     */
-    public static DType digestType(String dtype) {
-        for (DType type : DIGEST_TYPES) {
-            if (type.torchName().equals(dtype)) {
-                return type;
-            }
-        }
-        throw new IllegalArgumentException("no digest for dtype " + dtype);
-    }
-
-    private static final DType[] DIGEST_TYPES = {DType.FLOAT32, DType.FLOAT64, DType.INT64};
 
     /**
      * Records the module's parameters after an epoch, with their digests.
@@ -222,7 +203,7 @@ public final class History {
      * @param withValues keep the values too ({@code false}: digests only, for large models)
      * @return the record
      */
-    public static EpochRecord record(
+    static EpochRecord record(
             TrainingModule module, int epoch, double loss, Double valLoss, double elapsedSeconds,
             boolean withValues) {
         Map<String, ByteBuffer> values = new LinkedHashMap<>();
@@ -230,20 +211,6 @@ public final class History {
         module.readParameters(digests, withValues ? values : null);
         return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
                 values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs());
-    }
-
-    /**
-     * The epoch loss of the schema: batch losses summed in order in double, over their count.
-     *
-     * @param batchLosses the epoch's batch losses, in order
-     * @return their mean
-     */
-    public static double epochLoss(double[] batchLosses) {
-        double total = 0;
-        for (double value : batchLosses) {
-            total += value;
-        }
-        return total / batchLosses.length;
     }
 
     /**

@@ -85,4 +85,10 @@ final class LibraryCalls implements ModuleAccess.Calls {
     public String nativeMemory() {
         return NativeMemory.describe();
     }
+
+    @Override
+    public History.EpochRecord epochRecord(TrainingModule module, int epoch, double loss, Double valLoss,
+            double elapsedSeconds, boolean withValues) {
+        return History.record(module, epoch, loss, valLoss, elapsedSeconds, withValues);
+    }
 }

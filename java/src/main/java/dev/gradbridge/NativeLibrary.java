@@ -2,6 +2,7 @@ package dev.gradbridge;
 
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.NativeSettings;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
@@ -42,8 +43,6 @@ final class NativeLibrary {
     static final String LIBTORCH_ENV = "GRADBRIDGE_LIBTORCH";
     static final String LIBRARY_PROPERTY = "gradbridge.native.library";
     static final String LIBRARY_ENV = "GRADBRIDGE_NATIVE_LIBRARY";
-    static final String CACHE_PROPERTY = "gradbridge.cacheDir";
-    static final String CACHE_ENV = "GRADBRIDGE_CACHE_DIR";
     static final String THREADS_PROPERTY = "gradbridge.numThreads";
     static final String INTEROP_THREADS_PROPERTY = "gradbridge.numInteropThreads";
     /** Inside this jar: the native library built at build time, and its properties. */
@@ -145,10 +144,10 @@ final class NativeLibrary {
         }
         Path library;
         Properties built;
-        String configured = setting(LIBRARY_PROPERTY, LIBRARY_ENV);
+        String configured = NativeSettings.value(LIBRARY_PROPERTY, LIBRARY_ENV);
         if (configured != null) {
             library = Paths.get(configured).toAbsolutePath();
-            String source = source(LIBRARY_PROPERTY, LIBRARY_ENV);
+            String source = NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV);
             if (!Files.isRegularFile(library)) {
                 throw new GradbridgeException("gradbridge's native library " + library + " (" + source
                         + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
@@ -278,9 +277,9 @@ final class NativeLibrary {
 
     /** Where a libtorch folder came from, for messages. */
     private static String libtorchSource(Path folder) {
-        String configured = setting(LIBTORCH_PROPERTY, LIBTORCH_ENV);
+        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
         return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
-                ? source(LIBTORCH_PROPERTY, LIBTORCH_ENV)
+                ? NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV)
                 : "extracted from the pytorch-native jar";
     }
 
@@ -301,35 +300,13 @@ final class NativeLibrary {
         return String.valueOf(e.getMessage());
     }
 
-    private static String setting(String property, String env) {
-        String value = System.getProperty(property);
-        if (value == null || value.isEmpty()) {
-            value = System.getenv(env);
-        }
-        return value == null || value.isEmpty() ? null : value;
-    }
-
-    /** Where a setting came from, for messages: {@code -Dproperty} or the environment variable. */
-    private static String source(String property, String env) {
-        String value = System.getProperty(property);
-        return value != null && !value.isEmpty() ? "-D" + property : env;
-    }
-
-    /** The cache folder: {@value #CACHE_PROPERTY}, {@value #CACHE_ENV}, else ~/.cache/gradbridge. */
-    static Path cacheFolder() {
-        String configured = setting(CACHE_PROPERTY, CACHE_ENV);
-        return configured != null
-                ? Paths.get(configured)
-                : Paths.get(System.getProperty("user.home"), ".cache", "gradbridge");
-    }
-
     private static Path libtorchFolder() {
-        String configured = setting(LIBTORCH_PROPERTY, LIBTORCH_ENV);
+        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
         if (configured != null) {
             Path folder = Paths.get(configured).toAbsolutePath();
             if (!Files.isRegularFile(folder.resolve("libtorch_cpu.so")) || !Files.isRegularFile(folder.resolve("libc10.so"))) {
                 throw new GradbridgeException(
-                        folder + " (" + source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ") is not a libtorch folder: it"
+                        folder + " (" + NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ") is not a libtorch folder: it"
                                 + " lacks libc10.so or libtorch_cpu.so; name a folder that holds them, e.g. a pip"
                                 + " torch's torch/lib");
             }
@@ -347,9 +324,9 @@ final class NativeLibrary {
 
     /** A libtorch folder for messages: with the setting that named it, if one did. */
     private static String named(Path folder) {
-        String configured = setting(LIBTORCH_PROPERTY, LIBTORCH_ENV);
+        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
         return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
-                ? folder + " (" + source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ")"
+                ? folder + " (" + NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ")"
                 : folder.toString();
     }
 
@@ -428,7 +405,7 @@ final class NativeLibrary {
     private static Path extractDjlLibtorch(Properties djl) {
         String version = djl.getProperty("version", "unknown");
         String[] names = djl.getProperty("libraries", "").split(",");
-        Path target = cacheFolder().resolve("libtorch").resolve(version + "-cpu-linux-x86_64");
+        Path target = NativeSettings.cacheFolder().resolve("libtorch").resolve(version + "-cpu-linux-x86_64");
         String problem = cacheProblem(target, names, false);
         if (problem != null) {
             if (!problem.isEmpty()) {
@@ -457,7 +434,7 @@ final class NativeLibrary {
     private static Path extractJarLibrary(Properties built) {
         String name = built.getProperty("library");
         String identity = built.getProperty(LIBRARY_DIGEST_KEY, built.getProperty("source_sha256", "unversioned"));
-        Path target = cacheFolder().resolve("native").resolve("jar-torch" + built.getProperty("torch_version")
+        Path target = NativeSettings.cacheFolder().resolve("native").resolve("jar-torch" + built.getProperty("torch_version")
                 + "-cxx11abi" + built.getProperty("cxx11_abi") + "-"
                 + identity.substring(0, Math.min(32, identity.length())));
         String problem = cacheProblem(target, new String[] {name}, true);

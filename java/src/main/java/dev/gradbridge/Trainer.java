@@ -196,7 +196,7 @@ public final class Trainer {
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
                 double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
-                double loss = History.epochLoss(losses);
+                double loss = RunStart.epochLoss(losses);
                 Double valLoss =
                         validation == null ? null : module.evaluate(validation.getInputs(), validation.getY());
                 // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau

@@ -6,8 +6,7 @@
  * dev.gradbridge.data.Dataset}, checkpoints, a {@link dev.gradbridge.History}); {@link
  * dev.gradbridge.TrainingModule} loads a module written by {@code gradbridge export} and runs its
  * protocol methods ({@link dev.gradbridge.Protocol}) with autograd, one call at a time. The public
- * types of this package, {@code dev.gradbridge.data}, {@code dev.gradbridge.online} and the
- * documented ones of {@code dev.gradbridge.online.log} are the library's API (listed in
- * docs/java-api.md); {@code dev.gradbridge.internal} is not.
+ * types of this package, {@code dev.gradbridge.data} and {@code dev.gradbridge.online} are the
+ * library's API (listed in docs/java-api.md); {@code dev.gradbridge.internal} is not.
  */
 package dev.gradbridge;

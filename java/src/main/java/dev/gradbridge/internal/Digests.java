@@ -1,5 +1,6 @@
 package dev.gradbridge.internal;
 
+import dev.gradbridge.DType;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Files;
@@ -11,6 +12,7 @@ import java.security.NoSuchAlgorithmException;
 public final class Digests {
 
     private static final char[] HEX = "0123456789abcdef".toCharArray();
+    private static final DType[] DIGEST_TYPES = {DType.FLOAT32, DType.FLOAT64, DType.INT64};
 
     private Digests() {}
 
@@ -58,5 +60,23 @@ public final class Digests {
             out[2 * i + 1] = HEX[bytes[i] & 0xf];
         }
         return new String(out);
+    }
+
+    /**
+     * The dtype whose bytes a parameter's digest hashes ({@code dev.gradbridge.History#digest}):
+     * {@code float32}, {@code float64} or {@code int64} (what parameters, buffers and optimizer
+     * state hold).
+     *
+     * @param dtype torch's name
+     * @return its type
+     * @throws IllegalArgumentException for any other
+     */
+    public static DType digestType(String dtype) {
+        for (DType type : DIGEST_TYPES) {
+            if (type.torchName().equals(dtype)) {
+                return type;
+            }
+        }
+        throw new IllegalArgumentException("no digest for dtype " + dtype);
     }
 }

@@ -1,5 +1,6 @@
 package dev.gradbridge.internal;
 
+import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Tensor;
@@ -37,6 +38,10 @@ public final class ModuleAccess {
 
         /** @see ModuleAccess#nativeMemory */
         String nativeMemory();
+
+        /** @see ModuleAccess#epochRecord */
+        History.EpochRecord epochRecord(TrainingModule module, int epoch, double loss, Double valLoss,
+                double elapsedSeconds, boolean withValues);
     }
 
     /** {@code train_step(x, y)} on a module of its own, straight through the native layer: no checks, no guard. */
@@ -142,5 +147,22 @@ public final class ModuleAccess {
     /** @return the allocator settings applied when the engine started, in words, or "not applied yet" */
     public static String nativeMemory() {
         return calls().nativeMemory();
+    }
+
+    /**
+     * An epoch's record of the module's parameters (their digests, hashed from the tensors' memory,
+     * and, when asked, their values): what every trainer adds to its {@link History}.
+     *
+     * @param module the module being trained
+     * @param epoch epoch index, from 0
+     * @param loss the epoch's training loss
+     * @param valLoss the validation loss, or {@code null}
+     * @param elapsedSeconds wall time since the run started
+     * @param withValues keep the values too ({@code false}: digests only, for large models)
+     * @return the record
+     */
+    public static History.EpochRecord epochRecord(TrainingModule module, int epoch, double loss, Double valLoss,
+            double elapsedSeconds, boolean withValues) {
+        return calls().epochRecord(module, epoch, loss, valLoss, elapsedSeconds, withValues);
     }
 }

@@ -170,4 +170,19 @@ public final class RunStart {
     private static String shortHash(String hash) {
         return hash == null ? "?" : hash.substring(0, Math.min(12, hash.length()));
     }
+
+    /**
+     * The epoch loss of the history's schema, for every trainer: batch losses summed in order in
+     * double, over their count (Python's {@code history.epoch_loss}).
+     *
+     * @param batchLosses the epoch's batch losses, in order
+     * @return their mean
+     */
+    public static double epochLoss(double[] batchLosses) {
+        double total = 0;
+        for (double value : batchLosses) {
+            total += value;
+        }
+        return total / batchLosses.length;
+    }
 }

@@ -1,7 +1,5 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.online.log.LogRecord;
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayDeque;

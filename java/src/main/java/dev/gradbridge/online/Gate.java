@@ -6,7 +6,6 @@ import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
-import dev.gradbridge.online.log.LogHeader;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;

@@ -3,7 +3,6 @@ package dev.gradbridge.online;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayList;

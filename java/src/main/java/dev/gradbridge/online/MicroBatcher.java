@@ -1,6 +1,5 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;

@@ -5,11 +5,6 @@ import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
-import dev.gradbridge.online.log.FsyncPolicy;
-import dev.gradbridge.online.log.LogCorruptException;
-import dev.gradbridge.online.log.LogHeader;
-import dev.gradbridge.online.log.LogReader;
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.FileSystemException;
@@ -24,7 +19,7 @@ import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * Serves predictions while it learns from feedback: one exported training module, one training
- * thread, a write-ahead log ({@link dev.gradbridge.online.log}), published versions.
+ * thread, a write-ahead log ({@link LogFormat}), published versions.
  *
  * <ul>
  *   <li>{@link #learn} (any thread) validates the feedback, appends one event per row to the log

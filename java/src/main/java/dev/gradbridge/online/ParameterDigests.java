@@ -2,7 +2,6 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.DType;
 import dev.gradbridge.internal.Digests;
-import dev.gradbridge.History;
 import java.nio.ByteBuffer;
 import java.security.MessageDigest;
 
@@ -28,7 +27,7 @@ final class ParameterDigests {
      * @return the same string as {@code History.digest(values, dtype)}
      */
     String digest(double[] values, String dtype) {
-        DType type = History.digestType(dtype);
+        DType type = Digests.digestType(dtype);
         int size = values.length * type.size();
         if (bytes.capacity() < size) {
             bytes = ByteBuffer.allocate(size).order(DType.FILE_ORDER);

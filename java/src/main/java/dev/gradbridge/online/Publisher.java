@@ -4,8 +4,6 @@ import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
-import dev.gradbridge.online.log.LogRecord;
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayDeque;

@@ -1,11 +1,6 @@
 package dev.gradbridge.online;
 
 import dev.gradbridge.TrainingModule;
-import dev.gradbridge.online.log.LogCorruptException;
-import dev.gradbridge.online.log.LogHeader;
-import dev.gradbridge.online.log.LogReader;
-import dev.gradbridge.online.log.LogRecord;
-import dev.gradbridge.online.log.LogWriter;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;

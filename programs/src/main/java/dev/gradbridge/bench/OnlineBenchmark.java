@@ -7,7 +7,7 @@ import dev.gradbridge.Tensor;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
-import dev.gradbridge.online.log.FsyncPolicy;
+import dev.gradbridge.online.FsyncPolicy;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.QueueFullException;

@@ -4,9 +4,9 @@ import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.online.FsyncPolicy;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.OnlineLearner;
-import dev.gradbridge.online.log.FsyncPolicy;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -49,7 +49,10 @@ public final class KafkaBenchmark {
 
     private KafkaBenchmark() {}
 
-    /** @param args see the class comment */
+    /**
+     * @param args see the class comment
+     * @throws Exception when a run fails: the benchmark stops with it
+     */
     public static void main(String[] args) throws Exception {
         System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", "error");
         Path model = Paths.get(args[0]);

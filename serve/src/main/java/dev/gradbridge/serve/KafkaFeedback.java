@@ -266,7 +266,10 @@ public final class KafkaFeedback implements AutoCloseable {
         return partitions;
     }
 
-    /** @return records the consumer could see but has not read yet, per partition (after the last poll) */
+    /**
+     * @param partition a partition of the topic
+     * @return records the consumer could see but has not read yet in it (after the last poll)
+     */
     public long lag(int partition) {
         return lag.getOrDefault(partition, 0L);
     }

@@ -5,8 +5,8 @@ import static org.junit.Assert.assertTrue;
 
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.gradbridge.online.FsyncPolicy;
 import dev.gradbridge.online.OnlineLearner;
-import dev.gradbridge.online.log.FsyncPolicy;
 import io.javalin.Javalin;
 import java.io.IOException;
 import java.io.OutputStream;

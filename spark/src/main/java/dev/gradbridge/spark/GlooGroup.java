@@ -20,7 +20,7 @@ import java.util.concurrent.atomic.AtomicLong;
  * other rank with a {@link NativeException} (one line); so does Gloo's timeout. Buffers are direct
  * and the operation keeps them referenced, even past a caller that gave up on it.
  */
-public final class GlooGroup implements AutoCloseable {
+final class GlooGroup implements AutoCloseable {
 
     /** How often a caller waiting in a collective runs its check. */
     public static final int CHECK_MILLIS = 200;

@@ -4,6 +4,7 @@ import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.Versions;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.NativeSettings;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Files;
@@ -44,9 +45,9 @@ final class GlooLibrary {
         }
         try {
             String libtorch = Versions.libtorch();
-            String configured = setting();
+            String configured = NativeSettings.value(LIBRARY_PROPERTY, LIBRARY_ENV);
             Path library = configured != null ? Paths.get(configured).toAbsolutePath() : extracted();
-            String source = configured != null ? source() : "this jar's";
+            String source = configured != null ? NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV) : "this jar's";
             Path propertiesFile = library.resolveSibling(library.getFileName().toString().replaceAll("\\.so$", ".properties"));
             if (!Files.isRegularFile(library)) {
                 throw new GradbridgeException("gradbridge-spark's Gloo library " + library + " (" + source
@@ -78,19 +79,6 @@ final class GlooLibrary {
         }
     }
 
-    private static String setting() {
-        String value = System.getProperty(LIBRARY_PROPERTY);
-        if (value == null || value.isEmpty()) {
-            value = System.getenv(LIBRARY_ENV);
-        }
-        return value == null || value.isEmpty() ? null : value;
-    }
-
-    private static String source() {
-        String value = System.getProperty(LIBRARY_PROPERTY);
-        return value != null && !value.isEmpty() ? "-D" + LIBRARY_PROPERTY : LIBRARY_ENV;
-    }
-
     /** This jar's library and its properties, copied once into the cache folder under the library's digest. */
     private static Path extracted() {
         Properties jar;
@@ -107,7 +95,7 @@ final class GlooLibrary {
             throw new GradbridgeException(JAR_FOLDER + "native.properties in gradbridge-spark's jar names no library"
                     + " and digest: rebuild gradbridge-spark");
         }
-        Path folder = cacheFolder().resolve("native").resolve("spark-jar-" + digest.substring(0, 32));
+        Path folder = NativeSettings.cacheFolder().resolve("native").resolve("spark-jar-" + digest.substring(0, 32));
         Path library = folder.resolve(name);
         Path properties = folder.resolve(name.replaceAll("\\.so$", ".properties"));
         try {
@@ -139,17 +127,6 @@ final class GlooLibrary {
                     + "): set -D" + LIBRARY_PROPERTY + " to one (python -m gradbridge.native build --gloo --out DIR)");
         }
         return in;
-    }
-
-    /** The cache folder: as the core library's ({@code gradbridge.cacheDir}, GRADBRIDGE_CACHE_DIR, ~/.cache/gradbridge). */
-    private static Path cacheFolder() {
-        String value = System.getProperty("gradbridge.cacheDir");
-        if (value == null || value.isEmpty()) {
-            value = System.getenv(Messages.CACHE_ENV);
-        }
-        return value == null || value.isEmpty()
-                ? Paths.get(System.getProperty("user.home"), ".cache", "gradbridge")
-                : Paths.get(value);
     }
 
     private static Properties properties(Path file) {

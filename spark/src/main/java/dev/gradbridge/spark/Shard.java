@@ -11,7 +11,7 @@ import java.security.MessageDigest;
  * holds the rows whose global index {@code i} has {@code i % K == p}, in index order, so its local
  * row {@code j} is global row {@code p + j * K}. Python's reference (shards=K) uses the same rule.
  */
-public final class Shard implements Serializable {
+final class Shard implements Serializable {
     private static final long serialVersionUID = 2L;
 
     final int partition;

@@ -29,7 +29,7 @@ import org.apache.spark.storage.StorageLevel;
 import scala.Tuple2;
 
 /**
- * Training data spread over K Spark partitions, one {@link Shard} each (rows dealt round-robin by
+ * Training data spread over K Spark partitions, one shard each (rows dealt round-robin by
  * global index), cached, and checked against the module's metadata before any step.
  *
  * <p>Sources: a Parquet file or folder (or any {@code Dataset<Row>}) with one column per input of
@@ -181,6 +181,13 @@ public final class ShardedData {
     /**
      * Reads an .npz on the driver, checks it like the single-process Trainer does, and deals it
      * into {@code partitions} cached shards.
+     *
+     * @param jsc the application's Spark context
+     * @param npz one array per input of the model and {@code y}
+     * @param partitions K, the shards (at most the rows)
+     * @param metadata the module's metadata, which the arrays must fit
+     * @return the cached shards
+     * @throws InvalidInputException (one line, naming the file) when the data does not fit
      */
     public static ShardedData fromNpz(JavaSparkContext jsc, Path npz, int partitions, Metadata metadata) {
         try (Dataset data = Dataset.loadNpz(npz)) {
@@ -224,6 +231,13 @@ public final class ShardedData {
     /**
      * Reads Parquet (a file, a folder of them, or any path Spark reads, e.g. {@code hdfs://...}),
      * checks it, and deals it into cached shards.
+     *
+     * @param spark the application's Spark session
+     * @param parquet where the Parquet data is
+     * @param partitions K, the shards (at most the rows)
+     * @param metadata the module's metadata, which the columns must fit
+     * @return the cached shards
+     * @throws InvalidInputException (one line, naming the path) when it is not Parquet or does not fit
      */
     public static ShardedData fromParquet(SparkSession spark, String parquet, int partitions, Metadata metadata) {
         org.apache.spark.sql.Dataset<Row> frame;
@@ -245,6 +259,13 @@ public final class ShardedData {
      * Checks a {@code Dataset<Row>} with a column per input of the model and y against the metadata
      * (schema, values per row, nulls, NaN and infinities: one Spark SQL aggregation) and deals it into
      * cached shards; global row order is the frame's order ({@code zipWithIndex}).
+     *
+     * @param source what the rows are, for messages (a path, a table's name)
+     * @param frame the rows
+     * @param partitions K, the shards (at most the rows)
+     * @param metadata the module's metadata, which the columns must fit
+     * @return the cached shards
+     * @throws InvalidInputException (one line, naming the source and column) when the rows do not fit
      */
     public static ShardedData fromRows(String source, org.apache.spark.sql.Dataset<Row> frame, int partitions,
             Metadata metadata) {

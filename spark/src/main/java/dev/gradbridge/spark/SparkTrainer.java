@@ -86,7 +86,10 @@ public final class SparkTrainer {
             return this;
         }
 
-        /** @param shuffle shuffle each epoch (default) or take rows in order @return this */
+        /**
+         * @param shuffle shuffle each epoch (default) or take rows in order
+         * @return this
+         */
         public Builder optShuffle(boolean shuffle) {
             this.shuffle = shuffle;
             return this;
@@ -120,7 +123,7 @@ public final class SparkTrainer {
      * Counters and timings summed over every run of this trainer (for the benchmark and the tests): read
      * them as {@link #toJson}; the trainer alone updates them.
      */
-    public static final class Stats {
+    static final class Stats {
         /** Steps taken (by the stage attempt that succeeded: a retry repeats the epoch a failed one was in). */
         long steps;
         /** Per step the slowest task's whole step (compute, exchange, optimizer), summed, ns. */
@@ -170,7 +173,7 @@ public final class SparkTrainer {
         long oneRoundBytes;
 
         /** @return the counters as a JSON object */
-        public String toJson() {
+        String toJson() {
             return String.format(
                     Locale.ROOT,
                     "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"compute_spread_s\": %.6f, \"exchange_s\": %.6f,"
@@ -212,7 +215,7 @@ public final class SparkTrainer {
     }
 
     /** @return counters and timings of the last {@link #fit} */
-    public Stats getStats() {
+    Stats getStats() {
         return stats;
     }
 
@@ -345,7 +348,7 @@ public final class SparkTrainer {
                 }
                 if (end != null) {
                     trainedState = end.archive;
-                    History.EpochRecord record = new History.EpochRecord(end.epoch, History.epochLoss(end.losses), null,
+                    History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
                             (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs);
                     history.add(record);
                     stats.executors.add(end.executors);

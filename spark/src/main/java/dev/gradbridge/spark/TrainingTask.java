@@ -1,6 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.RunStart;
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -261,7 +262,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                     result.divergedLosses = Arrays.copyOf(losses, step);
                     break;
                 }
-                double loss = History.epochLoss(losses);
+                double loss = RunStart.epochLoss(losses);
                 replica.scheduleEpoch(loss);
                 if (shard.partition == 0) {
                     long ending = System.nanoTime();
@@ -323,7 +324,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             DriverEndpoint.Caller driver) {
         byte[] state = ModuleAccess.checkpointArchive(module, Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
                 run.xShape, run.yShape, run.shardsSha256));
-        History.EpochRecord record = History.record(module, epoch, loss, null, 0.0, run.recordValues);
+        History.EpochRecord record = ModuleAccess.epochRecord(module, epoch, loss, null, 0.0, run.recordValues);
         Object[] end = {DriverState.END, attempt, epoch, losses, state, new LinkedHashMap<>(record.getDigests()),
             new LinkedHashMap<>(record.getParameters()), record.getLrs()};
         RelayExchange.await(driver.ask(end, Boolean.class));

@@ -1,11 +1,12 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.zip.CRC32C;
 
 /**
- * The log's framing, shared by {@link LogReader} and {@link LogWriter}.
+ * The write-ahead log's format ({@value #FILE_NAME}): its framing and record types, shared by the
+ * log's reader and writer (package-private) and Python's {@code gradbridge.feedback_log}.
  *
  * <p>Every record is one frame, little-endian: {@code u32 length, u32 crc32c(payload), u32
  * crc32c(the 8 bytes before)}, then {@code length} payload bytes whose first byte is the record

@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import dev.gradbridge.GradbridgeException;
 import java.io.IOException;
@@ -35,10 +35,10 @@ import org.slf4j.LoggerFactory;
  * a thread of the writer forces the file at most {@code groupCommitMillis} after the first such
  * request, one {@code fsync} for every request that arrived meanwhile.
  */
-public final class LogWriter implements AutoCloseable {
+final class LogWriter implements AutoCloseable {
 
     /** The lock file's name in the log folder. */
-    public static final String LOCK_FILE = "feedback.lock";
+    static final String LOCK_FILE = "feedback.lock";
 
     private static final Logger logger = LoggerFactory.getLogger(LogWriter.class);
 
@@ -85,7 +85,7 @@ public final class LogWriter implements AutoCloseable {
      * @throws IOException when the file cannot be opened
      * @throws GradbridgeException when another process holds the lock
      */
-    public static LogWriter lock(Path dir, FsyncPolicy policy, boolean create) throws IOException {
+    static LogWriter lock(Path dir, FsyncPolicy policy, boolean create) throws IOException {
         Path file = LogReader.file(dir);
         Path lockFile = dir.resolve(LOCK_FILE).toAbsolutePath();
         FileChannel lockChannel = FileChannel.open(lockFile, StandardOpenOption.CREATE, StandardOpenOption.WRITE);
@@ -122,7 +122,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the contents
      * @throws IOException when the file cannot be read
      */
-    public LogReader.Contents read(long keepFrom) throws IOException {
+    LogReader.Contents read(long keepFrom) throws IOException {
         return LogReader.read(file, channel, keepFrom);
     }
 
@@ -134,7 +134,7 @@ public final class LogWriter implements AutoCloseable {
      * @param header the header of a new log
      * @throws IOException when the file cannot be written
      */
-    public synchronized void begin(LogReader.Contents contents, LogHeader header) throws IOException {
+    synchronized void begin(LogReader.Contents contents, LogHeader header) throws IOException {
         if (contents.getTornBytes() > 0) {
             logger.warn("{}: cut a torn tail of {} bytes at offset {} (an incomplete last record: never acknowledged)",
                     file, contents.getTornBytes(), contents.getEnd());
@@ -149,12 +149,12 @@ public final class LogWriter implements AutoCloseable {
     }
 
     /** @return the log file */
-    public Path getFile() {
+    Path getFile() {
         return file;
     }
 
     /** @return the offset just after the last appended record */
-    public synchronized long end() {
+    synchronized long end() {
         return end;
     }
 
@@ -172,7 +172,7 @@ public final class LogWriter implements AutoCloseable {
      * @return each event's offset, then the end offset (one more element than events)
      * @throws IOException when the write fails; nothing of it stays in the file
      */
-    public synchronized long[] appendEvents(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, String key,
+    synchronized long[] appendEvents(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, String key,
             byte[] sha256) throws IOException {
         int n = xRows.size();
         byte[][] payloads = new byte[1 + n + (key == null ? 0 : 1)][];
@@ -197,7 +197,7 @@ public final class LogWriter implements AutoCloseable {
     }
 
     /** A request's idempotency key as {@link #appendSourced} logs it. */
-    public static final class KeyEntry {
+    static final class KeyEntry {
         final long firstSeq;
         final int count;
         final byte[] sha256;
@@ -209,7 +209,7 @@ public final class LogWriter implements AutoCloseable {
          * @param sha256 SHA-256 of its x and y bytes
          * @param key the key
          */
-        public KeyEntry(long firstSeq, int count, byte[] sha256, String key) {
+        KeyEntry(long firstSeq, int count, byte[] sha256, String key) {
             this.firstSeq = firstSeq;
             this.count = count;
             this.sha256 = sha256;
@@ -234,7 +234,7 @@ public final class LogWriter implements AutoCloseable {
      * @return each event's offset, then the end offset
      * @throws IOException when the write fails; nothing of it stays in the file
      */
-    public synchronized long[] appendSourced(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, List<KeyEntry> keys,
+    synchronized long[] appendSourced(long firstSeq, List<byte[]> xRows, List<byte[]> yRows, List<KeyEntry> keys,
             String source, long[][] ranges, long[][] items) throws IOException {
         int n = xRows.size();
         byte[][] payloads = new byte[1 + n + keys.size()][];
@@ -268,7 +268,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the end offset
      * @throws IOException when the write fails
      */
-    public synchronized long appendBatch(long index, long firstSeq, int count) throws IOException {
+    synchronized long appendBatch(long index, long firstSeq, int count) throws IOException {
         return append(frames(LogRecord.batch(index, firstSeq, count)));
     }
 
@@ -282,7 +282,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the end offset
      * @throws IOException when the write fails
      */
-    public synchronized long appendQuarantine(long index, long firstSeq, int count, String reason) throws IOException {
+    synchronized long appendQuarantine(long index, long firstSeq, int count, String reason) throws IOException {
         return append(frames(LogRecord.quarantine(index, firstSeq, count, reason)));
     }
 
@@ -296,7 +296,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the end offset
      * @throws IOException when the write fails
      */
-    public synchronized long appendVersion(long id, long updates, double loss, Map<String, String> digests)
+    synchronized long appendVersion(long id, long updates, double loss, Map<String, String> digests)
             throws IOException {
         return append(frames(LogRecord.version(id, updates, loss, digests)));
     }
@@ -313,7 +313,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the end offset
      * @throws IOException when the write fails
      */
-    public synchronized long appendGate(long version, long serving, double loss, double servingLoss, int decision)
+    synchronized long appendGate(long version, long serving, double loss, double servingLoss, int decision)
             throws IOException {
         return append(frames(LogRecord.gate(version, serving, loss, servingLoss, decision)));
     }
@@ -326,7 +326,7 @@ public final class LogWriter implements AutoCloseable {
      * @return the end offset
      * @throws IOException when the write fails
      */
-    public synchronized long appendRollback(long version, long from) throws IOException {
+    synchronized long appendRollback(long version, long from) throws IOException {
         return append(frames(LogRecord.rollback(version, from)));
     }
 
@@ -337,7 +337,7 @@ public final class LogWriter implements AutoCloseable {
      * @param offset an end offset returned by an append
      * @throws IOException when the fsync fails
      */
-    public void sync(long offset) throws IOException {
+    void sync(long offset) throws IOException {
         if (policy == FsyncPolicy.NEVER || synced >= offset) {
             return;
         }
@@ -359,7 +359,7 @@ public final class LogWriter implements AutoCloseable {
      * @param delayMillis the longest wait before the shared fsync (0: at once)
      * @param onFailure told when a forced write fails (what is durable is unknown then)
      */
-    public void startGroupCommit(long delayMillis, Consumer<Throwable> onFailure) {
+    void startGroupCommit(long delayMillis, Consumer<Throwable> onFailure) {
         if (policy == FsyncPolicy.NEVER || committer != null) {
             return;
         }
@@ -377,7 +377,7 @@ public final class LogWriter implements AutoCloseable {
      * @param offset an end offset returned by an append
      * @param action what to do then (quick: it runs on the writer's thread)
      */
-    public void afterSync(long offset, Runnable action) {
+    void afterSync(long offset, Runnable action) {
         if (policy == FsyncPolicy.NEVER || synced >= offset || committer == null) {
             if (policy == FsyncPolicy.ALWAYS && synced < offset) {
                 try {
@@ -402,7 +402,7 @@ public final class LogWriter implements AutoCloseable {
      * @return false on timeout
      * @throws InterruptedException when interrupted
      */
-    public boolean awaitActions(long timeoutNanos) throws InterruptedException {
+    boolean awaitActions(long timeoutNanos) throws InterruptedException {
         long deadline = System.nanoTime() + timeoutNanos;
         synchronized (pending) {
             // running: actions taken off the queue but not finished; failed: dropped by a failed fsync

@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import com.google.gson.Gson;
 import com.google.gson.JsonArray;
@@ -19,7 +19,7 @@ import java.util.Objects;
  * Everything that decides what replaying the log computes is here, so a service restarted with
  * other settings is refused instead of silently computing something else.
  */
-public final class LogHeader {
+final class LogHeader {
 
     private static final Gson GSON = new Gson();
 
@@ -37,10 +37,10 @@ public final class LogHeader {
     private List<InputSpec> inputs; // null: one input x (set once, by withInputs)
 
     /** x's dtype in the header of a module of several inputs: x is then one event's raw bytes, split as {@code inputs} says. */
-    public static final String NAMED_INPUTS = "named";
+    static final String NAMED_INPUTS = "named";
 
     /** One of several named inputs: its name, dtype and per-sample shape; an event holds their rows in this order. */
-    public static final class InputSpec {
+    static final class InputSpec {
         private final String name;
         private final String dtype;
         private final long[] shape;
@@ -50,7 +50,7 @@ public final class LogHeader {
          * @param dtype its dtype
          * @param shape one sample's shape (without the batch dimension)
          */
-        public InputSpec(String name, String dtype, long[] shape) {
+        InputSpec(String name, String dtype, long[] shape) {
             this.name = name;
             this.dtype = dtype;
             this.shape = shape.clone();
@@ -67,7 +67,7 @@ public final class LogHeader {
      * A publish gate's settings, kept in the header: they decide which versions are published,
      * so a restart with others is refused like one with another {@code publish_every}.
      */
-    public static final class GateSettings {
+    static final class GateSettings {
         private final String data;
         private final String dataSha256;
         private final double maxRegression;
@@ -82,7 +82,7 @@ public final class LogHeader {
          * @param onHold what a held-back version does to the learner ({@code continue} or {@code rollback})
          * @param keepVersions published versions kept for rollbacks
          */
-        public GateSettings(String data, String dataSha256, double maxRegression, String onHold, int keepVersions) {
+        GateSettings(String data, String dataSha256, double maxRegression, String onHold, int keepVersions) {
             this.data = data;
             this.dataSha256 = dataSha256;
             this.maxRegression = maxRegression;
@@ -91,27 +91,27 @@ public final class LogHeader {
         }
 
         /** @return the gate data file as given when the log was started */
-        public String getData() {
+        String getData() {
             return data;
         }
 
         /** @return SHA-256 (hex) of the gate data file */
-        public String getDataSha256() {
+        String getDataSha256() {
             return dataSha256;
         }
 
         /** @return the largest gate-loss regression a published version may have */
-        public double getMaxRegression() {
+        double getMaxRegression() {
             return maxRegression;
         }
 
         /** @return {@code continue} or {@code rollback} */
-        public String getOnHold() {
+        String getOnHold() {
             return onHold;
         }
 
         /** @return published versions kept for rollbacks */
-        public int getKeepVersions() {
+        int getKeepVersions() {
             return keepVersions;
         }
 
@@ -147,7 +147,7 @@ public final class LogHeader {
      * @param yDtype y's dtype
      * @param yShape one sample's y shape (without the batch dimension)
      */
-    public LogHeader(String model, String modelSha256, int publishEvery, double maxGradNorm, long firstSeq,
+    LogHeader(String model, String modelSha256, int publishEvery, double maxGradNorm, long firstSeq,
             long seqFloor, String xDtype, long[] xShape, String yDtype, long[] yShape) {
         this.model = model;
         this.modelSha256 = modelSha256;
@@ -165,7 +165,7 @@ public final class LogHeader {
      * @param settings the publish gate's settings
      * @return this header with them
      */
-    public LogHeader withGate(GateSettings settings) {
+    LogHeader withGate(GateSettings settings) {
         this.gate = settings;
         return this;
     }
@@ -174,63 +174,63 @@ public final class LogHeader {
      * @param specs a module of several inputs: each input's name, dtype and shape, in the order an event holds them
      * @return this header with them
      */
-    public LogHeader withInputs(List<InputSpec> specs) {
+    LogHeader withInputs(List<InputSpec> specs) {
         this.inputs = new ArrayList<>(specs);
         return this;
     }
 
     /** @return the publish gate's settings, or null when the learner has no gate */
-    public GateSettings getGate() {
+    GateSettings getGate() {
         return gate;
     }
 
     /** @return the model's name */
-    public String getModel() {
+    String getModel() {
         return model;
     }
 
     /** @return SHA-256 (hex) of the exported module the log starts from */
-    public String getModelSha256() {
+    String getModelSha256() {
         return modelSha256;
     }
 
     /** @return a version every this many updates */
-    public int getPublishEvery() {
+    int getPublishEvery() {
         return publishEvery;
     }
 
     /** @return the gradient-norm guard, 0 when off */
-    public double getMaxGradNorm() {
+    double getMaxGradNorm() {
         return maxGradNorm;
     }
 
     /** @return the first sequence number this log may use */
-    public long getFirstSeq() {
+    long getFirstSeq() {
         return firstSeq;
     }
 
     /** @return x's dtype */
-    public String getXDtype() {
+    String getXDtype() {
         return xDtype;
     }
 
     /** @return one sample's x shape */
-    public long[] getXShape() {
+    long[] getXShape() {
         return xShape.clone();
     }
 
     /** @return y's dtype */
-    public String getYDtype() {
+    String getYDtype() {
         return yDtype;
     }
 
     /** @return one sample's y shape */
-    public long[] getYShape() {
+    long[] getYShape() {
         return yShape.clone();
     }
 
     /** @return the smallest sequence number a new event may take */
-    public long getSeqFloor() {
+    long getSeqFloor() {
         return seqFloor;
     }
 
@@ -241,7 +241,7 @@ public final class LogHeader {
      * @param wanted the header the caller would write
      * @return a phrase naming the first difference, or null
      */
-    public String mismatch(LogHeader wanted) {
+    String mismatch(LogHeader wanted) {
         if (!modelSha256.equals(wanted.modelSha256)) {
             return "it was written for the module with SHA-256 " + modelSha256 + " (" + model + "), not "
                     + wanted.modelSha256 + " (" + wanted.model + "); start another log folder for another --model";

@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;

@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import com.google.gson.Gson;
 import com.google.gson.JsonObject;
@@ -40,7 +40,7 @@ import java.util.Map;
  *       returned to {@code version} (an operator's rollback).
  * </ul>
  */
-public abstract class LogRecord {
+abstract class LogRecord {
 
     private static final Gson GSON = new Gson();
 
@@ -51,7 +51,7 @@ public abstract class LogRecord {
     }
 
     /** @return the record's frame offset in the file */
-    public long getOffset() {
+    long getOffset() {
         return offset;
     }
 
@@ -227,7 +227,7 @@ public abstract class LogRecord {
     }
 
     /** One feedback event: one sample's x and y bytes. */
-    public static final class Event extends LogRecord {
+    static final class Event extends LogRecord {
         private final long seq;
         private final byte[] x;
         private final byte[] y;
@@ -240,23 +240,23 @@ public abstract class LogRecord {
         }
 
         /** @return the event's sequence number (arrival order) */
-        public long getSeq() {
+        long getSeq() {
             return seq;
         }
 
         /** @return x's little-endian bytes (shared: do not modify) */
-        public byte[] x() {
+        byte[] x() {
             return x;
         }
 
         /** @return y's little-endian bytes (shared: do not modify) */
-        public byte[] y() {
+        byte[] y() {
             return y;
         }
     }
 
     /** A request's idempotency key and the events it was answered with. */
-    public static final class Key extends LogRecord {
+    static final class Key extends LogRecord {
         private final long firstSeq;
         private final int count;
         private final byte[] sha256;
@@ -271,28 +271,28 @@ public abstract class LogRecord {
         }
 
         /** @return the request's first event */
-        public long getFirstSeq() {
+        long getFirstSeq() {
             return firstSeq;
         }
 
         /** @return its number of events */
-        public int getCount() {
+        int getCount() {
             return count;
         }
 
         /** @return SHA-256 of its x and y bytes (shared: do not modify) */
-        public byte[] sha256() {
+        byte[] sha256() {
             return sha256;
         }
 
         /** @return the key */
-        public String getKey() {
+        String getKey() {
             return key;
         }
     }
 
     /** A micro-batch as applied: {@code count} events from {@code firstSeq}, one optimizer step. */
-    public static final class Batch extends LogRecord {
+    static final class Batch extends LogRecord {
         private final long index;
         private final long firstSeq;
         private final int count;
@@ -305,23 +305,23 @@ public abstract class LogRecord {
         }
 
         /** @return updates applied before it */
-        public long getIndex() {
+        long getIndex() {
             return index;
         }
 
         /** @return its first event */
-        public long getFirstSeq() {
+        long getFirstSeq() {
             return firstSeq;
         }
 
         /** @return its number of events */
-        public int getCount() {
+        int getCount() {
             return count;
         }
     }
 
     /** A micro-batch that was not applied: its loss or gradients were not finite, or the guard refused it. */
-    public static final class Quarantine extends LogRecord {
+    static final class Quarantine extends LogRecord {
         private final long index;
         private final long firstSeq;
         private final int count;
@@ -336,28 +336,28 @@ public abstract class LogRecord {
         }
 
         /** @return updates applied before it */
-        public long getIndex() {
+        long getIndex() {
             return index;
         }
 
         /** @return its first event */
-        public long getFirstSeq() {
+        long getFirstSeq() {
             return firstSeq;
         }
 
         /** @return its number of events */
-        public int getCount() {
+        int getCount() {
             return count;
         }
 
         /** @return why it was not applied */
-        public String getReason() {
+        String getReason() {
             return reason;
         }
     }
 
     /** A published version: its id, the updates it includes and its parameters' digests. */
-    public static final class Version extends LogRecord {
+    static final class Version extends LogRecord {
         private final long id;
         private final long updates;
         private final double loss;
@@ -372,22 +372,22 @@ public abstract class LogRecord {
         }
 
         /** @return the version id */
-        public long getId() {
+        long getId() {
             return id;
         }
 
         /** @return micro-batches applied in it */
-        public long getUpdates() {
+        long getUpdates() {
             return updates;
         }
 
         /** @return the loss of its last micro-batch */
-        public double getLoss() {
+        double getLoss() {
             return loss;
         }
 
         /** @return parameter digests by name */
-        public Map<String, String> getDigests() {
+        Map<String, String> getDigests() {
             return digests;
         }
     }
@@ -397,13 +397,13 @@ public abstract class LogRecord {
      * partition read, the offsets {@code [from, to)} consumed (every record in that range, control
      * records included, is accounted for), and per source record its events or why it gave none.
      */
-    public static final class Position extends LogRecord {
+    static final class Position extends LogRecord {
         /** The record's events were logged: {@code count} events from {@code firstSeq}. */
-        public static final int LOGGED = 0;
+        static final int LOGGED = 0;
         /** The record's idempotency key was seen with the same content: its events are {@code count} from {@code firstSeq}. */
-        public static final int DUPLICATE = 1;
+        static final int DUPLICATE = 1;
         /** The record was refused (not feedback this module takes): no events. */
-        public static final int REFUSED = 2;
+        static final int REFUSED = 2;
 
         private final String source;
         private final long[][] ranges;
@@ -422,34 +422,34 @@ public abstract class LogRecord {
          * @return bytes of the frames after this record that complete its write ({@code S}), or -1
          *     for a {@code P} record, which follows its events
          */
-        public long getFollowing() {
+        long getFollowing() {
             return following;
         }
 
         /** @return the source's name (the topic) */
-        public String getSource() {
+        String getSource() {
             return source;
         }
 
         /** @return each partition's range: {partition, from, to} (shared: do not modify) */
-        public long[][] ranges() {
+        long[][] ranges() {
             return ranges;
         }
 
         /** @return each source record: {partition, offset, first seq, count, status} (shared: do not modify) */
-        public long[][] items() {
+        long[][] items() {
             return items;
         }
     }
 
     /** A publish gate's decision on a version: published to predictors, or held back (and the learner rolled back). */
-    public static final class Gate extends LogRecord {
+    static final class Gate extends LogRecord {
         /** The version was published. */
-        public static final int PUBLISHED = 0;
+        static final int PUBLISHED = 0;
         /** The version was held back; training continued from it. */
-        public static final int HELD = 1;
+        static final int HELD = 1;
         /** The version was held back and the learner returned to the serving version. */
-        public static final int ROLLED_BACK = 2;
+        static final int ROLLED_BACK = 2;
 
         private final long version;
         private final long serving;
@@ -467,33 +467,33 @@ public abstract class LogRecord {
         }
 
         /** @return the version decided on */
-        public long getVersion() {
+        long getVersion() {
             return version;
         }
 
         /** @return the version predictions used when it was decided */
-        public long getServing() {
+        long getServing() {
             return serving;
         }
 
         /** @return the version's loss on the gate data */
-        public double getLoss() {
+        double getLoss() {
             return loss;
         }
 
         /** @return the serving version's loss on the gate data */
-        public double getServingLoss() {
+        double getServingLoss() {
             return servingLoss;
         }
 
         /** @return {@link #PUBLISHED}, {@link #HELD} or {@link #ROLLED_BACK} */
-        public int getDecision() {
+        int getDecision() {
             return decision;
         }
     }
 
     /** An operator's rollback: predictions returned to an earlier published version. */
-    public static final class Rollback extends LogRecord {
+    static final class Rollback extends LogRecord {
         private final long version;
         private final long from;
 
@@ -504,12 +504,12 @@ public abstract class LogRecord {
         }
 
         /** @return the version predictions returned to */
-        public long getVersion() {
+        long getVersion() {
             return version;
         }
 
         /** @return the version they used before */
-        public long getFrom() {
+        long getFrom() {
             return from;
         }
     }

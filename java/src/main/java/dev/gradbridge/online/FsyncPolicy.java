@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 /** When the write-ahead log forces its writes to the disk. */
 public enum FsyncPolicy {

@@ -1,4 +1,4 @@
-package dev.gradbridge.online.log;
+package dev.gradbridge.online;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -17,7 +17,7 @@ import java.util.List;
  * Contents#getTornBytes()}, never cut here). Anything else throws {@link LogCorruptException}
  * naming the file and the frame's offset.
  */
-public final class LogReader {
+final class LogReader {
 
     private LogReader() {}
 
@@ -31,7 +31,7 @@ public final class LogReader {
      * @throws IOException when the file cannot be read
      * @throws LogCorruptException when a frame before the end does not check
      */
-    public static Contents read(Path file, long keepFrom) throws IOException {
+    static Contents read(Path file, long keepFrom) throws IOException {
         try (FileChannel channel = FileChannel.open(file, StandardOpenOption.READ)) {
             return read(file, channel, keepFrom);
         }
@@ -46,7 +46,7 @@ public final class LogReader {
      * @return the contents
      * @throws IOException when the file cannot be read
      */
-    public static Contents read(Path file, FileChannel channel, long keepFrom) throws IOException {
+    static Contents read(Path file, FileChannel channel, long keepFrom) throws IOException {
         String where = file.toAbsolutePath().toString();
         long size = channel.size();
         long offset = 0;
@@ -136,7 +136,7 @@ public final class LogReader {
      * @param dir a log folder
      * @return its log file
      */
-    public static Path file(Path dir) {
+    static Path file(Path dir) {
         return dir.resolve(LogFormat.FILE_NAME).toAbsolutePath();
     }
 
@@ -144,12 +144,12 @@ public final class LogReader {
      * @param dir a log folder
      * @return whether it holds a log file
      */
-    public static boolean exists(Path dir) {
+    static boolean exists(Path dir) {
         return Files.isRegularFile(file(dir));
     }
 
     /** What {@link #read} found. */
-    public static final class Contents {
+    static final class Contents {
         private final Path file;
         private final LogHeader header;
         private final List<LogRecord> records;
@@ -165,27 +165,27 @@ public final class LogReader {
         }
 
         /** @return the file read */
-        public Path getFile() {
+        Path getFile() {
             return file;
         }
 
         /** @return the header, or null when the file holds no whole frame */
-        public LogHeader getHeader() {
+        LogHeader getHeader() {
             return header;
         }
 
         /** @return the records kept, in file order */
-        public List<LogRecord> getRecords() {
+        List<LogRecord> getRecords() {
             return records;
         }
 
         /** @return the offset after the last whole frame */
-        public long getEnd() {
+        long getEnd() {
             return end;
         }
 
         /** @return bytes of an incomplete last frame (0: none) */
-        public long getTornBytes() {
+        long getTornBytes() {
             return tornBytes;
         }
     }
