@@ -119,6 +119,68 @@ def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
 
 
+class _Recurrent(nn.Module):
+    """The bench LSTM's shape, small: a recurrent layer over sequences, the last step's output."""
+
+    def __init__(self, rnn, features):
+        super().__init__()
+        self.rnn = rnn
+        self.head = nn.Linear(features, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def _sequences(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, 5, 4, generator=g), torch.randint(0, 3, (N,), generator=g)
+
+
+@pytest.fixture(scope="module")
+def lstm(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _Recurrent(nn.LSTM(4, 8, num_layers=2, batch_first=True, dropout=0.3), 8)
+    x, y = _sequences(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path_factory.mktemp("p3") / "lstm.pt", example_inputs=(x[:BATCH], y[:BATCH]),
+                                  format="export")
+    return model, path
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_java_trains_an_lstm_with_dropout_between_layers_like_the_users_model(jvm, lstm, mode):
+    """eager runs a CPU LSTM as oneDNN's layer kernel, whose backward gives both biases one gradient and reads
+    the workspace its forward keeps only with grad mode on: the op lists run that kernel so (the forward
+    of a training graph with grad mode on), each bias with a gradient of its own; dropout between layers."""
+    model, path = lstm
+    train = read_program(path)[1]["train"]
+    assert {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::bernoulli_"} <= {
+        n["op"] for n in train["nodes"]}
+    assert 0 < oplist.forward_ops(train) < len(train["nodes"])
+    x, y = _sequences(0)
+    vx, vy = _sequences(1)
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+@pytest.mark.parametrize("rnn", [lambda: nn.GRU(4, 32, num_layers=2, batch_first=True, dropout=0.2),
+                                 lambda: nn.RNN(4, 8, nonlinearity="relu", batch_first=True)], ids=["gru", "rnn"])
+def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
+    """The GRU's hidden size a multiple of 32: eager's in-place gate ops on strided views and the op lists'
+    out-of-place ones on fresh tensors then take the same vectorized kernel paths."""
+    torch.manual_seed(0)
+    layer = rnn()
+    model = _Recurrent(layer, layer.hidden_size)
+    x, y = _sequences(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  tmp_path / "rnn.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    settings = dict(epochs=2, batch_size=BATCH, mode="fused", val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch

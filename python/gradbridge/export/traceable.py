@@ -23,6 +23,12 @@ in a way torch.export cannot trace:
   torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
   subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
 
+- oneDNN's LSTM/GRU/RNN backward (``mkldnn_rnn_layer_backward``, the kernel eager's CPU recurrent layers
+  run) returns one tensor as the gradient of both biases; aot_autograd's signature names gradients by the
+  graph node that outputs them and asserts one name per parameter. A result output twice is output the
+  second time as a ``clone`` (eager's ``AccumulateGrad`` clones it too: the values are the same, the two
+  gradients no longer share memory, so accumulating one leaves the other alone).
+
 It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
 (non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
 torch's logs and partial graphs of a failed capture off stderr.
@@ -115,6 +121,25 @@ def _subclass_torch_function(args: Any) -> bool:
                and type(a).__torch_function__ is not torch._C._disabled_torch_function_impl for a in args)
 
 
+def _distinct_outputs(create: Callable) -> Callable:
+    """aot_autograd's ``create_graph_signature``, called on a graph whose outputs are distinct nodes: a node
+    output again is output as its ``clone``."""
+
+    def signature(fx_g: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        output = next(n for n in reversed(fx_g.graph.nodes) if n.op == "output")
+        results, seen = list(output.args[0]), set()
+        for i, value in enumerate(results):
+            if isinstance(value, torch.fx.Node) and value in seen:
+                with fx_g.graph.inserting_before(output):
+                    results[i] = fx_g.graph.call_function(torch.ops.aten.clone.default, (value,))
+            seen.add(value)
+        output.args = (tuple(results),)
+        fx_g.recompile()
+        return create(fx_g, *args, **kwargs)
+
+    return signature
+
+
 def _encoder_layer_shape(src: torch.Tensor, *args: Any) -> torch.Tensor:
     return torch.empty_like(src, memory_format=torch.contiguous_format)
 
@@ -162,6 +187,9 @@ def while_capturing() -> Iterator[List[str]]:
             shapes = torch.library.Library("aten", "IMPL")
             stack.callback(shapes._destroy)
             shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
+        from torch._functorch import aot_autograd as aot
+        stack.callback(setattr, aot, "create_graph_signature", aot.create_graph_signature)
+        aot.create_graph_signature = _distinct_outputs(aot.create_graph_signature)
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
         yield applied
