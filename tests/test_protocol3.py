@@ -119,6 +119,37 @@ def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
 
 
+class _Attention(nn.Module):
+    """nn.MultiheadAttention itself (batch-first self-attention, dropout 0.1), mean-pooled."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, _ = self.attention(x, x, x, need_weights=False)
+        return self.head(out.mean(1))
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_java_trains_a_multihead_attention_like_the_users_model(jvm, tmp_path, mode):
+    """eager evaluates nn.MultiheadAttention under no_grad with its native kernel (its fast path), which
+    newer torches skip while tracing: the eval graphs run eager's kernel, bit for bit."""
+    torch.manual_seed(0)
+    model = _Attention()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path / "attention.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    graphs = read_program(path)[1]
+    assert "aten::_native_multi_head_attention" in {n["op"] for n in graphs["forward"]["nodes"]}
+    assert "aten::_native_multi_head_attention" not in {n["op"] for n in graphs["train"]["nodes"]}
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
 class _Recurrent(nn.Module):
     """The bench LSTM's shape, small: a recurrent layer over sequences, the last step's output."""
 

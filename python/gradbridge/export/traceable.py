@@ -21,7 +21,10 @@ in a way torch.export cannot trace:
 - eager evaluates a ``TransformerEncoderLayer`` under ``no_grad`` with its native
   ``_transformer_encoder_layer_fwd``; the layer's fast-path test asks ``has_torch_function``, which
   torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
-  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
+  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none. ``nn.MultiheadAttention`` in eval
+  mode under ``no_grad`` runs its native ``_native_multi_head_attention`` in eager; its fast-path test asks
+  the same ``has_torch_function`` and, on newer torches, ``_is_make_fx_tracing`` (true while torch.export
+  traces): while capturing that says no, so the eval graphs run eager's kernel.
 
 - oneDNN's LSTM/GRU/RNN backward (``mkldnn_rnn_layer_backward``, the kernel eager's CPU recurrent layers
   run) returns one tensor as the gradient of both biases; aot_autograd's signature names gradients by the
@@ -140,6 +143,10 @@ def _distinct_outputs(create: Callable) -> Callable:
     return signature
 
 
+def _not_tracing() -> bool:
+    return False  # nn.MultiheadAttention's fast-path test, as eager answers it
+
+
 def _encoder_layer_shape(src: torch.Tensor, *args: Any) -> torch.Tensor:
     return torch.empty_like(src, memory_format=torch.contiguous_format)
 
@@ -178,11 +185,15 @@ def while_capturing() -> Iterator[List[str]]:
             original = masks._vmap_for_bhqkv
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
-        # eager evaluates a TransformerEncoderLayer under no_grad with its native kernel; the trace takes it
-        # too: its fast-path test asks has_torch_function, which torch.export's own torch-function mode
-        # turns true, and the kernel has no shape function for fake tensors
+        # eager evaluates a TransformerEncoderLayer and a MultiheadAttention under no_grad with their native
+        # kernels; the trace takes them too: their fast-path tests ask has_torch_function, which torch.export's
+        # own torch-function mode turns true (the attention also whether make_fx or torch.export traces), and
+        # the layer's kernel has no shape function for fake tensors
         torch.overrides.has_torch_function = _subclass_torch_function
         stack.callback(setattr, torch.overrides, "has_torch_function", _has_torch_function)
+        attention = sys.modules["torch.nn.modules.activation"]
+        stack.callback(setattr, attention, "_is_make_fx_tracing", attention._is_make_fx_tracing)
+        attention._is_make_fx_tracing = _not_tracing
         if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_transformer_encoder_layer_fwd", "Meta"):
             shapes = torch.library.Library("aten", "IMPL")
             stack.callback(shapes._destroy)
