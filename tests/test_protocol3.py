@@ -212,6 +212,23 @@ def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
 
 
+@pytest.mark.slow
+def test_a_gru_the_op_lists_cannot_follow_bit_for_bit_is_refused_in_one_line(tmp_path):
+    """Hidden size 8: eager's in-place gate ops run on rows of 8 floats of a strided view, the graph's on whole
+    contiguous tensors; vectorized sigmoid and tanh then round some elements otherwise (in training or in
+evaluation, whichever the check meets first). The check refuses it."""
+    torch.manual_seed(0)
+    model = _Recurrent(nn.GRU(4, 8, batch_first=True), 8)
+    x, y = _sequences(0)
+    with pytest.raises(ExportError) as info:
+        export_training_module(model, "cross_entropy", "sgd", tmp_path / "gru.pt", example_inputs=(x[:BATCH], y[:BATCH]),
+                               format="export")
+    line = str(info.value)
+    assert line.startswith("export check failed: ") and "differs from your eager model" in line, line
+    assert "\n" not in line
+    assert not (tmp_path / "gru.pt").exists()
+
+
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch
