@@ -32,7 +32,7 @@ namespace {
 
 using namespace gradbridge;
 
-constexpr int64_t kOpListVersion = 3;
+constexpr int64_t kOpListVersion = 4;
 
 // ---- a small JSON reader (the op lists and the program are JSON) ----
 struct Json {
@@ -184,6 +184,10 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<std::pair<int64_t, std::string>> outputs;
   int batch_input = -1;
+  // A joint graph's first nodes, up to the one that computes `loss`, are its forward: they run with grad mode
+  // on, as eager's forward (a kernel may branch on it: oneDNN's LSTM layer keeps its backward's workspace
+  // only then); the backward runs with it off, as autograd's engine runs it (python: oplist.forward_ops).
+  size_t forward_ops = 0;
 };
 
 const std::map<std::string, at::ScalarType>& dtypes() {
@@ -322,6 +326,19 @@ Graph parse_graph(const std::string& name, const Json& g) {
     int64_t ref = out.at("ref", where).integer();
     if (ref < 0 || ref >= slots) throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref));
     graph.outputs.emplace_back(ref, out.at("to", where).str());
+  }
+  bool joint = false;
+  int64_t loss = -1;
+  for (const auto& [ref, to] : graph.outputs) {
+    if (to == "loss") loss = ref;
+    if (to.rfind("grad:", 0) == 0) joint = true;
+  }
+  if (joint && loss >= 0) {
+    int64_t computed = static_cast<int64_t>(graph.inputs.size());
+    for (size_t k = 0; k < graph.nodes.size() && graph.forward_ops == 0; k++) {
+      computed += std::max<int64_t>(graph.nodes[k].outputs, 1);
+      if (loss < computed) graph.forward_ops = k + 1;
+    }
   }
   return graph;
 }
@@ -660,9 +677,11 @@ struct Exported {
       slots.push_back(s->second);
     }
     int64_t batch = graph.batch_input >= 0 ? slots[graph.batch_input].toTensor().size(0) : 0;
-    at::NoGradGuard no_grad;
     torch::jit::Stack stack;
-    for (const Node& node : graph.nodes) {
+    std::optional<at::AutoGradMode> grad_mode(std::in_place, graph.forward_ops > 0);
+    for (size_t k = 0; k < graph.nodes.size(); k++) {
+      const Node& node = graph.nodes[k];
+      if (k == graph.forward_ops && k > 0) grad_mode.emplace(false);
       stack.clear();
       for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch));
       if (!node.op.has_value()) {

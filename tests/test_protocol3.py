@@ -119,6 +119,116 @@ def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm
           reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
 
 
+class _Attention(nn.Module):
+    """nn.MultiheadAttention itself (batch-first self-attention, dropout 0.1), mean-pooled."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 2, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, _ = self.attention(x, x, x, need_weights=False)
+        return self.head(out.mean(1))
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_java_trains_a_multihead_attention_like_the_users_model(jvm, tmp_path, mode):
+    """eager evaluates nn.MultiheadAttention under no_grad with its native kernel (its fast path), which
+    newer torches skip while tracing: the eval graphs run eager's kernel, bit for bit."""
+    torch.manual_seed(0)
+    model = _Attention()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path / "attention.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    graphs = read_program(path)[1]
+    assert "aten::_native_multi_head_attention" in {n["op"] for n in graphs["forward"]["nodes"]}
+    assert "aten::_native_multi_head_attention" not in {n["op"] for n in graphs["train"]["nodes"]}
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+class _Recurrent(nn.Module):
+    """The bench LSTM's shape, small: a recurrent layer over sequences, the last step's output."""
+
+    def __init__(self, rnn, features):
+        super().__init__()
+        self.rnn = rnn
+        self.head = nn.Linear(features, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def _sequences(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, 5, 4, generator=g), torch.randint(0, 3, (N,), generator=g)
+
+
+@pytest.fixture(scope="module")
+def lstm(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _Recurrent(nn.LSTM(4, 8, num_layers=2, batch_first=True, dropout=0.3), 8)
+    x, y = _sequences(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
+                                  tmp_path_factory.mktemp("p3") / "lstm.pt", example_inputs=(x[:BATCH], y[:BATCH]),
+                                  format="export")
+    return model, path
+
+
+@pytest.mark.parametrize("mode", ["step", "fused"])
+def test_java_trains_an_lstm_with_dropout_between_layers_like_the_users_model(jvm, lstm, mode):
+    """eager runs a CPU LSTM as oneDNN's layer kernel, whose backward gives both biases one gradient and reads
+    the workspace its forward keeps only with grad mode on: the op lists run that kernel so (the forward
+    of a training graph with grad mode on), each bias with a gradient of its own; dropout between layers."""
+    model, path = lstm
+    train = read_program(path)[1]["train"]
+    assert {"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::bernoulli_"} <= {
+        n["op"] for n in train["nodes"]}
+    assert 0 < oplist.forward_ops(train) < len(train["nodes"])
+    x, y = _sequences(0)
+    vx, vy = _sequences(1)
+    settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+@pytest.mark.parametrize("rnn", [lambda: nn.GRU(4, 32, num_layers=2, batch_first=True, dropout=0.2),
+                                 lambda: nn.RNN(4, 8, nonlinearity="relu", batch_first=True)], ids=["gru", "rnn"])
+def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
+    """The GRU's hidden size a multiple of 32: eager's in-place gate ops on strided views and the op lists'
+    out-of-place ones on fresh tensors then take the same vectorized kernel paths."""
+    torch.manual_seed(0)
+    layer = rnn()
+    model = _Recurrent(layer, layer.hidden_size)
+    x, y = _sequences(0)
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  tmp_path / "rnn.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    settings = dict(epochs=2, batch_size=BATCH, mode="fused", val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
+@pytest.mark.slow
+def test_a_gru_the_op_lists_cannot_follow_bit_for_bit_is_refused_in_one_line(tmp_path):
+    """Hidden size 8: eager's in-place gate ops run on rows of 8 floats of a strided view, the graph's on whole
+    contiguous tensors; vectorized sigmoid and tanh then round some elements otherwise (in training or in
+evaluation, whichever the check meets first). The check refuses it."""
+    torch.manual_seed(0)
+    model = _Recurrent(nn.GRU(4, 8, batch_first=True), 8)
+    x, y = _sequences(0)
+    with pytest.raises(ExportError) as info:
+        export_training_module(model, "cross_entropy", "sgd", tmp_path / "gru.pt", example_inputs=(x[:BATCH], y[:BATCH]),
+                               format="export")
+    line = str(info.value)
+    assert line.startswith("export check failed: ") and "differs from your eager model" in line, line
+    assert "\n" not in line
+    assert not (tmp_path / "gru.pt").exists()
+
+
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch

@@ -3,7 +3,7 @@
 Not torch's ExportedProgram schema (it moves with torch): a small format of gradbridge's own, versioned by
 ``VERSION``. A graph is::
 
-    {"oplist_version": 3,
+    {"oplist_version": 4,
      "inputs": ["param:fc.weight", "input:x", "target", "scalar:neg_lr:0", ...],   # slots 0..k-1
      "nodes": [{"op": "aten::addmm", "overload": "default", "args": [ARG, ...], "outputs": 1}, ...],
      "outputs": [{"ref": SLOT, "to": "loss"}, {"ref": SLOT, "to": "grad:fc.weight"}, ...]}
@@ -28,7 +28,8 @@ what the program around the op lists means) bumps ``VERSION``; readers refuse an
 line. Version 2: host scalars per parameter group (``scalar:NAME:G``), and the program's ``training`` and
 ``counters`` (accumulation, clipping, schedules, frozen parameters, checkpoints). Version 3: SGD's and
 RMSprop's ``momentum`` is a host scalar (``scalar:momentum:G``, read by the step graph even at momentum 0)
-and the counters hold OneCycleLR's cycled ``momenta``. The native layer's ``kOpListVersion`` and Java's
+and the counters hold OneCycleLR's cycled ``momenta``. Version 4: a joint graph's forward (its nodes up to
+the one that computes ``loss``, ``forward_ops``) runs with grad mode on, as eager's forward. The native layer's ``kOpListVersion`` and Java's
 ``Protocol.OPLIST_VERSION`` equal ``VERSION`` (tests/test_pins.py).
 
 ``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
@@ -41,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
 
-VERSION = 3
+VERSION = 4
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
 ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
 #: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
@@ -281,33 +282,57 @@ def check(graph: Mapping[str, Any], where: str) -> None:
                 raise OpListError(f"{where} {node.get('op')}: unknown argument kind {kind!r}")
 
 
+def forward_ops(graph: Mapping[str, Any]) -> int:
+    """How many of a joint graph's first nodes are its forward (up to the one that computes ``loss``), which
+    run with grad mode on as eager's forward does; autograd runs the backward with it off. A kernel may
+    branch on grad mode: oneDNN's LSTM layer keeps the workspace its backward reads only with it on. 0 for
+    a graph without gradients (evaluation, the optimizer, clipping: eager runs them under no_grad)."""
+    outputs = {out["to"]: out["ref"] for out in graph["outputs"]}
+    if "loss" not in outputs or not any(to.startswith("grad:") for to in outputs):
+        return 0
+    slots = len(graph["inputs"])
+    for k, node in enumerate(graph["nodes"]):
+        slots += max(node["outputs"], 1)
+        if outputs["loss"] < slots:
+            return k + 1
+    return 0
+
+
 def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
-    """Run an op list on ``values`` (binding name -> tensor or double) under no_grad; returns its outputs
-    by binding (``grad:`` outputs as returned, not accumulated: the caller accumulates)."""
+    """Run an op list on ``values`` (binding name -> tensor or double), its forward (``forward_ops``) with
+    grad mode on, the rest under no_grad; returns its outputs by binding (``grad:`` outputs as returned,
+    not accumulated: the caller accumulates)."""
     if graph.get("oplist_version") != VERSION:
         raise OpListError(f"op list version {graph.get('oplist_version')}, this gradbridge runs {VERSION}")
     slots: List[Any] = [values[name] for name in graph["inputs"]]
     first = next((name for name in graph["inputs"] if name.startswith("input:")),
                  "target" if "target" in graph["inputs"] else None)
     batch = int(values[first].shape[0]) if first is not None else 0
+    forward = forward_ops(graph)
+    with torch.enable_grad():
+        _run_nodes(graph["nodes"][:forward], slots, batch)
     with torch.no_grad():
-        for node in graph["nodes"]:
-            args = [_decode(a, slots, batch) for a in node["args"]]
-            if node["op"] == ITEM:
-                slots.append(args[0][args[1]])
-                continue
-            op = _overload(node["op"], node["overload"])
-            schema = op._schema
-            if len(args) != len(schema.arguments):  # the native layer refuses it too: it calls the op boxed
-                raise OpListError(f"op list: {node['op']}.{node['overload']}: {len(args)} arguments, the schema "
-                                  f"takes {len(schema.arguments)}")
-            positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
-            keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
-            result = op(*positional, **keywords)
-            if node["outputs"] == 1:
-                slots.append(result)
-            elif node["outputs"] > 1:
-                slots.extend(result)
-            else:
-                slots.append(None)
+        _run_nodes(graph["nodes"][forward:], slots, batch)
     return {out["to"]: slots[out["ref"]] for out in graph["outputs"]}
+
+
+def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int) -> None:
+    for node in nodes:
+        args = [_decode(a, slots, batch) for a in node["args"]]
+        if node["op"] == ITEM:
+            slots.append(args[0][args[1]])
+            continue
+        op = _overload(node["op"], node["overload"])
+        schema = op._schema
+        if len(args) != len(schema.arguments):  # the native layer refuses it too: it calls the op boxed
+            raise OpListError(f"op list: {node['op']}.{node['overload']}: {len(args)} arguments, the schema "
+                              f"takes {len(schema.arguments)}")
+        positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
+        keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
+        result = op(*positional, **keywords)
+        if node["outputs"] == 1:
+            slots.append(result)
+        elif node["outputs"] > 1:
+            slots.extend(result)
+        else:
+            slots.append(None)

@@ -49,7 +49,7 @@ IN_PROCESS = {
 }
 #: The cases whose model is also exported in format='export' (protocol 3: the training step captured with
 #: torch.export, run op by op by the native layer) for (d3) and (d3*), beside TorchScript's (d) and (d*).
-PROTOCOL3 = ("mlp", "resnet18", "transformer")
+PROTOCOL3 = ("mlp", "resnet18", "transformer", "lstm")
 
 
 @dataclass

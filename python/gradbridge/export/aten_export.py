@@ -101,6 +101,10 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
                 torch.set_grad_enabled(joint):
             # torch.export's unlifting warns about the constants it re-attaches; they are lifted to state below
             warnings.filterwarnings("ignore", message=".*get_attr.*", category=UserWarning)
+            # newer torches: a recurrent layer re-reads its parameters into _flat_weights at each call;
+            # torch.export puts the user's parameters back after the trace
+            warnings.filterwarnings("ignore", message="The tensor attributes .*_flat_weights.* were assigned during "
+                                    "export", category=UserWarning)
             exported = torch.export.export(module, args, strict=False)
             if functions:
                 raise ExportError(messages.aten_option_refused(f"custom autograd.Function {functions[0]} (torch.export "

@@ -21,7 +21,16 @@ in a way torch.export cannot trace:
 - eager evaluates a ``TransformerEncoderLayer`` under ``no_grad`` with its native
   ``_transformer_encoder_layer_fwd``; the layer's fast-path test asks ``has_torch_function``, which
   torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
-  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
+  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none. ``nn.MultiheadAttention`` in eval
+  mode under ``no_grad`` runs its native ``_native_multi_head_attention`` in eager; its fast-path test asks
+  the same ``has_torch_function`` and, on newer torches, ``_is_make_fx_tracing`` (true while torch.export
+  traces): while capturing that says no, so the eval graphs run eager's kernel.
+
+- oneDNN's LSTM/GRU/RNN backward (``mkldnn_rnn_layer_backward``, the kernel eager's CPU recurrent layers
+  run) returns one tensor as the gradient of both biases; aot_autograd's signature names gradients by the
+  graph node that outputs them and asserts one name per parameter. A result output twice is output the
+  second time as a ``clone`` (eager's ``AccumulateGrad`` clones it too: the values are the same, the two
+  gradients no longer share memory, so accumulating one leaves the other alone).
 
 It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
 (non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
@@ -115,6 +124,29 @@ def _subclass_torch_function(args: Any) -> bool:
                and type(a).__torch_function__ is not torch._C._disabled_torch_function_impl for a in args)
 
 
+def _distinct_outputs(create: Callable) -> Callable:
+    """aot_autograd's ``create_graph_signature``, called on a graph whose outputs are distinct nodes: a node
+    output again is output as its ``clone``."""
+
+    def signature(fx_g: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        output = next(n for n in reversed(fx_g.graph.nodes) if n.op == "output")
+        results, seen = list(output.args[0]), set()
+        for i, value in enumerate(results):
+            if isinstance(value, torch.fx.Node) and value in seen:
+                with fx_g.graph.inserting_before(output):
+                    results[i] = fx_g.graph.call_function(torch.ops.aten.clone.default, (value,))
+            seen.add(value)
+        output.args = (tuple(results),)
+        fx_g.recompile()
+        return create(fx_g, *args, **kwargs)
+
+    return signature
+
+
+def _not_tracing() -> bool:
+    return False  # nn.MultiheadAttention's fast-path test, as eager answers it
+
+
 def _encoder_layer_shape(src: torch.Tensor, *args: Any) -> torch.Tensor:
     return torch.empty_like(src, memory_format=torch.contiguous_format)
 
@@ -153,15 +185,22 @@ def while_capturing() -> Iterator[List[str]]:
             original = masks._vmap_for_bhqkv
             masks._vmap_for_bhqkv = _broadcast_bhqkv
             stack.callback(setattr, masks, "_vmap_for_bhqkv", original)
-        # eager evaluates a TransformerEncoderLayer under no_grad with its native kernel; the trace takes it
-        # too: its fast-path test asks has_torch_function, which torch.export's own torch-function mode
-        # turns true, and the kernel has no shape function for fake tensors
+        # eager evaluates a TransformerEncoderLayer and a MultiheadAttention under no_grad with their native
+        # kernels; the trace takes them too: their fast-path tests ask has_torch_function, which torch.export's
+        # own torch-function mode turns true (the attention also whether make_fx or torch.export traces), and
+        # the layer's kernel has no shape function for fake tensors
         torch.overrides.has_torch_function = _subclass_torch_function
         stack.callback(setattr, torch.overrides, "has_torch_function", _has_torch_function)
+        attention = sys.modules["torch.nn.modules.activation"]
+        stack.callback(setattr, attention, "_is_make_fx_tracing", attention._is_make_fx_tracing)
+        attention._is_make_fx_tracing = _not_tracing
         if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_transformer_encoder_layer_fwd", "Meta"):
             shapes = torch.library.Library("aten", "IMPL")
             stack.callback(shapes._destroy)
             shapes.impl("_transformer_encoder_layer_fwd", _encoder_layer_shape, "Meta")
+        from torch._functorch import aot_autograd as aot
+        stack.callback(setattr, aot, "create_graph_signature", aot.create_graph_signature)
+        aot.create_graph_signature = _distinct_outputs(aot.create_graph_signature)
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
         yield applied

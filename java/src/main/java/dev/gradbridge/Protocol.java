@@ -31,7 +31,7 @@ public final class Protocol {
      * The op-list version this gradbridge runs (python: oplist.VERSION; the native layer's kOpListVersion);
      * a program of any other is refused in one line.
      */
-    public static final int OPLIST_VERSION = 3;
+    public static final int OPLIST_VERSION = 4;
     /** Name of the metadata file stored inside the .pt archive. */
     public static final String METADATA_FILE = "gradbridge.json";
     /** Value of the metadata's {@code format} key. */
