@@ -225,6 +225,7 @@ evaluation, whichever the check meets first). The check refuses it."""
                                format="export")
     line = str(info.value)
     assert line.startswith("export check failed: ") and "differs from your eager model" in line, line
+    assert "nn.GRU with a hidden size not a multiple of 32" in line and 'format="torchscript"' in line, line
     assert "\n" not in line
     assert not (tmp_path / "gru.pt").exists()
 

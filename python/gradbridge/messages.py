@@ -276,8 +276,12 @@ def export_needs_example(model: str, reason: str) -> str:
 
 
 def export_differs(method: str, tensor: str, element: int, eager: Any, exported: Any, capture: str) -> str:
-    hint = ("the trace does not reproduce the model (Python control flow or values frozen at trace time); "
-            "make the model scriptable" if capture == "trace" else "please report it with the model")
+    hint = {"trace": "the trace does not reproduce the model (Python control flow or values frozen at trace time); "
+                     "make the model scriptable",
+            # protocol 3's graphs run eager's kernels, but on the tensors the capture made (fresh, contiguous)
+            "export": "the captured graph rounds it otherwise than eager (known: nn.GRU with a hidden size not a "
+                      "multiple of 32); format=\"torchscript\" exports a model TorchScript scripts, or please report "
+                      "it with the model"}.get(capture, "please report it with the model")
     return (f"export check failed: {method}: {tensor} differs from your eager model at element {element}: "
             f"eager {eager!r}, exported {exported!r}; {hint}; {CHECK_SKIP}")
 
