@@ -136,8 +136,10 @@ public final class SparkTrainer {
         long exchangeNanos;
         /**
          * Per partition, per {@link GradientExchange#PHASES} entry ({@code copy_in}: the gradients into the
-         * exchange's buffers; {@code alltoall}, {@code allgather}: the collectives, a task's wait for a slower
-         * one inside; {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
+         * exchange's buffers; {@code alltoall}, {@code allgather}: the task's waits for the collectives, a
+         * wait for a slower task inside (over Gloo by slice: the waits for each slice to arrive, then for the
+         * all-gathers after the last combine; the parts that overlap a combine are not counted again);
+         * {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
          */
         final List<long[]> exchangePhaseNanos = new ArrayList<>();
         /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */

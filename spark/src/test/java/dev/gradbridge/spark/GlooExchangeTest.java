@@ -125,7 +125,7 @@ public class GlooExchangeTest {
         exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 1);
     }
 
-    /** Slices: each combined while the next one's all-to-all and the previous one's all-gather are in flight. */
+    /** Slices: each combined while the next ones' all-to-alls are in flight, its all-gather started behind them. */
     @Test
     public void bySlicesWithOneDtypeEqualsTheWholeCombine() throws Exception {
         exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 3);
@@ -138,8 +138,9 @@ public class GlooExchangeTest {
 
     @Test
     public void slicesKeepAtLeastSliceBytesEach() {
-        assertEquals(1, GlooExchange.slices(4L << 20, 8));
-        assertEquals(4, GlooExchange.slices(4L << 20, 2));
+        assertEquals(1, GlooExchange.slices(4L << 20, 2)); // the 1.05M-parameter MLP: one slice
+        assertEquals(1, GlooExchange.slices(32L << 20, 16));
+        assertEquals(4, GlooExchange.slices(32L << 20, 2));
         assertEquals(GlooExchange.MAX_SLICES, GlooExchange.slices(1L << 30, 2));
         assertEquals(3, GlooExchange.slices(3 * 2 * GlooExchange.SLICE_BYTES + 1, 2));
     }
