@@ -181,8 +181,11 @@ def test_a_newer_protocol_version_is_refused_by_both_languages(files, tmp_path):
     ("spark.gradbridge.exchange", "ring", "spark.gradbridge.exchange must be gloo or relay, got ring"),
     *[("spark.gradbridge.exchange.oneRoundBytes", value,
        f"spark.gradbridge.exchange.oneRoundBytes must be a whole number of bytes in 0..536870912, got {value}")
-      for value in ("-1", "256k", "536870913")]])
-def test_a_bad_exchange_setting(files, tmp_path, setting, value, line):
+      for value in ("-1", "256k", "536870913")],
+    *[("spark.gradbridge.threads", value,
+       f"spark.gradbridge.threads must be a whole number of threads in 1..4096, got {value}")
+      for value in ("0", "two", "4097")]])
+def test_a_bad_spark_gradbridge_setting(files, tmp_path, setting, value, line):
     result = sparkrun.run(["--master", "local[2]", "--model", files["good"], "--data", files["folder"] / "data.npz",
                            "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"],
                           check=False, jvm_options=[f"-D{setting}={value}"])

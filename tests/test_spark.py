@@ -5,7 +5,8 @@ The Java side runs ``SparkTrainCommand`` through ``gradbridge._runtime.sparkrun`
 Java 17 flags, on this Python's libtorch). Default run: K=2 SGD shuffled with a task fault, its
 resume on Parquet with an executor-loss fault, K=2 SGD and Adam in order, K=3 over each exchange
 (Gloo, the default, and the driver relay), K=1 Adam equal to
-single-process training; models of several inputs (a column per input): a scripted recommender K=2 on
+single-process training, the tasks' libtorch threads (the task's cores by default, or
+spark.gradbridge.threads) each against the replay at that count; models of several inputs (a column per input): a scripted recommender K=2 on
 Parquet with an executor-loss fault and its resume on .npz, a traced model with an attention mask K=1
 equal to the user's eager model. ``--full`` adds K=4 and the rest of {SGD, Adam} x {shuffled, in order} x K in {1, 2, 4}.
 Bad input is in ``test_faults_spark.py``.
@@ -63,14 +64,17 @@ def work(tmp_path_factory):
             "parquet": folder / "data.parquet"}
 
 
-def spark_train(*args, master: str, exchange: str = "", one_round_bytes: int | None = None) -> tuple:
-    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange, and
-    ``one_round_bytes``, spark.gradbridge.exchange.oneRoundBytes); (CompletedProcess, stats dict) and
-    assert success."""
+def spark_train(*args, master: str, exchange: str = "", one_round_bytes: int | None = None,
+                threads: int | None = None) -> tuple:
+    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange,
+    ``one_round_bytes``, spark.gradbridge.exchange.oneRoundBytes, and ``threads``,
+    spark.gradbridge.threads); (CompletedProcess, stats dict) and assert success."""
     stats = Path(args[args.index("--history") + 1]).with_suffix(".stats.json")
     options = [f"-Dspark.gradbridge.exchange={exchange}"] if exchange else []
     if one_round_bytes is not None:
         options.append(f"-Dspark.gradbridge.exchange.oneRoundBytes={one_round_bytes}")
+    if threads is not None:
+        options.append(f"-Dspark.gradbridge.threads={threads}")
     result = sparkrun.run(["--master", master, "--stats", stats, *map(str, args)], check=False, jvm_options=options)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(stats.read_text())
@@ -165,6 +169,36 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     parameters = list(torch.jit.load(str(work["models"]["adam"])).parameters())
     assert stats["bytes_sent"] == stats["steps"] * gloo_bytes_per_step(parameters, 2), stats
     assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
+
+
+def test_each_task_runs_on_its_share_of_threads_and_equals_the_replay_at_that_count(tmp_path):
+    """Unset, spark.gradbridge.threads is the task's cores (spark.task.cpus, 1): local[2]'s two tasks
+    run one libtorch thread each, not each as many as the machine has cores; set, every task runs that
+    many (each task reads its count back from libtorch on its own thread). The model's tensors (~1024 x 64
+    values a task) are above libtorch's 32768-value grain, so with two threads its kernels split their
+    work; a few kernels' bits depend on the count (a sum split by thread), so each run is compared with
+    the replay run at its tasks' count, bit for bit."""
+    inputs = [protocol.tensor_spec("x", [-1, 8], "float32"), protocol.tensor_spec("y", [-1, 64], "float32")]
+    model = export_builtin("mlp", tmp_path / "wide.pt", seed=0, in_features=8, hidden=(16,), out_features=64,
+                           loss={"name": "mse"}, optimizer={"name": "sgd", "lr": 0.01}, inputs=inputs)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4096, 8)).astype(np.float32)
+    y = rng.standard_normal((4096, 64)).astype(np.float32)
+    np.savez(tmp_path / "wide.npz", x=x, y=y)
+    runs = {}
+    for setting, count in ((None, 1), (2, 2)):
+        history = tmp_path / f"h{count}.jsonl"
+        _, stats = spark_train("--model", model, "--data", tmp_path / "wide.npz", "--epochs", 1, "--batch-size", 2048,
+                               "--history", history, master="local[2]", threads=setting)
+        assert stats["threads"] == [count, count], stats
+        runs[count] = list(History.load(history))
+    previous = torch.get_num_threads()
+    try:
+        for count, java in runs.items():
+            torch.set_num_threads(count)
+            assert_bitwise(java, reference.train_sharded(model, x, y, epochs=1, shards=2, batch_size=2048))
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("exchange, one_round, name", [

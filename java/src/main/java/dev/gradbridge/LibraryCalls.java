@@ -82,6 +82,12 @@ final class LibraryCalls implements ModuleAccess.Calls {
     }
 
     @Override
+    public void setIntraOpThreads(int threads) {
+        NativeLibrary.load();
+        Native.setNumThreads(threads);
+    }
+
+    @Override
     public String nativeMemory() {
         return NativeMemory.describe();
     }

@@ -2,6 +2,7 @@ package dev.gradbridge;
 
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.NativeSettings;
 import java.io.IOException;
 import java.io.InputStream;
@@ -94,7 +95,7 @@ final class NativeLibrary {
     }
 
     /** The most threads {@value #THREADS_PROPERTY} and {@value #INTEROP_THREADS_PROPERTY} take (OpenMP aborts the process when it cannot create them). */
-    static final int MAX_THREADS = 4096;
+    static final int MAX_THREADS = ModuleAccess.MAX_THREADS;
 
     /** A thread-count property: {@code null} when unset, else a whole number in 1..{@value #MAX_THREADS}. */
     private static Integer threadCount(String property) {

@@ -548,6 +548,16 @@ public final class Messages {
         return setting + " must be a whole number of bytes in 0.." + most + ", got " + value;
     }
 
+    /**
+     * @param setting the threads-per-task setting
+     * @param most its largest value
+     * @param value the value given
+     * @return the line for a thread count out of range
+     */
+    public static String sparkThreads(String setting, int most, String value) {
+        return setting + " must be a whole number of threads in 1.." + most + ", got " + value;
+    }
+
     /** A protocol-3 file without one of its entries (python: messages.program_entry_missing). */
     public static String programEntryMissing(String path, String entry) {
         return path + ": the protocol-3 module lacks " + entry + " (a truncated or edited file); export it again";

@@ -36,6 +36,9 @@ public final class ModuleAccess {
         /** @see ModuleAccess#interopThreads */
         int interopThreads();
 
+        /** @see ModuleAccess#setIntraOpThreads */
+        void setIntraOpThreads(int threads);
+
         /** @see ModuleAccess#nativeMemory */
         String nativeMemory();
 
@@ -142,6 +145,24 @@ public final class ModuleAccess {
     /** @return libtorch's inter-op thread count */
     public static int interopThreads() {
         return calls().interopThreads();
+    }
+
+    /** The most intra-op threads {@link #setIntraOpThreads} (and {@code -Dgradbridge.numThreads}) take: OpenMP aborts the process when it cannot create them. */
+    public static final int MAX_THREADS = 4096;
+
+    /**
+     * Sets libtorch's intra-op thread count for the calling thread's parallel work, and the count every
+     * thread that has not run any yet starts with ({@code at::set_num_threads}; under OpenMP a thread's
+     * own count stays as it was set). A data-parallel task calls it on its thread, so that tasks sharing
+     * a JVM each run on their share of its cores.
+     *
+     * @param threads 1..{@link #MAX_THREADS}
+     */
+    public static void setIntraOpThreads(int threads) {
+        if (threads < 1 || threads > MAX_THREADS) {
+            throw new IllegalArgumentException("intra-op threads must be in 1.." + MAX_THREADS + ", got " + threads);
+        }
+        calls().setIntraOpThreads(threads);
     }
 
     /** @return the allocator settings applied when the engine started, in words, or "not applied yet" */

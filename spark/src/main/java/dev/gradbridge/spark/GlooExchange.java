@@ -5,12 +5,6 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
-import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
-import java.util.concurrent.Future;
-import java.util.concurrent.Semaphore;
-import java.util.concurrent.TimeUnit;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.TaskContext;
 
@@ -43,10 +37,11 @@ import org.apache.spark.TaskContext;
  *
  * <p>The combine overlaps the collectives: a large gradient's chunks are cut again into S slices
  * ({@link #slices}), the K·S chunks of {@link Chunks} over the gradient, chunk {@code s·K + c} being
- * slice s of owner c. A thread of the exchange's own runs the collectives in order, slice by slice
- * (S all-to-alls, then S all-gathers, each waiting for its slice's combine), while the task's
- * thread combines slice s as soon as it has arrived: slice s's combine runs while slice s+1's
- * all-to-all and slice s-1's all-gather are in flight. Every element's sum is still taken over the
+ * slice s of owner c. The task's thread starts the S all-to-alls at once (Gloo's thread runs a
+ * group's collectives one at a time, in the order started: the same on every rank), waits for slice
+ * s, combines it while the later slices' all-to-alls are in flight, and starts its all-gather, which
+ * Gloo runs after them. No thread of the exchange's own: every hand-over between two threads is a
+ * wake-up, and on a loaded machine each one waits for a core. Every element's sum is still taken over the
  * partitions in order (the combine is element by element), so the bits do not change; the slices
  * of one all-gather are adjacent in the gradient, so its output is still the gradient laid end to
  * end.
@@ -66,8 +61,14 @@ final class GlooExchange implements GradientExchange {
     /** How long a collective (or the rendezvous) waits for a peer that neither answers nor dies. */
     static final Duration TIMEOUT = Duration.ofMinutes(10);
 
-    /** The least bytes of a slice of an owner's chunk ({@link #slices}): below, a collective's latency outweighs the overlap. */
-    static final long SLICE_BYTES = 512 * 1024;
+    /**
+     * The least bytes of a slice of an owner's chunk ({@link #slices}). Each slice costs two more
+     * collectives, each with its fixed latency (thread wake-ups on every rank, which on a loaded
+     * machine wait for a core) that the overlap must pay for: 4 MiB take ~3 ms at 10 Gb/s. On the
+     * 2-core test machine the 1.05M-parameter MLP's 2.1 MB chunk took 24-32 ms a step cut into 4
+     * slices of 512 KiB and 11-20 ms whole (the exchange alone, load 11-15).
+     */
+    static final long SLICE_BYTES = 4L * 1024 * 1024;
 
     /** The most slices: each one more costs two collectives' latency. */
     static final int MAX_SLICES = 4;
@@ -115,15 +116,11 @@ final class GlooExchange implements GradientExchange {
     private final long[] phases = new long[PHASES.length];
     private long sent;
     private long received;
-    /** By chunk: the thread that runs the collectives, and its hand-overs with the task's thread per slice. */
-    private final ExecutorService rounds;
-    private final Runnable collectives = this::collectives;
+    /** By chunk, per slice: its all-to-all and its all-gather under way on Gloo's thread (0: none). */
+    private final long[] alltoalls;
+    private final long[] allgathers;
     private final Runnable killed = this::checkKilled;
-    private final Semaphore arrived = new Semaphore(0);
-    private final Semaphore combinedSlices = new Semaphore(0);
-    /** Set when the task's thread left a step midway: the collectives' thread then stops waiting for it. */
-    private volatile boolean abandoned;
-    /** The task the exchange serves (null outside Spark): the collectives' thread checks whether it was killed. */
+    /** The task the exchange serves (null outside Spark): a wait in a collective checks whether it was killed. */
     private final TaskContext task = TaskContext.get();
 
     /** Sizes every buffer and makes every view once, for the run's parameters. */
@@ -168,7 +165,8 @@ final class GlooExchange implements GradientExchange {
             mineCombined = null;
             gatheredSlices = null;
             slicePieces = null;
-            rounds = null;
+            alltoalls = null;
+            allgathers = null;
             headers = gathered;
             headerStride = record;
             for (int i = 0; i < parameters; i++) {
@@ -290,11 +288,8 @@ final class GlooExchange implements GradientExchange {
                     at += chunks.bytes(pieces.get(j));
                 }
             }
-            rounds = Executors.newSingleThreadExecutor(runnable -> {
-                Thread thread = new Thread(runnable, "gradbridge-gloo-" + partition);
-                thread.setDaemon(true);
-                return thread;
-            });
+            alltoalls = new long[slices];
+            allgathers = new long[slices];
         }
         putAt = new int[parameters][];
         putFrom = new int[parameters][];
@@ -382,13 +377,19 @@ final class GlooExchange implements GradientExchange {
             phases[2] += System.nanoTime() - t1;
             return combined;
         }
-        // The collectives on the exchange's thread; each slice combined here as soon as it has arrived.
-        Future<?> running = rounds.submit(collectives);
-        boolean done = false;
+        // Every slice's all-to-all queued on Gloo's thread at once; each slice combined here as soon as it
+        // has arrived (while the next ones are in flight), its all-gather queued behind them.
         try {
             for (int s = 0; s < slices; s++) {
-                await(arrived, running);
+                alltoalls[s] = group.startAlltoall(sendSlices[s], sendSplits[s], receiveSlices[s], receiveSplits[s]);
+            }
+            for (int s = 0; s < slices; s++) {
+                long t0 = System.nanoTime();
+                GlooGroup.finish(take(alltoalls, s), killed);
+                sent += sumExcept(sendSplits[s], partition);
+                received += receiveSplits[s][partition] * (partitions - 1);
                 long t1 = System.nanoTime();
+                phases[1] += t1 - t0;
                 if (s == 0) {
                     readHeaders();
                     for (int p = 0; p < parameters; p++) {
@@ -402,15 +403,19 @@ final class GlooExchange implements GradientExchange {
                 for (int j = slicePieces[s]; j < slicePieces[s + 1]; j++) {
                     combiner.combine(j, rows, flags);
                 }
+                allgathers[s] = group.startAllgather(mineCombined[s], gatheredSlices[s], gatherBytes);
                 phases[2] += System.nanoTime() - t1;
-                combinedSlices.release();
             }
-            finish(running);
-            done = true;
+            long t2 = System.nanoTime();
+            for (int s = 0; s < slices; s++) {
+                GlooGroup.finish(take(allgathers, s), killed);
+                sent += gatherBytes * (partitions - 1);
+                received += gatherBytes * (partitions - 1);
+            }
+            phases[3] += System.nanoTime() - t2;
         } finally {
-            if (!done) {
-                abandoned = true;
-            }
+            dropAll(alltoalls); // a step left midway: the group is closed next (TrainingTask), failing the peers
+            dropAll(allgathers);
         }
         combined.loss = GradientCombiner.loss(rows, losses);
         combined.rows = GradientCombiner.total(rows);
@@ -424,72 +429,19 @@ final class GlooExchange implements GradientExchange {
         return combined;
     }
 
-    /**
-     * The exchange's thread, per step: round 1 slice by slice (to each owner c my record of its chunk
-     * of the slice; from each partition its record of mine), each handed to the task's thread as it
-     * arrives, then round 2 slice by slice, each once the task's thread has combined it: every
-     * combined chunk of the slice, each padded to the longest.
-     */
-    private void collectives() {
-        for (int s = 0; s < slices; s++) {
-            long t0 = System.nanoTime();
-            group.alltoall(sendSlices[s], sendSplits[s], receiveSlices[s], receiveSplits[s], killed);
-            phases[1] += System.nanoTime() - t0;
-            sent += sumExcept(sendSplits[s], partition);
-            received += receiveSplits[s][partition] * (partitions - 1);
-            arrived.release();
-        }
-        for (int s = 0; s < slices; s++) {
-            while (!acquire(combinedSlices)) {
-                if (abandoned) {
-                    throw new IllegalStateException("the task left the step");
-                }
-                checkKilled();
-            }
-            long t0 = System.nanoTime();
-            group.allgather(mineCombined[s], gatheredSlices[s], gatherBytes, killed);
-            phases[3] += System.nanoTime() - t0;
-            sent += gatherBytes * (partitions - 1);
-            received += gatherBytes * (partitions - 1);
-        }
+    /** @return {@code works[s]}, now 0 (the caller waits for it and lets go of it) */
+    private static long take(long[] works, int s) {
+        long work = works[s];
+        works[s] = 0;
+        return work;
     }
 
-    /** Waits on the task's thread for a permit of {@code slices}, or the collectives' failure. */
-    private void await(Semaphore permits, Future<?> running) {
-        while (!acquire(permits)) {
-            if (running.isDone()) {
-                finish(running); // returns only if it succeeded, and then its permit is there
+    /** Lets go of every operation still held (none after a whole step). */
+    private static void dropAll(long[] works) {
+        for (int s = 0; s < works.length; s++) {
+            if (works[s] != 0) {
+                GlooGroup.drop(take(works, s));
             }
-            checkKilled();
-        }
-    }
-
-    /** @return whether a permit came within {@link GlooGroup#CHECK_MILLIS} */
-    private static boolean acquire(Semaphore permits) {
-        try {
-            return permits.tryAcquire(GlooGroup.CHECK_MILLIS, TimeUnit.MILLISECONDS);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt(); // a killed task: checkKilled says so
-            return false;
-        }
-    }
-
-    /** Waits for the collectives of the step; their failure is thrown here, on the task's thread. */
-    private static void finish(Future<?> running) {
-        try {
-            running.get();
-        } catch (ExecutionException e) {
-            Throwable cause = e.getCause();
-            if (cause instanceof RuntimeException) {
-                throw (RuntimeException) cause;
-            }
-            if (cause instanceof Error) {
-                throw (Error) cause;
-            }
-            throw new IllegalStateException(cause);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new IllegalStateException("interrupted in the exchange", e);
         }
     }
 
@@ -505,7 +457,7 @@ final class GlooExchange implements GradientExchange {
         }
     }
 
-    /** Throws if Spark killed the task (from either thread: the task is the one the exchange was made in). */
+    /** Throws if Spark killed the task. */
     private void checkKilled() {
         if (task != null) {
             task.killTaskIfInterrupted();
@@ -547,10 +499,6 @@ final class GlooExchange implements GradientExchange {
     /** Leaves the group: a peer still waiting in a collective with this task fails at once. */
     @Override
     public void close() {
-        abandoned = true;
         group.close();
-        if (rounds != null) {
-            rounds.shutdownNow();
-        }
     }
 }

@@ -162,15 +162,36 @@ final class GlooGroup implements AutoCloseable {
      * {@code receiveSplits[r]} bytes from rank r into {@code receive}, in rank order.
      */
     public void alltoall(ByteBuffer send, long[] sendSplits, ByteBuffer receive, long[] receiveSplits, Runnable check) {
-        await(GlooNative.glooAlltoall(live(), send, sendSplits, receive, receiveSplits), check);
+        finish(startAlltoall(send, sendSplits, receive, receiveSplits), check);
     }
 
     /** All-gather: {@code each} bytes of {@code send} from every rank into {@code receive}, in rank order. */
     public void allgather(ByteBuffer send, ByteBuffer receive, long each, Runnable check) {
-        await(GlooNative.glooAllgather(live(), send, receive, each), check);
+        finish(startAllgather(send, receive, each), check);
     }
 
-    private static void await(long work, Runnable check) {
+    /**
+     * Starts {@link #alltoall} and returns at once: Gloo's thread runs the group's collectives one at a
+     * time in the order they were started (every rank must start the same ones in the same order).
+     *
+     * @return the operation under way, for {@link #finish} or {@link #drop}
+     */
+    long startAlltoall(ByteBuffer send, long[] sendSplits, ByteBuffer receive, long[] receiveSplits) {
+        return GlooNative.glooAlltoall(live(), send, sendSplits, receive, receiveSplits);
+    }
+
+    /** Starts {@link #allgather}, as {@link #startAlltoall}. */
+    long startAllgather(ByteBuffer send, ByteBuffer receive, long each) {
+        return GlooNative.glooAllgather(live(), send, receive, each);
+    }
+
+    /** Lets go of an operation without waiting for it (it runs on, its buffers referenced until it ends). */
+    static void drop(long work) {
+        GlooNative.glooWorkFree(work);
+    }
+
+    /** Waits for a started operation, running {@code check} every {@link #CHECK_MILLIS} ms meanwhile, and lets go of it. */
+    static void finish(long work, Runnable check) {
         try {
             while (!GlooNative.glooWait(work, CHECK_MILLIS)) {
                 check.run();

@@ -2,6 +2,7 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ModuleAccess;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.ServerSocket;
@@ -14,11 +15,18 @@ import org.apache.spark.SparkConf;
 
 /**
  * The settings of a run that are checked before the Spark context starts, each refused with one
- * line: the master URL (as {@code SparkContext} parses it), the address the driver listens on, and
- * the exchange's settings. A local master binds the driver to the loopback address unless the user
+ * line: the master URL (as {@code SparkContext} parses it), the address the driver listens on, the
+ * exchange's settings and the threads per task. A local master binds the driver to the loopback address unless the user
  * chose one, so that no socket of a local run listens on an external address.
  */
 final class SparkSettings {
+
+    /**
+     * The Spark setting: each training task's libtorch intra-op threads. Unset, a task takes the cores Spark
+     * gives each task ({@code spark.task.cpus}, 1 by default), as Spark sets a Python worker's
+     * {@code OMP_NUM_THREADS}: K tasks on one executor then never run more threads than its cores.
+     */
+    static final String THREADS_SETTING = "spark.gradbridge.threads";
 
     /** The loopback address a local run's driver (and its tasks' Gloo sockets) listens on. */
     static final String LOOPBACK = "127.0.0.1";
@@ -43,6 +51,7 @@ final class SparkSettings {
         checkMaster(source, master);
         exchange(conf);
         oneRoundBytes(conf);
+        threads(conf);
         if (isLocal(master) && !conf.contains("spark.driver.host") && !conf.contains("spark.driver.bindAddress")
                 && System.getenv("SPARK_LOCAL_IP") == null) {
             conf.set("spark.driver.host", LOOPBACK);
@@ -154,5 +163,25 @@ final class SparkSettings {
         }
         throw new InvalidInputException(Messages.sparkOneRoundBytes(GradientExchange.ONE_ROUND_SETTING,
                 GradientExchange.ONE_ROUND_MAX_BYTES, value));
+    }
+
+    /**
+     * @return the Spark setting {@value #THREADS_SETTING}: each training task's libtorch intra-op threads,
+     *     or 0 when unset (then each task takes its task's cores, {@code TaskContext.cpus()})
+     */
+    static int threads(SparkConf conf) {
+        if (!conf.contains(THREADS_SETTING)) {
+            return 0;
+        }
+        String value = conf.get(THREADS_SETTING);
+        try {
+            int threads = Integer.parseInt(value.trim());
+            if (threads >= 1 && threads <= ModuleAccess.MAX_THREADS) {
+                return threads;
+            }
+        } catch (NumberFormatException e) {
+            // the line below says what was expected
+        }
+        throw new InvalidInputException(Messages.sparkThreads(THREADS_SETTING, ModuleAccess.MAX_THREADS, value));
     }
 }

@@ -139,8 +139,10 @@ public final class SparkTrainer {
         long exchangeNanos;
         /**
          * Per partition, per {@link GradientExchange#PHASES} entry ({@code copy_in}: the gradients into the
-         * exchange's buffers; {@code alltoall}, {@code allgather}: the collectives, a task's wait for a slower
-         * one inside; {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
+         * exchange's buffers; {@code alltoall}, {@code allgather}: the task's waits for the collectives, a
+         * wait for a slower task inside (over Gloo by slice: the waits for each slice to arrive, then for the
+         * all-gathers after the last combine; the parts that overlap a combine are not counted again);
+         * {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
          */
         final List<long[]> exchangePhaseNanos = new ArrayList<>();
         /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
@@ -171,6 +173,8 @@ public final class SparkTrainer {
         String exchange;
         /** The setting {@value GradientExchange#ONE_ROUND_SETTING} in use. */
         long oneRoundBytes;
+        /** Per partition: libtorch's intra-op threads its task ran on (the stage attempt that succeeded last). */
+        int[] threads = new int[0];
 
         /** @return the counters as a JSON object */
         String toJson() {
@@ -181,10 +185,11 @@ public final class SparkTrainer {
                             + " \"bytes_sent\": %d,"
                             + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
                             + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
-                            + " \"one_round_bytes\": %d, \"executors\": %s, \"exchange_phases_s\": %s}",
+                            + " \"one_round_bytes\": %d, \"threads\": %s, \"executors\": %s, \"exchange_phases_s\": %s}",
                     steps, stepNanos / 1e9, computeNanos / 1e9, computeSpreadNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
                     stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
-                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, executorsJson(), phasesJson());
+                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, Arrays.toString(threads), executorsJson(),
+                    phasesJson());
         }
 
         /** @return per phase, each partition's seconds in it: {"copy_in": [p0, p1, ...], ...} */
@@ -265,6 +270,7 @@ public final class SparkTrainer {
         checkModule(module);
         String exchange = SparkSettings.exchange(jsc.getConf());
         long oneRoundBytes = SparkSettings.oneRoundBytes(jsc.getConf());
+        int threads = SparkSettings.threads(jsc.getConf());
         Metadata metadata = module.getMetadata();
         Path from = module.getPath();
         Metadata.Checkpoint resumed = metadata.getCheckpoint();
@@ -303,7 +309,7 @@ public final class SparkTrainer {
         // The state the driver holds: the module archive at the start of the next epoch to train.
         DriverState held = DriverState.start(k, first, archive, secret);
         TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, meeting, carried,
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, threads, meeting, carried,
                 held.name(),
                 first + epochs, settings.isRecordValues());
         AtomicInteger failed = new AtomicInteger();
@@ -444,6 +450,7 @@ public final class SparkTrainer {
         stats.bytesSent += sent;
         stats.bytesReceived += received;
         stats.moduleLoads += results.size();
+        stats.threads = results.stream().mapToInt(r -> r.threads).toArray();
         return results;
     }
 }

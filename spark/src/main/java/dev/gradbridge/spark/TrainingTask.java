@@ -76,6 +76,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         final String exchange;
         /** The most gradient bytes a task receives in one Gloo round ({@link GradientExchange#ONE_ROUND_SETTING}). */
         final long oneRoundBytes;
+        /** Each task's libtorch intra-op threads ({@link SparkSettings#THREADS_SETTING}); 0: the task's cores. */
+        final int threads;
         /** Where the tasks meet: the driver's relay endpoint (relay) or its {@link RunStore} (gloo); null for K = 1. */
         final String meeting;
         /**
@@ -92,7 +94,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
 
         Run(long seed, boolean shuffle, int batch, long rows, String mode, long[] xShape, long[] yShape,
                 String shardsSha256, List<String> dtypes, long[] sizes, String fault, int shardsRdd, String exchange,
-                long oneRoundBytes, String meeting, byte[] secret, String driverState, int endEpoch,
+                long oneRoundBytes, int threads, String meeting, byte[] secret, String driverState, int endEpoch,
                 boolean recordValues) {
             this.seed = seed;
             this.shuffle = shuffle;
@@ -108,6 +110,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             this.shardsRdd = shardsRdd;
             this.exchange = exchange;
             this.oneRoundBytes = oneRoundBytes;
+            this.threads = threads;
             this.meeting = meeting;
             this.secret = secret;
             this.driverState = driverState;
@@ -138,6 +141,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         int partition;
         int stageAttempt;
         String executor;
+        /** libtorch's intra-op threads on this task's thread. */
+        int threads;
         /** The epoch this attempt started from. */
         int firstEpoch;
         /** The epoch whose combined loss was not finite (the same on every task), or -1. */
@@ -184,6 +189,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             shards.next();
         }
         BarrierTaskContext context = BarrierTaskContext.get();
+        // before any libtorch work on this thread: tasks sharing an executor's cores each take their share
+        ModuleAccess.setIntraOpThreads(run.threads > 0 ? run.threads : context.cpus());
         DriverEndpoint.Caller driver = new DriverEndpoint.Caller(run.driverState, run.secret);
         String executor = SparkEnv.get().executorId();
         Object[] start = RelayExchange.await(driver.ask(
@@ -215,6 +222,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         result.partition = shard.partition;
         result.stageAttempt = attempt;
         result.executor = executor;
+        result.threads = ModuleAccess.intraOpThreads();
         result.firstEpoch = firstEpoch;
         int total = Math.max(0, run.endEpoch - firstEpoch) * perEpoch;
         result.computeNanos = new long[total];

@@ -70,15 +70,20 @@ public class GlooExchangeTest {
 
     private static void exchange(List<String> dtypes, long[] sizes, long oneRoundBytes, int slices)
             throws Exception {
-        int partitions = 3;
+        exchange(3, dtypes, sizes, oneRoundBytes, slices);
+    }
+
+    private static void exchange(int partitions, List<String> dtypes, long[] sizes, long oneRoundBytes, int slices)
+            throws Exception {
         Random random = new Random(11);
         List<Step> steps = Arrays.asList(
-                new Step(new int[] {4, 3, 5}, new boolean[][] {
-                    repeat(true, sizes.length), repeat(true, sizes.length), repeat(true, sizes.length)},
+                new Step(Arrays.copyOf(new int[] {4, 3, 5}, partitions), Arrays.copyOf(new boolean[][] {
+                    repeat(true, sizes.length), repeat(true, sizes.length), repeat(true, sizes.length)}, partitions),
                         dtypes, sizes, random),
                 // partition 1 holds no rows; no partition has a gradient for parameter 0
-                new Step(new int[] {2, 0, 6}, new boolean[][] {
-                    flags(sizes.length, 0), repeat(true, sizes.length), flags(sizes.length, 0)}, dtypes, sizes, random));
+                new Step(Arrays.copyOf(new int[] {2, 0, 6}, partitions), Arrays.copyOf(new boolean[][] {
+                    flags(sizes.length, 0), repeat(true, sizes.length), flags(sizes.length, 0)}, partitions),
+                        dtypes, sizes, random));
         ExecutorService pool = Executors.newFixedThreadPool(partitions);
         try {
             List<GlooGroup> groups = join(partitions, pool);
@@ -125,7 +130,7 @@ public class GlooExchangeTest {
         exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 1);
     }
 
-    /** Slices: each combined while the next one's all-to-all and the previous one's all-gather are in flight. */
+    /** Slices: each combined while the next ones' all-to-alls are in flight, its all-gather started behind them. */
     @Test
     public void bySlicesWithOneDtypeEqualsTheWholeCombine() throws Exception {
         exchange(Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 3);
@@ -138,10 +143,18 @@ public class GlooExchangeTest {
 
     @Test
     public void slicesKeepAtLeastSliceBytesEach() {
-        assertEquals(1, GlooExchange.slices(4L << 20, 8));
-        assertEquals(4, GlooExchange.slices(4L << 20, 2));
+        assertEquals(1, GlooExchange.slices(4L << 20, 2)); // the 1.05M-parameter MLP: one slice
+        assertEquals(1, GlooExchange.slices(32L << 20, 16));
+        assertEquals(4, GlooExchange.slices(32L << 20, 2));
         assertEquals(GlooExchange.MAX_SLICES, GlooExchange.slices(1L << 30, 2));
         assertEquals(3, GlooExchange.slices(3 * 2 * GlooExchange.SLICE_BYTES + 1, 2));
+    }
+
+    /** Two partitions (the benchmark's K=2), by slice and by chunk. */
+    @Test
+    public void twoPartitionsBySlicesEqualTheWholeCombine() throws Exception {
+        exchange(2, Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 3);
+        exchange(2, Arrays.asList("float32", "float64", "float32"), new long[] {1001, 7, 333}, 0, 1);
     }
 
     @Test
