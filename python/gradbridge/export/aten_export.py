@@ -491,9 +491,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     if not isinstance(example_inputs, (tuple, list)) or len(example_inputs) != 2 \
             or not isinstance(example_inputs[1], Tensor):
         raise ValueError("example_inputs must be (x, y) with y a tensor")
-    loss_spec = losses.spec(loss)
-    loss_module = losses.build(loss_spec)
-    loss_spec = {"name": loss_spec["name"], **loss_module.options()}
+    loss_module, loss_spec = losses.resolve(loss)
     input_names, example_x = model_inputs.of_example(model, example_inputs[0])
     x = model_inputs.arrays(example_x)
     y = example_inputs[1]

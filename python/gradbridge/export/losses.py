@@ -6,7 +6,7 @@ against a direct torch.nn.functional call.
 """
 
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -180,13 +180,17 @@ def build(spec: Dict[str, Any]) -> nn.Module:
     return LOSSES[name](**options)
 
 
-def spec(loss: Union[str, Dict[str, Any], nn.Module]) -> Dict[str, Any]:
-    """The spec of a loss as ``export_training_module`` takes it: a name, a spec or a torch.nn loss module."""
+def resolve(loss: Union[str, Dict[str, Any], nn.Module]) -> Tuple[nn.Module, Dict[str, Any]]:
+    """A loss as ``export_training_module`` takes it (a name, a spec or a torch.nn loss module): the
+    module it builds and its whole spec, every option spelled out, for the metadata."""
     if isinstance(loss, str):
-        return {"name": loss}
-    if isinstance(loss, nn.Module):
-        return spec_of(loss)
-    return dict(loss)
+        given = {"name": loss}
+    elif isinstance(loss, nn.Module):
+        given = spec_of(loss)
+    else:
+        given = dict(loss)
+    module = build(given)
+    return module, {"name": given["name"], **module.options()}
 
 
 def spec_of(loss: nn.Module) -> Dict[str, Any]:

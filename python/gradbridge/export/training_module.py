@@ -157,9 +157,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
                  clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool) -> Path:
     """Protocol 2: the model scripted (or traced) inside the scripted training module (see
     ``export_training_module``)."""
-    loss_spec = losses.spec(loss)
-    loss_module = losses.build(loss_spec)
-    loss_spec = {"name": loss_spec["name"], **loss_module.options()}
+    loss_module, loss_spec = losses.resolve(loss)
 
     example_x = None
     if example_inputs is not None:
