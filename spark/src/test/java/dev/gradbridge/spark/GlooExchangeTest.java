@@ -150,10 +150,11 @@ public class GlooExchangeTest {
         assertEquals(3, GlooExchange.slices(3 * 2 * GlooExchange.SLICE_BYTES + 1, 2));
     }
 
-    /** Two partitions (the benchmark's K=2), by slice and by chunk. */
+    /** Two partitions (the benchmark's K=2: round 2 straight into the other's slot), by slice and by chunk. */
     @Test
-    public void twoPartitionsBySlicesEqualTheWholeCombine() throws Exception {
+    public void twoPartitionsBySlicesAndByChunkEqualTheWholeCombine() throws Exception {
         exchange(2, Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 3);
+        exchange(2, Collections.nCopies(3, "float32"), new long[] {1001, 7, 333}, 0, 1);
         exchange(2, Arrays.asList("float32", "float64", "float32"), new long[] {1001, 7, 333}, 0, 1);
     }
 
