@@ -1,7 +1,8 @@
 """The model zoo (tests/models/zoo.py): models users fine-tune, as a user exports them in each format
 (format="torchscript" and format="export"), trained from Java in this process and in a JVM of its own, against
 the user's own eager nn.Module and torch.optim, bit for bit; or refused at export with their one line. Runs on
-both ends of the torch range (`make test`)."""
+both ends of the torch range (`make test`); the two vision models (~35 s a case) on the newest torch with
+--full only, on the oldest in every run."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from gradbridge import export_training_module, java, reference
 from gradbridge.errors import ExportError
 from tests.models import zoo
 
-pytestmark = pytest.mark.every_torch_java
-
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZER = {"name": "adamw", "lr": 1e-3}
 EPOCHS, BATCH, SAMPLES = 2, 4, 8
+#: the zoo's slowest cases, on the newest torch with --full only (every_torch_full)
+NEWEST_WITH_FULL = {"ResNet-18 (BatchNorm)", "MobileViTv2"}
+
+
+def _case(case):
+    mark = pytest.mark.every_torch_full if case.name in NEWEST_WITH_FULL else pytest.mark.every_torch_java
+    return pytest.param(case, marks=mark, id=case.name)
 
 
 def _one_or_named(arrays):
@@ -45,7 +51,7 @@ def own_jvm_on_this_torch(monkeypatch):
 
 
 @pytest.mark.parametrize("format", ["torchscript", "export"])
-@pytest.mark.parametrize("case", zoo.CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize("case", [_case(case) for case in zoo.CASES])
 def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_jvm_on_this_torch, tmp_path, case,
                                                                         format):
     torch.manual_seed(0)
@@ -77,6 +83,7 @@ def test_zoo_model_trains_from_java_like_the_users_model_or_is_refused(jvm, own_
     _same_run(separate, eager, "Java in a JVM of its own")
 
 
+@pytest.mark.every_torch_java
 def test_the_docs_table_says_what_the_zoo_does():
     import timm
     import transformers
