@@ -37,6 +37,12 @@ def _same(a, b):
     assert [r.digests for r in a] == [r.digests for r in b]
 
 
+def _trains_like_eager(path, model, x, y, **settings):
+    """Java in this process and the user's eager model with torch.optim, on x and y (tensors): the same run."""
+    _same(java.train(path, x.numpy(), y.numpy(), **settings),
+          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+
+
 def _mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3))
@@ -83,8 +89,13 @@ def test_java_trains_an_mlp_with_dropout_like_the_users_model(jvm, mlp, mode):
     x, y = _mlp_data(0)
     vx, vy = _mlp_data(1)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
-    _same(java.train(path, x.numpy(), y.numpy(), **settings),
-          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x, y, **settings)
+
+
+def _tokens():
+    """N rows of 6 tokens of 16 features, 3 classes."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
 
 
 class _Encoder(nn.Module):
@@ -107,16 +118,13 @@ def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm
     the op lists do the same, bit for bit."""
     torch.manual_seed(0)
     model = _Encoder()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
-    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
-                                  tmp_path / "encoder.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    x, y = _tokens()
+    path = _export(tmp_path / "encoder.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
     graphs = read_program(path)[1]
     assert "aten::bernoulli_" in {n["op"] for n in graphs["train"]["nodes"]}
     assert "aten::_transformer_encoder_layer_fwd" in {n["op"] for n in graphs["forward"]["nodes"]}
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
-    _same(java.train(path, x.numpy(), y.numpy(), **settings),
-          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x, y, **settings)
 
 
 class _Attention(nn.Module):
@@ -138,16 +146,13 @@ def test_java_trains_a_multihead_attention_like_the_users_model(jvm, tmp_path, m
     newer torches skip while tracing: the eval graphs run eager's kernel, bit for bit."""
     torch.manual_seed(0)
     model = _Attention()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(N, 6, 16, generator=g), torch.randint(0, 3, (N,), generator=g)
-    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
-                                  tmp_path / "attention.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    x, y = _tokens()
+    path = _export(tmp_path / "attention.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
     graphs = read_program(path)[1]
     assert "aten::_native_multi_head_attention" in {n["op"] for n in graphs["forward"]["nodes"]}
     assert "aten::_native_multi_head_attention" not in {n["op"] for n in graphs["train"]["nodes"]}
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
-    _same(java.train(path, x.numpy(), y.numpy(), **settings),
-          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x, y, **settings)
 
 
 class _Recurrent(nn.Module):
@@ -172,10 +177,8 @@ def _sequences(seed):
 def lstm(tmp_path_factory):
     torch.manual_seed(0)
     model = _Recurrent(nn.LSTM(4, 8, num_layers=2, batch_first=True, dropout=0.3), 8)
-    x, y = _sequences(0)
-    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
-                                  tmp_path_factory.mktemp("p3") / "lstm.pt", example_inputs=(x[:BATCH], y[:BATCH]),
-                                  format="export")
+    path = _export(tmp_path_factory.mktemp("p3") / "lstm.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2),
+                   data=_sequences(0))
     return model, path
 
 
@@ -192,8 +195,7 @@ def test_java_trains_an_lstm_with_dropout_between_layers_like_the_users_model(jv
     x, y = _sequences(0)
     vx, vy = _sequences(1)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
-    _same(java.train(path, x.numpy(), y.numpy(), **settings),
-          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x, y, **settings)
 
 
 @pytest.mark.parametrize("rnn", [lambda: nn.GRU(4, 32, num_layers=2, batch_first=True, dropout=0.2),
@@ -205,11 +207,9 @@ def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
     layer = rnn()
     model = _Recurrent(layer, layer.hidden_size)
     x, y = _sequences(0)
-    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                  tmp_path / "rnn.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
+    path = _export(tmp_path / "rnn.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), data=(x, y))
     settings = dict(epochs=2, batch_size=BATCH, mode="fused", val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
-    _same(java.train(path, x.numpy(), y.numpy(), **settings),
-          reference.train(path, x.numpy(), y.numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x, y, **settings)
 
 
 @pytest.mark.slow
@@ -239,8 +239,7 @@ def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, m
     assert "train_accumulate@1" in read_program(path)[1]
     x, y = _mlp_data(0)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode)
-    _same(java.train(path, x[:17].numpy(), y[:17].numpy(), **settings),
-          reference.train(path, x[:17].numpy(), y[:17].numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x[:17], y[:17], **settings)
 
 
 @pytest.mark.parametrize("mode", ["step", "fused"])
@@ -249,8 +248,7 @@ def test_a_last_batch_of_one_sample_trains_like_the_users_model(jvm, mlp, mode):
     model, path = mlp
     x, y = _mlp_data(0)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:1].numpy(), y[:1].numpy()))
-    _same(java.train(path, x[:17].numpy(), y[:17].numpy(), **settings),
-          reference.train(path, x[:17].numpy(), y[:17].numpy(), model=model, **settings))
+    _trains_like_eager(path, model, x[:17], y[:17], **settings)
 
 
 def test_a_batch_of_one_is_refused_in_one_line_when_the_model_cannot_run_one(jvm, tmp_path):
@@ -302,8 +300,9 @@ def _release(version):
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def _export(path, model, optimizer, **options):
-    x, y = _mlp_data(0)
+def _export(path, model, optimizer, data=None, **options):
+    """``format="export"`` with cross entropy, its examples a batch of ``data`` (x, y; the MLP's by default)."""
+    x, y = data if data is not None else _mlp_data(0)
     return export_training_module(model, "cross_entropy", optimizer, path, example_inputs=(x[:BATCH], y[:BATCH]),
                                   format="export", **options)
 
