@@ -21,10 +21,11 @@ in a way torch.export cannot trace:
 - eager evaluates a ``TransformerEncoderLayer`` under ``no_grad`` with its native
   ``_transformer_encoder_layer_fwd``; the layer's fast-path test asks ``has_torch_function``, which
   torch.export's own torch-function mode makes true, so while capturing it asks the arguments only (a tensor
-  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none. ``nn.MultiheadAttention`` in eval
-  mode under ``no_grad`` runs its native ``_native_multi_head_attention`` in eager; its fast-path test asks
-  the same ``has_torch_function`` and, on newer torches, ``_is_make_fx_tracing`` (true while torch.export
-  traces): while capturing that says no, so the eval graphs run eager's kernel.
+  subclass still says no), and the kernel gets a shape function for fake tensors where torch has none.
+  ``nn.MultiheadAttention`` in eval mode under ``no_grad`` runs its native ``_native_multi_head_attention``
+  in eager; its fast-path test asks the same ``has_torch_function`` and, on newer torches,
+  ``_is_make_fx_tracing`` (true while torch.export traces): while capturing that says no, so the eval graphs
+  run eager's kernel.
 
 - oneDNN's LSTM/GRU/RNN backward (``mkldnn_rnn_layer_backward``, the kernel eager's CPU recurrent layers
   run) returns one tensor as the gradient of both biases; aot_autograd's signature names gradients by the
