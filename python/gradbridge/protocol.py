@@ -56,7 +56,8 @@ EVALUATE = "evaluate"
 SET_PARAMETERS = "set_parameters"
 BUFFER_NAMES = "buffer_names"
 GET_BUFFERS = "get_buffers"
-SET_BUFFERS = "set_buffers"
+GET_STATE = "get_state"
+SET_STATE = "set_state"
 GET_LR = "get_lr"
 SET_LR = "set_lr"
 OPTIMIZER_STATE = "optimizer_state"
@@ -95,12 +96,13 @@ REQUIRED_METHODS: tuple[str, ...] = (
 
 #: The methods a protocol-3 module runs (the required ones, the optional ones and the data-parallel ones).
 PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GRADIENT_FLAGS,
-                                                         SET_GRADIENTS, SET_BUFFERS)
+                                                         SET_GRADIENTS, GET_STATE, SET_STATE)
 
-#: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr;
-#: ``set_buffers(names, values)``, which online versions and Spark partitions need for trained buffers,
-#: is absent in modules exported before it).
-OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, SET_BUFFERS)
+#: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
+#: ``get_state(names)`` and ``set_state(names, values)`` read and write named parameters and buffers (a
+#: version's trainable parameters and trained buffers, without the frozen rest); absent in modules exported
+#: before them.
+OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GET_STATE, SET_STATE)
 
 #: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
 DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)

@@ -406,7 +406,10 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         log.events = {**log.events, **from_topic}
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
-    # a version holds the buffers training writes too (BatchNorm's statistics), after the parameters
+    # A version holds what training changes (Java's Updater.versionOf): the parameters that train (every
+    # parameter in modules exported before set_state), then the buffers training writes.
+    versioned = [spec["name"] for spec in metadata["parameters"]
+                 if spec.get("trainable", True) or protocol.SET_STATE not in metadata["methods"]]
     trained = [spec["name"] for spec in metadata["buffers"] if spec.get("trained", True)]
     dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"] + metadata["buffers"]}
     max_norm = float(log.header.get("max_grad_norm") or 0.0)
@@ -431,9 +434,9 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         values = {**reference.parameters(), **{name: buffers[name] for name in trained}}
         if keep_parameters:
             kept[version.id] = values
-        mine = {name: digest(values[name].numpy(), dtypes[name]) for name in names + trained}
+        mine = {name: digest(values[name].numpy(), dtypes[name]) for name in versioned + trained}
         rows.append(VersionRow(version.id, updates, events, version.loss, loss,
-                               _combined(version.digests, names + trained), _combined(mine, names + trained)))
+                               _combined(version.digests, versioned + trained), _combined(mine, versioned + trained)))
         undecided = version.id if gate is not None and version.id > 0 else None
 
     check_version()

@@ -334,27 +334,53 @@ class _TrainingModule(nn.Module):
         return [b.clone() for b in self.buffer_list]
 
     @torch.jit.export
-    def set_buffers(self, names: List[str], values: List[Tensor]) -> None:
-        """Copy ``values`` into the buffers ``names`` (any of ``buffer_names()``, in any order): a published
-        version's or partition 0's trained buffers. Checked whole before anything is copied."""
+    def get_state(self, names: List[str]) -> List[Tensor]:
+        """Copies of the named parameters and buffers, in the order of ``names``: a version's trainable
+        parameters and trained buffers, without copying the frozen rest."""
+        wanted = self._state_index(names, "get_state")
+        out: List[Tensor] = [torch.empty(0) for _ in names]
+        for i, p in enumerate(self.params):
+            if self.names[i] in wanted:
+                out[wanted[self.names[i]]] = p.detach().clone()
+        for i, b in enumerate(self.buffer_list):
+            if self.buffer_name_list[i] in wanted:
+                out[wanted[self.buffer_name_list[i]]] = b.detach().clone()
+        return out
+
+    @torch.jit.export
+    def set_state(self, names: List[str], values: List[Tensor]) -> None:
+        """Copy ``values`` into the named parameters and buffers (any of them, any order): a published
+        version's trainable parameters and trained buffers. Checked whole before anything is copied."""
         if len(values) != len(names):
-            raise RuntimeError("set_buffers: " + str(len(names)) + " names, " + str(len(values)) + " tensors")
-        index: List[int] = []
-        for k, name in enumerate(names):
-            found = -1
-            for i, known in enumerate(self.buffer_name_list):
-                if known == name:
-                    found = i
-            if found < 0:
-                raise RuntimeError("set_buffers: no buffer " + name)
-            b = self.buffer_list[found]
-            if values[k].shape != b.shape or values[k].dtype != b.dtype:
-                raise RuntimeError("set_buffers: " + name + " must have shape " + str(b.shape) + " and dtype "
-                                   + str(b.dtype))
-            index.append(found)
+            raise RuntimeError("set_state: " + str(len(names)) + " names, " + str(len(values)) + " tensors")
+        wanted = self._state_index(names, "set_state")
+        for i, p in enumerate(self.params):
+            self._check_state(wanted, self.names[i], p, values)
+        for i, b in enumerate(self.buffer_list):
+            self._check_state(wanted, self.buffer_name_list[i], b, values)
         with torch.no_grad():
-            for k, i in enumerate(index):
-                self.buffer_list[i].copy_(values[k])
+            for i, p in enumerate(self.params):
+                if self.names[i] in wanted:
+                    p.copy_(values[wanted[self.names[i]]])
+            for i, b in enumerate(self.buffer_list):
+                if self.buffer_name_list[i] in wanted:
+                    b.copy_(values[wanted[self.buffer_name_list[i]]])
+
+    def _state_index(self, names: List[str], method: str) -> Dict[str, int]:
+        """name -> its position in ``names``; every name must be a parameter or a buffer, once."""
+        wanted: Dict[str, int] = {}
+        for k, name in enumerate(names):
+            if name in wanted or (name not in self.names and name not in self.buffer_name_list):
+                raise RuntimeError(method + ": " + name + " is not a parameter or buffer, or is named twice")
+            wanted[name] = k
+        return wanted
+
+    def _check_state(self, wanted: Dict[str, int], name: str, t: Tensor, values: List[Tensor]) -> None:
+        if name in wanted:
+            v = values[wanted[name]]
+            if v.shape != t.shape or v.dtype != t.dtype:
+                raise RuntimeError("set_state: " + name + " must have shape " + str(t.shape) + " and dtype "
+                                   + str(t.dtype))
 
     @torch.jit.export
     def get_lr(self) -> float:

@@ -338,12 +338,10 @@ final class ExportedModule extends ScriptedModule {
                 case Protocol.SET_PARAMETERS:
                     set("param:", parameterNames, (List<?>) args[0]);
                     return null;
-                case Protocol.SET_BUFFERS:
-                    List<String> named = new ArrayList<>();
-                    for (Object name : (List<?>) args[0]) {
-                        named.add((String) name);
-                    }
-                    set("buffer:", named, (List<?>) args[1]);
+                case Protocol.GET_STATE:
+                    return getState((List<?>) args[0]);
+                case Protocol.SET_STATE:
+                    setState((List<?>) args[0], (List<?>) args[1]);
                     return null;
                 case Protocol.GRADIENT_FLAGS:
                     return gradientFlags();
@@ -424,6 +422,37 @@ final class ExportedModule extends ScriptedModule {
             tensors.add(new Tensor(h));
         }
         return tensors;
+    }
+
+    /** The state keys of named parameters and buffers ({@code param:NAME}, {@code buffer:NAME}), checked. */
+    private String[] stateKeys(List<?> names, String method) {
+        String[] keys = new String[names.size()];
+        Set<String> seen = new LinkedHashSet<>();
+        for (int i = 0; i < keys.length; i++) {
+            String name = (String) names.get(i);
+            if (!seen.add(name) || !(parameterNames.contains(name) || bufferNames.contains(name))) {
+                throw new MethodCallException(method + ": " + name + " is not a parameter or buffer, or is named twice", null);
+            }
+            keys[i] = (parameterNames.contains(name) ? "param:" : "buffer:") + name;
+        }
+        return keys;
+    }
+
+    private List<Tensor> getState(List<?> names) {
+        List<Tensor> tensors = new ArrayList<>();
+        for (long h : Native.exportedGet(handle(), stateKeys(names, Protocol.GET_STATE))) {
+            tensors.add(new Tensor(h));
+        }
+        return tensors;
+    }
+
+    private void setState(List<?> names, List<?> values) {
+        String[] keys = stateKeys(names, Protocol.SET_STATE);
+        long[] tensors = new long[keys.length];
+        for (int i = 0; i < keys.length; i++) {
+            tensors[i] = ((Tensor) values.get(i)).handle();
+        }
+        Native.exportedSet(handle(), keys, tensors);
     }
 
     private void set(String prefix, List<String> names, List<?> values) {

@@ -67,10 +67,12 @@ public final class Protocol {
     /** {@code get_buffers() -> List[Tensor]} in {@code buffer_names()} order. */
     public static final String GET_BUFFERS = "get_buffers";
     /**
-     * {@code set_buffers(List[str], List[Tensor])}: copies values into the named buffers (a version's
-     * trained buffers); absent in modules exported before it.
+     * {@code get_state(List[str]) -> List[Tensor]}: copies of the named parameters and buffers (a version's
+     * trainable parameters and trained buffers); absent in modules exported before it.
      */
-    public static final String SET_BUFFERS = "set_buffers";
+    public static final String GET_STATE = "get_state";
+    /** {@code set_state(List[str], List[Tensor])}: copies values into the named parameters and buffers. */
+    public static final String SET_STATE = "set_state";
     /** {@code get_lr() -> float}. */
     public static final String GET_LR = "get_lr";
     /** {@code set_lr(lr)}. */
@@ -104,7 +106,7 @@ public final class Protocol {
 
     /** Methods modules exported with fine-tuning support have; older modules lack them. */
     public static final List<String> OPTIONAL_METHODS =
-            Collections.unmodifiableList(Arrays.asList(GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, SET_BUFFERS));
+            Collections.unmodifiableList(Arrays.asList(GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GET_STATE, SET_STATE));
 
     /** Methods every protocol-v1 module has. */
     public static final List<String> REQUIRED_METHODS =

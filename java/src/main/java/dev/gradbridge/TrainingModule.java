@@ -687,49 +687,69 @@ public final class TrainingModule implements AutoCloseable {
 
     /** @return the values of the buffers a training step writes, by name (flattened, exact), in protocol order */
     public Map<String, double[]> getTrainedBuffers() {
-        List<String> trained = metadata.getTrainedBufferNames();
-        if (trained.isEmpty()) {
+        return getState(metadata.getTrainedBufferNames(), Protocol.GET_BUFFERS, bufferNames);
+    }
+
+    /**
+     * @return the values of the parameters that train, by name (flattened, exact), in protocol order; the
+     *     frozen rest is not copied (a LoRA model's base)
+     */
+    public Map<String, double[]> getTrainableParameters() {
+        return getState(metadata.getTrainableParameterNames(), Protocol.GET_PARAMETERS, parameterNames);
+    }
+
+    /** Named values through {@code get_state}, or in older modules all of {@code whole}'s then those wanted. */
+    private Map<String, double[]> getState(List<String> wanted, String whole, List<String> wholeNames) {
+        if (wanted.isEmpty()) {
             return new LinkedHashMap<>();
         }
         try (ThreadGuard.Use use = use()) {
-            return namedValues(Protocol.GET_BUFFERS, bufferNames, new LinkedHashSet<>(trained));
+            if (!methodNames.contains(Protocol.GET_STATE)) {
+                return namedValues(whole, wholeNames, new LinkedHashSet<>(wanted));
+            }
+            return namedValues(Protocol.GET_STATE, wanted, null, wanted);
         }
     }
 
     /**
-     * Runs {@code set_buffers}: copies values into the named buffers (a published version's trained
+     * Runs {@code set_state}: copies values into the named buffers (a published version's trained
      * buffers), checked whole before anything changes.
      *
      * @param values flattened values by buffer name, any of {@link #getBufferNames()}
      * @throws InvalidInputException when a name is unknown or a count is wrong; nothing changed
-     * @throws ProtocolException when the module was exported before {@code set_buffers} existed
+     * @throws ProtocolException when the module was exported before {@code set_state} existed
      */
     public void setBuffers(Map<String, double[]> values) {
+        setState(values, metadata.getBuffers(), "buffer");
+    }
+
+    /** {@code set_state} of named values, each of {@code specs} (parameters or buffers). */
+    private void setState(Map<String, double[]> values, List<Metadata.TensorSpec> specs, String what) {
         if (values.isEmpty()) {
             return;
         }
         try (ThreadGuard.Use use = use()) {
-            if (!methodNames.contains(Protocol.SET_BUFFERS)) {
-                throw new ProtocolException(path + " has no method " + Protocol.SET_BUFFERS
+            if (!methodNames.contains(Protocol.SET_STATE)) {
+                throw new ProtocolException(path + " has no method " + Protocol.SET_STATE
                         + " (exported by an older gradbridge): export the model again");
             }
-            Map<String, Metadata.TensorSpec> specs = new LinkedHashMap<>();
-            for (Metadata.TensorSpec spec : metadata.getBuffers()) {
-                specs.put(spec.getName(), spec);
+            Map<String, Metadata.TensorSpec> byName = new LinkedHashMap<>();
+            for (Metadata.TensorSpec spec : specs) {
+                byName.put(spec.getName(), spec);
             }
             List<String> names = new ArrayList<>();
             List<Tensor> tensors = new ArrayList<>();
             try {
                 for (Map.Entry<String, double[]> entry : values.entrySet()) {
-                    Metadata.TensorSpec spec = specs.get(entry.getKey());
+                    Metadata.TensorSpec spec = byName.get(entry.getKey());
                     if (spec == null) {
-                        throw new InvalidInputException(Protocol.SET_BUFFERS + ": no buffer " + entry.getKey()
-                                + "; the module's buffers: " + bufferNames);
+                        throw new InvalidInputException(Protocol.SET_STATE + ": no " + what + " " + entry.getKey()
+                                + "; the module's: " + byName.keySet());
                     }
                     names.add(entry.getKey());
                     tensors.add(Tensor.ofDoubles(DType.of(spec.getDtype()), entry.getValue(), spec.getShape()));
                 }
-                invoke(Protocol.SET_BUFFERS, names, tensors);
+                invoke(Protocol.SET_STATE, names, tensors);
             } finally {
                 Tensors.closeAll(tensors);
             }
@@ -737,13 +757,19 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * Runs {@code set_parameters}: replaces every parameter's values.
+     * Runs {@code set_parameters}: replaces every parameter's values; in modules exported with {@code
+     * set_state}, any of them (a version's trainable parameters: the frozen rest stays).
      *
-     * @param values flattened values by parameter name; every parameter, each with as many
-     *     values as its shape holds
+     * @param values flattened values by parameter name; every parameter (or some, see above), each with
+     *     as many values as its shape holds
      * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
      */
     public void setParameters(Map<String, double[]> values) {
+        if (!values.keySet().equals(new LinkedHashSet<>(parameterNames)) && methodNames.contains(Protocol.SET_STATE)
+                && parameterNames.containsAll(values.keySet())) {
+            setState(values, metadata.getParameters(), "parameter"); // some of them: a version's trainable ones
+            return;
+        }
         try (ThreadGuard.Use use = use()) {
             if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
                 throw new InvalidInputException(
@@ -849,8 +875,8 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /** The method's tensors by name, converted only where {@code wanted} (null: all) holds the name. */
-    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted) {
-        List<?> values = (List<?>) invoke(method);
+    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted, Object... args) {
+        List<?> values = (List<?>) invoke(method, args);
         try {
             Map<String, double[]> named = new LinkedHashMap<>();
             for (int i = 0; i < names.size(); i++) {

@@ -5,9 +5,11 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
- * A published model version: an immutable snapshot of every parameter and of the buffers training
- * writes (BatchNorm's statistics; constant buffers stay as the module file has them) after {@code
- * updates} micro-batches. Predictions run on exactly one version and report its id.
+ * A published model version: an immutable snapshot of what training changes after {@code updates}
+ * micro-batches: the parameters that train (frozen ones, a LoRA model's base, stay as the module file
+ * has them; every parameter in modules exported before {@code set_state}) and the buffers training
+ * writes (BatchNorm's statistics; constant buffers stay as the file has them). Predictions run on
+ * exactly one version and report its id.
  */
 public final class ModelVersion {
 
@@ -47,7 +49,7 @@ public final class ModelVersion {
      * A parameter's values.
      *
      * @param name a parameter name
-     * @return a copy of its flattened values (float32 widened to double exactly)
+     * @return a copy of its flattened values (float32 widened to double exactly); null for a frozen one
      */
     public double[] getParameter(String name) {
         double[] values = parameters.get(name);
@@ -65,7 +67,7 @@ public final class ModelVersion {
     }
 
     /**
-     * @return SHA-256 digests of the parameters, then of the buffers training writes, by name ({@code
+     * @return SHA-256 digests of the version's parameters, then of the buffers training writes, by name ({@code
      *     dev.gradbridge.History#digest})
      */
     public Map<String, String> getDigests() {

@@ -466,7 +466,7 @@ public final class OnlineLearner implements AutoCloseable {
 
     /**
      * Modules with gradient accumulation are refused, modules whose trained buffers cannot be set on a predictor
-     * (exported before {@code set_buffers}), and protocol-3 modules that cannot run a
+     * (exported before {@code set_state}), and protocol-3 modules that cannot run a
      * batch of one (a micro-batch or a prediction may hold one event).
      */
     private static void checkSupported(Path modelPath, TrainingModule module) {
@@ -474,9 +474,9 @@ public final class OnlineLearner implements AutoCloseable {
             throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
                     module.getMetadata().getMinBatch(), "online learning"));
         }
-        if (!module.getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_BUFFERS)) {
+        if (!module.getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
             throw new InvalidInputException(modelPath + " has buffers that training changes "
-                    + module.getTrainedBufferNames() + " but no method " + Protocol.SET_BUFFERS
+                    + module.getTrainedBufferNames() + " but no method " + Protocol.SET_STATE
                     + " (exported by an older gradbridge): export the model again");
         }
         Object accumulate = module.getMetadata().getFineTuning().get("accumulate");

@@ -444,7 +444,7 @@ final class Publisher {
         lastCheckpointVersion = version.getId();
     }
 
-    /** The serving version as a module file: its kept learner, or the learner with its parameters. */
+    /** The serving version as a module file: its kept learner, or the learner with its parameters and trained buffers. */
     private byte[] servingArchive(Kept serving) {
         Metadata.Checkpoint progress = Metadata.Checkpoint.progress(
                 (int) Math.min(Integer.MAX_VALUE, serving.version.getId()), 0L);
@@ -453,6 +453,7 @@ final class Publisher {
         }
         try (TrainingModule copy = updater.copyState()) {
             copy.setParameters(serving.version.parameters());
+            copy.setBuffers(serving.version.buffers());
             return ModuleAccess.checkpointArchive(copy, progress);
         }
     }

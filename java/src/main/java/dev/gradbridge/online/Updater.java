@@ -4,6 +4,7 @@ import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.internal.SeededDraws;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
@@ -265,7 +266,7 @@ final class Updater implements AutoCloseable {
         }
     }
 
-    /** @return the parameters now, whole, with their digests, as version {@code id} */
+    /** @return the trainable parameters and trained buffers now, with their digests, as version {@code id} */
     ModelVersion snapshot(long id) {
         return snapshot(id, updates, lastLoss);
     }
@@ -303,11 +304,15 @@ final class Updater implements AutoCloseable {
 
     /** @return {@code module}'s parameters as version {@code id} (a serving version read back from its file) */
     ModelVersion versionOf(TrainingModule module, long id, long atUpdates, double loss) {
-        Map<String, double[]> parameters = module.getParameters();
+        // What training changes, not the frozen rest (a LoRA model's base), where predictors can take a part.
+        Map<String, double[]> parameters = module.getMethodNames().contains(Protocol.SET_STATE)
+                ? module.getTrainableParameters() : module.getParameters();
         Map<String, double[]> buffers = module.getTrainedBuffers();
         Map<String, String> digests = new LinkedHashMap<>();
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
-            digests.put(spec.getName(), digester.digest(parameters.get(spec.getName()), spec.getDtype()));
+            if (parameters.containsKey(spec.getName())) {
+                digests.put(spec.getName(), digester.digest(parameters.get(spec.getName()), spec.getDtype()));
+            }
         }
         for (Metadata.TensorSpec spec : metadata.getBuffers()) {
             if (buffers.containsKey(spec.getName())) {
