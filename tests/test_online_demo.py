@@ -24,3 +24,11 @@ def test_online_demo_auc_rises_and_replay_is_bitwise(jvm, tmp_path, capsys):
     assert "python replay of" in out and "bitwise identical: 161 versions, 160 micro-batches, 10240 events" in out
     assert "online AUC rose" in out
     assert (tmp_path / "online.png").stat().st_size > 10_000
+
+
+def test_online_demo_text_classifier_with_dropout_learns_and_replays_bitwise(jvm, tmp_path, capsys):
+    """The transformer variant: a text classifier with dropout and a constant position-id buffer."""
+    assert cli_main(["online-demo", "--model", "text", "--rounds", "100", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "bitwise identical: 101 versions, 100 micro-batches, 3200 events" in out
+    assert "online accuracy rose" in out

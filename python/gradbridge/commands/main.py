@@ -227,7 +227,7 @@ def _recover_log(args: argparse.Namespace) -> int:
 def _online_demo(args: argparse.Namespace) -> int:
     from .online_demo import run
 
-    return run(rounds=args.rounds, batch=args.batch, out_dir=args.out_dir)
+    return run(rounds=args.rounds, batch=args.batch, out_dir=args.out_dir, model=args.model)
 
 
 def _online_bench(args: argparse.Namespace) -> int:
@@ -447,10 +447,16 @@ def build_parser() -> argparse.ArgumentParser:
     recover.set_defaults(run=_recover_log)
 
     online_demo = commands.add_parser(
-        "online-demo", help="a recommender learning online in Java from simulated clicks; AUC per version; replay")
-    online_demo.add_argument("--rounds", type=int, default=300, help="rounds of impressions (default 300)")
-    online_demo.add_argument("--batch", type=int, default=64, help="impressions per round (default 64)")
-    online_demo.add_argument("--out-dir", default="build/online-demo", help="model, log and plot go here")
+        "online-demo", help="a recommender (or a text classifier) learning online in Java from simulated feedback;"
+                            " its online metric per version; replay")
+    online_demo.add_argument("--model", choices=("recommender", "text"), default="recommender",
+                             help="recommender: matrix factorization from clicks; text: a transformer encoder with"
+                                  " dropout from labelled sentences (default recommender)")
+    online_demo.add_argument("--rounds", type=int, default=300, help="rounds of impressions or sentences (default 300)")
+    online_demo.add_argument("--batch", type=int, default=None,
+                             help="impressions (default 64) or sentences (default 32) per round")
+    online_demo.add_argument("--out-dir", default=None,
+                             help="model, log and plot go here (default build/online-demo, build/online-demo-text)")
     online_demo.set_defaults(run=_online_demo)
 
     online_bench = commands.add_parser(
