@@ -39,10 +39,12 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
                  queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
                  max_grad_norm: float = 0.0, max_input_abs: float | None = None,
                  gate_data: str | os.PathLike | None = None, gate_max_regression: float = 0.0,
-                 gate_on_hold: str = "continue", keep_versions: int | None = None):
+                 gate_on_hold: str = "continue", keep_versions: int | None = None, seed: int | None = None,
+                 time_phases: bool = False):
     """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``,
     ``max_input_abs`` and ``keep_versions`` None keep the learner's defaults. ``gate_data`` (an .npz)
-    turns the publish gate on (``OnlineLearner.Builder.optGate``)."""
+    turns the publish gate on (``OnlineLearner.Builder.optGate``); ``seed`` the run's seed of dropout's draws
+    (``optSeed``); ``time_phases`` where the training thread's time goes (``learner.phaseTimes()``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
     FsyncPolicy = jclass("dev.gradbridge.online.FsyncPolicy")
     Paths = jclass("java.nio.file.Paths")
@@ -52,6 +54,10 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, m
                    .optFsync(FsyncPolicy.parse(fsync)).optMaxGradNorm(float(max_grad_norm)))
         if predictors is not None:
             builder = builder.optPredictors(predictors)
+        if seed is not None:
+            builder = builder.optSeed(seed)
+        if time_phases:
+            builder = builder.optTimePhases(True)
         if max_input_abs is not None:
             builder = builder.optMaxInputAbs(float(max_input_abs))
         if gate_data is not None:
