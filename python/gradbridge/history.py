@@ -58,12 +58,21 @@ INLINE_VALUES_LIMIT = 1_000_000
 #: The side file's name: the history's with this suffix.
 VALUES_SUFFIX = ".values"
 
-_LITTLE_ENDIAN = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+_LITTLE_ENDIAN = {"float32": "<f4", "float64": "<f8", "int64": "<i8", "float16": "<f2"}
 
 
 def digest(values, dtype: str) -> str:
-    """SHA-256 hex of ``values`` as little-endian ``dtype`` bytes, flattened row-major."""
-    return hashlib.sha256(np.ascontiguousarray(np.asarray(values).ravel(), dtype=_LITTLE_ENDIAN[dtype]).tobytes()).hexdigest()
+    """SHA-256 hex of ``values`` as little-endian ``dtype`` bytes, flattened row-major. ``values``: a numpy
+    array (or a torch tensor) holding them exactly, e.g. widened to float64. bfloat16, which numpy lacks,
+    hashes each value's 16-bit word: the upper half of its float32 bits (exact for a bfloat16 value)."""
+    if hasattr(values, "detach"):  # a torch tensor, of a dtype numpy may lack
+        values = values.detach().cpu()
+        values = values.double().numpy() if values.is_floating_point() else values.numpy()  # widened exactly
+    flat = np.asarray(values).ravel()
+    if dtype == "bfloat16":
+        words = (np.ascontiguousarray(flat, dtype=np.float32).view(np.uint32) >> 16).astype("<u2")
+        return hashlib.sha256(words.tobytes()).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(flat, dtype=_LITTLE_ENDIAN[dtype]).tobytes()).hexdigest()
 
 
 def epoch_loss(batch_losses: Sequence[float]) -> float:

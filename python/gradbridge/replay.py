@@ -413,7 +413,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         params = reference.parameters()
         if keep_parameters:
             kept[version.id] = params
-        mine = {name: digest(params[name].numpy(), dtypes[name]) for name in names}
+        mine = {name: digest(params[name], dtypes[name]) for name in names}
         rows.append(VersionRow(version.id, updates, events, version.loss, loss,
                                _combined(version.digests, names), _combined(mine, names)))
         undecided = version.id if gate is not None and version.id > 0 else None
