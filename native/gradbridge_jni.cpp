@@ -13,6 +13,8 @@
 //   the calling thread back as it was (in-process, that thread may be Python's).
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <jni.h>
 #include <sched.h>
 #if defined(__GLIBC__)
@@ -24,6 +26,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/runtime/profiling_graph_executor_impl.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
@@ -587,9 +590,12 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleTrain(JNIEnv* env, jclas
   });
 }
 
-JNIEXPORT jbyteArray JNICALL Java_dev_gradbridge_Native_moduleSave(
-    JNIEnv* env, jclass, jlong module, jstring extra_name, jbyteArray extra_content) {
-  return guarded(env, static_cast<jbyteArray>(nullptr), [&] {
+// module.save(path, {extraName: extraContent}), record by record straight into the file (a module of
+// hundreds of millions of parameters never sits in memory as one archive). A failed write throws
+// the operating system's reason ("No space left on device"), which Java names the file with.
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleSaveFile(
+    JNIEnv* env, jclass, jlong module, jstring path, jstring extra_name, jbyteArray extra_content) {
+  guarded(env, 0, [&] {
     torch::jit::ExtraFilesMap extra;
     if (extra_name != nullptr) {
       // Bytes, not a jstring: JNI's "modified UTF-8" is not UTF-8 for every character.
@@ -599,14 +605,37 @@ JNIEXPORT jbyteArray JNICALL Java_dev_gradbridge_Native_moduleSave(
       check_java(env);
       extra[Utf8(env, extra_name).str()] = content;
     }
-    std::ostringstream out;
-    module_of(module).save(out, extra);
-    const std::string bytes = out.str();
-    if (bytes.size() > static_cast<size_t>(INT32_MAX)) throw std::length_error("the module is over 2 GiB");
-    jbyteArray array = env->NewByteArray(static_cast<jsize>(bytes.size()));
-    if (array == nullptr) throw JavaPending{};
-    env->SetByteArrayRegion(array, 0, static_cast<jsize>(bytes.size()), reinterpret_cast<const jbyte*>(bytes.data()));
-    return array;
+    const std::string file = Utf8(env, path).str();
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) throw std::runtime_error(std::strerror(errno));
+    int failure = 0;
+    // After a failed write the rest is dropped but reported written: a short count makes libtorch's
+    // writer throw, and its destructor then writes again and throws during the unwinding (abort).
+    auto writer = [&](const void* data, size_t size) -> size_t {
+      const char* at = static_cast<const char*>(data);
+      size_t left = failure == 0 ? size : 0;
+      while (left > 0) {
+        const ssize_t n = ::write(fd, at, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          failure = n < 0 ? errno : ENOSPC;
+          break;
+        }
+        at += n;
+        left -= static_cast<size_t>(n);
+      }
+      return size;
+    };
+    try {
+      torch::jit::ExportModule(module_of(module), writer, extra, false, false, false);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::fsync(fd) != 0) failure = errno;
+    if (::close(fd) != 0 && failure == 0) failure = errno;
+    if (failure != 0) throw std::runtime_error(std::strerror(failure));
+    return 0;
   });
 }
 

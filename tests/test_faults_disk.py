@@ -92,3 +92,37 @@ def test_existing_file_keeps_its_permissions(models, data, tmp_path):
     assert again.returncode == 0, again.stderr
     assert _mode(checkpoint) == 0o644
     assert protocol.read_metadata(checkpoint)["checkpoint"]["epochs_completed"] == 2
+
+
+# ---- memory: a JVM that runs out is one line naming what to change ----
+
+@pytest.fixture(scope="module")
+def mid_size(tmp_path_factory):
+    """A 2.25-million-parameter model: its history values (18 MB as float64) cannot fit a 16 MB JVM."""
+    import torch
+
+    from gradbridge import export_training_module
+
+    folder = tmp_path_factory.mktemp("mid-size")
+    g = np.random.default_rng(0)
+    x, y = g.standard_normal((8, 1500)).astype(np.float32), g.integers(0, 1500, 8).astype(np.int64)
+    np.savez(folder / "data.npz", x=x, y=y)
+    torch.manual_seed(0)
+    return export_training_module(torch.nn.Linear(1500, 1500), "cross_entropy", {"name": "sgd", "lr": 0.1},
+                                  folder / "mid.pt", example_inputs=(torch.from_numpy(x), torch.from_numpy(y)),
+                                  format="torchscript", check=False), folder / "data.npz"
+
+
+def test_out_of_memory_is_one_line_naming_what_to_change(mid_size, tmp_path):
+    model, data = mid_size
+    small = dict(os.environ, JAVA_OPTS="-Xmx16m")
+    outputs = ["--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"]
+    result = train_cli("--model", model, "--data", data, "--batch-size", 8, *outputs, env=small)
+    line = one_error_line(result)
+    assert line.startswith("gradbridge-train ran out of Java memory (") and "JAVA_OPTS=-Xmx" in line \
+        and "--digests-only" in line, line
+    assert stray_files(tmp_path) == []
+    # what the line says to change works in the same 16 MB: digests only, the checkpoint written tensor by tensor
+    again = train_cli("--model", model, "--data", data, "--batch-size", 8, *outputs, "--digests-only", env=small)
+    assert again.returncode == 0, again.stderr
+    assert stray_files(tmp_path) == ["c.pt", "h.jsonl"]

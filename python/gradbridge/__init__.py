@@ -17,6 +17,7 @@ pytest plugin costs nothing in a test run that does not use its fixtures).
 from .errors import (
     CaptureError,
     DivergenceError,
+    DTypeError,
     ExportError,
     FineTuneError,
     GradbridgeError,
@@ -59,6 +60,7 @@ __all__ = [
     "GradbridgeError",
     "CaptureError",
     "DivergenceError",
+    "DTypeError",
     "ExportError",
     "FineTuneError",
     "GroupError",

@@ -81,6 +81,11 @@ class FineTuneError(GradbridgeError, ValueError):
     """A fine-tuning option that does not fit the model (one line naming it)."""
 
 
+class DTypeError(GradbridgeError, ValueError):
+    """A tensor of a dtype gradbridge does not take there (a parameter of complex dtype, an input of
+    bfloat16 in a data file): one line naming it, its dtype and the dtypes it may have."""
+
+
 class LogError(GradbridgeError):
     """A feedback log that cannot be replayed: missing, damaged, or not for this model."""
 

@@ -51,7 +51,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
           record_values: bool = True, allow_different_data: bool = False,
-          op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None) -> History:
+          op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None,
+          history: str | os.PathLike | None = None) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train`` (``x``: an array, or for a model of
@@ -60,7 +61,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     ``batch_size``, ``seed`` and ``mode`` default to 32, 0 and ``step``, or to the checkpoint's
     values when ``model_path`` is a checkpoint (a different value is refused, and so is other
     data unless ``allow_different_data``). ``op_libraries``: custom-operator libraries to load first.
-    ``lr``: every parameter group's learning rate, set before the first epoch.
+    ``lr``: every parameter group's learning rate, set before the first epoch. ``history``: the
+    history file the Trainer writes as it goes (``History.load`` reads it; a record of more than
+    ``history.INLINE_VALUES_LIMIT`` values keeps them in its side file and reads them back from there).
     """
     if mode is not None and mode not in protocol.MODES:
         raise InvalidInputError(messages.unknown_mode(mode))
@@ -100,8 +103,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                 builder.optValidation(datasets[-1])
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
-            history = builder.build().fit(module, train_data)
-            return History.from_java(history)
+            if history is not None:
+                builder.optHistory(Paths.get(str(history)))
+            return History.from_java(builder.build().fit(module, train_data))
     except DivergenceError as error:
         # The epochs completed before the divergent one travel on the error.
         error.history = History.from_java(error.__cause__.getHistory())

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from . import messages
-from .errors import ProtocolError
+from .errors import DTypeError, ProtocolError
 
 #: The version new exports write. Version 2 ("v-next") adds ``DATA_PARALLEL_METHODS``; nothing was
 #: removed or changed, so modules of every version in ``SUPPORTED_VERSIONS`` load and train.
@@ -148,6 +148,10 @@ CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "m
 #: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge._runtime.inputs``) and y (torch's names without the ``torch.`` prefix):
 #: what data files hold and what history digests hash.
 DTYPES = ("float32", "float64", "int64")
+#: The dtypes of parameters (Java: ``MetadataSchema``'s): DTYPES and the 16-bit floats, trained and
+#: recorded as they are (optimizer state of the parameter's dtype, as torch.optim keeps it); their
+#: digests hash their 2-byte words, their history values are widened to float64 (exactly).
+PARAMETER_DTYPES = DTYPES + ("bfloat16", "float16")
 #: The dtypes of buffers: every element type torch's CPU kernels handle that Java moves (Java's
 #: ``dev.gradbridge.DType``, in its order; ``tests/test_pins.py`` ties the two). Complex, quantized,
 #: float8 and the wider unsigned types are refused at export.
@@ -157,8 +161,9 @@ BUFFER_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32
 def tensor_spec(name: str, shape: Sequence[int], dtype: str, *, kind: str = "input") -> Dict[str, Any]:
     """One named tensor in the metadata (an input, or with ``kind="parameter"`` a parameter). ``-1``
     in ``shape`` marks the batch dimension."""
-    if dtype not in DTYPES:
-        raise ValueError(messages.unsupported_dtype(kind, repr(name), dtype, DTYPES))
+    allowed = PARAMETER_DTYPES if kind == "parameter" else DTYPES
+    if dtype not in allowed:
+        raise DTypeError(messages.unsupported_dtype(kind, repr(name), dtype, allowed))
     return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
 
 
@@ -179,7 +184,7 @@ def buffer_spec(name: str, shape: Sequence[int], dtype: str, persistent: bool, t
     and Spark partitions carry with the parameters. Absent in modules exported before it: every buffer
     counts as trained then."""
     if dtype not in BUFFER_DTYPES:
-        raise ValueError(messages.unsupported_dtype("buffer", repr(name), dtype, BUFFER_DTYPES))
+        raise DTypeError(messages.unsupported_dtype("buffer", repr(name), dtype, BUFFER_DTYPES))
     return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype, "persistent": bool(persistent),
             "trained": bool(trained)}
 
@@ -306,7 +311,7 @@ def check_schema(path: str, document: Any) -> None:
     for i, method in enumerate(array(document, "methods", "methods", "a list of strings")):
         if not isinstance(method, str):
             raise fail(f"methods[{i}]", "a string", method)
-    specs("parameters")
+    specs("parameters", PARAMETER_DTYPES)
     specs("buffers", BUFFER_DTYPES)
     named("loss")
     named("optimizer")

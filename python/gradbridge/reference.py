@@ -248,7 +248,7 @@ class Reference:
         parameters = self.parameters()
         return EpochRecord(epoch, loss, _as_numpy(parameters) if with_values else {}, val_loss=val_loss,
                            elapsed_s=elapsed_s,
-                           digests={name: digest(value.numpy(), dtypes[name]) for name, value in parameters.items()},
+                           digests={name: digest(value, dtypes[name]) for name, value in parameters.items()},
                            lrs=self.lrs() if self._records_lrs else None)
 
     def optimizer_state(self) -> Dict[str, List[Tensor]]:

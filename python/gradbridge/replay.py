@@ -434,7 +434,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         values = {**reference.parameters(), **{name: buffers[name] for name in trained}}
         if keep_parameters:
             kept[version.id] = values
-        mine = {name: digest(values[name].numpy(), dtypes[name]) for name in versioned + trained}
+        mine = {name: digest(values[name], dtypes[name]) for name in versioned + trained}
         rows.append(VersionRow(version.id, updates, events, version.loss, loss,
                                _combined(version.digests, versioned + trained), _combined(mine, versioned + trained)))
         undecided = version.id if gate is not None and version.id > 0 else None

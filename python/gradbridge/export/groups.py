@@ -5,7 +5,9 @@ instance, or written into the metadata) or ``{"prefix": "backbone."}`` (the CLI'
 each with its own options (lr, weight_decay, momentum, betas, eps, ...) over the spec's
 top-level defaults, as torch.optim's ``param_groups`` do. Prefix groups leave the other
 trainable parameters in a default group that comes first. Frozen parameters
-(``requires_grad=False``) belong to no group: no gradient, no optimizer state, never updated.
+(``requires_grad=False``) belong to no group: no gradient, no optimizer state, never updated; a
+torch.optim instance that holds them in a group (``AdamW(model.parameters())``) is exported without
+them, which is what torch.optim's step does with them.
 
 Every refusal is one line naming the parameter, group or option (``GroupError``), raised before
 anything is written.
@@ -36,7 +38,10 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
                      trainable: Dict[str, bool]) -> Dict[str, Any]:
     """The spec of a fresh torch.optim instance: one group -> ``optim.spec_of``; more -> ``groups``.
 
-    Refuses parameters the model does not have and frozen parameters inside a group.
+    Refuses parameters the model does not have. A frozen parameter (requires_grad=False) in a group,
+    as ``AdamW(model.parameters())`` on a PEFT model holds its base, is left out of the spec's group:
+    torch.optim never gives it a gradient, so it never steps it and creates no state for it (the
+    same for every optimizer but Adagrad, whose constructor fills a ``sum`` that no step reads).
     """
     for index, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
@@ -44,12 +49,9 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
             if name is None:
                 raise GroupError(f"parameter group {index} holds a tensor of shape {list(p.shape)} "
                                  "that is not a parameter of the model")
-            if not trainable[name]:
-                raise GroupError(f"frozen parameter {name} (requires_grad=False) is in parameter group {index}; "
-                                 "leave it out of the optimizer")
     if len(optimizer.param_groups) == 1:
         spec = optim.spec_of(optimizer)
-        names = [names_by_id[id(p)] for p in optimizer.param_groups[0]["params"]]
+        names = [n for n in (names_by_id[id(p)] for p in optimizer.param_groups[0]["params"]) if trainable[n]]
         if names != [n for n in names_by_id.values() if trainable[n]]:
             spec["groups"] = [{"params": names, **{k: v for k, v in spec.items() if k != "name"}}]
         return spec
@@ -66,7 +68,7 @@ def spec_of_instance(optimizer: torch.optim.Optimizer, names_by_id: Dict[int, st
     keys = _hyper_keys(name)
     spec: Dict[str, Any] = {"name": name, **{k: _plain(optimizer.defaults[k], torch_name, k)
                                              for k in keys if k in optimizer.defaults}}
-    spec["groups"] = [{"params": [names_by_id[id(p)] for p in group["params"]],
+    spec["groups"] = [{"params": [names_by_id[id(p)] for p in group["params"] if trainable[names_by_id[id(p)]]],
                        **{k: _plain(group[k], f"{torch_name} parameter group {index}", k) for k in keys}}
                       for index, group in enumerate(optimizer.param_groups)]
     return spec

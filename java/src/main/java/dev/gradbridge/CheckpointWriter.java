@@ -1,5 +1,8 @@
 package dev.gradbridge;
 
+import java.io.IOException;
+import java.nio.file.Path;
+
 /**
  * Saves a loaded module with its current state (parameters, buffers, optimizer state, learning
  * rate: all module attributes) as a TorchScript archive that {@code torch.jit.load} reads, with
@@ -10,8 +13,8 @@ final class CheckpointWriter {
 
     private CheckpointWriter() {}
 
-    /** @return the archive's bytes, with the metadata at {@code <archive>/extra/gradbridge.json} */
-    static byte[] archive(ScriptedModule module, String metadataJson) {
-        return module.save(Protocol.METADATA_FILE, metadataJson);
+    /** Writes the archive to {@code file}, with the metadata at {@code <archive>/extra/gradbridge.json}. */
+    static void archive(ScriptedModule module, String metadataJson, Path file) throws IOException {
+        module.save(file, Protocol.METADATA_FILE, metadataJson);
     }
 }

@@ -75,11 +75,12 @@ public enum DType {
      * files hold. Values arrive as exact doubles (float32 and integer values widened).
      *
      * @param out where the bytes go
-     * @param value the value
-     * @throws UnsupportedOperationException for float16 and bfloat16 (no Java primitive)
+     * @param value the value (for float16 and bfloat16 one of theirs, widened exactly)
      */
     public void put(ByteBuffer out, double value) {
         switch (this) {
+            case BFLOAT16: out.putShort((short) (Float.floatToRawIntBits((float) value) >>> 16)); break;
+            case FLOAT16: out.putShort(half((float) value)); break;
             case FLOAT32: out.putFloat((float) value); break;
             case FLOAT64: out.putDouble(value); break;
             case INT64: out.putLong((long) value); break;
@@ -88,6 +89,25 @@ public enum DType {
             case INT8: case UINT8: case BOOL: out.put((byte) (long) value); break;
             default: throw new UnsupportedOperationException("no Java value type for " + torchName);
         }
+    }
+
+    /** IEEE half-precision bits of a float that one holds exactly (a float16 value widened). */
+    static short half(float value) {
+        int bits = Float.floatToRawIntBits(value);
+        int sign = (bits >>> 16) & 0x8000;
+        int exponent = (bits >>> 23) & 0xff;
+        int mantissa = bits & 0x7fffff;
+        if (exponent == 0xff) { // infinity, NaN (its payload's top bits, one kept set)
+            return (short) (sign | 0x7c00 | (mantissa == 0 ? 0 : 0x200 | (mantissa >>> 13)));
+        }
+        int e = exponent - 127 + 15;
+        if (e >= 1) { // normal
+            return (short) (sign | (e << 10) | (mantissa >>> 13));
+        }
+        if (exponent == 0) {
+            return (short) sign; // zero (a float16 value is never a float32 subnormal)
+        }
+        return (short) (sign | ((mantissa | 0x800000) >>> (14 - e))); // subnormal
     }
 
     /**

@@ -8,13 +8,15 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import com.google.gson.JsonPrimitive;
-import java.io.ByteArrayOutputStream;
+import java.io.BufferedOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.OutputStream;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.LocalDateTime;
 import java.util.ArrayList;
@@ -252,7 +254,7 @@ final class ExportedModule extends ScriptedModule {
      * each state tensor but the gradients (a step starts with {@code zero_grad}).
      */
     @Override
-    byte[] save(String metadataName, String metadataJson) {
+    void save(Path file, String metadataName, String metadataJson) throws IOException {
         JsonObject document = JsonParser.parseString(metadataJson).getAsJsonObject();
         JsonObject program = document.getAsJsonObject(Protocol.PROGRAM_KEY);
         List<String> names = new ArrayList<>();
@@ -281,19 +283,27 @@ final class ExportedModule extends ScriptedModule {
             }
             program.add("state", entries);
             program.add("counters", JsonParser.parseString(Native.exportedCounters(handle())));
-            ByteArrayOutputStream bytes = new ByteArrayOutputStream();
-            try (ZipOutputStream zip = new ZipOutputStream(bytes)) {
+            // tensor by tensor into the file: the archive is never in memory whole
+            try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 1 << 16);
+                    ZipOutputStream zip = new ZipOutputStream(out)) {
                 put(zip, metadataName, PRETTY.toJson(document).getBytes(StandardCharsets.UTF_8));
                 for (Map.Entry<String, String> graph : graphFiles.entrySet()) {
                     put(zip, graph.getKey(), graph.getValue().getBytes(StandardCharsets.UTF_8));
                 }
+                byte[] chunk = new byte[1 << 20];
                 for (int i = 0; i < tensors.size(); i++) {
-                    put(zip, "state/" + i + ".bin", tensors.get(i).toBytes());
+                    ZipEntry entry = new ZipEntry("state/" + i + ".bin");
+                    entry.setTimeLocal(ZIP_TIME);
+                    zip.putNextEntry(entry);
+                    ByteBuffer values = tensors.get(i).buffer();
+                    while (values.hasRemaining()) {
+                        int n = Math.min(chunk.length, values.remaining());
+                        values.get(chunk, 0, n);
+                        zip.write(chunk, 0, n);
+                    }
+                    zip.closeEntry();
                 }
             }
-            return bytes.toByteArray();
-        } catch (IOException e) {
-            throw new UncheckedIOException(e); // a ByteArrayOutputStream does not fail
         } finally {
             Tensors.closeAll(tensors);
         }

@@ -1,16 +1,14 @@
 package dev.gradbridge;
 
-import com.google.gson.Gson;
-import com.google.gson.GsonBuilder;
-import com.google.gson.JsonObject;
-import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.DoubleBuffer;
-import java.nio.charset.StandardCharsets;
+import java.nio.channels.FileChannel;
 import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 import java.security.MessageDigest;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -22,12 +20,10 @@ import java.util.Map;
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
  * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
- * parameter group after the epoch), which is left out when unknown.
+ * parameter group after the epoch), which is left out when unknown, and {@code "values"} (where
+ * in the side file a large record's values are: {@link HistoryFile}).
  */
 public final class History {
-
-    private static final Gson GSON =
-            new GsonBuilder().serializeNulls().serializeSpecialFloatingPointValues().create();
 
     private final List<EpochRecord> records = new ArrayList<>();
 
@@ -40,8 +36,9 @@ public final class History {
         private final double elapsed_s; // NOPMD: the schema's key
         private volatile Map<String, double[]> parameters; // built from `buffers` when first asked
         private final Map<String, String> digests;
-        private final transient Map<String, ByteBuffer> buffers; // float64 values, native order; not JSON
+        private volatile Map<String, ByteBuffer> buffers; // float64 values, native order
         private final double[] lrs; // optional key of the schema: null is not written
+        private volatile SideValues side; // set once the values went to a history's side file
 
         /**
          * Creates a record.
@@ -119,14 +116,16 @@ public final class History {
             Map<String, double[]> values = parameters;
             if (values == null) {
                 Map<String, double[]> built = new LinkedHashMap<>();
-                for (Map.Entry<String, ByteBuffer> entry : buffers.entrySet()) {
+                for (Map.Entry<String, ByteBuffer> entry : getParameterBuffers().entrySet()) {
                     DoubleBuffer doubles = entry.getValue().duplicate().order(ByteOrder.nativeOrder()).asDoubleBuffer();
                     double[] array = new double[doubles.remaining()];
                     doubles.get(array);
                     built.put(entry.getKey(), array);
                 }
                 values = Collections.unmodifiableMap(built);
-                parameters = values; // racing readers build equal maps
+                if (side == null) {
+                    parameters = values; // racing readers build equal maps; a side file's are read again
+                }
             }
             return values;
         }
@@ -134,11 +133,16 @@ public final class History {
         /**
          * The same values as {@link #getParameters()} without a Java array: each parameter's float64
          * values in a read-only direct buffer in native byte order (empty when the record keeps digests
-         * only, or was made from arrays). Python's {@code History.from_java} reads these.
+         * only, or was made from arrays). Python's {@code History.from_java} reads these. A record whose
+         * values a run wrote to its history's side file ({@link HistoryFile}) maps them from there.
          *
          * @return the buffers by name, in protocol order
          */
         public Map<String, ByteBuffer> getParameterBuffers() {
+            SideValues spilled = side;
+            if (spilled != null) {
+                return spilled.map();
+            }
             Map<String, ByteBuffer> views = new LinkedHashMap<>();
             for (Map.Entry<String, ByteBuffer> entry : buffers.entrySet()) {
                 views.put(entry.getKey(), entry.getValue().asReadOnlyBuffer().order(ByteOrder.nativeOrder()));
@@ -154,6 +158,80 @@ public final class History {
         /** @return learning rate per parameter group after the epoch, or {@code null} */
         public double[] getLrs() {
             return lrs == null ? null : lrs.clone();
+        }
+
+        /** The values as float64 views from their start, by name (what a history file writes). */
+        Map<String, DoubleBuffer> valueSources() {
+            Map<String, DoubleBuffer> sources = new LinkedHashMap<>();
+            Map<String, double[]> arrays = parameters;
+            if (side == null && buffers.isEmpty() && arrays != null) {
+                for (Map.Entry<String, double[]> entry : arrays.entrySet()) {
+                    sources.put(entry.getKey(), DoubleBuffer.wrap(entry.getValue()));
+                }
+                return sources;
+            }
+            for (Map.Entry<String, ByteBuffer> entry : getParameterBuffers().entrySet()) {
+                sources.put(entry.getKey(), entry.getValue().asDoubleBuffer());
+            }
+            return sources;
+        }
+
+        /** @return how many values each parameter has, by name (none for digests only) */
+        Map<String, Long> valueCounts() {
+            SideValues spilled = side;
+            if (spilled != null) {
+                return spilled.counts;
+            }
+            Map<String, Long> counts = new LinkedHashMap<>();
+            for (Map.Entry<String, DoubleBuffer> entry : valueSources().entrySet()) {
+                counts.put(entry.getKey(), (long) entry.getValue().remaining());
+            }
+            return counts;
+        }
+
+        /**
+         * The values are now in {@code file} from {@code offset} (float64 little-endian, in order):
+         * the record lets go of its own copy and reads them there when asked.
+         */
+        void readValuesFrom(Path file, long offset) {
+            side = new SideValues(file.toAbsolutePath(), offset, valueCounts());
+            buffers = Collections.emptyMap();
+            parameters = null;
+        }
+    }
+
+    /** A record's values in a history's side file. */
+    private static final class SideValues {
+        final Path file;
+        final long offset;
+        final Map<String, Long> counts;
+
+        SideValues(Path file, long offset, Map<String, Long> counts) {
+            this.file = file;
+            this.offset = offset;
+            this.counts = Collections.unmodifiableMap(new LinkedHashMap<>(counts));
+        }
+
+        /** Read-only maps of the file, in native order (copied where the machine is not little-endian). */
+        Map<String, ByteBuffer> map() {
+            Map<String, ByteBuffer> views = new LinkedHashMap<>();
+            try (FileChannel channel = FileChannel.open(file, StandardOpenOption.READ)) {
+                long at = offset;
+                for (Map.Entry<String, Long> entry : counts.entrySet()) {
+                    long bytes = entry.getValue() * Double.BYTES;
+                    ByteBuffer mapped = channel.map(FileChannel.MapMode.READ_ONLY, at, bytes).order(ByteOrder.LITTLE_ENDIAN);
+                    if (!ByteOrder.nativeOrder().equals(ByteOrder.LITTLE_ENDIAN)) {
+                        ByteBuffer copy = ByteBuffer.allocateDirect((int) bytes).order(ByteOrder.nativeOrder());
+                        copy.asDoubleBuffer().put(mapped.asDoubleBuffer());
+                        mapped = copy;
+                    }
+                    views.put(entry.getKey(), mapped.asReadOnlyBuffer().order(ByteOrder.nativeOrder()));
+                    at += bytes;
+                }
+            } catch (IOException e) {
+                throw new InvalidInputException(Messages.cannotRead(file.toString(), e.getMessage()));
+            }
+            return views;
         }
     }
 
@@ -227,27 +305,28 @@ public final class History {
         return Collections.unmodifiableList(records);
     }
 
-    /** @return one JSON object per line, one line per epoch */
+    /**
+     * @return one JSON object per line, one line per epoch, every value inline (a record whose
+     *     values went to a history's side file reads them back for this)
+     */
     public String toJsonLines() {
         StringBuilder out = new StringBuilder();
+        HistoryFile inline = new HistoryFile(Path.of("history.jsonl"));
         for (EpochRecord record : records) {
-            record.getParameters(); // the JSON writer reads the field
-            JsonObject line = GSON.toJsonTree(record).getAsJsonObject();
-            if (line.get("lrs").isJsonNull()) {
-                line.remove("lrs"); // optional key: absent, as the Python writer does
-            }
-            out.append(GSON.toJson(line)).append('\n');
+            out.append(inline.inlineLine(record));
         }
         return out.toString();
     }
 
     /**
-     * Writes the history atomically: a temporary file beside {@code path}, then a rename.
+     * Writes the history atomically: a temporary file beside {@code path}, then a rename; the
+     * values of a record of more than {@link HistoryFile#INLINE_VALUES_LIMIT} go to the side file
+     * {@code path + ".values"} (the layout {@link HistoryFile} describes).
      *
      * @param path the .jsonl file
      * @throws IOException when the folder cannot be written
      */
     public void save(Path path) throws IOException {
-        AtomicFiles.write(path, toJsonLines().getBytes(StandardCharsets.UTF_8));
+        new HistoryFile(path).replace(records);
     }
 }

@@ -2,6 +2,9 @@ package dev.gradbridge;
 
 import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.internal.ModuleAccess;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Optional;
 
@@ -43,13 +46,23 @@ final class LibraryCalls implements ModuleAccess.Calls {
 
     @Override
     public byte[] checkpointArchive(TrainingModule module, Metadata.Checkpoint checkpoint) {
-        return archive(module, checkpoint);
+        try {
+            Path file = Files.createTempFile("gradbridge-checkpoint", ".pt");
+            try {
+                archive(module, checkpoint, file);
+                return Files.readAllBytes(file);
+            } finally {
+                Files.deleteIfExists(file);
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
     }
 
-    /** What {@link TrainingModule#saveCheckpoint} writes. */
-    static byte[] archive(TrainingModule module, Metadata.Checkpoint checkpoint) {
+    /** Writes what {@link TrainingModule#saveCheckpoint} writes to {@code file}. */
+    static void archive(TrainingModule module, Metadata.Checkpoint checkpoint, Path file) throws IOException {
         try (ThreadGuard.Use use = module.use()) {
-            return CheckpointWriter.archive(module.scripted, module.metadata.withCheckpoint(checkpoint));
+            CheckpointWriter.archive(module.scripted, module.metadata.withCheckpoint(checkpoint), file);
         }
     }
 

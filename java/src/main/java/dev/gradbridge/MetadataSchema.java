@@ -22,8 +22,11 @@ import java.util.List;
 final class MetadataSchema {
 
     static final String MISSING = "nothing (the key is missing)";
-    /** The dtypes of parameters and inputs (Python: {@code protocol.DTYPES}). */
+    /** The dtypes of inputs (Python: {@code protocol.DTYPES}). */
     private static final List<String> DTYPES = Arrays.asList("float32", "float64", "int64");
+    /** The dtypes of parameters: those and the 16-bit floats (Python: {@code protocol.PARAMETER_DTYPES}). */
+    private static final List<String> PARAMETER_DTYPES =
+            Arrays.asList("float32", "float64", "int64", "bfloat16", "float16");
     /** The dtypes of buffers: every {@link DType} (Python: {@code protocol.BUFFER_DTYPES}). */
     private static final List<String> BUFFER_DTYPES = bufferDtypes();
 
@@ -55,7 +58,7 @@ final class MetadataSchema {
                 throw fail("methods[" + i + "]", "a string", text(methods.get(i)));
             }
         }
-        specs(doc, "parameters", DTYPES);
+        specs(doc, "parameters", PARAMETER_DTYPES);
         specs(doc, "buffers", BUFFER_DTYPES);
         named(doc, "loss");
         named(doc, "optimizer");

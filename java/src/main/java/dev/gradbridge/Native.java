@@ -112,10 +112,11 @@ final class Native {
     static native void moduleTrain(long module, boolean on);
 
     /**
-     * {@code module.save(stream, {extraName: extraContent})} into memory: Java writes the bytes, so
-     * a full disk is an {@code IOException} naming the file. No extra file when extraName is null.
+     * {@code module.save(path, {extraName: extraContent})}, record by record into the file (never
+     * the whole archive in memory); a failed write throws with the operating system's reason alone
+     * (e.g. "No space left on device"). No extra file when extraName is null.
      */
-    static native byte[] moduleSave(long module, String extraName, byte[] extraContent);
+    static native void moduleSaveFile(long module, String path, String extraName, byte[] extraContent);
 
     /**
      * Runs a method with autograd on and the optimizing graph executor off (both thread-local,

@@ -110,7 +110,8 @@ public final class RunSettings {
         }
 
         /**
-         * @param historyFile written atomically after every epoch (after the checkpoint), so a
+         * @param historyFile written after every epoch (after the checkpoint): the first epoch replaces
+         *     it, later ones append their record ({@link HistoryFile}: large values in a side file), so a
          *     run that stops for any reason leaves every completed epoch in it
          * @return this builder
          */

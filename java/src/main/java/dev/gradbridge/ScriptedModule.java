@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import java.io.IOException;
 import java.nio.file.Path;
 import java.util.Collection;
 import java.util.Collections;
@@ -80,10 +81,13 @@ abstract class ScriptedModule implements AutoCloseable {
     abstract void setTraining(boolean training);
 
     /**
-     * The module with its current attributes, plus {@code extra/<metadataName>} holding {@code
-     * metadataJson}, as the bytes of an archive that the Python side loads too.
+     * Writes the module with its current attributes, plus {@code extra/<metadataName>} holding {@code
+     * metadataJson}, to {@code file} as an archive that the Python side loads too: tensor by tensor,
+     * never the whole archive in memory.
+     *
+     * @throws IOException with the operating system's reason when the file cannot be written
      */
-    abstract byte[] save(String metadataName, String metadataJson);
+    abstract void save(Path file, String metadataName, String metadataJson) throws IOException;
 
     /**
      * A module of the same type whose attributes hold copies of this one's tensors (what it saves

@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Arrays;
@@ -43,8 +44,12 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
-    byte[] save(String metadataName, String metadataJson) {
-        return Native.moduleSave(handle(), metadataName, metadataJson.getBytes(StandardCharsets.UTF_8));
+    void save(Path file, String metadataName, String metadataJson) throws IOException {
+        try {
+            Native.moduleSaveFile(handle(), file.toString(), metadataName, metadataJson.getBytes(StandardCharsets.UTF_8));
+        } catch (NativeException e) {
+            throw new IOException(e.getMessage(), e); // the reason alone: AtomicFiles names the file
+        }
     }
 
     @Override

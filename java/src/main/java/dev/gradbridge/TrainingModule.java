@@ -837,7 +837,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws IOException when the folder cannot be written
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
-        AtomicFiles.write(target, LibraryCalls.archive(this, checkpoint));
+        AtomicFiles.write(target, tmp -> LibraryCalls.archive(this, checkpoint, tmp)); // tensor by tensor
     }
 
     /**

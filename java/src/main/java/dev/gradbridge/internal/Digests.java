@@ -12,7 +12,7 @@ import java.security.NoSuchAlgorithmException;
 public final class Digests {
 
     private static final char[] HEX = "0123456789abcdef".toCharArray();
-    private static final DType[] DIGEST_TYPES = {DType.FLOAT32, DType.FLOAT64, DType.INT64};
+    private static final DType[] DIGEST_TYPES = {DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.BFLOAT16, DType.FLOAT16};
 
     private Digests() {}
 

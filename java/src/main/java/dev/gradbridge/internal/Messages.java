@@ -165,6 +165,34 @@ public final class Messages {
         return "cannot write " + path + ": " + reason;
     }
 
+    /**
+     * @param path a file gradbridge reads back (a history's side file)
+     * @param reason the operating system's reason
+     * @return the line for a file that cannot be read
+     */
+    public static String cannotRead(String path, String reason) {
+        return "cannot read " + path + ": " + reason;
+    }
+
+    // ---- histories ----
+
+    /**
+     * Above this many parameter values in one epoch's record, a history file keeps them in its side
+     * file ({@code <history>.values}, float64) instead of its line (Python: {@code history.INLINE_VALUES_LIMIT}).
+     */
+    public static final long HISTORY_INLINE_VALUES = 1_000_000L;
+
+    /**
+     * @param what Java's words for the memory that ran out ({@code Java heap space}, {@code Direct buffer memory})
+     * @param program the program's name (its start script reads {@code JAVA_OPTS})
+     * @return the one line a program prints when the JVM runs out of memory
+     */
+    public static String outOfMemory(String what, String program) {
+        return program + " ran out of Java memory (" + what + "): give the JVM more, e.g. JAVA_OPTS=-Xmx16g "
+                + "(-XX:MaxDirectMemorySize for direct buffers), or keep less: --digests-only records parameter "
+                + "digests without their values";
+    }
+
     // ---- metadata (gradbridge.json) ----
 
     /**

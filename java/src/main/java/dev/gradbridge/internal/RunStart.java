@@ -1,6 +1,7 @@
 package dev.gradbridge.internal;
 
 import dev.gradbridge.History;
+import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.RunSettings;
@@ -17,6 +18,7 @@ public final class RunStart {
     private final RunSettings settings;
     private final Path from;
     private final Metadata.Checkpoint resumed;
+    private HistoryFile historyFile; // the run's history, appended epoch by epoch
 
     /**
      * @param settings the trainer's settings
@@ -133,7 +135,8 @@ public final class RunStart {
     }
 
     /**
-     * After an epoch: the checkpoint, then the history, then the listener.
+     * After an epoch: the checkpoint, then the history (the run's first epoch replaces the file, every
+     * later one appends its record: {@link HistoryFile}), then the listener.
      *
      * @param history the run's history, {@code record} already added
      * @param record the epoch's record
@@ -145,7 +148,10 @@ public final class RunStart {
             save.save(settings.getCheckpoint());
         }
         if (settings.getHistory() != null) {
-            history.save(settings.getHistory());
+            if (historyFile == null) {
+                historyFile = new HistoryFile(settings.getHistory());
+            }
+            historyFile.append(record);
         }
         if (settings.getEpochListener() != null) {
             settings.getEpochListener().accept(record);

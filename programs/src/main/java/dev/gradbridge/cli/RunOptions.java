@@ -1,6 +1,7 @@
 package dev.gradbridge.cli;
 
 import dev.gradbridge.History;
+import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.RunSettings;
 import java.nio.file.Path;
@@ -32,7 +33,9 @@ public final class RunOptions {
             description = "resume on data other than the checkpoint's run was trained on")
     private boolean allowDifferentData;
 
-    @Option(names = "--history", description = "write the per-epoch history here (JSON Lines)")
+    @Option(names = "--history",
+            description = "write the per-epoch history here (JSON Lines; a model of over a million parameter values "
+                    + "keeps them in FILE.values)")
     private Path history;
 
     @Option(names = "--checkpoint", description = "save the module with its optimizer state here after every epoch")
@@ -64,7 +67,7 @@ public final class RunOptions {
                 .optAllowDifferentData(allowDifferentData)
                 .optCheckpoint(checkpoint)
                 .optHistory(history)
-                .optRecordValues(!digestsOnly);
+                .optRecordValues(!digestsOnly && history != null); // values only where they are written
         if (batchSize != null) {
             builder.optBatchSize(batchSize);
         }
@@ -82,6 +85,11 @@ public final class RunOptions {
     public void printOutputs(History result) {
         if (history != null) {
             System.out.println("history: " + history.toAbsolutePath());
+            Path values = new HistoryFile(history).valuesPath();
+            if (!result.getRecords().isEmpty() && HistoryFile.valuesAside(result.getRecords().get(0))) {
+                System.out.println("history values: " + values.toAbsolutePath() + " (over "
+                        + HistoryFile.INLINE_VALUES_LIMIT + " values per epoch: float64, where each line's \"values\" says)");
+            }
         }
         if (checkpoint != null && !result.getRecords().isEmpty()) {
             System.out.println("checkpoint: " + checkpoint.toAbsolutePath());

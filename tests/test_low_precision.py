@@ -1,0 +1,137 @@
+"""bfloat16 and float16 parameters, as LLMs are fine-tuned: ``model.to(torch.bfloat16)`` with AdamW
+(its state of the parameters' dtype, as torch.optim keeps it), a model whose dtypes mix, a tiny
+transformer; exported in both formats, trained from Java bit for bit like eager PyTorch on the CPU,
+checkpointed and resumed; digests of their 2-byte words, history values widened exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from gradbridge import compare_histories, export_training_module, java, protocol, reference
+from gradbridge.errors import DTypeError, GradbridgeError
+from gradbridge.history import digest
+
+FORMATS = ["torchscript", "export"]
+
+
+class Net(nn.Module):
+    """Inputs arrive as float32 (data files have no bfloat16): the model casts them, as a user's does."""
+
+    def __init__(self, head_dtype=None):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+        self.head = nn.Linear(16, 3)
+        self.head_dtype = head_dtype
+
+    def forward(self, x):
+        h = self.body(x.to(self.body[0].weight.dtype))
+        return self.head(h.to(self.head.weight.dtype)).float()
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.layer(self.embed(x.to(self.embed.weight.dtype)))
+        return self.head(h.mean(1)).float()
+
+
+def _data(n=32, shape=(6,), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, *shape, generator=g)
+    return x, (x.flatten(1)[:, 0] > 0).long() + (x.flatten(1)[:, 1] > 0.5).long()
+
+
+def _bf16_mlp():
+    torch.manual_seed(0)
+    return Net().to(torch.bfloat16)
+
+
+def _mixed():
+    torch.manual_seed(0)
+    model = Net()
+    model.body.to(torch.bfloat16)  # bf16 weights, a float32 head
+    return model
+
+
+def _tiny_transformer():
+    torch.manual_seed(0)
+    return TinyTransformer().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("make,shape", [(_bf16_mlp, (6,)), (_mixed, (6,)), (_tiny_transformer, (5, 4))],
+                         ids=["bf16-mlp", "bf16-body-fp32-head", "bf16-transformer"])
+def test_bfloat16_trains_bitwise_from_java_and_resumes(jvm, tmp_path, fmt, make, shape):
+    model = make()
+    x, y = _data(shape=shape)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x[:8], y[:8]),
+                                  format=fmt)
+    dtypes = {p["name"]: p["dtype"] for p in protocol.read_metadata(path)["parameters"]}
+    assert dtypes == {name: str(p.dtype).replace("torch.", "") for name, p in model.named_parameters()}
+    settings = dict(epochs=3, batch_size=8, seed=1)
+    in_java = java.train(path, x.numpy(), y.numpy(), **settings)
+    in_python = reference.train(path, x.numpy(), y.numpy(), model=model, **settings)
+    assert compare_histories(in_python, in_java).bitwise
+    # the digests hash the parameters' own words
+    trained = {name: torch.from_numpy(values.copy()).to(getattr(torch, dtypes[name]))
+               for name, values in in_java[-1].parameters.items()}
+    assert in_java[-1].digests == {name: digest(t, dtypes[name]) for name, t in trained.items()}
+    # checkpointed after 2 epochs, resumed for the third: the same bits, and AdamW's state in bfloat16
+    java.train(path, x.numpy(), y.numpy(), epochs=2, batch_size=8, seed=1, checkpoint=tmp_path / "c.pt")
+    resumed = java.train(tmp_path / "c.pt", x.numpy(), y.numpy(), epochs=1)
+    assert resumed[0].digests == in_java[2].digests
+    if fmt == "torchscript":
+        state = torch.jit.load(str(tmp_path / "c.pt")).optimizer_state()
+        assert [t.dtype for t in state["exp_avg"]] == [p.dtype for p in model.parameters()]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float16_parameters_train_bitwise_where_torch_has_cpu_kernels(jvm, tmp_path, fmt):
+    torch.manual_seed(0)
+    model = Net().half()
+    x, y = _data()
+    try:
+        model(x[:2]).sum().backward()
+    except RuntimeError as ex:  # an older torch without float16 CPU kernels for these ops
+        pytest.skip(f"torch {torch.__version__} has no float16 CPU kernel here: {ex}")
+    model.zero_grad(set_to_none=True)
+    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=0.01, eps=1e-3),
+                                  tmp_path / "m.pt", example_inputs=(x[:8], y[:8]), format=fmt)
+    in_java = java.train(path, x.numpy(), y.numpy(), epochs=2, batch_size=8)
+    in_python = reference.train(path, x.numpy(), y.numpy(), epochs=2, batch_size=8, model=model)
+    assert compare_histories(in_python, in_java).bitwise
+
+
+def test_a_dtype_gradbridge_does_not_take_is_its_error_in_one_line(tmp_path):
+    """bfloat16 inputs (data files have no bfloat16: the model casts float32 ones) and complex parameters."""
+    model = _bf16_mlp()
+    with pytest.raises(DTypeError) as error:
+        export_training_module(model, "cross_entropy", {"name": "sgd"}, tmp_path / "m.pt",
+                               example_inputs=(torch.randn(4, 6, dtype=torch.bfloat16), torch.zeros(4).long()))
+    assert str(error.value) == "input 'x' has dtype bfloat16, which gradbridge does not support; inputs may be " \
+                               "float32, float64, int64"
+    with pytest.raises(DTypeError, match="^parameter 'weight' has dtype complex64, which gradbridge does not support; "
+                                         "parameters may be float32, float64, int64, bfloat16, float16$"):
+        protocol.tensor_spec("weight", [2, 2], "complex64", kind="parameter")
+    assert isinstance(error.value, GradbridgeError) and list(tmp_path.iterdir()) == []
+
+
+def test_bfloat16_digests_hash_the_16_bit_words():
+    values = torch.tensor([1.0, -2.5, 3.0e38, 1e-40], dtype=torch.bfloat16)
+    words = values.view(torch.int16).numpy().astype("<i2").tobytes()
+    import hashlib
+
+    assert digest(values, "bfloat16") == hashlib.sha256(words).hexdigest()
+    assert digest(values.double().numpy(), "bfloat16") == digest(values, "bfloat16")  # widened values, same digest
+    half = torch.tensor([1.0, -2.5, 6.0e-8, 65504.0], dtype=torch.float16)
+    assert digest(half, "float16") == hashlib.sha256(half.numpy().astype("<f2").tobytes()).hexdigest()
+    assert np.isfinite(half.double().numpy()).all()
