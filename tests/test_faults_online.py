@@ -281,7 +281,8 @@ def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models
                            (("--fsync", "sometimes"), "unknown fsync policy 'sometimes'"),
                            (("--max-grad-norm", "-1"), "max grad norm must be a finite number >= 0, got -1.0"),
                            (("--group-commit-ms", "-1"), "--group-commit-ms must be in 0..3600000, got -1"),
-                           (("--max-batch", "x"), "Invalid value for option '--max-batch'")):
+                           (("--max-batch", "x"), "Invalid value for option '--max-batch'"),
+                           (("--port", 18765, "--admin-port", 18765), "--admin-port 18765 is --port's")):
         log_dir = tmp_path / f"log{len(expected)}"
         result = _serve(serve_script, "--model", model, "--log", log_dir, *args)
         assert expected in one_error_line(result), result.stderr

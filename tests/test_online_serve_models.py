@@ -2,7 +2,9 @@
 with its attention mask and dropout, a ResNet-18 (BatchNorm), a PEFT LoRA BERT over HTTP, and a
 Llama-style decoder (its rotary frequencies a constant buffer) from a Kafka topic; each killed -9
 mid-stream, restarted, and `gradbridge replay` bit for bit against the user's own eager model, dropout
-and BatchNorm statistics included (tests/models/zoo.py builds them from tiny random configs)."""
+and BatchNorm statistics included (tests/models/zoo.py builds them from tiny random configs). The
+service runs on the checkout's libtorch (the jar's, the oldest of the range), so these run on the
+oldest torch; the newest runs the same learner in process (tests/test_online_real_models.py)."""
 
 from __future__ import annotations
 
@@ -82,7 +84,6 @@ def _http_kill_9_restart(serve_script, tmp_path, build, data, n=24, fmt="auto"):
     return path, _replays_bitwise(log_dir, path, build, n)
 
 
-@pytest.mark.every_torch_java
 def test_bert_with_mask_and_dropout_over_http_kill_9_restart_replays_bitwise(serve_script, tmp_path):
     path, report = _http_kill_9_restart(serve_script, tmp_path, zoo.bert, zoo._tokens, fmt="torchscript")
     metadata = protocol.read_metadata(path)

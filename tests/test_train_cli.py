@@ -84,6 +84,25 @@ def test_bad_input_is_one_line_and_writes_nothing(models, data, tmp_path, name, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("outputs", ["history_is_data", "checkpoint_is_val", "history_is_checkpoint", "values_are_checkpoint"])
+def test_an_output_naming_an_input_or_another_output_is_refused_and_nothing_is_touched(models, data, tmp_path, outputs):
+    train, val = tmp_path / "train.npz", tmp_path / "val.npz"
+    train.write_bytes(data["good"].read_bytes())
+    val.write_bytes(data["val"].read_bytes())
+    files = {"history_is_data": ("--history", train, "--checkpoint", tmp_path / "c.pt"),
+             "checkpoint_is_val": ("--history", tmp_path / "h.jsonl", "--checkpoint", val),
+             "history_is_checkpoint": ("--history", tmp_path / "run", "--checkpoint", tmp_path / "run"),
+             # the history's values file (h.jsonl.values) would be the checkpoint
+             "values_are_checkpoint": ("--history", tmp_path / "t", "--checkpoint", tmp_path / "t.values")}[outputs]
+    before = {p: p.read_bytes() for p in (train, val)}
+    result = _train("--model", models["mlp_classifier.pt"], "--data", train, "--val", val, "--epochs", 1, *files)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr
+    assert "is the same file as" in errors[0] and "give another file" in errors[0], errors[0]
+    assert {p: p.read_bytes() for p in (train, val)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.npz", "val.npz"]
+
+
 def test_unreadable_checkpoint_is_one_line(data, tmp_path):
     result = _train("--resume", data["junk.pt"], "--data", data["good"], "--history", tmp_path / "h.jsonl")
     assert result.returncode == 1

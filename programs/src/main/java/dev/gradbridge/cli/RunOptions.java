@@ -4,7 +4,11 @@ import dev.gradbridge.History;
 import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.RunSettings;
+import java.io.IOException;
+import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
 import picocli.CommandLine.Option;
 
 /**
@@ -75,6 +79,45 @@ public final class RunOptions {
             builder.optSeed(seed);
         }
         return builder;
+    }
+
+    /**
+     * Refuses, before anything is read or written, outputs that would overwrite an input or each other:
+     * {@code --history} (and its values file), {@code --checkpoint} against each other and against the
+     * named inputs (a checkpoint over the module it resumes is fine: it is replaced whole, atomically).
+     *
+     * @param inputs option name to file, e.g. {@code --data} to the training data (null values are skipped)
+     * @throws InvalidInputException naming both options and the file
+     */
+    public void checkOutputs(Map<String, Path> inputs) {
+        Map<String, Path> outputs = new LinkedHashMap<>();
+        outputs.put("--history", history);
+        outputs.put("--history's values file", history == null ? null : new HistoryFile(history).valuesPath());
+        outputs.put("--checkpoint", checkpoint);
+        Map<String, Path> seen = new LinkedHashMap<>(inputs);
+        for (Map.Entry<String, Path> output : outputs.entrySet()) {
+            if (output.getValue() == null) {
+                continue;
+            }
+            for (Map.Entry<String, Path> other : seen.entrySet()) {
+                if (other.getValue() != null && same(output.getValue(), other.getValue())) {
+                    throw new InvalidInputException(output.getKey() + " " + output.getValue() + " is the same file as "
+                            + other.getKey() + " " + other.getValue() + ": writing it would overwrite that; give another file");
+                }
+            }
+            seen.put(output.getKey(), output.getValue());
+        }
+    }
+
+    private static boolean same(Path a, Path b) {
+        if (a.toAbsolutePath().normalize().equals(b.toAbsolutePath().normalize())) {
+            return true;
+        }
+        try {
+            return Files.exists(a) && Files.exists(b) && Files.isSameFile(a, b); // links
+        } catch (IOException e) {
+            return false;
+        }
     }
 
     /**

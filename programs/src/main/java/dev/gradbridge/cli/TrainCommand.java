@@ -9,7 +9,9 @@ import dev.gradbridge.data.Dataset;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Locale;
 import java.util.concurrent.Callable;
 import picocli.CommandLine;
@@ -69,6 +71,15 @@ public final class TrainCommand implements Callable<Integer> {
     @Override
     public Integer call() throws IOException {
         Path modelFile = run.module();
+        Map<String, Path> inputs = new LinkedHashMap<>();
+        inputs.put("--data", data.npz);
+        inputs.put("--x", data.npy == null ? null : data.npy.x);
+        inputs.put("--y", data.npy == null ? null : data.npy.y);
+        inputs.put("--val", validation);
+        for (Path library : opLibraries) {
+            inputs.put("--op-library", library);
+        }
+        run.checkOutputs(inputs);
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
         try (TrainingModule module = TrainingModule.load(modelFile, opLibraries);
                 Dataset train = data.npz != null

@@ -196,6 +196,10 @@ public final class ServeCommand implements Callable<Integer> {
     private void checkOptions() {
         checkPort("--port", port, false);
         checkPort("--admin-port", adminPort, true);
+        if (adminPort > 0 && adminPort == port) {
+            throw new GradbridgeException("--admin-port " + adminPort + " is --port's: /healthz and /metrics need a port of"
+                    + " their own (or leave --admin-port out to serve them on --port)");
+        }
         range("--max-batch", maxBatch, 1, MAX_BATCH);
         range("--max-wait-ms", maxWaitMillis, 0, HOUR_MS);
         range("--publish-every", publishEvery, 1, Integer.MAX_VALUE);
