@@ -131,6 +131,10 @@ final class HttpApi {
         }
         FunctionCounter.builder("gradbridge_kafka_records", kafka, KafkaFeedback::records)
                 .description("Kafka records read and logged (learned, duplicates and refused)").register(registry);
+        FunctionCounter.builder("gradbridge_kafka_outages", kafka, KafkaFeedback::outages)
+                .description("times the Kafka source began waiting: no broker answering, the topic gone").register(registry);
+        Gauge.builder("gradbridge_kafka_waiting", kafka, KafkaFeedback::waiting)
+                .description("1 while the Kafka source waits for a broker or for its topic").register(registry);
         FunctionCounter.builder("gradbridge_kafka_records_refused", kafka, KafkaFeedback::refused)
                 .description("Kafka records refused: not feedback this module takes (logged as refused)").register(registry);
     }

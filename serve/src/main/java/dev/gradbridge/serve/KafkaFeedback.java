@@ -85,7 +85,8 @@ public final class KafkaFeedback implements AutoCloseable {
     private final String topic;
     private final String group;
     private final KafkaConsumer<byte[], byte[]> consumer;
-    private final List<TopicPartition> partitions;
+    private volatile List<TopicPartition> partitions; // grows when the topic does (TopicWatch)
+    private final TopicWatch watch;
     private final Map<Integer, Long> next = new HashMap<>(); // consumer thread only
     private final Map<Integer, Long> lag = new ConcurrentHashMap<>();
     private final AtomicLong records = new AtomicLong();
@@ -144,7 +145,7 @@ public final class KafkaFeedback implements AutoCloseable {
             Duration startTimeout) {
         KafkaConsumer<byte[], byte[]> consumer = consumer(bootstrap, group, client);
         try {
-            return new KafkaFeedback(learner, topic, group, consumer, partitions(consumer, bootstrap, topic, startTimeout,
+            return new KafkaFeedback(learner, bootstrap, topic, group, consumer, partitions(consumer, bootstrap, topic, startTimeout,
                     "create it first: gradbridge-serve reads every partition of an existing topic"));
         } catch (RuntimeException e) {
             consumer.close(CloseOptions.timeout(Duration.ofSeconds(1)));
@@ -174,6 +175,7 @@ public final class KafkaFeedback implements AutoCloseable {
         properties.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
         properties.putIfAbsent(ConsumerConfig.CLIENT_ID_CONFIG, "gradbridge-serve");
         properties.putIfAbsent(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "500");
+        properties.putIfAbsent(ConsumerConfig.METADATA_MAX_AGE_CONFIG, TopicWatch.METADATA_MAX_AGE_MS);
         try {
             return new KafkaConsumer<>(properties, new ByteArrayDeserializer(), new ByteArrayDeserializer());
         } catch (RuntimeException e) {
@@ -185,13 +187,21 @@ public final class KafkaFeedback implements AutoCloseable {
      * How long a first call waits for the brokers: the client's own {@code default.api.timeout.ms}
      * when the properties file sets it, else {@code fallback}.
      *
-     * @param client the client properties (already accepted by a consumer, so the value is an int)
+     * @param client the client properties
      * @param fallback the wait when they do not set it
      * @return the wait
      */
     static Duration apiTimeout(Properties client, Duration fallback) {
         String millis = client.getProperty(ConsumerConfig.DEFAULT_API_TIMEOUT_MS_CONFIG);
-        return millis == null ? fallback : Duration.ofMillis(Integer.parseInt(millis.trim()));
+        if (millis == null) {
+            return fallback;
+        }
+        try {
+            return Duration.ofMillis(Integer.parseInt(millis.trim()));
+        } catch (NumberFormatException e) {
+            throw new GradbridgeException("--kafka-properties: " + ConsumerConfig.DEFAULT_API_TIMEOUT_MS_CONFIG
+                    + " must be a whole number of milliseconds, got '" + millis + "'");
+        }
     }
 
     /**
@@ -224,13 +234,14 @@ public final class KafkaFeedback implements AutoCloseable {
         return partitions;
     }
 
-    private KafkaFeedback(OnlineLearner learner, String topic, String group, KafkaConsumer<byte[], byte[]> consumer,
-            List<TopicPartition> partitions) {
+    private KafkaFeedback(OnlineLearner learner, String bootstrap, String topic, String group,
+            KafkaConsumer<byte[], byte[]> consumer, List<TopicPartition> partitions) {
         this.learner = learner;
         this.topic = topic;
         this.group = group;
         this.consumer = consumer;
         this.partitions = Collections.unmodifiableList(partitions);
+        this.watch = new TopicWatch(bootstrap, topic);
         this.maxRows = 256;
         Map<Integer, Long> logged = learner.sourcePositions(topic);
         for (Integer partition : logged.keySet()) {
@@ -259,6 +270,27 @@ public final class KafkaFeedback implements AutoCloseable {
         this.thread = new Thread(this::run, "gradbridge-kafka-" + topic);
         thread.setDaemon(true);
         thread.start();
+    }
+
+    /** Partitions added while serving: read from their start, after what this poll gave. */
+    private void readAlso(List<TopicPartition> all) {
+        List<TopicPartition> added = new ArrayList<>(all.subList(partitions.size(), all.size()));
+        consumer.assign(all);
+        consumer.seekToBeginning(added);
+        for (TopicPartition tp : added) {
+            next.put(tp.partition(), consumer.position(tp, Duration.ofSeconds(30)));
+        }
+        partitions = Collections.unmodifiableList(new ArrayList<>(all));
+    }
+
+    /** @return conditions the source waited out or waits in (no broker, the topic gone), one {@code /metrics} counter */
+    public long outages() {
+        return watch.outages();
+    }
+
+    /** @return 1 while the source waits for a broker or its topic, else 0 */
+    public int waiting() {
+        return watch.waiting();
     }
 
     /** @return the partitions read, ascending */
@@ -300,6 +332,10 @@ public final class KafkaFeedback implements AutoCloseable {
                 }
                 for (TopicPartition tp : partitions) {
                     consumer.currentLag(tp).ifPresent(l -> lag.put(tp.partition(), l));
+                }
+                List<TopicPartition> grown = watch.check(consumer, partitions.size());
+                if (grown != null) {
+                    readAlso(grown);
                 }
                 if (polled.isEmpty()) {
                     continue;

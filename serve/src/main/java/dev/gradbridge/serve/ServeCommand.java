@@ -189,6 +189,10 @@ public final class ServeCommand implements Callable<Integer> {
     public static void main(String[] args) {
         System.setProperty("org.slf4j.simpleLogger.defaultLogLevel",
                 System.getProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn"));
+        // Kafka's client logs a line per retry (a deleted topic: thousands a second); the service says
+        // each condition once (TopicWatch) and its errors in its own line.
+        System.setProperty("org.slf4j.simpleLogger.log.org.apache.kafka",
+                System.getProperty("org.slf4j.simpleLogger.log.org.apache.kafka", "off"));
         System.exit(OneLineErrors.install(new CommandLine(new ServeCommand())).execute(args));
     }
 
