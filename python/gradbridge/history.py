@@ -16,8 +16,10 @@ One line per epoch, keys in this order (``FIELDS``)::
   bit; empty when the run recorded digests only;
 - ``digests`` are SHA-256 hex digests of each parameter's little-endian bytes in its own dtype
   (``digest``): equal digests mean bitwise equal parameters;
-- ``lrs`` (optional, last; absent in histories written before it existed) is each parameter
-  group's learning rate after the epoch, after the epoch-end schedule step if there is one.
+- ``lrs`` (optional; absent in histories written before it existed) is each parameter
+  group's learning rate after the epoch, after the epoch-end schedule step if there is one;
+- ``threads`` (optional, last; gradbridge-spark runs) is libtorch's intra-op thread count each
+  task trained the epoch on: ``reference.train_sharded`` replays the run on it.
 
 The Java writer (``dev.gradbridge.History``) emits exactly these keys; ``tests/test_history.py``
 reads a Java-written file with this strict reader and recomputes the digests.
@@ -40,7 +42,7 @@ from ._runtime.files import atomic_path
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
 
 #: Optional keys that may follow FIELDS, in this order.
-OPTIONAL_FIELDS = ("lrs",)
+OPTIONAL_FIELDS = ("lrs", "threads")
 
 _LITTLE_ENDIAN = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
@@ -67,6 +69,7 @@ class EpochRecord:
     elapsed_s: float = 0.0
     digests: Dict[str, str] = field(default_factory=dict)
     lrs: Optional[List[float]] = None
+    threads: Optional[int] = None
 
     def to_json(self) -> Dict:
         document = {
@@ -79,13 +82,16 @@ class EpochRecord:
         }
         if self.lrs is not None:
             document["lrs"] = [float(lr) for lr in self.lrs]
+        if self.threads is not None:
+            document["threads"] = int(self.threads)
         return document
 
     @classmethod
     def from_json(cls, document: Dict, *, where: str = "history") -> "EpochRecord":
         keys = tuple(document) if isinstance(document, dict) else ()
         extra = keys[len(FIELDS):]
-        if not isinstance(document, dict) or keys[:len(FIELDS)] != FIELDS or extra != OPTIONAL_FIELDS[:len(extra)]:
+        if not isinstance(document, dict) or keys[:len(FIELDS)] != FIELDS or extra != tuple(
+                name for name in OPTIONAL_FIELDS if name in extra):
             keys = list(document) if isinstance(document, dict) else type(document).__name__
             raise ValueError(f"{where}: expected keys {list(FIELDS)}, got {keys}")
         return cls(
@@ -96,12 +102,16 @@ class EpochRecord:
             elapsed_s=float(document["elapsed_s"]),
             digests=dict(document["digests"]),
             lrs=None if document.get("lrs") is None else [float(v) for v in document["lrs"]],
+            threads=None if document.get("threads") is None else int(document["threads"]),
         )
 
 
 @dataclass
 class History:
     records: List[EpochRecord] = field(default_factory=list)
+    #: A replay's buffers after its last epoch, by name (``reference.train_sharded``: BatchNorm's statistics,
+    #: which a run's checkpoint holds); not part of the JSON Lines.
+    buffers: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -143,7 +153,7 @@ class History:
         ~0.5 s), or from its double[] for a record made from arrays."""
         records = []
         for record in history.getRecords():
-            val_loss, lrs = record.getValLoss(), record.getLrs()
+            val_loss, lrs, threads = record.getValLoss(), record.getLrs(), record.getThreads()
             buffers = record.getParameterBuffers()
             if buffers.isEmpty():
                 parameters = {str(name): np.array(values, dtype=np.float64)
@@ -158,7 +168,8 @@ class History:
                 val_loss=None if val_loss is None else float(val_loss.doubleValue()),
                 elapsed_s=float(record.getElapsedSeconds()),
                 digests={str(name): str(value) for name, value in record.getDigests().items()},
-                lrs=None if lrs is None else [float(v) for v in lrs]))
+                lrs=None if lrs is None else [float(v) for v in lrs],
+                threads=None if threads is None else int(threads.intValue())))
         return cls(records)
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -22,7 +22,8 @@ import java.util.Map;
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
  * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
- * parameter group after the epoch), which is left out when unknown.
+ * parameter group after the epoch) and {@code "threads"} (libtorch's intra-op threads of a
+ * gradbridge-spark run's tasks in the epoch), each left out when unknown.
  */
 public final class History {
 
@@ -42,6 +43,7 @@ public final class History {
         private final Map<String, String> digests;
         private final transient Map<String, ByteBuffer> buffers; // float64 values, native order; not JSON
         private final double[] lrs; // optional key of the schema: null is not written
+        private final Integer threads; // optional key of the schema: null is not written
 
         /**
          * Creates a record.
@@ -74,7 +76,7 @@ public final class History {
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
             this(epoch, loss, valLoss, elapsedSeconds, Collections.unmodifiableMap(new LinkedHashMap<>(parameters)),
-                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs);
+                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null);
         }
 
         /**
@@ -83,8 +85,9 @@ public final class History {
          */
         private EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds, Map<String, double[]> parameters,
-                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs) {
+                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs, Integer threads) {
             this.lrs = lrs == null ? null : lrs.clone();
+            this.threads = threads;
             this.epoch = epoch;
             this.loss = loss;
             this.val_loss = valLoss;
@@ -155,6 +158,22 @@ public final class History {
         public double[] getLrs() {
             return lrs == null ? null : lrs.clone();
         }
+
+        /**
+         * @return libtorch's intra-op threads each task of a gradbridge-spark run trained the epoch on
+         *     (its replay runs on as many), or {@code null}
+         */
+        public Integer getThreads() {
+            return threads;
+        }
+
+        /**
+         * @param count libtorch's intra-op threads of the run's tasks in this epoch
+         * @return this record with that count
+         */
+        public EpochRecord withThreads(int count) {
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count);
+        }
     }
 
     /**
@@ -210,7 +229,8 @@ public final class History {
         Map<String, String> digests = new LinkedHashMap<>();
         module.readParameters(digests, withValues ? values : null);
         return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
-                values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs());
+                values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs(),
+                null);
     }
 
     /**
@@ -233,8 +253,10 @@ public final class History {
         for (EpochRecord record : records) {
             record.getParameters(); // the JSON writer reads the field
             JsonObject line = GSON.toJsonTree(record).getAsJsonObject();
-            if (line.get("lrs").isJsonNull()) {
-                line.remove("lrs"); // optional key: absent, as the Python writer does
+            for (String optional : new String[] {"lrs", "threads"}) {
+                if (line.get(optional).isJsonNull()) {
+                    line.remove(optional); // optional key: absent, as the Python writer does
+                }
             }
             out.append(GSON.toJson(line)).append('\n');
         }
