@@ -52,3 +52,12 @@ def permutation(seed: int, epoch: int, n: int) -> List[int]:
         j = stream.next() % (i + 1)
         perm[i], perm[j] = perm[j], perm[i]
     return perm
+
+
+def step_seed(seed: int, *ids: int) -> int:
+    """The generator seed of one step of a run: ``torch_seed`` chained over ``ids`` (an online
+    micro-batch's number; a Spark step's number, then its partition). Java:
+    ``dev.gradbridge.internal.SeededDraws.seed``."""
+    for step_id in ids:
+        seed = torch_seed(seed, step_id)
+    return seed
