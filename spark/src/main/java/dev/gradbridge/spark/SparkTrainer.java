@@ -226,7 +226,8 @@ public final class SparkTrainer {
 
     /**
      * Refuses, with one line, a module that data-parallel training cannot run: protocol-1 modules
-     * (no {@code gradient_flags}/{@code set_gradients}), modules with buffers, gradient accumulation.
+     * (no {@code gradient_flags}/{@code set_gradients}), modules whose training writes buffers but that
+     * lack {@code set_buffers} (exported before it), gradient accumulation.
      *
      * @param module the module
      */
@@ -242,8 +243,9 @@ public final class SparkTrainer {
         if (!missing.isEmpty()) {
             throw new ProtocolException(Messages.dataParallelMethods(path, metadata.getProtocolVersion(), missing));
         }
-        if (!module.getBufferNames().isEmpty()) {
-            throw new InvalidInputException(Messages.dataParallelBuffers(path, module.getBufferNames()));
+        List<String> trained = module.getTrainedBufferNames();
+        if (!trained.isEmpty() && !module.getMethodNames().contains(Protocol.SET_BUFFERS)) {
+            throw new ProtocolException(Messages.dataParallelBuffers(path, trained));
         }
         Map<String, Object> tuning = metadata.getFineTuning();
         Object accumulate = tuning == null ? null : tuning.get("accumulate");
@@ -335,10 +337,7 @@ public final class SparkTrainer {
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
         stats.oneRoundBytes = oneRoundBytes;
-        stats.exchange = k == 1 ? "none (one partition)"
-                : relay != null ? "relay reduce-scatter + all-gather"
-                : GlooExchange.oneRound(stats.parameterBytes, k, oneRoundBytes) ? "gloo all-gather of whole records"
-                : "gloo all-to-all + all-gather";
+        stats.exchange = exchangeName(k, relay != null, stats.parameterBytes, oneRoundBytes);
         History history = new History();
         long started = System.nanoTime();
         JavaFutureAction<List<TrainingTask.Result>> job = null;
@@ -355,7 +354,8 @@ public final class SparkTrainer {
                 if (end != null) {
                     trainedState = end.archive;
                     History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
-                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs);
+                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs)
+                            .withThreads(end.threads);
                     history.add(record);
                     stats.executors.add(end.executors);
                     byte[] saved = end.archive;
@@ -390,6 +390,14 @@ public final class SparkTrainer {
             stats.stagesRetried += retried.get();
         }
         return history;
+    }
+
+    /** @return the exchange of a run, in words (its stats) */
+    private static String exchangeName(int partitions, boolean relay, long parameterBytes, long oneRoundBytes) {
+        return partitions == 1 ? "none (one partition)"
+                : relay ? "relay reduce-scatter + all-gather"
+                : GlooExchange.oneRound(parameterBytes, partitions, oneRoundBytes) ? "gloo all-gather of whole records"
+                : "gloo all-to-all + all-gather";
     }
 
     /** The run's results, one per partition in partition order, from the attempt that succeeded. */
