@@ -152,13 +152,10 @@ final class Replica implements AutoCloseable {
     /**
      * Gives every replica the trained buffers of partition {@code source} after a step (the step's first
      * partition with rows: as DistributedDataParallel's {@code broadcast_buffers} from its first rank): the
-     * source sends them through {@code exchange}, every other replica sets them. Nothing for a module
-     * without trained buffers or a run of one partition.
+     * source sends them through {@code exchange}, every other replica sets them (a run of several
+     * partitions of a module that {@link #writesBuffers}).
      */
-    void shareBuffers(int partition, int source, GradientExchange exchange, int partitions) {
-        if (trained.isEmpty() || partitions == 1) {
-            return;
-        }
+    void shareBuffers(int partition, int source, GradientExchange exchange) {
         if (partition == source) {
             int at = 0;
             for (double[] values : module.getTrainedBuffers().values()) {
@@ -181,6 +178,16 @@ final class Replica implements AutoCloseable {
             }
             module.setBuffers(values);
         }
+    }
+
+    /** @return whether the training step draws from libtorch's generator (its gradients take a seed) */
+    boolean draws() {
+        return draws;
+    }
+
+    /** @return whether the training step writes buffers (they are shared after each step) */
+    boolean writesBuffers() {
+        return !trained.isEmpty();
     }
 
     /** The end-of-epoch schedule step, on the epoch's training loss. */

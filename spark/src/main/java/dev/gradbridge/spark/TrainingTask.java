@@ -249,13 +249,15 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 for (int start = 0; start < run.rows; step++, start += run.batch) {
                     long t0 = System.nanoTime();
                     int end = (int) Math.min(run.rows, (long) start + run.batch);
-                    long seed = SeededDraws.seed(run.seed, (long) epoch * perEpoch + step, shard.partition);
+                    long seed = replica.draws() ? SeededDraws.seed(run.seed, (long) epoch * perEpoch + step, shard.partition)
+                            : 0;
                     ShardResult mine = slice(shard, order, start, end, replica, exchange, columns, seed);
                     long t1 = System.nanoTime();
                     injectFault(epoch, shard.partition, step, attempt);
                     GradientCombiner.Combined combined = exchange.combine(mine);
-                    replica.shareBuffers(shard.partition, firstWithRows(order, start, end, shard.partitions), exchange,
-                            shard.partitions);
+                    if (replica.writesBuffers() && shard.partitions > 1) {
+                        replica.shareBuffers(shard.partition, firstWithRows(order, start, end, shard.partitions), exchange);
+                    }
                     long t2 = System.nanoTime();
                     replica.step(combined);
                     long t3 = System.nanoTime();
