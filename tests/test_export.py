@@ -30,7 +30,7 @@ def test_every_protocol_method_is_scripted(scripted, model_path):
 def test_metadata_describes_the_module(model_path):
     metadata = protocol.read_metadata(model_path)
     assert tuple(metadata) == protocol.METADATA_KEYS + (protocol.CAPTURE_KEY,)
-    assert metadata[protocol.CAPTURE_KEY] == {"kind": "script", "checked": True}
+    assert metadata[protocol.CAPTURE_KEY] == {"kind": "script", "checked": True, protocol.DRAWS_RANDOM_KEY: False}
     assert metadata["torch_version"] == torch.__version__.split("+")[0]
     assert metadata["parameters"] == [
         {"name": "weight", "shape": [1], "dtype": "float32", "trainable": True},
@@ -211,8 +211,8 @@ def test_metadata_is_complete_for_a_general_model(tmp_path):
     assert metadata["inputs"] == [{"name": "x", "shape": [-1, 1, 8, 8], "dtype": "float32"},
                                   {"name": "y", "shape": [-1], "dtype": "int64"}]
     buffers = metadata["buffers"]
-    assert {"name": "features.1.running_mean", "shape": [8], "dtype": "float32", "persistent": True} in buffers
-    assert {"name": "features.1.num_batches_tracked", "shape": [], "dtype": "int64", "persistent": True} in buffers
+    assert {"name": "features.1.running_mean", "shape": [8], "dtype": "float32", "persistent": True, "trained": True} in buffers
+    assert {"name": "features.1.num_batches_tracked", "shape": [], "dtype": "int64", "persistent": True, "trained": True} in buffers
     assert metadata["parameters"][0] == {"name": "features.0.weight", "shape": [8, 1, 3, 3], "dtype": "float32",
                                       "trainable": True}
     assert metadata["optimizer"] == {"name": "adamw", "lr": 0.002, "betas": [0.9, 0.999], "eps": 1e-8,

@@ -54,7 +54,7 @@ def test_auto_is_the_default_and_takes_torchscript_where_it_captures_the_model(t
     default = protocol.read_metadata(_export(tmp_path))
     explicit = protocol.read_metadata(_export(tmp_path, "ts.pt", format="torchscript"))
     assert default["protocol_version"] == protocol.PROTOCOL_VERSION
-    assert default["capture"] == {"kind": "script", "checked": True}
+    assert default["capture"] == {"kind": "script", "checked": True, "draws_random": True}
     assert default == explicit
 
 

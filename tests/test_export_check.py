@@ -41,7 +41,7 @@ def test_a_traced_model_trains_and_validates_from_java_like_the_users_model(jvm,
     model = KeywordNet()
     x, y = _data()
     path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x[:8], y[:8]))
-    assert _capture(path) == {"kind": "trace", "checked": True}
+    assert _capture(path) == {"kind": "trace", "checked": True, "draws_random": True}
     vx, vy = _data(16, seed=1)
     arrays = dict(x=x.numpy(), y=y.numpy(), val=(vx.numpy(), vy.numpy()), epochs=2, batch_size=8)
     for mode in ("step", "fused"):
@@ -85,7 +85,7 @@ def test_a_random_draw_the_trace_drops_is_refused_in_one_line(tmp_path):
     # the documented way out writes it, and says it was not checked
     path = export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8),
                                   check=False)
-    assert _capture(path) == {"kind": "trace", "checked": False}
+    assert _capture(path) == {"kind": "trace", "checked": False, "draws_random": True}
 
 
 def test_a_value_the_trace_froze_is_caught_at_the_second_step(tmp_path):
@@ -113,7 +113,7 @@ def test_a_model_that_scripts_but_cannot_be_saved_is_traced(tmp_path):
                                           r"trace it instead$"):
         export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", inputs=inputs)
     path = export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(8))
-    assert _capture(path) == {"kind": "trace", "checked": True}
+    assert _capture(path) == {"kind": "trace", "checked": True, "draws_random": False}
 
 
 def test_a_scripted_model_with_dropout_predicts_in_eval_mode(tmp_path):
@@ -122,7 +122,7 @@ def test_a_scripted_model_with_dropout_predicts_in_eval_mode(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
     x, y = _data(8)
     path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x, y))
-    assert _capture(path) == {"kind": "script", "checked": True}
+    assert _capture(path) == {"kind": "script", "checked": True, "draws_random": True}
     module = load(str(path))
     module.eval()
     with torch.no_grad():
@@ -142,7 +142,7 @@ def test_the_command_line_checks_and_skips_with_no_check(tmp_path):
     assert not (tmp_path / "m.pt").exists()
     written = export("--no-check")
     assert written.returncode == 0, written.stderr
-    assert _capture(tmp_path / "m.pt") == {"kind": "trace", "checked": False}
+    assert _capture(tmp_path / "m.pt") == {"kind": "trace", "checked": False, "draws_random": True}
     assert np.isfinite(reference.initial_state(tmp_path / "m.pt")["head.weight"].numpy()).all()
 
 
@@ -193,7 +193,7 @@ def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
     optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
     path = export_training_module(compiled, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(4))
     assert load(str(path)).parameter_names() == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert _capture(path) == {"kind": "script", "checked": True}
+    assert _capture(path) == {"kind": "script", "checked": True, "draws_random": False}
 
 
 def test_a_model_left_in_eval_mode_is_exported_to_train_in_training_mode(tmp_path):

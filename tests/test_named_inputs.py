@@ -88,7 +88,7 @@ def test_the_metadata_names_each_input_then_y(recommender):
     assert metadata["inputs"] == [
         {"name": "user", "shape": [-1], "dtype": "int64"}, {"name": "item", "shape": [-1], "dtype": "int64"},
         {"name": "context", "shape": [-1, 3], "dtype": "float32"}, {"name": "y", "shape": [-1, 1], "dtype": "float32"}]
-    assert metadata["capture"] == {"kind": "script", "checked": True}
+    assert metadata["capture"] == {"kind": "script", "checked": True, "draws_random": True}
 
 
 def test_a_tuple_is_named_after_forwards_parameters(tmp_path):

@@ -68,7 +68,7 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
     metadata = protocol.read_metadata(path)
     assert metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION == 3
     assert tuple(metadata)[:len(protocol.METADATA_KEYS)] == protocol.METADATA_KEYS
-    assert metadata["capture"] == {"kind": "export", "checked": True}
+    assert metadata["capture"] == {"kind": "export", "checked": True, "draws_random": True}
     program = metadata[protocol.PROGRAM_KEY]
     # each batch-dependent graph again at one sample (torch.export specializes on size 1): a batch of one runs it
     assert set(program["graphs"]) == {"train", "forward", "loss", "optimizer", "train@1", "forward@1", "loss@1"}

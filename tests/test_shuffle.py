@@ -36,3 +36,14 @@ def test_java_reproduces_every_case_in_this_process(jvm):
 def test_permutations_are_permutations_and_differ_by_epoch():
     a, b = shuffle.permutation(7, 0, 50), shuffle.permutation(7, 1, 50)
     assert sorted(a) == list(range(50)) and a != b
+
+
+def test_step_seeds_match_in_both_languages(jvm):
+    """The seed of an online micro-batch or a Spark step and partition (dropout's draws), pinned for both."""
+    SeededDraws = jpype.JClass("dev.gradbridge.internal.SeededDraws")
+    Long = jpype.JClass("java.lang.Long")
+    for case in VECTORS["step_seeds"]:
+        seed = int(case["seed"])
+        assert str(shuffle.step_seed(seed, *case["ids"])) == case["step_seed"], case
+        java = SeededDraws.seed(Long.parseUnsignedLong(case["seed"]), jpype.JArray(jpype.JLong)(case["ids"]))
+        assert str(int(java) & ((1 << 64) - 1)) == case["step_seed"], case

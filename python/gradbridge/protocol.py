@@ -56,6 +56,7 @@ EVALUATE = "evaluate"
 SET_PARAMETERS = "set_parameters"
 BUFFER_NAMES = "buffer_names"
 GET_BUFFERS = "get_buffers"
+SET_BUFFERS = "set_buffers"
 GET_LR = "get_lr"
 SET_LR = "set_lr"
 OPTIMIZER_STATE = "optimizer_state"
@@ -94,10 +95,12 @@ REQUIRED_METHODS: tuple[str, ...] = (
 
 #: The methods a protocol-3 module runs (the required ones, the optional ones and the data-parallel ones).
 PROTOCOL3_METHODS: tuple[str, ...] = REQUIRED_METHODS + (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GRADIENT_FLAGS,
-                                                         SET_GRADIENTS)
+                                                         SET_GRADIENTS, SET_BUFFERS)
 
-#: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr).
-OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH)
+#: Methods a module may have; callers check for them (Java: TrainingModule.getLrs falls back to get_lr;
+#: ``set_buffers(names, values)``, which online versions and Spark partitions need for trained buffers,
+#: is absent in modules exported before it).
+OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, SET_BUFFERS)
 
 #: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
 DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)
@@ -123,8 +126,11 @@ METADATA_KEYS: tuple[str, ...] = (
 FINE_TUNING_KEY = "fine_tuning"
 CHECKPOINT_KEY = "checkpoint"
 #: How the model was captured (absent in modules exported before it): ``{"kind": "script" | "trace",
-#: "checked": bool}``, ``checked`` when the export's check against the eager model ran (``export.self_check``).
+#: "checked": bool, "draws_random": bool}``, ``checked`` when the export's check against the eager model ran
+#: (``export.self_check``), ``draws_random`` when a training step draws from torch's generator (dropout:
+#: ``export.step_writes``; absent in modules exported before it, read as true).
 CAPTURE_KEY = "capture"
+DRAWS_RANDOM_KEY = "draws_random"
 #: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"
@@ -164,12 +170,16 @@ def example_spec(name: str, example: Any) -> Dict[str, Any]:
     return tensor_spec(name, [-1, *example.shape[1:]], dtype_name(example.dtype))
 
 
-def buffer_spec(name: str, shape: Sequence[int], dtype: str, persistent: bool) -> Dict[str, Any]:
+def buffer_spec(name: str, shape: Sequence[int], dtype: str, persistent: bool, trained: bool = False) -> Dict[str, Any]:
     """One buffer in the metadata, of any of ``BUFFER_DTYPES``; ``persistent: false`` marks one that
-    torch keeps out of ``state_dict()`` (``register_buffer(..., persistent=False)``)."""
+    torch keeps out of ``state_dict()`` (``register_buffer(..., persistent=False)``); ``trained: true`` one
+    that a training step writes (BatchNorm's statistics: ``export.step_writes``), which online versions
+    and Spark partitions carry with the parameters. Absent in modules exported before it: every buffer
+    counts as trained then."""
     if dtype not in BUFFER_DTYPES:
         raise ValueError(messages.unsupported_dtype("buffer", repr(name), dtype, BUFFER_DTYPES))
-    return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype, "persistent": bool(persistent)}
+    return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype, "persistent": bool(persistent),
+            "trained": bool(trained)}
 
 
 def build_metadata(
@@ -275,8 +285,9 @@ def check_schema(path: str, document: Any) -> None:
                 raise fail(f"{where}.shape", "a list of integers", shape)
             if string(spec, "dtype", f"{where}.dtype") not in dtypes:
                 raise fail(f"{where}.dtype", f"one of {', '.join(dtypes)}", spec["dtype"])
-            if not isinstance(spec.get("persistent", True), bool):
-                raise fail(f"{where}.persistent", "true or false", spec["persistent"])
+            for flag in ("persistent", "trained"):
+                if not isinstance(spec.get(flag, True), bool):
+                    raise fail(f"{where}.{flag}", "true or false", spec[flag])
         return items
 
     def named(key: str) -> None:

@@ -23,6 +23,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from . import protocol
+from ._runtime import shuffle
 from .errors import LogError  # also importable from here, as before
 from .feedback_log import (  # noqa: F401  (re-exported: the reader and format, as before)
     CHECKPOINT_FILE, FILE_NAME, FORMAT, FORMAT_VERSION, FRAME_HEADER, GATE_HELD, GATE_PUBLISHED, GATE_ROLLED_BACK,
@@ -88,7 +89,7 @@ class ReplayReport:
     events: int
     unapplied_events: int
     torn_bytes: int
-    #: version id -> parameters by name (only with ``keep_parameters=True``)
+    #: version id -> parameters and the buffers training writes, by name (only with ``keep_parameters=True``)
     parameters: Dict[int, Dict[str, "object"]] = field(default_factory=dict)
     #: micro-batches not applied (loss or gradients not finite, or over the norm limit), as logged
     quarantined: int = 0
@@ -191,7 +192,16 @@ def _inputs(rows: List[bytes], specs: List[Tuple[str, str, List[int]]]):
     return batch
 
 
-def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tuple[float, str | None]:
+def _draws_seed(log: FeedbackLog, metadata: dict) -> int | None:
+    """The run's seed of dropout's draws (the log header's ``seed``), or None: a module that draws nothing, or a
+    log written before micro-batches were seeded."""
+    draws = metadata.get(protocol.CAPTURE_KEY, {}).get(protocol.DRAWS_RANDOM_KEY, True)
+    seed = log.header.get("seed")
+    return int(seed) if draws and seed is not None else None
+
+
+def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float,
+                  seed: int | None = None) -> Tuple[float, str | None]:
     """The Java learner's update (dev.gradbridge.online.UpdateGuard, Updater): loss and gradients,
     then torch.optim's step unless the loss or a gradient is not finite or the gradient norm (summed
     in float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit); a
@@ -199,8 +209,12 @@ def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float) -> Tu
     None when applied, else the reason it was not."""
     from ._runtime.torchscript import plain_graph_executor
 
+    import torch
+
     with plain_graph_executor():
         reference.optimizer.zero_grad()
+        if seed is not None:  # the micro-batch's draws, as the Java learner's (Updater, SeededDraws)
+            torch.manual_seed(seed)
         loss = reference.loss(reference.forward(reference.model, x), y)
         loss.backward()
         value = float(loss.detach())
@@ -361,7 +375,7 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
            from_kafka: KafkaSource | None = None) -> ReplayReport:
     """Apply the logged micro-batches to ``model_path``'s initial tensors with eager torch.optim and
     compare every logged version and quarantine; ``model`` (an eager nn.Module) as for
-    ``reference.Reference``. ``keep_parameters`` keeps each version's replayed parameters in
+    ``reference.Reference``. ``keep_parameters`` keeps each version's replayed parameters (and trained buffers) in
     ``report.parameters``. A gated log's decisions are taken again: with the gate data (``gate_data``,
     else the file the log's header names when it is still the same) both gate losses are computed
     again and compared bit for bit; without it the logged losses decide. LogError on the conditions
@@ -392,8 +406,11 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         log.events = {**log.events, **from_topic}
     reference = Reference(model_path, model)
     names = [spec["name"] for spec in metadata["parameters"]]
-    dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"]}
+    # a version holds the buffers training writes too (BatchNorm's statistics), after the parameters
+    trained = [spec["name"] for spec in metadata["buffers"] if spec.get("trained", True)]
+    dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"] + metadata["buffers"]}
     max_norm = float(log.header.get("max_grad_norm") or 0.0)
+    run_seed = _draws_seed(log, metadata)
     versions = {v.updates: v for v in log.versions}
     rows: List[VersionRow] = []
     kept: Dict[int, Dict[str, object]] = {}
@@ -410,12 +427,13 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
         version = versions.get(updates)
         if version is None:
             return
-        params = reference.parameters()
+        buffers = reference.buffers() if trained else {}
+        values = {**reference.parameters(), **{name: buffers[name] for name in trained}}
         if keep_parameters:
-            kept[version.id] = params
-        mine = {name: digest(params[name].numpy(), dtypes[name]) for name in names}
+            kept[version.id] = values
+        mine = {name: digest(values[name].numpy(), dtypes[name]) for name in names + trained}
         rows.append(VersionRow(version.id, updates, events, version.loss, loss,
-                               _combined(version.digests, names), _combined(mine, names)))
+                               _combined(version.digests, names + trained), _combined(mine, names + trained)))
         undecided = version.id if gate is not None and version.id > 0 else None
 
     check_version()
@@ -473,7 +491,8 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
                            "which the log does not hold")
         x = _inputs([log.events[seq][0] for seq in seqs], input_specs)
         y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
-        step_loss, reason = _guarded_step(reference, x, y, names, max_norm)
+        step_seed = None if run_seed is None else shuffle.step_seed(run_seed, batch.first_seq)
+        step_loss, reason = _guarded_step(reference, x, y, names, max_norm, step_seed)
         next_seq += batch.count
         if reason is not None:
             refused = (batch, reason)

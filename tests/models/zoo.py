@@ -153,6 +153,26 @@ def vit() -> nn.Module:
         patch_size=4, num_labels=CLASSES)))
 
 
+def llama() -> nn.Module:
+    """A Llama-style decoder (grouped-query attention, rotary frequencies in a constant buffer) classifying
+    each row at its last non-padding token."""
+    import transformers as hf
+    return TokenClassifier(hf.LlamaForSequenceClassification(hf.LlamaConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=PAD, num_labels=CLASSES)))
+
+
+def lora_bert() -> nn.Module:
+    """BERT with PEFT LoRA adapters on its attention (query, value): the base frozen by PEFT, the adapters and
+    the classification head train."""
+    import peft
+    import transformers as hf
+    base = hf.BertForSequenceClassification(hf.BertConfig(**_SMALL))
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], lora_dropout=0.1,
+                             modules_to_save=["classifier"])
+    return TokenClassifier(peft.get_peft_model(base, config))
+
+
 def resnet18() -> nn.Module:
     import torchvision
     return torchvision.models.resnet18(num_classes=CLASSES)

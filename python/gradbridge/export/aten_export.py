@@ -40,7 +40,7 @@ from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
-from . import finetune, losses, self_check, traceable
+from . import finetune, losses, self_check, step_writes, traceable
 
 log = logging.getLogger(__name__)
 
@@ -513,6 +513,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
     eager = copy.deepcopy(model)
+    writes = step_writes.probe(model, example_x)
     trainable = [n for n, p in named if p.requires_grad]
     xs = tuple(x[n] for n in input_names)
     input_bindings = [f"input:{n}" for n in input_names]
@@ -572,14 +573,15 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         model=model_name or type(model).__name__,
         parameters=[{**protocol.tensor_spec(n, p.shape, protocol.dtype_name(p.dtype), kind="parameter"), "trainable": p.requires_grad}
                     for n, p in named],
-        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent) for n, b in buffers],
+        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent, n in writes.trained_buffers)
+                 for n, b in buffers],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
         methods=protocol.PROTOCOL3_METHODS,
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
-    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check,
+    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
                                       **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {})}
     entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]

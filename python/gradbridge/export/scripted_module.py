@@ -334,6 +334,29 @@ class _TrainingModule(nn.Module):
         return [b.clone() for b in self.buffer_list]
 
     @torch.jit.export
+    def set_buffers(self, names: List[str], values: List[Tensor]) -> None:
+        """Copy ``values`` into the buffers ``names`` (any of ``buffer_names()``, in any order): a published
+        version's or partition 0's trained buffers. Checked whole before anything is copied."""
+        if len(values) != len(names):
+            raise RuntimeError("set_buffers: " + str(len(names)) + " names, " + str(len(values)) + " tensors")
+        index: List[int] = []
+        for k, name in enumerate(names):
+            found = -1
+            for i, known in enumerate(self.buffer_name_list):
+                if known == name:
+                    found = i
+            if found < 0:
+                raise RuntimeError("set_buffers: no buffer " + name)
+            b = self.buffer_list[found]
+            if values[k].shape != b.shape or values[k].dtype != b.dtype:
+                raise RuntimeError("set_buffers: " + name + " must have shape " + str(b.shape) + " and dtype "
+                                   + str(b.dtype))
+            index.append(found)
+        with torch.no_grad():
+            for k, i in enumerate(index):
+                self.buffer_list[i].copy_(values[k])
+
+    @torch.jit.export
     def get_lr(self) -> float:
         """The first parameter group's learning rate (``get_lrs()`` has every group's)."""
         return self.get_lrs()[0]

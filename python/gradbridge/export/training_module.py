@@ -19,7 +19,7 @@ from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import aten_export, capture as model_capture, finetune, losses, optim, self_check
+from . import aten_export, capture as model_capture, finetune, losses, optim, self_check, step_writes
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -216,6 +216,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
 
     # The check's eager side: the model as exported (frozen, initial weights), before any capture runs it.
     eager = copy.deepcopy(model) if check else None
+    writes = step_writes.probe(model, example_x if example_x is not None else example_batch(specs)[0])
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
@@ -238,7 +239,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         model=model_name or type(model).__name__,
         parameters=[{**protocol.tensor_spec(n, p.shape, protocol.dtype_name(p.dtype), kind="parameter"),
                      "trainable": p.requires_grad} for n, p in named_parameters],
-        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent) for n, b in named_buffers],
+        buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent, n in writes.trained_buffers)
+                 for n, b in named_buffers],
         loss=loss_spec,
         optimizer=optimizer_spec,
         inputs=specs,
@@ -248,7 +250,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
-    metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check}
+    metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check,
+                                      protocol.DRAWS_RANDOM_KEY: writes.draws_random}
     path = Path(path)
     with atomic_path(path) as tmp:
         torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})

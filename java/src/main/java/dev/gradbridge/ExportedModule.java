@@ -338,6 +338,13 @@ final class ExportedModule extends ScriptedModule {
                 case Protocol.SET_PARAMETERS:
                     set("param:", parameterNames, (List<?>) args[0]);
                     return null;
+                case Protocol.SET_BUFFERS:
+                    List<String> named = new ArrayList<>();
+                    for (Object name : (List<?>) args[0]) {
+                        named.add((String) name);
+                    }
+                    set("buffer:", named, (List<?>) args[1]);
+                    return null;
                 case Protocol.GRADIENT_FLAGS:
                     return gradientFlags();
                 case Protocol.SET_GRADIENTS:

@@ -70,6 +70,16 @@ final class LibraryCalls implements ModuleAccess.Calls {
     }
 
     @Override
+    public void keepEvalMode(TrainingModule module) {
+        module.keepEvalMode();
+    }
+
+    @Override
+    public void manualSeed(long seed) {
+        ScriptedModule.seed(seed);
+    }
+
+    @Override
     public int intraOpThreads() {
         NativeLibrary.load();
         return Native.getNumThreads();

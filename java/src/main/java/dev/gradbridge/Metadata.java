@@ -177,6 +177,7 @@ public final class Metadata {
         private String dtype;
         private Boolean trainable; // absent in modules exported before frozen parameters
         private Boolean persistent; // buffers only; absent in modules exported before it
+        private Boolean trained; // buffers only; absent in modules exported before it
 
         /** @return the tensor's name */
         public String getName() {
@@ -207,6 +208,16 @@ public final class Metadata {
          */
         public boolean isPersistent() {
             return persistent == null || persistent;
+        }
+
+        /**
+         * @return whether a training step writes the buffer (BatchNorm's running statistics): online
+         *     versions and Spark partitions carry it with the parameters; {@code false} for a constant
+         *     buffer (rotary frequencies, position ids, masks). {@code true} for buffers of modules
+         *     exported before it was recorded.
+         */
+        public boolean isTrained() {
+            return trained == null || trained;
         }
 
         /**
@@ -430,7 +441,28 @@ public final class Metadata {
         return minimum == null || !minimum.isJsonPrimitive() ? 1 : minimum.getAsInt();
     }
 
-    /** @return the names of the parameters that train, in protocol order */
+    /** @return the names of the buffers a training step writes ({@link TensorSpec#isTrained}), in protocol order */
+    public List<String> getTrainedBufferNames() {
+        List<String> names = new java.util.ArrayList<>();
+        for (TensorSpec spec : getBuffers()) {
+            if (spec.isTrained()) {
+                names.add(spec.getName());
+            }
+        }
+        return names;
+    }
+
+    /**
+     * @return whether a training step draws from libtorch's generator (dropout): such steps are seeded
+     *     one by one where several run in a process ({@code capture.draws_random}; true for modules
+     *     exported before it was recorded)
+     */
+    public boolean drawsRandom() {
+        Object draws = getCapture().get("draws_random");
+        return !(draws instanceof Boolean) || (Boolean) draws;
+    }
+
+    /** @return names of the parameters that train, in protocol order */
     public List<String> getTrainableParameterNames() {
         List<String> names = new java.util.ArrayList<>();
         for (TensorSpec spec : parameters) {

@@ -89,9 +89,11 @@ final class MetadataSchema {
             if (!dtypes.contains(dtype)) {
                 throw fail(where + ".dtype", "one of " + String.join(", ", dtypes), text(object.get("dtype")));
             }
-            JsonElement persistent = object.get("persistent");
-            if (persistent != null && !(persistent.isJsonPrimitive() && persistent.getAsJsonPrimitive().isBoolean())) {
-                throw fail(where + ".persistent", "true or false", text(persistent));
+            for (String flag : new String[] {"persistent", "trained"}) {
+                JsonElement value = object.get(flag);
+                if (value != null && !(value.isJsonPrimitive() && value.getAsJsonPrimitive().isBoolean())) {
+                    throw fail(where + "." + flag, "true or false", text(value));
+                }
             }
         }
         return specs;

@@ -66,6 +66,11 @@ public final class Protocol {
     public static final String BUFFER_NAMES = "buffer_names";
     /** {@code get_buffers() -> List[Tensor]} in {@code buffer_names()} order. */
     public static final String GET_BUFFERS = "get_buffers";
+    /**
+     * {@code set_buffers(List[str], List[Tensor])}: copies values into the named buffers (a version's
+     * trained buffers); absent in modules exported before it.
+     */
+    public static final String SET_BUFFERS = "set_buffers";
     /** {@code get_lr() -> float}. */
     public static final String GET_LR = "get_lr";
     /** {@code set_lr(lr)}. */
@@ -99,7 +104,7 @@ public final class Protocol {
 
     /** Methods modules exported with fine-tuning support have; older modules lack them. */
     public static final List<String> OPTIONAL_METHODS =
-            Collections.unmodifiableList(Arrays.asList(GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH));
+            Collections.unmodifiableList(Arrays.asList(GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, SET_BUFFERS));
 
     /** Methods every protocol-v1 module has. */
     public static final List<String> REQUIRED_METHODS =

@@ -53,6 +53,7 @@ public final class TrainingModule implements AutoCloseable {
     final Metadata metadata;
     final ScriptedModule scripted;
     private final Set<String> methodNames;
+    private boolean evalOnly; // a predictor: eval mode for good (keepEvalMode); read under the thread guard
     private final List<String> parameterNames;
     private final List<String> bufferNames;
     private final ThreadGuard guard;
@@ -415,8 +416,23 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    /** Runs {@code call} with the module in eval mode, then returns it to training mode. */
+    /**
+     * From now on the module stays in eval mode (a predictor, which never trains): {@link #forward},
+     * {@link #predict} and {@link #evaluate} no longer switch modes around each call (two calls into
+     * the engine per prediction).
+     */
+    void keepEvalMode() {
+        try (ThreadGuard.Use use = use()) {
+            scripted.setTraining(false);
+            evalOnly = true;
+        }
+    }
+
+    /** Runs {@code call} with the module in eval mode, then returns it to training mode (unless it stays in eval). */
     private <T> T inEvalMode(Supplier<T> call) {
+        if (evalOnly) {
+            return call.get();
+        }
         scripted.setTraining(false);
         try {
             return call.get();
@@ -664,6 +680,62 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
+    /** @return the buffers a training step writes (BatchNorm's statistics), in protocol order ({@link Metadata.TensorSpec#isTrained}) */
+    public List<String> getTrainedBufferNames() {
+        return metadata.getTrainedBufferNames();
+    }
+
+    /** @return the values of the buffers a training step writes, by name (flattened, exact), in protocol order */
+    public Map<String, double[]> getTrainedBuffers() {
+        List<String> trained = metadata.getTrainedBufferNames();
+        if (trained.isEmpty()) {
+            return new LinkedHashMap<>();
+        }
+        try (ThreadGuard.Use use = use()) {
+            return namedValues(Protocol.GET_BUFFERS, bufferNames, new LinkedHashSet<>(trained));
+        }
+    }
+
+    /**
+     * Runs {@code set_buffers}: copies values into the named buffers (a published version's trained
+     * buffers), checked whole before anything changes.
+     *
+     * @param values flattened values by buffer name, any of {@link #getBufferNames()}
+     * @throws InvalidInputException when a name is unknown or a count is wrong; nothing changed
+     * @throws ProtocolException when the module was exported before {@code set_buffers} existed
+     */
+    public void setBuffers(Map<String, double[]> values) {
+        if (values.isEmpty()) {
+            return;
+        }
+        try (ThreadGuard.Use use = use()) {
+            if (!methodNames.contains(Protocol.SET_BUFFERS)) {
+                throw new ProtocolException(path + " has no method " + Protocol.SET_BUFFERS
+                        + " (exported by an older gradbridge): export the model again");
+            }
+            Map<String, Metadata.TensorSpec> specs = new LinkedHashMap<>();
+            for (Metadata.TensorSpec spec : metadata.getBuffers()) {
+                specs.put(spec.getName(), spec);
+            }
+            List<String> names = new ArrayList<>();
+            List<Tensor> tensors = new ArrayList<>();
+            try {
+                for (Map.Entry<String, double[]> entry : values.entrySet()) {
+                    Metadata.TensorSpec spec = specs.get(entry.getKey());
+                    if (spec == null) {
+                        throw new InvalidInputException(Protocol.SET_BUFFERS + ": no buffer " + entry.getKey()
+                                + "; the module's buffers: " + bufferNames);
+                    }
+                    names.add(entry.getKey());
+                    tensors.add(Tensor.ofDoubles(DType.of(spec.getDtype()), entry.getValue(), spec.getShape()));
+                }
+                invoke(Protocol.SET_BUFFERS, names, tensors);
+            } finally {
+                Tensors.closeAll(tensors);
+            }
+        }
+    }
+
     /**
      * Runs {@code set_parameters}: replaces every parameter's values.
      *
@@ -773,11 +845,18 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private Map<String, double[]> namedValues(String method, List<String> names) {
+        return namedValues(method, names, null);
+    }
+
+    /** The method's tensors by name, converted only where {@code wanted} (null: all) holds the name. */
+    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted) {
         List<?> values = (List<?>) invoke(method);
         try {
             Map<String, double[]> named = new LinkedHashMap<>();
             for (int i = 0; i < names.size(); i++) {
-                named.put(names.get(i), ((Tensor) values.get(i)).toExactDoubles());
+                if (wanted == null || wanted.contains(names.get(i))) {
+                    named.put(names.get(i), ((Tensor) values.get(i)).toExactDoubles());
+                }
             }
             return named;
         } finally {

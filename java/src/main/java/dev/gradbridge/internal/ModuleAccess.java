@@ -30,6 +30,12 @@ public final class ModuleAccess {
         /** @see ModuleAccess#bareTrainStep */
         BareCall bareTrainStep(Path model, Tensor x, Tensor y);
 
+        /** @see SeededDraws */
+        void manualSeed(long seed);
+
+        /** @see ModuleAccess#keepEvalMode */
+        void keepEvalMode(TrainingModule module);
+
         /** @see ModuleAccess#intraOpThreads */
         int intraOpThreads();
 
@@ -69,7 +75,7 @@ public final class ModuleAccess {
         calls = implementation;
     }
 
-    private static Calls calls() {
+    static Calls calls() {
         if (calls == null) {
             try { // initializing TrainingModule registers the calls
                 Class.forName(TrainingModule.class.getName(), true, TrainingModule.class.getClassLoader());
@@ -135,6 +141,16 @@ public final class ModuleAccess {
      */
     public static BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
         return calls().bareTrainStep(model, x, y);
+    }
+
+    /**
+     * Puts {@code module} in eval mode for good: a predictor, which never trains, then runs {@code forward}
+     * and {@code evaluate} without switching modes around each call.
+     *
+     * @param module a module this caller owns
+     */
+    public static void keepEvalMode(TrainingModule module) {
+        calls().keepEvalMode(module);
     }
 
     /** @return libtorch's intra-op thread count */

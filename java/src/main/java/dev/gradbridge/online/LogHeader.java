@@ -35,6 +35,7 @@ final class LogHeader {
     private final long[] yShape;
     private GateSettings gate; // null: no publish gate (set once, by withGate)
     private List<InputSpec> inputs; // null: one input x (set once, by withInputs)
+    private Long seed; // the run's seed of dropout's draws; null in logs written before it (draws unseeded)
 
     /** x's dtype in the header of a module of several inputs: x is then one event's raw bytes, split as {@code inputs} says. */
     static final String NAMED_INPUTS = "named";
@@ -179,6 +180,21 @@ final class LogHeader {
         return this;
     }
 
+    /**
+     * @param runSeed the run's seed: micro-batch {@code i}'s draws come from libtorch's generator seeded with
+     *     {@code SeededDraws.seed(runSeed, first event's sequence number)}
+     * @return this header with it
+     */
+    LogHeader withSeed(long runSeed) {
+        this.seed = runSeed;
+        return this;
+    }
+
+    /** @return the run's seed, or null for a log written before micro-batches were seeded */
+    Long getSeed() {
+        return seed;
+    }
+
     /** @return the publish gate's settings, or null when the learner has no gate */
     GateSettings getGate() {
         return gate;
@@ -252,6 +268,9 @@ final class LogHeader {
         if (Double.compare(maxGradNorm, wanted.maxGradNorm) != 0) {
             return "it was written with --max-grad-norm " + maxGradNorm + ", not " + wanted.maxGradNorm;
         }
+        if (seed != null && wanted.seed != null && !seed.equals(wanted.seed)) {
+            return "it was written with --seed " + seed + ", not " + wanted.seed;
+        }
         String gateNow = gate == null ? "no gate" : gate.decisive();
         String gateWanted = wanted.gate == null ? "no gate" : wanted.gate.decisive();
         if (!gateNow.equals(gateWanted)) {
@@ -284,6 +303,9 @@ final class LogHeader {
         }
         if (gate != null) {
             json.add("gate", gate.toJson());
+        }
+        if (seed != null) {
+            json.addProperty("seed", Long.toUnsignedString(seed));
         }
         return GSON.toJson(json);
     }
@@ -352,6 +374,9 @@ final class LogHeader {
             if (gate != null) {
                 header.withGate(new GateSettings(string(gate, "data"), string(gate, "data_sha256"),
                         gate.get("max_regression").getAsDouble(), string(gate, "on_hold"), gate.get("keep_versions").getAsInt()));
+            }
+            if (json.has("seed")) {
+                header.withSeed(Long.parseUnsignedLong(json.get("seed").getAsString()));
             }
             return header;
         } catch (RuntimeException e) {

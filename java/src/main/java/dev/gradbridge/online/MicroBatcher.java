@@ -88,8 +88,12 @@ final class MicroBatcher implements Runnable {
                 xs.add(x);
                 ys.add(y);
             }
+            long[] firstSeqs = new long[part.size()];
+            for (int i = 0; i < firstSeqs.length; i++) {
+                firstSeqs[i] = part.get(i).get(0).seq;
+            }
             long index = updater.updates();
-            Updater.Run applied = updater.applyUntilRefused(xs, ys);
+            Updater.Run applied = updater.applyUntilRefused(firstSeqs, xs, ys);
             // Each micro-batch's record is written after its update, before anything that depends on
             // it leaves the training thread (a version, a checkpoint, the applied mark), and in the
             // order one call per micro-batch wrote them (a quarantine right after its B): the same log.

@@ -5,8 +5,9 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 
 /**
- * A published model version: an immutable snapshot of every parameter after {@code updates}
- * micro-batches. Predictions run on exactly one version and report its id.
+ * A published model version: an immutable snapshot of every parameter and of the buffers training
+ * writes (BatchNorm's statistics; constant buffers stay as the module file has them) after {@code
+ * updates} micro-batches. Predictions run on exactly one version and report its id.
  */
 public final class ModelVersion {
 
@@ -14,13 +15,16 @@ public final class ModelVersion {
     private final long updates;
     private final double loss;
     private final Map<String, double[]> parameters;
+    private final Map<String, double[]> buffers;
     private final Map<String, String> digests;
 
-    ModelVersion(long id, long updates, double loss, Map<String, double[]> parameters, Map<String, String> digests) {
+    ModelVersion(long id, long updates, double loss, Map<String, double[]> parameters, Map<String, double[]> buffers,
+            Map<String, String> digests) {
         this.id = id;
         this.updates = updates;
         this.loss = loss;
         this.parameters = Collections.unmodifiableMap(new LinkedHashMap<>(parameters));
+        this.buffers = Collections.unmodifiableMap(new LinkedHashMap<>(buffers));
         this.digests = Collections.unmodifiableMap(new LinkedHashMap<>(digests));
     }
 
@@ -55,7 +59,15 @@ public final class ModelVersion {
         return parameters;
     }
 
-    /** @return SHA-256 digests of the parameters by name ({@code dev.gradbridge.History#digest}) */
+    /** The trained buffers' values, for this package (never modified). */
+    Map<String, double[]> buffers() {
+        return buffers;
+    }
+
+    /**
+     * @return SHA-256 digests of the parameters, then of the buffers training writes, by name ({@code
+     *     dev.gradbridge.History#digest})
+     */
     public Map<String, String> getDigests() {
         return digests;
     }

@@ -4,6 +4,7 @@ import dev.gradbridge.internal.Digests;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -54,7 +55,11 @@ import java.util.concurrent.atomic.AtomicLong;
  * (the training thread), {@link Publisher} (versions and checkpoints), {@link PredictorPool}
  * (predictions).
  *
- * <p>Modules with buffers (BatchNorm running statistics) or gradient accumulation are refused.
+ * <p>Buffers that training changes (BatchNorm's running statistics) are part of every version, with
+ * the parameters; constant buffers stay as the module file has them. A module that draws random
+ * numbers (dropout) draws each micro-batch's from libtorch's generator seeded from the log's seed
+ * and the micro-batch's first event ({@link Builder#optSeed}); predictors stay in eval mode and draw
+ * nothing. Modules with gradient accumulation are refused.
  */
 public final class OnlineLearner implements AutoCloseable {
 
@@ -84,6 +89,8 @@ public final class OnlineLearner implements AutoCloseable {
     public static final String DEFAULT_FSYNC = "always";
     /** Group commit window in ms when not set ({@link Builder#optGroupCommitMillis}). */
     public static final long DEFAULT_GROUP_COMMIT_MILLIS = 2;
+    /** The run's seed when not set ({@link Builder#optSeed}). */
+    public static final long DEFAULT_SEED = 0;
     /** Gradient norm limit when not set ({@link Builder#optMaxGradNorm}): 0, no limit. */
     public static final double DEFAULT_MAX_GRAD_NORM = 0;
 
@@ -131,8 +138,21 @@ public final class OnlineLearner implements AutoCloseable {
         private HoldPolicy gateOnHold = HoldPolicy.CONTINUE;
         private int keepVersions = DEFAULT_KEEP_VERSIONS;
         private double maxInputAbs = DEFAULT_MAX_INPUT_ABS;
+        private long seed = DEFAULT_SEED;
 
         private Builder() {}
+
+        /**
+         * @param seed the run's seed, kept in a new log's header (a log resumes with its own): a module
+         *     that draws random numbers (dropout) draws each micro-batch's from libtorch's generator seeded
+         *     from it and the micro-batch's first event's sequence number, so the replay draws the same;
+         *     default {@value OnlineLearner#DEFAULT_SEED}
+         * @return this
+         */
+        public Builder optSeed(long seed) {
+            this.seed = seed;
+            return this;
+        }
 
         /**
          * A publish gate: a version is published to predictors only when its loss on {@code data}
@@ -364,7 +384,7 @@ public final class OnlineLearner implements AutoCloseable {
             Metadata.TensorSpec ySpec = metadata.getInput("y");
             // Sized now, before the log folder is created: a B too large for its buffers is one line.
             ModuleCalls calls = new ModuleCalls(features, ySpec, options.maxBatch, Ingest.rowBytes(ySpec));
-            LogHeader wanted = logHeader(metadata, modelSha256, options, features, ySpec);
+            LogHeader wanted = logHeader(metadata, modelSha256, options, features, ySpec).withSeed(options.seed);
             if (options.gateData != null) {
                 this.gate = Gate.open(options.gateData, options.gateMaxRegression, options.gateOnHold, options.keepVersions,
                         original);
@@ -387,7 +407,7 @@ public final class OnlineLearner implements AutoCloseable {
                 opened.remove(original);
                 original.close();
             }
-            this.updater = new Updater(training, calls, new UpdateGuard(options.maxGradNorm), phases);
+            this.updater = new Updater(training, calls, new UpdateGuard(options.maxGradNorm), phases, recovery.runSeed());
             this.predictors = new PredictorPool(modelPath, options.predictors);
             opened.add(predictors);
             this.queue = new FeedbackQueue(options.queueCapacity);
@@ -445,7 +465,8 @@ public final class OnlineLearner implements AutoCloseable {
     }
 
     /**
-     * Modules with buffers or gradient accumulation are refused, and protocol-3 modules that cannot run a
+     * Modules with gradient accumulation are refused, modules whose trained buffers cannot be set on a predictor
+     * (exported before {@code set_buffers}), and protocol-3 modules that cannot run a
      * batch of one (a micro-batch or a prediction may hold one event).
      */
     private static void checkSupported(Path modelPath, TrainingModule module) {
@@ -453,10 +474,10 @@ public final class OnlineLearner implements AutoCloseable {
             throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
                     module.getMetadata().getMinBatch(), "online learning"));
         }
-        if (!module.getBufferNames().isEmpty()) {
-            throw new InvalidInputException(
-                    modelPath + " has buffers " + module.getBufferNames() + "; online learning"
-                            + " supports modules without buffers (predictors receive parameters only)");
+        if (!module.getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_BUFFERS)) {
+            throw new InvalidInputException(modelPath + " has buffers that training changes "
+                    + module.getTrainedBufferNames() + " but no method " + Protocol.SET_BUFFERS
+                    + " (exported by an older gradbridge): export the model again");
         }
         Object accumulate = module.getMetadata().getFineTuning().get("accumulate");
         if (accumulate instanceof Number && ((Number) accumulate).intValue() > 1) {

@@ -3,6 +3,7 @@ package dev.gradbridge.online;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.internal.ModuleAccess;
 import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -43,6 +44,7 @@ final class PredictorPool implements AutoCloseable {
             for (int i = 0; i < count; i++) {
                 Predictor predictor = new Predictor(TrainingModule.load(modelPath));
                 all.add(predictor);
+                ModuleAccess.keepEvalMode(predictor.module); // predictors never train: no mode switch per call
                 free.add(predictor);
             }
         } catch (RuntimeException e) {
@@ -59,6 +61,7 @@ final class PredictorPool implements AutoCloseable {
             if (predictor.loaded != version) {
                 // The whole snapshot, then forward: this predictor never mixes two versions.
                 predictor.module.setParameters(version.parameters());
+                predictor.module.setBuffers(version.buffers());
                 predictor.loaded = version;
             }
             try {

@@ -39,6 +39,11 @@ final class Recovery {
         this.contents = contents;
     }
 
+    /** @return the seed of the run's draws: the log's, else (a new log) the one it gets; null for an older log without one */
+    Long runSeed() {
+        return contents.getHeader() != null ? contents.getHeader().getSeed() : wanted.getSeed();
+    }
+
     /**
      * Before the folder is created or locked: a checkpoint without its log is refused.
      *
@@ -253,7 +258,7 @@ final class Recovery {
                     ys.add(event.y());
                 }
                 reapplied++;
-                String why = updater.apply(xs, ys);
+                String why = updater.apply(batch.getFirstSeq(), xs, ys);
                 appliedSeq += batch.getCount();
                 if (why != null) {
                     refused = batch;

@@ -2,10 +2,10 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.GuardedSteps;
+import dev.gradbridge.internal.SeededDraws;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -22,7 +22,7 @@ final class Updater implements AutoCloseable {
 
     private TrainingModule training; // replaced by the backup when an update is undone
     private TrainingModule backup; // a copy of the module some updates ago, or null
-    private final List<List<List<byte[]>>> since = new ArrayList<>(); // micro-batches applied after the backup
+    private final List<Applied> since = new ArrayList<>(); // micro-batches applied after the backup
     private final Metadata metadata;
     private final ModuleCalls calls;
     private final UpdateGuard guard;
@@ -30,13 +30,41 @@ final class Updater implements AutoCloseable {
     private final ParameterDigests digester = new ParameterDigests();
     private volatile long updates; // read by any thread
     private double lastLoss = Double.NaN;
+    private final Long runSeed; // null: draws unseeded (a module that draws nothing, or an older log)
 
-    Updater(TrainingModule training, ModuleCalls calls, UpdateGuard guard, PhaseTimes phases) {
+    /** A micro-batch applied after the backup: what applying it again takes. */
+    private static final class Applied {
+        final long firstSeq;
+        final List<byte[]> xs;
+        final List<byte[]> ys;
+
+        Applied(long firstSeq, List<byte[]> xs, List<byte[]> ys) {
+            this.firstSeq = firstSeq;
+            this.xs = new ArrayList<>(xs);
+            this.ys = new ArrayList<>(ys);
+        }
+    }
+
+    /**
+     * @param runSeed the log's seed: a module that draws random numbers (dropout) draws each micro-batch's
+     *     from libtorch's generator seeded with {@link SeededDraws#seed}(runSeed, its first event's sequence
+     *     number), as the replay does; null for a log written before micro-batches were seeded
+     */
+    Updater(TrainingModule training, ModuleCalls calls, UpdateGuard guard, PhaseTimes phases, Long runSeed) {
         this.training = training;
         this.metadata = training.getMetadata();
         this.calls = calls;
         this.guard = guard;
         this.phases = phases;
+        this.runSeed = metadata.drawsRandom() ? runSeed : null;
+    }
+
+    /** Forward, loss and backward of one micro-batch, its draws seeded when the module draws. */
+    private double lossAndBackward(TrainingModule module, long firstSeq, List<byte[]> xs, List<byte[]> ys) {
+        if (runSeed == null) {
+            return calls.lossAndBackward(module, xs, ys);
+        }
+        return SeededDraws.call(SeededDraws.seed(runSeed, firstSeq), () -> calls.lossAndBackward(module, xs, ys));
     }
 
     /** Continues from a checkpoint that holds {@code updates} updates. */
@@ -53,15 +81,15 @@ final class Updater implements AutoCloseable {
      *
      * @return null when applied (and counted), else why not
      */
-    String apply(List<byte[]> xs, List<byte[]> ys) {
+    String apply(long firstSeq, List<byte[]> xs, List<byte[]> ys) {
         long t = PhaseTimes.clock(phases);
-        double loss = calls.lossAndBackward(training, xs, ys);
+        double loss = lossAndBackward(training, firstSeq, xs, ys);
         // Without a norm limit, finiteness is decided in libtorch; the values are read only to say why.
         String refusal = guard.needsValues(loss, Double.isFinite(loss) && training.gradientsFinite())
                 ? guard.refuse(loss, training.getParameterNames(), training.getGradients())
                 : null;
         if (refusal == null) {
-            refusal = checkedStep(xs, ys, loss);
+            refusal = checkedStep(firstSeq, xs, ys, loss);
         } else {
             training.zeroGrad();
         }
@@ -70,7 +98,7 @@ final class Updater implements AutoCloseable {
     }
 
     /** The optimizer step on the gradients in place, undone when it leaves the state not finite. */
-    private String checkedStep(List<byte[]> xs, List<byte[]> ys, double loss) {
+    private String checkedStep(long firstSeq, List<byte[]> xs, List<byte[]> ys, double loss) {
         refreshBackup();
         training.optimizerStep();
         if (!training.stateFinite()) {
@@ -78,7 +106,7 @@ final class Updater implements AutoCloseable {
             rollBack(reason);
             return reason;
         }
-        since.add(Arrays.asList(new ArrayList<>(xs), new ArrayList<>(ys)));
+        since.add(new Applied(firstSeq, xs, ys));
         updates++;
         lastLoss = loss;
         return null;
@@ -115,8 +143,8 @@ final class Updater implements AutoCloseable {
         training.close();
         training = backup;
         backup = ModuleAccess.snapshot(training).orElse(null); // still the backup of training + since (null: a new one next time)
-        for (List<List<byte[]>> batch : since) {
-            calls.lossAndBackward(training, batch.get(0), batch.get(1));
+        for (Applied batch : since) {
+            lossAndBackward(training, batch.firstSeq, batch.xs, batch.ys);
             training.optimizerStep();
         }
     }
@@ -163,9 +191,9 @@ final class Updater implements AutoCloseable {
      *
      * @return how many were applied, and why the next was not (if it was reached)
      */
-    Run applyUntilRefused(List<List<byte[]>> xs, List<List<byte[]>> ys) {
-        if (guard.readsGradients() || !calls.fusable()) {
-            return applyEach(xs, ys);
+    Run applyUntilRefused(long[] firstSeqs, List<List<byte[]>> xs, List<List<byte[]>> ys) {
+        if (guard.readsGradients() || !calls.fusable() || runSeed != null) { // seeded: one micro-batch at a time
+            return applyEach(firstSeqs, xs, ys);
         }
         long t = PhaseTimes.clock(phases);
         refreshBackup();
@@ -180,10 +208,10 @@ final class Updater implements AutoCloseable {
             // A step of this run left the state not finite: back to before the run, then one at a time.
             rollBack("an update of micro-batches " + updates + ".." + (updates + applied - 1) + " leaves the state not finite");
             PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
-            return applyEach(xs, ys);
+            return applyEach(firstSeqs, xs, ys);
         }
         for (int i = 0; i < applied; i++) {
-            since.add(Arrays.asList(new ArrayList<>(xs.get(i)), new ArrayList<>(ys.get(i))));
+            since.add(new Applied(firstSeqs[i], xs.get(i), ys.get(i)));
         }
         updates += applied;
         if (applied > 0) {
@@ -194,7 +222,7 @@ final class Updater implements AutoCloseable {
             double loss = steps.loss(applied);
             String refusal = guard.refuse(loss, training.getParameterNames(), training.getGradients());
             if (refusal == null) { // libtorch and the guard disagree: the guard decides, as in apply
-                refusal = checkedStep(xs.get(applied), ys.get(applied), loss);
+                refusal = checkedStep(firstSeqs[applied], xs.get(applied), ys.get(applied), loss);
             } else {
                 training.zeroGrad();
             }
@@ -205,11 +233,11 @@ final class Updater implements AutoCloseable {
     }
 
     /** One {@link #apply} per micro-batch until one is refused or fails. */
-    private Run applyEach(List<List<byte[]>> xs, List<List<byte[]>> ys) {
+    private Run applyEach(long[] firstSeqs, List<List<byte[]>> xs, List<List<byte[]>> ys) {
         for (int i = 0; i < xs.size(); i++) {
             String refusal;
             try {
-                refusal = apply(xs.get(i), ys.get(i));
+                refusal = apply(firstSeqs[i], xs.get(i), ys.get(i));
             } catch (RuntimeException e) {
                 return new Run(i, null, e);
             }
@@ -276,11 +304,17 @@ final class Updater implements AutoCloseable {
     /** @return {@code module}'s parameters as version {@code id} (a serving version read back from its file) */
     ModelVersion versionOf(TrainingModule module, long id, long atUpdates, double loss) {
         Map<String, double[]> parameters = module.getParameters();
+        Map<String, double[]> buffers = module.getTrainedBuffers();
         Map<String, String> digests = new LinkedHashMap<>();
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
             digests.put(spec.getName(), digester.digest(parameters.get(spec.getName()), spec.getDtype()));
         }
-        return new ModelVersion(id, atUpdates, loss, parameters, digests);
+        for (Metadata.TensorSpec spec : metadata.getBuffers()) {
+            if (buffers.containsKey(spec.getName())) {
+                digests.put(spec.getName(), digester.digest(buffers.get(spec.getName()), spec.getDtype()));
+            }
+        }
+        return new ModelVersion(id, atUpdates, loss, parameters, buffers, digests);
     }
 
     /** @return updates applied (optimizer steps), including those applied again on resume */

@@ -110,6 +110,11 @@ public final class ServeCommand implements Callable<Integer> {
             description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
     double maxGradNorm;
 
+    @Option(names = "--seed", defaultValue = "" + OnlineLearner.DEFAULT_SEED,
+            description = "the run's seed, kept in a new log's header: a model with dropout draws each micro-batch's"
+                    + " from it and the micro-batch's first event, so the replay draws the same (default ${DEFAULT-VALUE})")
+    long seed;
+
     @Option(names = "--gate-data", paramLabel = "FILE",
             description = "publish gate: a version is published only when its loss on this .npz (the training data's"
                     + " format; evaluate, eval mode) is at most the serving version's plus --gate-max-regression")
@@ -289,7 +294,7 @@ public final class ServeCommand implements Callable<Integer> {
             builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
                     .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
                     .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
-                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs);
+                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs).optSeed(seed);
             if (predictors != null) {
                 builder.optPredictors(predictors);
             }

@@ -1,0 +1,134 @@
+"""Real models served by gradbridge-serve (a JVM of its own) while they learn from feedback: an HF BERT
+with its attention mask and dropout, a ResNet-18 (BatchNorm), a PEFT LoRA BERT over HTTP, and a
+Llama-style decoder (its rotary frequencies a constant buffer) from a Kafka topic; each killed -9
+mid-stream, restarted, and `gradbridge replay` bit for bit against the user's own eager model, dropout
+and BatchNorm statistics included (tests/models/zoo.py builds them from tiny random configs)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from gradbridge import export_training_module, protocol
+from gradbridge import replay as replay_mod
+
+from .models import zoo
+from .test_kafka_feedback import _kafka_options, _wait_for_records, broker, kafka_broker  # noqa: F401  (fixture)
+from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
+
+OPTIONS = ("--max-batch", 4, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 3, "--fsync", "always",
+           "--predictors", 1, "--seed", 17)
+
+
+def _export(tmp_path, build, data, fmt="auto"):
+    torch.manual_seed(0)
+    model = build()
+    x, y = data(4, 0)
+    path = tmp_path / "model.pt"
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    export_training_module(model, "cross_entropy", torch.optim.AdamW(trainable, lr=1e-3), path,
+                           example_inputs=(x, y), format=fmt)
+    return path
+
+
+def _body(x, y, rows):
+    """A /feedback body (or a Kafka record's value) for rows of x (a tensor, or tensors by name) and y."""
+    if isinstance(x, dict):
+        inputs = {name: t[rows].tolist() for name, t in x.items()}
+    else:
+        inputs = x[rows].tolist()
+    return {"x": inputs, "y": y[rows].tolist()}
+
+
+def _post(service, x, y, starts):
+    for start in starts:
+        status, text = service.post("/feedback", _body(x, y, slice(start, start + 2)), timeout=30)
+        assert status == 200, text
+        status, text = service.post("/predict", {"x": _body(x, y, slice(start, start + 1))["x"]}, timeout=30)
+        assert status == 200, text
+
+
+def _replays_bitwise(log_dir, path, build, events):
+    report = replay_mod.replay(log_dir, path, model=build())
+    print(report.table())
+    assert report.bitwise, report.table()
+    assert report.events == events and report.unapplied_events == 0
+    return report
+
+
+def _http_kill_9_restart(serve_script, tmp_path, build, data, n=24, fmt="auto"):
+    path = _export(tmp_path, build, data, fmt)
+    x, y = data(n, 1)
+    log_dir = tmp_path / "log"
+    starts = list(range(0, n, 2))
+    service = Service(serve_script, path, log_dir, *OPTIONS)
+    try:
+        _post(service, x, y, starts[:len(starts) // 2])
+        service.process.send_signal(signal.SIGKILL)  # acknowledged, maybe not applied: the log holds them
+        service.process.wait(timeout=30)
+    finally:
+        service.kill()
+    service = Service(serve_script, path, log_dir, *OPTIONS)
+    try:
+        _post(service, x, y, starts[len(starts) // 2:])
+        code, _, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+    return path, _replays_bitwise(log_dir, path, build, n)
+
+
+@pytest.mark.every_torch_java
+def test_bert_with_mask_and_dropout_over_http_kill_9_restart_replays_bitwise(serve_script, tmp_path):
+    path, report = _http_kill_9_restart(serve_script, tmp_path, zoo.bert, zoo._tokens, fmt="torchscript")
+    metadata = protocol.read_metadata(path)
+    assert metadata[protocol.CAPTURE_KEY][protocol.DRAWS_RANDOM_KEY] is True
+    assert not [b for b in metadata["buffers"] if b["trained"]]  # position_ids, token_type_ids: constants
+    assert len(report.rows) >= 4
+
+
+@pytest.mark.slow  # ~75 s (its export ~30 s): --full; BatchNorm online in every run: test_online_real_models.py
+def test_resnet_batchnorm_over_http_kill_9_restart_replays_bitwise(serve_script, tmp_path):
+    path, _ = _http_kill_9_restart(serve_script, tmp_path, zoo.resnet18, zoo._images, n=12, fmt="torchscript")
+    assert any(b["trained"] for b in protocol.read_metadata(path)["buffers"])  # BatchNorm's statistics ride along
+
+
+def test_peft_lora_bert_over_http_kill_9_restart_replays_bitwise(serve_script, tmp_path):
+    path, _ = _http_kill_9_restart(serve_script, tmp_path, zoo.lora_bert, zoo._tokens)
+    frozen = [p for p in protocol.read_metadata(path)["parameters"] if not p["trainable"]]
+    assert frozen, "PEFT froze the base"
+
+
+def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):  # noqa: F811
+    path = _export(tmp_path, zoo.llama, zoo._tokens)
+    assert [b["name"] for b in protocol.read_metadata(path)["buffers"] if not b["trained"]] == [
+        "model.model.rotary_emb.inv_freq"]
+    topic = "feedback-llama"
+    kafka_broker.create_topic(broker, topic, partitions=2)
+    x, y = zoo._tokens(32, 1)
+    records = [(f"k-{i}", json.dumps(_body(x, y, slice(i, i + 1)))) for i in range(32)]
+    kafka_broker.produce(broker, topic, records[:20])
+    log_dir = tmp_path / "log"
+    options = (*OPTIONS, *_kafka_options(broker, topic))
+    service = Service(serve_script, path, log_dir, *options)
+    try:
+        _wait_for_records(log_dir, 8)
+        service.process.send_signal(signal.SIGKILL)
+        service.process.wait(timeout=30)
+    finally:
+        service.kill()
+    kafka_broker.produce(broker, topic, records[20:])
+    service = Service(serve_script, path, log_dir, *options)
+    try:
+        _wait_for_records(log_dir, 32)
+        code, _, err = service.terminate()
+        assert code == 0, err
+    finally:
+        service.kill()
+    _replays_bitwise(log_dir, path, zoo.llama, 32)
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    assert replay_mod.replay(log_dir, path, model=zoo.llama(), from_kafka=source).bitwise
