@@ -56,7 +56,7 @@ def _export_before_set_buffers(path):
         training_module._TrainingModule = original
 
     def without_set_buffers(document):
-        document["methods"] = [m for m in document["methods"] if m != "set_buffers"]
+        document["methods"] = [m for m in document["methods"] if m != protocol.SET_BUFFERS]
         return document
 
     return rewrite_metadata(raw, path, without_set_buffers)
@@ -149,7 +149,7 @@ def test_protocol_one_module_is_refused_by_spark_and_the_replay(files, tmp_path)
 def test_module_writing_buffers_without_set_buffers_is_refused_by_spark_and_the_replay(files, tmp_path):
     """BatchNorm statistics train on Spark (test_spark_models.py); a module exported before set_buffers
     cannot receive the first partition's, so it is refused before any step, in one line naming them."""
-    assert "set_buffers" in protocol.read_metadata(files["cnn"])["methods"]  # this version's export trains
+    assert protocol.SET_BUFFERS in protocol.read_metadata(files["cnn"])["methods"]  # this version's export trains
     buffers = [b["name"] for b in protocol.read_metadata(files["old_cnn"])["buffers"] if b.get("trained", True)]
     assert len(buffers) == 6  # two BatchNorms' statistics
     expected = messages.data_parallel_buffers(str(files["old_cnn"]), buffers)

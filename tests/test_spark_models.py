@@ -48,7 +48,7 @@ def test_dropout_k2_equals_the_replay(tmp_path):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(120, 4, generator=g), torch.randint(0, 3, (120,), generator=g)
     path = _export(model, x, y, tmp_path / "dropout.pt")
-    assert protocol.read_metadata(path)["capture"]["draws_random"] is True
+    assert protocol.read_metadata(path)[protocol.CAPTURE_KEY][protocol.DRAWS_RANDOM_KEY] is True
     data, xs, ys = _save(tmp_path, "dropout", x, y)
     history = tmp_path / "h.jsonl"
     _, stats = spark_train("--model", path, "--data", data, "--epochs", 2, "--batch-size", 32, "--history", history,
@@ -112,7 +112,7 @@ def bert_case(tmp_path_factory):
 
 def test_bert_with_attention_mask_and_dropout_on_parquet_equals_the_replay(bert_case, tmp_path):
     metadata = protocol.read_metadata(bert_case["path"])
-    assert metadata["capture"]["draws_random"] is True
+    assert metadata[protocol.CAPTURE_KEY][protocol.DRAWS_RANDOM_KEY] is True
     assert metadata["buffers"] and not any(b["trained"] for b in metadata["buffers"])  # position ids: constant
     history = tmp_path / "h.jsonl"
     spark_train("--model", bert_case["path"], "--data", bert_case["parquet"], "--epochs", 2, "--batch-size", 8,

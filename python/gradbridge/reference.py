@@ -335,7 +335,7 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
     if missing:
         raise ProtocolError(messages.data_parallel_methods(str(model_path), metadata["protocol_version"], missing))
     trained = [b["name"] for b in metadata["buffers"] if b.get("trained", True)]
-    if trained and "set_buffers" not in metadata["methods"]:
+    if trained and protocol.SET_BUFFERS not in metadata["methods"]:
         raise ProtocolError(messages.data_parallel_buffers(str(model_path), trained))
     accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
     if accumulate != 1:
