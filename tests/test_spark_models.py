@@ -98,12 +98,12 @@ def test_batchnorm_k_equals_the_replay_and_its_buffers(tmp_path, exchange, k):
 
 @pytest.fixture(scope="module")
 def bert_case(tmp_path_factory):
-    """The zoo's BERT (hidden and attention dropout 0.1) and 24 rows of padded token ids with their mask, as
+    """The zoo's BERT (hidden and attention dropout 0.1) and 16 rows of padded token ids with their mask, as
     Parquet columns input_ids and attention_mask (array<bigint>) and y (bigint)."""
     folder = tmp_path_factory.mktemp("spark-bert")
     torch.manual_seed(0)
     model = zoo.bert()
-    x, y = zoo._tokens(24, 3)
+    x, y = zoo._tokens(16, 3)
     path = _export(model, x, y, folder / "bert.pt", torch.optim.AdamW(model.parameters(), lr=1e-3))
     data, xs, ys = _save(folder, "bert", x, y)
     sparkrun.to_parquet([(data, folder / "bert.parquet")])
@@ -136,13 +136,13 @@ def llama() -> torch.nn.Module:
 def test_llama_with_its_rotary_buffer_and_dropout_equals_the_replay(tmp_path):
     torch.manual_seed(0)
     model = llama()
-    x, y = zoo._tokens(24, 4)
+    x, y = zoo._tokens(16, 4)
     path = _export(model, x, y, tmp_path / "llama.pt", torch.optim.AdamW(model.parameters(), lr=1e-3))
     buffers = protocol.read_metadata(path)["buffers"]
     assert any(b["name"].endswith("inv_freq") for b in buffers) and not any(b["trained"] for b in buffers)
     data, xs, ys = _save(tmp_path, "llama", x, y)
     history = tmp_path / "h.jsonl"
-    spark_train("--model", path, "--data", data, "--epochs", 2, "--batch-size", 8, "--history", history,
+    spark_train("--model", path, "--data", data, "--epochs", 1, "--batch-size", 6, "--history", history,
                 master="local[2]")
-    replay = reference.train_sharded(path, xs, ys, epochs=2, shards=2, batch_size=8, model=model)
+    replay = reference.train_sharded(path, xs, ys, epochs=1, shards=2, batch_size=6, model=model)
     assert_bitwise(History.load(history), replay)
