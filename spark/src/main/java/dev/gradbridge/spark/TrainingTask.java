@@ -38,9 +38,10 @@ import scala.runtime.AbstractFunction1;
  * at each epoch's end every task runs the schedule step on the epoch's loss. Every replica thus takes
  * the same steps on the same bits (their dropout draws from libtorch's generator seeded with {@link
  * SeededDraws#seed} of the run's seed, the step's number in the run and the partition; the trained
- * buffers of the step's first partition with rows become every replica's). Partition 0 hands each epoch's end state (a checkpoint archive and
- * the epoch's losses and its history record's inputs) to the driver, from a snapshot and on a
- * thread of its own while the next epoch's steps run, without ending the stage.
+ * buffers of the step's first partition with rows become every replica's). Partition 0 hands each
+ * epoch's end state (a checkpoint archive and the epoch's losses and its history record's inputs) to
+ * the driver, from a snapshot and on a thread of its own while the next epoch's steps run, without
+ * ending the stage.
  *
  * <p>A failed task fails the stage; Spark retries the stage as a whole, and the retry starts from the
  * last epoch end the driver holds, so it repeats that epoch exactly.
