@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradbridge import ProtocolError, messages, protocol, reference
+from gradbridge import InvalidInputError, ProtocolError, messages, protocol, reference
 from gradbridge._runtime import sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.export import training_module
@@ -34,6 +34,32 @@ class _ProtocolOne(training_module._TrainingModule):
 
     def set_gradients(self, values, flags):
         raise NotImplementedError
+
+
+class _BeforeSetState(training_module._TrainingModule):
+    """The wrapper as it was before set_state: not exported (a subclass, as _ProtocolOne)."""
+
+    def set_state(self, names, values):
+        raise NotImplementedError
+
+
+def _export_before_set_state(path):
+    """A BatchNorm CNN exported as gradbridge wrote it before set_state existed."""
+    original = training_module._TrainingModule
+    training_module._TrainingModule = _BeforeSetState
+    try:
+        raw = export_builtin("small-cnn", path.with_name("raw_" + path.name), seed=0, side=8, channels=2, classes=3,
+                             loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
+                             inputs=[protocol.tensor_spec("x", [-1, 1, 8, 8], "float32"),
+                                     protocol.tensor_spec("y", [-1], "int64")])
+    finally:
+        training_module._TrainingModule = original
+
+    def without_set_state(document):
+        document["methods"] = [m for m in document["methods"] if m != protocol.SET_STATE]
+        return document
+
+    return rewrite_metadata(raw, path, without_set_state)
 
 
 def _export_protocol_one(path):
@@ -84,13 +110,14 @@ def files(tmp_path_factory):
     np.savez(folder / "two_unknown.npz", left=left, right=right, extra=right, y=y)
     sparkrun.to_parquet([(folder / f"{name}.npz", folder / f"{name}.parquet")
                          for name in ("x64", "x3", "two_missing", "two_unknown")])
+    old_cnn = _export_before_set_state(folder / "old_cnn.pt")
     good = export_builtin("mlp", folder / "mlp.pt", seed=0, in_features=4, hidden=(8,), out_features=3,
                           loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1}, inputs=INPUTS)
     cnn = export_builtin("small-cnn", folder / "cnn.pt", seed=0, side=8, channels=2, classes=3,
                          loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1},
                          inputs=[protocol.tensor_spec("x", [-1, 1, 8, 8], "float32"),
                                  protocol.tensor_spec("y", [-1], "int64")])
-    return {"folder": folder, "x": x, "y": y, "good": good, "cnn": cnn, "two": two,
+    return {"folder": folder, "x": x, "y": y, "good": good, "cnn": cnn, "old_cnn": old_cnn, "two": two,
             "v1": _export_protocol_one(folder / "protocol1.pt")}
 
 
@@ -119,11 +146,24 @@ def test_protocol_one_module_is_refused_by_spark_and_the_replay(files, tmp_path)
     assert str(error.value) == expected
 
 
-def test_module_with_buffers_is_refused(files, tmp_path):
-    buffers = [b["name"] for b in protocol.read_metadata(files["cnn"])["buffers"]]
-    assert buffers  # BatchNorm statistics
-    expected = messages.data_parallel_buffers(str(files["cnn"]), buffers)
-    assert refused(files, tmp_path, "--model", files["cnn"], "--data", files["folder"] / "data.npz") == expected
+def test_module_writing_buffers_without_set_state_is_refused_by_spark_and_the_replay(files, tmp_path):
+    """BatchNorm statistics train on Spark (test_spark_models.py); a module exported before set_state
+    cannot receive the first partition's, so it is refused before any step, in one line naming them."""
+    assert protocol.SET_STATE in protocol.read_metadata(files["cnn"])["methods"]  # this version's export trains
+    buffers = [b["name"] for b in protocol.read_metadata(files["old_cnn"])["buffers"] if b.get("trained", True)]
+    assert len(buffers) == 6  # two BatchNorms' statistics
+    expected = messages.data_parallel_buffers(str(files["old_cnn"]), buffers)
+    assert refused(files, tmp_path, "--model", files["old_cnn"], "--data", files["folder"] / "data.npz") == expected
+    with pytest.raises(ProtocolError) as error:
+        reference.train_sharded(files["old_cnn"], files["x"], files["y"], epochs=1, shards=2)
+    assert str(error.value) == expected
+
+
+def test_the_replay_refuses_a_thread_count_out_of_range(files):
+    for bad in (0, 4097, 1.5):
+        with pytest.raises(InvalidInputError) as error:
+            reference.train_sharded(files["good"], files["x"], files["y"], epochs=1, shards=2, threads=bad)
+        assert str(error.value) == messages.argument("threads", "an integer in 1..4096", bad)
 
 
 def test_an_input_column_missing(files, tmp_path):

@@ -162,6 +162,7 @@ def test_shared_wording_matches(jvm):
     assert str(Messages.dataParallelBuffers("m.pt", java_list(["bn.running_mean"]))) == \
         messages.data_parallel_buffers("m.pt", ["bn.running_mean"])
     assert str(Messages.dataParallelAccumulate("m.pt", 4)) == messages.data_parallel_accumulate("m.pt", 4)
+    assert jpype.JClass("dev.gradbridge.internal.ModuleAccess").MAX_THREADS == messages.MAX_THREADS
 
 
 def test_metadata_keys_match_java(jvm):

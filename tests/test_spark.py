@@ -177,7 +177,8 @@ def test_each_task_runs_on_its_share_of_threads_and_equals_the_replay_at_that_co
     many (each task reads its count back from libtorch on its own thread). The model's tensors (~1024 x 64
     values a task) are above libtorch's 32768-value grain, so with two threads its kernels split their
     work; a few kernels' bits depend on the count (a sum split by thread), so each run is compared with
-    the replay run at its tasks' count, bit for bit."""
+    the replay at its tasks' count, bit for bit: the history records the count, the replay runs on 1 (Spark's
+    defaults) by itself and on another when told, and leaves this process's count as it was."""
     inputs = [protocol.tensor_spec("x", [-1, 8], "float32"), protocol.tensor_spec("y", [-1, 64], "float32")]
     model = export_builtin("mlp", tmp_path / "wide.pt", seed=0, in_features=8, hidden=(16,), out_features=64,
                            loss={"name": "mse"}, optimizer={"name": "sgd", "lr": 0.01}, inputs=inputs)
@@ -193,12 +194,11 @@ def test_each_task_runs_on_its_share_of_threads_and_equals_the_replay_at_that_co
         assert stats["threads"] == [count, count], stats
         runs[count] = list(History.load(history))
     previous = torch.get_num_threads()
-    try:
-        for count, java in runs.items():
-            torch.set_num_threads(count)
-            assert_bitwise(java, reference.train_sharded(model, x, y, epochs=1, shards=2, batch_size=2048))
-    finally:
-        torch.set_num_threads(previous)
+    for count, java in runs.items():
+        assert [r.threads for r in java] == [count]  # the history records it for the replay
+        threads = None if count == 1 else java[0].threads  # the replay's default is the tasks' default
+        assert_bitwise(java, reference.train_sharded(model, x, y, epochs=1, shards=2, batch_size=2048, threads=threads))
+        assert torch.get_num_threads() == previous  # the caller's count, restored
 
 
 @pytest.mark.parametrize("exchange, one_round, name", [

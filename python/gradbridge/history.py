@@ -18,6 +18,8 @@ One line per epoch, keys in this order (``FIELDS``)::
   (``digest``): equal digests mean bitwise equal parameters;
 - ``lrs`` (optional; absent in histories written before it existed) is each parameter
   group's learning rate after the epoch, after the epoch-end schedule step if there is one;
+- ``threads`` (optional; gradbridge-spark runs) is libtorch's intra-op thread count each
+  task trained the epoch on: ``reference.train_sharded`` replays the run on it.
 - ``values`` (optional, last) says where the values are when a record has more than
   ``INLINE_VALUES_LIMIT`` of them (``parameters`` is then ``{}``): ``{"file": "h.jsonl.values",
   "offset": 0, "counts": {"weight": 4096, ...}, "sha256": "..."}``; the side file (its name relative
@@ -50,7 +52,7 @@ from ._runtime.files import atomic_path
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
 
 #: Optional keys that may follow FIELDS, each at most once, in this order.
-OPTIONAL_FIELDS = ("lrs", "values")
+OPTIONAL_FIELDS = ("lrs", "threads", "values")
 
 #: Above this many parameter values in one record, a history file keeps them in its side file
 #: (Java: ``Messages.HISTORY_INLINE_VALUES``): a million values are ~20 MB of JSON text per epoch.
@@ -92,6 +94,7 @@ class EpochRecord:
     elapsed_s: float = 0.0
     digests: Dict[str, str] = field(default_factory=dict)
     lrs: Optional[List[float]] = None
+    threads: Optional[int] = None
     #: where a history file keeps this record's values (its ``values`` key), until ``History.load`` reads them
     values_at: Optional[Dict] = None
 
@@ -111,6 +114,8 @@ class EpochRecord:
         }
         if self.lrs is not None:
             document["lrs"] = [float(lr) for lr in self.lrs]
+        if self.threads is not None:
+            document["threads"] = int(self.threads)
         if values_at is not None:
             document["values"] = values_at
         return document
@@ -120,7 +125,8 @@ class EpochRecord:
         keys = tuple(document) if isinstance(document, dict) else ()
         extra = keys[len(FIELDS):]
         if not isinstance(document, dict) or keys[:len(FIELDS)] != FIELDS or extra != tuple(
-                k for k in OPTIONAL_FIELDS if k in extra):
+#: Optional keys that may follow FIELDS, each at most once, in this order.
+OPTIONAL_FIELDS = ("lrs", "threads", "values")
             keys = list(document) if isinstance(document, dict) else type(document).__name__
             raise ValueError(f"{where}: expected keys {list(FIELDS)}, got {keys}")
         return cls(
@@ -131,6 +137,7 @@ class EpochRecord:
             elapsed_s=float(document["elapsed_s"]),
             digests=dict(document["digests"]),
             lrs=None if document.get("lrs") is None else [float(v) for v in document["lrs"]],
+            threads=None if document.get("threads") is None else int(document["threads"]),
             values_at=_values_key(document.get("values"), where),
         )
 
@@ -138,6 +145,9 @@ class EpochRecord:
 @dataclass
 class History:
     records: List[EpochRecord] = field(default_factory=list)
+    #: A replay's buffers after its last epoch, by name (``reference.train_sharded``: BatchNorm's statistics,
+    #: which a run's checkpoint holds); not part of the JSON Lines.
+    buffers: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -193,7 +203,7 @@ class History:
         ~0.5 s), or from its double[] for a record made from arrays."""
         records = []
         for record in history.getRecords():
-            val_loss, lrs = record.getValLoss(), record.getLrs()
+            val_loss, lrs, threads = record.getValLoss(), record.getLrs(), record.getThreads()
             buffers = record.getParameterBuffers()
             if buffers.isEmpty():
                 parameters = {str(name): np.array(values, dtype=np.float64)
@@ -208,7 +218,8 @@ class History:
                 val_loss=None if val_loss is None else float(val_loss.doubleValue()),
                 elapsed_s=float(record.getElapsedSeconds()),
                 digests={str(name): str(value) for name, value in record.getDigests().items()},
-                lrs=None if lrs is None else [float(v) for v in lrs]))
+                lrs=None if lrs is None else [float(v) for v in lrs],
+                threads=None if threads is None else int(threads.intValue())))
         return cls(records)
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -228,8 +228,19 @@ def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> 
 
 
 def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
-    return (f"{module}: has buffers [{', '.join(buffers)}] (e.g. BatchNorm statistics), which data-parallel "
-            f"training cannot keep equal across partitions; export the model without them")
+    return (f"{module}: training writes its buffers [{', '.join(buffers)}] (e.g. BatchNorm statistics), and it has "
+            f"no method set_state, which data-parallel training needs to keep them equal across partitions; "
+            f"re-export it with this gradbridge version")
+
+
+#: The most libtorch intra-op threads a run takes (Java: ModuleAccess.MAX_THREADS).
+MAX_THREADS = 4096
+
+
+def replay_threads(threads: int, previous: int) -> str:
+    """The one line of a replay of a gradbridge-spark run that changes this process's libtorch threads."""
+    return (f"replay: libtorch on {threads} intra-op thread{'s' if threads != 1 else ''}, as the Spark tasks ran "
+            f"(this process had {previous}; restored after)")
 
 
 def input_too_large(name: str, index: Sequence[int], value: float, limit: float) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -188,33 +189,58 @@ class Reference:
         self.step()
         return loss
 
-    def sharded_step(self, x: inputs.Batch, y: Tensor, rows: Sequence[int], shards: int) -> float:
+    def sharded_step(self, x: inputs.Batch, y: Tensor, rows: Sequence[int], shards: int,
+                     seeds: Optional[Sequence[int]] = None) -> float:
         """One synchronous data-parallel step on the global mini-batch ``rows`` (indices into x, y),
         as gradbridge-spark takes it on ``shards`` partitions; returns the step loss.
 
         Partition k holds the rows with ``i % shards == k``; its shard is the batch's rows it
         holds, in batch order. Each non-empty shard's mean loss is back-propagated from the same
-        parameters; then ``combine_shards`` (the sample-weighted sum in partition order) gives
-        each ``p.grad``, and torch.optim steps once (after clipping, as ``optimizer_step`` does).
+        parameters and the same buffers, after ``torch.manual_seed(seeds[k])`` when ``seeds`` is given
+        (its dropout masks); then ``combine_shards`` (the sample-weighted sum in partition order) gives
+        each ``p.grad``, and torch.optim steps once (after clipping, as ``optimizer_step`` does). The
+        buffers the step leaves are those of the first partition with rows (BatchNorm's statistics:
+        DistributedDataParallel's ``broadcast_buffers`` from its first rank).
         """
         parameters = [p for _, p in self.named_parameters()]
+        buffers = self.trained_buffers()
+        start = [b.detach().clone() for b in buffers]  # every partition starts the step from these
+        kept = None
         shard_results = []
         with plain_graph_executor():
             for k in range(shards):
                 index = [i for i in rows if i % shards == k]
                 if not index:
                     continue
+                if kept is not None:  # an earlier partition's forward moved them
+                    with torch.no_grad():
+                        for b, value in zip(buffers, start):
+                            b.copy_(value)
+                if seeds is not None:
+                    torch.manual_seed(seeds[k])
                 self.optimizer.zero_grad()  # set_to_none: an unused parameter keeps no gradient
                 selected = torch.tensor(index, dtype=torch.int64)
                 loss = self.loss(self.forward(self.model, inputs.select(x, selected)), y.index_select(0, selected))
                 loss.backward()
                 shard_results.append((len(index), float(loss.detach()),
                                       [None if p.grad is None else p.grad.clone() for p in parameters]))
+                if kept is None:
+                    kept = [b.detach().clone() for b in buffers]
+            with torch.no_grad():
+                for b, value in zip(buffers, kept or start):
+                    b.copy_(value)
             step_loss, combined = combine_shards(shard_results)
             for p, g in zip(parameters, combined):
                 p.grad = g
         self.step()
         return step_loss
+
+    def trained_buffers(self) -> List[Tensor]:
+        """The buffers a training step writes (metadata ``trained``; every buffer in a module exported
+        before that flag), in protocol order."""
+        names = [b["name"] for b in self.metadata["buffers"] if b.get("trained", True)]
+        mine = dict((name[len(self._prefix):], b) for name, b in self.model.named_buffers())
+        return [mine[name] for name in names]
 
     def train_epoch(self, x: inputs.Batch, y: Tensor, perm: Tensor, batch_size: int) -> List[Tensor]:
         """``train_step`` on ``index_select(0, perm[i:i + batch_size])`` batches, as ``train_epoch`` does."""
@@ -303,31 +329,45 @@ def combine_shards(results: Sequence[tuple]) -> tuple:
 
 
 def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any]) -> None:
-    """What gradbridge-spark refuses (same lines): a protocol-1 module, buffers, accumulation."""
+    """What gradbridge-spark refuses (same lines): a protocol-1 module, trained buffers without
+    ``set_state`` (exported before it), accumulation."""
     missing = [m for m in protocol.DATA_PARALLEL_METHODS if m not in metadata["methods"]]
     if missing:
         raise ProtocolError(messages.data_parallel_methods(str(model_path), metadata["protocol_version"], missing))
-    if metadata["buffers"]:
-        raise ValueError(messages.data_parallel_buffers(str(model_path), [b["name"] for b in metadata["buffers"]]))
+    trained = [b["name"] for b in metadata["buffers"] if b.get("trained", True)]
+    if trained and protocol.SET_STATE not in metadata["methods"]:
+        raise ProtocolError(messages.data_parallel_buffers(str(model_path), trained))
     accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
     if accumulate != 1:
         raise ValueError(messages.data_parallel_accumulate(str(model_path), accumulate))
 
 
+#: libtorch's intra-op threads of a gradbridge-spark task on Spark's defaults (``spark.task.cpus``, 1,
+#: and ``spark.gradbridge.threads`` unset): what the replay runs on unless told otherwise.
+TASK_THREADS = 1
+
+
 def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int, shards: int,
                   batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED, shuffle: bool = True,
                   model: Optional[nn.Module] = None,
-                  start_epoch: int = 0, record_values: bool = True) -> History:
+                  start_epoch: int = 0, record_values: bool = True, threads: Optional[int] = None) -> History:
     """The Python replay of a gradbridge-spark run on ``shards`` partitions (``Reference.sharded_step``).
 
     ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
     Each epoch takes ``shuffle.permutation(seed, epoch, n)`` (or ``0..n-1`` without shuffling) in
     global mini-batches of ``batch_size``; the epoch loss is the mean of the step losses, as in ``train``.
+    Partition k's forward and backward of the run's step s (``epoch * steps_per_epoch`` plus the step's
+    index in the epoch) seed torch with ``shuffle.step_seed(seed, s, k)`` (dropout's draws); the buffers
+    a step leaves are its first partition's with rows (``sharded_step``). libtorch runs on ``threads``
+    intra-op threads, the tasks' count, which the run's history records per epoch
+    (``EpochRecord.threads``; default ``TASK_THREADS``, Spark's defaults), as a few kernels' bits depend
+    on it; the caller's count is restored after, and a change is said in one line on stderr.
     """
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     shards = messages.check_integer("shards", shards, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    threads = messages.check_integer("threads", TASK_THREADS if threads is None else threads, 1, messages.MAX_THREADS)
     check_data_parallel(model_path, protocol.read_metadata(model_path))
     xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
     n = len(ys)
@@ -339,20 +379,34 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
         raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
     reference = Reference(model_path, model)
     history = History()
-    started = time.perf_counter()
-    for epoch in range(start_epoch, start_epoch + epochs):
-        order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
-        values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards) for i in range(0, n, batch_size)]
-        for index, value in enumerate(values):
-            if math.isnan(value) or math.isinf(value):
-                first = index * batch_size
-                error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch_size) - 1)}; "
-                                        f"{len(history)} completed epoch(s) kept in error.history")
-                error.history = history
-                raise error
-        reference.end_epoch(epoch_loss(values))
-        history.append(reference.record(epoch, epoch_loss(values), None, time.perf_counter() - started,
-                                        record_values))
+    steps = (n + batch_size - 1) // batch_size
+    previous = torch.get_num_threads()
+    if previous != threads:
+        print(messages.replay_threads(threads, previous), file=sys.stderr)
+    torch.set_num_threads(threads)
+    try:
+        started = time.perf_counter()
+        for epoch in range(start_epoch, start_epoch + epochs):
+            order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
+            first = epoch * steps  # the run's step number of the epoch's first step
+            values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards,
+                                             [shuffle_module.step_seed(seed, first + i // batch_size, k)
+                                              for k in range(shards)])
+                      for i in range(0, n, batch_size)]
+            for index, value in enumerate(values):
+                if math.isnan(value) or math.isinf(value):
+                    row = index * batch_size
+                    error = DivergenceError(f"{messages.divergence(value, epoch, index, row, min(n, row + batch_size) - 1)}; "
+                                            f"{len(history)} completed epoch(s) kept in error.history")
+                    error.history = history
+                    raise error
+            reference.end_epoch(epoch_loss(values))
+            record = reference.record(epoch, epoch_loss(values), None, time.perf_counter() - started, record_values)
+            record.threads = threads
+            history.append(record)
+    finally:
+        torch.set_num_threads(previous)
+    history.buffers = _as_numpy(reference.buffers())
     return history
 
 

@@ -20,7 +20,8 @@ import java.util.Map;
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
  * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
- * parameter group after the epoch), which is left out when unknown, and {@code "values"} (where
+ * parameter group after the epoch) and {@code "threads"} (libtorch's intra-op threads of a
+ * gradbridge-spark run's tasks in the epoch), each left out when unknown, and {@code "values"} (where
  * in the side file a large record's values are: {@link HistoryFile}).
  */
 public final class History {
@@ -39,6 +40,7 @@ public final class History {
         private volatile Map<String, ByteBuffer> buffers; // float64 values, native order
         private final double[] lrs; // optional key of the schema: null is not written
         private volatile SideValues side; // set once the values went to a history's side file
+        private final Integer threads; // optional key of the schema: null is not written
 
         /**
          * Creates a record.
@@ -71,7 +73,7 @@ public final class History {
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
             this(epoch, loss, valLoss, elapsedSeconds, Collections.unmodifiableMap(new LinkedHashMap<>(parameters)),
-                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs);
+                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null);
         }
 
         /**
@@ -80,8 +82,9 @@ public final class History {
          */
         private EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds, Map<String, double[]> parameters,
-                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs) {
+                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs, Integer threads) {
             this.lrs = lrs == null ? null : lrs.clone();
+            this.threads = threads;
             this.epoch = epoch;
             this.loss = loss;
             this.val_loss = valLoss;
@@ -158,6 +161,22 @@ public final class History {
         /** @return learning rate per parameter group after the epoch, or {@code null} */
         public double[] getLrs() {
             return lrs == null ? null : lrs.clone();
+        }
+
+        /**
+         * @return libtorch's intra-op threads each task of a gradbridge-spark run trained the epoch on
+         *     (its replay runs on as many), or {@code null}
+         */
+        public Integer getThreads() {
+            return threads;
+        }
+
+        /**
+         * @param count libtorch's intra-op threads of the run's tasks in this epoch
+         * @return this record with that count
+         */
+        public EpochRecord withThreads(int count) {
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count);
         }
 
         /** The values as float64 views from their start, by name (what a history file writes). */
@@ -288,7 +307,8 @@ public final class History {
         Map<String, String> digests = new LinkedHashMap<>();
         module.readParameters(digests, withValues ? values : null);
         return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
-                values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs());
+                values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs(),
+                null);
     }
 
     /**

@@ -243,6 +243,9 @@ public final class HistoryFile {
                 }
                 json.endArray();
             }
+            if (record.getThreads() != null) {
+                json.name("threads").value(record.getThreads());
+            }
             if (block != null) {
                 json.name("values").beginObject();
                 json.name("file").value(valuesPath.getFileName().toString());

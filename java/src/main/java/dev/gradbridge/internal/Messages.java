@@ -471,12 +471,13 @@ public final class Messages {
 
     /**
      * @param module the training module file
-     * @param buffers the module's buffers
-     * @return the line for a module with buffers (they would differ between partitions)
+     * @param buffers the buffers its training step writes
+     * @return the line for a module whose training writes buffers, exported before {@code set_state}
      */
     public static String dataParallelBuffers(String module, java.util.List<String> buffers) {
-        return module + ": has buffers " + buffers + " (e.g. BatchNorm statistics), which data-parallel training"
-                + " cannot keep equal across partitions; export the model without them";
+        return module + ": training writes its buffers " + buffers + " (e.g. BatchNorm statistics), and it has no"
+                + " method set_state, which data-parallel training needs to keep them equal across partitions;"
+                + " re-export it with this gradbridge version";
     }
 
     /**

@@ -22,7 +22,7 @@ import java.util.concurrent.TimeUnit;
  * {@code Object[] {Integer epoch, byte[] archive}}, the same for every task of one stage attempt
  * (fixed by its first request, so that the tasks of an attempt start from the same epoch even when an
  * end arrives between their requests); {@code {"end", Integer attempt, Integer epoch, double[] losses,
- * byte[] archive, LinkedHashMap digests, LinkedHashMap values, double[] lrs}} (the history record's
+ * byte[] archive, LinkedHashMap digests, LinkedHashMap values, double[] lrs, Integer threads}} (the history record's
  * inputs, read from partition 0's replica: the driver loads no module) answers {@code Boolean.TRUE}
  * once the driver holds it. An end of an epoch the driver already holds (a failed attempt's
  * partition 0 may finish an epoch after the retry began from its start: the same bits) is
@@ -46,6 +46,8 @@ final class DriverState extends DriverEndpoint {
         final double[] lrs;
         /** The executors of the stage attempt that trained the epoch, in partition order. */
         final List<String> executors;
+        /** libtorch's intra-op threads of each task of that attempt (the replay runs on as many). */
+        final int threads;
 
         @SuppressWarnings("unchecked")
         EpochEnd(Object[] message, List<String> executors) {
@@ -55,6 +57,7 @@ final class DriverState extends DriverEndpoint {
             this.digests = (Map<String, String>) message[5];
             this.values = (Map<String, double[]>) message[6];
             this.lrs = (double[]) message[7];
+            this.threads = (Integer) message[8];
             this.executors = executors;
         }
     }

@@ -126,6 +126,8 @@ final class GlooExchange implements GradientExchange {
     private final long[] phases = new long[PHASES.length];
     private long sent;
     private long received;
+    /** {@link #broadcast}'s all-gather output, K slots (sized at its first call). */
+    private ByteBuffer everyones;
     /** By chunk, per slice: its all-to-all and its all-gather under way on Gloo's thread (0: none). */
     private final long[] alltoalls;
     private final long[] allgathers;
@@ -506,6 +508,21 @@ final class GlooExchange implements GradientExchange {
     @Override
     public long[] phaseNanos() {
         return phases.clone();
+    }
+
+    /** An all-gather of every task's bytes (a few KB: BatchNorm statistics), the source's slot kept. */
+    @Override
+    public void broadcast(int source, ByteBuffer values) {
+        long each = values.limit();
+        if (everyones == null || everyones.limit() != each * partitions) {
+            everyones = Buffers.direct(each * partitions);
+        }
+        group.allgather(values, everyones, each, killed);
+        sent += each * (partitions - 1);
+        received += each * (partitions - 1);
+        if (partition != source) {
+            values.put(0, everyones, Math.toIntExact(source * each), Math.toIntExact(each));
+        }
     }
 
     @Override

@@ -57,6 +57,16 @@ interface GradientExchange extends AutoCloseable {
      */
     GradientCombiner.Combined combine(ShardResult mine);
 
+    /**
+     * Gives every task partition {@code source}'s bytes (a step's trained buffers, {@link
+     * Replica#shareBuffers}): on the source {@code values} holds them, on every other task they are
+     * written into it; every task calls this at the same point of the step, with the same limit.
+     *
+     * @param source the partition whose bytes every task takes
+     * @param values a direct little-endian buffer, position 0, its limit the bytes
+     */
+    void broadcast(int source, ByteBuffer values);
+
     /** @return per {@link #PHASES} entry, this task's time in it so far, ns (zeros where an exchange has none) */
     default long[] phaseNanos() {
         return new long[PHASES.length];

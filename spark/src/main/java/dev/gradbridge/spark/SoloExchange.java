@@ -48,6 +48,11 @@ final class SoloExchange implements GradientExchange {
     }
 
     @Override
+    public void broadcast(int source, ByteBuffer values) {
+        // one task: its bytes are every task's
+    }
+
+    @Override
     public long[] phaseNanos() {
         return phases.clone();
     }

@@ -102,7 +102,7 @@ public final class SparkTrainCommand implements Callable<Integer> {
                 } finally {
                     shards.unpersist();
                 }
-                SparkTrainer.Stats counters = trainer.getStats();
+                SparkStats counters = trainer.getStats();
                 System.out.println(String.format(Locale.ROOT,
                         "spark: %d partitions, %d steps, %d barrier stage(s) retried",
                         counters.partitions, counters.steps, counters.stagesRetried));

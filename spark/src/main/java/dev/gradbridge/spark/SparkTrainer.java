@@ -18,7 +18,6 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.ExecutionException;
@@ -59,7 +58,7 @@ public final class SparkTrainer {
     private final RunSettings settings;
     private final Boolean shuffle;
     private final String fault;
-    private final Stats stats = new Stats();
+    private final SparkStats stats = new SparkStats();
     private byte[] trainedState;
 
     private SparkTrainer(Builder b) {
@@ -119,114 +118,20 @@ public final class SparkTrainer {
         }
     }
 
-    /**
-     * Counters and timings summed over every run of this trainer (for the benchmark and the tests): read
-     * them as {@link #toJson}; the trainer alone updates them.
-     */
-    static final class Stats {
-        /** Steps taken (by the stage attempt that succeeded: a retry repeats the epoch a failed one was in). */
-        long steps;
-        /** Per step the slowest task's whole step (compute, exchange, optimizer), summed, ns. */
-        long stepNanos;
-        /** Per step the slowest task's compute (its rows' forward and backward), summed, ns. */
-        long computeNanos;
-        /**
-         * Per step the slowest task's compute minus the fastest's, summed, ns: what the fastest waits for
-         * in the exchange's first collective (the tasks start each step together, after the last one's).
-         */
-        long computeSpreadNanos;
-        /** The slowest task's time in the gradient exchange, all steps, ns. */
-        long exchangeNanos;
-        /**
-         * Per partition, per {@link GradientExchange#PHASES} entry ({@code copy_in}: the gradients into the
-         * exchange's buffers; {@code alltoall}, {@code allgather}: the task's waits for the collectives, a
-         * wait for a slower task inside (over Gloo by slice: the waits for each slice to arrive, then for the
-         * all-gathers after the last combine; the parts that overlap a combine are not counted again);
-         * {@code combine}; {@code copy_out}: the combined gradient out of them), all steps, ns.
-         */
-        final List<long[]> exchangePhaseNanos = new ArrayList<>();
-        /** The slowest task's time combining nothing but setting gradients and stepping the optimizer, ns. */
-        long optimizerNanos;
-        /** The driver's time in the run's barrier stage (launch, module loads, steps, epoch ends, results), ns. */
-        long stageNanos;
-        /** Partition 0's time at the epochs' ends on its step path (the snapshot, the wait for the last hand-over), ns. */
-        long epochEndNanos;
-        /** The slowest module load at the stage's start, ns. */
-        long loadNanos;
-        /** Bytes the busiest task sent in the exchange, all steps. */
-        long bytesSent;
-        /** Bytes the busiest task received in the exchange, all steps. */
-        long bytesReceived;
-        /** Parameter bytes of the model (one copy). */
-        long parameterBytes;
-        /** Replicas loaded by the stage attempt that succeeded (K per run). */
-        long moduleLoads;
-        /** Task attempts that failed. */
-        int failedTasks;
-        /** Barrier stage attempts that failed and were retried as a whole. */
-        int stagesRetried;
-        /** Partitions. */
-        int partitions;
-        /** Per epoch trained, the executors of the stage attempt that trained it, in partition order. */
-        final List<List<String>> executors = new ArrayList<>();
-        /** The exchange in use. */
-        String exchange;
-        /** The setting {@value GradientExchange#ONE_ROUND_SETTING} in use. */
-        long oneRoundBytes;
-        /** Per partition: libtorch's intra-op threads its task ran on (the stage attempt that succeeded last). */
-        int[] threads = new int[0];
-
-        /** @return the counters as a JSON object */
-        String toJson() {
-            return String.format(
-                    Locale.ROOT,
-                    "{\"steps\": %d, \"step_s\": %.6f, \"compute_s\": %.6f, \"compute_spread_s\": %.6f, \"exchange_s\": %.6f,"
-                            + " \"optimizer_s\": %.6f, \"stage_s\": %.6f, \"epoch_end_s\": %.6f, \"load_s\": %.6f,"
-                            + " \"bytes_sent\": %d,"
-                            + " \"bytes_received\": %d, \"parameter_bytes\": %d, \"module_loads\": %d,"
-                            + " \"failed_tasks\": %d, \"stages_retried\": %d, \"partitions\": %d, \"exchange\": \"%s\","
-                            + " \"one_round_bytes\": %d, \"threads\": %s, \"executors\": %s, \"exchange_phases_s\": %s}",
-                    steps, stepNanos / 1e9, computeNanos / 1e9, computeSpreadNanos / 1e9, exchangeNanos / 1e9, optimizerNanos / 1e9,
-                    stageNanos / 1e9, epochEndNanos / 1e9, loadNanos / 1e9, bytesSent, bytesReceived, parameterBytes, moduleLoads,
-                    failedTasks, stagesRetried, partitions, exchange, oneRoundBytes, Arrays.toString(threads), executorsJson(),
-                    phasesJson());
-        }
-
-        /** @return per phase, each partition's seconds in it: {"copy_in": [p0, p1, ...], ...} */
-        private String phasesJson() {
-            List<String> phases = new ArrayList<>();
-            for (int f = 0; f < GradientExchange.PHASES.length; f++) {
-                List<String> seconds = new ArrayList<>();
-                for (long[] partition : exchangePhaseNanos) {
-                    seconds.add(String.format(Locale.ROOT, "%.6f", partition[f] / 1e9));
-                }
-                phases.add("\"" + GradientExchange.PHASES[f] + "\": [" + String.join(", ", seconds) + "]");
-            }
-            return "{" + String.join(", ", phases) + "}";
-        }
-
-        private String executorsJson() {
-            List<String> epochs = new ArrayList<>();
-            for (List<String> ids : executors) {
-                epochs.add(ids.isEmpty() ? "[]" : "[\"" + String.join("\", \"", ids) + "\"]");
-            }
-            return "[" + String.join(", ", epochs) + "]";
-        }
-    }
-
     /** @return the module archive (a checkpoint .pt's bytes) after the last epoch of {@link #fit}, or null */
     public byte[] getTrainedState() {
         return trainedState == null ? null : trainedState.clone();
     }
 
     /** @return counters and timings of the last {@link #fit} */
-    Stats getStats() {
+    SparkStats getStats() {
         return stats;
     }
 
     /**
      * Refuses, with one line, a module that data-parallel training cannot run: protocol-1 modules
-     * (no {@code gradient_flags}/{@code set_gradients}), modules with buffers, gradient accumulation.
+     * (no {@code gradient_flags}/{@code set_gradients}), modules whose training writes buffers but that
+     * lack {@code set_state} (exported before it), gradient accumulation.
      *
      * @param module the module
      */
@@ -242,8 +147,9 @@ public final class SparkTrainer {
         if (!missing.isEmpty()) {
             throw new ProtocolException(Messages.dataParallelMethods(path, metadata.getProtocolVersion(), missing));
         }
-        if (!module.getBufferNames().isEmpty()) {
-            throw new InvalidInputException(Messages.dataParallelBuffers(path, module.getBufferNames()));
+        List<String> trained = module.getTrainedBufferNames();
+        if (!trained.isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
+            throw new ProtocolException(Messages.dataParallelBuffers(path, trained));
         }
         Map<String, Object> tuning = metadata.getFineTuning();
         Object accumulate = tuning == null ? null : tuning.get("accumulate");
@@ -335,10 +241,7 @@ public final class SparkTrainer {
                 from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
         stats.partitions = k;
         stats.oneRoundBytes = oneRoundBytes;
-        stats.exchange = k == 1 ? "none (one partition)"
-                : relay != null ? "relay reduce-scatter + all-gather"
-                : GlooExchange.oneRound(stats.parameterBytes, k, oneRoundBytes) ? "gloo all-gather of whole records"
-                : "gloo all-to-all + all-gather";
+        stats.exchange = exchangeName(k, relay != null, stats.parameterBytes, oneRoundBytes);
         History history = new History();
         long started = System.nanoTime();
         JavaFutureAction<List<TrainingTask.Result>> job = null;
@@ -355,7 +258,8 @@ public final class SparkTrainer {
                 if (end != null) {
                     trainedState = end.archive;
                     History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
-                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs);
+                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs)
+                            .withThreads(end.threads);
                     history.add(record);
                     stats.executors.add(end.executors);
                     byte[] saved = end.archive;
@@ -390,6 +294,14 @@ public final class SparkTrainer {
             stats.stagesRetried += retried.get();
         }
         return history;
+    }
+
+    /** @return the exchange of a run, in words (its stats) */
+    private static String exchangeName(int partitions, boolean relay, long parameterBytes, long oneRoundBytes) {
+        return partitions == 1 ? "none (one partition)"
+                : relay ? "relay reduce-scatter + all-gather"
+                : GlooExchange.oneRound(parameterBytes, partitions, oneRoundBytes) ? "gloo all-gather of whole records"
+                : "gloo all-to-all + all-gather";
     }
 
     /** The run's results, one per partition in partition order, from the attempt that succeeded. */

@@ -2,6 +2,7 @@ package dev.gradbridge.spark;
 
 import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.RunStart;
+import dev.gradbridge.internal.SeededDraws;
 import dev.gradbridge.History;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -35,9 +36,12 @@ import scala.runtime.AbstractFunction1;
  * rows of the step's batch it holds, combines them with every other task's ({@link
  * GradientExchange}: in partition order, the same on every task) and runs the exported optimizer;
  * at each epoch's end every task runs the schedule step on the epoch's loss. Every replica thus takes
- * the same steps on the same bits. Partition 0 hands each epoch's end state (a checkpoint archive and
- * the epoch's losses and its history record's inputs) to the driver, from a snapshot and on a
- * thread of its own while the next epoch's steps run, without ending the stage.
+ * the same steps on the same bits (their dropout draws from libtorch's generator seeded with {@link
+ * SeededDraws#seed} of the run's seed, the step's number in the run and the partition; the trained
+ * buffers of the step's first partition with rows become every replica's). Partition 0 hands each
+ * epoch's end state (a checkpoint archive and the epoch's losses and its history record's inputs) to
+ * the driver, from a snapshot and on a thread of its own while the next epoch's steps run, without
+ * ending the stage.
  *
  * <p>A failed task fails the stage; Spark retries the stage as a whole, and the retry starts from the
  * last epoch end the driver holds, so it repeats that epoch exactly.
@@ -246,10 +250,15 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 for (int start = 0; start < run.rows; step++, start += run.batch) {
                     long t0 = System.nanoTime();
                     int end = (int) Math.min(run.rows, (long) start + run.batch);
-                    ShardResult mine = slice(shard, order, start, end, replica, exchange, columns);
+                    long seed = replica.draws() ? SeededDraws.seed(run.seed, (long) epoch * perEpoch + step, shard.partition)
+                            : 0;
+                    ShardResult mine = slice(shard, order, start, end, replica, exchange, columns, seed);
                     long t1 = System.nanoTime();
                     injectFault(epoch, shard.partition, step, attempt);
                     GradientCombiner.Combined combined = exchange.combine(mine);
+                    if (replica.writesBuffers() && shard.partitions > 1) {
+                        replica.shareBuffers(shard.partition, firstWithRows(order, start, end, shard.partitions), exchange);
+                    }
                     long t2 = System.nanoTime();
                     replica.step(combined);
                     long t3 = System.nanoTime();
@@ -274,7 +283,8 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 replica.scheduleEpoch(loss);
                 if (shard.partition == 0) {
                     long ending = System.nanoTime();
-                    handover = endEpoch(replica.module(), attempt, epoch, losses, loss, driver, handover, ender);
+                    handover = endEpoch(replica.module(), attempt, epoch, losses, loss, result.threads, driver, handover,
+                            ender);
                     result.endNanos += System.nanoTime() - ending;
                 }
             }
@@ -302,7 +312,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
      * @return the hand-over under way
      */
     private Future<Object> endEpoch(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
-            DriverEndpoint.Caller driver, Future<Object> previous, ExecutorService ender) {
+            int threads, DriverEndpoint.Caller driver, Future<Object> previous, ExecutorService ender) {
         Optional<TrainingModule> snapshot = ModuleAccess.snapshot(module);
         try {
             awaitHandover(previous);
@@ -311,14 +321,14 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             throw e;
         }
         if (!snapshot.isPresent()) {
-            handOver(module, attempt, epoch, losses, loss, driver);
+            handOver(module, attempt, epoch, losses, loss, threads, driver);
             return null;
         }
         // a Scala promise, so that the wait for it is the exchanges' own (RelayExchange.await)
         Promise<Object> done = Promise$.MODULE$.apply();
         ender.execute(() -> {
             try (TrainingModule copy = snapshot.get()) {
-                handOver(copy, attempt, epoch, losses, loss, driver);
+                handOver(copy, attempt, epoch, losses, loss, threads, driver);
                 done.success(null);
             } catch (Throwable e) {
                 done.tryFailure(e); // a close that fails after success leaves the success
@@ -328,13 +338,13 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
     }
 
     /** Saves {@code module}'s archive and its history record's inputs and hands them to the driver. */
-    private void handOver(TrainingModule module, int attempt, int epoch, double[] losses, double loss,
+    private void handOver(TrainingModule module, int attempt, int epoch, double[] losses, double loss, int threads,
             DriverEndpoint.Caller driver) {
         byte[] state = ModuleAccess.checkpointArchive(module, Metadata.Checkpoint.sharded(epoch + 1, run.seed, run.batch, run.mode,
                 run.xShape, run.yShape, run.shardsSha256));
         History.EpochRecord record = ModuleAccess.epochRecord(module, epoch, loss, null, 0.0, run.recordValues);
         Object[] end = {DriverState.END, attempt, epoch, losses, state, new LinkedHashMap<>(record.getDigests()),
-            new LinkedHashMap<>(record.getParameters()), record.getLrs()};
+            new LinkedHashMap<>(record.getParameters()), record.getLrs(), threads};
         RelayExchange.await(driver.ask(end, Boolean.class));
     }
 
@@ -356,7 +366,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
      * their gradients (into {@code exchange}).
      */
     private static ShardResult slice(Shard shard, long[] order, int start, int end, Replica replica,
-            GradientExchange exchange, byte[][] columns) {
+            GradientExchange exchange, byte[][] columns, long seed) {
         int k = shard.partitions;
         int count = 0;
         for (int i = start; i < end; i++) {
@@ -379,7 +389,16 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
                 r++;
             }
         }
-        return replica.gradients(shard.partition, columns, count, exchange);
+        return replica.gradients(shard.partition, columns, count, exchange, seed);
+    }
+
+    /** @return the lowest partition holding a row of the batch {@code order[start..end)} */
+    private static int firstWithRows(long[] order, int start, int end, int partitions) {
+        int first = partitions - 1;
+        for (int i = start; i < end && first > 0; i++) {
+            first = Math.min(first, Shard.partitionOf(order[i], partitions));
+        }
+        return first;
     }
 
     /**
