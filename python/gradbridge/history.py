@@ -125,8 +125,7 @@ class EpochRecord:
         keys = tuple(document) if isinstance(document, dict) else ()
         extra = keys[len(FIELDS):]
         if not isinstance(document, dict) or keys[:len(FIELDS)] != FIELDS or extra != tuple(
-#: Optional keys that may follow FIELDS, each at most once, in this order.
-OPTIONAL_FIELDS = ("lrs", "threads", "values")
+                k for k in OPTIONAL_FIELDS if k in extra):
             keys = list(document) if isinstance(document, dict) else type(document).__name__
             raise ValueError(f"{where}: expected keys {list(FIELDS)}, got {keys}")
         return cls(
