@@ -192,7 +192,8 @@ def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, scr
         raise
     except Exception as ex:
         raise CaptureError(messages.export_capture_failed(
-            name, "script or trace", f"scripting: {script_failure}; tracing: {_forget(ex)}")) from None
+            name, "script or trace", f"scripting: {script_failure}; tracing: {messages.libtorch_internal('torch.jit.trace', _forget(ex))}"
+        )) from None
     finally:
         model.train(was_training)
         with torch.no_grad():
