@@ -44,7 +44,27 @@ def build(args):
     torch.manual_seed(0)
     config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=args.heads, n_positions=max(args.tokens, 64),
                         num_labels=2, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return GPT2ForSequenceClassification(config)
+    return _Logits(GPT2ForSequenceClassification(config))
+
+
+def _logits_class():
+    import torch
+
+    class Logits(torch.nn.Module):
+        """The classifier's logits alone (the loss takes one tensor)."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).logits
+
+    return Logits
+
+
+def _Logits(model):
+    return _logits_class()(model)
 
 
 def data(args):
@@ -83,7 +103,7 @@ def phase(args) -> dict:
             rows = slice(k * args.batch, (k + 1) * args.batch)
             started = time.perf_counter()
             optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(xs[rows]).logits, ys[rows]).backward()
+            torch.nn.functional.cross_entropy(model(xs[rows]), ys[rows]).backward()
             optimizer.step()
             times.append(time.perf_counter() - started)
         return {"step_s": times[-1]}
@@ -140,9 +160,10 @@ def main() -> None:
           f"{args.tokens} tokens; AdamW; format {args.format}; load average {os.getloadavg()[0]:.1f}", flush=True)
     results = {}
     for name in args.phases.split(","):
-        command = [sys.executable, __file__, "--phase", name, "--folder", folder] + [
-            a for a in sys.argv[1:] if not a.startswith("--phases")]
-        command = [c for i, c in enumerate(command) if not (i > 0 and command[i - 1] == "--phases")]
+        command = [sys.executable, __file__, "--phase", name, "--folder", folder, "--params", args.params,
+                   "--layers", str(args.layers), "--embd", str(args.embd), "--heads", str(args.heads),
+                   "--steps", str(args.steps), "--batch", str(args.batch), "--tokens", str(args.tokens),
+                   "--format", args.format]
         done = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode or not lines:
