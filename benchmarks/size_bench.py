@@ -130,7 +130,7 @@ def phase(args) -> dict:
         with open(os.path.join(args.folder, "h.jsonl")) as f:
             last = [json.loads(line) for line in f if line.strip()][-1]
         return {"s": seconds, "jvm_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-                "losses": last.get("batch_losses", last.get("losses"))}
+                "losses": [last["loss"]]}
     raise SystemExit(f"unknown phase {args.phase}")
 
 
