@@ -352,3 +352,30 @@ def test_a_bare_assertion_in_torch_export_names_where_it_failed():
         reason = traceable.capture_failure(ex)
     line = create_graph_signature.__code__.co_firstlineno + 1
     assert reason.startswith(f"AssertionError in {__file__}:{line} (create_graph_signature)"), reason
+
+
+def test_a_bare_cpp_lookup_failure_while_tracing_is_said_in_words(tmp_path, monkeypatch):
+    """torch.jit.trace of an HF decoder on transformers 4.57 fails with libtorch's bare
+    std::out_of_range text (``_Map_base::at``): the one line says what failed instead."""
+    from gradbridge._runtime import torchscript
+
+    class Unscriptable(torch.nn.Module):  # **kwargs: TorchScript cannot script it, so it is traced
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x, **kwargs):
+            return self.linear(x)
+
+    def failing_trace(*args, **kwargs):
+        raise IndexError("_Map_base::at")  # pybind11's translation of std::out_of_range
+
+    monkeypatch.setattr(torchscript, "trace", failing_trace)
+    target = tmp_path / "m.pt"
+    with pytest.raises(GradbridgeError) as raised:
+        export_training_module(Unscriptable(), "cross_entropy", "sgd", target, format="torchscript",
+                               example_inputs=(torch.randn(2, 4), torch.tensor([0, 1])))
+    text = str(raised.value)
+    assert "tracing: torch.jit.trace failed inside libtorch (an internal lookup failed: _Map_base::at)" in text
+    assert "\n" not in text and not target.exists()
+    assert messages.libtorch_internal("torch.jit.trace", "shape mismatch") == "shape mismatch"

@@ -276,6 +276,18 @@ def export_capture_failed(model: str, how: str, reason: str) -> str:
     return f"cannot {how} {model}: {reason}"
 
 
+#: Whole messages libtorch lets through from C++: std::out_of_range of a map's ``at()`` (torch.jit.trace of
+#: an HF decoder on transformers 4.57 ends so, ``_Map_base::at``).
+_CXX_LOOKUP_FAILURES = ("_Map_base::at", "map::at", "unordered_map::at", "vector::_M_range_check")
+
+
+def libtorch_internal(call: str, reason: str) -> str:
+    """``reason`` in words where it is only a C++ exception's text (which names no cause a user can act on)."""
+    if reason.strip() in _CXX_LOOKUP_FAILURES:
+        return f"{call} failed inside libtorch (an internal lookup failed: {reason.strip()})"
+    return reason
+
+
 def export_output_not_tensor(model: str, output: str) -> str:
     return (f"{model} returns {output}, the loss needs one tensor: wrap the model so that forward returns it "
             "(e.g. an HF model's .logits)")

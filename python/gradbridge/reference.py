@@ -49,10 +49,10 @@ def _program_state(model_path: str | os.PathLike) -> Dict[str, Tensor]:
     return {name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")}
 
 
-def _state_of(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
+def _state_of(module: torch.jit.ScriptModule, clone: bool = True) -> Dict[str, Tensor]:
     names = module.parameter_names() + module.buffer_names()
-    values = module.get_parameters() + module.get_buffers()
-    return {name: value.detach().clone() for name, value in zip(names, values)}
+    values = module.get_parameters() + module.get_buffers()  # copies already
+    return {name: value.detach().clone() if clone else value.detach() for name, value in zip(names, values)}
 
 
 def _as_numpy(tensors: Dict[str, Tensor]) -> Dict[str, np.ndarray]:
@@ -69,9 +69,13 @@ class Reference:
     """Eager torch.optim training of the model in ``model_path`` (see the module docstring)."""
 
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
-                 optimizer: Optional[Dict[str, Any]] = None, loaded: Optional[torch.jit.ScriptModule] = None):
+                 optimizer: Optional[Dict[str, Any]] = None, loaded: Optional[torch.jit.ScriptModule] = None,
+                 state: Optional[Dict[str, Tensor]] = None, take_model: bool = False):
         """``loaded``: the module at ``model_path`` already loaded, to read its initial state from (it
-        is not loaded again); with ``model`` given, the reference does not use it after that."""
+        is not loaded again); with ``model`` given, the reference does not use it after that.
+        ``state``: a protocol-3 module's parameters and buffers by name, already read (``_program_state``).
+        ``take_model``: train ``model`` itself, not a copy (the export's check hands over its own copy,
+        so a large model is not held once more)."""
         self.metadata = protocol.read_metadata(model_path)
         program = self.metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION
         if program and model is None:
@@ -94,8 +98,9 @@ class Reference:
             off_cpu = capture.off_cpu(model)
             if off_cpu:
                 raise InvalidInputError(off_cpu)
-            self.model = copy.deepcopy(model)
-            state = _program_state(model_path) if program else _state_of(scripted)
+            self.model = model if take_model else copy.deepcopy(model)
+            if state is None:  # only read from here, so not copied
+                state = _program_state(model_path) if program else _state_of(scripted, clone=False)
             tensors = list(self.model.named_parameters()) + list(self.model.named_buffers())
             missing = sorted({name for name, _ in tensors} - set(state))
             if missing:
@@ -261,11 +266,13 @@ class Reference:
         ``capture.keyword_call``, under ``model.``)."""
         return [(name[len(self._prefix):], p) for name, p in self.model.named_parameters()]
 
-    def parameters(self) -> Dict[str, Tensor]:
-        return {name: p.detach().clone() for name, p in self.named_parameters()}
+    def parameters(self, copies: bool = True) -> Dict[str, Tensor]:
+        """The parameters by name; ``copies=False``: the tensors themselves, detached (to compare at once)."""
+        return {name: p.detach().clone() if copies else p.detach() for name, p in self.named_parameters()}
 
-    def buffers(self) -> Dict[str, Tensor]:
-        return {name[len(self._prefix):]: b.detach().clone() for name, b in self.model.named_buffers()}
+    def buffers(self, copies: bool = True) -> Dict[str, Tensor]:
+        return {name[len(self._prefix):]: b.detach().clone() if copies else b.detach()
+                for name, b in self.model.named_buffers()}
 
     def record(self, epoch: int, loss: float, val_loss: Optional[float], elapsed_s: float,
                with_values: bool = True) -> EpochRecord:

@@ -473,8 +473,19 @@ def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
             group["betas"] = [start, group["betas"][1]]
 
 
-def _bits(t: Tensor) -> bytes:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+#: Bytes of a tensor written to the archive at a time (a chunk, not a copy of the tensor).
+_CHUNK = 1 << 24
+
+
+def _write_tensor(archive: zipfile.ZipFile, name: str, t: Tensor) -> None:
+    """The tensor's bytes streamed into the archive entry ``name``, stored (random weights do not deflate),
+    from the tensor's own memory; a non-contiguous tensor is copied once, that tensor alone."""
+    data = memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    with archive.open(info, "w", force_zip64=len(data) >= zipfile.ZIP64_LIMIT) as entry:
+        for start in range(0, len(data), _CHUNK):
+            entry.write(data[start:start + _CHUNK])
 
 
 def _micro_batches(batch: int, accumulate: int) -> List[int]:
@@ -512,7 +523,6 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     accumulate = setup.plan.accumulate
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
-    eager = copy.deepcopy(model)
     writes = step_writes.probe(model, example_x)
     trainable = [n for n, p in named if p.requires_grad]
     xs = tuple(x[n] for n in input_names)
@@ -553,9 +563,10 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
     graphs.update(_optimizer_graphs(training))
 
-    state: Dict[str, Tensor] = {f"param:{n}": p.detach().clone() for n, p in named}
+    # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
+    state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
     buffers = list(model.named_buffers())
-    state.update({f"buffer:{n}": b.detach().clone() for n, b in buffers})
+    state.update({f"buffer:{n}": b.detach() for n, b in buffers})
     state.update(constants)
     state.update({k: v for k, v in _initial_optimizer_state(setup, names).items() if k.split(":")[2] not in idle})
     if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
@@ -597,9 +608,12 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
             for name, graph in graphs.items():
                 archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
             for entry, tensor in zip(entries, state.values()):
-                archive.writestr(entry["file"], _bits(tensor))
+                _write_tensor(archive, entry["file"], tensor)
         if check:
-            _check(tmp, eager, copy.deepcopy(schedule), input_names, x, y)
+            # The check's eager side is this copy of the model (its parameters and buffers set from the
+            # written file by the reference): a large model is held here and once as read back, no more.
+            del state, constants, persistent
+            _check(tmp, model, copy.deepcopy(schedule), input_names, x, y)
     log.info("wrote %s", path)
     return path
 
@@ -630,7 +644,8 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
         entry = metadata[protocol.PROGRAM_KEY]
         twin = program.Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
                                entry["counters"], schedule)
-        reference = Reference(path, eager)
+        reference = Reference(path, eager, take_model=True, state={
+            name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")})
         batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
         evaluated = [(x, y)]
         if program.one("train") in graphs:
@@ -644,10 +659,10 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
                 torch.manual_seed(self_check.SEED + k)
                 actual = twin.train_step(bx, by)
                 compare.tensor(method, "loss", expected, actual)
-                compare.named(method, "parameter", reference.parameters(),
+                compare.named(method, "parameter", reference.parameters(copies=False),
                               {n: twin.state[f"param:{n}"] for n in twin.parameters})
-                compare.named(method, "buffer", reference.buffers(),
-                              {n: twin.state[f"buffer:{n}"] for n in reference.buffers()})
+                compare.named(method, "buffer", reference.buffers(copies=False),
+                              {n: twin.state[f"buffer:{n}"] for n in reference.buffers(copies=False)})
                 held = _torch_state(reference)
                 own = {name[len("state:"):]: t for name, t in twin.state.items() if name.startswith("state:")}
                 compare.named(method, "optimizer state", held, own)

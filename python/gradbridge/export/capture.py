@@ -11,7 +11,7 @@ afterwards and torch's generator is left as it was: the export holds the model's
 from __future__ import annotations
 
 import gc
-import io
+import os
 import linecache
 import logging
 import re
@@ -149,7 +149,7 @@ def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
         return None, _forget(ex)
     try:
         # Some models script but cannot be saved (a Python call TorchScript left to Python).
-        torchscript.save(scripted, io.BytesIO())
+        torchscript.save(scripted, os.devnull)  # streamed: a path, not a buffer the size of the model
     except OSError:
         raise  # the machine's trouble, not the model's
     except Exception as ex:
@@ -187,12 +187,13 @@ def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, scr
             train = torchscript.trace(model.train(), (x,), check_trace=False)
             evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
             for traced in (train, evaluate):
-                torchscript.save(traced, io.BytesIO())
+                torchscript.save(traced, os.devnull)
     except TorchScriptUnavailableError:
         raise
     except Exception as ex:
         raise CaptureError(messages.export_capture_failed(
-            name, "script or trace", f"scripting: {script_failure}; tracing: {_forget(ex)}")) from None
+            name, "script or trace", f"scripting: {script_failure}; tracing: {messages.libtorch_internal('torch.jit.trace', _forget(ex))}"
+        )) from None
     finally:
         model.train(was_training)
         with torch.no_grad():

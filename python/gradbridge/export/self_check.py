@@ -120,7 +120,8 @@ class _Check:
     def __init__(self, path: str | os.PathLike, eager_model: nn.Module, capture: str):
         self.method = "loading the export"
         self.module = torchscript.load_for_python(path)
-        self.reference = Reference(path, eager_model, loaded=self.module.module)  # in training mode
+        # in training mode; the check's own copy of the model, not copied again
+        self.reference = Reference(path, eager_model, loaded=self.module.module, take_model=True)
         self.names = self.module.parameter_names()
         self.buffer_names = self.module.buffer_names()
         self.compare = _Comparison(capture)
@@ -142,9 +143,6 @@ class _Check:
                 eager_loss = reference.train_step(x, y)
             else:
                 eager_loss = reference.backward(x, y)
-                eager_grads = {n: None if p.grad is None else p.grad.clone()
-                               for n, p in reference.model.named_parameters()}
-                reference.step()
         eager_state = torch.get_rng_state()
         _seed(seed)
         with _RandomDraws() as exported_draws:
@@ -153,15 +151,25 @@ class _Check:
             else:
                 module.zero_grad()
                 loss = module.calculate_loss_and_backward(reference.method_argument(x), y)
-                flags = module.gradient_flags().tolist()
-                grads = {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)}
-                module.optimizer_step()
         compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
         compare.tensor(method, "loss", eager_loss, loss)
         if not accumulating:
-            compare.named(method, "gradient of", eager_grads, grads)
-        compare.named(method, "parameter", reference.parameters(), dict(zip(self.names, module.get_parameters())))
-        compare.named(method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
+            # Both sides' gradients compared before either optimizer steps, so neither is copied.
+            flags = module.gradient_flags().tolist()
+            compare.named(method, "gradient of", {n: p.grad for n, p in reference.model.named_parameters()},
+                          {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)})
+            before = torch.get_rng_state()
+            with _RandomDraws() as eager_draws:
+                reference.step()
+            eager_state = torch.get_rng_state()
+            torch.set_rng_state(before)
+            with _RandomDraws() as exported_draws:
+                module.optimizer_step()
+            compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
+        compare.named(method, "parameter", reference.parameters(copies=False),
+                      dict(zip(self.names, module.get_parameters())))
+        compare.named(method, "buffer", reference.buffers(copies=False),
+                      dict(zip(self.buffer_names, module.get_buffers())))
         exported_state = module.optimizer_state()
         eager_keys = sorted({key for state in reference.optimizer.state.values() for key, value in state.items()
                              if torch.is_tensor(value)})
@@ -190,7 +198,7 @@ class _Check:
         self.method = "forward (eval mode)"
         with torch.no_grad():
             compare.tensor(self.method, "output", expected_out, module.forward(argument))
-        compare.named(self.method, "buffer", reference.buffers(), dict(zip(self.buffer_names, module.get_buffers())))
+        compare.named(self.method, "buffer", reference.buffers(copies=False), dict(zip(self.buffer_names, module.get_buffers())))
 
 
 def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: Tensor, capture: str) -> None:

@@ -214,8 +214,6 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     else:
         _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
 
-    # The check's eager side: the model as exported (frozen, initial weights), before any capture runs it.
-    eager = copy.deepcopy(model) if check else None
     writes = step_writes.probe(model, example_x if example_x is not None else example_batch(specs)[0])
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
@@ -256,8 +254,13 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     with atomic_path(path) as tmp:
         torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
         if check:
+            # The check's eager side is this copy of the model: the capture and its optimizer state are
+            # let go first, and the check sets the copy's parameters and buffers from the written file,
+            # so a large model is held once here and once as loaded back, not once more.
+            kind = captured.kind
+            del scripted, wrapper, captured, setup, plan, named_buffers, persistent
             x, y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
-            self_check.check(tmp, eager, x, y, captured.kind)
+            self_check.check(tmp, model, x, y, kind)
     log.info("wrote %s", path)
     return path
 
