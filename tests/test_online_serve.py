@@ -195,6 +195,9 @@ def test_bad_requests_get_one_line_and_a_full_queue_gets_429(serve_script, model
         for body, start in bad.items():
             status, text = service.post("/feedback", body)
             assert status == 400 and text.startswith(start) and text.count("\n") == 1, (body, status, text)
+        for route, body in (("/predict", {"x": []}), ("/feedback", {"x": [], "y": []})):
+            status, text = service.post(route, body)
+            assert status == 400 and text == "error: input x has no rows: send at least one\n", (route, text)
         status, text = service.post("/predict", {"x": [["a", 1, 2, 3]]})
         assert status == 400 and text.startswith("error: field 'x' must be a nested array of numbers")
         status, text = service.post("/feedback", {"x": x.tolist() * 4, "y": y.tolist() * 4})

@@ -191,7 +191,10 @@ final class Ingest {
      */
     static long rows(String name, Metadata.TensorSpec spec, HostTensor tensor) {
         long[] shape = tensor.getShape();
-        if (!spec.accepts(tensor.getDtype(), shape) || shape.length == 0 || shape[0] == 0) {
+        if (shape.length > 0 && shape[0] == 0) { // also [] in JSON, whose inner shape cannot show
+            throw new InvalidInputException("input " + name + " has no rows: send at least one");
+        }
+        if (!spec.accepts(tensor.getDtype(), shape) || shape.length == 0) {
             throw new InvalidInputException(
                     Messages.tensorSpec("", "input " + name, spec.getDtype(), spec.getShape(), tensor.getDtype(), shape));
         }
