@@ -16,6 +16,7 @@ from gradbridge import export_training_module, protocol, reference
 from gradbridge.errors import ExportError
 from gradbridge._runtime.torchscript import load
 from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet
+from tests.models.eval_cache import EvalCacheNet
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAM = {"name": "adam", "lr": 0.01}
@@ -251,3 +252,17 @@ def test_parity_refuses_a_factory_of_another_model_in_one_line(tmp_path):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gradbridge: error: ") and "is it this model's export?" in lines[0]
+
+
+def test_state_kept_across_eval_calls_that_python_train_clears_is_refused_in_one_line(tmp_path):
+    """The check evaluates before, between and after its steps: an eval-time cache that only the eager model's
+    Python train() clears would serve stale values from Java (validation drifting while training is bitwise)."""
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    model = EvalCacheNet()
+    with pytest.raises(ExportError) as info:
+        export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=0.1), tmp_path / "m.pt",
+                               example_inputs=(x, y), format="torchscript")
+    message = str(info.value)
+    assert message.startswith("export check failed: evaluate (eval mode) after train_step 1: loss differs"), message
+    assert "Python train()" in message and 'format="export"' in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []

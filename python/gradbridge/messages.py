@@ -305,6 +305,11 @@ def export_differs(method: str, tensor: str, element: int, eager: Any, exported:
             "export": "the captured graph rounds it otherwise than eager (known: nn.GRU with a hidden size not a "
                       "multiple of 32); format=\"torchscript\" exports a model TorchScript scripts, or please report "
                       "it with the model"}.get(capture, "please report it with the model")
+    if "after train_step" in method and capture != "export":
+        # eval mode matched before any step: state kept across calls (timm LeViT's attention-bias cache)
+        hint = ("the model keeps state across calls that its Python train() or eval() changes (e.g. a cache its "
+                "train() clears, as timm's LeViT), which the TorchScript module never runs; export with "
+                "format=\"export\"")
     return (f"export check failed: {method}: {tensor} differs from your eager model at element {element}: "
             f"eager {eager!r}, exported {exported!r}; {hint}; {CHECK_SKIP}")
 

@@ -8,7 +8,8 @@ user's model with the real torch.optim optimizer (``reference.Reference``) on th
   after the step, and the random draws (the ops that consume torch's generator, in order, and the
   generator's state afterwards); with gradient accumulation, ``train_step`` against the eager
   micro-batch loop instead (the step consumes the gradients, so they are not compared);
-- ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``.
+- ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
+  steps and after the last (the eager model back in training mode with its own ``train()`` in between).
 
 All bit for bit. The first difference is one line naming the method, the tensor, the element and both
 values (``messages.export_differs``). The user's model, optimizer and generator are left as they were.
@@ -127,11 +128,17 @@ class _Check:
         self.compare = _Comparison(capture)
 
     def run(self, x: inputs.Batch, y: Tensor) -> None:
+        # eval mode before, between and after the steps: state that lives across calls (an eval-time
+        # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
         with torch.random.fork_rng(devices=[]):
             for step in range(STEPS):
+                self.method = "evaluate (eval mode)" + (f" after train_step {step}" if step else "")
+                self._eval(x, y)
+                self.module.module.train()
+                self.reference.model.train()
                 self.method = f"train_step {step + 1}"
                 self._step(x, y, SEED + step)
-            self.method = "evaluate (eval mode)"
+            self.method = f"evaluate (eval mode) after train_step {STEPS}"
             self._eval(x, y)
 
     def _step(self, x: inputs.Batch, y: Tensor, seed: int) -> None:
@@ -195,7 +202,7 @@ class _Check:
             expected_loss = reference.loss(inputs.call(reference.model, x), y)
             expected_out = inputs.call(reference.model, x)
         compare.tensor(self.method, "loss", expected_loss, module.evaluate(argument, y))
-        self.method = "forward (eval mode)"
+        self.method = self.method.replace("evaluate", "forward")
         with torch.no_grad():
             compare.tensor(self.method, "output", expected_out, module.forward(argument))
         compare.named(self.method, "buffer", reference.buffers(copies=False), dict(zip(self.buffer_names, module.get_buffers())))
