@@ -120,3 +120,24 @@ def test_little_endian_still_trains(models, tmp_path):
     data.load_npz(good)
     result = train_cli("--model", models["linear_regression.pt"], "--data", good, "--batch-size", 8)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_array_inflating_past_two_gigabytes_is_one_line(models, tmp_path):
+    """A few MB of compressed zeros that inflate to 2.2 GB: one line naming the array and the limit, no trace."""
+    rows = (2**31 + 2**27) // 4
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w", force_zip64=True) as out:
+            np.lib.format.write_array_header_1_0(out, {"descr": "<f4", "fortran_order": False, "shape": (rows, 1)})
+            zeros = bytes(1 << 24)
+            left = rows * 4
+            while left:
+                out.write(zeros[:min(left, len(zeros))])
+                left -= min(left, len(zeros))
+        archive.writestr("y.npy", _npy_bytes(np.zeros((1, 1), np.float32)))
+    assert path.stat().st_size < 20 * 2**20
+    result = train_cli("--model", models["linear_regression.pt"], "--data", path, "--epochs", 1,
+                       "--history", tmp_path / "h.jsonl")
+    line = one_error_line(result)
+    assert line.startswith(f"{path}: x of shape [{rows}, 1] holds {rows * 4} bytes, beyond the "), line
+    assert stray_files(tmp_path, keep=("huge.npz",)) == []

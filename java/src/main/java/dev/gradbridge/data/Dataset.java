@@ -218,6 +218,9 @@ public final class Dataset implements AutoCloseable {
         }
     }
 
+    /** The largest array a data file may hold: a Java buffer's limit. */
+    public static final long MAX_ARRAY_BYTES = Integer.MAX_VALUE - 8;
+
     /** One array: its header checked ({@link NpyHeader}), then its data read into native memory. */
     private static Tensor readArray(InputStream in, long totalBytes, String source, String array) throws IOException {
         NpyHeader header = NpyHeader.check(in, totalBytes, source, array);
@@ -227,10 +230,19 @@ public final class Dataset implements AutoCloseable {
                     + ", which gradbridge does not read; save it as float32, float64 or int64");
         }
         long count = 1;
-        for (long dim : header.shape) {
-            count = Math.multiplyExact(count, dim);
+        long bytes = -1;
+        try {
+            for (long dim : header.shape) {
+                count = Math.multiplyExact(count, dim);
+            }
+            bytes = Math.multiplyExact(count, (long) dtype.size());
+        } catch (ArithmeticException e) {
+            bytes = -1;
         }
-        ByteBuffer data = ByteBuffer.allocateDirect(Math.toIntExact(count * dtype.size())).order(ByteOrder.nativeOrder());
+        if (bytes < 0 || bytes > MAX_ARRAY_BYTES) { // one direct buffer per array: Java's limit
+            throw new InvalidInputException(Messages.arrayTooLarge(source, array, header.shape, bytes, MAX_ARRAY_BYTES));
+        }
+        ByteBuffer data = ByteBuffer.allocateDirect((int) bytes).order(ByteOrder.nativeOrder());
         byte[] chunk = new byte[1 << 16];
         while (data.hasRemaining()) {
             int read = in.read(chunk, 0, Math.min(chunk.length, data.remaining()));

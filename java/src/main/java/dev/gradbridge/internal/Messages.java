@@ -154,6 +154,20 @@ public final class Messages {
                 + Arrays.toString(actualShape);
     }
 
+    /**
+     * @param source the data file
+     * @param array the array's name in it
+     * @param shape its shape
+     * @param bytes its byte count (negative: past a long)
+     * @param limit the most bytes one array may hold in Java
+     * @return the line for an array too large for one Java buffer
+     */
+    public static String arrayTooLarge(String source, String array, long[] shape, long bytes, long limit) {
+        return source + ": " + array + " of shape " + Arrays.toString(shape) + " holds "
+                + (bytes < 0 ? "more than 2^63" : String.valueOf(bytes)) + " bytes, beyond the " + limit
+                + " one array may have in Java; split the data into several files";
+    }
+
     // ---- files gradbridge writes ----
 
     /**
