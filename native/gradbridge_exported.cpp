@@ -874,7 +874,7 @@ struct Exported {
         node.op->callBoxed(stack);
       } catch (const std::exception& ex) {
         std::string what = ex.what();
-        throw std::runtime_error("op list " + name + ": " + node.name + " failed: " + what.substr(0, what.find('\n')));
+        throw std::runtime_error("op list " + name + node.label + " failed: " + what.substr(0, what.find('\n')));
       }
       if (node.outputs == 0) slots.emplace_back();
       for (int64_t k = 0; k < node.outputs; k++) slots.push_back(std::move(stack[k]));

@@ -26,7 +26,7 @@ def _python(path: Path, x, y) -> str:
         metadata, graphs, state = read_program(path)
         entry = metadata[protocol.PROGRAM_KEY]
         twin = Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
-                       entry["counters"])
+                       entry["counters"], where=str(path))
         xs, ys = {"x": torch.from_numpy(x)}, torch.from_numpy(y)
         for _ in range(2):
             twin.train_step(xs, ys)

@@ -297,7 +297,7 @@ def forward_ops(graph: Mapping[str, Any]) -> int:
     return 0
 
 
-def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
+def run(graph: Mapping[str, Any], values: Mapping[str, Any], name: str = "graph") -> Dict[str, Any]:
     """Run an op list on ``values`` (binding name -> tensor or double), its forward (``forward_ops``) with
     grad mode on, the rest under no_grad; returns its outputs by binding (``grad:`` outputs as returned,
     not accumulated: the caller accumulates)."""
@@ -309,16 +309,16 @@ def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
     batch = int(values[first].shape[0]) if first is not None else 0
     forward = forward_ops(graph)
     with torch.enable_grad():
-        _run_nodes(graph["nodes"][:forward], slots, batch, 0)
+        _run_nodes(graph["nodes"][:forward], slots, batch, 0, name)
     with torch.no_grad():
-        _run_nodes(graph["nodes"][forward:], slots, batch, forward)
+        _run_nodes(graph["nodes"][forward:], slots, batch, forward, name)
     return {out["to"]: slots[out["ref"]] for out in graph["outputs"]}
 
 
-def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int, first: int) -> None:
+def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int, first: int, name: str) -> None:
     for k, node in enumerate(nodes, first):
         args = [_decode(a, slots, batch) for a in node["args"]]
-        where = f"op list node {k} ({node['op']}.{node['overload']})"
+        where = f"op list {name} node {k} ({node['op']}.{node['overload']})"
         if node["op"] == ITEM:
             if not 0 <= args[1] < len(args[0]):
                 raise OpListError(f"{where}: index {args[1]} of a list of {len(args[0])}")
@@ -332,7 +332,10 @@ def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int,
                               f"takes {len(schema.arguments)}")
         positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
         keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
-        result = op(*positional, **keywords)
+        try:
+            result = op(*positional, **keywords)
+        except Exception as ex:  # the kernel's own check: one line, as the native layer's (its first line)
+            raise OpListError(f"{where} failed: {(str(ex).strip().splitlines() or [type(ex).__name__])[0]}") from ex
         if node["outputs"] == 1:
             slots.append(result)
         elif node["outputs"] > 1:

@@ -306,3 +306,27 @@ def _scalar_arg(kind: str, value: Any, where: str) -> None:
         known = {"dtype": DTYPES, "layout": ("strided",), "device": ("cpu",), "mf": MEMORY_FORMATS}[kind]
         if value not in known:
             fail(where, f"{kind} is {shown(value)}, expected one of {', '.join(known)}")
+
+
+#: The graphs a program may hold (``NAME@1``: captured at one sample, for the first four), the binding each
+#: one's outputs must hold, and the graphs every program holds (``program``'s docstring)
+GRAPH_OUTPUTS = {"train": "loss", "train_accumulate": "loss", "forward": "output", "loss": "loss", "clip": None,
+                 "optimizer": None, "optimizer_first": None}
+ONE_SAMPLE = ("train", "train_accumulate", "forward", "loss")
+REQUIRED_GRAPHS = ("train", "forward", "loss", "optimizer")
+
+
+def check_role(name: str, graph: Mapping[str, Any], where: str) -> None:
+    """A graph's name is one a program holds, and its outputs hold the binding its method reads."""
+    base = name[:-2] if name.endswith("@1") else name
+    if base not in GRAPH_OUTPUTS or (base != name and base not in ONE_SAMPLE):
+        fail(where, f"unknown graph (a program holds {', '.join(GRAPH_OUTPUTS)})")
+    wanted = GRAPH_OUTPUTS[base]
+    if wanted is not None and all(out["to"] != wanted for out in graph["outputs"]):
+        fail(where, f"outputs no {wanted}")
+
+
+def check_required(names: Any, where: str) -> None:
+    for name in REQUIRED_GRAPHS:
+        if name not in names:
+            fail(where, f"lacks graph {name}")

@@ -127,7 +127,9 @@ class Program:
     arithmetic is the native layer's specification), or None."""
 
     def __init__(self, graphs: Mapping[str, Any], state: Mapping[str, Tensor], parameters: List[str],
-                 training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None):
+                 training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None,
+                 where: str = ""):
+        self.where = where  # its file: the start of its error lines
         self.graphs = dict(graphs)
         self.state = {name: t.clone() for name, t in state.items()}
         self.parameters = list(parameters)
@@ -147,7 +149,10 @@ class Program:
                                      f"{MIN_BATCH}")
         merged = dict(self.state)
         merged.update(values)
-        return oplist.run(self.graphs[graph], merged)
+        try:
+            return oplist.run(self.graphs[graph], merged, graph)
+        except oplist.OpListError as ex:
+            raise oplist.OpListError(f"{self.where}: {ex}" if self.where else str(ex)) from ex
 
     @staticmethod
     def _inputs(x: Mapping[str, Tensor]) -> Dict[str, Tensor]:
@@ -274,6 +279,8 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
                     raise protocol.ProtocolError(messages.program_entry_missing(str(path), oplist_check.shown(file)))
                 graphs[name] = oplist_check.load_json(_bounded(archive, file, oplist_check.LIMITS["json_bytes"]), where)
                 oplist_check.check_graph(graphs[name], where)
+                oplist_check.check_role(name, graphs[name], where)
+            oplist_check.check_required(graphs, f"{protocol.PROGRAM_KEY}.graphs")
             specs = entry.get("state")
             if not isinstance(specs, list):
                 raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.state"))

@@ -109,11 +109,13 @@ final class ExportedModule extends ScriptedModule {
                 byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
                 JsonElement opList = StrictJson.read(bytes, where);
                 ProgramCheck.graph(opList, where);
+                ProgramCheck.role(graph.getKey(), opList.getAsJsonObject(), where);
                 // the native layer reads what passed, as Gson writes it
                 text.append(graphFiles.isEmpty() ? "" : ",").append(new JsonPrimitive(graph.getKey())).append(':')
                         .append(opList);
                 graphFiles.put(name.getAsString(), new String(bytes, StandardCharsets.UTF_8));
             }
+            ProgramCheck.required(graphs, Protocol.PROGRAM_KEY + ".graphs");
             text.append("}}");
             JsonElement entries = program.get("state");
             if (entries == null || !entries.isJsonArray()) {

@@ -239,6 +239,46 @@ final class ProgramCheck {
         }
     }
 
+    private static final Map<String, String> GRAPH_OUTPUTS = new LinkedHashMap<>();
+    private static final List<String> ONE_SAMPLE = Arrays.asList("train", "train_accumulate", "forward", "loss");
+    private static final List<String> REQUIRED_GRAPHS = Arrays.asList("train", "forward", "loss", "optimizer");
+
+    static {
+        GRAPH_OUTPUTS.put("train", "loss");
+        GRAPH_OUTPUTS.put("train_accumulate", "loss");
+        GRAPH_OUTPUTS.put("forward", "output");
+        GRAPH_OUTPUTS.put("loss", "loss");
+        GRAPH_OUTPUTS.put("clip", null);
+        GRAPH_OUTPUTS.put("optimizer", null);
+        GRAPH_OUTPUTS.put("optimizer_first", null);
+    }
+
+    /** A graph's name is one a program holds, and its outputs hold the binding its method reads (python: check_role). */
+    static void role(String name, JsonObject graph, String where) {
+        String base = name.endsWith("@1") ? name.substring(0, name.length() - 2) : name;
+        if (!GRAPH_OUTPUTS.containsKey(base) || (!base.equals(name) && !ONE_SAMPLE.contains(base))) {
+            throw new Refusal(where, "unknown graph (a program holds " + String.join(", ", GRAPH_OUTPUTS.keySet()) + ")");
+        }
+        String wanted = GRAPH_OUTPUTS.get(base);
+        if (wanted == null) {
+            return;
+        }
+        for (JsonElement out : graph.getAsJsonArray("outputs")) {
+            if (out.getAsJsonObject().get("to").getAsString().equals(wanted)) {
+                return;
+            }
+        }
+        throw new Refusal(where, "outputs no " + wanted);
+    }
+
+    static void required(JsonObject graphs, String where) {
+        for (String name : REQUIRED_GRAPHS) {
+            if (!graphs.has(name)) {
+                throw new Refusal(where, "lacks graph " + name);
+            }
+        }
+    }
+
     // ---- training and counters (python: program_check.check_training) ----
 
     static void training(JsonObject training, JsonObject counters, String where) {
