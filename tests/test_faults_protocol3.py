@@ -254,3 +254,184 @@ def test_the_command_line_refuses_a_hostile_file_in_one_line(good, tmp_path):
                                         "--checkpoint", out / "c.pt", "--history", out / "h.jsonl"))
         assert str(bad) in line and HOSTILE[name][-1] in line, line
         assert stray_files(out) == []
+
+
+# ---- the shared corpus: both readers classify each file alike ----
+
+def _walk(document, path):
+    for key in path[:-1]:
+        document = document[key]
+    return document, path[-1]
+
+
+def corpus_file(good, folder: Path, case) -> Path:
+    """The corpus case's file: the module with one entry edited as the case says."""
+    def change(document):
+        if "set" in case:
+            parent, key = _walk(document, case["set"][0])
+            parent[key] = copy.deepcopy(case["set"][1])
+        if "delete" in case:
+            parent, key = _walk(document, case["delete"])
+            del parent[key]
+        text = json.dumps(document).encode()
+        if "text" in case:
+            old, new = case["text"]
+            assert old in text.decode(), (case["name"], old)
+            text = text.decode().replace(old, new, 1).encode()
+        return text + bytes.fromhex(case.get("raw_tail", ""))
+    return rewrite(good["path"], folder / f"{case['name']}.pt", case["entry"], change)
+
+
+def test_both_readers_classify_the_shared_corpus_alike(good, tmp_path):
+    cases = json.loads(CORPUS.read_text(encoding="utf-8"))["cases"]
+    assert len({c["name"] for c in cases}) == len(cases)
+    files = [corpus_file(good, tmp_path, case) for case in cases]
+    lines = _run_worker(good["data"], files)
+    wrong = []
+    for case, line in zip(cases, lines):
+        for reader in ("python", "java"):
+            text = line[reader]
+            fine = text == "ok" if case["expect"] == "ok" else (
+                case["expect"] in text and str(tmp_path / case["name"]) in text and "\n" not in text)
+            if not fine:
+                wrong.append((case["name"], reader, text[:600]))
+    assert not wrong, "\n".join(map(str, wrong))
+
+
+# ---- the fuzz test: seeded mutations of a real module's op lists and program ----
+
+INTS = [0, 1, -1, 2, 3, 7, 64, 2 ** 31, 2 ** 34, 2 ** 62, -2 ** 63, 2 ** 63 - 1, 2 ** 63]
+VALUES = INTS + [1.5, -0.0, 1e308, "", "x", "nan", "inf", "-0x1p+0", "0x1p+1023", None, True, False, [], {}, [0],
+                 {"t": 0}, {"i": -1}, "aten::relu", "#item", "param:0.weight", "scalar:neg_lr:0"]
+GRAPHS = ("graphs/train.json", "graphs/optimizer.json", "graphs/forward.json", "graphs/loss.json")
+
+
+def _positions(document, path=()):
+    """Every (container, key) in a JSON tree."""
+    items = document.items() if isinstance(document, dict) else enumerate(document) if isinstance(document, list) else ()
+    for key, value in items:
+        yield document, key
+        yield from _positions(value, path + (key,))
+
+
+def _schema_node(rng, graph):
+    """A node of a random operator on the allow-list with arguments of the kinds its schema reads (values drawn
+    from the edges: huge, negative, zero sizes; any earlier slot for a tensor), appended to ``graph``."""
+    from gradbridge._runtime import oplist
+
+    name = rng.choice(sorted(oplist_check.OPERATORS))
+    op, overload = name.rsplit(".", 1)
+    try:
+        schema = oplist._overload(op, overload)._schema
+    except oplist.OpListError:  # on the list for another torch
+        return
+    try:
+        slots = len(graph["inputs"]) + sum(max(n["outputs"], 1) for n in graph["nodes"])
+    except (TypeError, KeyError, AttributeError):  # an earlier mutation broke the graph's frame
+        return
+
+    def value(type_):
+        kind = type_.kind()
+        if kind == "OptionalType":
+            return None if rng.random() < 0.5 else value(type_.getElementType())
+        if kind == "TensorType":
+            return {"t": rng.randrange(slots)}
+        if kind == "ListType":
+            inner = type_.getElementType().kind()
+            n = rng.choice([0, 1, 2, 4])
+            if inner == "TensorType":
+                return {"tl": [rng.randrange(slots) for _ in range(n)]}
+            if inner == "OptionalType":
+                return {"otl": [rng.randrange(slots) for _ in range(n)]}
+            if inner in ("IntType", "SymIntType"):
+                return {"il": [rng.choice(INTS[:-1]) for _ in range(n)]}
+            if inner == "FloatType":
+                return {"fl": ["0x1p+0"] * n}
+            return {"bl": [True] * n}
+        if kind in ("IntType", "SymIntType"):
+            return {"i": rng.choice(INTS[:-1])}
+        if kind in ("FloatType", "NumberType"):
+            return rng.choice([{"f": rng.choice(["0x1p+0", "-0x1p+1", "nan", "inf", "0x0p+0"])}, {"i": rng.choice(INTS[:-1])}])
+        if kind == "BoolType":
+            return {"b": rng.random() < 0.5}
+        if kind == "StringType":
+            return {"s": rng.choice(["none", "tanh", "mean", "x", ""])}
+        if kind == "ScalarTypeType":
+            return {"dtype": rng.choice(list(oplist_check.DTYPES))}
+        if kind == "MemoryFormatType":
+            return {"mf": rng.choice(list(oplist_check.MEMORY_FORMATS))}
+        if kind == "LayoutType":
+            return {"layout": "strided"}
+        if kind == "DeviceObjType":
+            return {"device": "cpu"}
+        return None
+
+    graph["nodes"].append({"op": op, "overload": overload, "args": [value(a.real_type) for a in schema.arguments],
+                           "outputs": len(schema.returns)})
+
+
+def _mutate(rng, entries):
+    """One to three mutations of one entry (an op list or gradbridge.json's program): a value replaced by an edge
+    value, a key or element dropped or doubled, an operator swapped for another on the list, a node of a random
+    operator appended with arguments its schema reads, or the bytes damaged."""
+    name = rng.choice(GRAPHS + ("gradbridge.json",))
+    data = entries[name]
+    if rng.random() < 0.08:
+        cut = bytearray(data[: rng.randrange(1, len(data))] if rng.random() < 0.5 else data)
+        cut[rng.randrange(len(cut))] = rng.randrange(256)
+        return name, bytes(cut)
+    document = json.loads(data)
+    tree = document["program"] if name == "gradbridge.json" else document
+    for _ in range(rng.randint(1, 3)):
+        roll = rng.random()
+        if name != "gradbridge.json" and roll < 0.35:
+            _schema_node(rng, tree)
+            continue
+        positions = list(_positions(tree))
+        parent, key = rng.choice(positions)
+        if roll < 0.75:
+            parent[key] = copy.deepcopy(rng.choice(VALUES)) if rng.random() < 0.7 else (
+                parent[key] + rng.choice([-1, 1]) if oplist_check.is_int(parent[key]) else rng.choice(INTS))
+        elif roll < 0.9:
+            del parent[key]
+        elif isinstance(parent, list):
+            parent.insert(key, copy.deepcopy(parent[key]))
+        elif isinstance(parent, dict) and key == "op":
+            parent["op"], parent["overload"] = rng.choice(sorted(oplist_check.OPERATORS)).rsplit(".", 1)
+    return name, json.dumps(document).encode()
+
+
+def test_fuzzed_files_are_one_line_or_train_from_both_readers(good, tmp_path, request):
+    """Seeded mutations (40 in the default run, 600 with --full): each file is read and run by both readers in
+    a process of its own: no abort, nothing touched, one line or success, and both readers agree."""
+    import random
+
+    count = 600 if request.config.getoption("--full") else 40
+    with zipfile.ZipFile(good["path"]) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    rng = random.Random(47)
+    files = []
+    for k in range(count):
+        name, data = _mutate(rng, entries)
+        files.append(_raw(good["path"], tmp_path / f"fuzz{k}.pt", name, data))
+    before = _watched(tmp_path, good["canary"])
+    lines = []
+    for start in range(0, len(files), 200):
+        lines += _run_worker(good["data"], files[start:start + 200])
+    assert _watched(tmp_path, good["canary"]) == before
+    wrong = []
+    for line in lines:
+        python, java = line["python"], line["java"]
+        for text in (python, java):
+            if "UNEXPECTED" in text or "\n" in text or len(text) > 2000:
+                wrong.append((line["file"], text[:600]))
+        if (python == "ok") != (java == "ok"):
+            wrong.append((line["file"], f"python: {python[:300]} | java: {java[:300]}"))
+    assert not wrong, "\n".join(map(str, wrong))
+
+
+def _raw(source: Path, target: Path, entry: str, data: bytes) -> Path:
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
+        for name in old.namelist():
+            new.writestr(name, data if name == entry else old.read(name))
+    return target

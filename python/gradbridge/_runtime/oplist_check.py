@@ -202,7 +202,7 @@ def check_graph(graph: Any, where: str) -> None:
     of a known kind holding a value of its type, every slot it refers to computed before it, the limits."""
     if not isinstance(graph, dict) or not is_int(graph.get("oplist_version")) or graph["oplist_version"] != VERSION:
         version = graph.get("oplist_version") if isinstance(graph, dict) else None
-        fail(where, f"op-list version {shown(version)}, this gradbridge runs version {VERSION}")
+        fail(where, f"op-list version {shown(json.dumps(version))}, this gradbridge runs version {VERSION}")
     for key in graph:
         if key not in GRAPH_KEYS:
             fail(where, f"unknown key {shown(key)}")
@@ -226,6 +226,11 @@ def check_graph(graph: Any, where: str) -> None:
 def operator_name(op: str, overload: str) -> str:
     """``op.overload`` as the allow-list names it (``aten::add.Tensor``, ``aten::relu.default``)."""
     return f"{op}.{overload}"
+
+
+def node_name(op: str, overload: str) -> str:
+    """A node as the lines name it, the native layer's way (``#item``: no overload)."""
+    return op if overload == "" else f"{op}.{overload}"
 
 
 def check_node(node: Any, slots: int, where: str) -> int:

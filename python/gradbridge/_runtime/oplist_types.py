@@ -30,7 +30,7 @@ def check(graph: Mapping[str, Any], where: str) -> None:
     oplist_check.check_graph(graph, where)
     slots = ["double" if name.startswith("scalar:") else "tensor" for name in graph["inputs"]]
     for k, node in enumerate(graph["nodes"]):
-        at = f"{where} node {k} ({oplist_check.shown(oplist_check.operator_name(node['op'], node['overload']))})"
+        at = f"{where} node {k} ({oplist_check.shown(oplist_check.node_name(node['op'], node['overload']))})"
         schema = None if node["op"] == ITEM else _overload(node["op"], node["overload"], where)._schema
         for j, arg in enumerate(node["args"]):
             for s in (arg or {}).get("tl", []) + [v for v in (arg or {}).get("otl", []) if v is not None]:
@@ -73,7 +73,7 @@ def _type_text(type_: Any) -> str:
         return f"{_type_text(type_.getElementType())}?"
     if kind == "ListType":
         return f"{_type_text(type_.getElementType())}[]"
-    return str(type_)
+    return "Scalar" if kind == "NumberType" else str(type_)
 
 
 def _fits(arg: Any, type_: Any, slots: List[str]) -> bool:

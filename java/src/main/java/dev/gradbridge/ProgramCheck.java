@@ -67,7 +67,7 @@ final class ProgramCheck {
     static void graph(JsonElement value, String where) {
         JsonElement version = value.isJsonObject() ? value.getAsJsonObject().get("oplist_version") : null;
         if (!isInt(version) || version.getAsLong() != StrictJson.VERSION) {
-            throw new Refusal(where, "op-list version " + shown(version == null ? "null" : shown(version))
+            throw new Refusal(where, "op-list version " + shown(String.valueOf(version))
                     + ", this gradbridge runs version " + StrictJson.VERSION);
         }
         JsonObject graph = value.getAsJsonObject();
