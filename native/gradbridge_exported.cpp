@@ -194,7 +194,7 @@ struct Node {
   std::vector<Arg> args;
   int64_t outputs = 1;
   std::vector<size_t> sized;  // the arguments that size a tensor (Limits::sized): checked before the op runs
-  bool strided = false;       // takes a `stride` (as_strided's kind): its extent checked against its storage
+  bool strided = false;       // takes a `size` and a `stride` (as_strided's kind): its extent checked against its storage
   std::string label;          // " node K (NAME)", for its error lines
 };
 
@@ -317,7 +317,7 @@ bool fits(const Arg& a, const c10::TypePtr& given, const std::vector<Slot>& slot
     case c10::TypeKind::SymIntType: return a.kind == Arg::Int || a.kind == Arg::BatchInt;
     case c10::TypeKind::FloatType: return a.kind == Arg::Double || a.kind == Arg::Int || slot(Slot::Double);
     case c10::TypeKind::NumberType:
-      return a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool || slot(Slot::Double);
+      return a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool || a.kind == Arg::BatchInt || slot(Slot::Double);
     case c10::TypeKind::BoolType: return a.kind == Arg::Bool;
     case c10::TypeKind::StringType: return a.kind == Arg::Str;
     case c10::TypeKind::ScalarTypeType: return a.kind == Arg::Dtype;
@@ -425,10 +425,13 @@ Graph parse_graph(const std::string& name, const Json& g, const Limits& limits) 
         throw std::invalid_argument(at + ": " + std::to_string(node.outputs) + " outputs, it returns " + std::to_string(returns.size()));
       for (const auto& r : returns) slots.push_back(slot_of_return(r.type()));
       if (returns.empty()) slots.push_back(Slot::Other);
+      bool size = false, stride = false;  // as_strided's kind takes both (a convolution's stride is no view's)
       for (size_t k = 0; k < arguments.size(); k++) {
         if (limits.is_sized(arguments[k].name())) node.sized.push_back(k);
-        if (arguments[k].name() == "stride") node.strided = true;
+        size = size || arguments[k].name() == "size";
+        stride = stride || arguments[k].name() == "stride";
       }
+      node.strided = size && stride;
     } else {
       if (node.args[0].kind != Arg::Ref || slots[node.args[0].i] != Slot::List || node.args[1].kind != Arg::Int || node.outputs != 1)
         throw std::invalid_argument(at + ": takes a list slot and an index and has one output");
@@ -471,7 +474,7 @@ int64_t batch_int(int64_t a, int64_t batch, int64_t c) {
 // Before an op runs, what its arguments size from the file (python: oplist._check_sizes): each argument named
 // in Limits::sized (a view's or a new tensor's size, slice_backward's input_sizes, embedding's num_weights)
 // holds sizes of at least -1 (a view's inferred one) whose product is at most Limits::elements; an op that takes
-// a `stride` (as_strided's kind) stays within its source's storage: the file cannot make a tensor reach
+// a `size` and a `stride` (as_strided's kind) stays within its source's storage: the file cannot make a tensor reach
 // past the memory it owns, nor allocate past the limit.
 void check_sizes(const Node& node, const torch::jit::Stack& stack, const Limits& limits, const std::string& graph) {
   auto where = [&] { return "op list " + graph + node.label; };

@@ -5,7 +5,8 @@ refresh protocol 3's operator allow-list (python/gradbridge/_runtime/oplist_rule
 
 While it records, the Python reader lets every operator through (each op list the export reads back before
 writing it adds its ``op.overload`` lines to the file); tests that load the files in Java still refuse one
-off the list. ``python -m tests.oplist_recorder OUT`` exports the model zoo (tests/models/zoo.py) alike.
+off the list. ``python -m tests.oplist_recorder OUT [CASE...]`` exports the model zoo (tests/models/zoo.py), or
+the cases named, alike.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ if os.environ.get("GRADBRIDGE_RECORD_OPS"):
     oplist_check.OPERATORS = _Recording()
 
 
-def _zoo(out: str) -> None:
+def _zoo(out: str, only=()) -> None:
     import tempfile
     from pathlib import Path
 
@@ -44,7 +45,7 @@ def _zoo(out: str) -> None:
     os.environ["GRADBRIDGE_RECORD_OPS"] = out
     oplist_check.OPERATORS = _Recording()
     with tempfile.TemporaryDirectory() as folder:
-        for case in zoo.CASES:
+        for case in [c for c in zoo.CASES if not only or c.name in only]:
             torch.manual_seed(0)
             x, y = case.data(8, 0)
             example = (inputs.select(x, torch.arange(4)), y[:4])
@@ -57,4 +58,4 @@ def _zoo(out: str) -> None:
 
 
 if __name__ == "__main__":
-    _zoo(sys.argv[1])
+    _zoo(sys.argv[1], sys.argv[2:])

@@ -435,3 +435,52 @@ def _raw(source: Path, target: Path, entry: str, data: bytes) -> Path:
         for name in old.namelist():
             new.writestr(name, data if name == entry else old.read(name))
     return target
+
+
+# ---- the allow-list, and TorchScript files beside it ----
+
+def test_the_allow_list_holds_nothing_that_touches_files_threads_or_global_state():
+    """Every operator the capture emits is on the list (each export reads its file back through it, so any
+    protocol-3 export in the suite fails on one that is not); none of them reads or writes a file, sets a
+    storage, seeds or reaches past its arguments."""
+    forbidden = ("from_file", "save", "load", "_fused", "set_", "storage", "resize", "print", "_assert", "seed",
+                 "set_num_threads", "record_stream", "_local_scalar", "as_strided", "_reshape_alias", "unsafe_chunk")
+    operators = json.loads((REPO / "python" / "gradbridge" / "_runtime" / "oplist_rules.json").read_text())["operators"]
+    assert operators == sorted(set(operators)) and all(op.startswith("aten::") for op in operators)
+    assert [op for op in operators if any(word in op.split("::")[1] for word in forbidden)] == []
+
+
+def test_an_edited_torchscript_metadata_schedule_is_one_line_in_python_and_not_run_by_java(jvm, tmp_path):
+    """A TorchScript module runs the schedule compiled into its code; its metadata describes it for Python's
+    reference, which checks it as the export did (StepLR's step_size 0 would divide by zero in torch)."""
+    import torch
+    from torch import nn
+
+    from gradbridge import ProtocolError, export_training_module, reference
+    from gradbridge.export import finetune
+    from gradbridge.jvm import load_module, to_tensor
+    from tests.faults import rewrite_metadata
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "ts.pt", example_inputs=(x, y),
+                                  format="torchscript", scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 2))
+
+    def zero(document):
+        document[finetune.METADATA_KEY]["scheduler"]["step_size"] = 0
+        return document
+    bad = rewrite_metadata(path, tmp_path / "bad.pt", zero)
+    with pytest.raises(ProtocolError) as info:
+        reference.Reference(bad)
+    assert str(bad) in str(info.value) and "step_size must be positive, got 0" in str(info.value), info.value
+    module = load_module(bad)
+    try:
+        lrs = []
+        for _ in range(3):
+            module.trainStep(to_tensor(x.numpy()), to_tensor(y.numpy()))
+            lrs.append(float(module.getLr()))
+        assert lrs == pytest.approx([0.1, 0.01, 0.01])  # the compiled StepLR(step_size=2), not the edited one
+    finally:
+        module.close()

@@ -102,7 +102,7 @@ def _fits(arg: Any, type_: Any, slots: List[str]) -> bool:
     if kind == "FloatType":
         return given in ("f", "i") or slot == "double"
     if kind == "NumberType":
-        return given in ("i", "f", "b") or slot == "double"
+        return given in ("i", "f", "b", "bx") or slot == "double"
     return given == {"BoolType": "b", "StringType": "s", "ScalarTypeType": "dtype", "LayoutType": "layout",
                      "DeviceObjType": "device", "MemoryFormatType": "mf"}.get(kind, "-")
 
@@ -110,7 +110,7 @@ def _fits(arg: Any, type_: Any, slots: List[str]) -> bool:
 def check_sizes(schema: Any, args: List[Any], where: str) -> None:
     """Before an op runs, what its arguments size from the file (the native layer's check_sizes): each argument
     named in ``oplist_check.SIZED`` holds sizes of at least -1 whose product is at most ``elements``; an op that
-    takes a ``stride`` stays within its source's storage."""
+    takes a ``size`` and a ``stride`` (as_strided's kind) stays within its source's storage."""
     limit = oplist_check.LIMITS["elements"]
     for argument, value in zip(schema.arguments, args):
         if argument.name not in oplist_check.SIZED or not isinstance(value, (int, list)):
@@ -125,7 +125,7 @@ def check_sizes(schema: Any, args: List[Any], where: str) -> None:
                 raise OpListError(f"{where}: {argument.name} {sizes} sizes more than the limit of {limit} elements")
     named = {a.name: v for a, v in zip(schema.arguments, args)}
     source = next((v for v in args if isinstance(v, torch.Tensor)), None)
-    if "stride" not in named or source is None:
+    if "stride" not in named or "size" not in named or source is None:  # as_strided's kind (not a convolution's stride)
         return
     size, stride, offset = named.get("size") or [], named["stride"] or [], named.get("storage_offset") or 0
     storage = source.untyped_storage().nbytes() // max(source.element_size(), 1)
