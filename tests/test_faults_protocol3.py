@@ -484,3 +484,21 @@ def test_an_edited_torchscript_metadata_schedule_is_one_line_in_python_and_not_r
         assert lrs == pytest.approx([0.1, 0.01, 0.01])  # the compiled StepLR(step_size=2), not the edited one
     finally:
         module.close()
+
+
+def test_an_export_whose_capture_emits_an_operator_off_the_list_is_refused(tmp_path, monkeypatch):
+    """The test that fails when the capture emits an operator the list lacks: every export reads its file back
+    through the allow-list (here relu's taken off it)."""
+    import torch
+    from torch import nn
+
+    from gradbridge import export_training_module
+    from gradbridge.errors import ExportError
+
+    monkeypatch.setattr(oplist_check, "OPERATORS", oplist_check.OPERATORS - {"aten::relu.default"})
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    with pytest.raises(ExportError) as info:
+        export_training_module(model, "cross_entropy", {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt",
+                               example_inputs=(torch.randn(4, 4), torch.randint(0, 3, (4,))), format="export")
+    assert "operator aten::relu.default is not on protocol 3's operator allow-list" in str(info.value), info.value
+    assert not (tmp_path / "m.pt").exists()

@@ -245,7 +245,7 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
     except RecursionError as ex:  # json's decoder recurses: a deeply nested text
         raise ProtocolError(f"{path}: {METADATA_FILE} is not valid JSON: nested too deep") from ex
     except (RuntimeError, NotImplementedError, zlib.error) as ex:  # an encrypted or damaged entry
-        raise ProtocolError(f"{path}: {METADATA_FILE} is unreadable: {' '.join(str(ex).split())[:200]}") from ex
+        raise ProtocolError(f"{path}: {METADATA_FILE} is unreadable: {messages.one_line(ex)[:200]}") from ex
     check_schema(str(path), document)
     if document.get("protocol_version") not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "
