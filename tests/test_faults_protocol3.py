@@ -206,6 +206,7 @@ def _watched(folder: Path, canary: Path):
     return sorted(p.name for p in folder.iterdir()), canary.stat().st_mtime_ns, canary.read_bytes()
 
 
+@pytest.mark.every_torch_java  # both readers on each torch (the CLI runs DJL's libtorch: the oldest only)
 def test_every_hostile_edit_is_one_line_from_both_readers_and_touches_nothing(good, tmp_path):
     files = [_hostile_file(good, tmp_path, name) for name in HOSTILE]
     before = _watched(tmp_path, good["canary"])
@@ -221,11 +222,13 @@ def test_every_hostile_edit_is_one_line_from_both_readers_and_touches_nothing(go
     assert not wrong, "\n".join(map(str, wrong))
 
 
+@pytest.mark.every_torch_java  # both readers on each torch (the CLI runs DJL's libtorch: the oldest only)
 def test_the_good_file_trains_in_both_readers(good):
     (line,) = _run_worker(good["data"], [good["path"]])
     assert line == {"file": str(good["path"]), "python": "ok", "java": "ok"}
 
 
+@pytest.mark.every_torch_java  # both readers on each torch (the CLI runs DJL's libtorch: the oldest only)
 def test_an_entry_that_inflates_past_2_gb_is_one_line(good, tmp_path):
     """A state entry of a few MB that inflates past 2 GB (Java's byte arrays end there): read up to its size."""
     target = tmp_path / "bomb.pt"
@@ -282,6 +285,7 @@ def corpus_file(good, folder: Path, case) -> Path:
     return rewrite(good["path"], folder / f"{case['name']}.pt", case["entry"], change)
 
 
+@pytest.mark.every_torch_java  # both readers on each torch (the CLI runs DJL's libtorch: the oldest only)
 def test_both_readers_classify_the_shared_corpus_alike(good, tmp_path):
     cases = json.loads(CORPUS.read_text(encoding="utf-8"))["cases"]
     assert len({c["name"] for c in cases}) == len(cases)
@@ -401,6 +405,7 @@ def _mutate(rng, entries):
     return name, json.dumps(document).encode()
 
 
+@pytest.mark.every_torch_java  # both readers on each torch (the CLI runs DJL's libtorch: the oldest only)
 def test_fuzzed_files_are_one_line_or_train_from_both_readers(good, tmp_path, request):
     """Seeded mutations (40 in the default run, 600 with --full): each file is read and run by both readers in
     a process of its own: no abort, nothing touched, one line or success, and both readers agree."""
