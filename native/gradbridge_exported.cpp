@@ -52,17 +52,28 @@ struct Json {
     if (v == nullptr) throw std::invalid_argument(where + " lacks '" + key + "'");
     return *v;
   }
+  // Java's ProgramCheck has checked every field (the text here is Gson's); these checks stay strict anyway:
+  // a whole JSON integer in int64's range, a whole number, a JSON true/false.
   int64_t integer() const {
-    if (kind != Number || text.find_first_of(".eE") != std::string::npos) throw std::invalid_argument("op list: expected an integer, got " + text);
+    const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+    if (kind != Number || text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos ||
+        (text[digits] == '0' && text.size() > digits + 1))
+      throw std::invalid_argument("op list: expected an integer, got " + text.substr(0, 80));
     try {
       return std::stoll(text);
-    } catch (const std::logic_error&) {  // not a number, or out of int64's range
-      throw std::invalid_argument("op list: expected an integer, got " + text);
+    } catch (const std::logic_error&) {  // out of int64's range
+      throw std::invalid_argument("op list: expected an integer, got " + text.substr(0, 80));
     }
   }
   double number() const {
-    if (kind != Number) throw std::invalid_argument("op list: expected a number");
-    return std::strtod(text.c_str(), nullptr);
+    char* end = nullptr;
+    double value = kind == Number ? std::strtod(text.c_str(), &end) : 0;
+    if (kind != Number || end != text.c_str() + text.size()) throw std::invalid_argument("op list: expected a number");
+    return value;
+  }
+  bool flag() const {
+    if (kind != Bool) throw std::invalid_argument("op list: expected true or false");
+    return b;
   }
   const std::string& str() const {
     if (kind != String) throw std::invalid_argument("op list: expected a string");
@@ -78,6 +89,7 @@ struct JsonParser {
   void ws() {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\r' || s[i] == '\t')) i++;
   }
+  char peek() const { return i < s.size() ? s[i] : '\0'; }  // never past the end
   [[noreturn]] void fail(const char* what) { throw std::invalid_argument(std::string("op list: invalid JSON (") + what + " at " + std::to_string(i) + ")"); }
   Json value() {
     ws();
@@ -89,17 +101,18 @@ struct JsonParser {
       v.kind = Json::Object;
       i++;
       ws();
-      if (s[i] == '}') { i++; depth--; return v; }
+      if (peek() == '}') { i++; depth--; return v; }
       while (true) {
         ws();
         Json key = value();
         if (key.kind != Json::String) fail("object key");
         ws();
-        if (s[i++] != ':') fail("':'");
+        if (peek() != ':') fail("':'");
+        i++;
         v.fields.emplace_back(key.text, value());
         ws();
-        if (s[i] == ',') { i++; continue; }
-        if (s[i] == '}') { i++; depth--; return v; }
+        if (peek() == ',') { i++; continue; }
+        if (peek() == '}') { i++; depth--; return v; }
         fail("',' or '}'");
       }
     }
@@ -107,12 +120,12 @@ struct JsonParser {
       v.kind = Json::Array;
       i++;
       ws();
-      if (s[i] == ']') { i++; depth--; return v; }
+      if (peek() == ']') { i++; depth--; return v; }
       while (true) {
         v.items.push_back(value());
         ws();
-        if (s[i] == ',') { i++; continue; }
-        if (s[i] == ']') { i++; depth--; return v; }
+        if (peek() == ',') { i++; continue; }
+        if (peek() == ']') { i++; depth--; return v; }
         fail("',' or ']'");
       }
     }
@@ -123,7 +136,8 @@ struct JsonParser {
         if (s[i] == '\\') {
           i++;
           char e = s[i];
-          if (e == 'n') v.text += '\n'; else if (e == 't') v.text += '\t'; else if (e == 'u') {
+          if (e == 'n') v.text += '\n'; else if (e == 't') v.text += '\t'; else if (e == 'r') v.text += '\r';
+          else if (e == 'b') v.text += '\b'; else if (e == 'f') v.text += '\f'; else if (e == 'u') {
             std::string digits = s.substr(i + 1, 4);
             if (digits.size() != 4 || digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) fail("\\u escape");
             unsigned code = std::stoul(digits, nullptr, 16);
@@ -154,6 +168,8 @@ struct JsonParser {
 Json parse_json(const std::string& text) {
   JsonParser p(text);
   Json v = p.value();
+  p.ws();
+  if (p.i != text.size()) p.fail("extra data after the value");
   return v;
 }
 
@@ -177,6 +193,16 @@ struct Node {
   std::string name;
   std::vector<Arg> args;
   int64_t outputs = 1;
+  std::vector<size_t> sized;  // the arguments that size a tensor (Limits::sized): checked before the op runs
+  bool strided = false;       // takes a `size` and a `stride` (as_strided's kind): its extent checked against its storage
+  std::string label;          // " node K (NAME)", for its error lines
+};
+
+// oplist_rules.json's limits that the op lists' run checks, as Java hands them over (python: oplist_check.LIMITS)
+struct Limits {
+  int64_t elements = 0;              // the most elements an argument may size a tensor to
+  std::vector<std::string> sized;    // the names of those arguments
+  bool is_sized(const std::string& name) const { return std::find(sized.begin(), sized.end(), name) != sized.end(); }
 };
 
 struct Graph {
@@ -219,7 +245,7 @@ Arg parse_arg(const Json& v, const std::string& where) {
   }
   else if (kind == "i") { a.kind = Arg::Int; a.i = x.integer(); }
   else if (kind == "f") { a.kind = Arg::Double; a.d = hex_double(x); }
-  else if (kind == "b") { a.kind = Arg::Bool; a.b = x.b; }
+  else if (kind == "b") { a.kind = Arg::Bool; a.b = x.flag(); }
   else if (kind == "il") { a.kind = Arg::IntList; for (const auto& item : x.items) a.ints.push_back(item.integer()); }
   else if (kind == "sl") {
     a.kind = Arg::SizeList;
@@ -230,7 +256,7 @@ Arg parse_arg(const Json& v, const std::string& where) {
   }
   else if (kind == "bx") { a.kind = Arg::BatchInt; a.i = x.items.at(0).integer(); a.c = x.items.at(1).integer(); }
   else if (kind == "fl") { a.kind = Arg::DoubleList; for (const auto& item : x.items) a.doubles.push_back(hex_double(item)); }
-  else if (kind == "bl") { a.kind = Arg::BoolList; for (const auto& item : x.items) a.bools.push_back(item.b); }
+  else if (kind == "bl") { a.kind = Arg::BoolList; for (const auto& item : x.items) a.bools.push_back(item.flag()); }
   else if (kind == "s") { a.kind = Arg::Str; a.s = x.str(); }
   else if (kind == "dtype") { a.kind = Arg::Dtype; a.i = static_cast<int64_t>(dtype_named(x.str())); }
   else if (kind == "layout") { if (x.str() != "strided") throw std::invalid_argument(where + ": unknown layout " + x.str()); a.kind = Arg::Layout; }
@@ -248,19 +274,86 @@ Arg parse_arg(const Json& v, const std::string& where) {
   return a;
 }
 
-// A number where the op's schema takes a Tensor (`num_batches_tracked.add_(1)` is `add.Tensor(t, 1)`) becomes
-// the tensor Python's argument parser makes of it: a 0-dim tensor marked as a wrapped number, so type
-// promotion treats it as a scalar, as in eager.
-void wrap_numbers(Node& node, const std::string& where) {
+// What a slot holds, known at load from the bindings and the schemas' return types (python: oplist.slot_kinds).
+enum class Slot { Tensor, Double, List, Other };
+
+Slot slot_of_return(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return Slot::Tensor;
+  if (type->kind() == c10::TypeKind::ListType) return Slot::List;
+  return Slot::Other;
+}
+
+const char* slot_name(Slot s) {
+  return s == Slot::Tensor ? "a tensor" : s == Slot::Double ? "a double" : s == Slot::List ? "a list" : "no value";
+}
+
+// Whether argument `a` fits schema type `given` (its real type: ScalarType, not int) as the boxed kernel reads
+// it: a kernel given another kind than it reads stops in an internal assert of libtorch's, or worse (python:
+// oplist._fits). A number given for a Tensor is wrapped, an int for a float widened (type_arguments).
+bool fits(const Arg& a, const c10::TypePtr& given, const std::vector<Slot>& slots) {
+  c10::TypePtr type = given;
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    if (a.kind == Arg::None) return true;
+    type = optional->getElementType();
+  }
+  auto slot = [&](Slot want) { return a.kind == Arg::Ref && slots[a.i] == want; };
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return slot(Slot::Tensor) || a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool;
+    case c10::TypeKind::ListType: {
+      c10::TypePtr element = type->castRaw<c10::ListType>()->getElementType();
+      const auto kind = element->kind();
+      if (kind == c10::TypeKind::TensorType) return a.kind == Arg::RefList || slot(Slot::List);
+      if (kind == c10::TypeKind::OptionalType)
+        return element->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType &&
+               (a.kind == Arg::OptRefList || slot(Slot::List));
+      if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType)
+        return a.kind == Arg::IntList || a.kind == Arg::SizeList;
+      if (kind == c10::TypeKind::FloatType) return a.kind == Arg::DoubleList;
+      if (kind == c10::TypeKind::BoolType) return a.kind == Arg::BoolList;
+      return false;
+    }
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return a.kind == Arg::Int || a.kind == Arg::BatchInt;
+    case c10::TypeKind::FloatType: return a.kind == Arg::Double || a.kind == Arg::Int || slot(Slot::Double);
+    case c10::TypeKind::NumberType:
+      return a.kind == Arg::Int || a.kind == Arg::Double || a.kind == Arg::Bool || a.kind == Arg::BatchInt || slot(Slot::Double);
+    case c10::TypeKind::BoolType: return a.kind == Arg::Bool;
+    case c10::TypeKind::StringType: return a.kind == Arg::Str;
+    case c10::TypeKind::ScalarTypeType: return a.kind == Arg::Dtype;
+    case c10::TypeKind::LayoutType: return a.kind == Arg::Layout;
+    case c10::TypeKind::DeviceObjType: return a.kind == Arg::Device;
+    case c10::TypeKind::MemoryFormatType: return a.kind == Arg::MemoryFormat;
+    default: return false;
+  }
+}
+
+// Checks each argument against the op's schema; then a number where the schema takes a Tensor
+// (`num_batches_tracked.add_(1)` is `add.Tensor(t, 1)`) becomes the tensor Python's argument parser makes of
+// it: a 0-dim tensor marked as a wrapped number, so type promotion treats it as a scalar, as in eager; an int
+// where it takes a float becomes that double.
+void type_arguments(Node& node, const std::vector<Slot>& slots, const std::string& where) {
   const auto& arguments = node.op->schema().arguments();
   if (node.args.size() != arguments.size())
-    throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.args.size()) +
-                                " arguments, the schema takes " + std::to_string(arguments.size()));
+    throw std::invalid_argument(where + ": " + std::to_string(node.args.size()) + " arguments, its schema takes " +
+                                std::to_string(arguments.size()));
   for (size_t k = 0; k < arguments.size(); k++) {
     Arg& a = node.args[k];
-    if (a.kind != Arg::Int && a.kind != Arg::Double && a.kind != Arg::Bool) continue;
-    c10::TypePtr type = arguments[k].type();
+    const c10::TypePtr& real = arguments[k].real_type();
+    if (!fits(a, real, slots)) {
+      std::string given = a.kind == Arg::Ref ? "slot " + std::to_string(a.i) + " (" + slot_name(slots[a.i]) + ")"
+                                             : std::string("an argument of another kind");
+      throw std::invalid_argument(where + " args[" + std::to_string(k) + "]: " + given + " where its schema takes " +
+                                  real->str() + " " + arguments[k].name());
+    }
+    c10::TypePtr type = real;
     if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (a.kind == Arg::Int && type->kind() == c10::TypeKind::FloatType) {
+      a.kind = Arg::Double;
+      a.d = static_cast<double>(a.i);
+      continue;
+    }
+    if (a.kind != Arg::Int && a.kind != Arg::Double && a.kind != Arg::Bool) continue;
     if (type->kind() != c10::TypeKind::TensorType) continue;
     c10::Scalar number = a.kind == Arg::Int    ? c10::Scalar(a.i)
                          : a.kind == Arg::Double ? c10::Scalar(a.d)
@@ -270,7 +363,7 @@ void wrap_numbers(Node& node, const std::string& where) {
   }
 }
 
-Graph parse_graph(const std::string& name, const Json& g) {
+Graph parse_graph(const std::string& name, const Json& g, const Limits& limits) {
   std::string where = "op list " + name;
   const Json* version = g.get("oplist_version");
   if (version == nullptr || version->kind != Json::Number || version->integer() != kOpListVersion) {
@@ -287,44 +380,71 @@ Graph parse_graph(const std::string& name, const Json& g) {
     for (size_t k = 0; k < graph.inputs.size(); k++)
       if (graph.inputs[k] == "target") graph.batch_input = static_cast<int>(k);
   }
-  int64_t slots = static_cast<int64_t>(graph.inputs.size());
+  std::vector<Slot> slots;
+  for (const auto& b : graph.inputs) slots.push_back(b.rfind("scalar:", 0) == 0 ? Slot::Double : Slot::Tensor);
   auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& n : g.at("nodes", where).items) {
+  const auto& nodes = g.at("nodes", where).items;
+  for (size_t index = 0; index < nodes.size(); index++) {
+    const Json& n = nodes[index];
     Node node;
     std::string op = n.at("op", where).str();
     std::string overload = n.at("overload", where).str();
     node.name = op + (overload.empty() ? "" : "." + overload);
+    node.label = " node " + std::to_string(index) + " (" + node.name + ")";
+    const std::string at = where + node.label;
     if (op != "#item") {
       auto handle = dispatcher.findSchema({op, overload == "default" ? "" : overload});
       if (!handle.has_value()) throw std::invalid_argument(where + ": unknown operator " + node.name);
       node.op = *handle;
     }
     const auto& args = n.at("args", where).items;
-    if (node.op.has_value() && args.size() != node.op->schema().arguments().size())
-      throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(args.size()) + " arguments, its schema takes " +
-                                  std::to_string(node.op->schema().arguments().size()));
-    if (!node.op.has_value() && args.size() != 2) throw std::invalid_argument(where + " #item: expected 2 arguments");
+    if (!node.op.has_value() && args.size() != 2) throw std::invalid_argument(at + ": expected 2 arguments");
     for (size_t k = 0; k < args.size(); k++) {
-      node.args.push_back(parse_arg(args[k], where + " " + node.name));
+      node.args.push_back(parse_arg(args[k], at));
       const Arg& a = node.args.back();
       auto check_slot = [&](int64_t s) {
-        if (s < 0 || s >= slots) throw std::invalid_argument(where + " " + node.name + ": argument refers to slot " + std::to_string(s) + " before it is computed");
+        if (s < 0 || s >= static_cast<int64_t>(slots.size()))
+          throw std::invalid_argument(at + ": argument refers to slot " + std::to_string(s) + " before it is computed");
       };
       if (a.kind == Arg::Ref) check_slot(a.i);
-      if (a.kind == Arg::RefList) for (int64_t s : a.ints) check_slot(s);
-      if (a.kind == Arg::OptRefList) for (int64_t s : a.ints) if (s != -1) check_slot(s);
+      if (a.kind == Arg::RefList || a.kind == Arg::OptRefList)
+        for (int64_t s : a.ints) {
+          if (s == -1 && a.kind == Arg::OptRefList) continue;
+          check_slot(s);
+          if (slots[s] != Slot::Tensor)
+            throw std::invalid_argument(at + " args[" + std::to_string(k) + "]: slot " + std::to_string(s) + " holds " +
+                                        slot_name(slots[s]) + ", not a tensor");
+        }
     }
-    if (node.op.has_value()) wrap_numbers(node, where);
     node.outputs = n.at("outputs", where).integer();
-    int64_t returns = node.op.has_value() ? static_cast<int64_t>(node.op->schema().returns().size()) : 1;
-    if (node.outputs != returns)
-      throw std::invalid_argument(where + " " + node.name + ": " + std::to_string(node.outputs) + " outputs, it returns " + std::to_string(returns));
-    slots += std::max<int64_t>(node.outputs, 1);
+    if (node.op.has_value()) {
+      type_arguments(node, slots, at);
+      const auto& arguments = node.op->schema().arguments();
+      const auto& returns = node.op->schema().returns();
+      if (node.outputs != static_cast<int64_t>(returns.size()))
+        throw std::invalid_argument(at + ": " + std::to_string(node.outputs) + " outputs, it returns " + std::to_string(returns.size()));
+      for (const auto& r : returns) slots.push_back(slot_of_return(r.type()));
+      if (returns.empty()) slots.push_back(Slot::Other);
+      bool size = false, stride = false;  // as_strided's kind takes both (a convolution's stride is no view's)
+      for (size_t k = 0; k < arguments.size(); k++) {
+        if (limits.is_sized(arguments[k].name())) node.sized.push_back(k);
+        size = size || arguments[k].name() == "size";
+        stride = stride || arguments[k].name() == "stride";
+      }
+      node.strided = size && stride;
+    } else {
+      if (node.args[0].kind != Arg::Ref || slots[node.args[0].i] != Slot::List || node.args[1].kind != Arg::Int || node.outputs != 1)
+        throw std::invalid_argument(at + ": takes a list slot and an index and has one output");
+      slots.push_back(Slot::Tensor);
+    }
     graph.nodes.push_back(std::move(node));
   }
+  const int64_t count = static_cast<int64_t>(slots.size());
   for (const auto& out : g.at("outputs", where).items) {
     int64_t ref = out.at("ref", where).integer();
-    if (ref < 0 || ref >= slots) throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref));
+    if (ref < 0 || ref >= count) throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref));
+    if (slots[ref] != Slot::Tensor)
+      throw std::invalid_argument(where + ": an output refers to slot " + std::to_string(ref) + ", which holds " + slot_name(slots[ref]) + ", not a tensor");
     graph.outputs.emplace_back(ref, out.at("to", where).str());
   }
   bool joint = false;
@@ -341,6 +461,61 @@ Graph parse_graph(const std::string& name, const Json& g) {
     }
   }
   return graph;
+}
+
+// a * batch + c, an int the op list computes from the batch size, refused past int64 (python: oplist._decode)
+int64_t batch_int(int64_t a, int64_t batch, int64_t c) {
+  int64_t product = 0, sum = 0;
+  if (__builtin_mul_overflow(a, batch, &product) || __builtin_add_overflow(product, c, &sum))
+    throw std::invalid_argument("op list: " + std::to_string(a) + " * batch " + std::to_string(batch) + " + " + std::to_string(c) + " overflows int64");
+  return sum;
+}
+
+// Before an op runs, what its arguments size from the file (python: oplist._check_sizes): each argument named
+// in Limits::sized (a view's or a new tensor's size, slice_backward's input_sizes, embedding's num_weights)
+// holds sizes of at least -1 (a view's inferred one) whose product is at most Limits::elements; an op that takes
+// a `size` and a `stride` (as_strided's kind) stays within its source's storage: the file cannot make a tensor reach
+// past the memory it owns, nor allocate past the limit.
+void check_sizes(const Node& node, const torch::jit::Stack& stack, const Limits& limits, const std::string& graph) {
+  auto where = [&] { return "op list " + graph + node.label; };
+  for (size_t k : node.sized) {
+    const c10::IValue& v = stack[k];
+    std::vector<int64_t> sizes = v.isInt() ? std::vector<int64_t>{v.toInt()} : v.isIntList() ? v.toIntVector() : std::vector<int64_t>{};
+    int64_t product = 1;
+    for (int64_t d : sizes) {
+      if (d < -1 || (v.isInt() && d < 0))
+        throw std::invalid_argument(where() + ": " + node.op->schema().arguments()[k].name() + " " + c10::str(c10::IntArrayRef(sizes)) + " holds a negative size");
+      if (d > 0 && (__builtin_mul_overflow(product, d, &product) || product > limits.elements))
+        throw std::invalid_argument(where() + ": " + node.op->schema().arguments()[k].name() + " " + c10::str(c10::IntArrayRef(sizes)) +
+                                    " sizes more than the limit of " + std::to_string(limits.elements) + " elements");
+    }
+  }
+  if (!node.strided) return;
+  const auto& arguments = node.op->schema().arguments();
+  const at::Tensor* source = nullptr;
+  std::vector<int64_t> size, stride;
+  int64_t offset = 0;
+  for (size_t k = 0; k < arguments.size(); k++) {
+    const std::string& name = arguments[k].name();
+    if (source == nullptr && stack[k].isTensor()) source = &stack[k].toTensor();
+    if (name == "size" && stack[k].isIntList()) size = stack[k].toIntVector();
+    if (name == "stride" && stack[k].isIntList()) stride = stack[k].toIntVector();
+    if (name == "storage_offset" && stack[k].isInt()) offset = stack[k].toInt();
+  }
+  if (source == nullptr) return;
+  const int64_t storage = static_cast<int64_t>(source->storage().nbytes() / std::max<size_t>(source->dtype().itemsize(), 1));
+  int64_t reach = offset;
+  bool empty = false;
+  for (size_t d = 0; d < size.size(); d++) empty = empty || size[d] == 0;
+  bool fits = size.size() == stride.size() && offset >= 0;
+  for (size_t d = 0; fits && !empty && d < size.size(); d++) {
+    int64_t step = 0;
+    fits = size[d] >= 0 && stride[d] >= 0 && !__builtin_mul_overflow(size[d] - 1, stride[d], &step) &&
+           !__builtin_add_overflow(reach, step, &reach);
+  }
+  if (!fits || (!empty && reach >= storage))
+    throw std::invalid_argument(where() + ": size " + c10::str(c10::IntArrayRef(size)) + ", stride " + c10::str(c10::IntArrayRef(stride)) +
+                                " and offset " + std::to_string(offset) + " reach past its source's " + std::to_string(storage) + " elements");
 }
 
 c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_t batch) {
@@ -363,10 +538,10 @@ c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_
     case Arg::IntList: return c10::IValue(a.ints);
     case Arg::SizeList: {
       std::vector<int64_t> sizes;
-      for (size_t k = 0; k < a.ints.size(); k += 2) sizes.push_back(a.ints[k] * batch + a.ints[k + 1]);
+      for (size_t k = 0; k < a.ints.size(); k += 2) sizes.push_back(batch_int(a.ints[k], batch, a.ints[k + 1]));
       return c10::IValue(sizes);
     }
-    case Arg::BatchInt: return c10::IValue(a.i * batch + a.c);
+    case Arg::BatchInt: return c10::IValue(batch_int(a.i, batch, a.c));
     case Arg::DoubleList: return c10::IValue(a.doubles);
     case Arg::BoolList: {
       c10::List<bool> list;
@@ -610,8 +785,8 @@ struct Schedule {
       }
       if (children.size() != milestones.size() + 1) throw std::invalid_argument("program: SequentialLR needs one milestone fewer than schedules");
     } else if (name == "plateau") {
-      minimize = spec.at("minimize", where).b;
-      relative = spec.at("relative", where).b;
+      minimize = spec.at("minimize", where).flag();
+      relative = spec.at("relative", where).flag();
       factor = spec.at("factor", where).number();
       patience = spec.at("patience", where).integer();
       threshold = spec.at("threshold", where).number();
@@ -630,8 +805,8 @@ struct Schedule {
       for (const auto& k : spec.at("end_keys", where).items) end_keys.push_back(k.integer());
       for (const auto& k : spec.at("start_momentum_keys", where).items) start_momentum_keys.push_back(k.integer());
       for (const auto& k : spec.at("end_momentum_keys", where).items) end_momentum_keys.push_back(k.integer());
-      cos = spec.at("cos", where).b;
-      cycle_momentum = spec.at("cycle_momentum", where).b;
+      cos = spec.at("cos", where).flag();
+      cycle_momentum = spec.at("cycle_momentum", where).flag();
       const size_t phases = end_steps.size(), groups = base_lrs.size();
       if (phases == 0 || start_keys.size() != phases || end_keys.size() != phases || start_momentum_keys.size() != phases ||
           end_momentum_keys.size() != phases || initial.size() != groups || max_lrs.size() != groups || min_lrs.size() != groups ||
@@ -640,6 +815,10 @@ struct Schedule {
     } else {
       throw std::invalid_argument("program: unknown scheduler '" + name + "'");
     }
+    // Java's ProgramCheck refused these and every count past 2^40 already; the divisions above stay guarded here
+    // (an integer division by zero, or INT64_MIN % -1, is SIGFPE: the JVM's end)
+    if (step_size < 1 || t_max < 1 || total_iters < 1 || step_size > (int64_t{1} << 40) || t_max > (int64_t{1} << 40))
+      throw std::invalid_argument("program scheduler " + name + ": step_size, T_max and total_iters must be 1 to 2^40");
   }
 };
 
@@ -656,6 +835,7 @@ struct Exported {
   Schedule schedule;
   int64_t steps = 0;
   int64_t accumulate = 1;
+  Limits limits;
 
   using Values = std::unordered_map<std::string, c10::IValue>;
 
@@ -685,14 +865,19 @@ struct Exported {
       stack.clear();
       for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch));
       if (!node.op.has_value()) {
-        slots.push_back(stack[0].toList().get(stack[1].toInt()));
+        const auto list = stack[0].toList();
+        const int64_t index = stack[1].toInt();
+        if (index < 0 || index >= static_cast<int64_t>(list.size()))
+          throw std::invalid_argument("op list " + name + node.label + ": index " + std::to_string(index) + " of a list of " + std::to_string(list.size()));
+        slots.push_back(list.get(index));
         continue;
       }
+      check_sizes(node, stack, limits, name);
       try {
         node.op->callBoxed(stack);
       } catch (const std::exception& ex) {
         std::string what = ex.what();
-        throw std::runtime_error("op list " + name + ": " + node.name + " failed: " + what.substr(0, what.find('\n')));
+        throw std::runtime_error("op list " + name + node.label + " failed: " + what.substr(0, what.find('\n')));
       }
       if (node.outputs == 0) slots.emplace_back();
       for (int64_t k = 0; k < node.outputs; k++) slots.push_back(std::move(stack[k]));
@@ -976,7 +1161,7 @@ struct Exported {
       groups.push_back(group);
     }
     accumulate = training.at("accumulate", where).integer();
-    if (accumulate < 1) throw std::invalid_argument("program: accumulate " + std::to_string(accumulate) + ", expected 1 or more");
+    if (accumulate < 1 || accumulate > 65536) throw std::invalid_argument("program: accumulate " + std::to_string(accumulate) + ", expected 1 to 65536");
     schedule.interval = training.at("scheduler_interval", where).str();
     const Json* spec = training.get("scheduler");
     if (spec != nullptr && spec->kind == Json::Object) schedule.read(*spec);
@@ -1078,7 +1263,10 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jcl
     auto module = std::make_unique<Exported>();
     for (const auto& p : root.at("parameters", "program").items) module->parameters.push_back(p.str());
     for (const auto& p : root.at("inputs", "program").items) module->inputs.push_back(p.str());
-    for (const auto& g : root.at("graphs", "program").fields) module->graphs.emplace(g.first, parse_graph(g.first, g.second));
+    const Json& limits = root.at("limits", "program");
+    module->limits.elements = limits.at("elements", "program limits").integer();
+    for (const auto& name : limits.at("sized", "program limits").items) module->limits.sized.push_back(name.str());
+    for (const auto& g : root.at("graphs", "program").fields) module->graphs.emplace(g.first, parse_graph(g.first, g.second, module->limits));
     module->read_training(root.at("training", "program"), root.at("counters", "program"));
     if (module->accumulate > 1 && module->graphs.count("train_accumulate") == 0)
       throw std::invalid_argument("program: accumulate " + std::to_string(module->accumulate) + " without a train_accumulate graph");

@@ -145,7 +145,8 @@ def _short_file(file):
 
 # name -> (edit of each zip entry: (name, bytes, metadata) -> bytes or None to drop it; words of the line)
 PROGRAM_CASES = {
-    "unknown_op": (_graph_edit("train", _set("op", "aten::no_such_op")), "op list train: unknown operator aten::no_such_op."),
+    "unknown_op": (_graph_edit("train", _set("op", "aten::no_such_op")),
+                   "op list train node 0: operator aten::no_such_op."),
     "oplist_version": (_graph_edit("train", lambda g: g.update(oplist_version=99)),
                        f"op list train: op-list version 99, this gradbridge runs version {oplist.VERSION}"),
     "argument_kind": (_graph_edit("optimizer", _set("args", {"q": 1})), "unknown argument kind 'q'"),
@@ -169,11 +170,11 @@ PROGRAM_CASES = {
                       "state tensor state:step:2.bias is complex64 [], expected float32 []"),
     "short_state_file": (_short_file("state/0.bin"),
                          "state/0.bin holds 64 bytes, param:0.weight (float32 [8, 4]) needs 128"),
-    # (Java's words, Python's): the native layer parses the op lists itself
+    # both readers read JSON strictly, nesting bounded (oplist_rules.json's limits)
     "graph_not_json": (lambda name, data, m: data[:-2] if name == "graphs/loss.json" else data,
-                       ("op list: invalid JSON", "not a readable protocol-3 module")),
+                       "op list loss: invalid JSON"),
     "graph_too_deep": (lambda name, data, m: b"[" * 100000 + b"]" * 100000 if name == "graphs/loss.json" else data,
-                       ("op list: invalid JSON (nesting deeper than 32", "not a readable protocol-3 module")),
+                       "op list loss: invalid JSON (nesting deeper than 32)"),
 }
 # zip damage: Java names it "not a TorchScript file (not a zip archive)" (Metadata.read sees no zip), Python
 # "not a TorchScript archive (not a zip file)"; a damaged entry (its CRC-32 fails) is one line from each reader

@@ -72,6 +72,18 @@ def test_java_protocol_constants_match_python(jvm):
     assert int(Protocol.OPLIST_VERSION) == oplist.VERSION
     native = (Path(__file__).resolve().parents[1] / "native" / "gradbridge_exported.cpp").read_text()
     assert re.search(r"kOpListVersion = (\d+);", native).group(1) == str(oplist.VERSION)
+    # protocol 3's rules file (op-list version, limits, allow-list): Java reads the jar's copy; two limits live
+    # in code too (gradbridge.json's size, read before the rules apply; the native layer's accumulate bound)
+    from gradbridge._runtime import oplist_check
+
+    stream = Protocol.class_.getResourceAsStream("oplist_rules.json")
+    try:
+        carried = bytes(stream.readAllBytes())
+    finally:
+        stream.close()
+    assert carried == (Path(oplist_check.__file__).with_name("oplist_rules.json")).read_bytes(), "rebuild the jar"
+    assert protocol.METADATA_BYTES == oplist_check.LIMITS["json_bytes"]
+    assert f"accumulate > {oplist_check.LIMITS['accumulate']}" in native
     java_names = {str(f.getName()) for f in Protocol.class_.getFields()}
     methods = protocol.REQUIRED_METHODS + protocol.DATA_PARALLEL_METHODS
     python_names = {name for name, value in vars(protocol).items()

@@ -547,7 +547,7 @@ def _kind(graph):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (_edit_train(_unknown_op), "op list train: unknown operator aten::no_such_op."),
+    (_edit_train(_unknown_op), "op list train node 0: operator aten::no_such_op."),
     (_edit_train(_version), f"op list train: op-list version 99, this gradbridge runs version {oplist.VERSION}"),
     (_edit_train(_kind), "unknown argument kind 'q'"),
     (lambda name, data: None if name == "state/0.bin" else data, "the protocol-3 module lacks state/0.bin"),

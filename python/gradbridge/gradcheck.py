@@ -98,7 +98,7 @@ def _program_gradients(model: str | os.PathLike, x: np.ndarray, y: np.ndarray, n
 
     metadata, graphs, state = read_program(Path(model))
     entry = metadata[protocol.PROGRAM_KEY]
-    twin = Program(graphs, state, names, entry["training"], entry["counters"])
+    twin = Program(graphs, state, names, entry["training"], entry["counters"], where=str(model))
     torch.manual_seed(SEED)
     twin.calculate_loss_and_backward({inputs.names(metadata)[0]: torch.from_numpy(x)}, torch.from_numpy(y))
     return {name: twin.state[f"grad:{name}"].double().numpy().ravel() if f"grad:{name}" in twin.state

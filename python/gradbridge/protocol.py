@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -30,6 +31,8 @@ DEFAULT_FORMAT = "auto"
 #: ``capture`` metadata key of a module ``format="auto"`` exported with protocol 3: why not TorchScript
 AUTO_REASON_KEY = "auto"
 METADATA_FILE = "gradbridge.json"
+#: The most bytes gradbridge.json may inflate to (protocol 3's JSON limit, _runtime/oplist_rules.json)
+METADATA_BYTES = 268435456
 METADATA_FORMAT = "gradbridge.training-module"
 
 # How a Trainer walks an epoch (Java: dev.gradbridge.Trainer.Mode; tests/test_pins.py pins the two):
@@ -247,11 +250,19 @@ def read_metadata(path: str | Path) -> Dict[str, Any]:
                     f"{path}: TorchScript archive without {METADATA_FILE}; "
                     "export it with `gradbridge export`"
                 )
-            document = json.loads(archive.read(entries[0]).decode("utf-8"))
+            with archive.open(entries[0]) as entry:  # bounded: an entry may inflate past any memory
+                data = entry.read(METADATA_BYTES + 1)
+            if len(data) > METADATA_BYTES:
+                raise ProtocolError(f"{path}: {METADATA_FILE} inflates past the limit of {METADATA_BYTES} bytes")
+            document = json.loads(data.decode("utf-8"))
     except zipfile.BadZipFile as ex:
         raise ProtocolError(f"{path}: not a TorchScript archive (not a zip file)") from ex
     except (UnicodeDecodeError, json.JSONDecodeError) as ex:
         raise ProtocolError(f"{path}: {METADATA_FILE} is not valid JSON: {ex}") from ex
+    except RecursionError as ex:  # json's decoder recurses: a deeply nested text
+        raise ProtocolError(f"{path}: {METADATA_FILE} is not valid JSON: nested too deep") from ex
+    except (RuntimeError, NotImplementedError, zlib.error) as ex:  # an encrypted or damaged entry
+        raise ProtocolError(f"{path}: {METADATA_FILE} is unreadable: {messages.one_line(ex)[:200]}") from ex
     check_schema(str(path), document)
     if document.get("protocol_version") not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"{path}: protocol version {document.get('protocol_version')}, "

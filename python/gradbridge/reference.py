@@ -123,11 +123,16 @@ class Reference:
         for name, p in self.named_parameters():
             p.requires_grad_(name not in frozen)
         spec = optimizer or self.metadata["optimizer"]
-        self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
-                                               groups.torch_param_groups(spec, self.named_parameters()))
+        tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
+        try:  # an edited file's fields, checked as the export checked them (torch would divide by zero)
+            self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
+                                                   groups.torch_param_groups(spec, self.named_parameters()))
+            if "scheduler" in tuning:
+                schedulers.validate(tuning["scheduler"], len(self.optimizer.param_groups))
+        except (ValueError, TypeError, KeyError) as ex:
+            raise ProtocolError(f"{model_path}: {protocol.METADATA_FILE}: {messages.one_line(ex)}") from ex
         # An optimizer override (the seed's sgd_step lr) is not the module's: no lrs recorded then.
         self._records_lrs = optimizer is None
-        tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
         self.scheduler = (schedulers.torch_scheduler(tuning["scheduler"], self.optimizer)
                           if "scheduler" in tuning else None)
         self.scheduler_interval = tuning.get("scheduler_interval", "none")

@@ -42,7 +42,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 
 import torch
 
-VERSION = 4
+from . import oplist_types  # noqa: E402
+from .oplist_check import VERSION  # noqa: E402  (oplist_rules.json holds it, with the allow-list)
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
 ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
 #: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
@@ -236,6 +237,14 @@ def _overload(op: str, overload: str, where: str = "op list") -> Any:
         raise OpListError(f"{where}: unknown operator {op}.{overload}") from ex
 
 
+def _batch_int(a: int, batch: int, c: int) -> int:
+    """``a * batch + c``, refused past int64 (the native layer's batch_int)."""
+    value = a * batch + c
+    if not -(2 ** 63) <= a * batch < 2 ** 63 or not -(2 ** 63) <= value < 2 ** 63:
+        raise OpListError(f"op list: {a} * batch {batch} + {c} overflows int64")
+    return value
+
+
 def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
     if arg is None:
         return None
@@ -249,9 +258,9 @@ def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
     if kind in ("i", "b", "il", "bl", "s"):
         return value
     if kind == "bx":
-        return value[0] * batch + value[1]
+        return _batch_int(value[0], batch, value[1])
     if kind == "sl":
-        return [v if isinstance(v, int) else v["bx"][0] * batch + v["bx"][1] for v in value]
+        return [v if isinstance(v, int) else _batch_int(v["bx"][0], batch, v["bx"][1]) for v in value]
     if kind == "f":
         return float.fromhex(value)
     if kind == "fl":
@@ -268,18 +277,8 @@ def _decode(arg: Any, slots: List[Any], batch: int) -> Any:
 
 
 def check(graph: Mapping[str, Any], where: str) -> None:
-    """What the native layer checks when it loads an op list, without running it: its version, that every
-    operator exists, that every argument is of a known kind (one line naming what is wrong)."""
-    if not isinstance(graph, Mapping) or graph.get("oplist_version") != VERSION:
-        version = graph.get("oplist_version") if isinstance(graph, Mapping) else None
-        raise OpListError(f"{where}: op-list version {version}, this gradbridge runs version {VERSION}")
-    for node in graph.get("nodes", []):
-        if node.get("op") != ITEM:
-            _overload(str(node.get("op", "")), str(node.get("overload", "")), where)
-        for arg in node.get("args", []):
-            if arg is not None and (not isinstance(arg, Mapping) or len(arg) != 1 or next(iter(arg)) not in ARG_KINDS):
-                kind = next(iter(arg)) if isinstance(arg, Mapping) and len(arg) == 1 else arg
-                raise OpListError(f"{where} {node.get('op')}: unknown argument kind {kind!r}")
+    """What the native layer checks when it loads an op list, without running it (``oplist_types.check``)."""
+    oplist_types.check(graph, where)
 
 
 def forward_ops(graph: Mapping[str, Any]) -> int:
@@ -298,7 +297,7 @@ def forward_ops(graph: Mapping[str, Any]) -> int:
     return 0
 
 
-def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
+def run(graph: Mapping[str, Any], values: Mapping[str, Any], name: str = "graph") -> Dict[str, Any]:
     """Run an op list on ``values`` (binding name -> tensor or double), its forward (``forward_ops``) with
     grad mode on, the rest under no_grad; returns its outputs by binding (``grad:`` outputs as returned,
     not accumulated: the caller accumulates)."""
@@ -310,26 +309,33 @@ def run(graph: Mapping[str, Any], values: Mapping[str, Any]) -> Dict[str, Any]:
     batch = int(values[first].shape[0]) if first is not None else 0
     forward = forward_ops(graph)
     with torch.enable_grad():
-        _run_nodes(graph["nodes"][:forward], slots, batch)
+        _run_nodes(graph["nodes"][:forward], slots, batch, 0, name)
     with torch.no_grad():
-        _run_nodes(graph["nodes"][forward:], slots, batch)
+        _run_nodes(graph["nodes"][forward:], slots, batch, forward, name)
     return {out["to"]: slots[out["ref"]] for out in graph["outputs"]}
 
 
-def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int) -> None:
-    for node in nodes:
+def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int, first: int, name: str) -> None:
+    for k, node in enumerate(nodes, first):
         args = [_decode(a, slots, batch) for a in node["args"]]
+        where = f"op list {name} node {k} ({node['op']}.{node['overload']})"
         if node["op"] == ITEM:
+            if not 0 <= args[1] < len(args[0]):
+                raise OpListError(f"{where}: index {args[1]} of a list of {len(args[0])}")
             slots.append(args[0][args[1]])
             continue
         op = _overload(node["op"], node["overload"])
         schema = op._schema
+        oplist_types.check_sizes(schema, args, where)
         if len(args) != len(schema.arguments):  # the native layer refuses it too: it calls the op boxed
             raise OpListError(f"op list: {node['op']}.{node['overload']}: {len(args)} arguments, the schema "
                               f"takes {len(schema.arguments)}")
         positional = [a for a, s in zip(args, schema.arguments) if not s.kwarg_only]
         keywords = {s.name: a for a, s in zip(args, schema.arguments) if s.kwarg_only}
-        result = op(*positional, **keywords)
+        try:
+            result = op(*positional, **keywords)
+        except Exception as ex:  # the kernel's own check: one line, as the native layer's (its first line)
+            raise OpListError(f"{where} failed: {(str(ex).strip().splitlines() or [type(ex).__name__])[0]}") from ex
         if node["outputs"] == 1:
             slots.append(result)
         elif node["outputs"] > 1:

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import oplist
+from . import oplist, oplist_check, program_check
 from .. import messages, protocol
 
 #: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.aten_export``).
@@ -127,7 +127,9 @@ class Program:
     arithmetic is the native layer's specification), or None."""
 
     def __init__(self, graphs: Mapping[str, Any], state: Mapping[str, Tensor], parameters: List[str],
-                 training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None):
+                 training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None,
+                 where: str = ""):
+        self.where = where  # its file: the start of its error lines
         self.graphs = dict(graphs)
         self.state = {name: t.clone() for name, t in state.items()}
         self.parameters = list(parameters)
@@ -147,7 +149,10 @@ class Program:
                                      f"{MIN_BATCH}")
         merged = dict(self.state)
         merged.update(values)
-        return oplist.run(self.graphs[graph], merged)
+        try:
+            return oplist.run(self.graphs[graph], merged, graph)
+        except oplist.OpListError as ex:
+            raise oplist.OpListError(f"{self.where}: {ex}" if self.where else str(ex)) from ex
 
     @staticmethod
     def _inputs(x: Mapping[str, Tensor]) -> Dict[str, Tensor]:
@@ -238,31 +243,52 @@ def _entry_spec(metadata: Dict[str, Any], name: str) -> Any:
 
 
 def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor]]:
-    """A protocol-3 file's metadata, graphs and state tensors, each checked as the native layer checks
-    them (one line naming what is missing or wrong)."""
+    """A protocol-3 file's metadata, graphs and state tensors, read as data with the native layer's checks
+    (Java's ``ProgramCheck``, check for check): the program entry, training and counters (``program_check``),
+    each op list (``oplist_check``: strict JSON, the allow-list, the limits; then ``oplist.check`` against
+    this torch's schemas), each state entry and its bytes; one line naming what is missing or wrong."""
     metadata = protocol.read_metadata(path)
     if metadata.get("protocol_version") != protocol.EXPORT_PROTOCOL_VERSION:
         raise protocol.ProtocolError(f"{path}: protocol {metadata.get('protocol_version')}, not a protocol-3 module")
-    entry = metadata.get(protocol.PROGRAM_KEY)
+    try:  # read again, strictly (Java's reader reads it so too)
+        with zipfile.ZipFile(path) as archive:
+            strict = oplist_check.load_json(_bounded(archive, protocol.METADATA_FILE, oplist_check.LIMITS["json_bytes"]),
+                                            protocol.METADATA_FILE)
+    except oplist.OpListError as ex:
+        raise protocol.ProtocolError(f"{path}: {ex}") from ex
+    entry = strict.get(protocol.PROGRAM_KEY) if isinstance(strict, dict) else None
     if not isinstance(entry, dict):
         raise protocol.ProtocolError(messages.program_entry_missing(str(path), protocol.PROGRAM_KEY))
     if entry.get("oplist_version") != oplist.VERSION or isinstance(entry.get("oplist_version"), bool):
-        raise protocol.ProtocolError(messages.program_version(str(path), json.dumps(entry.get("oplist_version")),
+        raise protocol.ProtocolError(messages.program_version(str(path), oplist_check.shown(json.dumps(entry.get("oplist_version"))),
                                                               oplist.VERSION))
     try:
+        for key in ("training", "counters"):
+            if not isinstance(entry.get(key), dict):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
+        program_check.check_training(entry["training"], entry["counters"], protocol.PROGRAM_KEY)
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
             graphs = {}
-            for name, file in entry["graphs"].items():
-                if file not in names:
-                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), file))
-                graphs[name] = json.loads(archive.read(file))
-                oplist.check(graphs[name], f"op list {name}")
+            files = entry.get("graphs")
+            if not isinstance(files, dict):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.graphs"))
+            for name, file in files.items():
+                where = f"op list {oplist_check.shown(name)}"
+                if not isinstance(file, str) or file not in names:
+                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), oplist_check.shown(file)))
+                graphs[name] = oplist_check.load_json(_bounded(archive, file, oplist_check.LIMITS["json_bytes"]), where)
+                oplist_check.check_graph(graphs[name], where)
+                oplist_check.check_role(name, graphs[name], where)
+            oplist_check.check_required(graphs, f"{protocol.PROGRAM_KEY}.graphs")
+            specs = entry.get("state")
+            if not isinstance(specs, list):
+                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.state"))
             state = {}
-            for spec in entry["state"]:
+            for k, spec in enumerate(specs):
+                program_check.state_entry(spec, f"{protocol.PROGRAM_KEY}.state[{k}]")
                 if spec["file"] not in names:
                     raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
-                raw = bytearray(archive.read(spec["file"]))
                 expected = _entry_spec(metadata, spec["name"])
                 actual = (spec["dtype"], list(spec["shape"]))
                 if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
@@ -270,20 +296,34 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
                         str(path), spec["name"], _text(expected), _text(actual)))
                 dtype = oplist.DTYPES[spec["dtype"]]
                 needed = math.prod(spec["shape"]) * dtype.itemsize
+                raw = bytearray(_bounded(archive, spec["file"], needed))
                 if len(raw) != needed:
-                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], len(raw),
+                    size = max(len(raw), archive.getinfo(spec["file"]).file_size)
+                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], size,
                                                                               spec["name"], _text(actual), needed))
                 flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
                 state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
-        for key in ("training", "counters"):
-            if not isinstance(entry.get(key), dict):
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.{key}"))
+        for name, graph in graphs.items():
+            oplist.check(graph, f"op list {oplist_check.shown(name)}")
         _check_bound(graphs, state)
     except oplist.OpListError as ex:
         raise protocol.ProtocolError(f"{path}: {ex}") from ex
-    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError) as ex:
-        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex))) from ex
+    except (zipfile.BadZipFile, zlib.error, KeyError, TypeError, ValueError, OSError, RecursionError,
+            NotImplementedError, RuntimeError) as ex:  # an encrypted entry is a RuntimeError
+        raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex)[:300])) from ex
     return metadata, graphs, state
+
+
+def _bounded(archive: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """An entry's bytes, at most ``limit`` + 1 of them read (an entry that inflates past it is refused by its
+    caller, whatever its header says), its CRC-32 checked when read whole."""
+    with archive.open(name) as entry:
+        data = entry.read(limit + 1)
+        if len(data) <= limit:
+            entry.read()  # to its end: zipfile checks the CRC-32 there
+    if len(data) > limit and limit == oplist_check.LIMITS["json_bytes"]:
+        raise oplist.OpListError(f"{name}: inflates past the limit of {limit} bytes")
+    return data
 
 
 def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:

@@ -67,20 +67,26 @@ final class ExportedModule extends ScriptedModule {
         this.metadata = metadata;
     }
 
-    /** Reads the zip (program, op lists, state) and builds the native module; one line for what is wrong. */
+    /**
+     * Reads the zip (program, op lists, state) as data, checked by {@link ProgramCheck} before the native layer
+     * sees any of it (strict JSON, the operator allow-list, the limits, every field's range), and builds the
+     * native module; one line for what is wrong.
+     */
     static ExportedModule load(Path file, Metadata metadata) {
         NativeLibrary.load();
         List<Tensor> state = new ArrayList<>();
         try (ZipFile archive = new ZipFile(file.toFile())) {
-            JsonObject document = JsonParser.parseString(read(archive, file, Protocol.METADATA_FILE)).getAsJsonObject();
-            JsonObject program = member(document, Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
+            JsonElement root = StrictJson.read(readBytes(archive, file, Protocol.METADATA_FILE, StrictJson.JSON_BYTES),
+                    Protocol.METADATA_FILE);
+            JsonObject program = member(root.getAsJsonObject(), Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
             JsonElement version = program.get("oplist_version");
-            if (version == null || !version.isJsonPrimitive() || !String.valueOf(Protocol.OPLIST_VERSION).equals(version.getAsString())) {
-                throw new ProtocolException(Messages.programVersion(file.toString(), String.valueOf(version),
+            if (!StrictJson.isInt(version) || version.getAsLong() != Protocol.OPLIST_VERSION) {
+                throw new ProtocolException(Messages.programVersion(file.toString(), StrictJson.shown(String.valueOf(version)),
                         Protocol.OPLIST_VERSION));
             }
             JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
             JsonObject counters = member(program, "counters", file, Protocol.PROGRAM_KEY + ".counters");
+            ProgramCheck.training(training, counters, Protocol.PROGRAM_KEY);
             List<String> trainable = new ArrayList<>();
             for (JsonElement group : training.getAsJsonArray("groups")) {
                 for (JsonElement name : group.getAsJsonObject().getAsJsonArray("params")) {
@@ -91,23 +97,40 @@ final class ExportedModule extends ScriptedModule {
                     .append(",\"inputs\":").append(strings(metadata.getInputNames()))
                     .append(",\"training\":").append(training)
                     .append(",\"counters\":").append(counters)
+                    .append(",\"limits\":").append(StrictJson.nativeLimits())
                     .append(",\"graphs\":{");
             Map<String, String> graphFiles = new LinkedHashMap<>();
-            for (Map.Entry<String, JsonElement> graph : program.getAsJsonObject("graphs").entrySet()) {
-                String entry = graph.getValue().getAsString();
-                String opList = read(archive, file, entry);
+            JsonObject graphs = member(program, "graphs", file, Protocol.PROGRAM_KEY + ".graphs");
+            for (Map.Entry<String, JsonElement> graph : graphs.entrySet()) {
+                String where = "op list " + StrictJson.shown(graph.getKey());
+                JsonElement name = graph.getValue();
+                if (!name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()
+                        || archive.getEntry(name.getAsString()) == null) {
+                    throw new ProtocolException(Messages.programEntryMissing(file.toString(), StrictJson.shown(name)));
+                }
+                byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
+                JsonElement opList = StrictJson.read(bytes, where);
+                ProgramCheck.graph(opList, where);
+                ProgramCheck.role(graph.getKey(), opList.getAsJsonObject(), where);
+                // the native layer reads what passed, as Gson writes it
                 text.append(graphFiles.isEmpty() ? "" : ",").append(new JsonPrimitive(graph.getKey())).append(':')
                         .append(opList);
-                graphFiles.put(entry, opList);
+                graphFiles.put(name.getAsString(), new String(bytes, StandardCharsets.UTF_8));
             }
+            ProgramCheck.required(graphs, Protocol.PROGRAM_KEY + ".graphs");
             text.append("}}");
-            JsonArray entries = program.getAsJsonArray("state");
-            String[] stateNames = new String[entries.size()];
-            long[] handles = new long[entries.size()];
-            for (int i = 0; i < entries.size(); i++) {
-                Tensor tensor = stateTensor(archive, file, metadata, entries.get(i).getAsJsonObject());
+            JsonElement entries = program.get("state");
+            if (entries == null || !entries.isJsonArray()) {
+                throw new ProtocolException(Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY + ".state"));
+            }
+            String[] stateNames = new String[entries.getAsJsonArray().size()];
+            long[] handles = new long[stateNames.length];
+            for (int i = 0; i < stateNames.length; i++) {
+                JsonElement entry = entries.getAsJsonArray().get(i);
+                long bytes = ProgramCheck.stateEntry(entry, Protocol.PROGRAM_KEY + ".state[" + i + "]");
+                Tensor tensor = stateTensor(archive, file, metadata, entry.getAsJsonObject(), bytes);
                 state.add(tensor);
-                stateNames[i] = entries.get(i).getAsJsonObject().get("name").getAsString();
+                stateNames[i] = entry.getAsJsonObject().get("name").getAsString();
                 handles[i] = tensor.handle();
             }
             long module;
@@ -123,9 +146,11 @@ final class ExportedModule extends ScriptedModule {
                 Native.exportedFree(module);
                 throw e;
             }
+        } catch (StrictJson.Refusal e) {
+            throw new ProtocolException(file + ": " + e.getMessage());
         } catch (IOException | IllegalStateException | ClassCastException | NullPointerException
                 | UnsupportedOperationException e) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(), String.valueOf(e.getMessage())));
+            throw new ProtocolException(Messages.programUnreadable(file.toString(), StrictJson.shown(String.valueOf(e.getMessage()))));
         } finally {
             Tensors.closeAll(state);
         }
@@ -139,8 +164,9 @@ final class ExportedModule extends ScriptedModule {
         return value.getAsJsonObject();
     }
 
-    /** One state entry's tensor, checked against the dtype and shape its name calls for and its file's size. */
-    private static Tensor stateTensor(ZipFile archive, Path file, Metadata metadata, JsonObject entry) throws IOException {
+    /** One state entry's tensor (its entry checked, {@code needed} bytes), checked against the dtype and shape its name calls for and its file's size. */
+    private static Tensor stateTensor(ZipFile archive, Path file, Metadata metadata, JsonObject entry, long needed)
+            throws IOException {
         String name = entry.get("name").getAsString();
         String entryFile = entry.get("file").getAsString();
         JsonArray dims = entry.getAsJsonArray("shape");
@@ -150,6 +176,9 @@ final class ExportedModule extends ScriptedModule {
         }
         String dtypeName = entry.get("dtype").getAsString();
         String actual = dtypeName + " " + Arrays.toString(shape);
+        if (archive.getEntry(entryFile) == null) {
+            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entryFile));
+        }
         String expected = expectedSpec(metadata, name);
         DType dtype;
         try {
@@ -161,13 +190,10 @@ final class ExportedModule extends ScriptedModule {
         if (expected != null && !expected.equals(actual)) {
             throw new ProtocolException(Messages.programStateMismatch(file.toString(), name, expected, actual));
         }
-        byte[] bytes = readBytes(archive, file, entryFile);
-        long needed = dtype.size();
-        for (long d : shape) {
-            needed *= d;
-        }
+        byte[] bytes = readBytes(archive, file, entryFile, needed);
         if (bytes.length != needed) {
-            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, bytes.length, name, actual,
+            long size = Math.max(bytes.length, archive.getEntry(entryFile).getSize());
+            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, size, name, actual,
                     needed));
         }
         ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
@@ -205,18 +231,24 @@ final class ExportedModule extends ScriptedModule {
         return null;
     }
 
-    private static String read(ZipFile archive, Path file, String name) throws IOException {
-        return new String(readBytes(archive, file, name), StandardCharsets.UTF_8);
-    }
-
-    private static byte[] readBytes(ZipFile archive, Path file, String name) throws IOException {
+    /**
+     * An entry's bytes, at most {@code limit} + 1 of them read whatever its header says (an op list past the
+     * limit is refused here, a state file past its size by its caller), its CRC-32 checked when read whole.
+     */
+    private static byte[] readBytes(ZipFile archive, Path file, String name, long limit) throws IOException {
         ZipEntry entry = archive.getEntry(name);
         if (entry == null) {
             throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
         }
         byte[] bytes;
         try (InputStream in = archive.getInputStream(entry)) {
-            bytes = in.readAllBytes();
+            bytes = in.readNBytes((int) Math.min(limit + 1, Integer.MAX_VALUE - 8));
+        }
+        if (bytes.length > limit) {
+            if (limit == StrictJson.JSON_BYTES) {
+                throw new ProtocolException(file + ": " + name + ": inflates past the limit of " + limit + " bytes");
+            }
+            return bytes;
         }
         CRC32 crc = new CRC32(); // Java's ZipFile checks none
         crc.update(bytes);

@@ -7,7 +7,9 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParseException;
 import com.google.gson.JsonParser;
+import java.io.ByteArrayInputStream;
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.io.Reader;
 import java.nio.charset.StandardCharsets;
@@ -270,8 +272,15 @@ public final class Metadata {
                                 + " `gradbridge export`.");
             }
             Metadata metadata;
-            try (Reader reader =
-                    new InputStreamReader(archive.getInputStream(entry), StandardCharsets.UTF_8)) {
+            byte[] bytes;
+            try (InputStream in = archive.getInputStream(entry)) { // bounded: an entry may inflate past any memory
+                bytes = in.readNBytes((int) StrictJson.JSON_BYTES + 1);
+            }
+            if (bytes.length > StrictJson.JSON_BYTES) {
+                throw new ProtocolException(path + ": " + Protocol.METADATA_FILE + " inflates past the limit of "
+                        + StrictJson.JSON_BYTES + " bytes");
+            }
+            try (Reader reader = new InputStreamReader(new ByteArrayInputStream(bytes), StandardCharsets.UTF_8)) {
                 JsonElement root = JsonParser.parseReader(reader);
                 MetadataSchema.check(path, root);
                 JsonObject document = root.getAsJsonObject();
