@@ -43,9 +43,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 import torch
 
 from . import oplist_types  # noqa: E402
-from .oplist_check import VERSION  # noqa: E402  (oplist_rules.json holds it, with the allow-list)
+from .oplist_check import ARG_KINDS, VERSION  # noqa: E402,F401  (oplist_rules.json holds it, with the allow-list)
 #: Argument kinds (the keys of an argument object); the native interpreter refuses any other.
-ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
 #: Interpreter built-ins (not aten ops): ``#item`` takes element ``i`` of a list value.
 ITEM = "#item"
 #: Ops dropped at export: checks of tensor metadata that compute nothing.
@@ -230,11 +229,7 @@ def _affine(x: Any, y: Any, b1: int, b2: int, where: str) -> Dict[str, List[int]
 # ---- the Python interpreter (the native one's twin) ----
 
 def _overload(op: str, overload: str, where: str = "op list") -> Any:
-    try:
-        namespace, name = op.split("::", 1)
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError, ValueError) as ex:
-        raise OpListError(f"{where}: unknown operator {op}.{overload}") from ex
+    return oplist_types.overload(op, overload, where)
 
 
 def _batch_int(a: int, batch: int, c: int) -> int:

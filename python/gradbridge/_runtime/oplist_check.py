@@ -19,6 +19,9 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import OpListError
 
+#: The kinds of an op-list argument (``oplist``'s docstring says what each holds).
+ARG_KINDS = ("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl", "bl", "s", "dtype", "layout", "device", "mf")
+
 RULES: Dict[str, Any] = json.loads(Path(__file__).with_name("oplist_rules.json").read_text(encoding="utf-8"))
 VERSION: int = RULES["oplist_version"]
 LIMITS: Dict[str, int] = RULES["limits"]
@@ -261,8 +264,6 @@ def check_node(node: Any, slots: int, where: str) -> int:
 def check_arg(arg: Any, slots: int, where: str) -> None:
     if arg is None:
         return
-    from .oplist import ARG_KINDS
-
     if not isinstance(arg, dict) or len(arg) != 1:
         fail(where, f"{shown(arg)} is not null or an object of one kind")
     (kind, value), = arg.items()

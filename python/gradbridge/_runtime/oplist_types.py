@@ -16,10 +16,13 @@ from ..errors import OpListError
 ITEM = oplist_check.ITEM
 
 
-def _overload(op: str, overload: str, where: str) -> Any:
-    from .oplist import _overload as resolve
-
-    return resolve(op, overload, where)
+def overload(op: str, overload_name: str, where: str = "op list") -> Any:
+    """The torch operator ``op.overload_name`` (``aten::add``, ``Tensor``), or OpListError naming it."""
+    try:
+        namespace, name = op.split("::", 1)
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload_name)
+    except (AttributeError, RuntimeError, ValueError) as ex:
+        raise OpListError(f"{where}: unknown operator {op}.{overload_name}") from ex
 
 
 def check(graph: Mapping[str, Any], where: str) -> None:
@@ -31,7 +34,7 @@ def check(graph: Mapping[str, Any], where: str) -> None:
     slots = ["double" if name.startswith("scalar:") else "tensor" for name in graph["inputs"]]
     for k, node in enumerate(graph["nodes"]):
         at = f"{where} node {k} ({oplist_check.shown(oplist_check.node_name(node['op'], node['overload']))})"
-        schema = None if node["op"] == ITEM else _overload(node["op"], node["overload"], where)._schema
+        schema = None if node["op"] == ITEM else overload(node["op"], node["overload"], where)._schema
         for j, arg in enumerate(node["args"]):
             for s in (arg or {}).get("tl", []) + [v for v in (arg or {}).get("otl", []) if v is not None]:
                 if slots[s] != "tensor":
