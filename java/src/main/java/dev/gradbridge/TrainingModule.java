@@ -723,6 +723,21 @@ public final class TrainingModule implements AutoCloseable {
         setState(values, metadata.getBuffers(), "buffer");
     }
 
+    /**
+     * Runs {@code set_state}: copies values into the named parameters and buffers, any of them (a
+     * published version's trainable parameters and trained buffers: the frozen rest stays), checked
+     * whole before anything changes.
+     *
+     * @param values flattened values by parameter or buffer name
+     * @throws InvalidInputException when a name is unknown or a count is wrong; nothing changed
+     * @throws ProtocolException when the module was exported before {@code set_state} existed
+     */
+    public void setState(Map<String, double[]> values) {
+        List<Metadata.TensorSpec> specs = new ArrayList<>(metadata.getParameters());
+        specs.addAll(metadata.getBuffers());
+        setState(values, specs, "parameter or buffer");
+    }
+
     /** {@code set_state} of named values, each of {@code specs} (parameters or buffers). */
     private void setState(Map<String, double[]> values, List<Metadata.TensorSpec> specs, String what) {
         if (values.isEmpty()) {
@@ -757,19 +772,13 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * Runs {@code set_parameters}: replaces every parameter's values; in modules exported with {@code
-     * set_state}, any of them (a version's trainable parameters: the frozen rest stays).
+     * Runs {@code set_parameters}: replaces every parameter's values.
      *
-     * @param values flattened values by parameter name; every parameter (or some, see above), each with
-     *     as many values as its shape holds
+     * @param values flattened values by parameter name; every parameter, each with as many
+     *     values as its shape holds
      * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
      */
     public void setParameters(Map<String, double[]> values) {
-        if (!values.keySet().equals(new LinkedHashSet<>(parameterNames)) && methodNames.contains(Protocol.SET_STATE)
-                && parameterNames.containsAll(values.keySet())) {
-            setState(values, metadata.getParameters(), "parameter"); // some of them: a version's trainable ones
-            return;
-        }
         try (ThreadGuard.Use use = use()) {
             if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
                 throw new InvalidInputException(

@@ -1,5 +1,7 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.Protocol;
+import dev.gradbridge.TrainingModule;
 import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
@@ -61,9 +63,19 @@ public final class ModelVersion {
         return parameters;
     }
 
-    /** The trained buffers' values, for this package (never modified). */
-    Map<String, double[]> buffers() {
-        return buffers;
+    /**
+     * Sets this version on {@code module} (a predictor, or a copy to checkpoint): its parameters and trained
+     * buffers through {@code set_state}, the frozen rest left as the module has it; every parameter in a
+     * module exported before {@code set_state} (whose versions hold every parameter and no buffer).
+     */
+    void applyTo(TrainingModule module) {
+        if (!module.getMethodNames().contains(Protocol.SET_STATE)) {
+            module.setParameters(parameters);
+            return;
+        }
+        Map<String, double[]> state = new LinkedHashMap<>(parameters);
+        state.putAll(buffers);
+        module.setState(state);
     }
 
     /**

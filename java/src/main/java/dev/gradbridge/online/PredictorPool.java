@@ -60,8 +60,7 @@ final class PredictorPool implements AutoCloseable {
             ModelVersion version = current.get();
             if (predictor.loaded != version) {
                 // The whole snapshot, then forward: this predictor never mixes two versions.
-                predictor.module.setParameters(version.parameters());
-                predictor.module.setBuffers(version.buffers());
+                version.applyTo(predictor.module); // what training changed; the frozen rest stays
                 predictor.loaded = version;
             }
             try {

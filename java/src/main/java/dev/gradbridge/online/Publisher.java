@@ -452,8 +452,7 @@ final class Publisher {
             return ModuleAccess.checkpointArchive(serving.state, progress);
         }
         try (TrainingModule copy = updater.copyState()) {
-            copy.setParameters(serving.version.parameters());
-            copy.setBuffers(serving.version.buffers());
+            serving.version.applyTo(copy);
             return ModuleAccess.checkpointArchive(copy, progress);
         }
     }
