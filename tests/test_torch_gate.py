@@ -201,7 +201,7 @@ def test_export_says_in_one_line_that_this_torch_refuses_scripting(monkeypatch, 
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"wrote {tmp_path / 'seed.pt'} (protocol 3, torch.export: TorchScript cannot capture it)")
     capture = protocol.read_metadata(tmp_path / "seed.pt")["capture"]
-    assert capture == {"kind": "export", "checked": True, protocol.AUTO_REASON_KEY: expected}
+    assert capture == {"kind": "export", "checked": True, protocol.DRAWS_RANDOM_KEY: False, protocol.AUTO_REASON_KEY: expected}
 
 
 def test_loading_says_in_one_line_that_this_torch_refuses_torch_jit_load(monkeypatch, regressor):
