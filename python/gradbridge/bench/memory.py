@@ -169,7 +169,7 @@ def online_learner(updates: int, samples: int = 80, batch: int = 32) -> Dict:
             **classify(rss)}
 
 
-def trainer_cli(steps: int, interval_s: float = 0.25, batch: int = 64) -> Dict:
+def trainer_cli(steps: int, interval_s: float = 0.1, batch: int = 64) -> Dict:
     """``gradbridge-train`` in a JVM of its own (step mode, digests only), its RSS sampled every
     ``interval_s``; a sample's step is its time since the first epoch began at the run's mean rate."""
     per_epoch = 500
