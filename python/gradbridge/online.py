@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Tuple
 
 import numpy as np
@@ -92,3 +93,31 @@ def learn(learner, x, y: np.ndarray) -> int:
     event's sequence number."""
     with java_errors():
         return int(learner.learn(host_inputs(x), host_tensor(y)))
+
+
+def progressive(learner, rounds: int, next_round, metrics) -> Tuple[float, list]:
+    """Progressive validation (the online demos): each round's inputs are predicted by the serving version
+    first, then learned from, and the next round waits for that update. ``next_round()`` gives ``(x, y)``;
+    ``metrics(outputs, targets)`` a window's (metric, log-loss) over its rounds' outputs and targets
+    concatenated. Closes the learner; returns the seconds taken and, per window of a tenth of the rounds,
+    (first version, last version, events, metric, log-loss)."""
+    seconds = jclass("java.util.concurrent.TimeUnit").SECONDS
+    shown = []  # (version, outputs, targets) per round
+    started = time.perf_counter()
+    try:
+        for _ in range(rounds):
+            x, y = next_round()
+            version, outputs = predict(learner, x)
+            shown.append((version, outputs.copy(), y))
+            learn(learner, x, y)
+            learner.awaitIdle(60, seconds)
+    finally:
+        learner.close()
+    elapsed = time.perf_counter() - started
+    window = max(1, rounds // 10)
+    rows = []
+    for start in range(0, rounds, window):
+        part = shown[start:start + window]
+        outputs, targets = np.concatenate([p[1] for p in part]), np.concatenate([p[2] for p in part])
+        rows.append((part[0][0], part[-1][0], len(targets), *metrics(outputs, targets)))
+    return elapsed, rows

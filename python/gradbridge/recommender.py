@@ -10,7 +10,6 @@ version that answered never saw those clicks), then the clicks go back as feedba
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
@@ -123,30 +122,14 @@ def run_demo(rounds: int = 300, batch: int = 64, out_dir: str = "build/online-de
 
     learner = online.open_learner(model_path, log_dir, max_batch=batch, max_wait_ms=2, publish_every=1,
                                   checkpoint_every=50, fsync="never")
-    seconds = online.jclass("java.util.concurrent.TimeUnit").SECONDS
-    shown: List[Tuple[int, np.ndarray, np.ndarray]] = []  # (version, logits, clicks) per round
-    started = time.perf_counter()
-    try:
-        for _ in range(rounds):
-            x = simulator.impressions(batch)
-            clicks = simulator.clicks(x)
-            version, logits = online.predict(learner, x)
-            shown.append((version, logits.ravel().copy(), clicks.ravel()))
-            online.learn(learner, x, clicks)
-            # Users come back slower than the model learns: the next round sees this round's update.
-            learner.awaitIdle(60, seconds)
-    finally:
-        learner.close()
-    elapsed = time.perf_counter() - started
 
-    # Online metrics per window of rounds (each prediction by a version that had not seen those clicks).
-    window = max(1, rounds // 10)
-    rows = []
-    for start in range(0, rounds, window):
-        part = shown[start:start + window]
-        logits = np.concatenate([p[1] for p in part])
-        clicks = np.concatenate([p[2] for p in part])
-        rows.append((part[0][0], part[-1][0], len(logits), auc(logits, clicks), log_loss(logits, clicks)))
+    def next_round():
+        x = simulator.impressions(batch)
+        return x, simulator.clicks(x)
+
+    # Users come back slower than the model learns: each round sees the update of the one before.
+    elapsed, rows = online.progressive(learner, rounds, next_round, lambda logits, clicks: (
+        auc(logits.ravel(), clicks.ravel()), log_loss(logits.ravel(), clicks.ravel())))
     plot = _plot(out_path / "online.png", rows)
     return DemoResult(rounds, batch, elapsed, rows, plot, log_dir, replay(log_dir, model_path))
 

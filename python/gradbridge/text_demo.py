@@ -12,7 +12,6 @@ validation: the version that answered never saw those labels), then the labels g
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Tuple
@@ -93,28 +92,15 @@ def run_text_demo(rounds: int = 300, batch: int = 32, out_dir: str = "build/onli
                                                                               torch.from_numpy(simulator.labels(x0))))
     learner = online.open_learner(model_path, log_dir, max_batch=batch, max_wait_ms=2, publish_every=1,
                                   checkpoint_every=50, fsync="never")
-    seconds = online.jclass("java.util.concurrent.TimeUnit").SECONDS
-    shown: List[Tuple[int, np.ndarray, np.ndarray]] = []  # (version, logits, labels) per round
-    started = time.perf_counter()
-    try:
-        for _ in range(rounds):
-            x = simulator.sentences(batch)
-            labels = simulator.labels(x)
-            version, logits = online.predict(learner, x)
-            shown.append((version, logits.copy(), labels))
-            online.learn(learner, x, labels)
-            learner.awaitIdle(60, seconds)
-    finally:
-        learner.close()
-    elapsed = time.perf_counter() - started
 
-    window = max(1, rounds // 10)
-    rows = []
-    for start in range(0, rounds, window):
-        part = shown[start:start + window]
-        logits = np.concatenate([p[1] for p in part]).astype(np.float64)
-        labels = np.concatenate([p[2] for p in part])
+    def next_round():
+        x = simulator.sentences(batch)
+        return x, simulator.labels(x)
+
+    def metrics(logits, labels):
+        logits = logits.astype(np.float64)
         accuracy = float((logits.argmax(axis=1) == labels).mean())
-        log_loss = float(np.mean(np.logaddexp(logits[:, 0], logits[:, 1]) - logits[np.arange(len(labels)), labels]))
-        rows.append((part[0][0], part[-1][0], len(labels), accuracy, log_loss))
+        return accuracy, float(np.mean(np.logaddexp(logits[:, 0], logits[:, 1]) - logits[np.arange(len(labels)), labels]))
+
+    elapsed, rows = online.progressive(learner, rounds, next_round, metrics)
     return TextDemoResult(rounds, batch, elapsed, rows, log_dir, replay(log_dir, model_path, model=TextClassifier()))
