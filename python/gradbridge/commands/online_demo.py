@@ -17,9 +17,7 @@ def run(rounds: int = 300, batch: int | None = None, out_dir: str | None = None,
     rows = result.windows
     out(f"recommender: {USERS} users x {ITEMS} items, dim {DIM}, Adam; {rounds} rounds of {batch} impressions "
         f"in {result.seconds:.1f} s (predict, then feedback)")
-    out(f"{'versions':>13}  {'events':>7}  {'online AUC':>10}  {'log-loss':>9}")
-    for first, last, n, a, ll in rows:
-        out(f"{first:>6}-{last:<6}  {n:>7}  {a:>10.4f}  {ll:>9.4f}")
+    _table(rows, "online AUC", out)
     out(f"plot: {result.plot}")
     out(f"python replay of {result.log_dir}: {result.replay.verdict()}")
     out(f"online AUC {'rose' if result.auc_rose else 'did not rise'}: {rows[0][3]:.4f} -> {rows[-1][3]:.4f}")
@@ -33,9 +31,14 @@ def _text(rounds: int, batch: int, out_dir: str, seed: int, out) -> int:
     rows = result.windows
     out(f"text classifier: transformer encoder (width {WIDTH}, dropout 0.1) over {VOCAB} tokens x {LENGTH}, AdamW; "
         f"{rounds} rounds of {batch} sentences in {result.seconds:.1f} s (predict, then feedback)")
-    out(f"{'versions':>13}  {'events':>7}  {'accuracy':>10}  {'log-loss':>9}")
-    for first, last, n, a, ll in rows:
-        out(f"{first:>6}-{last:<6}  {n:>7}  {a:>10.4f}  {ll:>9.4f}")
+    _table(rows, "accuracy", out)
     out(f"python replay of {result.log_dir}: {result.replay.verdict()}")
     out(f"online accuracy {'rose' if result.accuracy_rose else 'did not rise'}: {rows[0][3]:.4f} -> {rows[-1][3]:.4f}")
     return 0 if result.replay.bitwise and result.accuracy_rose else 1
+
+
+def _table(rows, metric: str, out) -> None:
+    """Per window of rounds: the versions that answered, the events, the online metric and log-loss."""
+    out(f"{'versions':>13}  {'events':>7}  {metric:>10}  {'log-loss':>9}")
+    for first, last, n, value, loss in rows:
+        out(f"{first:>6}-{last:<6}  {n:>7}  {value:>10.4f}  {loss:>9.4f}")
