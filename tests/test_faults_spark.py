@@ -392,3 +392,11 @@ def test_the_artifact_of_another_spark_line_is_refused(files, tmp_path):
                     "gradbridge-spark-submit_2.12) for Spark 3.5.x on Scala 2.12, gradbridge-spark_2.13 "
                     "(gradbridge-spark-submit_2.13) for Spark 4.0 to 4.3")
     assert stray_files(tmp_path) == []
+
+
+def test_an_empty_data_folder_is_one_line(files, tmp_path):
+    """Spark cannot infer a schema from no files (its AnalysisException is a checked exception in Java's eyes)."""
+    empty = files["folder"] / "empty-folder"
+    empty.mkdir(exist_ok=True)
+    line = refused(files, tmp_path, "--model", files["good"], "--data", empty)
+    assert line.startswith(f"{empty}: not a Parquet dataset: ") and "Unable to infer schema" in line, line

@@ -243,7 +243,7 @@ public final class ShardedData {
         org.apache.spark.sql.Dataset<Row> frame;
         try {
             frame = spark.read().parquet(parquet);
-        } catch (RuntimeException e) {
+        } catch (Exception e) { // Spark's AnalysisException (an empty folder: no schema) is checked, not a RuntimeException
             throw new InvalidInputException(parquet + ": not a Parquet dataset: " + firstLine(e.getMessage()));
         }
         return fromRows(parquet, frame, partitions, metadata);
