@@ -455,10 +455,19 @@ final class ExportedModule extends ScriptedModule {
     }
 
     private List<Tensor> get(String prefix, List<String> names) {
+        return get(prefixed(prefix, names));
+    }
+
+    private static String[] prefixed(String prefix, List<String> names) {
         String[] keys = new String[names.size()];
         for (int i = 0; i < keys.length; i++) {
             keys[i] = prefix + names.get(i);
         }
+        return keys;
+    }
+
+    /** The state tensors bound to {@code keys} (copies owned by the caller). */
+    private List<Tensor> get(String[] keys) {
         List<Tensor> tensors = new ArrayList<>();
         for (long h : Native.exportedGet(handle(), keys)) {
             tensors.add(new Tensor(h));
@@ -481,27 +490,21 @@ final class ExportedModule extends ScriptedModule {
     }
 
     private List<Tensor> getState(List<?> names) {
-        List<Tensor> tensors = new ArrayList<>();
-        for (long h : Native.exportedGet(handle(), stateKeys(names, Protocol.GET_STATE))) {
-            tensors.add(new Tensor(h));
-        }
-        return tensors;
+        return get(stateKeys(names, Protocol.GET_STATE));
     }
 
     private void setState(List<?> names, List<?> values) {
-        String[] keys = stateKeys(names, Protocol.SET_STATE);
-        long[] tensors = new long[keys.length];
-        for (int i = 0; i < keys.length; i++) {
-            tensors[i] = ((Tensor) values.get(i)).handle();
-        }
-        Native.exportedSet(handle(), keys, tensors);
+        set(stateKeys(names, Protocol.SET_STATE), values);
     }
 
     private void set(String prefix, List<String> names, List<?> values) {
-        String[] keys = new String[names.size()];
-        long[] tensors = new long[names.size()];
+        set(prefixed(prefix, names), values);
+    }
+
+    /** Copies {@code values} (tensors, in order) into the state bound to {@code keys}. */
+    private void set(String[] keys, List<?> values) {
+        long[] tensors = new long[keys.length];
         for (int i = 0; i < keys.length; i++) {
-            keys[i] = prefix + names.get(i);
             tensors[i] = ((Tensor) values.get(i)).handle();
         }
         Native.exportedSet(handle(), keys, tensors);

@@ -680,11 +680,6 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    /** @return the buffers a training step writes (BatchNorm's statistics), in protocol order ({@link Metadata.TensorSpec#isTrained}) */
-    public List<String> getTrainedBufferNames() {
-        return metadata.getTrainedBufferNames();
-    }
-
     /** @return the values of the buffers a training step writes, by name (flattened, exact), in protocol order */
     public Map<String, double[]> getTrainedBuffers() {
         return getState(metadata.getTrainedBufferNames(), Protocol.GET_BUFFERS, bufferNames);
@@ -712,18 +707,6 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     /**
-     * Runs {@code set_state}: copies values into the named buffers (a published version's trained
-     * buffers), checked whole before anything changes.
-     *
-     * @param values flattened values by buffer name, any of {@link #getBufferNames()}
-     * @throws InvalidInputException when a name is unknown or a count is wrong; nothing changed
-     * @throws ProtocolException when the module was exported before {@code set_state} existed
-     */
-    public void setBuffers(Map<String, double[]> values) {
-        setState(values, metadata.getBuffers(), "buffer");
-    }
-
-    /**
      * Runs {@code set_state}: copies values into the named parameters and buffers, any of them (a
      * published version's trainable parameters and trained buffers: the frozen rest stays), checked
      * whole before anything changes.
@@ -733,13 +716,6 @@ public final class TrainingModule implements AutoCloseable {
      * @throws ProtocolException when the module was exported before {@code set_state} existed
      */
     public void setState(Map<String, double[]> values) {
-        List<Metadata.TensorSpec> specs = new ArrayList<>(metadata.getParameters());
-        specs.addAll(metadata.getBuffers());
-        setState(values, specs, "parameter or buffer");
-    }
-
-    /** {@code set_state} of named values, each of {@code specs} (parameters or buffers). */
-    private void setState(Map<String, double[]> values, List<Metadata.TensorSpec> specs, String what) {
         if (values.isEmpty()) {
             return;
         }
@@ -749,7 +725,10 @@ public final class TrainingModule implements AutoCloseable {
                         + " (exported by an older gradbridge): export the model again");
             }
             Map<String, Metadata.TensorSpec> byName = new LinkedHashMap<>();
-            for (Metadata.TensorSpec spec : specs) {
+            for (Metadata.TensorSpec spec : metadata.getParameters()) {
+                byName.put(spec.getName(), spec);
+            }
+            for (Metadata.TensorSpec spec : metadata.getBuffers()) {
                 byName.put(spec.getName(), spec);
             }
             List<String> names = new ArrayList<>();
@@ -758,7 +737,7 @@ public final class TrainingModule implements AutoCloseable {
                 for (Map.Entry<String, double[]> entry : values.entrySet()) {
                     Metadata.TensorSpec spec = byName.get(entry.getKey());
                     if (spec == null) {
-                        throw new InvalidInputException(Protocol.SET_STATE + ": no " + what + " " + entry.getKey()
+                        throw new InvalidInputException(Protocol.SET_STATE + ": no parameter or buffer " + entry.getKey()
                                 + "; the module's: " + byName.keySet());
                     }
                     names.add(entry.getKey());

@@ -474,9 +474,9 @@ public final class OnlineLearner implements AutoCloseable {
             throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
                     module.getMetadata().getMinBatch(), "online learning"));
         }
-        if (!module.getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
+        if (!module.getMetadata().getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
             throw new InvalidInputException(modelPath + " has buffers that training changes "
-                    + module.getTrainedBufferNames() + " but no method " + Protocol.SET_STATE
+                    + module.getMetadata().getTrainedBufferNames() + " but no method " + Protocol.SET_STATE
                     + " (exported by an older gradbridge): export the model again");
         }
         Object accumulate = module.getMetadata().getFineTuning().get("accumulate");

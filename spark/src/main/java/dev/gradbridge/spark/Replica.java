@@ -176,7 +176,7 @@ final class Replica implements AutoCloseable {
                 }
                 values.put(buffer.getKey(), array);
             }
-            module.setBuffers(values);
+            module.setState(values);
         }
     }
 

@@ -147,7 +147,7 @@ public final class SparkTrainer {
         if (!missing.isEmpty()) {
             throw new ProtocolException(Messages.dataParallelMethods(path, metadata.getProtocolVersion(), missing));
         }
-        List<String> trained = module.getTrainedBufferNames();
+        List<String> trained = module.getMetadata().getTrainedBufferNames();
         if (!trained.isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
             throw new ProtocolException(Messages.dataParallelBuffers(path, trained));
         }
