@@ -11,7 +11,7 @@ here from the model itself, by running its forward once in training mode, not fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, FrozenSet
+from typing import Any, Callable, FrozenSet, Optional
 
 import torch
 from torch import nn
@@ -27,10 +27,11 @@ class StepWrites:
     draws_random: bool
 
 
-def probe(model: nn.Module, x: Any) -> StepWrites:
+def probe(model: nn.Module, x: Any, then: Optional[Callable[[Any], None]] = None) -> StepWrites:
     """Run ``model``'s forward on ``x`` once in training mode, without autograd, and see what it
-    wrote: a buffer whose version counter moved or whose values changed, and the generator's state.
-    The model's buffers, its training flag and torch's generator are left as they were."""
+    wrote: a buffer whose version counter moved or whose values changed, and the generator's state;
+    ``then(output)`` runs on the forward's output (the export's check that the example fits the
+    loss). The model's buffers, its training flag and torch's generator are left as they were."""
     buffers = list(model.named_buffers())
     saved = [(b, b.detach().clone(), b._version) for _, b in buffers]
     was_training = model.training
@@ -38,8 +39,10 @@ def probe(model: nn.Module, x: Any) -> StepWrites:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             state = torch.get_rng_state()
             model.train()
-            model_inputs.call(model, x)
+            output = model_inputs.call(model, x)
             draws = not torch.equal(state, torch.get_rng_state())
+            if then is not None:
+                then(output)
         trained = frozenset(name for (name, b), (_, before, version) in zip(buffers, saved)
                             if b._version != version or not _same_bits(before, b))
     finally:

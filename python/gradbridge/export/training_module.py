@@ -193,28 +193,24 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         finetune.load_weights(model, init_weights)
 
     if example_inputs is not None:
-        # The check must not move BatchNorm statistics (the export holds the model's, or the init
-        # weights', buffers exactly) nor draw from the user's generator.
-        saved_buffers = [(b, b.clone()) for b in model.buffers()]
+        def fits(output: Any) -> None:
+            if not isinstance(output, Tensor):
+                raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
+            loss_module(output, example_inputs[1])
+
+        # One forward in training mode checks the example and finds what a step writes; it moves no
+        # BatchNorm statistic (the export holds the model's, or the init weights', exactly) and draws
+        # nothing from the user's generator (step_writes.probe).
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                output = model_inputs.call(model, example_x)
-                if not isinstance(output, Tensor):
-                    raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
-                loss_module(output, example_inputs[1])
+            writes = step_writes.probe(model, example_x, fits)
         except ExportError:
             raise
         except Exception as ex:
             reason = messages.one_line(ex)
             raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {reason}") from ex
-        finally:
-            with torch.no_grad():
-                for buffer, value in saved_buffers:
-                    buffer.copy_(value)
     else:
         _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
-
-    writes = step_writes.probe(model, example_x if example_x is not None else example_batch(specs)[0])
+        writes = step_writes.probe(model, example_batch(specs)[0])
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
