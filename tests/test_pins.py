@@ -291,6 +291,45 @@ def test_online_open_learner_defaults_are_the_java_builders(jvm):
     assert defaults["predictors"] is defaults["max_input_abs"] is defaults["keep_versions"] is None
 
 
+def test_every_java_default_is_protocols_of_the_same_name(jvm):
+    """One home per fact: Java keeps its defaults as constants, a run's in Protocol and the online learner's in
+    OnlineLearner, and each is protocol.DEFAULT_* of the same name and value (every one of those, the export's
+    format aside, is one of Java's). The seed both hold is one value."""
+    java = {}
+    for class_name in ("dev.gradbridge.Protocol", "dev.gradbridge.online.OnlineLearner"):
+        cls = jpype.JClass(class_name)
+        for field in cls.class_.getFields():
+            name = str(field.getName())
+            if name.startswith("DEFAULT_"):
+                value = getattr(cls, name)  # as Python's type: str, float (double) or int (int, long)
+                value = str(value) if isinstance(value, (jpype.JString, str)) else float(value) \
+                    if isinstance(value, float) else int(value)
+                assert java.setdefault(name, value) == value, f"{name}: Protocol and OnlineLearner differ"
+    python = {name: value for name, value in vars(protocol).items() if name.startswith("DEFAULT_")}
+    assert set(python) - {"DEFAULT_FORMAT"} == set(java), set(python) ^ set(java)
+    for name, value in java.items():
+        assert python[name] == value and type(python[name]) is type(value), (name, python[name], value)
+    # the constants are what runs: the builders start from them (the in-process run's defaults are pinned
+    # by test_the_java_trainers_run_defaults_are_pythons and test_online_open_learner_defaults_are_the_java_builders)
+    builder = jpype.JClass("dev.gradbridge.Trainer").builder()
+    assert int(builder.settings().getEpochs()) == protocol.DEFAULT_EPOCHS
+    assert builder.settings().getBatchSize() is None and builder.settings().getSeed() is None  # else the default
+
+
+def test_java_defaults_have_no_bare_copies():
+    """Where Java applies or prints a run's default, it names the constant: no literal 32, "step" or 0 seed left
+    in the code that resolves a run's settings or in the commands' option texts."""
+    sources = {path: (REPO_ROOT / path).read_text() for path in (
+        "java/src/main/java/dev/gradbridge/internal/RunStart.java", "java/src/main/java/dev/gradbridge/Trainer.java",
+        "java/src/main/java/dev/gradbridge/RunSettings.java", "programs/src/main/java/dev/gradbridge/cli/RunOptions.java",
+        "programs/src/main/java/dev/gradbridge/cli/TrainCommand.java",
+        "serve/src/main/java/dev/gradbridge/serve/ServeCommand.java")}
+    bare = [f"{path}: {m.group(0)}" for path, text in sources.items() for m in re.finditer(
+        r"(getBatchSize\(\), \d+\)|getSeed\(\), \d+L?\)|getMode\(\), \"\w+\"\)|private int epochs = \d+;"
+        r"|\(default (\d+|step|continue)\b[^\"]*\"\)|defaultValue = \"\d+\", description = \"epochs)", text)]
+    assert not bare, bare
+
+
 def test_long_exception_texts_are_shortened_by_one_rule():
     """torch's multi-line messages become one line through messages.one_line only."""
     from gradbridge import messages

@@ -14,6 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
+from . import protocol
 from .jvm import dtype_name, java_errors, java_shape, jclass
 
 
@@ -35,13 +36,16 @@ def to_numpy(tensor) -> np.ndarray:
     return np.frombuffer(bytes(tensor.toBytes()), dtype=little_endian).reshape([int(d) for d in tensor.getShape()])
 
 
-def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *, max_batch: int = 32,
-                 max_wait_ms: int = 10, publish_every: int = 1, checkpoint_every: int = 100,
-                 queue_capacity: int = 10_000, predictors: int | None = None, fsync: str = "always",
-                 max_grad_norm: float = 0.0, max_input_abs: float | None = None,
-                 gate_data: str | os.PathLike | None = None, gate_max_regression: float = 0.0,
-                 gate_on_hold: str = "continue", keep_versions: int | None = None, seed: int | None = None,
-                 time_phases: bool = False):
+def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *,
+                 max_batch: int = protocol.DEFAULT_MAX_BATCH, max_wait_ms: int = protocol.DEFAULT_MAX_WAIT_MILLIS,
+                 publish_every: int = protocol.DEFAULT_PUBLISH_EVERY,
+                 checkpoint_every: int = protocol.DEFAULT_CHECKPOINT_EVERY,
+                 queue_capacity: int = protocol.DEFAULT_QUEUE_CAPACITY, predictors: int | None = None,
+                 fsync: str = protocol.DEFAULT_FSYNC, max_grad_norm: float = protocol.DEFAULT_MAX_GRAD_NORM,
+                 max_input_abs: float | None = None, gate_data: str | os.PathLike | None = None,
+                 gate_max_regression: float = protocol.DEFAULT_GATE_MAX_REGRESSION,
+                 gate_on_hold: str = protocol.DEFAULT_GATE_ON_HOLD, keep_versions: int | None = None,
+                 seed: int | None = None, time_phases: bool = False):
     """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``,
     ``max_input_abs`` and ``keep_versions`` None keep the learner's defaults. ``gate_data`` (an .npz)
     turns the publish gate on (``OnlineLearner.Builder.optGate``); ``seed`` the run's seed of dropout's draws

@@ -20,7 +20,7 @@ from .errors import DTypeError, ProtocolError
 #: removed or changed, so modules of every version in ``SUPPORTED_VERSIONS`` load and train.
 PROTOCOL_VERSION = 2
 #: Protocol 3: a training step captured with torch.export as gradbridge's own op lists (``oplist``), run
-#: op by op by the native layer (``export_training_module(..., format="export")``; docs/architecture.md).
+#: op by op by the native layer (``export_training_module(..., format="export")``; docs/protocol3.md).
 #: The same methods, another file: a zip of ``gradbridge.json`` (with ``PROGRAM_KEY``), op lists and state.
 EXPORT_PROTOCOL_VERSION = 3
 SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
@@ -38,11 +38,32 @@ METADATA_FORMAT = "gradbridge.training-module"
 # How a Trainer walks an epoch (Java: dev.gradbridge.Trainer.Mode; tests/test_pins.py pins the two):
 # full = one step on all data, step = one train_step call per batch, fused = one train_epoch call.
 MODES = ("full", "step", "fused")
-# A run's defaults where the caller gives none (Java: Trainer's and SparkTrainer's builders;
-# tests/test_pins.py pins them together): batch size, shuffling seed, mode.
+# Java's defaults, one home per fact: each DEFAULT_* below is the Java constant of the same name, in
+# dev.gradbridge.Protocol (a run's) or dev.gradbridge.online.OnlineLearner (the online learner's);
+# tests/test_pins.py pins every one to its Java twin. Docs that repeat one are checked by tests/test_docs.py.
+# A run's, where neither the caller nor a resumed checkpoint gives one (Trainer, SparkTrainer, their commands,
+# reference.train, gradbridge parity): epochs (Java's builders and commands), batch size, seed, mode.
+DEFAULT_EPOCHS = 1
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_SEED = 0
 DEFAULT_MODE = "step"
+# The online learner's (OnlineLearner.Builder, gradbridge serve, online.open_learner); its seed is DEFAULT_SEED.
+DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_WAIT_MILLIS = 10
+DEFAULT_PUBLISH_EVERY = 1
+DEFAULT_CHECKPOINT_EVERY = 100
+DEFAULT_QUEUE_CAPACITY = 10_000
+#: predictor copies, at most the machine's cores (OnlineLearner.defaultPredictors)
+DEFAULT_PREDICTORS = 2
+DEFAULT_FSYNC = "always"
+DEFAULT_GROUP_COMMIT_MILLIS = 2
+#: 0: no gradient-norm limit
+DEFAULT_MAX_GRAD_NORM = 0.0
+#: the largest magnitude of a floating-point input (0: no limit)
+DEFAULT_MAX_INPUT_ABS = 1e6
+DEFAULT_KEEP_VERSIONS = 8
+DEFAULT_GATE_MAX_REGRESSION = 0.0
+DEFAULT_GATE_ON_HOLD = "continue"
 
 # Method names, as scripted on every exported training module.
 FORWARD = "forward"

@@ -37,6 +37,17 @@ public final class Protocol {
     /** Value of the metadata's {@code format} key. */
     public static final String METADATA_FORMAT = "gradbridge.training-module";
 
+    // A run's defaults, where neither the caller nor a resumed checkpoint gives one: the one place in Java
+    // (python: protocol.DEFAULT_*; tests/test_pins.py pins each to its Python twin of the same name).
+    /** Epochs a run trains when not set ({@link RunSettings.Builder#optEpochs}). */
+    public static final int DEFAULT_EPOCHS = 1;
+    /** A run's batch size when not set ({@link RunSettings.Builder#optBatchSize}). */
+    public static final int DEFAULT_BATCH_SIZE = 32;
+    /** A run's seed when not set ({@link RunSettings.Builder#optSeed}); the online learner's too. */
+    public static final long DEFAULT_SEED = 0;
+    /** A {@link Trainer}'s mode when not set, as {@link Trainer.Mode#parse} reads it. */
+    public static final String DEFAULT_MODE = "step";
+
     /** {@code forward(x) -> predictions}. */
     public static final String FORWARD = "forward";
     /** {@code calculate_loss_and_backward(x, y) -> loss}; gradients accumulate. */

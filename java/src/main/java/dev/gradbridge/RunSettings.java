@@ -41,7 +41,7 @@ public final class RunSettings {
      * @param <B> the trainer's builder
      */
     public abstract static class Builder<B extends Builder<B>> {
-        private int epochs = 1;
+        private int epochs = Protocol.DEFAULT_EPOCHS;
         private Integer batchSize;
         private Long seed;
         private boolean allowDifferentData;
@@ -62,7 +62,8 @@ public final class RunSettings {
         }
 
         /**
-         * @param epochs epochs to train in this run (a resumed run adds them), at least 1
+         * @param epochs epochs to train in this run (a resumed run adds them), at least 1; default
+         *     {@value Protocol#DEFAULT_EPOCHS}
          * @return this builder
          */
         public B optEpochs(int epochs) {
@@ -72,7 +73,8 @@ public final class RunSettings {
 
         /**
          * @param batchSize samples per optimizer step (over all partitions in a data-parallel run),
-         *     1..n; default 32, or the checkpoint's when resuming (a different value is refused)
+         *     1..n; default {@value Protocol#DEFAULT_BATCH_SIZE}, or the checkpoint's when resuming (a
+         *     different value is refused)
          * @return this builder
          */
         public B optBatchSize(int batchSize) {
@@ -81,8 +83,8 @@ public final class RunSettings {
         }
 
         /**
-         * @param seed the run's seed (default 0, or the checkpoint's when resuming; a different
-         *     value is refused)
+         * @param seed the run's seed (default {@value Protocol#DEFAULT_SEED}, or the checkpoint's when resuming;
+         *     a different value is refused)
          * @return this builder
          */
         public B optSeed(long seed) {
@@ -160,12 +162,15 @@ public final class RunSettings {
         return recordValues;
     }
 
-    /** @return the caller's batch size, or {@code null} (then the checkpoint's, else 32) */
+    /**
+     * @return the caller's batch size, or {@code null} (then the checkpoint's, else
+     *     {@value Protocol#DEFAULT_BATCH_SIZE})
+     */
     public Integer getBatchSize() {
         return batchSize;
     }
 
-    /** @return the caller's seed, or {@code null} (then the checkpoint's, else 0) */
+    /** @return the caller's seed, or {@code null} (then the checkpoint's, else {@value Protocol#DEFAULT_SEED}) */
     public Long getSeed() {
         return seed;
     }

@@ -78,7 +78,10 @@ public final class Trainer {
         this.progressBar = builder.progressBar;
     }
 
-    /** @return a builder with defaults: 1 epoch, step mode, batch size 32, seed 0 */
+    /**
+     * @return a builder with the defaults: {@value Protocol#DEFAULT_EPOCHS} epoch, mode {@value Protocol#DEFAULT_MODE},
+     *     batch size {@value Protocol#DEFAULT_BATCH_SIZE}, seed {@value Protocol#DEFAULT_SEED}
+     */
     public static Builder builder() {
         return new Builder();
     }
@@ -97,8 +100,8 @@ public final class Trainer {
         }
 
         /**
-         * @param mode full, step or fused; default step, or the checkpoint's when resuming (a
-         *     different value is refused)
+         * @param mode full, step or fused; default {@value Protocol#DEFAULT_MODE}, or the checkpoint's when
+         *     resuming (a different value is refused)
          * @return this builder
          */
         public Builder optMode(Mode mode) {
@@ -173,7 +176,7 @@ public final class Trainer {
         RunStart run = new RunStart(settings, from, resumed);
         long runSeed = run.seed();
         String modeName = run.resolve("mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
-                resumed == null ? null : resumed.getMode(), "step");
+                resumed == null ? null : resumed.getMode(), Protocol.DEFAULT_MODE);
         Mode runMode = Mode.parse(modeName);
         int n = train.size();
         int batch = runMode == Mode.FULL ? run.checkBatch(n, n, train.getSource()) : run.batchSize(n, train.getSource());

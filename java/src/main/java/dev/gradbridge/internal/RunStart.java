@@ -4,6 +4,7 @@ import dev.gradbridge.History;
 import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.RunSettings;
 import java.io.IOException;
 import java.nio.file.Path;
@@ -58,19 +59,20 @@ public final class RunStart {
         return given != null ? given : saved != null ? saved : fallback;
     }
 
-    /** @return the run's seed: the caller's, else the checkpoint's, else 0 */
+    /** @return the run's seed: the caller's, else the checkpoint's, else {@value Protocol#DEFAULT_SEED} */
     public long seed() {
-        return resolve("seed", settings.getSeed(), resumed == null ? null : resumed.getSeed(), 0L);
+        return resolve("seed", settings.getSeed(), resumed == null ? null : resumed.getSeed(), Protocol.DEFAULT_SEED);
     }
 
     /**
      * @param n samples in the training data
      * @param source the data's name in the refusal
-     * @return the run's batch size (the caller's, else the checkpoint's, else 32), in 1..n
+     * @return the run's batch size (the caller's, else the checkpoint's, else {@value Protocol#DEFAULT_BATCH_SIZE}),
+     *     in 1..n
      */
     public int batchSize(long n, String source) {
         return checkBatch(resolve("batch size", settings.getBatchSize(),
-                resumed == null ? null : resumed.getBatchSize(), 32), n, source);
+                resumed == null ? null : resumed.getBatchSize(), Protocol.DEFAULT_BATCH_SIZE), n, source);
     }
 
     /**

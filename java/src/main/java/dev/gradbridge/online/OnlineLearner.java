@@ -89,10 +89,14 @@ public final class OnlineLearner implements AutoCloseable {
     public static final String DEFAULT_FSYNC = "always";
     /** Group commit window in ms when not set ({@link Builder#optGroupCommitMillis}). */
     public static final long DEFAULT_GROUP_COMMIT_MILLIS = 2;
-    /** The run's seed when not set ({@link Builder#optSeed}). */
-    public static final long DEFAULT_SEED = 0;
+    /** The run's seed when not set ({@link Builder#optSeed}): a trainer's, {@link Protocol#DEFAULT_SEED}. */
+    public static final long DEFAULT_SEED = Protocol.DEFAULT_SEED;
     /** Gradient norm limit when not set ({@link Builder#optMaxGradNorm}): 0, no limit. */
     public static final double DEFAULT_MAX_GRAD_NORM = 0;
+    /** The publish gate's largest rise of the gate loss when not given (gradbridge-serve): 0, no worse. */
+    public static final double DEFAULT_GATE_MAX_REGRESSION = 0;
+    /** What a held-back version does when not set ({@link Builder#optGateOnHold}), as {@link HoldPolicy#parse} reads. */
+    public static final String DEFAULT_GATE_ON_HOLD = "continue";
 
     private final Path logDir;
     private final Metadata metadata;
@@ -134,8 +138,8 @@ public final class OnlineLearner implements AutoCloseable {
         private boolean timePhases;
         private List<Path> opLibraries = Collections.emptyList();
         private Path gateData;
-        private double gateMaxRegression;
-        private HoldPolicy gateOnHold = HoldPolicy.CONTINUE;
+        private double gateMaxRegression = DEFAULT_GATE_MAX_REGRESSION;
+        private HoldPolicy gateOnHold = HoldPolicy.parse(DEFAULT_GATE_ON_HOLD);
         private int keepVersions = DEFAULT_KEEP_VERSIONS;
         private double maxInputAbs = DEFAULT_MAX_INPUT_ABS;
         private long seed = DEFAULT_SEED;
@@ -177,7 +181,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param policy what a held-back version does to the learner (default {@link HoldPolicy#CONTINUE})
+         * @param policy what a held-back version does to the learner (default
+         *     {@value OnlineLearner#DEFAULT_GATE_ON_HOLD})
          * @return this
          */
         public Builder optGateOnHold(HoldPolicy policy) {
@@ -235,7 +240,7 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param events largest micro-batch (B), default 32
+         * @param events largest micro-batch (B), default {@value OnlineLearner#DEFAULT_MAX_BATCH}
          * @return this
          */
         public Builder optMaxBatch(int events) {
@@ -245,7 +250,7 @@ public final class OnlineLearner implements AutoCloseable {
 
         /**
          * @param millis longest wait for a micro-batch to fill after its first event (T), default
-         *     10; 0 takes what is queued
+         *     {@value OnlineLearner#DEFAULT_MAX_WAIT_MILLIS}; 0 takes what is queued
          * @return this
          */
         public Builder optMaxWaitMillis(long millis) {
@@ -257,7 +262,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param updates publish a version every this many micro-batches (N), default 1
+         * @param updates publish a version every this many micro-batches (N), default
+         *     {@value OnlineLearner#DEFAULT_PUBLISH_EVERY}
          * @return this
          */
         public Builder optPublishEvery(int updates) {
@@ -266,7 +272,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param versions write a checkpoint every this many versions (K), default 100
+         * @param versions write a checkpoint every this many versions (K), default
+         *     {@value OnlineLearner#DEFAULT_CHECKPOINT_EVERY}
          * @return this
          */
         public Builder optCheckpointEvery(int versions) {
@@ -275,7 +282,8 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param events most events waiting for training; more feedback is refused, default 10000
+         * @param events most events waiting for training; more feedback is refused, default
+         *     {@value OnlineLearner#DEFAULT_QUEUE_CAPACITY}
          * @return this
          */
         public Builder optQueueCapacity(int events) {
@@ -294,7 +302,7 @@ public final class OnlineLearner implements AutoCloseable {
         }
 
         /**
-         * @param policy when the log is forced to disk, default {@link FsyncPolicy#ALWAYS}
+         * @param policy when the log is forced to disk, default {@value OnlineLearner#DEFAULT_FSYNC}
          * @return this
          */
         public Builder optFsync(FsyncPolicy policy) {
@@ -305,7 +313,8 @@ public final class OnlineLearner implements AutoCloseable {
         /**
          * @param millis under {@link FsyncPolicy#ALWAYS}, the longest a new version waits before
          *     the fsync that makes it durable and publishes it (group commit: one fsync covers the
-         *     micro-batches applied meanwhile, and training does not wait for it), default 2; 0
+         *     micro-batches applied meanwhile, and training does not wait for it), default
+         *     {@value OnlineLearner#DEFAULT_GROUP_COMMIT_MILLIS}; 0
          *     forces as soon as a version is logged. Predictions lag training by at most this plus
          *     one fsync. Feedback is still acknowledged only once its events are durable.
          * @return this

@@ -3,6 +3,7 @@ package dev.gradbridge.cli;
 import dev.gradbridge.History;
 import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.RunSettings;
 import java.io.IOException;
 import java.nio.file.Files;
@@ -23,14 +24,17 @@ public final class RunOptions {
     @Option(names = "--resume", description = "continue the run saved in this checkpoint (instead of --model)")
     private Path resume;
 
-    @Option(names = "--epochs", defaultValue = "1", description = "epochs to train now (default: ${DEFAULT-VALUE})")
+    @Option(names = "--epochs", defaultValue = "" + Protocol.DEFAULT_EPOCHS,
+            description = "epochs to train now (default: ${DEFAULT-VALUE})")
     private int epochs;
 
     @Option(names = "--batch-size",
-            description = "samples per optimizer step, over all partitions on Spark (default 32, or the checkpoint's)")
+            description = "samples per optimizer step, over all partitions on Spark (default "
+                    + Protocol.DEFAULT_BATCH_SIZE + ", or the checkpoint's)")
     private Integer batchSize;
 
-    @Option(names = "--seed", description = "run seed: the batch order and torch seed per epoch (default 0, or the checkpoint's)")
+    @Option(names = "--seed", description = "run seed: the batch order and torch seed per epoch (default "
+            + Protocol.DEFAULT_SEED + ", or the checkpoint's)")
     private Long seed;
 
     @Option(names = "--allow-different-data",

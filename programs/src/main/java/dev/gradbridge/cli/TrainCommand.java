@@ -3,6 +3,7 @@ package dev.gradbridge.cli;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
+import dev.gradbridge.Protocol;
 import dev.gradbridge.Trainer;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Dataset;
@@ -61,7 +62,7 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--val", description = ".npz with validation arrays x and y")
     private Path validation;
 
-    @Option(names = "--mode", description = "full, step or fused (default step, or the checkpoint's)")
+    @Option(names = "--mode", description = "full, step or fused (default " + Protocol.DEFAULT_MODE + ", or the checkpoint's)")
     private String mode;
 
     @Option(names = "--progress", negatable = true,

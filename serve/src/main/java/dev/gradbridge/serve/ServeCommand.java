@@ -121,12 +121,13 @@ public final class ServeCommand implements Callable<Integer> {
     Path gateData;
 
     @Option(names = "--gate-max-regression", paramLabel = "X",
-            description = "the largest rise of the gate loss a published version may have (default 0: no worse)")
+            description = "the largest rise of the gate loss a published version may have (default "
+                    + OnlineLearner.DEFAULT_GATE_MAX_REGRESSION + ": no worse)")
     Double gateMaxRegression; // null: not given
 
     @Option(names = "--gate-on-hold", paramLabel = "POLICY",
             description = "continue (training goes on from a held-back version) or rollback (the learner returns to the"
-                    + " serving version: parameters and optimizer state); default continue")
+                    + " serving version: parameters and optimizer state); default " + OnlineLearner.DEFAULT_GATE_ON_HOLD)
     String gateOnHold;
 
     @Option(names = "--keep-versions", paramLabel = "N",
@@ -307,8 +308,8 @@ public final class ServeCommand implements Callable<Integer> {
                 builder.optPredictors(predictors);
             }
             if (gateData != null) {
-                builder.optGate(gateData, gateMaxRegression == null ? 0 : gateMaxRegression)
-                        .optGateOnHold(gateOnHold == null ? HoldPolicy.CONTINUE : HoldPolicy.parse(gateOnHold));
+                builder.optGate(gateData, gateMaxRegression == null ? OnlineLearner.DEFAULT_GATE_MAX_REGRESSION : gateMaxRegression)
+                        .optGateOnHold(HoldPolicy.parse(gateOnHold == null ? OnlineLearner.DEFAULT_GATE_ON_HOLD : gateOnHold));
                 if (keepVersions != null) {
                     builder.optKeepVersions(keepVersions);
                 }

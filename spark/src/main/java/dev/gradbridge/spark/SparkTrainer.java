@@ -67,7 +67,10 @@ public final class SparkTrainer {
         this.fault = b.fault;
     }
 
-    /** @return a builder with the defaults: 1 epoch, batch 32, seed 0, shuffled */
+    /**
+     * @return a builder with the defaults: {@value Protocol#DEFAULT_EPOCHS} epoch, batch
+     *     {@value Protocol#DEFAULT_BATCH_SIZE}, seed {@value Protocol#DEFAULT_SEED}, shuffled
+     */
     public static Builder builder() {
         return new Builder();
     }
