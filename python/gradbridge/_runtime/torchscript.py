@@ -17,7 +17,7 @@ from ..errors import TorchScriptUnavailableError
 # torch deprecates TorchScript (2.11.0 and 2.15.0 do; 2.7.1 does not): every torch.jit.script/trace/save/
 # load call warns (FutureWarning;
 # DeprecationWarning for some helpers) "`torch.jit.X` is deprecated. Please switch to ...". gradbridge's
-# calls are intentional (its protocol is TorchScript; docs/architecture.md has the plan for its
+# calls are intentional (its protocol is TorchScript; docs/protocol3.md has the plan for its
 # removal, and `gradbridge doctor` reports the status), so they are silenced here, for these calls
 # only: a user's own torch.jit calls and every other warning still show. (catch_warnings changes
 # the process's filters while it is active; gradbridge makes these calls from one thread.)

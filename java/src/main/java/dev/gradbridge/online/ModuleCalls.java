@@ -111,7 +111,7 @@ final class ModuleCalls {
     }
 
     /**
-     * {@link TrainingModule#stepWhileFinite} on micro-batches of rows (training thread only): per
+     * {@link ModuleAccess#stepWhileFinite} on micro-batches of rows (training thread only): per
      * micro-batch {@link #lossAndBackward}'s calls, then {@code optimizer_step} when finite; one
      * reused buffer per micro-batch and input.
      */

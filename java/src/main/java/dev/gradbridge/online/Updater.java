@@ -183,7 +183,7 @@ final class Updater implements AutoCloseable {
 
     /**
      * Applies micro-batches in order until one is refused: with no norm limit (and one input), in one native call
-     * ({@link TrainingModule#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
+     * ({@link ModuleAccess#stepWhileFinite}: {@link #apply}'s calls for each, finiteness decided
      * in libtorch), else one {@link #apply} each. A refused micro-batch has its gradients zeroed.
      * The native call's run is checked once at its end (a parameter or optimizer state that is not
      * finite stays so under every later step of the exported optimizers: NaN and infinity
