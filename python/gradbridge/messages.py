@@ -230,6 +230,11 @@ def cache_unwritable(folder: str, reason: str) -> str:
             f"{reason}; set {CACHE_ENV} to a writable folder")
 
 
+def not_a_folder(path: str) -> str:
+    """The reason for a cache folder under a path that is a file (GRADBRIDGE_CACHE_DIR naming one)."""
+    return f"{path} is a file, not a folder"
+
+
 def no_compiler(cxx: str | None, torch_version: str) -> str:
     if cxx is not None:
         return (f"CXX={cxx} names no compiler (not a file and not on PATH), needed to build gradbridge's native "
@@ -417,6 +422,12 @@ def torch_self_check_failed(version: str, line: str) -> str:
 
 def torch_self_check_incomplete(version: str, reason: str) -> str:
     return f"the self-check of torch {version} (`gradbridge verify`) did not finish: {reason}"
+
+
+def torch_self_check_unfinished(group: str, reason: str) -> str:
+    """A self-check the machine stopped (a full disk, a cache folder it cannot write, a build that failed):
+    not a verdict on this torch, so nothing is recorded."""
+    return f"{group}: {reason}; nothing recorded: the next run checks this torch again"
 
 
 def torchscript_unavailable(version: str, call: str, reason: str) -> str:

@@ -494,6 +494,14 @@ public final class Messages {
                 + " ~/.cache/gradbridge): " + reason + "; set " + CACHE_ENV + " to a writable folder";
     }
 
+    /**
+     * @param path a path on the way to the cache folder
+     * @return the reason for a cache folder under a path that is a file ({@code GRADBRIDGE_CACHE_DIR} naming one)
+     */
+    public static String notAFolder(String path) {
+        return path + " is a file, not a folder";
+    }
+
     // ---- data-parallel training (gradbridge-spark, reference shards) ----
 
     /**
