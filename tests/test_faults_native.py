@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gradbridge import messages
 from gradbridge._runtime import libtorch, native
 from gradbridge.errors import SetupError
 from tests.faults import minimal_elf, one_error_line, stray_files, train_cli
@@ -143,7 +145,7 @@ def test_an_unwritable_cache_folder_names_gradbridge_cache_dir(tmp_path, monkeyp
         native.ensure(quiet=True)
     line = str(info.value)
     assert line.startswith(f"cannot write gradbridge's cache folder {blocker / 'cache' / 'native'}/torch"), line
-    assert line.endswith(": Not a directory; set GRADBRIDGE_CACHE_DIR to a writable folder"), line
+    assert line.endswith(f": {blocker} is a file, not a folder; set GRADBRIDGE_CACHE_DIR to a writable folder"), line
     assert "(GRADBRIDGE_CACHE_DIR, by default ~/.cache/gradbridge)" in line, line
     assert stray_files(tmp_path) == ["a-file"]
 
@@ -154,8 +156,22 @@ def test_an_unwritable_cache_folder_in_java_names_gradbridge_cache_dir(models, d
     result = _train(models, data, tmp_path, GRADBRIDGE_CACHE_DIR=str(blocker / "cache"))
     line = one_error_line(result)
     assert line.startswith(f"cannot write gradbridge's cache folder {blocker / 'cache'}"), line
-    assert line.endswith("; set GRADBRIDGE_CACHE_DIR to a writable folder"), line
+    assert line.endswith(f": {blocker} is a file, not a folder; set GRADBRIDGE_CACHE_DIR to a writable folder"), line
     assert stray_files(tmp_path, keep=("data.npz", "a-file")) == []
+
+
+def test_a_read_only_cache_folder_in_java_names_gradbridge_cache_dir(models, data, tmp_path):
+    cache = tmp_path / "read-only"
+    cache.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(cache)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (not root)")
+    try:
+        result = _train(models, data, tmp_path, GRADBRIDGE_CACHE_DIR=str(cache))
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+    assert one_error_line(result) == messages.cache_unwritable(str(cache / "libtorch"), "Read-only file system")
+    assert stray_files(tmp_path, keep=("data.npz", "read-only")) == []
 
 
 # ---- a library that must never reach the dynamic linker ----
@@ -374,8 +390,8 @@ def test_a_self_check_verdict_that_cannot_be_written_names_gradbridge_cache_dir(
     with pytest.raises(SetupError) as info:
         torch_gate.record(True, "passed", 1.0)
     assert str(info.value) == (f"cannot write gradbridge's cache folder {blocker / 'cache' / torch_gate.FOLDER} "
-                               "(GRADBRIDGE_CACHE_DIR, by default ~/.cache/gradbridge): Not a directory; set "
-                               "GRADBRIDGE_CACHE_DIR to a writable folder")
+                               f"(GRADBRIDGE_CACHE_DIR, by default ~/.cache/gradbridge): {blocker} is a file, not "
+                               "a folder; set GRADBRIDGE_CACHE_DIR to a writable folder")
 
 
 def _foreign_libraries() -> list:

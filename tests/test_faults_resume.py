@@ -100,3 +100,53 @@ def test_absurd_epoch_count_is_refused(run, tmp_path, completed):
 def test_huge_epochs_argument_is_refused(run, tmp_path):
     result = train_cli("--resume", run["checkpoint"], "--data", run["data"], "--epochs", 2147483647)
     assert one_error_line(result) == f"{run['checkpoint']}: epochs_completed 2 + epochs 2147483647 must be in 0..2147483647"
+
+
+def _without(key):
+    def edit(document):
+        if key == "checkpoint":
+            del document["checkpoint"]
+        else:
+            del document["checkpoint"][key]
+        return document
+
+    return edit
+
+
+@pytest.mark.parametrize("removed, expected", [
+    ("checkpoint", 'not a checkpoint to resume: its gradbridge.json has no "checkpoint" entry (an exported module, '
+                   "or an edited checkpoint); resume from a file that --checkpoint wrote, or start a new run with "
+                   "--model {crafted}"),
+    ("epochs_completed", 'its "checkpoint" entry has no "epochs_completed" key, which a resume needs to continue the '
+                         "run where it stopped; resume from a file that --checkpoint wrote, or start a new run with "
+                         "--model {crafted}"),
+    ("batch_size", 'its "checkpoint" entry has no "batch_size" key, which a resume needs to continue the run where it '
+                   "stopped; resume from a file that --checkpoint wrote, or start a new run with --model {crafted}"),
+    ("data_sha256", 'its "checkpoint" entry has no "data_sha256" key, which a resume needs to check that it continues '
+                    "on the data the run was trained on; resume from a file that --checkpoint wrote, or pass "
+                    "--allow-different-data to continue on any data"),
+    ("x_shape", 'its "checkpoint" entry has no "x_shape" key, which a resume needs to check that it continues '
+                "on the data the run was trained on; resume from a file that --checkpoint wrote, or pass "
+                "--allow-different-data to continue on any data"),
+])
+def test_an_edited_checkpoint_without_what_a_resume_needs_is_refused(run, tmp_path, removed, expected):
+    """Before, a file without its checkpoint entry silently started the run over, and one without
+    data_sha256 skipped the same-data check (other data resumed, exit 0)."""
+    crafted = rewrite_metadata(run["checkpoint"], tmp_path / "crafted.pt", _without(removed))
+    result = train_cli("--resume", crafted, "--data", run["other"], "--checkpoint", tmp_path / "next.pt",
+                       "--history", tmp_path / "h.jsonl")
+    assert one_error_line(result) == f"{crafted}: " + expected.format(crafted=crafted)
+    assert "epoch" not in result.stdout
+    assert stray_files(tmp_path) == ["crafted.pt"]
+
+
+def test_allowing_other_data_waives_only_the_data_keys(run, tmp_path):
+    crafted = rewrite_metadata(run["checkpoint"], tmp_path / "crafted.pt", _without("data_sha256"))
+    allowed = train_cli("--resume", crafted, "--data", run["other"], "--allow-different-data",
+                        "--checkpoint", tmp_path / "next.pt")
+    assert allowed.returncode == 0, allowed.stderr
+    assert protocol.read_metadata(tmp_path / "next.pt")["checkpoint"]["epochs_completed"] == 3
+    # a checkpoint edited to start over is refused all the same
+    started = rewrite_metadata(run["checkpoint"], tmp_path / "started.pt", _without("seed"))
+    result = train_cli("--resume", started, "--data", run["other"], "--allow-different-data")
+    assert one_error_line(result).startswith(f'{started}: its "checkpoint" entry has no "seed" key')

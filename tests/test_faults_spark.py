@@ -400,3 +400,25 @@ def test_an_empty_data_folder_is_one_line(files, tmp_path):
     empty.mkdir(exist_ok=True)
     line = refused(files, tmp_path, "--model", files["good"], "--data", empty)
     assert line.startswith(f"{empty}: not a Parquet dataset: ") and "Unable to infer schema" in line, line
+
+
+def test_an_edited_checkpoint_without_what_a_resume_needs_is_refused(files, tmp_path, tmp_path_factory):
+    """--resume of a file without its checkpoint entry (it would start over), or of an entry without the
+    data's digest (the same-data check would be skipped): one line naming the file and what it lacks,
+    before Spark starts. A data-parallel checkpoint names its data by shards_sha256 (older ones: data_sha256)."""
+    work = tmp_path_factory.mktemp("resume")
+    trained = train_cli("--model", files["good"], "--data", files["folder"] / "data.npz", "--epochs", 1,
+                        "--checkpoint", work / "c.pt")
+    assert trained.returncode == 0, trained.stderr
+    line = refused(files, tmp_path, "--resume", files["good"], "--data", files["folder"] / "data.npz")
+    assert line.startswith(f'{files["good"]}: not a checkpoint to resume: its gradbridge.json has no "checkpoint" '
+                           "entry"), line
+
+    def without_digest(document):
+        del document["checkpoint"]["data_sha256"]
+        return document
+
+    crafted = rewrite_metadata(work / "c.pt", work / "crafted.pt", without_digest)
+    line = refused(files, tmp_path, "--resume", crafted, "--data", files["folder"] / "data.npz")
+    assert line.startswith(f'{crafted}: its "checkpoint" entry has no "shards_sha256" key, which a resume needs to '
+                           "check that it continues on the data the run was trained on"), line

@@ -92,6 +92,30 @@ def test_bad_input_is_one_line(custom, models, tmp_path, case, env, message):
     assert re.search(message, lines[0]) and lines[0].startswith("gradbridge: error: "), lines[0]
 
 
+def test_a_torchscript_traceback_is_cut_to_its_error_line(tmp_path):
+    """An id outside an embedding fails inside the scripted forward: TorchScript's error text is a
+    traceback of ~2,000 characters of code excerpts before its last line; the line keeps that last line."""
+    from gradbridge import messages, recommender
+
+    model = recommender.export(tmp_path / "rec.pt", users=5, items=4, dim=2, lr=0.05)
+    data = tmp_path / "ids.npz"
+    x = np.zeros((10, 2), np.int64)
+    x[3, 1] = 9  # item 9 of 4
+    np.savez(data, x=x, y=np.zeros((10, 1), np.float32))
+    result = _gradbridge("parity", model, "--data", data, "--epochs", 1, "--batch-size", 5)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0] == (f"gradbridge: error: {model}: training step failed at epoch 0: "
+                        "RuntimeError: index out of range in self"), lines[0]
+    # the rule itself: the last error line of the traceback, and never more than TORCH_REASON_LIMIT characters
+    traceback = (f"{messages.TORCHSCRIPT_TRACEBACK}.\nTraceback of TorchScript (most recent call last):\n"
+                 + "  File \"code/x.py\", line 3, in train_step\n    loss = self.loss(y_hat, y)\n" * 40)
+    assert messages.torch_reason(RuntimeError(traceback + "RuntimeError: Target 7 is out of bounds.\n")) == (
+        "RuntimeError: Target 7 is out of bounds.")
+    long = messages.torch_reason(RuntimeError(traceback + "ValueError: " + "x" * 5000))
+    assert len(long) == messages.TORCH_REASON_LIMIT + 3 and long.startswith("ValueError: xxx") and long.endswith("...")
+
+
 def _history(values):
     return History([EpochRecord(i, 1.0, {"w": np.array(v, dtype=np.float64)}) for i, v in enumerate(values)])
 

@@ -168,6 +168,7 @@ def test_shared_wording_matches(jvm):
         messages.cache_damaged("libtorch", "/c", "x.so: truncated", "extracting it again")
     assert str(Messages.cacheUnwritable("/c/native", "Permission denied")) == \
         messages.cache_unwritable("/c/native", "Permission denied")
+    assert str(Messages.notAFolder("/c")) == messages.not_a_folder("/c")
     # what data-parallel training refuses (Python's one check: reference.check_data_parallel)
     assert str(Messages.dataParallelMethods("m.pt", 1, java_list(["gradient_flags"]))) == \
         messages.data_parallel_methods("m.pt", 1, ["gradient_flags"])

@@ -176,6 +176,134 @@ def test_a_failing_case_refuses_training_with_its_line(lowered, regressor, tmp_p
             in doctor.stdout.splitlines()), doctor.stdout
 
 
+# ---- what the machine does to the gate: a full disk, the cache folder, doctor's probe ----
+
+def _everywhere(folder: Path, *lines: str) -> dict:
+    """PYTHONPATH for _gradbridge with a sitecustomize that lowers the mark in every process it starts too
+    (doctor's JVM probe, the self-check's own process), then runs ``lines``."""
+    site = folder / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_PREAMBLE + "\n" + "\n".join(lines) + "\n")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def _mount(mount_point: Path, options: str) -> None:
+    """A tmpfs at ``mount_point`` (needs root, as on the CI machines; the test is skipped elsewhere)."""
+    mount_point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A tmpfs with no room for one more file or folder."""
+    mount_point = tmp_path / "full"
+    _mount(mount_point, "size=64k,nr_inodes=1")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_during_the_native_build_is_not_a_failed_self_check(regressor, tmp_path, monkeypatch,
+                                                                          full_disk):
+    """Before, the build's disk error was recorded as this torch's failed self-check, and every later run
+    refused the torch with it, after the disk was freed too."""
+    # Given the native library to build for the unchecked torch (no prebuilt one) on a disk that is full
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "native").symlink_to(full_disk)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _everywhere(tmp_path, "import gradbridge._runtime.native as n; n._prebuilt_folders = lambda build: []")
+    # When a training command runs the self-check
+    result = _parity(regressor, work, cache, **env)
+    # Then it stops in one line naming the cache folder and the disk error, and records nothing
+    monkeypatch.setenv(native.CACHE_ENV, str(cache))
+    folder = native.cache_folder(native.current_build())
+    unwritable = messages.cache_unwritable(str(folder), "No space left on device")
+    assert [line for line in result.stderr.splitlines() if line.startswith(CLI_ERROR_PREFIX)] == [
+        CLI_ERROR_PREFIX + messages.torch_self_check_incomplete(
+            libtorch.torch_version(), messages.torch_self_check_unfinished(verify.BUILD_GROUP, unwritable))], \
+        result.stderr
+    assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
+    assert not list(cache.glob(f"{torch_gate.FOLDER}/*.json")) and not list(work.iterdir())
+    # And once the disk has room, the next run checks this torch again
+    subprocess.run(["mount", "-o", "remount,nr_inodes=1000", str(full_disk)], check=True)
+    monkeypatch.setattr(libtorch, "verified_up_to", lambda: LOWERED)
+    monkeypatch.delenv(torch_gate.AUTO_ENV, raising=False)
+    assert torch_gate.read_verdict() is None
+    checked = []
+    monkeypatch.setattr(torch_gate, "_self_check", lambda version: checked.append(version) or {"passed": True})
+    assert torch_gate.require_torch() == libtorch.torch_version() and checked == [libtorch.torch_version()]
+
+
+def test_a_machine_failure_in_any_group_records_nothing(lowered, monkeypatch):
+    """A file the self-check cannot write (torch.jit.save on a full temp disk) stops it without a verdict;
+    a case whose numbers differ is a verdict (test_a_failing_case_refuses_training_with_its_line)."""
+    def full(folder):
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(verify, "GROUPS", [verify.GROUPS[0], ("optimizers", full)])
+    printed = []
+    with pytest.raises(SetupError) as stopped:
+        verify_command.run(printed.append)
+    assert str(stopped.value) == messages.torch_self_check_unfinished(
+        "optimizers", "RuntimeError: [enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing "
+                      "file data/0: file write failed")
+    assert printed[-1].startswith(f"  {'optimizers':<16} not run: RuntimeError: "), printed
+    assert not (lowered / torch_gate.FOLDER).exists() or not list((lowered / torch_gate.FOLDER).glob("*.json"))
+
+
+@pytest.mark.parametrize("kind", ["a file", "read-only"])
+def test_a_cache_folder_the_gate_cannot_write_is_one_line_naming_gradbridge_cache_dir(regressor, tmp_path, kind):
+    """Before: a bare "[Errno 20] Not a directory" or "[Errno 30] Read-only file system" line."""
+    if kind == "a file":
+        cache = tmp_path / "cache-file"
+        cache.write_text("in the way")
+        reason = messages.not_a_folder(str(cache))
+    else:
+        cache = tmp_path / "read-only"
+        _mount(cache, "ro,size=64k")
+        reason = "Read-only file system"
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        result = _parity(regressor, work, cache)
+    finally:
+        if kind == "read-only":
+            subprocess.run(["umount", str(cache)], check=True)
+    assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        CLI_ERROR_PREFIX + messages.cache_unwritable(str(cache / torch_gate.FOLDER), reason)], result.stderr
+    assert not list(work.iterdir())
+
+
+def test_doctor_does_not_run_the_self_check_in_its_jvm_probe(tmp_path):
+    """Before, doctor's JVM probe went through the torch gate: on an unchecked torch it ran the self-check
+    (a minute), and when that failed, its progress lines were the "JVM start" problem."""
+    cache = _cache(tmp_path)
+    result = _gradbridge(["doctor"], tmp_path, cache, **_everywhere(tmp_path))
+    rows = {line[:22].strip(): line[22:].strip() for line in result.stdout.splitlines()}
+    assert rows["torch self-check"] == messages.torch_unchecked_status(libtorch.torch_version(), LOWERED), rows
+    assert rows["JVM start"].startswith("ok (Java "), result.stdout
+    assert "checking it once" not in result.stdout + result.stderr
+    assert not list(cache.glob(f"{torch_gate.FOLDER}/*.json"))
+
+
+def test_doctor_reports_the_probes_error_not_its_progress_lines(tmp_path):
+    cache = _cache(tmp_path)
+    failing = ("import sys, gradbridge._runtime.native as n\nfrom gradbridge.errors import SetupError\n"
+               "def ensure(quiet=False):\n"
+               "    print('gradbridge: building gradbridge native library (once, ~30 s) ...', file=sys.stderr)\n"
+               "    raise SetupError('building failed: g++: fatal error: killed')\n"
+               "n.ensure = ensure")
+    result = _gradbridge(["doctor"], tmp_path, cache, **_everywhere(tmp_path, failing))
+    problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
+    assert problems == ["problem: JVM start: a JVM does not start here: building failed: g++: fatal error: killed"], \
+        result.stdout
+
+
 # ---- when TorchScript goes ----
 
 def _refuse(*args, **kwargs):

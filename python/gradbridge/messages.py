@@ -11,6 +11,7 @@ from __future__ import annotations
 import decimal
 import json
 import math
+import re
 from typing import Any, Sequence
 
 LONG_MAX = (1 << 63) - 1
@@ -50,10 +51,32 @@ def empty_dataset(source: str) -> str:
     return f"{source}: the dataset is empty (0 samples)"
 
 
+#: How TorchScript starts an error raised inside a scripted method: its traceback (often thousands of
+#: characters of code excerpts) comes first, the error's own line (``RuntimeError: Target 7 is out of
+#: bounds.``) last.
+TORCHSCRIPT_TRACEBACK = "The following operation failed in the TorchScript interpreter"
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]*\.)?\w*(?:Error|Exception): \S")
+#: The longest torch reason a line carries (:func:`torch_reason`); a longer one is cut, with "...".
+TORCH_REASON_LIMIT = 300
+
+
 def one_line(ex: BaseException) -> str:
     """An exception's text on one line: the one rule for shortening torch's and libtorch's messages,
-    which span several lines (whitespace collapsed; the exception's type when it says nothing)."""
+    which span several lines (whitespace collapsed; the exception's type when it says nothing). A
+    TorchScript interpreter's traceback is left out: its last ``XxxError: ...`` line is the error (as
+    Java's ``ScriptedModule.libtorchSummary`` keeps the last line)."""
+    if TORCHSCRIPT_TRACEBACK in str(ex):
+        lines = [line for line in str(ex).splitlines() if line.strip()]
+        last = ([line for line in lines if _ERROR_LINE.match(line)] or lines)[-1]
+        return " ".join(last.split())
     return " ".join(str(ex).split()) or type(ex).__name__
+
+
+def torch_reason(ex: BaseException) -> str:
+    """torch's reason for a failed call, for the end of a line: :func:`one_line`, at most
+    TORCH_REASON_LIMIT characters (a longer one cut, with "...")."""
+    line = one_line(ex)
+    return line if len(line) <= TORCH_REASON_LIMIT else line[:TORCH_REASON_LIMIT] + "..."
 
 
 def java_double(value: float) -> str:
@@ -205,6 +228,11 @@ def cache_damaged(what: str, folder: str, reason: str, action: str) -> str:
 def cache_unwritable(folder: str, reason: str) -> str:
     return (f"cannot write gradbridge's cache folder {folder} ({CACHE_ENV}, by default ~/.cache/gradbridge): "
             f"{reason}; set {CACHE_ENV} to a writable folder")
+
+
+def not_a_folder(path: str) -> str:
+    """The reason for a cache folder under a path that is a file (GRADBRIDGE_CACHE_DIR naming one)."""
+    return f"{path} is a file, not a folder"
 
 
 def no_compiler(cxx: str | None, torch_version: str) -> str:
@@ -394,6 +422,12 @@ def torch_self_check_failed(version: str, line: str) -> str:
 
 def torch_self_check_incomplete(version: str, reason: str) -> str:
     return f"the self-check of torch {version} (`gradbridge verify`) did not finish: {reason}"
+
+
+def torch_self_check_unfinished(group: str, reason: str) -> str:
+    """A self-check the machine stopped (a full disk, a cache folder it cannot write, a build that failed):
+    not a verdict on this torch, so nothing is recorded."""
+    return f"{group}: {reason}; nothing recorded: the next run checks this torch again"
 
 
 def torchscript_unavailable(version: str, call: str, reason: str) -> str:

@@ -464,7 +464,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                 losses = reference.train_epoch(xs, ys, perm, batch)
         except (RuntimeError, IndexError, ValueError) as ex:
             # e.g. "Target 5 is out of bounds." for a label outside the model's classes
-            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {messages.one_line(ex)}") from ex
+            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {messages.torch_reason(ex)}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):

@@ -13,7 +13,8 @@ Groups, one progress line each, stopping at the first case that differs:
    (``java.train`` against ``reference.train``, ``parity.compare_histories``, bit for bit).
 
 The verdict is recorded per torch build (``torch_gate.record``): the gate before every training run
-reads it for a torch newer than the verified releases.
+reads it for a torch newer than the verified releases. A run the machine stops (:func:`unfinished`: the
+native library cannot be built, a file cannot be written) is no verdict: one line, nothing recorded.
 """
 
 from __future__ import annotations
@@ -293,9 +294,40 @@ class Verdict:
     seconds: float
 
 
-def run(out: Callable[[str], None] = print) -> Verdict:
-    """Run every group on this torch, print one line per group, record the verdict for this torch build."""
+#: The group that builds: its failure is the machine's (a compiler, a disk), never a verdict on this torch.
+BUILD_GROUP = "native library"
+#: What torch says when it cannot write a file (torch.save, torch.jit.save on a full disk).
+_TORCH_WRITE_FAILED = "file write failed"
+
+
+def unfinished(group: str, ex: BaseException) -> bool:
+    """Whether ``ex`` in ``group`` stopped the self-check for a reason of this machine, not of this torch:
+    the native library could not be built, a file could not be written (a full disk, a cache folder that
+    is a file or read-only). Such a run records nothing: the next one checks this torch again."""
+    from ._runtime import native
+
+    text = str(ex)
+    return (group == BUILD_GROUP or isinstance(ex, OSError)
+            or any(words in text for words in (*native.DISK_ERRORS, _TORCH_WRITE_FAILED)))
+
+
+def _machine_reason(ex: BaseException) -> str:
+    """An unfinished run's reason: gradbridge's own line, the file and the system's words, or torch's."""
     from .errors import GradbridgeError
+
+    if isinstance(ex, GradbridgeError):
+        return messages.one_line(ex)
+    if isinstance(ex, OSError) and ex.strerror:
+        return f"{ex.filename}: {ex.strerror}" if ex.filename else ex.strerror
+    return f"{type(ex).__name__}: {messages.one_line(ex)}"
+
+
+def run(out: Callable[[str], None] = print) -> Verdict:
+    """Run every group on this torch, print one line per group, record the verdict for this torch build.
+
+    SetupError (:func:`messages.torch_self_check_unfinished`) when the machine stopped it (:func:`unfinished`):
+    then nothing is recorded."""
+    from .errors import GradbridgeError, SetupError
 
     build = torch_gate.torch_build()
     verified = libtorch.is_verified(libtorch.torch_version())
@@ -303,7 +335,11 @@ def run(out: Callable[[str], None] = print) -> Verdict:
         f"{'a' if verified else 'newer than every'} verified release (up to {libtorch.verified_up_to()}.x)")
     started = time.monotonic()
     failure = None
-    with torch_gate.checking(), tempfile.TemporaryDirectory(prefix="gradbridge-verify-") as scratch:
+    try:
+        scratch_folder = tempfile.TemporaryDirectory(prefix="gradbridge-verify-")
+    except OSError as ex:  # a full temp folder
+        raise SetupError(messages.torch_self_check_unfinished("its temp folder", _machine_reason(ex))) from ex
+    with torch_gate.checking(), scratch_folder as scratch:
         for name, group in GROUPS:
             began = time.monotonic()
             try:
@@ -312,6 +348,10 @@ def run(out: Callable[[str], None] = print) -> Verdict:
                     failure = f"{name} / {summary.case}: {summary.detail}"
             except Exception as ex:  # whatever this torch raises in a case is that case's failure
                 reason = messages.one_line(ex)
+                if unfinished(name, ex):
+                    reason = _machine_reason(ex)
+                    out(f"  {name:<16} not run: {reason}")
+                    raise SetupError(messages.torch_self_check_unfinished(name, reason)) from ex
                 failure = f"{name}: {reason if isinstance(ex, GradbridgeError) else f'{type(ex).__name__}: {reason}'}"
             if failure:
                 out(f"  {name:<16} FAILED: {failure}")

@@ -22,6 +22,7 @@ does not ship), built the same way, per torch and cached, from a checkout only (
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import os
 import shlex
@@ -119,6 +120,38 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradbridge")
 
 
+#: The system's words for a disk that refuses writes (full, over quota, mounted read-only), as a compiler
+#: that could not write its output reports them.
+DISK_ERRORS = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+
+
+def cache_reason(folder: Path, ex: OSError) -> str:
+    """Why ``folder`` (the cache folder or one under it) cannot be written, in words: a path on the way
+    that is a file (GRADBRIDGE_CACHE_DIR naming one), else the system's reason (Read-only file system,
+    No space left on device, Permission denied)."""
+    for path in (folder, *folder.parents):
+        if os.path.lexists(path):
+            if not path.is_dir():
+                return messages.not_a_folder(str(path))
+            break  # the nearest one that exists is a folder: the system's reason says the rest
+    return ex.strerror or str(ex)
+
+
+def cache_unwritable(folder: Path, ex: OSError) -> SetupError:
+    """The one line for a cache folder that cannot be written: the folder, GRADBRIDGE_CACHE_DIR, what is wrong."""
+    return SetupError(messages.cache_unwritable(str(folder), cache_reason(folder, ex)))
+
+
+def cache_subfolder(folder: Path) -> Path:
+    """``folder`` (under the cache folder), created if needed; SetupError naming GRADBRIDGE_CACHE_DIR when it
+    cannot be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as ex:
+        raise cache_unwritable(folder, ex) from ex
+    return folder
+
+
 def torch_dir() -> Path:
     import torch
 
@@ -212,7 +245,7 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
         folder.mkdir(parents=True, exist_ok=True)
         scratch_folder = tempfile.TemporaryDirectory(dir=folder)
     except OSError as ex:
-        raise SetupError(messages.cache_unwritable(str(folder), _reason(ex))) from ex
+        raise cache_unwritable(folder, ex) from ex
     if not quiet:
         print(f"gradbridge: building {_what(build)} for torch {build.torch_version} (once, ~30 s) ...",
               file=sys.stderr, flush=True)
@@ -228,28 +261,33 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
         # The files compile at once (each takes most of the build), then link.
         keys = [key for key in CPP_KEYS if key in sources]
         objects = [Path(scratch) / f"{sources[key].stem}.o" for key in keys]
+        # The compiler's temp files go to the scratch folder too: a disk that is full is the cache folder's.
+        environment = {**os.environ, "TMPDIR": scratch}
         compiles = [subprocess.Popen([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
                     for key, obj in zip(keys, objects)]
         results = [(c.returncode, err) for c in compiles for _, err in [c.communicate()]]
         if all(code == 0 for code, _ in results):
             link = subprocess.run([*compiler_args, "-shared", *map(str, objects), "-o", str(tmp),
                                    # No rpath: Java loads libc10 and libtorch_cpu first, from the folder it was given.
                                    "-Wl,--as-needed", f"-L{torch_dir() / 'lib'}", "-ltorch_cpu", "-lc10"],
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, env=environment)
             results.append((link.returncode, link.stderr))
         for code, stderr in results:
             if code != 0:
+                disk = next((words for words in DISK_ERRORS if words in stderr), None)
+                if disk is not None:  # the compiler could not write its output: the cache folder's line
+                    raise SetupError(messages.cache_unwritable(str(folder), disk))
                 errors = [line for line in stderr.splitlines() if "error" in line] or stderr.splitlines()
                 raise SetupError(f"building {_what(build)} failed ({compiler}): "
                                  f"{errors[0] if errors else 'no output'}")
         properties = Path(scratch) / build.properties(folder).name
-        properties.write_text(build.properties_text(sha256_file(tmp)), encoding="utf-8")
         try:  # the library first: a properties file never names a library that is not there yet
+            properties.write_text(build.properties_text(sha256_file(tmp)), encoding="utf-8")
             os.replace(tmp, target)
             os.replace(properties, build.properties(folder))
         except OSError as ex:
-            raise SetupError(messages.cache_unwritable(str(folder), _reason(ex))) from ex
+            raise cache_unwritable(folder, ex) from ex
     return target
 
 

@@ -33,7 +33,7 @@ from typing import Iterator, Optional
 from . import libtorch
 from .. import messages
 from .._version import __version__
-from ..errors import SetupError
+from ..errors import CLI_ERROR_PREFIX, SetupError
 
 #: "0": an unchecked torch newer than the verified releases is refused (run `gradbridge verify` first)
 #: instead of being self-checked on its first use.
@@ -92,13 +92,14 @@ def record(passed: bool, line: str, seconds: float, build: Optional[TorchBuild] 
     path = verdict_path(build)
     verdict = {"gradbridge": __version__, "torch": build.version, "build_hash": build.build_hash, "passed": passed,
                "line": line, "seconds": round(seconds, 1), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from .native import cache_unwritable
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(verdict, indent=2) + "\n", encoding="utf-8")
     except OSError as ex:  # WriteError too: the cache folder is the user's setting to correct
-        reason = ex.__cause__ if isinstance(ex.__cause__, OSError) else ex
-        raise SetupError(messages.cache_unwritable(str(path.parent), reason.strerror or str(reason))) from ex
+        raise cache_unwritable(path.parent, ex.__cause__ if isinstance(ex.__cause__, OSError) else ex) from ex
     return path
 
 
@@ -152,10 +153,16 @@ def _self_check(version: str) -> dict:
     """Run ``gradbridge verify`` once for this build (one process at a time: a lock beside the verdicts)."""
     import fcntl
 
+    from .native import cache_subfolder, cache_unwritable
+
     build = torch_build()
     path = verdict_path(build)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    cache_subfolder(path.parent)
+    try:
+        lock = open(path.with_suffix(".lock"), "w")
+    except OSError as ex:  # a read-only folder
+        raise cache_unwritable(path.parent, ex) from ex
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process checking this build: wait for its verdict
         verdict = read_verdict(build)
         if verdict is not None:
@@ -163,13 +170,19 @@ def _self_check(version: str) -> dict:
         print(f"gradbridge: {messages.torch_self_check_starts(version, libtorch.verified_up_to())}",
               file=sys.stderr, flush=True)
         last = ""
-        with tempfile.TemporaryDirectory(prefix="gradbridge-verify-") as folder:
+        try:
+            scratch = tempfile.TemporaryDirectory(prefix="gradbridge-verify-")
+        except OSError as ex:  # a full temp folder: nothing checked, nothing recorded
+            raise SetupError(messages.torch_self_check_incomplete(version, f"{ex.filename}: {ex.strerror}")) from ex
+        with scratch as folder:
             with subprocess.Popen([sys.executable, "-m", "gradbridge", "verify"], cwd=folder,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
                 for line in process.stdout:
-                    sys.stderr.write(line)
+                    if not line.startswith(CLI_ERROR_PREFIX):  # its error line: said once, in the gate's line
+                        sys.stderr.write(line)
                     last = line.strip() or last
         verdict = read_verdict(build)
-    if verdict is None:
-        raise SetupError(messages.torch_self_check_incomplete(version, last or f"exit code {process.returncode}"))
+    if verdict is None:  # e.g. a full disk: its one line (without the command's prefix), nothing recorded
+        reason = last[len(CLI_ERROR_PREFIX):] if last.startswith(CLI_ERROR_PREFIX) else " ".join(last.split())
+        raise SetupError(messages.torch_self_check_incomplete(version, reason or f"exit code {process.returncode}"))
     return verdict

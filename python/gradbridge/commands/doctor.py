@@ -5,8 +5,9 @@ against the supported range, whether it is verified, self-checked here or failed
 (``torch_gate.status``), its TorchScript status, the export formats it supports (TorchScript,
 torch.export and the protocol-3 op-list version, and which one ``format="auto"`` takes), the native
 library Java would use on this Python's libtorch, the JVM that would start in this process (started
-in a process of its own with the user's JVM options), and the `java` a separate JVM would run. Exit
-code 1 when any is off.
+in a process of its own with the user's JVM options, past the torch gate: doctor never runs the
+self-check, its row says whether one ran), and the `java` a separate JVM would run. Exit code 1 when
+any is off.
 """
 
 from __future__ import annotations
@@ -116,10 +117,16 @@ def _formats() -> str:
     return f"{', '.join(found)}{'; not ' + ', '.join(missing) if missing else ''}; format='auto' takes {auto}"
 
 
-#: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options).
-_JVM_PROBE = ("import sys\nfrom gradbridge import jvm, messages\ntry:\n    jvm.start()\nexcept Exception as ex:\n"
-              "    print(messages.one_line(ex), file=sys.stderr)\n    sys.exit(1)\n"
-              "print(jvm.jclass('java.lang.System').getProperty('java.version'))\n")
+#: Starts the in-process JVM as every command does (jvm.start: classpath, libtorch, options), past the torch
+#: gate: the "torch self-check" row reports that (the gate would run the self-check here, a minute, on an
+#: unchecked torch). gradbridge's progress lines (a native build) go to stdout; stderr holds the JVM's own lines
+#: and the probe's one error line.
+_JVM_PROBE = ("import sys\nfrom gradbridge import jvm, messages\nfrom gradbridge._runtime import torch_gate\n"
+              "errors, sys.stderr = sys.stderr, sys.stdout\ntry:\n    with torch_gate.checking():\n"
+              "        jvm.start()\nexcept Exception as ex:\n    print(messages.one_line(ex), file=errors)\n"
+              "    sys.exit(1)\nprint(jvm.jclass('java.lang.System').getProperty('java.version'))\n")
+#: How long the probe may take (a native library built on first use included).
+PROBE_SECONDS = 300
 
 
 def _start_jvm() -> str:
@@ -131,14 +138,19 @@ def _start_jvm() -> str:
     from ..jvm import JVM_OPTIONS_ENV
 
     options = os.environ.get(JVM_OPTIONS_ENV, "")
-    result = subprocess.run([sys.executable, "-c", _JVM_PROBE], capture_output=True, text=True, timeout=300)
+    where = f"with {JVM_OPTIONS_ENV}={options}" if options else "here"
+    try:
+        result = subprocess.run([sys.executable, "-c", _JVM_PROBE], capture_output=True, text=True,
+                                timeout=PROBE_SECONDS, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise GradbridgeError(f"a JVM does not start {where}: it did not start within {PROBE_SECONDS} s") from None
     if result.returncode != 0:
-        # the JVM's own lines first (it prints them and may exit the process itself), else the probe's
-        lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
-        if lines and lines[0].startswith(f"a JVM does not start with {JVM_OPTIONS_ENV}="):
-            raise GradbridgeError(lines[0])  # jvm.check_options said it, in the commands' own words
+        # the JVM's own lines first (it prints them and may exit the process itself), else the probe's;
+        # never gradbridge's progress lines (stdout)
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        if lines and lines[-1].startswith(f"a JVM does not start with {JVM_OPTIONS_ENV}="):
+            raise GradbridgeError(lines[-1])  # jvm.check_options said it, in the commands' own words
         reason = "; ".join(lines[:2]) or f"exit code {result.returncode}"
-        where = f"with {JVM_OPTIONS_ENV}={options}" if options else "here"
         raise GradbridgeError(f"a JVM does not start {where}: {reason}"
                               + (f"; correct or unset {JVM_OPTIONS_ENV}" if options else ""))
     version = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "?"

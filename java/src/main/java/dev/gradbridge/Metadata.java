@@ -70,8 +70,21 @@ public final class Metadata {
         private String dataSha256;
         // gradbridge-spark's runs instead of dataSha256: over the K partitions' digests.
         private String shardsSha256;
+        // The keys the entry held when it was read (non-null values); null for an entry made here.
+        private transient java.util.Set<String> keys;
 
         private Checkpoint() {}
+
+        /**
+         * Whether the entry holds a key: as read from a file (an edited checkpoint may lack any), or, for
+         * an entry made in this process, as it would be written.
+         *
+         * @param key a key of the entry as {@code gradbridge.json} spells it, e.g. {@code data_sha256}
+         * @return whether it is there, with a value other than null
+         */
+        public boolean has(String key) {
+            return keys != null ? keys.contains(key) : GSON.toJsonTree(this).getAsJsonObject().has(key);
+        }
 
         /**
          * A checkpoint written outside a Trainer run (the online learner's): progress only, no run
@@ -286,6 +299,15 @@ public final class Metadata {
                 JsonObject document = root.getAsJsonObject();
                 metadata = GSON.fromJson(document, Metadata.class);
                 metadata.document = document;
+                if (metadata.checkpoint != null) {
+                    java.util.Set<String> keys = new java.util.HashSet<>();
+                    for (Map.Entry<String, JsonElement> key : document.getAsJsonObject("checkpoint").entrySet()) {
+                        if (!key.getValue().isJsonNull()) {
+                            keys.add(key.getKey());
+                        }
+                    }
+                    metadata.checkpoint.keys = keys;
+                }
             } catch (JsonParseException | IllegalStateException e) {
                 throw new ProtocolException(path + ": " + Protocol.METADATA_FILE + " is not valid JSON: "
                         + e.getMessage().split("\n", 2)[0]); // Gson adds a line pointing at its documentation

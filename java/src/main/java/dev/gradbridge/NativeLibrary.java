@@ -550,7 +550,7 @@ final class NativeLibrary {
             Files.createDirectories(target.getParent());
             tmp = Files.createTempDirectory(target.getParent(), target.getFileName() + ".tmp");
         } catch (IOException e) {
-            throw new GradbridgeException(Messages.cacheUnwritable(target.getParent().toString(), ioReason(e)), e);
+            throw new GradbridgeException(NativeSettings.cacheUnwritable(target.getParent(), e), e);
         }
         try {
             Properties digests = new Properties();
@@ -581,7 +581,7 @@ final class NativeLibrary {
                 // another JVM won the race: its copy is complete
             }
         } catch (IOException e) {
-            throw new GradbridgeException(Messages.cacheUnwritable(target.getParent().toString(), ioReason(e)), e);
+            throw new GradbridgeException(NativeSettings.cacheUnwritable(target.getParent(), e), e);
         } finally {
             try {
                 if (Files.exists(tmp)) {

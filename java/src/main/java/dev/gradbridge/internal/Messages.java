@@ -91,6 +91,30 @@ public final class Messages {
     }
 
     /**
+     * @param checkpoint the file given to resume
+     * @return the line for a file without the {@code checkpoint} entry a run's checkpoint holds
+     */
+    public static String resumeWithoutCheckpoint(String checkpoint) {
+        return checkpoint + ": not a checkpoint to resume: its " + Protocol.METADATA_FILE + " has no \"checkpoint\""
+                + " entry (an exported module, or an edited checkpoint); resume from a file that --checkpoint wrote,"
+                + " or start a new run with --model " + checkpoint;
+    }
+
+    /**
+     * @param checkpoint the file given to resume
+     * @param key the key its {@code checkpoint} entry lacks
+     * @param data whether the key names the run's data (then {@code --allow-different-data} waives it)
+     * @return the line for a checkpoint entry without a key a resume needs
+     */
+    public static String resumeKeyMissing(String checkpoint, String key, boolean data) {
+        return checkpoint + ": its \"checkpoint\" entry has no \"" + key + "\" key, which a resume needs "
+                + (data ? "to check that it continues on the data the run was trained on; resume from a file that"
+                        + " --checkpoint wrote, or pass --allow-different-data to continue on any data"
+                        : "to continue the run where it stopped; resume from a file that --checkpoint wrote, or start"
+                        + " a new run with --model " + checkpoint);
+    }
+
+    /**
      * @param data the data given
      * @param checkpoint the checkpoint resumed from
      * @param expected the checkpoint's data (shapes, digest)
@@ -468,6 +492,14 @@ public final class Messages {
     public static String cacheUnwritable(String folder, String reason) {
         return "cannot write gradbridge's cache folder " + folder + " (" + CACHE_ENV + ", by default"
                 + " ~/.cache/gradbridge): " + reason + "; set " + CACHE_ENV + " to a writable folder";
+    }
+
+    /**
+     * @param path a path on the way to the cache folder
+     * @return the reason for a cache folder under a path that is a file ({@code GRADBRIDGE_CACHE_DIR} naming one)
+     */
+    public static String notAFolder(String path) {
+        return path + " is a file, not a folder";
     }
 
     // ---- data-parallel training (gradbridge-spark, reference shards) ----

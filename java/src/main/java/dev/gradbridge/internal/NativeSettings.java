@@ -1,5 +1,10 @@
 package dev.gradbridge.internal;
 
+import java.io.IOException;
+import java.nio.file.AccessDeniedException;
+import java.nio.file.FileSystemException;
+import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 
@@ -36,6 +41,31 @@ public final class NativeSettings {
     public static String source(String property, String env) {
         String value = System.getProperty(property);
         return value != null && !value.isEmpty() ? "-D" + property : env;
+    }
+
+    /**
+     * The one line for a cache folder that cannot be written (python: {@code native.cache_unwritable}): the
+     * folder, {@code GRADBRIDGE_CACHE_DIR}, and what is wrong: a path on the way that is a file, else the
+     * system's reason (Read-only file system, No space left on device, Permission denied).
+     *
+     * @param folder the folder (the cache folder or one under it)
+     * @param e why it could not be written
+     * @return the line
+     */
+    public static String cacheUnwritable(Path folder, IOException e) {
+        for (Path path = folder.toAbsolutePath(); path != null; path = path.getParent()) {
+            if (Files.exists(path, LinkOption.NOFOLLOW_LINKS)) {
+                if (!Files.isDirectory(path)) {
+                    return Messages.cacheUnwritable(folder.toString(), Messages.notAFolder(path.toString()));
+                }
+                break; // the nearest one that exists is a folder: the system's reason says the rest
+            }
+        }
+        String reason = e instanceof AccessDeniedException ? "Permission denied"
+                : e instanceof FileSystemException && ((FileSystemException) e).getReason() != null
+                        ? ((FileSystemException) e).getReason()
+                        : String.valueOf(e.getMessage());
+        return Messages.cacheUnwritable(folder.toString(), reason);
     }
 
     /** @return the cache folder: {@value #CACHE_PROPERTY}, {@code GRADBRIDGE_CACHE_DIR}, else ~/.cache/gradbridge */

@@ -9,6 +9,7 @@ import dev.gradbridge.RunSettings;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.Arrays;
+import java.util.List;
 
 /**
  * A trainer's {@link RunSettings} applied to one run's start, a new run or the one a checkpoint
@@ -30,6 +31,49 @@ public final class RunStart {
         this.settings = settings;
         this.from = from;
         this.resumed = resumed;
+    }
+
+    /** The keys of a checkpoint entry a resume continues the run by: without one it would start over or guess. */
+    public static final List<String> RUN_KEYS = List.of("epochs_completed", "seed", "batch_size", "mode");
+    /** The keys a resume checks its data by, besides the digest (waived by allowing other data). */
+    public static final List<String> DATA_KEYS = List.of("x_shape", "y_shape");
+    /** The digest of a run's data that {@code Trainer} records (gradbridge-spark's: {@code shards_sha256}). */
+    public static final String DATA_SHA256 = "data_sha256";
+
+    /**
+     * A file given to resume ({@code --resume}) must be a checkpoint a training run wrote: a
+     * {@code checkpoint} entry holding {@link #RUN_KEYS}, and, unless other data is allowed,
+     * {@link #DATA_KEYS} and one of {@code digestKeys}. An edited one is refused in one line naming
+     * the file and what is missing: without the entry the run would silently start over, without its
+     * digest the same-data check would be skipped.
+     *
+     * @param file the checkpoint (named in the refusal)
+     * @param checkpoint its entry, or {@code null} when it has none
+     * @param allowDifferentData whether the caller allows other data
+     * @param digestKeys the keys that name the run's data, any one of them enough (the first named when none is there)
+     * @throws InvalidInputException when something is missing
+     */
+    public static void checkResumable(Path file, Metadata.Checkpoint checkpoint, boolean allowDifferentData,
+            String... digestKeys) {
+        if (checkpoint == null) {
+            throw new InvalidInputException(Messages.resumeWithoutCheckpoint(file.toString()));
+        }
+        for (String key : RUN_KEYS) {
+            if (!checkpoint.has(key)) {
+                throw new InvalidInputException(Messages.resumeKeyMissing(file.toString(), key, false));
+            }
+        }
+        if (allowDifferentData) {
+            return;
+        }
+        for (String key : DATA_KEYS) {
+            if (!checkpoint.has(key)) {
+                throw new InvalidInputException(Messages.resumeKeyMissing(file.toString(), key, true));
+            }
+        }
+        if (Arrays.stream(digestKeys).noneMatch(checkpoint::has)) {
+            throw new InvalidInputException(Messages.resumeKeyMissing(file.toString(), digestKeys[0], true));
+        }
     }
 
     /** Writes a checkpoint to a path (the trainer knows what its state is). */

@@ -3,8 +3,10 @@ package dev.gradbridge.cli;
 import dev.gradbridge.History;
 import dev.gradbridge.HistoryFile;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.RunSettings;
+import dev.gradbridge.internal.RunStart;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -58,6 +60,18 @@ public final class RunOptions {
             throw new InvalidInputException("give exactly one of --model and --resume");
         }
         return resume != null ? resume : model;
+    }
+
+    /**
+     * With {@code --resume}: refuses, in one line, a file that is not a whole checkpoint of a run
+     * ({@link RunStart#checkResumable}); reads only its metadata. Without it, nothing to check.
+     *
+     * @param digestKeys the checkpoint keys that name the run's data, any one of them enough
+     */
+    public void checkResume(String... digestKeys) {
+        if (resume != null) {
+            RunStart.checkResumable(resume, Metadata.read(resume).getCheckpoint(), allowDifferentData, digestKeys);
+        }
     }
 
     /** @return {@code --checkpoint}, or {@code null} */

@@ -1,6 +1,7 @@
 package dev.gradbridge.cli;
 
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.RunStart;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.Protocol;
@@ -81,6 +82,7 @@ public final class TrainCommand implements Callable<Integer> {
             inputs.put("--op-library", library);
         }
         run.checkOutputs(inputs);
+        run.checkResume(RunStart.DATA_SHA256);
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
         try (TrainingModule module = TrainingModule.load(modelFile, opLibraries);
                 Dataset train = data.npz != null

@@ -115,7 +115,7 @@ final class GlooLibrary {
                 }
             }
         } catch (IOException e) {
-            throw new GradbridgeException(Messages.cacheUnwritable(folder.toString(), String.valueOf(e.getMessage())), e);
+            throw new GradbridgeException(NativeSettings.cacheUnwritable(folder, e), e);
         }
         return library;
     }

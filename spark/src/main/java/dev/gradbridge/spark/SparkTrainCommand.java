@@ -1,6 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.RunStart;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
@@ -62,6 +63,8 @@ public final class SparkTrainCommand implements Callable<Integer> {
     @Override
     public Integer call() throws IOException {
         Path modelFile = run.module();
+        // a data-parallel run's checkpoint names its data by shards_sha256 (older ones: data_sha256)
+        run.checkResume("shards_sha256", RunStart.DATA_SHA256);
         boolean npz = data.toLowerCase(Locale.ROOT).endsWith(".npz");
         boolean uri = data.matches("[A-Za-z][A-Za-z0-9+.-]*://.*");
         if ((npz || !uri) && !Files.exists(Paths.get(data))) {
