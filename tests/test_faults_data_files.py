@@ -141,3 +141,115 @@ def test_an_array_inflating_past_two_gigabytes_is_one_line(models, tmp_path):
     line = one_error_line(result)
     assert line.startswith(f"{path}: x of shape [{rows}, 1] holds {rows * 4} bytes, beyond the "), line
     assert stray_files(tmp_path, keep=("huge.npz",)) == []
+
+
+# ---- issue 47: an array the model does not take; an id or label outside what the model takes ----
+
+def test_an_array_the_model_does_not_take_is_refused_by_both_languages(models, tmp_path):
+    """Was dropped without a word, while gradbridge-spark refuses such a Parquet column: now the same rule's
+    line (Messages.unknownArray), before anything is written."""
+    path = tmp_path / "extra.npz"
+    np.savez(path, x=X, weights=X, y=Y)
+    expected = messages.unknown_array(str(path), "weights", ["x"])
+    assert expected == (f"{path}: array weights is not an input of the model (it takes [x] and y); an .npz holds "
+                        "exactly the model's inputs and y: drop the others")
+    with pytest.raises(InvalidInputError) as info:
+        data.load_npz(path)
+    assert str(info.value) == expected
+    for option in ("--data", "--val"):
+        args = ["--data", tmp_path / "good.npz"] if option == "--val" else []
+        np.savez(tmp_path / "good.npz", x=X, y=Y)
+        result = train_cli("--model", models["linear_regression.pt"], *args, option, path, "--epochs", 1,
+                           "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt")
+        assert one_error_line(result) == expected, option
+        assert stray_files(tmp_path, keep=[path.name, "good.npz"]) == []
+
+
+@pytest.fixture(scope="module")
+def recommender(tmp_path_factory):
+    """A model of embedding ids: x = [user, item] (5 users, 4 items), a float rating y."""
+    from gradbridge.recommender import export
+
+    return export(tmp_path_factory.mktemp("recommender") / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
+
+
+def _labels(bad):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 40).astype(np.int64)
+    y[17] = bad
+    return {"x": x, "y": y}
+
+
+def _ids(bad):
+    rng = np.random.default_rng(4)
+    ids = np.stack([rng.integers(0, 5, 40), rng.integers(0, 4, 40)], 1).astype(np.int64)
+    ids[29, 1] = bad
+    return {"x": ids, "y": rng.standard_normal((40, 1)).astype(np.float32)}
+
+
+# (model, arrays, the array, where in a row, the value, the range the model takes there)
+OUT_OF_RANGE = {
+    "label_past_the_classes": ("mlp_classifier.pt", _labels(7), "y", None, 7, 0, 2),
+    "negative_label": ("mlp_classifier.pt", _labels(-1), "y", None, -1, 0, 2),
+    "id_past_the_embedding": ("recommender", _ids(9), "x", [1], 9, 0, 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_RANGE))
+def test_an_id_or_label_the_model_does_not_take_names_the_data_file_and_the_array(models, recommender, tmp_path,
+                                                                                  case):
+    """libtorch's "Target 7 is out of bounds" / "index out of range in self" named the module file: the line
+    now names the data file, the array, the value and the range the model takes, the same from gradbridge-train
+    (for --data and --val) and from the eager reference; nothing is written."""
+    from gradbridge import reference
+
+    name, arrays, array, element, value, low, high = OUT_OF_RANGE[case]
+    model = recommender if name == "recommender" else models[name]
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    expected = messages.value_out_of_range(str(path), array, element, value, low, high)
+    result = train_cli("--model", model, "--data", path, "--epochs", 1, "--batch-size", 8,
+                       "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt")
+    assert one_error_line(result) == expected
+    assert str(model) not in result.stderr
+    assert stray_files(tmp_path, keep=[path.name]) == []
+    with pytest.raises(InvalidInputError) as info:
+        reference.train(model, arrays["x"], arrays["y"], epochs=1, batch_size=8, source=str(path))
+    assert str(info.value) == expected
+    # the same data as validation data, after an epoch on good data
+    good = tmp_path / "good.npz"
+    fixed = dict(arrays)
+    fixed[array] = np.clip(arrays[array], 0, None) % (high + 1)
+    np.savez(good, **fixed)
+    result = train_cli("--model", model, "--data", good, "--val", path, "--epochs", 1, "--batch-size", 8,
+                       "--history", tmp_path / "h.jsonl")
+    assert one_error_line(result) == expected
+    assert stray_files(tmp_path, keep=[path.name, good.name]) == []
+
+
+def test_the_search_for_a_value_out_of_range():
+    """data.out_of_range (Java: ValueRanges, the same steps) on a stand-in model that takes ids [0, 5) and
+    [0, 4) in the two elements of x and labels in [0, 3) or -100: the first array and element at fault, its
+    range searched from 0; no line when the model refuses zeros, or a value only beside another's extreme."""
+    limits = np.array([5, 4])
+
+    def refuses(batch):
+        ids, y = batch["x"], batch["y"]
+        return bool((ids < 0).any() or (ids >= limits).any() or ((y < 0) & (y != -100)).any() or (y >= 3).any())
+
+    y = np.array([0, 2, 1, -100])
+    ids = np.array([[0, 1], [4, 3], [2, 0], [1, 2]])
+    assert data.out_of_range(refuses, "d.npz", {"x": ids, "y": y}) is None
+    bad = ids.copy()
+    bad[2] = [6, 9]  # the largest values first, bisected to the first element that is refused alone
+    assert data.out_of_range(refuses, "d.npz", {"x": bad, "y": y}) == messages.value_out_of_range(
+        "d.npz", "x", [0], 6, 0, 4)
+    bad[2] = [2, -3]
+    assert data.out_of_range(refuses, "d.npz", {"x": bad, "y": y}) == messages.value_out_of_range(
+        "d.npz", "x", [1], -3, 0, 3)
+    assert data.out_of_range(refuses, "d.npz", {"x": ids, "y": np.array([0, 1, 2**40])}) == \
+        messages.value_out_of_range("d.npz", "y", None, 2**40, 0, 2)
+    assert data.out_of_range(lambda batch: True, "d.npz", {"x": bad, "y": y}) is None
+    together = lambda batch: bool((batch["x"].sum(axis=1) > 6).any())  # noqa: E731: each alone is taken
+    assert data.out_of_range(together, "d.npz", {"x": ids, "y": y}) is None

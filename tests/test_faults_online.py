@@ -1104,7 +1104,9 @@ def test_bad_gate_options_are_refused_at_start_in_one_line_and_leave_nothing(ser
                                                                 (16, 3))),
         (("--gate-data", files["no_y"]), messages.input_missing(str(files["no_y"]), "y", ["x"], ["x", "y"])),
         (("--gate-data", files["nan"]), f"{files['nan']}: x holds NaN or infinite values; clean the data first"),
-        (("--gate-data", files["labels"]), f"--gate-data {files['labels']} is rejected by the model's loss: Target 7 is out"),
+        # the file and the array, the value and the classes (libtorch's "Target 7 is out of bounds" names none)
+        (("--gate-data", files["labels"]), "--gate-data " + messages.value_out_of_range(str(files["labels"]), "y", None,
+                                                                                        7, 0, 2)),
         (("--gate-data", files["text"]), f"{files['text']}: not a readable .npz file"),
         (("--gate-data", files["good"], "--gate-max-regression", "-0.1"),
          "--gate-max-regression must be a finite number >= 0, got -0.1"),

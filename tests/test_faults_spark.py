@@ -108,8 +108,18 @@ def files(tmp_path_factory):
     left, right = x[:, :2].copy(), x[:, 2:].copy()
     np.savez(folder / "two_missing.npz", left=left, y=y)
     np.savez(folder / "two_unknown.npz", left=left, right=right, extra=right, y=y)
+    # a label past the 3 classes; an item id past a recommender's 4 items (embedding rows)
+    labels = y.copy()
+    labels[23] = 7
+    np.savez(folder / "labels.npz", x=x, y=labels)
+    from gradbridge.recommender import export as export_recommender
+
+    recommender = export_recommender(folder / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
+    ids = np.stack([rng.integers(0, 5, 40), rng.integers(0, 4, 40)], 1).astype(np.int64)
+    ids[31, 1] = 9
+    np.savez(folder / "ids.npz", x=ids, y=rng.standard_normal((40, 1)).astype(np.float32))
     sparkrun.to_parquet([(folder / f"{name}.npz", folder / f"{name}.parquet")
-                         for name in ("x64", "x3", "two_missing", "two_unknown")])
+                         for name in ("x64", "x3", "two_missing", "two_unknown", "ids")])
     old_cnn = _export_before_set_state(folder / "old_cnn.pt")
     good = export_builtin("mlp", folder / "mlp.pt", seed=0, in_features=4, hidden=(8,), out_features=3,
                           loss={"name": "cross_entropy"}, optimizer={"name": "sgd", "lr": 0.1}, inputs=INPUTS)
@@ -118,7 +128,7 @@ def files(tmp_path_factory):
                          inputs=[protocol.tensor_spec("x", [-1, 1, 8, 8], "float32"),
                                  protocol.tensor_spec("y", [-1], "int64")])
     return {"folder": folder, "x": x, "y": y, "good": good, "cnn": cnn, "old_cnn": old_cnn, "two": two,
-            "v1": _export_protocol_one(folder / "protocol1.pt")}
+            "recommender": recommender, "v1": _export_protocol_one(folder / "protocol1.pt")}
 
 
 def refused(files, tmp_path, *args, master="local[2]") -> str:
@@ -187,6 +197,35 @@ def test_an_npz_without_an_input_is_the_trainers_line(files, tmp_path):
     data = files["folder"] / "two_missing.npz"
     line = refused(files, tmp_path, "--model", files["two"], "--data", data)
     assert line == messages.input_missing(str(data), "right", ["left", "y"], ["left", "right", "y"])
+
+
+def test_an_npz_array_the_model_does_not_take_is_the_trainers_line(files, tmp_path):
+    """The .npz twin of the unknown Parquet column: refused in the single-process Trainer's line."""
+    data = files["folder"] / "two_unknown.npz"
+    line = refused(files, tmp_path, "--model", files["two"], "--data", data)
+    assert line == messages.unknown_array(str(data), "extra", ["left", "right"])
+
+
+@pytest.mark.parametrize("model, data, array, element, value, high", [
+    ("good", "labels.npz", "y", None, 7, 2),
+    ("recommender", "ids.parquet", "x", [1], 9, 3)])
+def test_a_label_or_id_the_model_does_not_take_is_one_line_before_the_stage(files, tmp_path, model, data, array,
+                                                                           element, value, high):
+    """Was the barrier stage failing at every retry, 1,000-1,500 lines of executor errors and traces and no
+    error line: the driver asks the model about each column's extremes first (ValueRanges), so the one line
+    names the data, the column, the value and the range the model takes, and is all there is on stderr. The
+    Python replay says the same of the arrays."""
+    path = files["folder"] / data
+    result = sparkrun.run(["--master", "local[2]", "--model", files[model], "--data", path,
+                           "--history", tmp_path / "h.jsonl", "--checkpoint", tmp_path / "c.pt"], check=False)
+    expected = messages.value_out_of_range(str(path), array, element, value, 0, high)
+    assert one_error_line(result) == expected
+    assert result.stderr.strip().splitlines() == [f"error: {expected}"]
+    assert stray_files(tmp_path) == []
+    arrays = np.load(files["folder"] / data.replace(".parquet", ".npz"))
+    with pytest.raises(InvalidInputError) as error:
+        reference.train_sharded(files[model], arrays["x"], arrays["y"], epochs=1, shards=2)
+    assert str(error.value) == messages.value_out_of_range("training data", array, element, value, 0, high)
 
 
 def test_parquet_column_of_the_wrong_dtype(files, tmp_path):

@@ -140,6 +140,12 @@ def test_shared_wording_matches(jvm):
     java_list = lambda items: jpype.java.util.ArrayList(jpype.java.util.Arrays.asList(*items))  # noqa: E731
     assert str(Messages.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
         == messages.input_missing("d.npz", "y", ["x"], needs)
+    # an .npz array the model does not take; an id or label outside what it takes (ValueRanges / data.out_of_range)
+    assert str(Messages.unknownArray("d.npz", "extra", java_list(["left", "right"]))) \
+        == messages.unknown_array("d.npz", "extra", ["left", "right"])
+    for element, low, high in ((None, 0, 2), ([1], 0, 3), ([0, 2], -100, 5)):
+        assert str(Messages.valueOutOfRange("d.npz", "y", None if element is None else longs(element), 7, low, high)) \
+            == messages.value_out_of_range("d.npz", "y", element, 7, low, high)
     # an online input beyond --max-input-abs (Java's double spelling on both sides)
     for value, limit in ((-3e7, 1e6), (float(np.float32(3e38)), 1e6), (2.5, 1.0), (1e-5, 1e-6)):
         assert str(Messages.inputTooLarge("x", "[1, 2]", value, limit)) == messages.input_too_large("x", [1, 2], value, limit)

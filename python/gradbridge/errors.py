@@ -1,7 +1,8 @@
 """Every exception gradbridge raises, in one module. Messages name the file, method or tensor at fault.
 
 A Java exception crossing JPype becomes the error the Python reference raises for the same input
-(``jvm.java_errors``): a bad label is a TrainingError from ``java.train`` and ``reference.train`` alike.
+(``jvm.java_errors``): a label outside the classes is an InvalidInputError naming the data from ``java.train``
+and ``reference.train`` alike.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ class DivergenceError(GradbridgeError):
 
 
 class TrainingError(GradbridgeError):
-    """A training step (or another scripted method) failed inside PyTorch, e.g. a class label
-    outside the model's classes; the message names the module and torch's own reason (and the
-    epoch, from ``reference.train``). Java's ``MethodCallException`` arrives as this error."""
+    """A training step (or another scripted method) failed inside PyTorch; the message names the module and
+    torch's own reason (and the epoch, from ``reference.train``). Java's ``MethodCallException`` arrives as this
+    error. (A label or id the model cannot take is an InvalidInputError naming the data and the array.)"""
 
 
 class ExportError(GradbridgeError):

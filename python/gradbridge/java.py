@@ -52,7 +52,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
           record_values: bool = True, allow_different_data: bool = False,
           op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None,
-          history: str | os.PathLike | None = None) -> History:
+          history: str | os.PathLike | None = None, source: str = "training data",
+          val_source: str = "validation data") -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train`` (``x``: an array, or for a model of
@@ -64,6 +65,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     ``lr``: every parameter group's learning rate, set before the first epoch. ``history``: the
     history file the Trainer writes as it goes (``History.load`` reads it; a record of more than
     ``history.INLINE_VALUES_LIMIT`` values keeps them in its side file and reads them back from there).
+    ``source`` and ``val_source`` name the data in error lines (e.g. the file the arrays came from).
     """
     if mode is not None and mode not in protocol.MODES:
         raise InvalidInputError(messages.unknown_mode(mode))
@@ -77,9 +79,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     arrays = [_contiguous(a) for a in (x, y, *(val or ()))]
     metadata = protocol.read_metadata(model_path)
-    check_data(metadata, arrays[0], arrays[1], "training data")  # Java's checks and words, before any copy
+    check_data(metadata, arrays[0], arrays[1], source)  # Java's checks and words, before any copy
     if val is not None:
-        check_data(metadata, arrays[2], arrays[3], "validation data")
+        check_data(metadata, arrays[2], arrays[3], val_source)
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
     module = load_module(model_path, op_libraries)
@@ -88,7 +90,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         with java_errors():
             if lr is not None:
                 module.setLr(float(lr))
-            train_data = dataset(arrays[0], arrays[1], "training data")
+            train_data = dataset(arrays[0], arrays[1], source)
             datasets.append(train_data)
             builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
                        .optAllowDifferentData(bool(allow_different_data)))
@@ -99,7 +101,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
             if mode is not None:
                 builder.optMode(Trainer.Mode.parse(mode))
             if val is not None:
-                datasets.append(dataset(arrays[2], arrays[3], "validation data"))
+                datasets.append(dataset(arrays[2], arrays[3], val_source))
                 builder.optValidation(datasets[-1])
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))

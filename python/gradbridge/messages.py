@@ -12,7 +12,7 @@ import decimal
 import json
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 LONG_MAX = (1 << 63) - 1
 
@@ -393,6 +393,23 @@ def input_missing(source: str, name: str, holds: Sequence[str], needs: Sequence[
     """A data file without an array the module needs (``needs``: the inputs then y)."""
     return (f"{source}: missing array '{name}'; the file holds [{', '.join(holds)}] "
             f"(save with numpy.savez(path, {', '.join(n + '=...' for n in needs)}))")
+
+
+def unknown_array(source: str, array: str, inputs: Sequence[str]) -> str:
+    """An .npz array that is neither an input of the model nor y (Java: Messages.unknownArray; its
+    Parquet twin, Messages.unknownColumn, is gradbridge-spark's for a model of several inputs)."""
+    return (f"{source}: array {array} is not an input of the model (it takes [{', '.join(inputs)}] and y); "
+            "an .npz holds exactly the model's inputs and y: drop the others")
+
+
+def value_out_of_range(source: str, array: str, element: Optional[Sequence[int]], value: int, low: int,
+                       high: int) -> str:
+    """An id or label the model cannot take (a class past its classes, an id past its embedding's rows), found
+    by ``data.out_of_range`` (Java: Messages.valueOutOfRange, ValueRanges). ``element``: where in a row, for rows
+    of more than one value; ``low``..``high``: the range the model takes there, searched from 0."""
+    at = "" if element is None else f" at element [{', '.join(map(str, element))}] of a row"
+    there = "" if element is None else " there"
+    return f"{source}: {array} holds {value}{at}, outside the range the model takes{there} ({low}..{high})"
 
 
 # ---- a torch newer than the verified releases (gradbridge._runtime.torch_gate, gradbridge verify) ----

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from ._runtime import inputs, shuffle
 from . import messages, protocol
 from ._runtime import shuffle as shuffle_module
-from .errors import DivergenceError, InvalidInputError, ProtocolError, TrainingError
+from ._runtime import data as data_checks
+from .errors import DivergenceError, GradbridgeError, InvalidInputError, ProtocolError, TrainingError
 from .export import capture, finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -59,6 +60,15 @@ def _as_numpy(tensors: Dict[str, Tensor]) -> Dict[str, np.ndarray]:
     return {name: t.detach().double().numpy().ravel().copy() for name, t in tensors.items()}
 
 
+#: What torch raises for inputs a model cannot take (e.g. "Target 5 is out of bounds." for a label outside its
+#: classes): the failures reference.train turns into one error.
+_TORCH_FAILURES = (RuntimeError, IndexError, ValueError)
+
+
+def _numpy(array: Any) -> np.ndarray:
+    return array.numpy() if isinstance(array, Tensor) else np.asarray(array)
+
+
 def _is_seed_model(metadata: Dict[str, Any]) -> bool:
     """The built-in seed model (its eager class is known), not just any model of that name."""
     return metadata["model"] == "linear-regression" and [
@@ -77,6 +87,7 @@ class Reference:
         ``take_model``: train ``model`` itself, not a copy (the export's check hands over its own copy,
         so a large model is not held once more)."""
         self.metadata = protocol.read_metadata(model_path)
+        self.path = str(model_path)
         program = self.metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION
         if program and model is None:
             raise ProtocolError(messages.protocol3_needs_model(str(model_path)))
@@ -266,6 +277,28 @@ class Reference:
         finally:
             self.eval_model.train()
 
+    def refuses(self, batch: Dict[str, np.ndarray]) -> bool:
+        """Whether ``evaluate`` fails inside torch on ``batch`` (each input by name, then y): the probe of
+        ``data.out_of_range``, as Java's ``ValueRanges`` calls the module's ``evaluate``."""
+        x = {name: torch.from_numpy(batch[name]) for name in self.input_names}
+        try:
+            self.evaluate(x[inputs.X] if inputs.is_single(self.input_names) else x, torch.from_numpy(batch[inputs.Y]))
+            return False
+        except _TORCH_FAILURES:
+            return True
+
+    def blame(self, failure: Exception, source: str, x: Any, y: Any, what: str) -> GradbridgeError:
+        """The error for ``failure`` (torch's, while training or evaluating on ``x``, ``y`` from ``source``):
+        the data's line when an array holds an id or label the model does not take (Java: ``ValueRanges.blame``),
+        else a TrainingError naming the module, ``what`` failed and torch's reason."""
+        given = inputs.arrays(x)
+        arrays = {name: _numpy(given[name]) for name in self.input_names}
+        arrays[inputs.Y] = _numpy(y)
+        line = data_checks.out_of_range(self.refuses, source, arrays)
+        if line is not None:
+            return InvalidInputError(line)
+        return TrainingError(f"{self.path}: {what}: {messages.torch_reason(failure)}")
+
     def named_parameters(self) -> List[tuple]:
         """The model's parameters by the model's names (the .pt's model of several inputs sits in
         ``capture.keyword_call``, under ``model.``)."""
@@ -401,10 +434,13 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
         for epoch in range(start_epoch, start_epoch + epochs):
             order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
             first = epoch * steps  # the run's step number of the epoch's first step
-            values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards,
-                                             [shuffle_module.step_seed(seed, first + i // batch_size, k)
-                                              for k in range(shards)])
-                      for i in range(0, n, batch_size)]
+            try:
+                values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards,
+                                                 [shuffle_module.step_seed(seed, first + i // batch_size, k)
+                                                  for k in range(shards)])
+                          for i in range(0, n, batch_size)]
+            except _TORCH_FAILURES as ex:  # gradbridge-spark refuses such data before its first step
+                raise reference.blame(ex, "training data", x, y, f"training step failed at epoch {epoch}") from ex
             for index, value in enumerate(values):
                 if math.isnan(value) or math.isinf(value):
                     row = index * batch_size
@@ -425,7 +461,8 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
 def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
           mode: str = protocol.DEFAULT_MODE, val: Optional[tuple] = None, model: Optional[nn.Module] = None,
-          start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None) -> History:
+          start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None,
+          source: str = "training data", val_source: str = "validation data") -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 
     ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
@@ -434,7 +471,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
     the validation loss after each epoch. ``start_epoch`` numbers the epochs of a continued run.
     ``lr`` sets every parameter group's learning rate first (Java: ``TrainingModule.setLr``).
-    Raises DivergenceError at the first NaN or infinite batch loss.
+    Raises DivergenceError at the first NaN or infinite batch loss; a step or validation loss torch refuses
+    is an InvalidInputError naming ``source`` (or ``val_source``) and the array when the data holds an id or
+    label the model does not take (``data.out_of_range``), else a TrainingError naming the module.
     """
     if mode not in protocol.MODES:
         raise InvalidInputError(messages.unknown_mode(mode))
@@ -462,9 +501,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
             else:
                 perm = torch.tensor(shuffle.permutation(seed, epoch, n), dtype=torch.int64)
                 losses = reference.train_epoch(xs, ys, perm, batch)
-        except (RuntimeError, IndexError, ValueError) as ex:
-            # e.g. "Target 5 is out of bounds." for a label outside the model's classes
-            raise TrainingError(f"{model_path}: training step failed at epoch {epoch}: {messages.torch_reason(ex)}") from ex
+        except _TORCH_FAILURES as ex:
+            # e.g. "Target 5 is out of bounds." for a label outside the model's classes: the data's line
+            raise reference.blame(ex, source, x, y, f"training step failed at epoch {epoch}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
@@ -473,8 +512,14 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                                         f"{len(history)} completed epoch(s) kept in error.history")
                 error.history = history  # every epoch before the divergent one
                 raise error
-        val_loss = None if val is None else float(reference.evaluate(inputs.to_torch(val[0]),
-                                                                     torch.from_numpy(np.ascontiguousarray(val[1]))))
+        val_loss = None
+        if val is not None:
+            try:
+                val_loss = float(reference.evaluate(inputs.to_torch(val[0]),
+                                                    torch.from_numpy(np.ascontiguousarray(val[1]))))
+            except _TORCH_FAILURES as ex:
+                raise reference.blame(ex, val_source, val[0], val[1],
+                                      f"validation loss failed at epoch {epoch}") from ex
         # per-epoch schedules step here (ReduceLROnPlateau on the validation loss, else the training loss)
         reference.end_epoch(val_loss if val_loss is not None else epoch_loss(values))
         history.append(reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,7 +50,8 @@ def _check_npz_headers(path: Path) -> None:
 
 def load_npz(path: str | os.PathLike, input_names: Sequence[str] = (inputs.X,)) -> Tuple[Any, np.ndarray]:
     """The inputs and ``y`` from an .npz written with ``numpy.savez(path, x=..., y=...)``, or one array
-    per input named as the module names them (``inputs.names``): ``x`` is then a dict of arrays."""
+    per input named as the module names them (``inputs.names``): ``x`` is then a dict of arrays. An
+    array missing, or one that is neither an input nor y, is refused (Java's ``Dataset.check``)."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInputError(f"{path}: no such data file")
@@ -62,6 +63,10 @@ def load_npz(path: str | os.PathLike, input_names: Sequence[str] = (inputs.X,)) 
             for name in needs:
                 if name not in names:
                     raise InvalidInputError(messages.input_missing(str(path), name, names, needs))
+            # what was saved for training: an array left out would be dropped unseen (.npy entries, as Java reads)
+            for name in [entry[:-4] for entry in arrays.zip.namelist() if entry.endswith(".npy")]:
+                if name not in needs:
+                    raise InvalidInputError(messages.unknown_array(str(path), name, list(input_names)))
             if inputs.is_single(input_names):
                 return arrays[inputs.X], arrays[inputs.Y]
             return {name: arrays[name] for name in input_names}, arrays[inputs.Y]
@@ -99,3 +104,96 @@ def check(metadata: Dict[str, Any], x: Any, y: np.ndarray, source: str) -> None:
     for name in [*inputs.names(metadata)[1:], inputs.Y]:
         if len(given[name]) != n:
             raise InvalidInputError(f"{source}: {first} has {n} samples but {name} has {len(given[name])}")
+
+
+#: Rows of every probe ``out_of_range`` evaluates (Java: ValueRanges.Probe.ROWS): two, not one, so that a
+#: batch dimension of 1 is never what a model refuses.
+PROBE_ROWS = 2
+#: The farthest a range is searched from 0 on the side away from the value at fault (Java: ValueRanges.FAR).
+FAR = 1 << 62
+
+
+def out_of_range(refuses: Callable[[Dict[str, np.ndarray]], bool], source: str,
+                 arrays: Mapping[str, Any]) -> Optional[str]:
+    """The line naming an array of ``arrays`` (the module's inputs in its order, then y) that holds an id or
+    label the model does not take, or None (none found, or the model refuses rows of zeros too).
+
+    ``refuses(batch)``: whether the model's loss in eval mode fails on ``batch`` (each array by name, two
+    rows). libtorch's error ("Target 7 is out of bounds", "index out of range in self") names neither the
+    data nor the array; this asks the model instead, as Java's ``ValueRanges.check`` does, step for step:
+    rows of zeros first (the inputs' float values too); then, array by array (int64 only), rows holding each
+    element's largest value over the data, then its smallest; the first refused is narrowed to one element
+    by bisection, and the range the model takes there is searched from 0 (binary search towards the value,
+    doubling then binary search on the other side). A value the model takes alone but not beside the other
+    elements' extremes (no row need hold them together) gives no line.
+    """
+    columns = []
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        extremes = None
+        if array.dtype == np.int64 and len(array):
+            rows = array.reshape(len(array), -1)
+            extremes = (rows.max(axis=0).tolist(), rows.min(axis=0).tolist())
+        columns.append((name, array.dtype, array.shape[1:], extremes))
+
+    def fails(c: int, row: Optional[Sequence[int]]) -> bool:
+        batch = {}
+        for i, (name, dtype, row_shape, _) in enumerate(columns):
+            values = np.zeros((PROBE_ROWS, *row_shape), dtype)
+            if i == c:
+                values[:] = np.asarray(row, np.int64).reshape(row_shape)
+            batch[name] = values
+        return refuses(batch)
+
+    def at(length: int, e: int, value: int) -> List[int]:
+        row = [0] * length
+        row[e] = value
+        return row
+
+    def far(c: int, length: int, e: int, direction: int) -> int:
+        for bit in range(62):
+            if fails(c, at(length, e, direction * (1 << bit))):
+                return direction * (1 << bit)
+        return direction * FAR
+
+    def edge(c: int, length: int, e: int, refused: int) -> int:
+        if not fails(c, at(length, e, refused)):
+            return refused
+        ok, bad = 0, refused
+        while abs(bad - ok) > 1:
+            mid = ok + _toward_zero_half(bad - ok)
+            if fails(c, at(length, e, mid)):
+                bad = mid
+            else:
+                ok = mid
+        return ok
+
+    if fails(-1, None):
+        return None
+    for c, (name, _, row_shape, extremes) in enumerate(columns):
+        if extremes is None:
+            continue
+        for extreme in extremes:
+            if not fails(c, extreme):
+                continue
+            candidates = [e for e, value in enumerate(extreme) if value != 0]
+            while len(candidates) > 1:
+                half = candidates[:len(candidates) // 2]
+                chosen = set(half)
+                only = [extreme[e] if e in chosen else 0 for e in range(len(extreme))]
+                candidates = half if fails(c, only) else candidates[len(candidates) // 2:]
+            e = candidates[0]
+            value = extreme[e]
+            element = None if len(extreme) == 1 else [int(i) for i in np.unravel_index(e, row_shape)]
+            length = len(extreme)
+            if not fails(c, at(length, e, value)):  # refused only beside other elements' extremes: no line
+                continue
+            low = edge(c, length, e, value if value < 0 else far(c, length, e, -1))
+            high = edge(c, length, e, value if value > 0 else far(c, length, e, 1))
+            return messages.value_out_of_range(source, name, element, value, low, high)
+    return None
+
+
+def _toward_zero_half(d: int) -> int:
+    """``d / 2`` rounded toward zero, as Java's long division (the probes' sequence is Java's)."""
+    return -((-d) // 2) if d < 0 else d // 2

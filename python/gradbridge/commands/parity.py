@@ -61,14 +61,15 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     x, y = data.load_checked(metadata, data_path)
     val = None if val_path is None else data.load_checked(metadata, val_path)
     settings = dict(epochs=epochs, batch_size=batch_size, seed=seed, mode=mode)
+    sources = dict(source=str(data_path), val_source=str(val_path))  # the files, in a refusal's line
     user_model = None if model_factory is None else build_model(model_factory)
 
-    python = reference.train(model, x, y, val=val, model=user_model, **settings)
+    python = reference.train(model, x, y, val=val, model=user_model, **settings, **sources)
     settings["op_libraries"] = op_libraries
     others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
         try:
-            others["java"] = java.train(model, x, y, val=val, **settings)
+            others["java"] = java.train(model, x, y, val=val, **settings, **sources)
             reports.append(compare_histories(python, others["java"], rtol=rtol or 0.0, atol=atol or 0.0,
                                              labels=("python", "java")))
         except GradbridgeError as ex:

@@ -2,6 +2,7 @@ package dev.gradbridge;
 
 import dev.gradbridge.internal.RunStart;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ValueRanges;
 import dev.gradbridge.data.Dataset;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -152,7 +153,10 @@ public final class Trainer {
      * @param module the module; resumes after its checkpoint's epochs if it was loaded from one
      * @param train the training data, checked against the module's metadata first
      * @return one record per epoch of this run
-     * @throws InvalidInputException when data, batch size or seed do not fit; nothing trained
+     * @throws InvalidInputException when data, batch size or seed do not fit (nothing trained), or
+     *     when a step or the validation loss fails on an id or label the model cannot take (naming the
+     *     data and the array: {@link ValueRanges})
+     * @throws MethodCallException when a step fails inside libtorch for another reason
      * @throws DivergenceException when a loss becomes NaN or infinite
      * @throws IOException when the checkpoint cannot be written
      */
@@ -198,10 +202,21 @@ public final class Trainer {
         try (ProgressBar bar = progressBar ? newProgressBar() : null) {
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
-                double[] losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
+                double[] losses;
+                try {
+                    losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
+                } catch (MethodCallException e) { // an id or label the model cannot take: the data's line
+                    throw ValueRanges.blame(module, train, e);
+                }
                 double loss = RunStart.epochLoss(losses);
-                Double valLoss =
-                        validation == null ? null : module.evaluate(validation.getInputs(), validation.getY());
+                Double valLoss = null;
+                if (validation != null) {
+                    try {
+                        valLoss = module.evaluate(validation.getInputs(), validation.getY());
+                    } catch (MethodCallException e) {
+                        throw ValueRanges.blame(module, validation, e);
+                    }
+                }
                 // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau
                 // on the validation loss, else on the training loss).
                 module.scheduleEpoch(valLoss != null ? valLoss : loss);

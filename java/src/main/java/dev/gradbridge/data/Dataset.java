@@ -41,17 +41,21 @@ public final class Dataset implements AutoCloseable {
     private final boolean owned;
     /** The arrays' names as the source holds them (a file's order), for messages. */
     private final List<String> held;
+    /** An .npz: {@link #check} refuses an array the module does not take. */
+    private final boolean exact;
 
-    private Dataset(String source, Map<String, Tensor> inputs, Tensor y, boolean owned, List<String> held) {
+    private Dataset(String source, Map<String, Tensor> inputs, Tensor y, boolean owned, List<String> held,
+            boolean exact) {
         this.source = source;
         this.inputs = new LinkedHashMap<>(inputs);
         this.y = y;
         this.owned = owned;
         this.held = held;
+        this.exact = exact;
     }
 
     private Dataset(String source, Map<String, Tensor> inputs, Tensor y, boolean owned) {
-        this(source, inputs, y, owned, withY(inputs.keySet()));
+        this(source, inputs, y, owned, withY(inputs.keySet()), false);
     }
 
     private Dataset(String source, Tensor x, Tensor y, boolean owned) {
@@ -147,7 +151,8 @@ public final class Dataset implements AutoCloseable {
 
     /**
      * Reads the arrays of an {@code .npz} file: {@code y} and the inputs ({@code x}, or one array
-     * per input name: {@link #check} names one the module needs that the file lacks).
+     * per input name: {@link #check} names one the module needs that the file lacks, and one it
+     * does not take, as gradbridge-spark refuses such a Parquet column).
      *
      * @param file the .npz
      * @return the dataset (close it to free the tensors)
@@ -174,7 +179,7 @@ public final class Dataset implements AutoCloseable {
             }
             List<String> names = new ArrayList<>(arrays.keySet()); // the file's order, as Python lists them
             Tensor y = arrays.remove("y"); // null when missing: check names it, after any missing input
-            Dataset data = new Dataset(file.toString(), arrays, y, true, names);
+            Dataset data = new Dataset(file.toString(), arrays, y, true, names, true);
             arrays.clear(); // the dataset owns them now
             return data;
         } catch (NoSuchFileException e) {
@@ -306,8 +311,9 @@ public final class Dataset implements AutoCloseable {
     }
 
     /**
-     * Checks the data against a module's metadata: dtypes, shapes (every dimension but the
-     * batch), equal sample counts, at least one sample, only finite values.
+     * Checks the data against a module's metadata: the arrays it takes (an {@code .npz}: no
+     * others), dtypes, shapes (every dimension but the batch), equal sample counts, at least one
+     * sample, only finite values.
      *
      * @param metadata the module's metadata
      * @throws InvalidInputException naming the file, the array and expected versus actual
@@ -325,6 +331,13 @@ public final class Dataset implements AutoCloseable {
         }
         if (y == null) {
             throw new InvalidInputException(Messages.inputMissing(source, "y", held, needs));
+        }
+        if (exact) { // an .npz holds what was saved for training: an array left out would be dropped unseen
+            for (String name : held) {
+                if (!needs.contains(name)) {
+                    throw new InvalidInputException(Messages.unknownArray(source, name, names));
+                }
+            }
         }
         for (String name : names) {
             checkArray(name, ordered.get(name), metadata.getInput(name));

@@ -591,8 +591,44 @@ public final class Messages {
      * @return the line for a column that a module of several inputs does not take
      */
     public static String unknownColumn(String source, String column, java.util.List<String> inputs) {
-        return source + ": column " + column + " is not an input of the model (it takes " + inputs + " and y);"
-                + " a model of several inputs trains on exactly its inputs' columns and y: drop the others";
+        return notAnInput(source, "column", column, inputs,
+                "a model of several inputs trains on exactly its inputs' columns and y: drop the others");
+    }
+
+    /**
+     * @param source the .npz file
+     * @param array an array of it that is neither an input of the model nor y
+     * @param inputs the model's inputs
+     * @return the line for an array the module does not take (any module: an .npz holds what was
+     *     saved for training, a Parquet table of a one-input model may carry other columns)
+     */
+    public static String unknownArray(String source, String array, java.util.List<String> inputs) {
+        return notAnInput(source, "array", array, inputs,
+                "an .npz holds exactly the model's inputs and y: drop the others");
+    }
+
+    private static String notAnInput(String source, String kind, String name, java.util.List<String> inputs,
+            String rule) {
+        return source + ": " + kind + " " + name + " is not an input of the model (it takes " + inputs + " and y); "
+                + rule;
+    }
+
+    /**
+     * @param source the data (a file, or {@code training data} for arrays)
+     * @param array the input (or y) that holds the value
+     * @param element where in a row, for rows of more than one value; null otherwise
+     * @param value the value the model does not take
+     * @param low the smallest value the model takes there, searched from 0
+     * @param high the largest
+     * @return the line for an id or label the model cannot take (a class past its classes, an id
+     *     past its embedding's rows): libtorch's error names neither the data nor the array
+     */
+    public static String valueOutOfRange(String source, String array, long[] element, long value, long low,
+            long high) {
+        String at = element == null ? "" : " at element " + Arrays.toString(element) + " of a row";
+        String there = element == null ? "" : " there";
+        return source + ": " + array + " holds " + value + at + ", outside the range the model takes" + there + " ("
+                + low + ".." + high + ")";
     }
 
     /**

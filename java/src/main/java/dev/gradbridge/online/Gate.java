@@ -1,6 +1,7 @@
 package dev.gradbridge.online;
 
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.ValueRanges;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
@@ -53,8 +54,10 @@ final class Gate implements AutoCloseable {
             try {
                 loss = gate.loss(module);
             } catch (GradbridgeException e) {
-                throw new InvalidInputException("--gate-data " + absolute + " is rejected by the model's loss: "
-                        + PredictorPool.libtorchReason(e));
+                // an id or label the model cannot take: the line names the array (ValueRanges)
+                String line = ValueRanges.check(module, data.getSource(), ValueRanges.columns(data));
+                throw new InvalidInputException("--gate-data " + (line != null ? line
+                        : absolute + " is rejected by the model's loss: " + PredictorPool.libtorchReason(e)));
             }
             if (!Double.isFinite(loss)) {
                 throw new InvalidInputException("--gate-data " + absolute + ": the model's loss on it is " + loss

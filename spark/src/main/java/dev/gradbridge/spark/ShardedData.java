@@ -4,6 +4,7 @@ import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.DType;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ValueRanges;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
 import java.nio.ByteBuffer;
@@ -50,6 +51,8 @@ public final class ShardedData {
     private final long[] xShape;
     private final long[] yShape;
     private final String fingerprint;
+    /** The columns (inputs, then y) summarised over every row: ids' and labels' extremes ({@link ValueRanges}). */
+    private final List<ValueRanges.Column> ranges;
 
     private ShardedData(String source, JavaRDD<Shard> shards, long rows, int partitions, Metadata metadata) {
         this.source = source;
@@ -59,7 +62,47 @@ public final class ShardedData {
         // a checkpoint's x_shape is the first input's, as the single-process Trainer writes it
         this.xShape = withRows(metadata.getInput(metadata.getInputNames().get(0)).getShape(), rows);
         this.yShape = withRows(metadata.getInput("y").getShape(), rows);
-        this.fingerprint = digest(shards);
+        List<String> names = new ArrayList<>(metadata.getInputNames());
+        names.add("y");
+        ArrayList<DType> dtypes = new ArrayList<>();
+        ArrayList<long[]> rowShapes = new ArrayList<>();
+        for (String name : names) {
+            Metadata.TensorSpec spec = metadata.getInput(name);
+            dtypes.add(supported(spec.getDtype()));
+            rowShapes.add(Arrays.copyOfRange(spec.getShape(), 1, spec.getShape().length));
+        }
+        // One job that also materializes the cache: every partition is built (and checked) here.
+        List<Tuple2<Integer, Tuple2<byte[], ArrayList<ValueRanges.Column>>>> summaries = shards.map(
+                s -> new Tuple2<>(s.partition, new Tuple2<>(s.digest(), summary(s, new ArrayList<>(names), dtypes,
+                        rowShapes)))).collect();
+        List<Tuple2<Integer, Tuple2<byte[], ArrayList<ValueRanges.Column>>>> ordered = new ArrayList<>(summaries);
+        ordered.sort((a, b) -> Integer.compare(a._1, b._1));
+        MessageDigest sha = Digests.sha256();
+        List<ValueRanges.Column> merged = null;
+        for (Tuple2<Integer, Tuple2<byte[], ArrayList<ValueRanges.Column>>> partition : ordered) {
+            sha.update(partition._2._1);
+            List<ValueRanges.Column> columns = partition._2._2;
+            if (merged == null) {
+                merged = new ArrayList<>(columns);
+            } else {
+                for (int c = 0; c < merged.size(); c++) {
+                    merged.set(c, merged.get(c).merge(columns.get(c)));
+                }
+            }
+        }
+        this.fingerprint = Digests.hex(sha.digest());
+        this.ranges = merged;
+    }
+
+    /** A shard's columns summarised (ids' and labels' extremes: {@link ValueRanges.Column}). */
+    private static ArrayList<ValueRanges.Column> summary(Shard shard, List<String> names, List<DType> dtypes,
+            List<long[]> rowShapes) {
+        ArrayList<ValueRanges.Column> columns = new ArrayList<>();
+        for (int c = 0; c < names.size(); c++) {
+            columns.add(ValueRanges.Column.of(names.get(c), dtypes.get(c), rowShapes.get(c), shard.columns[c],
+                    shard.rows));
+        }
+        return columns;
     }
 
     /** @return where the data came from */
@@ -112,17 +155,12 @@ public final class ShardedData {
         return out;
     }
 
-    private static String digest(JavaRDD<Shard> shards) {
-        // One job that also materializes the cache: every partition is built (and checked) here.
-        List<Tuple2<Integer, byte[]>> digests =
-                shards.map(s -> new Tuple2<>(s.partition, s.digest())).collect();
-        List<Tuple2<Integer, byte[]>> ordered = new ArrayList<>(digests);
-        ordered.sort((a, b) -> Integer.compare(a._1, b._1));
-        MessageDigest sha = Digests.sha256();
-        for (Tuple2<Integer, byte[]> d : ordered) {
-            sha.update(d._2);
-        }
-        return Digests.hex(sha.digest());
+    /**
+     * @return each column (the module's inputs, then y) summarised over every row, for {@link
+     *     ValueRanges#check} before the first step
+     */
+    List<ValueRanges.Column> ranges() {
+        return ranges;
     }
 
     /** The dtypes a shard column holds (what parameters and metadata's x and y hold). */

@@ -6,6 +6,7 @@ import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ValueRanges;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
@@ -197,6 +198,12 @@ public final class SparkTrainer {
         String savedDigest = resumed == null ? null
                 : resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
         start.checkSameData(data.getSource(), data.xShape(), data.yShape(), savedDigest, data.fingerprint());
+        // An id or label the model cannot take would fail a task at its first step, and the stage at every
+        // retry, each with its executor's errors: refused here, on the driver, in one line naming the column.
+        String outOfRange = ValueRanges.check(module, data.getSource(), data.ranges());
+        if (outOfRange != null) {
+            throw new InvalidInputException(outOfRange);
+        }
         start.prepareOutputs();
         List<Metadata.TensorSpec> specs = metadata.getParameters();
         List<String> dtypes = new ArrayList<>();
