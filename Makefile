@@ -28,12 +28,16 @@ setup: $(VENV)/.installed gradle
 TIMM := timm==1.0.31
 TORCHVISION_OLDEST := torchvision==0.22.1
 TORCHVISION_NEWEST := torchvision==0.29.2
+# The zoo's transformers: both majors users run, the last 4.x beside the oldest torch and the 5.x
+# release beside the newest (with the PEFT release of each).
+HF_OLDEST := transformers==4.57.6 peft==0.17.1
+HF_NEWEST := transformers==5.25.0 peft==0.21.2
 
 # The venv holds torch $(PINNED_TORCH) (the oldest of the range, gradle.properties), JPype, numpy, pytest.
 $(VENV)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt gradle.properties Makefile
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(PINNED_TORCH)'
+	$(PY) -m pip install --quiet -e '.[test]' 'torch==$(PINNED_TORCH)' $(HF_OLDEST)
 	$(PY) -m pip install --quiet --no-deps '$(TIMM)' '$(TORCHVISION_OLDEST)'
 	touch $@
 
@@ -43,7 +47,7 @@ newest: $(NEWEST)/.installed
 $(NEWEST)/.installed: pyproject.toml python/gradbridge/VERSION python/gradbridge/requirements.txt Makefile
 	$(PYTHON3) -m venv $(NEWEST)
 	$(PY_NEWEST) -m pip install --quiet --upgrade pip
-	$(PY_NEWEST) -m pip install --quiet --upgrade -e '.[test]'
+	$(PY_NEWEST) -m pip install --quiet --upgrade -e '.[test]' $(HF_NEWEST)
 	$(PY_NEWEST) -m pip install --quiet --no-deps '$(TIMM)' '$(TORCHVISION_NEWEST)'
 	touch $@
 

@@ -251,13 +251,27 @@ def _short_path(filename: str) -> str:
     return "/".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else filename
 
 
+#: fake tensors' exceptions for an operator whose output size (or value) depends on its input's values
+#: (torch.unique_consecutive, nonzero, item): their text is only the operator's name
+_DATA_DEPENDENT_OUTPUT = ("DynamicOutputShapeException", "DataDependentOutputException")
+
+
+def _sized_by_data(ex: Optional[BaseException]) -> bool:
+    seen = 0
+    while ex is not None and seen < 32:
+        if type(ex).__name__ in _DATA_DEPENDENT_OUTPUT:
+            return True
+        ex, seen = ex.__cause__ or ex.__context__, seen + 1
+    return False
+
+
 def capture_failure(ex: BaseException) -> str:
     """Why torch.export failed, in one line: a data-dependent branch or size named as such, else torch's
     first line; with the model's code where it happened."""
     text = str(ex)
     where = _model_frame(ex)
     at = f" at {where}" if where else ""
-    if "data-dependent" in text:  # torch's GuardOnDataDependentSymNode and kin
+    if "data-dependent" in text or _sized_by_data(ex):  # torch's GuardOnDataDependentSymNode and kin
         return messages.aten_data_dependent(at)
     first = next((line.strip() for line in text.splitlines() if line.strip()), None)
     if first is None:  # a bare `assert` inside torch: where it failed is all there is to say
