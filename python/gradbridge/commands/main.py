@@ -244,18 +244,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{CLI_ERROR_PREFIX}{message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    export = commands.add_parser(
-        "export", help="export a training module (.pt)",
-        description="Export MODEL (a built-in name, or MODULE:FACTORY returning an nn.Module) with its loss and "
-                    "optimizer as a gradbridge training module.")
-    export.add_argument("model", help=f"built-in ({', '.join(BUILTIN_MODELS)}) or MODULE:FACTORY")
-    export.add_argument("-o", "--output", required=True, help="output .pt (written atomically)")
-    export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
-    shapes = export.add_argument_group("inputs (per sample; the batch dimension is implied)")
+def _export_input_options(parser: argparse.ArgumentParser) -> None:
+    """`export`'s per-sample input and target shapes and dtypes."""
+    shapes = parser.add_argument_group("inputs (per sample; the batch dimension is implied)")
     shapes.add_argument("--input-shape", type=_shape, help="e.g. 4 or 1,8,8 (default 1; sizes a built-in model)")
     shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64", "int64"),
                         help="int64 for index inputs (embeddings); default float32")
@@ -263,7 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: none for class-index losses, else 1 (sizes a built-in model's output)")
     shapes.add_argument("--target-dtype", choices=("float32", "float64", "int64"),
                         help="default: int64 for cross_entropy/nll, else float32")
-    loss = export.add_argument_group("loss")
+
+
+def _export_loss_options(parser: argparse.ArgumentParser) -> None:
+    """`export`'s loss and its arguments (only those given are passed)."""
+    loss = parser.add_argument_group("loss")
     loss.add_argument("--loss", help="mse (default), l1, smooth_l1, huber, cross_entropy, nll, bce_with_logits")
     loss.add_argument("--reduction", choices=("mean", "sum"))
     loss.add_argument("--beta", type=float, help="smooth_l1 beta")
@@ -272,7 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("--ignore-index", type=int)
     loss.add_argument("--class-weights", type=_floats, help="comma-separated, one per class")
     loss.add_argument("--pos-weight", type=_floats, help="comma-separated, bce_with_logits")
-    opt = export.add_argument_group("optimizer")
+
+
+def _export_optimizer_options(parser: argparse.ArgumentParser) -> None:
+    """`export`'s optimizer, its arguments and parameter groups."""
+    opt = parser.add_argument_group("optimizer")
     opt.add_argument("--optimizer", default="sgd", help="sgd (default), adam, adamw, rmsprop, adagrad")
     opt.add_argument("--lr", type=float, help=f"learning rate (default: the optimizer's; {SEED_LR} for linear-regression)")
     opt.add_argument("--momentum", type=float)
@@ -291,7 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a parameter group: parameters whose names start with PREFIX, with their own options "
                           "(e.g. backbone.:lr=1e-4,weight_decay=0; betas as 0.9|0.99); repeatable; the other "
                           "trainable parameters form the first group with the options above")
-    tuning = export.add_argument_group("fine-tuning")
+
+
+def _export_tuning_options(parser: argparse.ArgumentParser) -> None:
+    """`export`'s fine-tuning: frozen prefixes, initial weights, schedules, clipping, accumulation."""
+    tuning = parser.add_argument_group("fine-tuning")
     tuning.add_argument("--freeze", action="append", metavar="PREFIX",
                         help="freeze parameters whose names start with PREFIX (requires_grad=False); repeatable")
     tuning.add_argument("--init-weights", metavar="FILE",
@@ -308,6 +311,20 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--clip-value", type=float, help="clip_grad_value_ before each step")
     tuning.add_argument("--accumulate", type=int, default=1, metavar="K",
                         help="gradient accumulation: K micro-batches per optimizer step")
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="export a training module (.pt)",
+        description="Export MODEL (a built-in name, or MODULE:FACTORY returning an nn.Module) with its loss and "
+                    "optimizer as a gradbridge training module.")
+    export.add_argument("model", help=f"built-in ({', '.join(BUILTIN_MODELS)}) or MODULE:FACTORY")
+    export.add_argument("-o", "--output", required=True, help="output .pt (written atomically)")
+    export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
+    _export_input_options(export)
+    _export_loss_options(export)
+    _export_optimizer_options(export)
+    _export_tuning_options(export)
     export.add_argument("--format", choices=protocol.FORMATS, default=protocol.DEFAULT_FORMAT,
                         help="torchscript (protocol 2), export (protocol 3: torch.export op lists run by the native "
                              "layer), or auto (default): TorchScript where it captures the model and passes the "
@@ -318,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     _op_library_option(export)
     export.set_defaults(run=_export)
 
+
+def _add_state_dict(commands: argparse._SubParsersAction) -> None:
     state = commands.add_parser(
         "state-dict", help="turn an exported module or a Java checkpoint into a state_dict file",
         description="Write the model's state_dict held by MODULE (an export or a Java checkpoint: its current, "
@@ -327,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     state.add_argument("-o", "--output", required=True, help="state_dict file to write")
     state.set_defaults(run=_state_dict)
 
+
+def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity = commands.add_parser(
         "parity", help="train with the Python reference and with Java, compare every epoch",
         description="Train MODEL.pt on the same data with eager PyTorch (torch.optim) and with the Java Trainer, "
@@ -352,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     _op_library_option(parity)
     parity.set_defaults(run=_parity)
 
+
+def _add_build_op(commands: argparse._SubParsersAction) -> None:
     build_op = commands.add_parser(
         "build-op", help="compile C++ custom operators into a library (g++, CPU, this torch)",
         description="Compile C++ sources that register operators with TORCH_LIBRARY into a shared library, "
@@ -360,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     build_op.add_argument("-o", "--output", required=True, help="the library to write, e.g. build/ops/libmyops.so")
     build_op.set_defaults(run=_build_op)
 
+
+def _add_gradcheck(commands: argparse._SubParsersAction) -> None:
     gradcheck = commands.add_parser(
         "gradcheck", help="check the gradients Java computes, and the model's gradients by finite differences",
         description="On one batch: the gradients Java computes (calculate_loss_and_backward, get_gradients) "
@@ -377,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     _op_library_option(gradcheck)
     gradcheck.set_defaults(run=_gradcheck)
 
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="time Java-driven training against eager Python and native libtorch")
     bench.add_argument("--quick", action="store_true", help="few rounds, small sizes, no gradle run (for tests)")
     bench.add_argument("--rounds", type=_bench_rounds,
@@ -404,11 +431,15 @@ def build_parser() -> argparse.ArgumentParser:
     own.add_argument("--java-cpus", metavar="LIST", help="run the JVM on these CPUs (taskset -c LIST)")
     bench.set_defaults(run=_bench)
 
+
+def _add_demo(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="export, train from Java (gradle run and in-process), check parity")
     demo.add_argument("--epochs", type=int, default=1000, help="epochs (default 1000)")
     demo.add_argument("--out-dir", default="build/demo", help="where models and histories go")
     demo.set_defaults(run=_demo)
 
+
+def _add_replay(commands: argparse._SubParsersAction) -> None:
     replay = commands.add_parser(
         "replay", help="replay an online learner's feedback log with eager PyTorch, check every version",
         description="Apply the micro-batches logged by dev.gradbridge.online.OnlineLearner to MODEL's initial "
@@ -431,12 +462,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the model stored in the .pt; a protocol-3 module stores none)")
     replay.set_defaults(run=_replay)
 
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", add_help=False, help="the online-learning HTTP service (gradbridge-serve) from this install; "
                                       "`gradbridge serve --help` for its options")
     serve.add_argument("args", nargs=argparse.REMAINDER, help="gradbridge-serve's options")
     serve.set_defaults(run=_serve)
 
+
+def _add_recover_log(commands: argparse._SubParsersAction) -> None:
     recover = commands.add_parser(
         "recover-log", help="copy the whole records of a damaged feedback log, up to the damage, into a new log folder",
         description="The online service refuses a log damaged before its end (one line naming the offset). This "
@@ -446,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     recover.add_argument("--into", required=True, help="a new folder for the recovered log")
     recover.set_defaults(run=_recover_log)
 
+
+def _add_online_demo(commands: argparse._SubParsersAction) -> None:
     online_demo = commands.add_parser(
         "online-demo", help="a recommender (or a text classifier) learning online in Java from simulated feedback;"
                             " its online metric per version; replay")
@@ -459,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                              help="model, log and plot go here (default build/online-demo, build/online-demo-text)")
     online_demo.set_defaults(run=_online_demo)
 
+
+def _add_online_bench(commands: argparse._SubParsersAction) -> None:
     online_bench = commands.add_parser(
         "online-bench", help="online learner: predict latency with/without training, learning throughput; vs Python")
     online_bench.add_argument("--events", type=int, default=ONLINE_BENCH_EVENTS,
@@ -475,11 +514,15 @@ def build_parser() -> argparse.ArgumentParser:
     online_bench.add_argument("--out-dir", default="build/online-bench", help="where the JSON goes")
     online_bench.set_defaults(run=_online_bench)
 
+
+def _add_doctor(commands: argparse._SubParsersAction) -> None:
     doctor = commands.add_parser("doctor", help="check this installation: versions, jars, JVM, torch",
                                  description="Print what gradbridge runs on and one line per problem; exit code 1 "
                                              "when there is any.")
     doctor.set_defaults(run=_doctor)
 
+
+def _add_verify(commands: argparse._SubParsersAction) -> None:
     verify = commands.add_parser(
         "verify", help="self-check the installed torch: Java and the scripted optimizers and losses bit for bit "
                        "against eager torch (about a minute)",
@@ -487,6 +530,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "records the verdict for this torch build: a torch newer than the releases gradbridge verified "
                     "trains only after it passed. One line per group; exit code 1 naming the first case that differs.")
     verify.set_defaults(run=_verify)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one ``_add_<command>`` function per command, in `gradbridge --help`'s order."""
+    parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_export(commands)
+    _add_state_dict(commands)
+    _add_parity(commands)
+    _add_build_op(commands)
+    _add_gradcheck(commands)
+    _add_bench(commands)
+    _add_demo(commands)
+    _add_replay(commands)
+    _add_serve(commands)
+    _add_recover_log(commands)
+    _add_online_demo(commands)
+    _add_online_bench(commands)
+    _add_doctor(commands)
+    _add_verify(commands)
     return parser
 
 
