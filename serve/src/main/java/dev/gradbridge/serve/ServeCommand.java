@@ -298,25 +298,7 @@ public final class ServeCommand implements Callable<Integer> {
     @Override
     public Integer call() throws Exception {
         checkOptions();
-        OnlineLearner.Builder builder;
-        try {
-            builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
-                    .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                    .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
-                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs).optSeed(seed);
-            if (predictors != null) {
-                builder.optPredictors(predictors);
-            }
-            if (gateData != null) {
-                builder.optGate(gateData, gateMaxRegression == null ? OnlineLearner.DEFAULT_GATE_MAX_REGRESSION : gateMaxRegression)
-                        .optGateOnHold(HoldPolicy.parse(gateOnHold == null ? OnlineLearner.DEFAULT_GATE_ON_HOLD : gateOnHold));
-                if (keepVersions != null) {
-                    builder.optKeepVersions(keepVersions);
-                }
-            }
-        } catch (IllegalArgumentException e) {
-            throw new GradbridgeException(e.getMessage());
-        }
+        OnlineLearner.Builder builder = learnerBuilder();
         if (!Files.isRegularFile(model)) {
             throw new GradbridgeException("no training module at " + model.toAbsolutePath() + " (--model: the .pt that"
                     + " gradbridge export wrote)");
@@ -330,10 +312,47 @@ public final class ServeCommand implements Callable<Integer> {
         probe(host, port);
         probe(adminHost, adminPort);
         boolean logExisted = Files.exists(log);
+        OnlineLearner learner = openLearner(builder, logExisted);
+        Servers servers = startServers(learner, token, tls, logExisted);
+        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
+        for (String name : new String[] {"TERM", "INT"}) {
+            Signal.handle(new Signal(name), signal -> stop.countDown());
+        }
+        announce(learner, servers, tls);
+        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
+                && (servers.kafka == null || servers.kafka.getFailure() == null)) {
+            // serve
+        }
+        return shutDown(stop, learner, servers);
+    }
 
-        OnlineLearner learner;
+    /** The learner's settings from the options (a bad policy name: one line). */
+    private OnlineLearner.Builder learnerBuilder() {
         try {
-            learner = builder.open(model, log);
+            OnlineLearner.Builder builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
+                    .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
+                    .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
+                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs).optSeed(seed);
+            if (predictors != null) {
+                builder.optPredictors(predictors);
+            }
+            if (gateData != null) {
+                builder.optGate(gateData, gateMaxRegression == null ? OnlineLearner.DEFAULT_GATE_MAX_REGRESSION : gateMaxRegression)
+                        .optGateOnHold(HoldPolicy.parse(gateOnHold == null ? OnlineLearner.DEFAULT_GATE_ON_HOLD : gateOnHold));
+                if (keepVersions != null) {
+                    builder.optKeepVersions(keepVersions);
+                }
+            }
+            return builder;
+        } catch (IllegalArgumentException e) {
+            throw new GradbridgeException(e.getMessage());
+        }
+    }
+
+    /** Opens (or resumes) the learner; a refused start leaves no new log folder behind. */
+    private OnlineLearner openLearner(OnlineLearner.Builder builder, boolean logExisted) throws IOException {
+        try {
+            return builder.open(model, log);
         } catch (IOException | RuntimeException e) {
             if (!logExisted) {
                 deleteTree(log.toAbsolutePath()); // a refused start leaves no log folder behind
@@ -344,6 +363,28 @@ public final class ServeCommand implements Callable<Integer> {
             }
             throw e;
         }
+    }
+
+    /** What {@link #startServers} started: the HTTP servers, the Kafka source (or null) and where the token is. */
+    private static final class Servers {
+        final Javalin app;
+        final Javalin admin; // null: /healthz and /metrics on app
+        final KafkaFeedback kafka; // null: no Kafka feedback
+        final String tokenSource; // null: --no-auth
+
+        Servers(Javalin app, Javalin admin, KafkaFeedback kafka, String tokenSource) {
+            this.app = app;
+            this.admin = admin;
+            this.kafka = kafka;
+            this.tokenSource = tokenSource;
+        }
+    }
+
+    /**
+     * The token (generated into the log folder when none was given), the Kafka source and the HTTP servers; when
+     * any of them fails, the learner halts without serving and a new log folder is removed.
+     */
+    private Servers startServers(OnlineLearner learner, String token, Tls tls, boolean logExisted) throws IOException {
         Javalin app;
         Javalin admin = null;
         KafkaFeedback kafka = null;
@@ -387,41 +428,46 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": "
                     + (e instanceof IOException ? ioLine((IOException) e) : rootMessage(e)), e);
         }
-        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
-        for (String name : new String[] {"TERM", "INT"}) {
-            Signal.handle(new Signal(name), signal -> stop.countDown());
-        }
+        return new Servers(app, admin, kafka, tokenSource);
+    }
+
+    /** The lines that say the service is up: where it listens, where the token is, the Kafka topic. */
+    private void announce(OnlineLearner learner, Servers servers, Tls tls) {
         if (noAuth) {
-            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
+            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + servers.app.port()
                     + " can send feedback that changes the model");
         }
-        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":" + app.port() + " (version "
-                + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
-        if (admin != null) {
-            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + admin.port());
+        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":"
+                + servers.app.port() + " (version " + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
+        if (servers.admin != null) {
+            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + servers.admin.port());
         }
-        if (tokenSource != null) {
+        if (servers.tokenSource != null) {
             System.out.println("gradbridge-serve: /predict and /feedback need 'Authorization: Bearer TOKEN', TOKEN from "
-                    + tokenSource);
+                    + servers.tokenSource);
         }
         System.out.flush();
 
-        if (kafka != null) {
-            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' (" + kafka.partitions().size()
-                    + " partitions) at " + kafkaBootstrap + ", positions from the log");
+        if (servers.kafka != null) {
+            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' ("
+                    + servers.kafka.partitions().size() + " partitions) at " + kafkaBootstrap + ", positions from the log");
         }
         System.out.flush();
-        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
-                && (kafka == null || kafka.getFailure() == null)) {
-            // serve
-        }
+    }
+
+    /**
+     * After a signal or a failure: the Kafka source closed, the HTTP servers stopped, the learner drained and
+     * checkpointed; the exit code (1 with one line when training or the Kafka source failed).
+     */
+    private int shutDown(CountDownLatch stop, OnlineLearner learner, Servers servers) throws IOException, InterruptedException {
+        KafkaFeedback kafka = servers.kafka;
         if (kafka != null) {
             kafka.close(); // the read in progress is logged whole or not at all
             if (kafka.getFailure() != null && learner.getFailure() == null) {
-                app.stop();
+                servers.app.stop();
                 learner.close();
-                if (admin != null) {
-                    admin.stop();
+                if (servers.admin != null) {
+                    servers.admin.stop();
                 }
                 System.err.println(Messages.ERROR_PREFIX + "Kafka feedback from '" + kafkaTopic + "' stopped: " + rootMessage(kafka.getFailure())
                         + " (everything read is in " + learner.getLogDir() + "; a restart reads on from there)");
@@ -432,7 +478,7 @@ public final class ServeCommand implements Callable<Integer> {
         if (failed) {
             stop.await(2, TimeUnit.SECONDS); // /healthz says 503 meanwhile, for whoever watches it
         }
-        app.stop(); // stops accepting; requests in flight are answered (Jetty's graceful stop)
+        servers.app.stop(); // stops accepting; requests in flight are answered (Jetty's graceful stop)
         try {
             learner.close(); // drains the queue, writes the final version and checkpoint
         } catch (IllegalStateException e) {
@@ -442,8 +488,8 @@ public final class ServeCommand implements Callable<Integer> {
                     + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
             return 1;
         } finally {
-            if (admin != null) {
-                admin.stop();
+            if (servers.admin != null) {
+                servers.admin.stop();
             }
         }
         if (failed) {
