@@ -2,8 +2,6 @@ package dev.gradbridge.spark;
 
 import java.nio.ByteBuffer;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.TaskContext;
@@ -135,198 +133,49 @@ final class GlooExchange implements GradientExchange {
     /** The task the exchange serves (null outside Spark): a wait in a collective checks whether it was killed. */
     private final TaskContext task = TaskContext.get();
 
-    /** Sizes every buffer and makes every view once, for the run's parameters. */
+    /** Sizes every buffer and makes every view once, for the run's parameters ({@link GlooLayout}). */
     GlooExchange(GlooGroup group, int partition, int partitions, long oneRoundBytes, int slices, List<String> dtypes,
             long[] sizes) {
         this.group = group;
         this.partition = partition;
         this.partitions = partitions;
         parameters = sizes.length;
-        long[] offsets = new long[parameters];
-        long[] bytes = new long[parameters];
-        long gradientBytes = 0;
-        boolean oneDtype = true;
-        for (int i = 0; i < parameters; i++) {
-            GradientCombiner.requireFloating(dtypes.get(i));
-            offsets[i] = gradientBytes;
-            bytes[i] = sizes[i] * ShardedData.bytesOf(dtypes.get(i));
-            gradientBytes += bytes[i];
-            oneDtype &= dtypes.get(i).equals(dtypes.get(0));
-        }
-        header = (4 + 8 + parameters + 7) / 8 * 8;
+        GlooLayout layout = new GlooLayout(partition, partitions, dtypes, sizes);
+        header = layout.header;
         rows = new int[partitions];
         losses = new double[partitions];
         flags = new boolean[partitions][parameters];
-        whole = oneRound(gradientBytes, partitions, oneRoundBytes);
-        List<List<int[]>> puts = new ArrayList<>();
-        for (int i = 0; i < parameters; i++) {
-            puts.add(new ArrayList<>());
-        }
-        ByteBuffer[][] inputs = new ByteBuffer[partitions][];
+        whole = oneRound(layout.gradientBytes, partitions, oneRoundBytes);
         if (whole) {
-            long record = header + gradientBytes;
-            recordOffsets = new long[] {0};
-            this.slices = 1;
-            sendSplits = null;
-            sendSlices = null;
-            receiveSplits = null;
-            receiveSlices = null;
-            send = Buffers.direct(record);
-            gatherBytes = record;
-            gathered = Buffers.direct(record * partitions);
-            mineCombined = null;
-            gatheredSlices = null;
-            otherCombined = null;
-            pairSplits = null;
-            slicePieces = null;
-            alltoalls = null;
-            allgathers = null;
-            headers = gathered;
-            headerStride = record;
-            for (int i = 0; i < parameters; i++) {
-                puts.get(i).add(new int[] {Math.toIntExact(header + offsets[i]), 0, Math.toIntExact(bytes[i])});
-            }
-            for (int q = 0; q < partitions; q++) {
-                inputs[q] = new ByteBuffer[parameters];
-                for (int i = 0; i < parameters; i++) {
-                    inputs[q][i] = Buffers.view(gathered, record * q + header + offsets[i], bytes[i]);
-                }
-            }
-            ByteBuffer out = Buffers.direct(gradientBytes);
-            ByteBuffer[] outputs = new ByteBuffer[parameters];
-            int[] identity = new int[parameters];
-            for (int i = 0; i < parameters; i++) {
-                outputs[i] = Buffers.view(out, offsets[i], bytes[i]);
-                identity[i] = i;
-            }
-            combiner = new GradientCombiner(dtypes, identity, inputs, outputs);
-            combined = new GradientCombiner.Combined(outputs, new boolean[parameters]);
-            chunks = null;
-            gatheredPieces = null;
+            layout.whole();
         } else {
-            this.slices = slices;
-            int n = partitions * slices;
-            chunks = new Chunks(dtypes, sizes, n);
-            long longest = 0;
-            for (int i = 0; i < n; i++) {
-                longest = Math.max(longest, chunks.bytes(i));
-            }
-            // slice s: to each owner c a record of chunk s·K + c, slice 0's with the header first
-            recordOffsets = new long[partitions];
-            sendSplits = new long[slices][partitions];
-            receiveSplits = new long[slices][partitions];
-            long[] sendStarts = new long[slices + 1];
-            long[] receiveStarts = new long[slices + 1];
-            for (int s = 0; s < slices; s++) {
-                long head = s == 0 ? header : 0;
-                for (int c = 0; c < partitions; c++) {
-                    int chunk = s * partitions + c;
-                    if (s == 0) {
-                        recordOffsets[c] = sumTo(sendSplits[0], c);
-                    }
-                    sendSplits[s][c] = head + chunks.bytes(chunk);
-                    long within = 0;
-                    for (Chunks.Piece piece : chunks.pieces(chunk)) {
-                        puts.get(piece.parameter).add(new int[] {Math.toIntExact(
-                                sendStarts[s] + sumTo(sendSplits[s], c) + head + within),
-                            chunks.offset(piece), chunks.bytes(piece)});
-                        within += chunks.bytes(piece);
-                    }
-                }
-                Arrays.fill(receiveSplits[s], head + chunks.bytes(s * partitions + partition));
-                sendStarts[s + 1] = sendStarts[s] + sumTo(sendSplits[s], partitions);
-                receiveStarts[s + 1] = receiveStarts[s] + receiveSplits[s][0] * partitions;
-            }
-            send = Buffers.direct(sendStarts[slices]);
-            ByteBuffer receive = Buffers.direct(receiveStarts[slices]);
-            gatherBytes = longest;
-            gathered = Buffers.direct(longest * n);
-            sendSlices = new ByteBuffer[slices];
-            receiveSlices = new ByteBuffer[slices];
-            mineCombined = new ByteBuffer[slices];
-            gatheredSlices = new ByteBuffer[slices];
-            otherCombined = partitions == 2 ? new ByteBuffer[slices] : null;
-            pairSplits = partitions == 2 ? new long[2] : null;
-            if (pairSplits != null) {
-                pairSplits[1 - partition] = longest;
-            }
-            slicePieces = new int[slices + 1];
-            List<String> pieceDtypes = new ArrayList<>();
-            List<Integer> pieceParameters = new ArrayList<>();
-            List<ByteBuffer> outs = new ArrayList<>();
-            List<List<ByteBuffer>> pieceInputs = new ArrayList<>();
-            for (int q = 0; q < partitions; q++) {
-                pieceInputs.add(new ArrayList<>());
-            }
-            for (int s = 0; s < slices; s++) {
-                int chunk = s * partitions + partition;
-                sendSlices[s] = Buffers.view(send, sendStarts[s], sendStarts[s + 1] - sendStarts[s]);
-                receiveSlices[s] = Buffers.view(receive, receiveStarts[s], receiveStarts[s + 1] - receiveStarts[s]);
-                mineCombined[s] = Buffers.view(gathered, longest * chunk, longest);
-                gatheredSlices[s] = Buffers.view(gathered, longest * partitions * s, longest * partitions);
-                if (otherCombined != null) {
-                    otherCombined[s] = Buffers.view(gathered, longest * (s * 2 + 1 - partition), longest);
-                }
-                long record = receiveSplits[s][0];
-                long head = s == 0 ? header : 0;
-                long within = 0;
-                for (Chunks.Piece piece : chunks.pieces(chunk)) {
-                    int length = chunks.bytes(piece);
-                    for (int q = 0; q < partitions; q++) {
-                        pieceInputs.get(q).add(
-                                Buffers.view(receive, receiveStarts[s] + record * q + head + within, length));
-                    }
-                    outs.add(Buffers.view(gathered, longest * chunk + within, length));
-                    pieceDtypes.add(dtypes.get(piece.parameter));
-                    pieceParameters.add(piece.parameter);
-                    within += length;
-                }
-                slicePieces[s + 1] = outs.size();
-            }
-            headers = receiveSlices[0];
-            headerStride = receiveSplits[0][0];
-            for (int q = 0; q < partitions; q++) {
-                inputs[q] = pieceInputs.get(q).toArray(new ByteBuffer[0]);
-            }
-            combiner = new GradientCombiner(pieceDtypes, pieceParameters.stream().mapToInt(Integer::intValue).toArray(),
-                    inputs, outs.toArray(new ByteBuffer[0]));
-            // one dtype: every chunk followed by a non-empty one is full, so the padded chunks are the gradient
-            boolean flat = oneDtype;
-            for (int i = 0; i + 1 < n; i++) {
-                flat &= chunks.bytes(i + 1) == 0 || chunks.bytes(i) == longest;
-            }
-            ByteBuffer[] gradients = new ByteBuffer[parameters];
-            for (int i = 0; i < parameters; i++) {
-                gradients[i] = flat ? Buffers.view(gathered, offsets[i], bytes[i]) : Buffers.direct(bytes[i]);
-            }
-            combined = new GradientCombiner.Combined(gradients, new boolean[parameters]);
-            gatheredPieces = flat ? null : new ByteBuffer[n][];
-            for (int c = 0; !flat && c < n; c++) {
-                List<Chunks.Piece> pieces = chunks.pieces(c);
-                gatheredPieces[c] = new ByteBuffer[pieces.size()];
-                long at = 0;
-                for (int j = 0; j < pieces.size(); j++) {
-                    gatheredPieces[c][j] = Buffers.view(gathered, longest * c + at, chunks.bytes(pieces.get(j)));
-                    at += chunks.bytes(pieces.get(j));
-                }
-            }
-            alltoalls = new long[slices];
-            allgathers = new long[slices];
+            layout.byChunk(slices);
         }
-        putAt = new int[parameters][];
-        putFrom = new int[parameters][];
-        putBytes = new int[parameters][];
-        for (int i = 0; i < parameters; i++) {
-            List<int[]> at = puts.get(i);
-            putAt[i] = new int[at.size()];
-            putFrom[i] = new int[at.size()];
-            putBytes[i] = new int[at.size()];
-            for (int j = 0; j < at.size(); j++) {
-                putAt[i][j] = at.get(j)[0];
-                putFrom[i][j] = at.get(j)[1];
-                putBytes[i][j] = at.get(j)[2];
-            }
-        }
+        this.slices = layout.slices;
+        recordOffsets = layout.recordOffsets;
+        sendSplits = layout.sendSplits;
+        sendSlices = layout.sendSlices;
+        receiveSplits = layout.receiveSplits;
+        receiveSlices = layout.receiveSlices;
+        send = layout.send;
+        gathered = layout.gathered;
+        gatherBytes = layout.gatherBytes;
+        mineCombined = layout.mineCombined;
+        gatheredSlices = layout.gatheredSlices;
+        otherCombined = layout.otherCombined;
+        pairSplits = layout.pairSplits;
+        slicePieces = layout.slicePieces;
+        headers = layout.headers;
+        headerStride = layout.headerStride;
+        combiner = layout.combiner;
+        combined = layout.combined;
+        chunks = layout.chunks;
+        gatheredPieces = layout.gatheredPieces;
+        alltoalls = layout.alltoalls;
+        allgathers = layout.allgathers;
+        putAt = layout.puts(0);
+        putFrom = layout.puts(1);
+        putBytes = layout.puts(2);
     }
 
     /**
@@ -486,15 +335,6 @@ final class GlooExchange implements GradientExchange {
         if (task != null) {
             task.killTaskIfInterrupted();
         }
-    }
-
-    /** @return the sum of {@code values[0..to)} */
-    private static long sumTo(long[] values, int to) {
-        long sum = 0;
-        for (int i = 0; i < to; i++) {
-            sum += values[i];
-        }
-        return sum;
     }
 
     private static long sumExcept(long[] values, int skip) {
