@@ -194,104 +194,81 @@ public final class SparkTrainer {
         int batch = start.batchSize(n, data.getSource());
         int first = start.firstEpoch();
         int epochs = settings.getEpochs();
+        checkData(start, module, data, resumed);
+        start.prepareOutputs();
+        List<String> dtypes = new ArrayList<>();
+        long[] sizes = parameterSizes(metadata.getParameters(), dtypes);
+        byte[] archive = Files.readAllBytes(from);
+        Endpoints endpoints = Endpoints.start(jsc, k, exchange, first, archive);
+        TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
+                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, threads,
+                endpoints.meeting, endpoints.carried, endpoints.held.name(), first + epochs, settings.isRecordValues());
+        logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
+                from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
+        stats.partitions = k;
+        stats.oneRoundBytes = oneRoundBytes;
+        stats.exchange = exchangeName(k, endpoints.relay != null, stats.parameterBytes, oneRoundBytes);
+        return train(jsc, data, run, start, endpoints);
+    }
+
+    /**
+     * The data against a resumed run's, and every id and label against the model's ranges: an id or label
+     * the model cannot take would fail a task at its first step, and the stage at every retry, each with
+     * its executor's errors; refused here, on the driver, in one line naming the column.
+     */
+    private static void checkData(RunStart start, TrainingModule module, ShardedData data, Metadata.Checkpoint resumed) {
         // older gradbridge-spark checkpoints wrote the partitions' digest as data_sha256
         String savedDigest = resumed == null ? null
                 : resumed.getShardsSha256() != null ? resumed.getShardsSha256() : resumed.getDataSha256();
         start.checkSameData(data.getSource(), data.xShape(), data.yShape(), savedDigest, data.fingerprint());
-        // An id or label the model cannot take would fail a task at its first step, and the stage at every
-        // retry, each with its executor's errors: refused here, on the driver, in one line naming the column.
         String outOfRange = ValueRanges.check(module, data.getSource(), data.ranges());
         if (outOfRange != null) {
             throw new InvalidInputException(outOfRange);
         }
-        start.prepareOutputs();
-        List<Metadata.TensorSpec> specs = metadata.getParameters();
-        List<String> dtypes = new ArrayList<>();
+    }
+
+    /** @return each parameter's number of elements, its dtype added to {@code dtypes}, its bytes to the stats */
+    private long[] parameterSizes(List<Metadata.TensorSpec> specs, List<String> dtypes) {
         long[] sizes = new long[specs.size()];
         for (int i = 0; i < specs.size(); i++) {
             dtypes.add(specs.get(i).getDtype());
             sizes[i] = Arrays.stream(specs.get(i).getShape()).reduce(1, (a, b) -> a * b);
             stats.parameterBytes += sizes[i] * ShardedData.bytesOf(dtypes.get(i));
         }
-        byte[] archive = Files.readAllBytes(from);
-        // The secret every request of the run's tasks to the driver carries (DriverEndpoint).
-        byte[] carried = DriverEndpoint.runSecret(jsc.getConf());
-        byte[] secret = DriverEndpoint.secretOf(carried);
-        // Where the tasks meet: the relay's endpoint, or the store of Gloo's rendezvous (a few keys per
-        // stage attempt; the gradients go task to task). Both on the driver's RPC: no socket of their own.
-        ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start(secret) : null;
-        RunStore store = k > 1 && relay == null ? RunStore.start(secret) : null;
-        String meeting = relay != null ? relay.name() : store != null ? store.name() : null;
-        // The state the driver holds: the module archive at the start of the next epoch to train.
-        DriverState held = DriverState.start(k, first, archive, secret);
-        TrainingTask.Run run = new TrainingTask.Run(runSeed, runShuffle, batch, n, mode, data.xShape(), data.yShape(),
-                data.fingerprint(), dtypes, sizes, fault, data.shards().id(), exchange, oneRoundBytes, threads, meeting, carried,
-                held.name(),
-                first + epochs, settings.isRecordValues());
-        AtomicInteger failed = new AtomicInteger();
-        AtomicInteger retried = new AtomicInteger();
-        SparkListener listener =
-                new SparkListener() {
-                    @Override
-                    public void onTaskEnd(SparkListenerTaskEnd end) {
-                        if (end.taskInfo().failed()) {
-                            failed.incrementAndGet();
-                        }
-                    }
+        return sizes;
+    }
 
-                    @Override
-                    public void onStageCompleted(SparkListenerStageCompleted completed) {
-                        if (completed.stageInfo().failureReason().isDefined()) {
-                            retried.incrementAndGet();
-                        }
-                    }
-                };
-        jsc.sc().addSparkListener(listener);
-        logger.info("training {} on Spark for {} epochs from epoch {}: {} rows in {} partitions, batch {}, seed {}, {}",
-                from.getFileName(), epochs, first, n, k, batch, runSeed, runShuffle ? "shuffled" : "in order");
-        stats.partitions = k;
-        stats.oneRoundBytes = oneRoundBytes;
-        stats.exchange = exchangeName(k, relay != null, stats.parameterBytes, oneRoundBytes);
-        History history = new History();
-        long started = System.nanoTime();
-        JavaFutureAction<List<TrainingTask.Result>> job = null;
-        try {
-            job = TrainingTask.startStage(data.shards(), new TrainingTask(run));
-            // The epochs' ends arrive while the stage goes on: each one's record and checkpoint are
-            // written as it comes, so a run that fails later keeps them.
-            while (true) {
-                boolean done = job.isDone(); // once done, every end it handed over is queued
-                DriverState.EpochEnd end = held.next(done ? 0 : 50);
-                if (end == null && done) {
-                    break;
-                }
-                if (end != null) {
-                    trainedState = end.archive;
-                    History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
-                            (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs)
-                            .withThreads(end.threads);
-                    history.add(record);
-                    stats.executors.add(end.executors);
-                    byte[] saved = end.archive;
-                    start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
-                }
-            }
-            List<TrainingTask.Result> results = results(job, k);
-            stats.stageNanos += System.nanoTime() - started;
-            TrainingTask.Result lead = results.get(0);
-            if (lead.divergedEpoch >= 0) {
-                double[] losses = lead.divergedLosses;
-                int step = losses.length - 1;
-                long from0 = (long) step * batch;
-                throw new DivergenceException(
-                        Messages.divergence(losses[step], lead.divergedEpoch, step, from0, Math.min(n, from0 + batch) - 1)
-                                + "; " + RunStart.kept(settings, history),
-                        lead.divergedEpoch, step, history);
-            }
-        } finally {
-            if (job != null && !job.isDone()) {
-                job.cancel(true);
-            }
+    /**
+     * The run's endpoints on the driver, all on its RPC (no socket of their own), behind the secret every
+     * request of the run's tasks carries ({@link DriverEndpoint}): where the tasks meet (the relay's
+     * endpoint, or the store of Gloo's rendezvous, a few keys per stage attempt, the gradients going task
+     * to task; neither for one partition) and the state the driver holds (the module archive at the
+     * start of the next epoch to train).
+     */
+    private static final class Endpoints {
+        final byte[] carried;
+        final ExchangeRelay relay;
+        final RunStore store;
+        final String meeting;
+        final DriverState held;
+
+        private Endpoints(byte[] carried, ExchangeRelay relay, RunStore store, DriverState held) {
+            this.carried = carried;
+            this.relay = relay;
+            this.store = store;
+            this.meeting = relay != null ? relay.name() : store != null ? store.name() : null;
+            this.held = held;
+        }
+
+        static Endpoints start(JavaSparkContext jsc, int k, String exchange, int first, byte[] archive) {
+            byte[] carried = DriverEndpoint.runSecret(jsc.getConf());
+            byte[] secret = DriverEndpoint.secretOf(carried);
+            ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start(secret) : null;
+            RunStore store = k > 1 && relay == null ? RunStore.start(secret) : null;
+            return new Endpoints(carried, relay, store, DriverState.start(k, first, archive, secret));
+        }
+
+        void close() {
             held.close();
             if (relay != null) {
                 relay.close();
@@ -299,11 +276,91 @@ public final class SparkTrainer {
             if (store != null) {
                 store.close();
             }
-            jsc.sc().removeSparkListener(listener);
-            stats.failedTasks += failed.get();
-            stats.stagesRetried += retried.get();
+        }
+    }
+
+    /** Counts the run's failed tasks and retried stages (its stats). */
+    private static final class TaskFailures extends SparkListener {
+        final AtomicInteger failed = new AtomicInteger();
+        final AtomicInteger retried = new AtomicInteger();
+
+        @Override
+        public void onTaskEnd(SparkListenerTaskEnd end) {
+            if (end.taskInfo().failed()) {
+                failed.incrementAndGet();
+            }
+        }
+
+        @Override
+        public void onStageCompleted(SparkListenerStageCompleted completed) {
+            if (completed.stageInfo().failureReason().isDefined()) {
+                retried.incrementAndGet();
+            }
+        }
+    }
+
+    /** Runs the barrier stage to its end; whatever happens, the stage is cancelled and the endpoints closed. */
+    private History train(JavaSparkContext jsc, ShardedData data, TrainingTask.Run run, RunStart start,
+            Endpoints endpoints) throws IOException {
+        TaskFailures failures = new TaskFailures();
+        jsc.sc().addSparkListener(failures);
+        History history = new History();
+        long started = System.nanoTime();
+        JavaFutureAction<List<TrainingTask.Result>> job = null;
+        try {
+            job = TrainingTask.startStage(data.shards(), new TrainingTask(run));
+            receiveEpochs(job, endpoints.held, start, history, started);
+            List<TrainingTask.Result> results = results(job, data.getPartitions());
+            stats.stageNanos += System.nanoTime() - started;
+            checkDiverged(results.get(0), run.batch, run.rows, history);
+        } finally {
+            if (job != null && !job.isDone()) {
+                job.cancel(true);
+            }
+            endpoints.close();
+            jsc.sc().removeSparkListener(failures);
+            stats.failedTasks += failures.failed.get();
+            stats.stagesRetried += failures.retried.get();
         }
         return history;
+    }
+
+    /**
+     * The epochs' ends arrive while the stage goes on: each one's record and checkpoint are written as it
+     * comes, so a run that fails later keeps them.
+     */
+    private void receiveEpochs(JavaFutureAction<List<TrainingTask.Result>> job, DriverState held, RunStart start,
+            History history, long started) throws IOException {
+        while (true) {
+            boolean done = job.isDone(); // once done, every end it handed over is queued
+            DriverState.EpochEnd end = held.next(done ? 0 : 50);
+            if (end == null && done) {
+                break;
+            }
+            if (end != null) {
+                trainedState = end.archive;
+                History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
+                        (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs)
+                        .withThreads(end.threads);
+                history.add(record);
+                stats.executors.add(end.executors);
+                byte[] saved = end.archive;
+                start.endEpoch(history, record, target -> AtomicFiles.write(target, saved));
+            }
+        }
+    }
+
+    /** Partition 0's divergence, if any: one line naming the epoch, step and rows, with the epochs kept. */
+    private void checkDiverged(TrainingTask.Result lead, int batch, long n, History history) {
+        if (lead.divergedEpoch >= 0) {
+            double[] losses = lead.divergedLosses;
+            int step = losses.length - 1;
+            long from0 = (long) step * batch;
+            throw new DivergenceException(
+                    Messages.divergence(losses[step], lead.divergedEpoch, step, from0, Math.min(n, from0 + batch) - 1)
+                            + "; " + RunStart.kept(settings, history),
+                    lead.divergedEpoch, step, history);
+        }
     }
 
     /** @return the exchange of a run, in words (its stats) */
