@@ -101,12 +101,6 @@ final class NativeLibrary {
         throw new InvalidInputException(Messages.deviceUnavailable(device, problem));
     }
 
-    /** @return whether libtorch here has its CUDA libraries loaded (loads libtorch first) */
-    static synchronized boolean cudaLoaded() {
-        load();
-        return cudaProblem == null;
-    }
-
     /** Loads libtorch and the native library (once); every later call returns at once or rethrows the first failure. */
     static synchronized void load() {
         if (description != null) {
