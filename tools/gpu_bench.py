@@ -103,16 +103,17 @@ def _timed(case, path: Path, model, x, y, device: str, rounds: int, steps: int) 
 
 def table(results: List[dict], device: str) -> str:
     name = torch.cuda.get_device_name(device) if devices.is_cuda(device) else "CPU"
-    lines = [f"step benchmark on {device} ({name}), torch {torch.__version__}, deterministic algorithms on; "
+    on = ", deterministic algorithms on" if devices.is_cuda(device) else ""
+    lines = [f"step benchmark on {device} ({name}), torch {torch.__version__}{on}; "
              "ms per step: median [min-max] over rounds; ratio: Java's median / eager's",
-             f"{'model':<58} {'eager':>22} {'Java step':>22} {'ratio':>6} {'Java fused':>22} {'ratio':>6}"]
+             f"{'model':<64} {'eager':>22} {'Java step':>22} {'ratio':>6} {'Java fused':>22} {'ratio':>6}"]
 
     def cell(times):
         return f"{statistics.median(times):8.3f} [{min(times):.3f}-{max(times):.3f}]"
 
     for r in results:
         eager = statistics.median(r["eager"])
-        lines.append(f"{r['model']:<58} {cell(r['eager']):>22} {cell(r['java step']):>22} "
+        lines.append(f"{r['model']:<64} {cell(r['eager']):>22} {cell(r['java step']):>22} "
                      f"{statistics.median(r['java step']) / eager:6.2f} {cell(r['java fused']):>22} "
                      f"{statistics.median(r['java fused']) / eager:6.2f}")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ set -uo pipefail
 
 usage() {
     cat <<'EOF'
-usage: tools/gpu_check.sh [--prepare] [--python PY] [--no-tests] [--no-bench] [--help]
+usage: tools/gpu_check.sh [--prepare | --rehearse] [--python PY] [--no-tests] [--no-bench] [--help]
 
 On a GPU machine with this checkout (nothing is fetched there: torch, numpy and pytest come from its
 Python; Java, the Java library's jars and JPype from .gpu-carry/ where it lacks them), in about 8
@@ -19,6 +19,9 @@ table. Exit code 0 only when every part passed.
                .gpu-carry/ (a JDK runtime with its JNI headers, the Java library's jars without the
                pytorch-native jar, the generated JNI header, a JPype wheel for Python 3.12) for a GPU
                machine without them; it travels with the checkout (the device tool's carry: .gpu-carry)
+  --rehearse   on a machine without a GPU, after --prepare: every part on the CPU, with .gpu-carry's JDK,
+               jars and JNI header even where others are installed (GRADBRIDGE_CUDA_TESTS_ON=cpu), to
+               check the script before a GPU machine's minutes are spent; nothing about CUDA is checked
   --python PY  the Python whose torch runs the check (default: python3, else .venv/bin/python)
   --no-tests   leave out the cuda tests
   --no-bench   leave out the benchmark
@@ -33,11 +36,12 @@ die() {
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CARRY="$ROOT/.gpu-carry"
-PREPARE=0 TESTS=1 BENCH=1 PY=""
+PREPARE=0 REHEARSE=0 TESTS=1 BENCH=1 PY=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --help|-h) usage; exit 0 ;;
         --prepare) PREPARE=1 ;;
+        --rehearse) REHEARSE=1 ;;
         --python) [ $# -ge 2 ] || { echo "gpu_check.sh: error: --python needs a value (see --help)" >&2; exit 2; }
                   PY="$2"; shift ;;
         --no-tests) TESTS=0 ;;
@@ -62,13 +66,19 @@ prepare() {
         case "$(basename "$jar")" in pytorch-native-*) ;; *) cp "$jar" "$CARRY/jars/" ;; esac
     done
     cp "$header" "$CARRY/include/"
-    # the modules the jars use, and those JPype and the JVM's tools need
-    local modules
-    modules="$("$java_home/bin/jdeps" --ignore-missing-deps --print-module-deps --multi-release 17 "$CARRY"/jars/*.jar)" \
-        || die "jdeps failed"
-    "$java_home/bin/jlink" --add-modules "$modules,java.logging,java.management,jdk.unsupported,java.sql,java.naming" \
-        --strip-debug --no-man-pages --compress=2 --output "$CARRY/jdk" || die "jlink failed"
+    # the modules each jar uses (jdeps, jar by jar: the modular ones fail alone and bring nothing more), and
+    # those JPype and the JVM's own tools need
+    local modules="java.base,java.logging,java.management,jdk.unsupported,java.sql,java.naming" used
+    for jar in "$CARRY"/jars/*.jar; do
+        used="$("$java_home/bin/jdeps" --ignore-missing-deps --print-module-deps --multi-release 17 \
+            -cp "$CARRY/jars/*" "$jar" 2>/dev/null | tail -1)"
+        [[ "$used" =~ ^(java|jdk)\.[a-z.,]+$ ]] && modules="$modules,$used"
+    done
+    modules="$(tr ',' '\n' <<<"$modules" | sort -u | paste -sd,)"
+    "$java_home/bin/jlink" --add-modules "$modules" --strip-debug --no-man-pages --compress=2 \
+        --output "$CARRY/jdk" || die "jlink failed"
     "$venv" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$CARRY/wheels" \
         "$(grep -i '^JPype1' "$ROOT/python/gradbridge/requirements.txt")" || die "pip download of JPype1 failed"
     echo "wrote $CARRY ($(du -sh "$CARRY" | cut -f1)): carry .gpu-carry with the checkout to the GPU machine"
@@ -87,9 +97,16 @@ if [ -z "$PY" ]; then
     else die "no Python with torch: pass --python PY"; fi
 fi
 "$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch"
-COUNT="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.version.cuda else 0)' 2>/dev/null)"
-[ "${COUNT:-0}" -gt 0 ] 2>/dev/null || die "no CUDA device: torch $("$PY" -c 'import torch; print(torch.__version__)') \
+DEVICE=cuda:0 BENCH_ARGS=()
+if [ "$REHEARSE" = 1 ]; then
+    [ -x "$CARRY/jdk/bin/java" ] || die "nothing to rehearse with: run tools/gpu_check.sh --prepare first"
+    DEVICE=cpu BENCH_ARGS=(--device cpu --rounds 1 --steps 2)
+    export GRADBRIDGE_CUDA_TESTS_ON=cpu
+else
+    COUNT="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.version.cuda else 0)' 2>/dev/null)"
+    [ "${COUNT:-0}" -gt 0 ] 2>/dev/null || die "no CUDA device: torch $("$PY" -c 'import torch; print(torch.__version__)') \
 sees none here; run this on a GPU machine"
+fi
 
 WORK="${GPU_CHECK_WORK:-/tmp/gradbridge-gpu-check}"
 mkdir -p "$WORK" || die "cannot write $WORK"
@@ -97,11 +114,11 @@ export GRADBRIDGE_CACHE_DIR="$WORK/cache" PYTHONUNBUFFERED=1
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"  # before anything starts CUDA
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
-if [ -x "$CARRY/jdk/bin/java" ] && ! command -v java >/dev/null; then
+if [ -x "$CARRY/jdk/bin/java" ] && { [ "$REHEARSE" = 1 ] || ! command -v java >/dev/null; }; then
     export JAVA_HOME="$CARRY/jdk" PATH="$CARRY/jdk/bin:$PATH"
 fi
 command -v java >/dev/null || die "no Java: run tools/gpu_check.sh --prepare where the build is, and carry .gpu-carry"
-if [ ! -f "$ROOT/build/gradbridge-classpath.txt" ] && [ -z "${GRADBRIDGE_CLASSPATH:-}" ]; then
+if [ "$REHEARSE" = 1 ] || { [ ! -f "$ROOT/build/gradbridge-classpath.txt" ] && [ -z "${GRADBRIDGE_CLASSPATH:-}" ]; }; then
     [ -d "$CARRY/jars" ] || die "no Java library: build it (gradle assemble) or carry .gpu-carry (--prepare)"
     GRADBRIDGE_CLASSPATH="$(ls "$CARRY"/jars/*.jar | paste -sd:)"
     export GRADBRIDGE_CLASSPATH
@@ -112,7 +129,7 @@ if ! "$PY" -c 'import jpype' 2>/dev/null; then
         || die "installing the carried JPype wheel failed"
     export PYTHONPATH="$PYTHONPATH:$WORK/site"
 fi
-if ! command -v javac >/dev/null && [ -f "$CARRY/include/dev_gradbridge_Native.h" ]; then
+if { [ "$REHEARSE" = 1 ] || ! command -v javac >/dev/null; } && [ -f "$CARRY/include/dev_gradbridge_Native.h" ]; then
     # no javac to generate the JNI header: the carried one, made from this checkout's Native.java
     mkdir -p "$ROOT/build/native/include" && cp "$CARRY/include/dev_gradbridge_Native.h" "$ROOT/build/native/include/"
     touch "$ROOT/build/native/include/dev_gradbridge_Native.h"
@@ -126,7 +143,8 @@ part() {  # part NAME COMMAND...: runs it, says how long it took
     if "$@"; then echo "== $name: ok ($((SECONDS - began)) s)"; else FAILED+=("$name"); echo "== $name: FAILED ($((SECONDS - began)) s)"; fi
 }
 
-part "native library for this torch" "$PY" -m gradbridge.native build --out "$WORK/native"
+# built once into the cache, where every JVM of the check takes it from
+part "native library for this torch" "$PY" -c 'from gradbridge._runtime import native; print(native.ensure())'
 part "doctor" bash -c "\"$PY\" -m gradbridge doctor || true"  # a machine without gradle's build has problems it lists
 if [ "$TESTS" = 1 ]; then
     PLUGIN=()
@@ -135,11 +153,11 @@ if [ "$TESTS" = 1 ]; then
     part "tests marked cuda" "$PY" -m pytest "${PLUGIN[@]}" -p no:cacheprovider -q -rs tests/test_cuda.py
 fi
 if [ "$BENCH" = 1 ]; then
-    part "step benchmark" "$PY" "$ROOT/tools/gpu_bench.py" --out "$WORK/bench.txt"
+    part "step benchmark" "$PY" "$ROOT/tools/gpu_bench.py" "${BENCH_ARGS[@]}" --out "$WORK/bench.txt"
 fi
 
 echo
-echo "==== gradbridge on $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0), "- torch", torch.__version__)') ($((SECONDS - STARTED)) s)"
+echo "==== gradbridge on $DEVICE: $("$PY" -c 'import sys, torch; print(torch.cuda.get_device_name(0) if sys.argv[1] != "cpu" else "a rehearsal on the CPU", "- torch", torch.__version__)' "$DEVICE") ($((SECONDS - STARTED)) s)"
 [ -f "$ROOT/build/cuda-parity.txt" ] && [ "$TESTS" = 1 ] && cat "$ROOT/build/cuda-parity.txt"
 [ -f "$WORK/bench.txt" ] && [ "$BENCH" = 1 ] && { echo; cat "$WORK/bench.txt"; }
 if [ ${#FAILED[@]} -gt 0 ]; then
