@@ -518,7 +518,8 @@ void check_sizes(const Node& node, const torch::jit::Stack& stack, const Limits&
                                 " and offset " + std::to_string(offset) + " reach past its source's " + std::to_string(storage) + " elements");
 }
 
-c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_t batch) {
+// An op's argument; a device argument is the module's device (the op lists hold "cpu", where they were captured).
+c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_t batch, c10::Device device) {
   switch (a.kind) {
     case Arg::Ref: return slots[a.i];
     case Arg::RefList: {
@@ -551,7 +552,7 @@ c10::IValue argument(const Arg& a, const std::vector<c10::IValue>& slots, int64_
     case Arg::Str: return c10::IValue(a.s);
     case Arg::Dtype: return c10::IValue(static_cast<at::ScalarType>(a.i));
     case Arg::Layout: return c10::IValue(c10::Layout::Strided);
-    case Arg::Device: return c10::IValue(c10::Device(c10::kCPU));
+    case Arg::Device: return c10::IValue(device);
     case Arg::MemoryFormat: return c10::IValue(static_cast<c10::MemoryFormat>(a.i));
     case Arg::Constant: return c10::IValue(a.constant);
   }
@@ -822,6 +823,12 @@ struct Schedule {
   }
 };
 
+// A state tensor of the module's own on `device`: a clone on the CPU, a copy on another device.
+at::Tensor owned(const at::Tensor& t, c10::Device device) {
+  if (device.is_cpu() && t.device().is_cpu()) return t.clone();
+  return t.to(t.options().device(device), /*non_blocking=*/false, /*copy=*/true);
+}
+
 // ---- the module: graphs, state and the protocol's methods (program.Program's twin) ----
 struct Exported {
   std::unordered_map<std::string, Graph> graphs;
@@ -836,6 +843,7 @@ struct Exported {
   int64_t steps = 0;
   int64_t accumulate = 1;
   Limits limits;
+  c10::Device device{c10::kCPU};  // where the state tensors are and the ops run; inputs are copied here
 
   using Values = std::unordered_map<std::string, c10::IValue>;
 
@@ -863,7 +871,7 @@ struct Exported {
       const Node& node = graph.nodes[k];
       if (k == graph.forward_ops && k > 0) grad_mode.emplace(false);
       stack.clear();
-      for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch));
+      for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch, device));
       if (!node.op.has_value()) {
         const auto list = stack[0].toList();
         const int64_t index = stack[1].toInt();
@@ -899,8 +907,8 @@ struct Exported {
   Values batch_values(const std::vector<at::Tensor>& xs, const at::Tensor* y) const {
     if (xs.size() != inputs.size()) throw std::invalid_argument("expected " + std::to_string(inputs.size()) + " inputs, got " + std::to_string(xs.size()));
     Values values;
-    for (size_t k = 0; k < xs.size(); k++) values["input:" + inputs[k]] = xs[k];
-    if (y != nullptr) values["target"] = *y;
+    for (size_t k = 0; k < xs.size(); k++) values["input:" + inputs[k]] = on_device(xs[k], device);
+    if (y != nullptr) values["target"] = on_device(*y, device);
     return values;
   }
 
@@ -1038,7 +1046,7 @@ struct Exported {
         if (values[i].sizes().vec() != expected)
           throw std::invalid_argument(where + key + "[" + std::to_string(i) + "] has shape " + c10::str(values[i].sizes()) + ", expected " + c10::str(c10::IntArrayRef(expected)));
         at::NoGradGuard no_grad;
-        at::Tensor copy = values[i].to(key == "step" ? at::kFloat : param.scalar_type()).clone();
+        at::Tensor copy = owned(values[i].to(key == "step" ? at::kFloat : param.scalar_type()), device);
         if (key == "step") {
           const int64_t count = static_cast<int64_t>(copy.item<float>());
           if (step >= 0 && count != step)
@@ -1104,7 +1112,7 @@ struct Exported {
 
   at::Tensor evaluate(const std::vector<at::Tensor>& xs, const at::Tensor& y) {
     at::Tensor output = forward(xs);
-    Values values{{"output", output}, {"target", y}};
+    Values values{{"output", output}, {"target", on_device(y, device)}};
     return run(graph_for("loss", y.size(0)), values)[0].second.toTensor();
   }
 
@@ -1256,11 +1264,13 @@ void check_bound(const Exported& module) {
 extern "C" {
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jclass, jstring program,
-                                                                jobjectArray state_names, jlongArray state_tensors) {
+                                                                jobjectArray state_names, jlongArray state_tensors,
+                                                                jstring device) {
   return guarded(env, jlong{0}, [&] {
     Utf8 text(env, program);
     Json root = parse_json(text.str());
     auto module = std::make_unique<Exported>();
+    module->device = device_named(env, device);
     for (const auto& p : root.at("parameters", "program").items) module->parameters.push_back(p.str());
     for (const auto& p : root.at("inputs", "program").items) module->inputs.push_back(p.str());
     const Json& limits = root.at("limits", "program");
@@ -1273,9 +1283,23 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_exportedLoad(JNIEnv* env, jcl
     auto names = strings_of(env, state_names);
     auto tensors = tensors_of(env, state_tensors);
     if (names.size() != tensors.size()) throw std::invalid_argument("state: names and tensors differ in number");
-    for (size_t k = 0; k < names.size(); k++) module->state[names[k]] = tensors[k].clone();
+    for (size_t k = 0; k < names.size(); k++) module->state[names[k]] = owned(tensors[k], module->device);
     check_bound(*module);
     return release(std::move(*module));
+  });
+}
+
+// Every state tensor moved to a device, where the module runs from now on.
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedTo(JNIEnv* env, jclass, jlong handle, jstring device) {
+  guarded(env, 0, [&] {
+    Exported& m = exported_of(handle);
+    const c10::Device to = device_named(env, device);
+    std::unordered_map<std::string, at::Tensor> moved;
+    at::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : m.state) moved[name] = tensor.to(to);
+    m.state = std::move(moved);
+    m.device = to;
+    return 0;
   });
 }
 
@@ -1309,12 +1333,12 @@ JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedCall(JNIEnv* env
     } else {
       auto xs = tensors_of(env, inputs);
       if (name == "forward") {
-        out.push_back(handle_of(m.forward(xs)));
+        out.push_back(handle_of(on_host(m.forward(xs))));
       } else {
         const at::Tensor& y = tensor_at(target);
-        if (name == "train_step") out.push_back(handle_of(m.train_step(xs, y)));
-        else if (name == "calculate_loss_and_backward") out.push_back(handle_of(m.calculate_loss_and_backward(xs, y)));
-        else if (name == "evaluate") out.push_back(handle_of(m.evaluate(xs, y)));
+        if (name == "train_step") out.push_back(handle_of(on_host(m.train_step(xs, y))));
+        else if (name == "calculate_loss_and_backward") out.push_back(handle_of(on_host(m.calculate_loss_and_backward(xs, y))));
+        else if (name == "evaluate") out.push_back(handle_of(on_host(m.evaluate(xs, y))));
         else throw std::invalid_argument("protocol 3 has no method " + name);
       }
     }
@@ -1331,13 +1355,19 @@ JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_exportedTrainEpoch(JNI
     const at::Tensor& y = tensor_at(target);
     const at::Tensor& order = tensor_at(perm);
     std::vector<double> losses;
+    std::vector<at::Tensor> held;  // on another device: the losses stay there until the epoch's end (no wait per step)
     int64_t n = order.size(0);
     for (int64_t start = 0; start < n; start += batch) {
       at::Tensor index = order.narrow(0, start, std::min<int64_t>(batch, n - start));
       std::vector<at::Tensor> bx;
       for (const auto& x : xs) bx.push_back(x.index_select(0, index));
       at::Tensor loss = m.train_step(bx, y.index_select(0, index));
-      losses.push_back(loss.to(at::kDouble).item<double>());
+      if (m.device.is_cpu()) losses.push_back(loss.to(at::kDouble).item<double>());
+      else held.push_back(loss.detach().reshape({}));
+    }
+    if (!held.empty()) {
+      at::Tensor all = at::stack(held).to(at::kCPU, at::kDouble).contiguous();
+      losses.assign(all.const_data_ptr<double>(), all.const_data_ptr<double>() + all.numel());
     }
     jdoubleArray out = env->NewDoubleArray(static_cast<jsize>(losses.size()));
     if (out == nullptr) throw JavaPending{};
@@ -1364,11 +1394,11 @@ JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedGet(JNIEnv* env,
     at::NoGradGuard no_grad;
     for (const auto& name : strings_of(env, names)) {
       auto it = m.state.find(name);
-      if (it != m.state.end()) { out.push_back(handle_of(it->second.clone())); continue; }
+      if (it != m.state.end()) { out.push_back(handle_of(m.device.is_cpu() ? it->second.clone() : on_host(it->second))); continue; }
       // an optimizer state a parameter does not hold (SGD's momentum_buffer before its first step): empty,
       // as the TorchScript path's optimizer_state says
       if (name.rfind("state:", 0) == 0) { out.push_back(handle_of(at::empty({0}))); continue; }
-      if (name.rfind("grad:", 0) == 0) { out.push_back(handle_of(at::zeros_like(m.state.at("param:" + name.substr(5))))); continue; }
+      if (name.rfind("grad:", 0) == 0) { out.push_back(handle_of(on_host(at::zeros_like(m.state.at("param:" + name.substr(5)))))); continue; }
       for (jlong h : out) drop<at::Tensor>(h);
       throw std::invalid_argument("the module holds no state tensor " + name);
     }
@@ -1401,7 +1431,7 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedSet(JNIEnv* env, jclas
     Exported& m = exported_of(handle);
     auto keys = strings_of(env, names);
     auto values = tensors_of(env, tensors);
-    for (size_t k = 0; k < keys.size(); k++) m.state[keys[k]] = values[k].clone();
+    for (size_t k = 0; k < keys.size(); k++) m.state[keys[k]] = owned(values[k], m.device);
     return 0;
   });
 }

@@ -27,13 +27,16 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/jit/runtime/profiling_graph_executor_impl.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/cuda.h>
 #include <torch/script.h>
 #include <torch/version.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -69,7 +72,50 @@ jclass global_class(JNIEnv* env, const char* name) {
 
 at::Tensor& tensor_of(jlong handle) { return borrow<at::Tensor>(handle); }
 
-torch::jit::Module& module_of(jlong handle) { return borrow<torch::jit::Module>(handle); }
+// A TorchScript module and the device it runs on: its tensors are there, its calls' tensor arguments are
+// copied there (on_device), their results come back to the CPU (on_host).
+struct Loaded {
+  torch::jit::Module module;
+  c10::Device device;
+};
+
+// A method looked up once (Native.methodOf), with its module's device.
+struct Bound {
+  torch::jit::Method method;
+  c10::Device device;
+};
+
+torch::jit::Module& module_of(jlong handle) { return borrow<Loaded>(handle).module; }
+
+c10::Device device_of(jlong handle) { return borrow<Loaded>(handle).device; }
+
+// The module as it is now, on `device`: written to an archive in memory and read back with libtorch's map
+// location, so every tensor moves (attributes, lists, a trace's constants) and tensors that share a storage
+// still share one; the training flags travel in the archive.
+torch::jit::Module moved(const torch::jit::Module& module, c10::Device device) {
+  std::stringstream archive;
+  torch::jit::ExportModule(module, archive, {}, false, false, false);
+  archive.seekg(0);
+  return torch::jit::load(archive, device);
+}
+
+// Every tensor of an argument on `device` (tensors, lists of tensors, dicts of tensor lists).
+c10::IValue argument_on(c10::IValue value, c10::Device device) {
+  if (device.is_cpu()) return value;
+  if (value.isTensor()) return on_device(value.toTensor(), device);
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorVector()) out.push_back(on_device(t, device));
+    return out;
+  }
+  if (value.isGenericDict()) {
+    auto dict = value.toGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+    for (const auto& entry : dict) out.insert(entry.key(), argument_on(entry.value(), device));
+    return out;
+  }
+  return value;
+}
 
 jlong new_handle(at::Tensor tensor) { return release(std::move(tensor)); }
 
@@ -213,7 +259,7 @@ jobject list_object(JNIEnv* env, const std::vector<c10::IValue>& items) {
 
 jobject from_ivalue(JNIEnv* env, const c10::IValue& value) {
   if (value.isNone()) return nullptr;
-  if (value.isTensor()) return tensor_object(env, value.toTensor());
+  if (value.isTensor()) return tensor_object(env, on_host(value.toTensor()));
   if (value.isDouble()) return env->NewObject(T.boxed_double, T.double_new, value.toDouble());
   if (value.isInt()) return env->NewObject(T.boxed_long, T.long_new, static_cast<jlong>(value.toInt()));
   if (value.isBool()) return env->NewObject(T.boxed_boolean, T.boolean_new, value.toBool() ? JNI_TRUE : JNI_FALSE);
@@ -254,11 +300,13 @@ torch::jit::Method method_of(torch::jit::Module& module, JNIEnv* env, jstring na
   return *found;
 }
 
-// Runs a method looked up once (Native.methodOf) under TrainingCall; its result must be a tensor.
+// Runs a method looked up once (Native.methodOf) under TrainingCall, its tensor arguments on its module's
+// device; its result must be a tensor (left where the method made it).
 at::Tensor run_to_tensor(jlong method, std::vector<c10::IValue> inputs) {
-  auto& run = borrow<torch::jit::Method>(method);
+  auto& bound = borrow<Bound>(method);
+  for (c10::IValue& input : inputs) input = argument_on(std::move(input), bound.device);
   TrainingCall call;
-  c10::IValue result = run(std::move(inputs));
+  c10::IValue result = bound.method(std::move(inputs));
   if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
   return result.toTensor();
 }
@@ -277,11 +325,12 @@ void copy_doubles(const at::Tensor& values, double* out) {
   }
 }
 
-// A method compiled once with its nested calls inlined (Native.planOf): its module object and its
-// flat program.
+// A method compiled once with its nested calls inlined (Native.planOf): its module object, its flat program
+// and the module's device.
 struct Plan {
   c10::IValue self;
   torch::jit::Code code;
+  c10::Device device;
 };
 
 // The plans of the guarded steps (plansStepWhileFinite), in the order Java passes them
@@ -296,7 +345,7 @@ c10::IValue run_plan(Plan& plan, std::vector<c10::IValue> inputs) {
                                 + std::to_string(inputs.size()));
   }
   torch::jit::Stack stack{plan.self};
-  for (c10::IValue& input : inputs) stack.push_back(std::move(input));
+  for (c10::IValue& input : inputs) stack.push_back(argument_on(std::move(input), plan.device));
   torch::jit::InterpreterState(plan.code).run(stack);
   return stack.empty() ? c10::IValue() : stack.back();
 }
@@ -352,8 +401,8 @@ bool shares_storage(const c10::IValue& value, std::unordered_map<const void*, co
 
 }  // namespace
 
-GRADBRIDGE_HANDLE_KIND(torch::jit::Module, module);
-GRADBRIDGE_HANDLE_KIND(torch::jit::Method, method);
+GRADBRIDGE_HANDLE_KIND(Loaded, module);
+GRADBRIDGE_HANDLE_KIND(Bound, method);
 GRADBRIDGE_HANDLE_KIND(Plan, plan);
 
 extern "C" {
@@ -454,6 +503,50 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_loadLibrary(JNIEnv* env, jclas
   });
 }
 
+// ---- CUDA (NativeLibrary loads libc10_cuda and libtorch_cuda before anything asks for them) ----
+
+// Whether libtorch's CUDA hooks are libtorch_cuda's (it was loaded before libtorch first asked for them;
+// asked later, libtorch keeps the CPU-only stub for good).
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_cudaBuilt(JNIEnv* env, jclass) {
+  return guarded(env, jboolean{JNI_FALSE}, [&] {
+    return at::detail::getCUDAHooks().isBuilt() ? jboolean{JNI_TRUE} : jboolean{JNI_FALSE};
+  });
+}
+
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_cudaDeviceCount(JNIEnv* env, jclass) {
+  return guarded(env, jint{0}, [&] { return static_cast<jint>(torch::cuda::device_count()); });
+}
+
+// Whether the NVIDIA driver's library loads (the usual reason a CUDA build sees no device is its absence).
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_cudaDriverLoads(JNIEnv*, jclass) {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver == nullptr) return JNI_FALSE;
+  dlclose(driver);
+  return JNI_TRUE;
+}
+
+// torch.use_deterministic_algorithms(on) (errors, not warnings, for an op without a deterministic kernel),
+// and cuDNN's benchmark off while on; returns the setting it replaced.
+JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_setDeterministic(JNIEnv* env, jclass, jboolean on) {
+  return guarded(env, jboolean{JNI_FALSE}, [&] {
+    auto& context = at::globalContext();
+    const bool previous = context.deterministicAlgorithms();
+    context.setDeterministicAlgorithms(on == JNI_TRUE, false);
+    if (on == JNI_TRUE) context.setBenchmarkCuDNN(false);
+    return previous ? jboolean{JNI_TRUE} : jboolean{JNI_FALSE};
+  });
+}
+
+// setenv(name, value) unless the process has it set already (CUBLAS_WORKSPACE_CONFIG, before CUDA starts).
+JNIEXPORT void JNICALL Java_dev_gradbridge_Native_setEnvDefault(JNIEnv* env, jclass, jstring name, jstring value) {
+  guarded(env, 0, [&] {
+    Utf8 key(env, name);
+    Utf8 text(env, value);
+    if (setenv(key.chars, text.chars, 0) != 0) throw std::runtime_error(std::strerror(errno));
+    return 0;
+  });
+}
+
 // ---- tensors ----
 
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorFromBuffer(
@@ -533,6 +626,14 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorClone(JNIEnv* env, jcla
   });
 }
 
+// A copy in page-locked memory, which a CUDA copy reads without staging (the tensor itself when it is one).
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorPinned(JNIEnv* env, jclass, jlong tensor) {
+  return guarded(env, jlong{0}, [&] {
+    const at::Tensor& t = tensor_of(tensor);
+    return new_handle(t.is_pinned() ? t : t.pin_memory());
+  });
+}
+
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorTo(JNIEnv* env, jclass, jlong tensor, jint type) {
   return guarded(env, jlong{0}, [&] {
     at::NoGradGuard no_grad;
@@ -542,18 +643,29 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_tensorTo(JNIEnv* env, jclass,
 
 // ---- TorchScript modules ----
 
-JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleLoad(JNIEnv* env, jclass, jstring path) {
+// torch::jit::load(path), or with the device as its map location: every tensor of the archive (attributes,
+// a trace's constants) is read onto it.
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleLoad(JNIEnv* env, jclass, jstring path, jstring device) {
   return guarded(env, jlong{0}, [&] {
     Utf8 file(env, path);
-    torch::jit::Module module = torch::jit::load(file.str());
+    const c10::Device on = device_named(env, device);
+    torch::jit::Module module = on.is_cpu() ? torch::jit::load(file.str()) : torch::jit::load(file.str(), on);
     module.train(true);
-    return release(std::move(module));
+    return release(Loaded{std::move(module), on});
+  });
+}
+
+// The module moved to a device, as a new module (the old one's handles stay valid until Java frees them).
+JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleTo(JNIEnv* env, jclass, jlong module, jstring device) {
+  return guarded(env, jlong{0}, [&] {
+    const c10::Device on = device_named(env, device);
+    return release(Loaded{moved(module_of(module), on), on});
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleFree(JNIEnv* env, jclass, jlong module) {
   guarded(env, 0, [&] {
-    drop<torch::jit::Module>(module);
+    drop<Loaded>(module);
     return 0;
   });
 }
@@ -565,7 +677,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleSnapshot(JNIEnv* env, j
     if (shares_storage(original._ivalue(), owners)) return jlong{0};
     // autograd on: a clone of a parameter keeps requires_grad, which the archive records
     at::AutoGradMode grad(true);
-    return release(original.deepcopy());
+    return release(Loaded{original.deepcopy(), device_of(module)});
   });
 }
 
@@ -592,7 +704,8 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleTrain(JNIEnv* env, jclas
 
 // module.save(path, {extraName: extraContent}), record by record straight into the file (a module of
 // hundreds of millions of parameters never sits in memory as one archive). A failed write throws
-// the operating system's reason ("No space left on device"), which Java names the file with.
+// the operating system's reason ("No space left on device"), which Java names the file with. A module on
+// another device is saved from a CPU copy: files hold CPU tensors, and load on any device.
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleSaveFile(
     JNIEnv* env, jclass, jlong module, jstring path, jstring extra_name, jbyteArray extra_content) {
   guarded(env, 0, [&] {
@@ -627,7 +740,11 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_moduleSaveFile(
       return size;
     };
     try {
-      torch::jit::ExportModule(module_of(module), writer, extra, false, false, false);
+      if (device_of(module).is_cpu()) {
+        torch::jit::ExportModule(module_of(module), writer, extra, false, false, false);
+      } else {
+        torch::jit::ExportModule(moved(module_of(module), at::kCPU), writer, extra, false, false, false);
+      }
     } catch (...) {
       ::close(fd);
       throw;
@@ -654,6 +771,8 @@ JNIEXPORT jobject JNICALL Java_dev_gradbridge_Native_moduleRun(
         throw std::invalid_argument("argument " + std::to_string(i) + ": " + e.what());
       }
     }
+    const c10::Device on = device_of(module);
+    for (c10::IValue& input : inputs) input = argument_on(std::move(input), on);
     c10::IValue result;
     {
       TrainingCall call;
@@ -689,7 +808,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_planOf(JNIEnv* env, jclass, j
       before = after;
     }
     torch::jit::runNooptPassPipeline(graph);
-    return release(Plan{owner._ivalue(), torch::jit::Code(graph, method.name())});
+    return release(Plan{owner._ivalue(), torch::jit::Code(graph, method.name()), device_of(module)});
   });
 }
 
@@ -707,7 +826,7 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jcl
     torch::jit::GraphOptimizerEnabledGuard optimizer{false};
     c10::IValue result = run_plan(run, {tensor_of(tensor)});
     if (!result.isTensor()) throw std::invalid_argument("returned " + result.tagKind() + ", not a tensor");
-    return new_handle(result.toTensor());
+    return new_handle(on_host(result.toTensor()));
   });
 }
 
@@ -716,13 +835,13 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_inferPlanRun(JNIEnv* env, jcl
 JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_methodOf(JNIEnv* env, jclass, jlong module, jstring name) {
   return guarded(env, jlong{0}, [&] {
     // A Method holds a reference to its module's object: valid whichever is freed first.
-    return release(method_of(module_of(module), env, name));
+    return release(Bound{method_of(module_of(module), env, name), device_of(module)});
   });
 }
 
 JNIEXPORT void JNICALL Java_dev_gradbridge_Native_methodFree(JNIEnv* env, jclass, jlong method) {
   guarded(env, 0, [&] {
-    drop<torch::jit::Method>(method);
+    drop<Bound>(method);
     return 0;
   });
 }
@@ -792,11 +911,11 @@ bool all_finite_tensors(const c10::IValue& value) {
 // tensor is finite, decided here without a tensor crossing into Java.
 JNIEXPORT jboolean JNICALL Java_dev_gradbridge_Native_methodAllFinite(JNIEnv* env, jclass, jlong method) {
   return guarded(env, jboolean{JNI_FALSE}, [&] {
-    auto& run = borrow<torch::jit::Method>(method);
+    auto& run = borrow<Bound>(method);
     c10::IValue result;
     {
       TrainingCall call;
-      result = run(std::vector<c10::IValue>{});
+      result = run.method(std::vector<c10::IValue>{});
     }
     if (!result.isTensorList() && !result.isGenericDict() && !result.isList() && !result.isTuple()) {
       throw std::invalid_argument("returned " + result.tagKind() + ", not a list or dict of tensors");

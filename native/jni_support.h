@@ -129,6 +129,27 @@ inline at::Tensor tensor_over(JNIEnv* env, jobject buffer, void* data, at::IntAr
   }
 }
 
+// ---- devices: a module runs on one; Java's tensors are CPU tensors ----
+
+// The device Java names ("cpu", "cuda:N"; Java checked the string and that the device is there).
+inline c10::Device device_named(JNIEnv* env, jstring name) {
+  Utf8 text(env, name);
+  return c10::Device(text.str());
+}
+
+// `t` on a module's `device`: the tensor itself where it is there already (a CPU module's every call), else a
+// copy, non-blocking (from pinned memory it overlaps; from pageable memory CUDA copies the source out first).
+inline at::Tensor on_device(const at::Tensor& t, c10::Device device) {
+  if (!t.defined() || t.device() == device) return t;
+  return t.to(device, /*non_blocking=*/true);
+}
+
+// A result for Java, whose tensors are CPU tensors: the tensor itself on the CPU, else a copy there.
+inline at::Tensor on_host(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  return t.to(at::kCPU);
+}
+
 // ---- handles: what Java owns crosses JNI as a jlong, boxed with its kind ----
 // Every kind of object a Java owner holds (Tensor, TorchScriptModule, ..., gradbridge-spark's
 // GlooGroup) is one of these. release<T> boxes a value for Java; borrow<T> gives it back, refusing a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -51,10 +52,26 @@ def pytest_addoption(parser):
                           "venv .venv-spark/<version>, instead of this venv's pyspark")
 
 
+#: The reason a test marked cuda is skipped on a machine whose torch sees no CUDA device: a skip, never a pass.
+NO_CUDA = "no CUDA device"
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.version.cuda is not None else 0
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """With --full, the tests marked every_torch_full join every_torch (the newest torch's run), and the
-    tests marked slow run; without it they are deselected (not skipped: they are not part of the default run)."""
+    tests marked slow run; without it they are deselected (not skipped: they are not part of the default run).
+    The tests marked cuda are skipped (NO_CUDA) where torch sees no CUDA device."""
+    cuda = [item for item in items if item.get_closest_marker("cuda")]
+    rehearsal = os.environ.get("GRADBRIDGE_CUDA_TESTS_ON") == "cpu"  # tests/test_cuda.py's docstring
+    if cuda and not rehearsal and cuda_device_count() == 0:
+        for item in cuda:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA))
     if config.getoption("--full"):
         for item in items:
             if item.get_closest_marker("every_torch_full"):
@@ -88,12 +105,32 @@ def _spark_summary(terminalreporter):
     out.write_text("\n".join(lines) + "\n")
 
 
+def _cuda_summary(terminalreporter, cuda_tests):
+    """tests/test_cuda.py's comparisons: case, format, where Java ran, bitwise or the largest difference."""
+    import torch
+
+    where = "the CPU (a rehearsal)" if cuda_tests.DEVICE == "cpu" else torch.cuda.get_device_name(0)
+    lines = [f"{'case':<24} {'format':<12} {'java':<11} result (on {where}, torch {torch.__version__})"]
+    for case, format, side, report in cuda_tests.RESULTS:
+        result = "bitwise" if report.bitwise else (
+            f"max |dloss| {report.max_loss_delta:.2e}, max |dparam| {report.max_param_delta:.2e}")
+        lines.append(f"{case:<24} {format:<12} {side:<11} {result}")
+    terminalreporter.write_sep("=", "gradbridge on a CUDA device")
+    terminalreporter.write_line("\n".join(lines))
+    out = REPO_ROOT / "build" / "cuda-parity.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter):
     """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|; the Spark clusters'."""
     import sys
 
     if SPARK_RESULTS:
         _spark_summary(terminalreporter)
+    cuda_tests = sys.modules.get("tests.test_cuda")
+    if cuda_tests is not None and cuda_tests.RESULTS:
+        _cuda_summary(terminalreporter, cuda_tests)
     matrix_tests = sys.modules.get("tests.matrix")
     if matrix_tests is None or not matrix_tests.RESULTS:
         return

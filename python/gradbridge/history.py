@@ -20,6 +20,8 @@ One line per epoch, keys in this order (``FIELDS``)::
   group's learning rate after the epoch, after the epoch-end schedule step if there is one;
 - ``threads`` (optional; gradbridge-spark runs) is libtorch's intra-op thread count each
   task trained the epoch on: ``reference.train_sharded`` replays the run on it.
+- ``device`` and ``deterministic`` (optional, together; runs on a device other than the CPU) are the
+  device the epoch trained on (``"cuda:0"``) and whether torch's deterministic algorithms were on.
 - ``values`` (optional, last) says where the values are when a record has more than
   ``INLINE_VALUES_LIMIT`` of them (``parameters`` is then ``{}``): ``{"file": "h.jsonl.values",
   "offset": 0, "counts": {"weight": 4096, ...}, "sha256": "..."}``; the side file (its name relative
@@ -52,7 +54,7 @@ from ._runtime.files import atomic_path
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
 
 #: Optional keys that may follow FIELDS, each at most once, in this order.
-OPTIONAL_FIELDS = ("lrs", "threads", "values")
+OPTIONAL_FIELDS = ("lrs", "threads", "device", "deterministic", "values")
 
 #: Above this many parameter values in one record, a history file keeps them in its side file
 #: (Java: ``Messages.HISTORY_INLINE_VALUES``): a million values are ~20 MB of JSON text per epoch.
@@ -95,6 +97,9 @@ class EpochRecord:
     digests: Dict[str, str] = field(default_factory=dict)
     lrs: Optional[List[float]] = None
     threads: Optional[int] = None
+    #: the device of a run not on the CPU (``"cuda:0"``), and whether torch's deterministic algorithms were on
+    device: Optional[str] = None
+    deterministic: Optional[bool] = None
     #: where a history file keeps this record's values (its ``values`` key), until ``History.load`` reads them
     values_at: Optional[Dict] = None
 
@@ -116,6 +121,9 @@ class EpochRecord:
             document["lrs"] = [float(lr) for lr in self.lrs]
         if self.threads is not None:
             document["threads"] = int(self.threads)
+        if self.device is not None:
+            document["device"] = str(self.device)
+            document["deterministic"] = bool(self.deterministic)
         if values_at is not None:
             document["values"] = values_at
         return document
@@ -137,6 +145,8 @@ class EpochRecord:
             digests=dict(document["digests"]),
             lrs=None if document.get("lrs") is None else [float(v) for v in document["lrs"]],
             threads=None if document.get("threads") is None else int(document["threads"]),
+            device=None if document.get("device") is None else str(document["device"]),
+            deterministic=None if document.get("deterministic") is None else bool(document["deterministic"]),
             values_at=_values_key(document.get("values"), where),
         )
 
@@ -203,6 +213,7 @@ class History:
         records = []
         for record in history.getRecords():
             val_loss, lrs, threads = record.getValLoss(), record.getLrs(), record.getThreads()
+            device, deterministic = record.getDevice(), record.getDeterministic()
             buffers = record.getParameterBuffers()
             if buffers.isEmpty():
                 parameters = {str(name): np.array(values, dtype=np.float64)
@@ -218,7 +229,9 @@ class History:
                 elapsed_s=float(record.getElapsedSeconds()),
                 digests={str(name): str(value) for name, value in record.getDigests().items()},
                 lrs=None if lrs is None else [float(v) for v in lrs],
-                threads=None if threads is None else int(threads.intValue())))
+                threads=None if threads is None else int(threads.intValue()),
+                device=None if device is None else str(device),
+                deterministic=None if deterministic is None else bool(deterministic.booleanValue())))
         return cls(records)
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._runtime import inputs
+from ._runtime import devices, inputs
 from . import messages, protocol
 from ._runtime.data import check as check_data
 from .errors import DivergenceError, InvalidInputError
@@ -53,7 +53,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           record_values: bool = True, allow_different_data: bool = False,
           op_libraries: Sequence[str | os.PathLike] = (), lr: Optional[float] = None,
           history: str | os.PathLike | None = None, source: str = "training data",
-          val_source: str = "validation data") -> History:
+          val_source: str = "validation data", device: Optional[str] = None,
+          deterministic: bool = True) -> History:
     """Run ``dev.gradbridge.Trainer`` in this process; returns its History.
 
     Same arguments and semantics as ``gradbridge.reference.train`` (``x``: an array, or for a model of
@@ -66,6 +67,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     history file the Trainer writes as it goes (``History.load`` reads it; a record of more than
     ``history.INLINE_VALUES_LIMIT`` values keeps them in its side file and reads them back from there).
     ``source`` and ``val_source`` name the data in error lines (e.g. the file the arrays came from).
+    ``device``: ``cpu`` (None: the same), ``cuda`` or ``cuda:N``: the module is loaded there
+    (``TrainingModule.load(path, device)``) and each batch copied there per step, with torch's
+    deterministic algorithms on for the run unless ``deterministic`` is false (``Trainer.optDeterministic``).
     """
     if mode is not None and mode not in protocol.MODES:
         raise InvalidInputError(messages.unknown_mode(mode))
@@ -77,6 +81,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         batch_size = messages.check_integer("batch_size", batch_size, 1, messages.INT_MAX)
     if seed is not None:
         seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    device = devices.require(devices.CPU if device is None else device)  # this process's torch: Java shares it
     arrays = [_contiguous(a) for a in (x, y, *(val or ()))]
     metadata = protocol.read_metadata(model_path)
     check_data(metadata, arrays[0], arrays[1], source)  # Java's checks and words, before any copy
@@ -84,10 +89,10 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
         check_data(metadata, arrays[2], arrays[3], val_source)
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
-    module = load_module(model_path, op_libraries)
+    module = load_module(model_path, op_libraries, device)
     datasets = []  # closed before the arrays go: their tensors use the arrays' memory
     try:
-        with java_errors():
+        with java_errors(), devices.deterministic(device, deterministic):
             if lr is not None:
                 module.setLr(float(lr))
             train_data = dataset(arrays[0], arrays[1], source)
@@ -103,6 +108,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
             if val is not None:
                 datasets.append(dataset(arrays[2], arrays[3], val_source))
                 builder.optValidation(datasets[-1])
+            if devices.is_cuda(device):
+                builder.optDevice(device).optDeterministic(bool(deterministic))
             if checkpoint is not None:
                 builder.optCheckpoint(Paths.get(str(checkpoint)))
             if history is not None:

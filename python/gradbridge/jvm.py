@@ -170,10 +170,11 @@ def to_tensor(values: np.ndarray):
         return Tensor.of(flat, java_shape(values))
 
 
-def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()):
+def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = (), device: str = "cpu"):
     """Load an exported module with the Java library; returns the Java TrainingModule (close it).
 
     ``op_libraries``: custom-operator libraries Java loads first (``TrainingModule.load(path, libraries)``).
+    ``device``: where it trains (``cpu``, ``cuda:N``; ``TrainingModule.load(path, libraries, device)``).
     """
     TrainingModule = jclass("dev.gradbridge.TrainingModule")
     Paths = jclass("java.nio.file.Paths")
@@ -181,4 +182,6 @@ def load_module(path: str | os.PathLike, op_libraries: Sequence[str | os.PathLik
     for library in op_libraries:
         libraries.add(Paths.get(str(library)))
     with java_errors():
-        return TrainingModule.load(Paths.get(str(path)), libraries)
+        if device == "cpu":
+            return TrainingModule.load(Paths.get(str(path)), libraries)
+        return TrainingModule.load(Paths.get(str(path)), libraries, device)

@@ -248,6 +248,44 @@ def jvm_options_refused(where: str, reason: str) -> str:
     return f"a JVM does not start with {where}: {reason}; correct or unset GRADBRIDGE_JVM_OPTIONS"
 
 
+# ---- devices: where a module trains (Java: Messages, the same sentences) ----
+
+#: The environment cuBLAS reads for reproducible results (set before CUDA starts), and its value on CUDA runs.
+CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_WORKSPACE_VALUE = ":4096:8"
+
+
+def unknown_device(device: Any) -> str:
+    return f"unknown device '{device}'; expected cpu, cuda or cuda:N"
+
+
+def device_unavailable(device: str, reason: str) -> str:
+    return f"{device} is not available: {reason}"
+
+
+def cuda_devices_seen(libtorch: str, count: int, driver: bool) -> str:
+    seen = f"this libtorch ({libtorch}) sees {count} CUDA device{'' if count == 1 else 's'}"
+    if count > 0:
+        return f"{seen} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+    return seen + ("" if driver else " (no NVIDIA driver: libcuda.so.1 does not load)")
+
+
+def cuda_cpu_build(libtorch: str) -> str:
+    return (f"this libtorch ({libtorch}) is a CPU build (no libtorch_cuda.so): use a CUDA build (pip's torch on "
+            "Linux; for a JVM of its own, GRADBRIDGE_LIBTORCH=its torch/lib)")
+
+
+def cuda_unloadable(file: str, reason: str) -> str:
+    return f"cannot load {file}: {reason}"
+
+
+def cublas_config_late(value: Optional[str]) -> str:
+    """CUDA started in this process before the run set cuBLAS's workspace (Python only: a warning)."""
+    return (f"CUDA started in this process before {CUBLAS_WORKSPACE_CONFIG} was set "
+            f"({'unset' if value is None else repr(value)}): cuBLAS may not be reproducible; set "
+            f"{CUBLAS_WORKSPACE_CONFIG}={CUBLAS_WORKSPACE_VALUE} before torch uses CUDA")
+
+
 # ---- data-parallel training (gradbridge-spark, reference shards) ----
 
 def data_parallel_methods(module: str, version: int, missing: Sequence[str]) -> str:
@@ -293,11 +331,11 @@ def export_already_captured(kind: str) -> str:
             "or traces it with its training step around it (a scripted or traced module receives no gradients)")
 
 
-def not_on_cpu(what: str, device: str) -> str:
-    """A model or batch on another device: gradbridge's Java side runs libtorch on the CPU, where an eager
-    run is reproducible bit for bit (a CUDA run is not, even against itself, without deterministic kernels)."""
-    return (f"{what} is on {device}; gradbridge trains on the CPU (Java runs the module with libtorch's CPU "
-            f"kernels): pass model.cpu() and CPU tensors (your model itself may stay where it is)")
+def unsupported_device(what: str, device: str) -> str:
+    """A model or batch on a device gradbridge does not train on (the export writes CPU tensors, from a CPU
+    or CUDA model; a run trains on the CPU or a CUDA device)."""
+    return (f"{what} is on {device}; gradbridge takes models and tensors on the CPU or a CUDA device: "
+            f"pass model.cpu() and CPU tensors (your model itself may stay where it is)")
 
 
 def export_capture_failed(model: str, how: str, reason: str) -> str:

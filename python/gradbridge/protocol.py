@@ -157,6 +157,9 @@ CHECKPOINT_KEY = "checkpoint"
 #: ``export.step_writes``; absent in modules exported before it, read as true).
 CAPTURE_KEY = "capture"
 DRAWS_RANDOM_KEY = "draws_random"
+#: ``capture``'s device the model was exported from when not the CPU (``"cuda:0"``); the file holds CPU
+#: tensors either way, and trains on any device.
+EXPORTED_FROM_KEY = "exported_from"
 #: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"

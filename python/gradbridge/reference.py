@@ -9,6 +9,10 @@ and ``torch.nn.functional`` loss named in the metadata, in torch.optim's order
 - for the built-in ``linear-regression``, a fresh eager ``LinearRegression``, or
 - otherwise the model stored in the .pt, run by the TorchScript interpreter (same aten ops,
   eager autograd; call it inside ``plain_graph_executor()``, which ``Reference`` does itself).
+
+On a device other than the CPU (``device="cuda:0"``) the model, the loss and the optimizer state live there,
+each batch is copied there as it steps, and torch.optim takes its single-tensor path (``foreach=False``,
+what the exported optimizers copy; torch's default for CUDA tensors is the foreach path).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._runtime import inputs, shuffle
+from ._runtime import devices, inputs, shuffle
 from . import messages, protocol
 from ._runtime import shuffle as shuffle_module
 from ._runtime import data as data_checks
@@ -57,7 +61,7 @@ def _state_of(module: torch.jit.ScriptModule, clone: bool = True) -> Dict[str, T
 
 
 def _as_numpy(tensors: Dict[str, Tensor]) -> Dict[str, np.ndarray]:
-    return {name: t.detach().double().numpy().ravel().copy() for name, t in tensors.items()}
+    return {name: t.detach().cpu().double().numpy().ravel().copy() for name, t in tensors.items()}
 
 
 #: What torch raises for inputs a model cannot take (e.g. "Target 5 is out of bounds." for a label outside its
@@ -80,18 +84,23 @@ class Reference:
 
     def __init__(self, model_path: str | os.PathLike, model: Optional[nn.Module] = None, *,
                  optimizer: Optional[Dict[str, Any]] = None, loaded: Optional[torch.jit.ScriptModule] = None,
-                 state: Optional[Dict[str, Tensor]] = None, take_model: bool = False):
+                 state: Optional[Dict[str, Tensor]] = None, take_model: bool = False, device: str = devices.CPU):
         """``loaded``: the module at ``model_path`` already loaded, to read its initial state from (it
         is not loaded again); with ``model`` given, the reference does not use it after that.
         ``state``: a protocol-3 module's parameters and buffers by name, already read (``_program_state``).
         ``take_model``: train ``model`` itself, not a copy (the export's check hands over its own copy,
-        so a large model is not held once more)."""
+        so a large model is not held once more). ``device``: where it trains (canonical, checked:
+        ``devices.require``)."""
         self.metadata = protocol.read_metadata(model_path)
         self.path = str(model_path)
+        self.device = device
+        on_device = devices.is_cuda(device)
         program = self.metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION
         if program and model is None:
             raise ProtocolError(messages.protocol3_needs_model(str(model_path)))
-        scripted = None if program else loaded if loaded is not None else torchscript.load(str(model_path))
+        # the model stored in the .pt is read onto the device (a trace's constants too)
+        where = {"map_location": device} if on_device and model is None and loaded is None else {}
+        scripted = None if program else loaded if loaded is not None else torchscript.load(str(model_path), **where)
         if scripted is not None:
             protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
                                       scripted.get_parameters())
@@ -106,9 +115,9 @@ class Reference:
             # A traced model's eval-mode trace (modules exported before it have the one model).
             self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
-            off_cpu = capture.off_cpu(model)
-            if off_cpu:
-                raise InvalidInputError(off_cpu)
+            unsupported = capture.off_device(model)
+            if unsupported:
+                raise InvalidInputError(unsupported)
             self.model = model if take_model else copy.deepcopy(model)
             if state is None:  # only read from here, so not copied
                 state = _program_state(model_path) if program else _state_of(scripted, clone=False)
@@ -126,9 +135,15 @@ class Reference:
             with torch.no_grad():
                 for name, tensor in tensors:
                     tensor.copy_(state[name])
+            if on_device or any(t.device.type != "cpu" for _, t in tensors):
+                self.model.to(device)
             self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
+        if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
+            for name, value in list(vars(self.loss).items()):
+                if isinstance(value, Tensor):
+                    setattr(self.loss, name, value.to(device))
         # Frozen parameters as exported (a scripted model does not keep requires_grad=False).
         frozen = {spec["name"] for spec in self.metadata["parameters"] if not spec.get("trainable", True)}
         for name, p in self.named_parameters():
@@ -137,7 +152,8 @@ class Reference:
         tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
         try:  # an edited file's fields, checked as the export checked them (torch would divide by zero)
             self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
-                                                   groups.torch_param_groups(spec, self.named_parameters()))
+                                                   groups.torch_param_groups(spec, self.named_parameters()),
+                                                   single_tensor=on_device)
             if "scheduler" in tuning:
                 schedulers.validate(tuning["scheduler"], len(self.optimizer.param_groups))
         except (ValueError, TypeError, KeyError) as ex:
@@ -170,6 +186,14 @@ class Reference:
         else:
             self.scheduler.step()
 
+    def to_device(self, value: Any) -> Any:
+        """A batch's tensor (or inputs by name) on the reference's device; itself on the CPU."""
+        if not devices.is_cuda(self.device):
+            return value
+        if isinstance(value, dict):
+            return {name: t.to(self.device) for name, t in value.items()}
+        return value.to(self.device)
+
     def method_argument(self, x: inputs.Batch) -> Any:
         """``x`` as the exported module's methods take it (a tensor, or a list of the named inputs)."""
         return inputs.method_argument(x, self.input_names)
@@ -195,7 +219,8 @@ class Reference:
                 self.scheduler.step()
 
     def train_step(self, x: inputs.Batch, y: Tensor) -> Tensor:
-        """One torch.optim step on (x, y); returns the loss (detached)."""
+        """One torch.optim step on (x, y), copied to the device first; returns the loss (detached)."""
+        x, y = self.to_device(x), self.to_device(y)
         if self.accumulate == 1:
             loss = self.backward(x, y)
         else:  # the eager accumulation loop: (loss / k).backward() per micro-batch, one step
@@ -270,6 +295,7 @@ class Reference:
 
     def evaluate(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """The loss in eval mode without gradients; the model returns to training mode."""
+        x, y = self.to_device(x), self.to_device(y)
         self.eval_model.eval()
         try:
             with torch.no_grad(), plain_graph_executor():
@@ -462,7 +488,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
           mode: str = protocol.DEFAULT_MODE, val: Optional[tuple] = None, model: Optional[nn.Module] = None,
           start_epoch: int = 0, record_values: bool = True, lr: Optional[float] = None,
-          source: str = "training data", val_source: str = "validation data") -> History:
+          source: str = "training data", val_source: str = "validation data",
+          device: Optional[str] = None, deterministic: bool = True) -> History:
     """Train like the Java ``Trainer``, in eager PyTorch; returns the History in the same schema.
 
     ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
@@ -471,6 +498,9 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     ``shuffle.permutation(seed, epoch, n)`` in batches of ``batch_size``. ``val`` = (x, y) adds
     the validation loss after each epoch. ``start_epoch`` numbers the epochs of a continued run.
     ``lr`` sets every parameter group's learning rate first (Java: ``TrainingModule.setLr``).
+    ``device``: ``cpu`` (None: the same), ``cuda`` or ``cuda:N`` (see ``Reference``), with torch's
+    deterministic algorithms on for the run unless ``deterministic`` is false (``devices.deterministic``);
+    each record then names the device and that setting.
     Raises DivergenceError at the first NaN or infinite batch loss; a step or validation loss torch refuses
     is an InvalidInputError naming ``source`` (or ``val_source``) and the array when the data holds an id or
     label the model does not take (``data.out_of_range``), else a TrainingError naming the module.
@@ -487,7 +517,18 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     batch = n if mode == "full" else batch_size
     if not 1 <= batch <= n:
         raise InvalidInputError(messages.batch_size(n, batch))
-    reference = Reference(model_path, model)
+    device = devices.require(devices.CPU if device is None else device)
+    with devices.deterministic(device, deterministic):
+        return _train(model_path, xs, ys, n, epochs=epochs, batch=batch, seed=seed, mode=mode, val=val, model=model,
+                      start_epoch=start_epoch, record_values=record_values, lr=lr, device=device,
+                      deterministic=deterministic, source=source, val_source=val_source)
+
+
+def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs: int, batch: int, seed: int,
+           mode: str, val: Optional[tuple], model: Optional[nn.Module], start_epoch: int, record_values: bool,
+           lr: Optional[float], device: str, deterministic: bool, source: str, val_source: str) -> History:
+    """``train``'s epochs, its arguments checked."""
+    reference = Reference(model_path, model, device=device)
     if lr is not None:
         for group in reference.optimizer.param_groups:
             group["lr"] = lr
@@ -522,6 +563,8 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                                       f"validation loss failed at epoch {epoch}") from ex
         # per-epoch schedules step here (ReduceLROnPlateau on the validation loss, else the training loss)
         reference.end_epoch(val_loss if val_loss is not None else epoch_loss(values))
-        history.append(reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started,
-                                        record_values))
+        record = reference.record(epoch, epoch_loss(values), val_loss, time.perf_counter() - started, record_values)
+        if devices.is_cuda(device):
+            record.device, record.deterministic = device, deterministic
+        history.append(record)
     return history

@@ -11,8 +11,8 @@ import os
 import subprocess
 from typing import TYPE_CHECKING, List, Sequence
 
-from . import classpath, jdk, native, torch_gate
-from .. import protocol
+from . import classpath, devices, jdk, native, torch_gate
+from .. import messages, protocol
 from ..errors import ERROR_PREFIX, GradbridgeError
 
 if TYPE_CHECKING:  # numpy only when a history is read
@@ -34,12 +34,25 @@ def java_command(main_class: str, args: Sequence[object] = (), *, entries: Seque
             "-cp", os.pathsep.join(entries), main_class, *map(str, args)]
 
 
-def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Sequence[str] = ()) -> List[str]:
+#: The JVM option that loads libtorch's CUDA libraries with libtorch (Java: NativeLibrary.CUDA_PROPERTY).
+CUDA_OPTION = "-Dgradbridge.cuda=true"
+
+
+def command(main_class: str, args: Sequence[object] = (), *, extra_classpath: Sequence[str] = (),
+            cuda: bool = False) -> List[str]:
     """The full command line that runs ``main_class`` with ``args`` in a new JVM, on gradbridge's
-    classpath followed by ``extra_classpath``."""
+    classpath followed by ``extra_classpath``. ``cuda``: for a run on a CUDA device, on this Python's
+    libtorch (the pytorch-native jar's is a CPU build) with its CUDA libraries loaded at start."""
     core = classpath.resolve()
     path = classpath.Classpath([*core.entries, *extra_classpath], core.source)
-    return java_command(main_class, args, entries=path.entries, use_torch_lib=not path.has_native_libtorch)
+    return java_command(main_class, args, entries=path.entries, use_torch_lib=cuda or not path.has_native_libtorch,
+                        jvm_options=[CUDA_OPTION] if cuda else [])
+
+
+def cuda_environment() -> dict:
+    """This process's environment with cuBLAS's reproducible workspace (unless set), for a JVM on CUDA: it
+    must be set before CUDA starts there."""
+    return {messages.CUBLAS_WORKSPACE_CONFIG: messages.CUBLAS_WORKSPACE_VALUE, **os.environ}
 
 
 def error_line(stderr: str, returncode: int) -> str:
@@ -51,12 +64,14 @@ def error_line(stderr: str, returncode: int) -> str:
     return lines[-1] if lines else f"exit code {returncode}"
 
 
-def run(main_class: str, args: Sequence[object] = (), *, capture: bool = True) -> subprocess.CompletedProcess:
+def run(main_class: str, args: Sequence[object] = (), *, capture: bool = True,
+        cuda: bool = False) -> subprocess.CompletedProcess:
     """Run ``main_class``; GradbridgeError with the program's error line when it fails.
 
-    With ``capture=False`` the program's output goes to this process's terminal.
+    With ``capture=False`` the program's output goes to this process's terminal. ``cuda``: see ``command``.
     """
-    result = subprocess.run(command(main_class, args), capture_output=capture, text=True, check=False)
+    result = subprocess.run(command(main_class, args, cuda=cuda), capture_output=capture, text=True, check=False,
+                            env=cuda_environment() if cuda else None)
     if result.returncode != 0:
         detail = error_line(result.stderr, result.returncode) if capture else f"exit code {result.returncode}"
         raise GradbridgeError(f"{main_class.rsplit('.', 1)[-1]} (separate JVM) failed: {detail}")
@@ -66,14 +81,21 @@ def run(main_class: str, args: Sequence[object] = (), *, capture: bool = True) -
 def train(model_path: str | os.PathLike, data: str | os.PathLike, *, epochs: int,
           batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED,
           mode: str = protocol.DEFAULT_MODE, val: str | os.PathLike | None = None,
-          history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = ()) -> History:
+          history: str | os.PathLike, op_libraries: Sequence[str | os.PathLike] = (),
+          device: str | None = None) -> History:
     """Run the Trainer's CLI (``dev.gradbridge.cli.TrainCommand``) in a JVM of its own and return the
-    History it wrote. GradbridgeError carries the program's own error line."""
+    History it wrote. GradbridgeError carries the program's own error line. ``device``: ``--device``
+    (None: the CPU, no option); a CUDA device runs on this Python's libtorch (``command``), checked here first."""
     from ..history import History
 
     args = ["--model", model_path, "--data", data, "--epochs", epochs, "--batch-size", batch_size, "--seed", seed,
             "--mode", mode, "--history", history] + (["--val", val] if val is not None else [])
     for library in op_libraries:
         args += ["--op-library", library]
-    run(TRAIN_MAIN, args)
+    cuda = False
+    if device is not None:
+        device = devices.require(device)
+        cuda = devices.is_cuda(device)
+        args += ["--device", device]
+    run(TRAIN_MAIN, args, cuda=cuda)
     return History.load(history)

@@ -4,7 +4,8 @@ Checks: the Python package, where the Java library's jars come from and their ve
 against the supported range, whether it is verified, self-checked here or failed its self-check
 (``torch_gate.status``), its TorchScript status, the export formats it supports (TorchScript,
 torch.export and the protocol-3 op-list version, and which one ``format="auto"`` takes), the native
-library Java would use on this Python's libtorch, the JVM that would start in this process (started
+library Java would use on this Python's libtorch, whether this torch is a CUDA build and the CUDA devices
+it sees (none is no problem: runs train on the CPU), the JVM that would start in this process (started
 in a process of its own with the user's JVM options, past the torch gate: doctor never runs the
 self-check, its row says whether one ran), and the `java` a separate JVM would run. Exit code 1 when
 any is off.
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from .._runtime import devtree as _devtree, classpath, jdk, libtorch, native, torch_gate
+from .._runtime import devtree as _devtree, classpath, devices, jdk, libtorch, native, torch_gate
 from .._version import __version__
 from ..errors import GradbridgeError
 
@@ -66,6 +67,7 @@ def run(out: Callable[[str], None] = print) -> int:
         check("TorchScript", torchscript.deprecation_status)
         check("export formats", _formats)
         check("native library", native.describe)
+        check("CUDA", devices.describe)
 
     def in_process_jvm() -> str:
         libjvm = jdk.libjvm_path()

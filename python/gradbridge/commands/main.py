@@ -93,7 +93,7 @@ def _parity(args: argparse.Namespace) -> int:
     return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
                seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
                report_path=args.report, plot_path=args.plot, op_libraries=args.op_library,
-               model_factory=args.model_factory)
+               model_factory=args.model_factory, device=args.device)
 
 
 def _build_op(args: argparse.Namespace) -> int:
@@ -368,6 +368,9 @@ def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity.add_argument("--model-factory", metavar="MODULE:FACTORY",
                         help="your own nn.Module (a function returning it) for the eager side, started from the "
                              "module's initial tensors (default: the model stored in the .pt)")
+    parity.add_argument("--device", default="cpu",
+                        help="train both sides on cpu, cuda or cuda:N (default: cpu); on CUDA with torch's "
+                             "deterministic algorithms and CUBLAS_WORKSPACE_CONFIG=:4096:8")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
     _op_library_option(parity)

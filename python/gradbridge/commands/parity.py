@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .._runtime import data, launcher, ops, torch_gate
+from .._runtime import data, devices, launcher, ops, torch_gate
 from .. import java, parity_report, protocol, reference
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..export.command_line import build_model
@@ -35,7 +35,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         mode: str = protocol.DEFAULT_MODE, java_mode: str = "inprocess",
         rtol: Optional[float] = None, atol: Optional[float] = None, report_path: str | os.PathLike | None = None,
         plot_path: str | os.PathLike | None = None, op_libraries: Sequence[str | os.PathLike] = (),
-        model_factory: Optional[str] = None, out: Callable[[str], None] = print) -> int:
+        model_factory: Optional[str] = None, device: str = devices.CPU, out: Callable[[str], None] = print) -> int:
     """Returns the exit code: 0 only when every comparison is within tolerance.
 
     Tolerances: in-process Java shares this process's libtorch and is compared exactly unless
@@ -45,7 +45,8 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     failure is raised. ``op_libraries`` are loaded into this process and into every JVM first.
     ``model_factory`` (``MODULE:FACTORY``): the user's own nn.Module for the eager side, started from
     the module's initial tensors; without it, the eager side runs the model stored in the .pt, and
-    the output says so.
+    the output says so. ``device``: where both sides train (``cpu``, ``cuda``, ``cuda:N``; on CUDA with
+    torch's deterministic algorithms, which the report records); checked before anything trains.
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
@@ -55,6 +56,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     for output in (report_path, plot_path):
         if output is not None:
             check_writable(output)  # before the training, not after it
+    device = devices.require(device)  # before anything trains: one line naming the device and why
     torch_gate.require_torch()  # before the eager run: a refused torch trains nothing
     metadata = protocol.read_metadata(model)
     ops.prepare(metadata, op_libraries, str(model))
@@ -64,12 +66,13 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     sources = dict(source=str(data_path), val_source=str(val_path))  # the files, in a refusal's line
     user_model = None if model_factory is None else build_model(model_factory)
 
-    python = reference.train(model, x, y, val=val, model=user_model, **settings, **sources)
+    on = {"device": device} if devices.is_cuda(device) else {}  # the CPU: the calls of every release before
+    python = reference.train(model, x, y, val=val, model=user_model, **settings, **sources, **on)
     settings["op_libraries"] = op_libraries
     others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
         try:
-            others["java"] = java.train(model, x, y, val=val, **settings, **sources)
+            others["java"] = java.train(model, x, y, val=val, **settings, **sources, **on)
             reports.append(compare_histories(python, others["java"], rtol=rtol or 0.0, atol=atol or 0.0,
                                              labels=("python", "java")))
         except GradbridgeError as ex:
@@ -78,7 +81,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         try:
             with tempfile.TemporaryDirectory() as folder:
                 others["java-subprocess"] = launcher.train(model, data_path, val=val_path,
-                                                                  history=Path(folder) / "history.jsonl", **settings)
+                                                                  history=Path(folder) / "history.jsonl", **settings, **on)
             reports.append(compare_histories(
                 python, others["java-subprocess"], labels=("python", "java-subprocess"),
                 rtol=SEPARATE_JVM_RTOL if rtol is None else rtol, atol=SEPARATE_JVM_ATOL if atol is None else atol))
@@ -88,7 +91,8 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         raise next(iter(failures.values()))
 
     out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
-        f"{len(y)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}")
+        f"{len(y)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}"
+        + (f", on {device} (deterministic algorithms)" if on else ""))
     eager_side = reference_label(metadata, model_factory)
     out(f"reference: {eager_side}")
     for parity in reports:
@@ -96,7 +100,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         out(parity.table())
     config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
               "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries],
-              "reference": eager_side}
+              "reference": eager_side, **({"device": device, "deterministic": True} if on else {})}
     if report_path is not None:
         failed = {label: str(ex) for label, ex in failures.items()}
         out(f"report: {parity_report.write_json(report_path, config, reports, failed)}")

@@ -40,7 +40,7 @@ from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
-from . import finetune, losses, self_check, step_writes, traceable
+from . import capture as model_capture, finetune, losses, self_check, step_writes, traceable
 
 log = logging.getLogger(__name__)
 
@@ -494,9 +494,11 @@ def _micro_batches(batch: int, accumulate: int) -> List[int]:
 
 
 def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, model_name: Any,
-           check: bool, options: Dict[str, Any], auto_reason: Optional[str] = None) -> Path:
+           check: bool, options: Dict[str, Any], auto_reason: Optional[str] = None,
+           exported_from: Optional[str] = None) -> Path:
     """See ``export_training_module`` (format="export") and this module's docstring. ``auto_reason``: why
-    format="auto" did not take TorchScript (recorded in the metadata's ``capture``)."""
+    format="auto" did not take TorchScript, ``exported_from``: the device of a model not on the CPU (both
+    recorded in the metadata's ``capture``); the capture runs on a CPU copy of the model."""
     if options.get("inputs") is not None or example_inputs is None:
         raise ExportError(messages.aten_option_refused("inputs without example_inputs"))
     if not isinstance(example_inputs, (tuple, list)) or len(example_inputs) != 2 \
@@ -509,8 +511,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     batch = int(y.shape[0])
     if batch < program.MIN_BATCH:
         raise ExportError(messages.aten_batch_too_small(batch, program.MIN_BATCH))
-    names_by_id = {id(p): n for n, p in model.named_parameters()}
-    model = copy.deepcopy(model)
+    names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
+    model = model_capture.cpu_copy(model)
     named = list(model.named_parameters())
     if not named:
         raise ValueError(f"{type(model).__name__} has no parameters: nothing to train")
@@ -593,7 +595,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
-                                      **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {})}
+                                      **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {}),
+                                      **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
                for i, (name, t) in enumerate(state.items())]
     metadata[protocol.PROGRAM_KEY] = {

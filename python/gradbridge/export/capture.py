@@ -10,6 +10,7 @@ afterwards and torch's generator is left as it was: the export holds the model's
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import linecache
@@ -17,7 +18,7 @@ import logging
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import Tensor, nn
@@ -95,15 +96,53 @@ def refuse_captured(model: nn.Module) -> None:
             "traced" if isinstance(model, torch.jit.TracedModule) else "scripted"))
 
 
-def off_cpu(model: nn.Module, example_inputs: object = None) -> Optional[str]:
-    """The line refusing the first parameter, buffer or example tensor not on the CPU, or None
-    (``messages.not_on_cpu`` says why)."""
-    named = [*((f"parameter {n}", t) for n, t in model.named_parameters()),
-             *((f"buffer {n}", t) for n, t in model.named_buffers())]
-    for what, tensor in [*named, *_example_tensors(example_inputs, "example_inputs")]:
-        if tensor.device.type != "cpu":
-            return messages.not_on_cpu(what, str(tensor.device))
+#: The device types a model and its example may be on (an export writes CPU tensors from either).
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def _model_tensors(model: nn.Module) -> List[Tuple[str, Tensor]]:
+    return [*((f"parameter {n}", t) for n, t in model.named_parameters()),
+            *((f"buffer {n}", t) for n, t in model.named_buffers())]
+
+
+def off_device(model: nn.Module, example_inputs: object = None) -> Optional[str]:
+    """The line refusing the first parameter, buffer or example tensor on a device other than the CPU or
+    CUDA, or None (``messages.unsupported_device``)."""
+    for what, tensor in [*_model_tensors(model), *_example_tensors(example_inputs, "example_inputs")]:
+        if tensor.device.type not in DEVICE_TYPES:
+            return messages.unsupported_device(what, str(tensor.device))
     return None
+
+
+def exported_from(model: nn.Module) -> Optional[str]:
+    """The device(s) the model's tensors are on when not the CPU (``cuda:0``), what the metadata records;
+    None for a CPU model."""
+    found = sorted({str(t.device) for _, t in _model_tensors(model)} - {"cpu"})
+    return ", ".join(found) if found else None
+
+
+def cpu_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with every parameter and buffer on the CPU (the Parameter objects kept)."""
+    copied = copy.deepcopy(model)
+    if any(t.device.type != "cpu" for _, t in _model_tensors(copied)):
+        copied.cpu()
+    return copied
+
+
+def on_cpu(value: Any) -> Any:
+    """An example (a tensor, or dicts, lists and tuples of them) with its tensors on the CPU; itself when
+    they are there already."""
+    if not any(t.device.type != "cpu" for _, t in _example_tensors(value, "")):
+        return value
+    if isinstance(value, Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return type(value)((key, on_cpu(item)) for key, item in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(on_cpu(item) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(item) for item in value)
+    return value
 
 
 def _example_tensors(value: object, where: str) -> List[Tuple[str, Tensor]]:

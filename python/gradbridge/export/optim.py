@@ -510,10 +510,14 @@ def spec_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     return spec
 
 
-def torch_optimizer(spec: Dict[str, Any], params) -> torch.optim.Optimizer:
-    """The torch.optim optimizer that the spec's scripted optimizer reproduces (the reference)."""
+def torch_optimizer(spec: Dict[str, Any], params, single_tensor: bool = False) -> torch.optim.Optimizer:
+    """The torch.optim optimizer that the spec's scripted optimizer reproduces (the reference).
+    ``single_tensor``: torch.optim's single-tensor path, which it takes by default on the CPU only (CUDA
+    parameters default to the foreach path; the scripted optimizers copy the single-tensor one)."""
     options = dict(spec)
     cls = OPTIMIZERS[options.pop("name")]
     if "betas" in options:
         options["betas"] = tuple(options["betas"])
+    if single_tensor and options.get("foreach") is None:
+        options["foreach"] = False
     return getattr(torch.optim, cls.torch_name)(params, **options)

@@ -100,7 +100,8 @@ class _Comparison:
 
 
 def _seed(seed: int) -> None:
-    """Seed the CPU generator (exports take CPU models only: ``capture.refuse_off_cpu``)."""
+    """Seed the CPU generator (an export's check runs on the CPU: a CUDA model is exported from a CPU copy,
+    ``capture.cpu_copy``)."""
     torch.default_generator.manual_seed(seed)
 
 

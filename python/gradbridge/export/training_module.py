@@ -58,7 +58,9 @@ def export_training_module(
         optimizer: a name of ``SUPPORTED_OPTIMIZERS``, a spec ``{"name": "adam", "lr": 1e-3, ...}``,
             or a fresh torch.optim optimizer over ``model.parameters()`` (one group, no state).
         path: output ``.pt``; written to a temporary file, then renamed: an existing file is never
-            left half-written.
+            left half-written. The file holds CPU tensors whichever device the model is on (a CUDA
+            model is exported, and checked, from a CPU copy; the metadata's ``capture`` records
+            ``exported_from``), and trains on any device.
         example_inputs: one batch ``(x, y)``. Gives the input specs, is run once through the
             model and loss to check them, and is used to trace the model when it cannot be scripted.
             ``x`` is one tensor, or for a model of several inputs a dict of tensors by name
@@ -103,12 +105,15 @@ def export_training_module(
     """
     model = model_capture.uncompiled(model)
     model_capture.refuse_captured(model)
-    off_cpu = model_capture.off_cpu(model, example_inputs)
-    if off_cpu:
-        raise ExportError(off_cpu)
+    unsupported = model_capture.off_device(model, example_inputs)
+    if unsupported:
+        raise ExportError(unsupported)
     if format not in protocol.FORMATS:
         raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
-    common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check)
+    # the file holds CPU tensors: a CUDA model is exported from a CPU copy (the copy below), its example too
+    example_inputs = model_capture.on_cpu(example_inputs)
+    common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check,
+                  exported_from=model_capture.exported_from(model))
     fine_tuning = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                        clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights)
     aten_options = dict(fine_tuning, scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
@@ -132,13 +137,13 @@ def export_training_module(
 
 def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, inputs: Any,
                model_name: Optional[str], check: bool, options: Dict[str, Any],
-               auto_reason: Optional[str] = None) -> Path:
+               auto_reason: Optional[str] = None, exported_from: Optional[str] = None) -> Path:
     """Protocol 3 (``export.aten_export``). A model declared by ``inputs`` alone is captured on
     ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
     if example_inputs is None and inputs is not None:
         example_inputs = example_batch(_declared(model, inputs))
     return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
-                              check=check, options=options, auto_reason=auto_reason)
+                              check=check, options=options, auto_reason=auto_reason, exported_from=exported_from)
 
 
 def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -154,7 +159,8 @@ def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[s
 def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, os.PathLike], *,
                  example_inputs: Any, inputs: Any, model_name: Optional[str], freeze: Sequence[str], scheduler: Any,
                  scheduler_interval: str, clip_grad_norm: Optional[float], clip_norm_type: float,
-                 clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool) -> Path:
+                 clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool,
+                 exported_from: Optional[str] = None) -> Path:
     """Protocol 2: the model scripted (or traced) inside the scripted training module (see
     ``export_training_module``)."""
     loss_module, loss_spec = losses.resolve(loss)
@@ -178,8 +184,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
                          f"got {target_dtype}")
 
-    names_by_id = {id(p): n for n, p in model.named_parameters()}
-    model = copy.deepcopy(model)
+    names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
+    model = model_capture.cpu_copy(model)
     named_parameters = list(model.named_parameters())
     parameters = [p for _, p in named_parameters]
     if not parameters:
@@ -245,7 +251,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check,
-                                      protocol.DRAWS_RANDOM_KEY: writes.draws_random}
+                                      protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                      **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     path = Path(path)
     with atomic_path(path) as tmp:
         torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})

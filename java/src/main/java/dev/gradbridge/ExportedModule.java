@@ -54,8 +54,8 @@ final class ExportedModule extends ScriptedModule {
     private final Map<String, String> graphFiles;
 
     private ExportedModule(Path path, long handle, Metadata metadata, List<String> trainableNames,
-            Map<String, String> graphFiles) {
-        super(path, handle, metadata.getMethods());
+            Map<String, String> graphFiles, String device) {
+        super(path, handle, metadata.getMethods(), device);
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
             parameterNames.add(spec.getName());
         }
@@ -72,7 +72,7 @@ final class ExportedModule extends ScriptedModule {
      * sees any of it (strict JSON, the operator allow-list, the limits, every field's range), and builds the
      * native module; one line for what is wrong.
      */
-    static ExportedModule load(Path file, Metadata metadata) {
+    static ExportedModule load(Path file, Metadata metadata, String device) {
         NativeLibrary.load();
         List<Tensor> state = new ArrayList<>();
         try (ZipFile archive = new ZipFile(file.toFile())) {
@@ -135,13 +135,13 @@ final class ExportedModule extends ScriptedModule {
             }
             long module;
             try {
-                module = Native.exportedLoad(text.toString(), stateNames, handles);
+                module = Native.exportedLoad(text.toString(), stateNames, handles, device);
             } catch (NativeException e) {
                 throw new ProtocolException(file + ": " + libtorchSummary(e));
             }
             try {
                 return new ExportedModule(file, module, metadata, Collections.unmodifiableList(trainable),
-                        Collections.unmodifiableMap(graphFiles));
+                        Collections.unmodifiableMap(graphFiles), device);
             } catch (RuntimeException e) {
                 Native.exportedFree(module);
                 throw e;
@@ -276,6 +276,12 @@ final class ExportedModule extends ScriptedModule {
     }
 
     @Override
+    void moveTo(String target) {
+        Native.exportedTo(handle(), target);
+        replace(handle(), target);
+    }
+
+    @Override
     void setTraining(boolean training) {
         // the graphs carry their mode: train (training mode), forward and loss (eval mode)
     }
@@ -353,7 +359,7 @@ final class ExportedModule extends ScriptedModule {
     ScriptedModule snapshot() {
         long copy = Native.exportedSnapshot(handle());
         try {
-            return new ExportedModule(path, copy, metadata, trainableNames, graphFiles);
+            return new ExportedModule(path, copy, metadata, trainableNames, graphFiles, device());
         } catch (RuntimeException e) {
             Native.exportedFree(copy);
             throw e;

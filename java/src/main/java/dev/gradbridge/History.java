@@ -20,9 +20,10 @@ import java.util.Map;
  * What a training run did, epoch by epoch, written as JSON Lines in the schema that {@code
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
  * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
- * parameter group after the epoch) and {@code "threads"} (libtorch's intra-op threads of a
- * gradbridge-spark run's tasks in the epoch), each left out when unknown, and {@code "values"} (where
- * in the side file a large record's values are: {@link HistoryFile}).
+ * parameter group after the epoch), {@code "threads"} (libtorch's intra-op threads of a
+ * gradbridge-spark run's tasks in the epoch), {@code "device"} and {@code "deterministic"} (the device of a
+ * run on one other than the CPU, and whether libtorch's deterministic algorithms were on), each left out when
+ * unknown, and {@code "values"} (where in the side file a large record's values are: {@link HistoryFile}).
  */
 public final class History {
 
@@ -41,6 +42,8 @@ public final class History {
         private final double[] lrs; // optional key of the schema: null is not written
         private volatile SideValues side; // set once the values went to a history's side file
         private final Integer threads; // optional key of the schema: null is not written
+        private final String device; // optional key of the schema: null (the CPU) is not written
+        private final Boolean deterministic; // optional key, with device
 
         /**
          * Creates a record.
@@ -73,7 +76,7 @@ public final class History {
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
             this(epoch, loss, valLoss, elapsedSeconds, Collections.unmodifiableMap(new LinkedHashMap<>(parameters)),
-                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null);
+                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null, null, null);
         }
 
         /**
@@ -82,9 +85,12 @@ public final class History {
          */
         private EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds, Map<String, double[]> parameters,
-                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs, Integer threads) {
+                Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs, Integer threads,
+                String device, Boolean deterministic) {
             this.lrs = lrs == null ? null : lrs.clone();
             this.threads = threads;
+            this.device = device;
+            this.deterministic = deterministic;
             this.epoch = epoch;
             this.loss = loss;
             this.val_loss = valLoss;
@@ -176,7 +182,28 @@ public final class History {
          * @return this record with that count
          */
         public EpochRecord withThreads(int count) {
-            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count);
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count, device,
+                    deterministic);
+        }
+
+        /**
+         * @return the device the epoch trained on when not the CPU ({@code cuda:0}), or {@code null}
+         */
+        public String getDevice() {
+            return device;
+        }
+
+        /**
+         * @return with {@link #getDevice()}: whether libtorch's deterministic algorithms were on; else {@code null}
+         */
+        public Boolean getDeterministic() {
+            return deterministic;
+        }
+
+        /** @return this record of an epoch trained on {@code device} (not the CPU), deterministic or not */
+        EpochRecord withDevice(String on, boolean deterministicAlgorithms) {
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, threads, on,
+                    deterministicAlgorithms);
         }
 
         /** The values as float64 views from their start, by name (what a history file writes). */
@@ -308,7 +335,7 @@ public final class History {
         module.readParameters(digests, withValues ? values : null);
         return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
                 values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs(),
-                null);
+                null, null, null);
     }
 
     /**

@@ -246,6 +246,10 @@ public final class HistoryFile {
             if (record.getThreads() != null) {
                 json.name("threads").value(record.getThreads());
             }
+            if (record.getDevice() != null) {
+                json.name("device").value(record.getDevice());
+                json.name("deterministic").value(record.getDeterministic());
+            }
             if (block != null) {
                 json.name("values").beginObject();
                 json.name("file").value(valuesPath.getFileName().toString());

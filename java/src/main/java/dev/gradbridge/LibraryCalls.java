@@ -68,7 +68,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
 
     @Override
     public ModuleAccess.BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
-        TorchScriptModule module = TorchScriptModule.load(model.toAbsolutePath());
+        TorchScriptModule module = TorchScriptModule.load(model.toAbsolutePath(), Devices.CPU);
         return new ModuleAccess.BareCall() {
             @Override
             public void run() {

@@ -48,6 +48,28 @@ final class Native {
     /** {@code dlopen(path, RTLD_NOW | RTLD_GLOBAL)} (custom operators register on load); dlerror() on failure. */
     static native void loadLibrary(String path);
 
+    // ---- CUDA: {@link NativeLibrary} loads libtorch's CUDA libraries before anything asks for them ----
+
+    /** @return whether libtorch's CUDA hooks are libtorch_cuda's (loaded before libtorch first asked for them) */
+    static native boolean cudaBuilt();
+
+    /** @return the CUDA devices libtorch sees ({@code torch::cuda::device_count()}; 0 without its CUDA libraries) */
+    static native int cudaDeviceCount();
+
+    /** @return whether the NVIDIA driver's {@code libcuda.so.1} loads */
+    static native boolean cudaDriverLoads();
+
+    /**
+     * {@code torch.use_deterministic_algorithms(on)} (an op without a deterministic kernel fails), and cuDNN's
+     * benchmark off while on.
+     *
+     * @return the setting it replaced
+     */
+    static native boolean setDeterministic(boolean on);
+
+    /** {@code setenv(name, value)} unless the process has {@code name} set already. */
+    static native void setEnvDefault(String name, String value);
+
     // ---- tensors ----
 
     /**
@@ -92,10 +114,20 @@ final class Native {
     /** {@code tensor.to(scalarType)}: a new tensor (the same when the type already matches). */
     static native long tensorTo(long tensor, int scalarType);
 
+    /** A copy in page-locked (pinned) memory, which CUDA copies read directly; the same tensor when it is one. */
+    static native long tensorPinned(long tensor);
+
     // ---- TorchScript modules ----
 
-    /** {@code torch::jit::load(path)}; the module is put in training mode. */
-    static native long moduleLoad(String path);
+    /**
+     * {@code torch::jit::load(path)}, onto {@code device} ({@code cpu}, {@code cuda:N}: every tensor of the
+     * archive is read there); the module is put in training mode. A module's calls copy their tensor
+     * arguments to its device and their tensor results back to the CPU: Java's tensors are CPU tensors.
+     */
+    static native long moduleLoad(String path, String device);
+
+    /** The module as it is now, moved to {@code device}: a new module (free both). */
+    static native long moduleTo(long module, String device);
 
     static native void moduleFree(long module);
 
@@ -183,9 +215,13 @@ final class Native {
 
     /**
      * A protocol-3 module from its program (JSON: parameters, inputs, graphs, training, counters) and its
-     * state tensors by binding name (cloned: the caller keeps and frees its own).
+     * state tensors by binding name (copied onto {@code device}: the caller keeps and frees its own). Its calls
+     * copy inputs to the device and results back to the CPU.
      */
-    static native long exportedLoad(String program, String[] stateNames, long[] stateTensors);
+    static native long exportedLoad(String program, String[] stateNames, long[] stateTensors, String device);
+
+    /** Moves every state tensor to {@code device}, where the module runs from now on. */
+    static native void exportedTo(long module, String device);
 
     static native void exportedFree(long module);
 

@@ -37,6 +37,12 @@ import java.util.stream.Stream;
  * System.load} unchecked: each must be a whole ELF shared object for this machine ({@link
  * #libraryProblem}), and the cached copies must match the SHA-256 recorded when they were made
  * (else they are extracted again, with one line).
+ *
+ * <p>CUDA: libtorch's CUDA libraries ({@code libc10_cuda.so}, {@code libtorch_cuda.so}) load with libtorch,
+ * before anything asks libtorch about CUDA (asked first, libtorch answers "no CUDA" for good, without an
+ * error): when the first request is for a CUDA device ({@link #requireDevice}), when {@value
+ * #CUDA_PROPERTY} (or {@value #CUDA_ENV}) is {@code true}, or when this process has them mapped already
+ * (in-process, Python's torch loaded them). A CPU run on a CUDA build loads none of them.
  */
 final class NativeLibrary {
 
@@ -46,6 +52,8 @@ final class NativeLibrary {
     static final String LIBRARY_ENV = "GRADBRIDGE_NATIVE_LIBRARY";
     static final String THREADS_PROPERTY = "gradbridge.numThreads";
     static final String INTEROP_THREADS_PROPERTY = "gradbridge.numInteropThreads";
+    static final String CUDA_PROPERTY = "gradbridge.cuda";
+    static final String CUDA_ENV = "GRADBRIDGE_CUDA";
     /** Inside this jar: the native library built at build time, and its properties. */
     static final String JAR_FOLDER = "dev/gradbridge/native/linux-x86_64/";
     static final String JAR_PROPERTIES = JAR_FOLDER + "native.properties";
@@ -58,8 +66,40 @@ final class NativeLibrary {
     private static String description;
     private static GradbridgeException failure;
     private static boolean loading;
+    private static boolean cudaWanted; // the first load is for a CUDA device
+    private static String libtorchBuild = "?"; // the loaded libtorch's version with its local suffix (2.7.1+cu126)
+    private static String cudaProblem = Messages.CUDA_NOT_LOADED; // why no CUDA device is reachable, or null
 
     private NativeLibrary() {}
+
+    /**
+     * Checks that this process can train on {@code device} (canonical, {@link Devices}), loading libtorch first:
+     * for a CUDA device with its CUDA libraries, then that libtorch sees the device.
+     *
+     * @throws InvalidInputException naming the device and why it is not available
+     */
+    static void requireDevice(String device) {
+        if (!Devices.isCuda(device)) {
+            load();
+            return;
+        }
+        String problem;
+        synchronized (NativeLibrary.class) {
+            if (description == null && failure == null && !loading) {
+                cudaWanted = true;
+            }
+            load();
+            problem = cudaProblem;
+        }
+        if (problem == null) {
+            int count = Native.cudaDeviceCount();
+            if (Devices.index(device) < count) {
+                return;
+            }
+            problem = Messages.cudaDevicesSeen(libtorchBuild, count, count > 0 || Native.cudaDriverLoads());
+        }
+        throw new InvalidInputException(Messages.deviceUnavailable(device, problem));
+    }
 
     /** Loads libtorch and the native library (once); every later call returns at once or rethrows the first failure. */
     static synchronized void load() {
@@ -193,6 +233,8 @@ final class NativeLibrary {
                 throw new GradbridgeException("cannot load libtorch's " + file + ": " + e.getMessage());
             }
         }
+        libtorchBuild = libtorchBuild(libtorch, libtorchVersion);
+        cudaProblem = loadCuda(libtorch);
         try {
             System.load(library.toString());
         } catch (UnsatisfiedLinkError e) {
@@ -213,8 +255,73 @@ final class NativeLibrary {
                     + Native.torchVersion() + " (C++11 ABI " + Native.cxx11Abi() + ") but its properties file says "
                     + builtFor + " (" + abi + "): rebuild it");
         }
+        if (cudaProblem == null) {
+            if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
+                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
+            } else {
+                cudaProblem = Messages.CUDA_NOT_LOADED;
+            }
+        }
         return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
                 + " from " + libtorch;
+    }
+
+    /**
+     * libtorch's CUDA libraries loaded from its folder when this run wants them (see the class comment): null,
+     * else why no CUDA device is reachable. A libtorch folder without them is a CPU build.
+     */
+    private static String loadCuda(Path folder) {
+        Path torchCuda = folder.resolve("libtorch_cuda.so");
+        if (!Files.isRegularFile(torchCuda)) {
+            return Messages.cudaCpuBuild(libtorchBuild + " at " + folder);
+        }
+        String setting = NativeSettings.value(CUDA_PROPERTY, CUDA_ENV);
+        boolean asked = cudaWanted || "true".equalsIgnoreCase(String.valueOf(setting).trim())
+                || "1".equals(String.valueOf(setting).trim());
+        if (!asked && !mappedHere(torchCuda)) {
+            return Messages.CUDA_NOT_LOADED;
+        }
+        for (Path file : new Path[] {folder.resolve("libc10_cuda.so"), torchCuda}) {
+            if (!Files.isRegularFile(file)) {
+                continue; // a libtorch of another layout: libtorch_cuda's own dependencies bring it
+            }
+            try {
+                System.load(file.toString());
+            } catch (UnsatisfiedLinkError e) {
+                return Messages.cudaUnloadable(file.toString(), String.valueOf(e.getMessage()));
+            }
+        }
+        return null;
+    }
+
+    /** Whether this process has {@code file} mapped already (Python's torch loaded it: in-process). */
+    private static boolean mappedHere(Path file) {
+        try (Stream<String> maps = Files.lines(Paths.get("/proc/self/maps"), StandardCharsets.ISO_8859_1)) {
+            String name = file.toRealPath().toString();
+            return maps.anyMatch(line -> line.endsWith(name));
+        } catch (IOException | UncheckedIOException e) {
+            return false;
+        }
+    }
+
+    /** The libtorch's version with its local suffix ({@code 2.7.1+cu126}), for messages; else {@code version}. */
+    private static String libtorchBuild(Path folder, String version) {
+        try {
+            Path pip = folder.resolveSibling("version.py");
+            if (Files.isRegularFile(pip)) {
+                Matcher m = PY_VERSION.matcher(new String(Files.readAllBytes(pip), StandardCharsets.UTF_8));
+                if (m.find()) {
+                    return m.group(1);
+                }
+            }
+            Path zip = folder.resolveSibling("build-version");
+            if (Files.isRegularFile(zip)) {
+                return new String(Files.readAllBytes(zip), StandardCharsets.UTF_8).trim();
+            }
+        } catch (IOException e) {
+            // the version alone below
+        }
+        return version;
     }
 
     /** The key of a native library's properties that holds the library's SHA-256 (python: native.Build). */

@@ -25,12 +25,17 @@ abstract class ScriptedModule implements AutoCloseable {
     final Path path;
     private final AtomicLong handle;
     private final Set<String> methodNames;
+    private volatile String device;
 
-    /** @param handle the engine's native module, which this one frees on close */
-    ScriptedModule(Path path, long handle, Collection<String> methodNames) {
+    /**
+     * @param handle the engine's native module, which this one frees on close
+     * @param device where its tensors are ({@link Devices}, canonical)
+     */
+    ScriptedModule(Path path, long handle, Collection<String> methodNames, String device) {
         this.path = path;
         this.handle = new AtomicLong(handle);
         this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(methodNames));
+        this.device = device;
     }
 
     /**
@@ -38,13 +43,16 @@ abstract class ScriptedModule implements AutoCloseable {
      * TorchScript (protocols 1 and 2) or gradbridge's op lists over libtorch's dispatcher (protocol 3,
      * {@link ExportedModule}), in training mode.
      *
+     * The module's tensors are on {@code device} (canonical; the caller checked it is there), its calls
+     * copy their tensor arguments there and their tensor results back to the CPU.
+     *
      * @throws NativeException when the engine cannot load it (nothing stays allocated)
      */
-    static ScriptedModule load(Path file, Metadata metadata) {
+    static ScriptedModule load(Path file, Metadata metadata, String device) {
         if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION) {
-            return ExportedModule.load(file, metadata);
+            return ExportedModule.load(file, metadata, device);
         }
-        return TorchScriptModule.load(file);
+        return TorchScriptModule.load(file, device);
     }
 
     /** Seeds the engine's process-wide CPU generator (what dropout draws from). */
@@ -76,6 +84,28 @@ abstract class ScriptedModule implements AutoCloseable {
     final long release() {
         return handle.getAndSet(0);
     }
+
+    /** @return the device the module's tensors are on (canonical) */
+    final String device() {
+        return device;
+    }
+
+    /**
+     * The module's native handle is now {@code moved}, on {@code to}.
+     *
+     * @return the one it replaces: the caller frees it
+     */
+    final long replace(long moved, String to) {
+        long old = handle.getAndSet(moved);
+        device = to;
+        return old;
+    }
+
+    /**
+     * Moves every tensor of the module (parameters, buffers, gradients, optimizer state) to {@code device}
+     * (canonical, checked to be there); its calls run there from now on.
+     */
+    abstract void moveTo(String device);
 
     /** Training mode on (BatchNorm updates statistics, dropout drops) or off (eval). */
     abstract void setTraining(boolean training);

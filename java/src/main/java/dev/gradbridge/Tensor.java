@@ -417,6 +417,11 @@ public final class Tensor implements AutoCloseable {
         return new Tensor(Native.tensorNarrow(handle(), start, end - start));
     }
 
+    /** A copy in page-locked memory, which a copy to a CUDA device reads directly (this tensor's values). */
+    Tensor pinned() {
+        return new Tensor(Native.tensorPinned(handle()));
+    }
+
     /**
      * A copy with memory of its own (e.g. to keep values past the buffer a tensor was made on).
      *

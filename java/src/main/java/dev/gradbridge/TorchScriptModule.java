@@ -23,19 +23,26 @@ final class TorchScriptModule extends ScriptedModule {
     private final Map<String, Long> hotMethods = new ConcurrentHashMap<>(); // guarded for writes by itself
     private final Map<String, Long> plans = new ConcurrentHashMap<>(); // the same
 
-    private TorchScriptModule(Path path, long handle) {
-        super(path, handle, Arrays.asList(Native.moduleMethods(handle)));
+    private TorchScriptModule(Path path, long handle, String device) {
+        super(path, handle, Arrays.asList(Native.moduleMethods(handle)), device);
     }
 
-    static TorchScriptModule load(Path file) {
+    static TorchScriptModule load(Path file, String device) {
         NativeLibrary.load();
-        long handle = Native.moduleLoad(file.toString());
+        long handle = Native.moduleLoad(file.toString(), device);
         try {
-            return new TorchScriptModule(file, handle);
+            return new TorchScriptModule(file, handle, device);
         } catch (RuntimeException e) {
             Native.moduleFree(handle);
             throw e;
         }
+    }
+
+    @Override
+    void moveTo(String target) {
+        long moved = Native.moduleTo(handle(), target); // the module read back onto the device
+        freeHandles(); // they call the old module
+        Native.moduleFree(replace(moved, target));
     }
 
     @Override
@@ -59,7 +66,7 @@ final class TorchScriptModule extends ScriptedModule {
             return null;
         }
         try {
-            return new TorchScriptModule(path, copy);
+            return new TorchScriptModule(path, copy, device());
         } catch (RuntimeException e) {
             Native.moduleFree(copy);
             throw e;
@@ -228,19 +235,24 @@ final class TorchScriptModule extends ScriptedModule {
     public void close() {
         long value = release();
         if (value != 0) {
-            synchronized (hotMethods) {
-                for (long method : hotMethods.values()) {
-                    Native.methodFree(method);
-                }
-                hotMethods.clear();
-            }
-            synchronized (plans) {
-                for (long plan : plans.values()) {
-                    Native.planFree(plan);
-                }
-                plans.clear();
-            }
+            freeHandles();
             Native.moduleFree(value);
+        }
+    }
+
+    /** Frees the methods and plans looked up so far. */
+    private void freeHandles() {
+        synchronized (hotMethods) {
+            for (long method : hotMethods.values()) {
+                Native.methodFree(method);
+            }
+            hotMethods.clear();
+        }
+        synchronized (plans) {
+            for (long plan : plans.values()) {
+                Native.planFree(plan);
+            }
+            plans.clear();
         }
     }
 }

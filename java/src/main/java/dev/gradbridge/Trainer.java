@@ -36,6 +36,14 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Dropout draws from libtorch's process-wide generator: several modules with dropout trained
  * on concurrent threads interleave their draws. Models without randomness are exact on any thread.
+ *
+ * <p>Devices: a run trains where its module is ({@link TrainingModule#load(Path, String)}), or on {@link
+ * Builder#optDevice}'s device, where it moves the module first. On a CUDA device each batch is copied
+ * there from page-locked memory per step, a step's loss comes back as it returns (fused: the epoch's
+ * losses at its end), and libtorch's deterministic algorithms are on for the run ({@link
+ * Builder#optDeterministic}; with {@code CUBLAS_WORKSPACE_CONFIG=:4096:8}, which must be set before CUDA
+ * starts: gradbridge's native library sets it when it loads CUDA, unless the process has it set). Each
+ * epoch's record names the device and that setting; a CPU run's records are as they always were.
  */
 public final class Trainer {
 
@@ -69,6 +77,8 @@ public final class Trainer {
     private final Mode mode;
     private final Dataset validation;
     private final boolean progressBar;
+    private final String device;
+    private final boolean deterministic;
     private volatile boolean stopRequested;
     private volatile boolean stopped;
 
@@ -77,6 +87,8 @@ public final class Trainer {
         this.mode = builder.mode;
         this.validation = builder.validation;
         this.progressBar = builder.progressBar;
+        this.device = builder.device;
+        this.deterministic = builder.deterministic;
     }
 
     /**
@@ -92,6 +104,8 @@ public final class Trainer {
         private Mode mode;
         private Dataset validation;
         private boolean progressBar;
+        private String device;
+        private boolean deterministic = true;
 
         private Builder() {}
 
@@ -125,6 +139,27 @@ public final class Trainer {
          */
         public Builder optProgressBar(boolean progressBar) {
             this.progressBar = progressBar;
+            return this;
+        }
+
+        /**
+         * @param device where the run trains: {@code cpu}, {@code cuda} or {@code cuda:N}; default: where the
+         *     module is. A module elsewhere is moved there first (and stays there)
+         * @return this builder
+         * @throws InvalidInputException when {@code device} names no device
+         */
+        public Builder optDevice(String device) {
+            this.device = Devices.canonical(device);
+            return this;
+        }
+
+        /**
+         * @param deterministic on a CUDA device, run with libtorch's deterministic algorithms (default true:
+         *     runs repeat bit for bit, and an op without a deterministic kernel fails); no effect on the CPU
+         * @return this builder
+         */
+        public Builder optDeterministic(boolean deterministic) {
+            this.deterministic = deterministic;
             return this;
         }
 
@@ -193,18 +228,35 @@ public final class Trainer {
         run.checkSameData(train.getSource(), xShape, yShape, resumed == null ? null : resumed.getDataSha256(),
                 fingerprint);
         run.prepareOutputs();
+        if (device != null) {
+            module.moveTo(device);
+        }
+        String on = module.getDevice();
+        boolean cuda = Devices.isCuda(on);
         logger.info(
-                "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}",
-                from.getFileName(), epochs, first, n, runMode, batch, runSeed);
+                "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}{}",
+                from.getFileName(), epochs, first, n, runMode, batch, runSeed, cuda ? ", on " + on : "");
 
         History history = new History();
         long started = System.nanoTime();
-        try (ProgressBar bar = progressBar ? newProgressBar() : null) {
+        boolean before = cuda && Native.setDeterministic(deterministic);
+        try (ProgressBar bar = progressBar ? newProgressBar() : null;
+                TensorScope pinned = new TensorScope()) {
+            Map<String, Tensor> x = train.getInputs();
+            Tensor y = train.getY();
+            if (cuda && runMode != Mode.STEP) { // the whole data set crosses every epoch: from page-locked memory
+                Map<String, Tensor> copies = new LinkedHashMap<>();
+                for (Map.Entry<String, Tensor> input : x.entrySet()) {
+                    copies.put(input.getKey(), pinned.add(input.getValue().pinned()));
+                }
+                x = copies;
+                y = pinned.add(y.pinned());
+            }
             for (int epoch = first; epoch < first + epochs; epoch++) {
                 ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
                 double[] losses;
                 try {
-                    losses = runEpoch(module, train, runMode, runSeed, epoch, batch, history);
+                    losses = runEpoch(module, x, y, n, cuda, runMode, runSeed, epoch, batch, history);
                 } catch (MethodCallException e) { // an id or label the model cannot take: the data's line
                     throw ValueRanges.blame(module, train, e);
                 }
@@ -223,6 +275,9 @@ public final class Trainer {
                 double elapsed = (System.nanoTime() - started) / 1e9;
                 History.EpochRecord record =
                         History.record(module, epoch, loss, valLoss, elapsed, settings.isRecordValues());
+                if (cuda) {
+                    record = record.withDevice(on, deterministic);
+                }
                 history.add(record);
                 logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
                 Metadata.Checkpoint saved =
@@ -239,6 +294,10 @@ public final class Trainer {
                     break;
                 }
             }
+        } finally {
+            if (cuda) {
+                Native.setDeterministic(before);
+            }
         }
         return history;
     }
@@ -251,11 +310,8 @@ public final class Trainer {
                 .build();
     }
 
-    private double[] runEpoch(
-            TrainingModule module, Dataset train, Mode mode, long runSeed, int epoch, int batch, History done) {
-        Map<String, Tensor> x = train.getInputs();
-        Tensor y = train.getY();
-        int n = train.size();
+    private double[] runEpoch(TrainingModule module, Map<String, Tensor> x, Tensor y, int n, boolean pin, Mode mode,
+            long runSeed, int epoch, int batch, History done) {
         if (mode == Mode.FULL) {
             double[] losses = {module.trainStep(x, y)};
             checkFinite(losses, epoch, n, n, done);
@@ -275,9 +331,9 @@ public final class Trainer {
             try (TensorScope scope = new TensorScope()) {
                 Map<String, Tensor> xs = new LinkedHashMap<>();
                 for (Map.Entry<String, Tensor> input : x.entrySet()) {
-                    xs.put(input.getKey(), scope.add(input.getValue().index(order)));
+                    xs.put(input.getKey(), gathered(scope, input.getValue(), order, pin));
                 }
-                Tensor ys = scope.add(y.index(order));
+                Tensor ys = gathered(scope, y, order, pin);
                 for (int b = 0; b < losses.length; b++) {
                     long from = (long) b * batch;
                     long to = Math.min(n, (long) (b + 1) * batch);
@@ -292,6 +348,16 @@ public final class Trainer {
                 }
             }
             return losses;
+        }
+    }
+
+    /** {@code values} in the epoch's order, in page-locked memory where {@code pin} (batches go to a CUDA device). */
+    private static Tensor gathered(TensorScope scope, Tensor values, Tensor order, boolean pin) {
+        if (!pin) {
+            return scope.add(values.index(order));
+        }
+        try (Tensor rows = values.index(order)) {
+            return scope.add(rows.pinned());
         }
     }
 

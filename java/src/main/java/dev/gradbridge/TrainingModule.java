@@ -153,6 +153,35 @@ public final class TrainingModule implements AutoCloseable {
      *     that no loaded library provides (the message names it)
      */
     public static TrainingModule load(Path path, List<Path> opLibraries) {
+        return load(path, opLibraries, Devices.CPU);
+    }
+
+    /**
+     * Loads an exported training module onto a device: its parameters, buffers and optimizer state are read
+     * onto it, and its calls copy their input tensors there and their result tensors back to the CPU (the
+     * {@link Tensor}s Java holds are CPU tensors; a loss comes back as a double). The file is the same for
+     * every device, and so are the checkpoints it saves (CPU tensors).
+     *
+     * @param path the .pt written by {@code gradbridge export}
+     * @param device {@code cpu} (what {@link #load(Path)} loads on), {@code cuda} or {@code cuda:N}
+     * @return the module, in training mode
+     * @throws InvalidInputException when {@code device} names no device, or one this process does not have
+     *     (a libtorch without CUDA, no such GPU): one line naming it and why
+     */
+    public static TrainingModule load(Path path, String device) {
+        return load(path, Collections.emptyList(), device);
+    }
+
+    /**
+     * {@link #load(Path, List)} onto a device ({@link #load(Path, String)}).
+     *
+     * @param path the .pt written by {@code gradbridge export}
+     * @param opLibraries operator libraries to load first
+     * @param device {@code cpu}, {@code cuda} or {@code cuda:N}
+     * @return the module, in training mode
+     */
+    public static TrainingModule load(Path path, List<Path> opLibraries, String device) {
+        String on = Devices.canonical(device);
         Path file = path.toAbsolutePath();
         if (!Files.isRegularFile(file)) {
             throw new ModuleLoadException(
@@ -160,6 +189,7 @@ public final class TrainingModule implements AutoCloseable {
                             + " `gradbridge export linear-regression -o " + path + "`.");
         }
         Metadata metadata = Metadata.read(file);
+        NativeLibrary.requireDevice(on); // before libtorch's first use: a CUDA device loads its CUDA libraries
         String engineVersion = ScriptedModule.engineVersion();
         if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION
                 && !minorRelease(engineVersion).equals(minorRelease(metadata.getTorchVersion()))) {
@@ -176,7 +206,7 @@ public final class TrainingModule implements AutoCloseable {
         OperatorLibraries.load(opLibraries);
         ScriptedModule scripted;
         try {
-            scripted = ScriptedModule.load(file, metadata);
+            scripted = ScriptedModule.load(file, metadata, on);
         } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
@@ -202,6 +232,22 @@ public final class TrainingModule implements AutoCloseable {
     /** @return the absolute path the module was loaded from */
     public Path getPath() {
         return path;
+    }
+
+    /** @return the device the module trains on: {@code cpu} or {@code cuda:N} */
+    public String getDevice() {
+        return scripted.device();
+    }
+
+    /**
+     * Moves the module to {@code device} (canonical): every tensor of it, for the calls from now on
+     * ({@link Trainer}'s {@code optDevice}). The caller holds the thread guard.
+     */
+    void moveTo(String device) {
+        NativeLibrary.requireDevice(device);
+        if (!device.equals(scripted.device())) {
+            scripted.moveTo(device);
+        }
     }
 
     /** @return the module's gradbridge.json */

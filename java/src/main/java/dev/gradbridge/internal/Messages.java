@@ -502,6 +502,68 @@ public final class Messages {
         return path + " is a file, not a folder";
     }
 
+    // ---- devices: where a module trains (Python: messages, the same sentences) ----
+
+    /** The environment libtorch's cuBLAS reads for reproducible results, set before CUDA starts (with its value). */
+    public static final String CUBLAS_WORKSPACE_CONFIG = "CUBLAS_WORKSPACE_CONFIG";
+
+    /** {@link #CUBLAS_WORKSPACE_CONFIG}'s value on deterministic CUDA runs. */
+    public static final String CUBLAS_WORKSPACE_VALUE = ":4096:8";
+
+    /**
+     * @param device the device string given
+     * @return the line for a device string that names no device
+     */
+    public static String unknownDevice(String device) {
+        return "unknown device '" + device + "'; expected cpu, cuda or cuda:N";
+    }
+
+    /**
+     * @param device the device asked for, e.g. {@code cuda:0}
+     * @param reason why it is not there ({@link #cudaDevicesSeen}, {@link #cudaCpuBuild}, ...)
+     * @return the line for a device this process cannot train on
+     */
+    public static String deviceUnavailable(String device, String reason) {
+        return device + " is not available: " + reason;
+    }
+
+    /**
+     * @param libtorch the libtorch build, e.g. {@code 2.7.1+cu126}
+     * @param count the CUDA devices it sees
+     * @param driver whether the NVIDIA driver's library loads (said when no device is seen)
+     * @return why a CUDA device index is out of reach
+     */
+    public static String cudaDevicesSeen(String libtorch, int count, boolean driver) {
+        String seen = "this libtorch (" + libtorch + ") sees " + count + " CUDA device" + (count == 1 ? "" : "s");
+        if (count > 0) {
+            return seen + " (cuda:0" + (count > 1 ? " to cuda:" + (count - 1) : "") + ")";
+        }
+        return seen + (driver ? "" : " (no NVIDIA driver: libcuda.so.1 does not load)");
+    }
+
+    /**
+     * @param libtorch the libtorch build and where it is
+     * @return why a libtorch without CUDA libraries trains on no CUDA device
+     */
+    public static String cudaCpuBuild(String libtorch) {
+        return "this libtorch (" + libtorch + ") is a CPU build (no libtorch_cuda.so): use a CUDA build (pip's torch"
+                + " on Linux; for a JVM of its own, GRADBRIDGE_LIBTORCH=its torch/lib)";
+    }
+
+    /**
+     * @param file libtorch's CUDA library
+     * @param reason the dynamic linker's
+     * @return why libtorch's CUDA library did not load
+     */
+    public static String cudaUnloadable(String file, String reason) {
+        return "cannot load " + file + ": " + reason;
+    }
+
+    /** Why a JVM whose libtorch started without its CUDA libraries trains on no CUDA device (Java only). */
+    public static final String CUDA_NOT_LOADED = "libtorch started in this JVM without its CUDA libraries, which"
+            + " load with libtorch: name the CUDA device before other libtorch work, or start the JVM with"
+            + " -Dgradbridge.cuda=true (or GRADBRIDGE_CUDA=1)";
+
     // ---- data-parallel training (gradbridge-spark, reference shards) ----
 
     /**

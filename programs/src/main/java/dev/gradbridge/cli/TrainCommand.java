@@ -66,6 +66,11 @@ public final class TrainCommand implements Callable<Integer> {
     @Option(names = "--mode", description = "full, step or fused (default " + Protocol.DEFAULT_MODE + ", or the checkpoint's)")
     private String mode;
 
+    @Option(names = "--device", defaultValue = "cpu",
+            description = "train on cpu, cuda or cuda:N (default: ${DEFAULT-VALUE}); on CUDA with libtorch's"
+                    + " deterministic algorithms")
+    private String device;
+
     @Option(names = "--progress", negatable = true,
             description = "show a progress bar (default: when the console is a terminal)")
     private Boolean progress;
@@ -84,7 +89,7 @@ public final class TrainCommand implements Callable<Integer> {
         run.checkOutputs(inputs);
         run.checkResume(RunStart.DATA_SHA256);
         Trainer.Mode trainingMode = mode == null ? null : Trainer.Mode.parse(mode);
-        try (TrainingModule module = TrainingModule.load(modelFile, opLibraries);
+        try (TrainingModule module = TrainingModule.load(modelFile, opLibraries, device);
                 Dataset train = data.npz != null
                         ? Dataset.loadNpz(data.npz)
                         : Dataset.loadNpy(data.npy.x, data.npy.y);
