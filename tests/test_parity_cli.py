@@ -93,8 +93,9 @@ def test_bad_input_is_one_line(custom, models, tmp_path, case, env, message):
 
 
 def test_a_torchscript_traceback_is_cut_to_its_error_line(tmp_path):
-    """An id outside an embedding fails inside the scripted forward: TorchScript's error text is a
-    traceback of ~2,000 characters of code excerpts before its last line; the line keeps that last line."""
+    """An id outside an embedding fails inside the scripted forward, whose TorchScript error text is a
+    traceback of ~2,000 characters of code excerpts before its last line: parity's line names the data
+    (data.out_of_range); any other such failure keeps the traceback's last line only."""
     from gradbridge import messages, recommender
 
     model = recommender.export(tmp_path / "rec.pt", users=5, items=4, dim=2, lr=0.05)
@@ -105,8 +106,8 @@ def test_a_torchscript_traceback_is_cut_to_its_error_line(tmp_path):
     result = _gradbridge("parity", model, "--data", data, "--epochs", 1, "--batch-size", 5)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0] == (f"gradbridge: error: {model}: training step failed at epoch 0: "
-                        "RuntimeError: index out of range in self"), lines[0]
+    assert lines[0] == (f"gradbridge: error: {data}: x holds 9 at element [1] of a row, outside the range the "
+                        "model takes there (0..3)"), lines[0]
     # the rule itself: the last error line of the traceback, and never more than TORCH_REASON_LIMIT characters
     traceback = (f"{messages.TORCHSCRIPT_TRACEBACK}.\nTraceback of TorchScript (most recent call last):\n"
                  + "  File \"code/x.py\", line 3, in train_step\n    loss = self.loss(y_hat, y)\n" * 40)

@@ -70,7 +70,7 @@ _TORCH_FAILURES = (RuntimeError, IndexError, ValueError)
 
 
 def _numpy(array: Any) -> np.ndarray:
-    return array.numpy() if isinstance(array, Tensor) else np.asarray(array)
+    return array.detach().cpu().numpy() if isinstance(array, Tensor) else np.asarray(array)
 
 
 def _is_seed_model(metadata: Dict[str, Any]) -> bool:
@@ -544,7 +544,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
                 losses = reference.train_epoch(xs, ys, perm, batch)
         except _TORCH_FAILURES as ex:
             # e.g. "Target 5 is out of bounds." for a label outside the model's classes: the data's line
-            raise reference.blame(ex, source, x, y, f"training step failed at epoch {epoch}") from ex
+            raise reference.blame(ex, source, xs, ys, f"training step failed at epoch {epoch}") from ex
         values = [float(loss) for loss in losses]
         for index, value in enumerate(values):
             if math.isnan(value) or math.isinf(value):
