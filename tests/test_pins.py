@@ -267,7 +267,7 @@ def test_the_error_prefixes_are_written_once():
 
 
 def test_online_open_learner_defaults_are_the_java_builders(jvm):
-    """online.open_learner's defaults are what a fresh OnlineLearner.Builder holds: read from the
+    """online.open_learner's defaults are what a fresh OnlineLearnerBuilder holds: read from the
     builder itself, so renaming or moving Java's constants cannot hide a drift."""
     import inspect
 

@@ -99,6 +99,7 @@ final class FeedbackQueue {
     }
 
     private final int capacity;
+    private final PhaseTimes phases;
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition notEmpty = lock.newCondition();
     private final Condition progress = lock.newCondition();
@@ -113,8 +114,9 @@ final class FeedbackQueue {
     private boolean busy; // guarded by lock: a micro-batch is being applied
     private volatile Throwable failure; // written under lock
 
-    FeedbackQueue(int capacity) {
+    FeedbackQueue(int capacity, PhaseTimes phases) {
         this.capacity = capacity;
+        this.phases = phases;
     }
 
     /** Sets the state recovery found (before the training thread starts). */
@@ -133,14 +135,15 @@ final class FeedbackQueue {
     }
 
     /**
-     * Numbers the rows, appends them to the log and queues them, or answers a known key.
+     * Numbers the rows, appends them to the log and queues them, or answers a known key. Times
+     * {@code LEARN_LOCK} and {@code LEARN_APPEND} after the caller's phase in progress.
      *
      * @throws KeyConflictException when the key came with another request before
      * @throws QueueFullException when there is no room after {@code timeout}
      * @throws UncheckedIOException when the log cannot be written (nothing of it was logged)
      */
     Accepted offer(LogWriter log, List<byte[]> xRows, List<byte[]> yRows, String key, byte[] sha256, long timeout,
-            TimeUnit unit, PhaseTimes phases, long t) {
+            TimeUnit unit) {
         int rows = xRows.size();
         Accepted accepted;
         lock.lock();
@@ -155,13 +158,13 @@ final class FeedbackQueue {
                 accepted = new Accepted(seen.firstSeq, seen.end, true);
             } else {
                 waitForRoom(rows, timeout, unit);
-                t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_LOCK, t);
+                phases.lap(PhaseTimes.Phase.LEARN_LOCK);
                 accepted = append(log, xRows, yRows, key, sha256);
             }
         } finally {
             lock.unlock();
         }
-        PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_APPEND, t);
+        phases.lap(PhaseTimes.Phase.LEARN_APPEND);
         return accepted;
     }
 
@@ -344,10 +347,10 @@ final class FeedbackQueue {
      * events, or what arrived {@code maxWaitMillis} after its first; then, up to {@code
      * maxBatches} in all, those the following calls would take without waiting (full ones, or
      * what is left when closing). Null to stop (halting, or closing with nothing left). Marks the
-     * learner busy until {@link #applied}.
+     * learner busy until {@link #applied}. Times {@code WAIT} and {@code DEQUEUE}.
      */
-    List<List<Event>> take(int maxBatch, int maxBatches, long maxWaitMillis, PhaseTimes phases, long t)
-            throws InterruptedException {
+    List<List<Event>> take(int maxBatch, int maxBatches, long maxWaitMillis) throws InterruptedException {
+        phases.start();
         lock.lock();
         try {
             while (queue.isEmpty() && !closing && !halting) {
@@ -367,7 +370,7 @@ final class FeedbackQueue {
             if (halting) {
                 return null;
             }
-            t = PhaseTimes.lap(phases, PhaseTimes.Phase.WAIT, t);
+            phases.lap(PhaseTimes.Phase.WAIT);
             List<List<Event>> batches = new ArrayList<>();
             do {
                 batches.add(poll(maxBatch));
@@ -377,7 +380,7 @@ final class FeedbackQueue {
             return batches;
         } finally {
             lock.unlock();
-            PhaseTimes.lap(phases, PhaseTimes.Phase.DEQUEUE, t);
+            phases.lap(PhaseTimes.Phase.DEQUEUE);
         }
     }
 

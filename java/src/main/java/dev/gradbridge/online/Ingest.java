@@ -84,7 +84,7 @@ final class Ingest {
 
     /** See {@link OnlineLearner#offer(Map, HostTensor, String, long, TimeUnit)}. */
     OnlineLearner.Receipt learn(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         long rows = checkFeedback(x, y, queueCapacity, "call");
         byte[] sha = null;
         if (key != null) {
@@ -96,19 +96,19 @@ final class Ingest {
         }
         List<byte[]> xRows = features.split(x, rows);
         List<byte[]> yRows = split(y.bytes(), yRowBytes);
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_VALIDATE, t);
+        phases.lap(PhaseTimes.Phase.LEARN_VALIDATE);
         FeedbackQueue.Accepted done;
         try {
-            done = queue.offer(log, xRows, yRows, key, sha, timeout, unit, phases, t);
+            done = queue.offer(log, xRows, yRows, key, sha, timeout, unit);
         } catch (QueueFullException e) {
             refused.addAndGet(rows);
             throw e;
         }
         (done.duplicate ? duplicates : accepted).addAndGet(rows);
-        t = PhaseTimes.clock(phases);
+        phases.start();
         try {
             log.sync(done.end); // outside the queue's lock: concurrent callers share one fsync
-            PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_SYNC, t);
+            phases.lap(PhaseTimes.Phase.LEARN_SYNC);
         } catch (IOException e) {
             fail.accept(e); // what is durable is unknown now: stop rather than acknowledge anything more
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);

@@ -118,9 +118,9 @@ final class Publisher {
         if (updater.updates() % publishEvery != 0) {
             return;
         }
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         ModelVersion version = updater.snapshot(logged.getId() + 1);
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.SNAPSHOT, t);
+        phases.lap(PhaseTimes.Phase.SNAPSHOT);
         long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
         logged = version;
         atLogged = true;
@@ -131,22 +131,22 @@ final class Publisher {
                 checkpoint(version, end);
             }
             decide(version);
-            PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+            phases.lap(PhaseTimes.Phase.PUBLISH);
             return;
         }
         published.incrementAndGet();
         if (!checkpointDue) {
             log.afterSync(end, () -> publishIfNewer(version));
             latest = version.getId();
-            PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+            phases.lap(PhaseTimes.Phase.PUBLISH);
             return;
         }
         log.sync(end);
         publishIfNewer(version);
         latest = version.getId();
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+        phases.lap(PhaseTimes.Phase.PUBLISH);
         checkpoint(version, end);
-        PhaseTimes.lap(phases, PhaseTimes.Phase.CHECKPOINT, t);
+        phases.lap(PhaseTimes.Phase.CHECKPOINT);
     }
 
     /** At a clean close: a last version when updates came after the last one, and a final checkpoint. */

@@ -149,7 +149,7 @@ public final class OnlineBenchmark {
                     Thread feeder = new Thread(() -> {
                         for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
                             try {
-                                learner.learn(chunks.get(i)[0], chunks.get(i)[1], 10, TimeUnit.MILLISECONDS);
+                                learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 10, TimeUnit.MILLISECONDS);
                             } catch (QueueFullException e) {
                                 // no room within 10 ms: try again (blocking, not spinning)
                             }
@@ -158,9 +158,9 @@ public final class OnlineBenchmark {
                     feeder.start();
                     feeders.add(feeder);
                 }
-                long updatesBefore = learner.updates();
+                long updatesBefore = learner.stats().getUpdates();
                 long[] busyRound = predictLatencies(learner, one, calls, predictThreads);
-                long updatesDuring = learner.updates() - updatesBefore;
+                long updatesDuring = learner.stats().getUpdates() - updatesBefore;
                 stop.set(true);
                 for (Thread feeder : feeders) {
                     feeder.join();
@@ -261,19 +261,19 @@ public final class OnlineBenchmark {
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
                             try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
                                 for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
-                                    learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
+                                    learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
                                 }
                                 learner.awaitIdle(60, TimeUnit.SECONDS);
                                 Map<String, Long> before = learner.phaseTimes().nanos();
                                 Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
                                 long callsBefore = learner.phaseTimes().counts().get("train_step");
-                                long updatesBefore = learner.updates();
+                                long updatesBefore = learner.stats().getUpdates();
                                 long started = System.nanoTime();
                                 feed(learner, chunks, feeders);
                                 learner.awaitIdle(300, TimeUnit.SECONDS);
                                 long elapsed = System.nanoTime() - started;
                                 seconds = elapsed / 1e9;
-                                onlineUpdates = learner.updates() - updatesBefore;
+                                onlineUpdates = learner.stats().getUpdates() - updatesBefore;
                                 Map<String, Long> sum = phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
                                 for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
                                     sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
@@ -372,7 +372,7 @@ public final class OnlineBenchmark {
     private static void feed(OnlineLearner learner, List<HostTensor[]> chunks, int feeders) throws Exception {
         if (feeders == 1) {
             for (HostTensor[] chunk : chunks) {
-                learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
+                learner.offer(chunk[0], chunk[1], null, 60, TimeUnit.SECONDS);
             }
             return;
         }
@@ -383,7 +383,7 @@ public final class OnlineBenchmark {
                 final int me = t;
                 done.add(pool.submit(() -> {
                     for (int i = me; i < chunks.size(); i += feeders) {
-                        learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
+                        learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
                     }
                     return null;
                 }));

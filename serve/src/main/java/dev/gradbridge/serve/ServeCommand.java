@@ -6,6 +6,7 @@ import dev.gradbridge.cli.OneLineErrors;
 import dev.gradbridge.online.FsyncPolicy;
 import dev.gradbridge.online.HoldPolicy;
 import dev.gradbridge.online.OnlineLearner;
+import dev.gradbridge.online.OnlineLearnerBuilder;
 import io.javalin.Javalin;
 import java.io.IOException;
 import java.net.InetAddress;
@@ -79,38 +80,38 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--tls-password-env", description = "environment variable holding the keystore's password")
     String tlsPasswordEnv;
 
-    @Option(names = "--max-batch", defaultValue = "" + OnlineLearner.DEFAULT_MAX_BATCH, description = "largest micro-batch B (default ${DEFAULT-VALUE})")
+    @Option(names = "--max-batch", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_BATCH, description = "largest micro-batch B (default ${DEFAULT-VALUE})")
     int maxBatch;
 
-    @Option(names = "--max-wait-ms", defaultValue = "" + OnlineLearner.DEFAULT_MAX_WAIT_MILLIS, description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
+    @Option(names = "--max-wait-ms", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_WAIT_MILLIS, description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
     long maxWaitMillis;
 
-    @Option(names = "--publish-every", defaultValue = "" + OnlineLearner.DEFAULT_PUBLISH_EVERY, description = "a version every N updates (default ${DEFAULT-VALUE})")
+    @Option(names = "--publish-every", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_PUBLISH_EVERY, description = "a version every N updates (default ${DEFAULT-VALUE})")
     int publishEvery;
 
-    @Option(names = "--checkpoint-every", defaultValue = "" + OnlineLearner.DEFAULT_CHECKPOINT_EVERY, description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
+    @Option(names = "--checkpoint-every", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_CHECKPOINT_EVERY, description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
     int checkpointEvery;
 
-    @Option(names = "--queue-capacity", defaultValue = "" + OnlineLearner.DEFAULT_QUEUE_CAPACITY, description = "events waiting before 429 (default ${DEFAULT-VALUE})")
+    @Option(names = "--queue-capacity", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_QUEUE_CAPACITY, description = "events waiting before 429 (default ${DEFAULT-VALUE})")
     int queueCapacity;
 
     @Option(names = "--predictors",
-            description = "concurrent predictions (default " + OnlineLearner.DEFAULT_PREDICTORS + ", at most the cores)")
+            description = "concurrent predictions (default " + OnlineLearnerBuilder.DEFAULT_PREDICTORS + ", at most the cores)")
     Integer predictors; // null: the learner's default
 
-    @Option(names = "--fsync", defaultValue = OnlineLearner.DEFAULT_FSYNC, description = "always or never (default ${DEFAULT-VALUE})")
+    @Option(names = "--fsync", defaultValue = OnlineLearnerBuilder.DEFAULT_FSYNC, description = "always or never (default ${DEFAULT-VALUE})")
     String fsync;
 
-    @Option(names = "--group-commit-ms", defaultValue = "" + OnlineLearner.DEFAULT_GROUP_COMMIT_MILLIS,
+    @Option(names = "--group-commit-ms", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_GROUP_COMMIT_MILLIS,
             description = "with --fsync always, the longest a new version waits for the fsync that publishes it;"
                     + " one fsync covers the micro-batches applied meanwhile (default ${DEFAULT-VALUE})")
     long groupCommitMillis;
 
-    @Option(names = "--max-grad-norm", defaultValue = "" + OnlineLearner.DEFAULT_MAX_GRAD_NORM,
+    @Option(names = "--max-grad-norm", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_GRAD_NORM,
             description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
     double maxGradNorm;
 
-    @Option(names = "--seed", defaultValue = "" + OnlineLearner.DEFAULT_SEED,
+    @Option(names = "--seed", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_SEED,
             description = "the run's seed, kept in a new log's header: a model with dropout draws each micro-batch's"
                     + " from it and the micro-batch's first event, so the replay draws the same (default ${DEFAULT-VALUE})")
     long seed;
@@ -131,12 +132,12 @@ public final class ServeCommand implements Callable<Integer> {
 
     @Option(names = "--keep-versions", paramLabel = "N",
             description = "published versions kept in memory for POST /admin/rollback (default "
-                    + OnlineLearner.DEFAULT_KEEP_VERSIONS + ")")
+                    + OnlineLearnerBuilder.DEFAULT_KEEP_VERSIONS + ")")
     Integer keepVersions;
 
     @Option(names = "--max-input-abs", paramLabel = "A",
             description = "refuse feedback and predictions with a floating-point feature of larger magnitude (400);"
-                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "" + OnlineLearner.DEFAULT_MAX_INPUT_ABS)
+                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_INPUT_ABS)
     double maxInputAbs;
 
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
@@ -297,7 +298,7 @@ public final class ServeCommand implements Callable<Integer> {
     @Override
     public Integer call() throws Exception {
         checkOptions();
-        OnlineLearner.Builder builder;
+        OnlineLearnerBuilder builder;
         try {
             builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
                     .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
@@ -451,7 +452,7 @@ public final class ServeCommand implements Callable<Integer> {
             return 1;
         }
         System.out.println("gradbridge-serve: stopped at version " + learner.currentVersion().getId() + " after "
-                + learner.updates() + " updates");
+                + learner.stats().getUpdates() + " updates");
         System.out.flush();
         return 0;
     }
