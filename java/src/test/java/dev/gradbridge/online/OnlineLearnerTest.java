@@ -5,6 +5,7 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertNotEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.InvalidInputException;
@@ -53,13 +54,19 @@ public class OnlineLearnerTest {
                 .open(fixture("linear_regression.pt"), log);
         try {
             assertEquals(0, learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)));
+            LearnerStats before = learner.stats();
             QueueFullException full =
                     assertThrows(QueueFullException.class, () -> learner.learn(column(5, 6, 7), column(1, 1, 1)));
             assertEquals("the feedback queue is full (4 of 6 events waiting); retry later", full.getMessage());
             assertEquals(4, learner.learn(column(5, 6), column(10, 12)));
-            assertEquals(6, learner.stats().getQueueDepth());
-            assertEquals(3, learner.stats().getRefusedEvents());
+            LearnerStats after = learner.stats();
+            assertEquals(6, after.getQueueDepth());
+            assertEquals(3, after.getRefusedEvents());
+            assertEquals(6, after.getAcceptedEvents());
+            assertEquals("a snapshot: later feedback does not change it", 4, before.getQueueDepth());
+            assertEquals(0, before.getRefusedEvents());
             assertEquals(0, learner.currentVersion().getId());
+            assertNull("phase timing is off unless asked for", learner.phaseTimes());
         } finally {
             learner.close();
         }
