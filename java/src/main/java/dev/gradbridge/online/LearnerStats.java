@@ -30,12 +30,12 @@ public final class LearnerStats {
         this.refusedSourceRecords = parts.ingest.sourceRefused.get();
         this.quarantinedBatches = parts.quarantined.get();
         this.predictions = predictions;
-        this.latestVersion = parts.publisher.latestVersion();
-        this.publishedVersions = parts.publisher.publishedVersions();
-        this.heldVersions = parts.publisher.heldVersions();
-        this.rollbacks = parts.publisher.rollbacks();
-        this.lastGateLoss = parts.publisher.lastGateLoss();
-        this.servingGateLoss = parts.publisher.servingGateLoss();
+        this.latestVersion = parts.publisher.latest;
+        this.publishedVersions = parts.publisher.published.get();
+        this.heldVersions = parts.publisher.held.get();
+        this.rollbacks = parts.publisher.rollbacks.get();
+        this.lastGateLoss = parts.publisher.lastGateLoss;
+        this.servingGateLoss = parts.publisher.servingGateLoss;
     }
 
     /** @return events waiting for training */

@@ -196,7 +196,7 @@ public final class OnlineLearner implements AutoCloseable {
      */
     public SourceResult learnFromSource(String source, List<SourceRecord> records, Map<Integer, long[]> ranges,
             long timeout, TimeUnit unit) {
-        FeedbackQueue.SourcedResult done = parts.ingest.learnSourced(source, records, ranges, timeout, unit);
+        SourcedRead.Result done = parts.ingest.learnSourced(source, records, ranges, timeout, unit);
         return new SourceResult(done.logged, done.duplicates, done.refusals);
     }
 

@@ -57,7 +57,6 @@ final class Publisher {
     private final PhaseTimes phases;
     private final Gate gate; // null: every version is published
     private volatile ModelVersion current; // the published version
-    private volatile long latest; // the newest version logged and decided (published or held back)
     private ModelVersion logged; // the last version logged (training thread, then closing)
     private boolean atLogged = true; // the learner holds `logged`'s state (no rollback since)
     private long lastCheckpointVersion = -1; // training thread, then closing
@@ -65,11 +64,13 @@ final class Publisher {
     private long generation; // guarded by this: a rollback keeps versions logged before it from being published
     private long writtenServing = -1; // the serving version whose file the last checkpoint wrote
     private String writtenServingSha256;
-    private final AtomicLong published = new AtomicLong();
-    private final AtomicLong held = new AtomicLong();
-    private final AtomicLong rollbacks = new AtomicLong();
-    private volatile double lastGateLoss = Double.NaN;
-    private volatile double servingGateLoss = Double.NaN;
+    // Read by LearnerStats, from any thread:
+    volatile long latest; // the newest version logged and decided (published, or held back); set after its publication is queued
+    final AtomicLong published = new AtomicLong(); // versions published (every version without a gate)
+    final AtomicLong held = new AtomicLong(); // versions the gate held back
+    final AtomicLong rollbacks = new AtomicLong();
+    volatile double lastGateLoss = Double.NaN; // of the last version the gate decided on
+    volatile double servingGateLoss = Double.NaN;
 
     Publisher(Path logDir, LogWriter log, FeedbackQueue queue, Updater updater, String modelSha256, int publishEvery,
             int checkpointEvery, PhaseTimes phases, Gate gate) {
@@ -382,31 +383,6 @@ final class Publisher {
         } finally {
             lock.unlock();
         }
-    }
-
-    /** @return the newest version logged and decided on (published, or held back by the gate); set after its publication is queued */
-    long latestVersion() {
-        return latest;
-    }
-
-    long publishedVersions() {
-        return published.get();
-    }
-
-    long heldVersions() {
-        return held.get();
-    }
-
-    long rollbacks() {
-        return rollbacks.get();
-    }
-
-    double lastGateLoss() {
-        return lastGateLoss;
-    }
-
-    double servingGateLoss() {
-        return servingGateLoss;
     }
 
     /** Frees the kept learner copies (closing). */
