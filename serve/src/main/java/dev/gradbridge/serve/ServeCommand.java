@@ -3,8 +3,6 @@ package dev.gradbridge.serve;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.cli.OneLineErrors;
-import dev.gradbridge.online.FsyncPolicy;
-import dev.gradbridge.online.HoldPolicy;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.OnlineLearnerBuilder;
 import io.javalin.Javalin;
@@ -16,15 +14,14 @@ import java.net.UnknownHostException;
 import java.nio.file.FileSystemException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.Comparator;
-import java.util.List;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 import sun.misc.Signal;
 
@@ -80,66 +77,6 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--tls-password-env", description = "environment variable holding the keystore's password")
     String tlsPasswordEnv;
 
-    @Option(names = "--max-batch", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_BATCH, description = "largest micro-batch B (default ${DEFAULT-VALUE})")
-    int maxBatch;
-
-    @Option(names = "--max-wait-ms", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_WAIT_MILLIS, description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
-    long maxWaitMillis;
-
-    @Option(names = "--publish-every", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_PUBLISH_EVERY, description = "a version every N updates (default ${DEFAULT-VALUE})")
-    int publishEvery;
-
-    @Option(names = "--checkpoint-every", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_CHECKPOINT_EVERY, description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
-    int checkpointEvery;
-
-    @Option(names = "--queue-capacity", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_QUEUE_CAPACITY, description = "events waiting before 429 (default ${DEFAULT-VALUE})")
-    int queueCapacity;
-
-    @Option(names = "--predictors",
-            description = "concurrent predictions (default " + OnlineLearnerBuilder.DEFAULT_PREDICTORS + ", at most the cores)")
-    Integer predictors; // null: the learner's default
-
-    @Option(names = "--fsync", defaultValue = OnlineLearnerBuilder.DEFAULT_FSYNC, description = "always or never (default ${DEFAULT-VALUE})")
-    String fsync;
-
-    @Option(names = "--group-commit-ms", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_GROUP_COMMIT_MILLIS,
-            description = "with --fsync always, the longest a new version waits for the fsync that publishes it;"
-                    + " one fsync covers the micro-batches applied meanwhile (default ${DEFAULT-VALUE})")
-    long groupCommitMillis;
-
-    @Option(names = "--max-grad-norm", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_GRAD_NORM,
-            description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
-    double maxGradNorm;
-
-    @Option(names = "--seed", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_SEED,
-            description = "the run's seed, kept in a new log's header: a model with dropout draws each micro-batch's"
-                    + " from it and the micro-batch's first event, so the replay draws the same (default ${DEFAULT-VALUE})")
-    long seed;
-
-    @Option(names = "--gate-data", paramLabel = "FILE",
-            description = "publish gate: a version is published only when its loss on this .npz (the training data's"
-                    + " format; evaluate, eval mode) is at most the serving version's plus --gate-max-regression")
-    Path gateData;
-
-    @Option(names = "--gate-max-regression", paramLabel = "X",
-            description = "the largest rise of the gate loss a published version may have (default 0: no worse)")
-    Double gateMaxRegression; // null: not given
-
-    @Option(names = "--gate-on-hold", paramLabel = "POLICY",
-            description = "continue (training goes on from a held-back version) or rollback (the learner returns to the"
-                    + " serving version: parameters and optimizer state); default continue")
-    String gateOnHold;
-
-    @Option(names = "--keep-versions", paramLabel = "N",
-            description = "published versions kept in memory for POST /admin/rollback (default "
-                    + OnlineLearnerBuilder.DEFAULT_KEEP_VERSIONS + ")")
-    Integer keepVersions;
-
-    @Option(names = "--max-input-abs", paramLabel = "A",
-            description = "refuse feedback and predictions with a floating-point feature of larger magnitude (400);"
-                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "" + OnlineLearnerBuilder.DEFAULT_MAX_INPUT_ABS)
-    double maxInputAbs;
-
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
     long maxBodyBytes;
 
@@ -177,9 +114,8 @@ public final class ServeCommand implements Callable<Integer> {
             description = "Kafka client properties (security: security.protocol, sasl.*, ssl.*); secrets go here, never on the command line")
     Path kafkaProperties;
 
-    @Option(names = "--op-library", paramLabel = "FILE",
-            description = "custom-operator library the module calls, loaded before it (repeatable)")
-    List<Path> opLibraries = new ArrayList<>();
+    @Mixin
+    LearnerOptions learnerOptions = new LearnerOptions(); // --max-batch ... --op-library: the learner's
 
     /**
      * Runs the service until SIGTERM or SIGINT; exit code 0 after a clean drain, 1 with one
@@ -205,28 +141,14 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("--admin-port " + adminPort + " is --port's: /healthz and /metrics need a port of"
                     + " their own (or leave --admin-port out to serve them on --port)");
         }
-        range("--max-batch", maxBatch, 1, MAX_BATCH);
-        range("--max-wait-ms", maxWaitMillis, 0, HOUR_MS);
-        range("--publish-every", publishEvery, 1, Integer.MAX_VALUE);
-        range("--checkpoint-every", checkpointEvery, 1, Integer.MAX_VALUE);
-        range("--queue-capacity", queueCapacity, 1, MAX_EVENTS);
-        if (predictors != null) {
-            range("--predictors", predictors, 1, MAX_PREDICTORS);
-        }
-        range("--group-commit-ms", groupCommitMillis, 0, HOUR_MS);
+        learnerOptions.checkRanges();
         range("--max-body-bytes", maxBodyBytes, 1, MAX_BODY_BYTES);
         range("--threads", threads, 4, MAX_THREADS);
         range("--read-timeout-ms", readTimeoutMillis, 1, HOUR_MS);
         range("--stop-timeout-ms", stopTimeoutMillis, 1, HOUR_MS);
         range("--max-connections", maxConnections, 1, MAX_CONNECTIONS);
         range("--min-body-rate", minBodyRate, 0, Integer.MAX_VALUE);
-        if (gateData == null && (gateMaxRegression != null || gateOnHold != null || keepVersions != null)) {
-            throw new GradbridgeException((gateMaxRegression != null ? "--gate-max-regression" : gateOnHold != null
-                    ? "--gate-on-hold" : "--keep-versions") + " needs --gate-data (the data versions are gated on)");
-        }
-        if (gateData != null && !Files.isRegularFile(gateData)) {
-            throw new GradbridgeException("--gate-data " + gateData.toAbsolutePath() + ": no such file");
-        }
+        learnerOptions.checkGate();
         if (noAuth && (tokenFile != null || tokenEnv != null)) {
             throw new GradbridgeException("--no-auth and a token option contradict each other; give one");
         }
@@ -236,11 +158,7 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("--log " + log.toAbsolutePath() + " is a file, not a folder; name a folder"
                     + " (created when missing)");
         }
-        for (Path library : opLibraries) {
-            if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException("--op-library " + library.toAbsolutePath() + ": no such file");
-            }
-        }
+        learnerOptions.checkLibraries();
         if (kafkaBootstrap != null || kafkaTopic != null || kafkaGroup != null || kafkaProperties != null) {
             if (kafkaBootstrap == null || kafkaBootstrap.trim().isEmpty() || kafkaTopic == null || kafkaTopic.trim().isEmpty()) {
                 throw new GradbridgeException("Kafka feedback needs both --kafka-bootstrap and --kafka-topic");
@@ -251,10 +169,6 @@ public final class ServeCommand implements Callable<Integer> {
 
     private java.util.Properties kafkaClient; // read by checkOptions when Kafka is on
 
-    /** Largest --max-batch (its rows are one buffer per input) and --queue-capacity (events held in memory). */
-    static final int MAX_BATCH = 1_000_000;
-    static final int MAX_EVENTS = 10_000_000;
-    static final int MAX_PREDICTORS = 256;
     static final int MAX_THREADS = 10_000;
     static final int MAX_CONNECTIONS = 1_000_000;
     /** Largest --max-body-bytes: a body is read into one array. */
@@ -267,7 +181,7 @@ public final class ServeCommand implements Callable<Integer> {
         }
     }
 
-    private static void range(String name, long value, long min, long max) {
+    static void range(String name, long value, long min, long max) {
         if (value < min || value > max) {
             throw new GradbridgeException(name + " must be in " + min + ".." + max + ", got " + value);
         }
@@ -298,30 +212,11 @@ public final class ServeCommand implements Callable<Integer> {
     @Override
     public Integer call() throws Exception {
         checkOptions();
-        OnlineLearnerBuilder builder;
-        try {
-            builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
-                    .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                    .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
-                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs).optSeed(seed);
-            if (predictors != null) {
-                builder.optPredictors(predictors);
-            }
-            if (gateData != null) {
-                builder.optGate(gateData, gateMaxRegression == null ? 0 : gateMaxRegression)
-                        .optGateOnHold(gateOnHold == null ? HoldPolicy.CONTINUE : HoldPolicy.parse(gateOnHold));
-                if (keepVersions != null) {
-                    builder.optKeepVersions(keepVersions);
-                }
-            }
-        } catch (IllegalArgumentException e) {
-            throw new GradbridgeException(e.getMessage());
-        }
+        OnlineLearnerBuilder builder = learnerOptions.builder();
         if (!Files.isRegularFile(model)) {
             throw new GradbridgeException("no training module at " + model.toAbsolutePath() + " (--model: the .pt that"
                     + " gradbridge export wrote)");
         }
-        builder.optOpLibraries(opLibraries);
         String token = noAuth ? null : Tokens.named(tokenFile, tokenEnv);
         if (!noAuth && token == null && Files.isDirectory(log)) {
             token = Tokens.existingKey(log); // an empty or bad serve.key is refused now, before anything is opened
