@@ -59,7 +59,7 @@ def test_concurrent_feedback_and_predictions_replay_bitwise(jvm, models, tmp_pat
         OnlineLoad = jpype.JClass("dev.gradbridge.bench.OnlineLoad")
         result = OnlineLoad.run(learner, _host(x), _host(y), 4, 3, 2, 150)
         assert learner.awaitIdle(30, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
-        assert learner.acceptedEvents() == 600
+        assert learner.stats().getAcceptedEvents() == 600
     finally:
         learner.close()
 
@@ -118,7 +118,7 @@ def test_restart_from_checkpoint_and_log_tail_equals_a_run_that_never_stopped(jv
     learner = _open(model, log_dir, batch=1000, wait_ms=60_000, publish=2, checkpoint=5)
     for i in range(40, 60, 4):
         learner.learn(_host(x[i:i + 4]), _host(y[i:i + 4]))
-    assert learner.queueDepth() == 20
+    assert learner.stats().getQueueDepth() == 20
     learner.halt()
     _tear(log_dir / "feedback.log", replay_mod.frame(b"E" * 500)[:60])  # a frame cut short by a crash
     assert replay_mod.read_log(log_dir).torn_bytes == 60
@@ -164,7 +164,7 @@ def test_back_pressure_and_bad_feedback_are_refused_with_nothing_logged(jvm, mod
         with pytest.raises(jpype.JClass("dev.gradbridge.online.QueueFullException")) as full:
             learner.learn(_host(x[8:9]), _host(y[8:9]))
         assert "queue is full (8 of 8" in str(full.value.getMessage())
-        assert learner.refusedEvents() == 1
+        assert learner.stats().getRefusedEvents() == 1
         InvalidInput = jpype.JClass("dev.gradbridge.InvalidInputException")
         with pytest.raises(InvalidInput, match="input x must be float32 of shape"):
             learner.learn(_host(x[:2, :3].copy()), _host(y[:2]))

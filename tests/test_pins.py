@@ -274,7 +274,7 @@ def test_the_error_prefixes_are_written_once():
 
 
 def test_online_open_learner_defaults_are_the_java_builders(jvm):
-    """online.open_learner's defaults are what a fresh OnlineLearner.Builder holds: read from the
+    """online.open_learner's defaults are what a fresh OnlineLearnerBuilder holds: read from the
     builder itself, so renaming or moving Java's constants cannot hide a drift."""
     import inspect
 
@@ -303,7 +303,7 @@ def test_every_java_default_is_protocols_of_the_same_name(jvm):
     OnlineLearner, and each is protocol.DEFAULT_* of the same name and value (every one of those, the export's
     format aside, is one of Java's). The seed both hold is one value."""
     java = {}
-    for class_name in ("dev.gradbridge.Protocol", "dev.gradbridge.online.OnlineLearner"):
+    for class_name in ("dev.gradbridge.Protocol", "dev.gradbridge.online.OnlineLearnerBuilder"):
         cls = jpype.JClass(class_name)
         for field in cls.class_.getFields():
             name = str(field.getName())
@@ -311,7 +311,7 @@ def test_every_java_default_is_protocols_of_the_same_name(jvm):
                 value = getattr(cls, name)  # as Python's type: str, float (double) or int (int, long)
                 value = str(value) if isinstance(value, (jpype.JString, str)) else float(value) \
                     if isinstance(value, float) else int(value)
-                assert java.setdefault(name, value) == value, f"{name}: Protocol and OnlineLearner differ"
+                assert java.setdefault(name, value) == value, f"{name}: Protocol and OnlineLearnerBuilder differ"
     python = {name: value for name, value in vars(protocol).items() if name.startswith("DEFAULT_")}
     assert set(python) - {"DEFAULT_FORMAT"} == set(java), set(python) ^ set(java)
     for name, value in java.items():

@@ -48,7 +48,7 @@ def open_learner(model_path: str | os.PathLike, log_dir: str | os.PathLike, *,
                  seed: int | None = None, time_phases: bool = False):
     """Open (or resume) a Java OnlineLearner in this process; close it when done. ``predictors``,
     ``max_input_abs`` and ``keep_versions`` None keep the learner's defaults. ``gate_data`` (an .npz)
-    turns the publish gate on (``OnlineLearner.Builder.optGate``); ``seed`` the run's seed of dropout's draws
+    turns the publish gate on (``OnlineLearnerBuilder.optGate``); ``seed`` the run's seed of dropout's draws
     (``optSeed``); ``time_phases`` where the training thread's time goes (``learner.phaseTimes()``)."""
     OnlineLearner = jclass("dev.gradbridge.online.OnlineLearner")
     FsyncPolicy = jclass("dev.gradbridge.online.FsyncPolicy")

@@ -30,6 +30,7 @@ from .feedback_log import (  # noqa: F401  (re-exported: the reader and format, 
     MAX_PAYLOAD, RECORD_TYPES, Batch, FeedbackLog, Gate, Quarantine, Rollback, Version, check_checkpoint, crc32c,
     file_sha256, frame, frames, read_log)
 from .history import digest
+from .replay_learner import PublishGate, guarded_step
 
 _NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
@@ -200,166 +201,6 @@ def _draws_seed(log: FeedbackLog, metadata: dict) -> int | None:
     return int(seed) if draws and seed is not None else None
 
 
-def _guarded_step(reference, x, y, names: List[str], max_grad_norm: float,
-                  seed: int | None = None) -> Tuple[float, str | None]:
-    """The Java learner's update (dev.gradbridge.online.UpdateGuard, Updater): loss and gradients,
-    then torch.optim's step unless the loss or a gradient is not finite or the gradient norm (summed
-    in float64, element by element in protocol order) exceeds ``max_grad_norm`` (0: no limit); a
-    step that leaves a parameter or the optimizer's state not finite is undone. Returns the loss and
-    None when applied, else the reason it was not."""
-    from ._runtime.torchscript import plain_graph_executor
-
-    import torch
-
-    with plain_graph_executor():
-        reference.optimizer.zero_grad()
-        if seed is not None:  # the micro-batch's draws, as the Java learner's (Updater, SeededDraws)
-            torch.manual_seed(seed)
-        loss = reference.loss(reference.forward(reference.model, x), y)
-        loss.backward()
-        value = float(loss.detach())
-        reason = None
-        if not math.isfinite(value):
-            reason = f"loss is {value}"
-        else:
-            params = dict(reference.named_parameters())
-            squares = np.zeros(1)
-            for name in names:
-                grad = params[name].grad
-                if grad is None:
-                    continue
-                values = grad.detach().double().flatten().numpy()
-                if not np.isfinite(values).all():
-                    reason = f"gradient of {name} is not finite"
-                    break
-                squares = np.cumsum(np.concatenate([squares[-1:], values * values]))[-1:]  # sequential, as Java
-            norm = math.sqrt(float(squares[-1]))
-            if reason is None and max_grad_norm > 0 and not norm <= max_grad_norm:
-                reason = f"gradient norm {norm} exceeds --max-grad-norm {max_grad_norm}"
-        if reason is None:
-            saved = _state(reference)
-            reference._clip()
-            reference.optimizer.step()
-            if reference.scheduler is not None and reference.scheduler_interval == "step":
-                reference.scheduler.step()
-            bad = _not_finite(reference, names)
-            if bad is not None:  # the Java learner undoes such a step (Updater.undoUnlessFinite)
-                _restore(reference, saved)
-                reason = f"the update makes {bad} not finite"
-        if reason is not None:
-            reference.optimizer.zero_grad()
-    return value, reason
-
-
-def _state(reference):
-    """The parameters, optimizer and scheduler state before a step, to undo it."""
-    import copy
-
-    params = {name: p.detach().clone() for name, p in reference.model.named_parameters()}
-    optimizer = copy.deepcopy(reference.optimizer.state_dict())
-    scheduler = copy.deepcopy(reference.scheduler.state_dict()) if reference.scheduler is not None else None
-    return params, optimizer, scheduler
-
-
-def _restore(reference, saved) -> None:
-    import torch
-
-    params, optimizer, scheduler = saved
-    with torch.no_grad():
-        for name, p in reference.model.named_parameters():
-            p.copy_(params[name])
-    reference.optimizer.load_state_dict(optimizer)
-    if scheduler is not None:
-        reference.scheduler.load_state_dict(scheduler)
-
-
-def _not_finite(reference, names: List[str]) -> str | None:
-    """The first parameter (protocol order), else optimizer state (by key, then parameter), that is
-    not finite after a step, as the Java learner names it; None when all are finite."""
-    import torch
-
-    params = dict(reference.named_parameters())
-    for name in names:
-        if not torch.isfinite(params[name].detach()).all():
-            return f"parameter {name}"
-    states = [reference.optimizer.state.get(params[name], {}) for name in names]
-    for key in sorted({key for state in states for key in state}):
-        for name, state in zip(names, states):
-            value = state.get(key)
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-                return f"the optimizer's {key} of {name}"
-    return None
-
-
-class _Gate:
-    """The publish gate as the Java learner runs it (dev.gradbridge.online.Gate, Publisher): the gate
-    data's loss in eval mode, one evaluate over the whole file; published when at most the serving
-    version's plus max_regression; the published versions kept (the last keep_versions), and under
-    the rollback policy the learner's state with each."""
-
-    def __init__(self, log: FeedbackLog, settings: dict, metadata: dict, reference, gate_data) -> None:
-        from ._runtime import data, inputs
-
-        self.log = log
-        self.max_regression = float(settings["max_regression"])
-        self.rollback = settings["on_hold"] == "rollback"
-        self.keep = int(settings["keep_versions"])
-        self.reference = reference
-        self.x = self.y = None
-        path = Path(gate_data) if gate_data is not None else Path(settings.get("data") or "")
-        if gate_data is not None and not path.is_file():
-            raise LogError(f"--gate-data {path}: no such file")
-        if path.is_file():
-            sha = file_sha256(path)
-            if sha == settings["data_sha256"]:
-                x, y = data.load_checked(metadata, path)
-                self.x, self.y = inputs.to_torch(x), inputs.to_torch(y)
-            elif gate_data is not None:
-                raise LogError(f"--gate-data {path} is not the gate data {log.path} was written with (SHA-256 {sha}, "
-                               f"the log's {settings['data_sha256']})")
-        #: (version id, gate loss, learner state or None), oldest first; the last serves
-        self.kept: List[Tuple[int, float, object]] = []
-
-    @property
-    def checks_losses(self) -> bool:
-        return self.x is not None
-
-    def loss(self) -> float | None:
-        return float(self.reference.evaluate(self.x, self.y)) if self.checks_losses else None
-
-    def start(self, version: int, first: Gate | None) -> None:
-        loss = self.loss()
-        if loss is None:  # taken from the first decision, or unknown (no decision yet)
-            loss = first.serving_loss if first is not None else float("nan")
-        self.kept = [(version, loss, _state(self.reference) if self.rollback else None)]
-
-    def decision(self, loss: float) -> int:
-        if loss <= self.kept[-1][1] + self.max_regression:
-            return GATE_PUBLISHED
-        return GATE_ROLLED_BACK if self.rollback else GATE_HELD
-
-    def apply(self, version: int, loss: float, decision: int) -> None:
-        if decision == GATE_PUBLISHED:
-            self.kept.append((version, loss, _state(self.reference) if self.rollback else None))
-            del self.kept[:-self.keep]
-        elif decision == GATE_ROLLED_BACK:
-            self.restore()
-
-    def roll_back(self, record: Rollback) -> None:
-        ids = [k[0] for k in self.kept]
-        if record.version not in ids or record.previous != ids[-1]:
-            raise LogError(f"{self.log.path}: offset {record.offset}: a rollback from version {record.previous} to "
-                           f"version {record.version}, which the replay cannot reproduce (serving: {ids[-1]}, kept: {ids})")
-        del self.kept[ids.index(record.version) + 1:]
-        if self.rollback:
-            self.restore()
-
-    def restore(self) -> None:
-        import copy
-
-        _restore(self.reference, copy.deepcopy(self.kept[-1][2]))  # load_state_dict may keep the tensors it is given
-
-
 @dataclass
 class KafkaSource:
     """The topic a Kafka-fed log read, as ``gradbridge serve`` took it (``--kafka-bootstrap``, ``--kafka-topic``,
@@ -385,6 +226,22 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     that does not hold the same records is a LogError naming the partition and offset."""
     from .reference import Reference
 
+    log, metadata = _open(log_dir, model_path)
+    input_specs = _input_specs(log)
+    from_topic = {}
+    if from_kafka is not None:
+        from . import kafka_topic
+
+        wanted = kafka_topic.ranges(log, from_kafka.topic)
+        records = kafka_topic.read_records(from_kafka.bootstrap, from_kafka.topic, from_kafka.properties, wanted)
+        from_topic = kafka_topic.events(log, from_kafka.topic, records, input_specs)
+        log.events = {**log.events, **from_topic}
+    state = _Replay(log, metadata, Reference(model_path, model), input_specs, gate_data, keep_parameters)
+    return state.run(str(model_path), len(from_topic))
+
+
+def _open(log_dir, model_path) -> Tuple[FeedbackLog, dict]:
+    """The log, read strictly and checked against the module and its checkpoint, and the module's metadata."""
     if not Path(model_path).is_file():
         raise LogError(f"no training module at {model_path}")
     log = read_log(log_dir)
@@ -395,124 +252,142 @@ def replay(log_dir: str | os.PathLike, model_path: str | os.PathLike, model=None
     check_checkpoint(log, log_dir, sha)
     metadata = protocol.read_metadata(model_path)
     _check_header(log, metadata, model_path)
-    input_specs = _input_specs(log)
-    from_topic = {}
-    if from_kafka is not None:
-        from . import kafka_topic
+    return log, metadata
 
-        wanted = kafka_topic.ranges(log, from_kafka.topic)
-        records = kafka_topic.read_records(from_kafka.bootstrap, from_kafka.topic, from_kafka.properties, wanted)
-        from_topic = kafka_topic.events(log, from_kafka.topic, records, input_specs)
-        log.events = {**log.events, **from_topic}
-    reference = Reference(model_path, model)
-    names = [spec["name"] for spec in metadata["parameters"]]
-    # A version holds what training changes (Java's Updater.versionOf): the parameters that train (every
-    # parameter in modules exported before set_state), then the buffers training writes.
-    versioned = [spec["name"] for spec in metadata["parameters"]
-                 if spec.get("trainable", True) or protocol.SET_STATE not in metadata["methods"]]
-    trained = [spec["name"] for spec in metadata["buffers"] if spec.get("trained", True)]
-    dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"] + metadata["buffers"]}
-    max_norm = float(log.header.get("max_grad_norm") or 0.0)
-    run_seed = _draws_seed(log, metadata)
-    versions = {v.updates: v for v in log.versions}
-    rows: List[VersionRow] = []
-    kept: Dict[int, Dict[str, object]] = {}
-    updates, events, loss, quarantined = 0, 0, float("nan"), 0
-    next_seq = int(log.header.get("first_seq", 0))
-    gate = None if log.header.get("gate") is None else _Gate(log, log.header["gate"], metadata, reference, gate_data)
-    gates: List[GateRow] = []
-    undecided = None  # with a gate: the version just reached, until its decision
-    rollbacks = 0
-    serving = 0
 
-    def check_version() -> None:
-        nonlocal undecided
-        version = versions.get(updates)
+class _Replay:
+    """One pass of ``replay`` over a log, as the Java learner's ``Recovery`` makes it: the eager reference, what it
+    has applied, and the rows it has compared so far."""
+
+    def __init__(self, log: FeedbackLog, metadata: dict, reference, input_specs, gate_data, keep_parameters: bool):
+        self.log, self.reference, self.input_specs, self.keep_parameters = log, reference, input_specs, keep_parameters
+        self.names = [spec["name"] for spec in metadata["parameters"]]
+        # A version holds what training changes (Java's Updater.versionOf): the parameters that train (every
+        # parameter in modules exported before set_state), then the buffers training writes.
+        self.versioned = [spec["name"] for spec in metadata["parameters"]
+                          if spec.get("trainable", True) or protocol.SET_STATE not in metadata["methods"]]
+        self.trained = [spec["name"] for spec in metadata["buffers"] if spec.get("trained", True)]
+        self.dtypes = {spec["name"]: spec["dtype"] for spec in metadata["parameters"] + metadata["buffers"]}
+        self.max_norm = float(log.header.get("max_grad_norm") or 0.0)
+        self.run_seed = _draws_seed(log, metadata)
+        self.versions = {v.updates: v for v in log.versions}
+        self.rows: List[VersionRow] = []
+        self.kept: Dict[int, Dict[str, object]] = {}
+        self.updates, self.events, self.loss, self.quarantined = 0, 0, float("nan"), 0
+        self.next_seq = int(log.header.get("first_seq", 0))
+        self.gate = (None if log.header.get("gate") is None
+                     else PublishGate(log, log.header["gate"], metadata, reference, gate_data))
+        self.gates: List[GateRow] = []
+        self.undecided = None  # with a gate: the version just reached, until its decision
+        self.rollbacks = 0
+        self.refused = None  # (batch, reason) the replay refused: its quarantine record must follow
+
+    def run(self, model: str, from_topic: int) -> ReplayReport:
+        """Every record in log order, then the report."""
+        log = self.log
+        self.check_version()
+        if self.gate is not None:
+            self.gate.start(self.rows[0].version if self.rows else 0, next((r for r in log.order if isinstance(r, Gate)), None))
+        for record in log.order:
+            if isinstance(record, Gate):
+                self.decide(record)
+            elif isinstance(record, Rollback):
+                self.roll_back(record)
+            elif isinstance(record, Quarantine):
+                self.quarantine(record)
+            elif isinstance(record, Batch):
+                self.batch(record)
+        if self.refused is not None:
+            self.quarantined += 1  # the last micro-batch: the learner appends its quarantine when it restarts
+        unapplied = sum(1 for seq in log.events if seq >= self.next_seq)
+        serving = self.gate.kept[-1][0] if self.gate is not None else self.rows[-1].version if self.rows else 0
+        return ReplayReport(model, str(log.path), self.rows, self.updates, self.events, unapplied, log.torn_bytes,
+                            self.kept, self.quarantined, self.gates, self.gate is not None and self.gate.checks_losses,
+                            self.rollbacks, serving, from_topic)
+
+    def check_version(self) -> None:
+        """Compares the version logged at this many updates, if any, with the replay's parameters and buffers."""
+        version = self.versions.get(self.updates)
         if version is None:
             return
-        buffers = reference.buffers() if trained else {}
-        values = {**reference.parameters(), **{name: buffers[name] for name in trained}}
-        if keep_parameters:
-            kept[version.id] = values
-        mine = {name: digest(values[name], dtypes[name]) for name in versioned + trained}
-        rows.append(VersionRow(version.id, updates, events, version.loss, loss,
-                               _combined(version.digests, versioned + trained), _combined(mine, versioned + trained)))
-        undecided = version.id if gate is not None and version.id > 0 else None
+        buffers = self.reference.buffers() if self.trained else {}
+        values = {**self.reference.parameters(), **{name: buffers[name] for name in self.trained}}
+        if self.keep_parameters:
+            self.kept[version.id] = values
+        names = self.versioned + self.trained
+        mine = {name: digest(values[name], self.dtypes[name]) for name in names}
+        self.rows.append(VersionRow(version.id, self.updates, self.events, version.loss, self.loss,
+                                    _combined(version.digests, names), _combined(mine, names)))
+        self.undecided = version.id if self.gate is not None and version.id > 0 else None
 
-    check_version()
-    if gate is not None:
-        gate.start(rows[0].version if rows else 0, next((r for r in log.order if isinstance(r, Gate)), None))
-    refused = None  # (batch, reason) the replay refused: its quarantine record must follow
-    for record in log.order:
-        if isinstance(record, Gate):
-            if gate is None or record.version != undecided:
-                raise LogError(f"{log.path}: offset {record.offset}: a gate decision on version {record.version}, which "
-                               + ("a learner without a publish gate never writes" if gate is None
-                                  else "is not the version just logged"))
-            mine = gate.loss()
-            mine = record.loss if mine is None else mine
-            decision = gate.decision(mine)
-            gates.append(GateRow(record.version, record.serving, gate.kept[-1][0], record.loss, mine, record.serving_loss,
-                                 gate.kept[-1][1], record.decision, decision))
-            gate.apply(record.version, record.loss, record.decision)  # as logged: later checks stay meaningful
-            undecided = None
-            continue
-        if isinstance(record, Rollback):
-            if gate is None or undecided is not None:
-                raise LogError(f"{log.path}: offset {record.offset}: a rollback to version {record.version}, which "
-                               + ("a learner without a publish gate never writes" if gate is None
-                                  else "comes before the gate decision on the version just logged"))
-            gate.roll_back(record)
-            rollbacks += 1
-            continue
-        if isinstance(record, Quarantine):
-            if refused is None or refused[0].first_seq != record.first_seq:
-                raise LogError(f"{log.path}: offset {record.offset}: quarantines the micro-batch from event "
-                               f"{record.first_seq}, which applies cleanly when replayed")
-            refused = None
-            quarantined += 1
-            continue
-        if not isinstance(record, Batch):
-            continue
-        batch = record
-        if refused is not None:
-            raise LogError(f"{log.path}: offset {refused[0].offset}: the micro-batch from event {refused[0].first_seq} "
-                           f"is refused when replayed ({refused[1]}) but the log has no quarantine for it")
-        if undecided is not None:
-            raise LogError(f"{log.path}: offset {batch.offset}: a micro-batch before the gate decision on version "
-                           f"{undecided}")
-        floor = int(log.header.get("seq_floor", 0))
-        if next_seq < floor and batch.first_seq == floor and not any(next_seq <= s < floor for s in log.events):
-            next_seq = floor  # a recovered log: the numbers below the floor are gone for good
-        if batch.index != updates or batch.first_seq != next_seq:
-            raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} starts at event "
-                           f"{batch.first_seq}; expected micro-batch {updates} from event {next_seq}")
+    def decide(self, record: Gate) -> None:
+        """A gate decision: on the version just reached; taken again, then applied as logged."""
+        gate = self.gate
+        if gate is None or record.version != self.undecided:
+            raise LogError(f"{self.log.path}: offset {record.offset}: a gate decision on version {record.version}, which "
+                           + ("a learner without a publish gate never writes" if gate is None
+                              else "is not the version just logged"))
+        mine = gate.loss()
+        mine = record.loss if mine is None else mine
+        decision = gate.decision(mine)
+        self.gates.append(GateRow(record.version, record.serving, gate.kept[-1][0], record.loss, mine, record.serving_loss,
+                                  gate.kept[-1][1], record.decision, decision))
+        gate.apply(record.version, record.loss, record.decision)  # as logged: later checks stay meaningful
+        self.undecided = None
+
+    def roll_back(self, record: Rollback) -> None:
+        if self.gate is None or self.undecided is not None:
+            raise LogError(f"{self.log.path}: offset {record.offset}: a rollback to version {record.version}, which "
+                           + ("a learner without a publish gate never writes" if self.gate is None
+                              else "comes before the gate decision on the version just logged"))
+        self.gate.roll_back(record)
+        self.rollbacks += 1
+
+    def quarantine(self, record: Quarantine) -> None:
+        if self.refused is None or self.refused[0].first_seq != record.first_seq:
+            raise LogError(f"{self.log.path}: offset {record.offset}: quarantines the micro-batch from event "
+                           f"{record.first_seq}, which applies cleanly when replayed")
+        self.refused = None
+        self.quarantined += 1
+
+    def batch(self, batch: Batch) -> None:
+        """A micro-batch: checked to be the next one, then the guarded step on its events."""
+        self.check_batch(batch)
+        log = self.log
         seqs = range(batch.first_seq, batch.first_seq + batch.count)
-        missing = [seq for seq in seqs if seq not in log.events]
+        x = _inputs([log.events[seq][0] for seq in seqs], self.input_specs)
+        y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
+        step_seed = None if self.run_seed is None else shuffle.step_seed(self.run_seed, batch.first_seq)
+        step_loss, reason = guarded_step(self.reference, x, y, self.names, self.max_norm, step_seed)
+        self.next_seq += batch.count
+        if reason is not None:
+            self.refused = (batch, reason)
+            return
+        self.loss = step_loss
+        self.updates += 1
+        self.events += batch.count
+        self.check_version()
+
+    def check_batch(self, batch: Batch) -> None:
+        """After the last one's quarantine and gate decision, the next micro-batch, from the next event, all logged."""
+        log = self.log
+        if self.refused is not None:
+            raise LogError(f"{log.path}: offset {self.refused[0].offset}: the micro-batch from event "
+                           f"{self.refused[0].first_seq} is refused when replayed ({self.refused[1]}) but the log has no "
+                           "quarantine for it")
+        if self.undecided is not None:
+            raise LogError(f"{log.path}: offset {batch.offset}: a micro-batch before the gate decision on version "
+                           f"{self.undecided}")
+        floor = int(log.header.get("seq_floor", 0))
+        if self.next_seq < floor and batch.first_seq == floor and not any(self.next_seq <= s < floor for s in log.events):
+            self.next_seq = floor  # a recovered log: the numbers below the floor are gone for good
+        if batch.index != self.updates or batch.first_seq != self.next_seq:
+            raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} starts at event "
+                           f"{batch.first_seq}; expected micro-batch {self.updates} from event {self.next_seq}")
+        missing = [seq for seq in range(batch.first_seq, batch.first_seq + batch.count) if seq not in log.events]
         if missing:
             raise LogError(f"{log.path}: offset {batch.offset}: micro-batch {batch.index} names event {missing[0]}, "
                            "which the log does not hold")
-        x = _inputs([log.events[seq][0] for seq in seqs], input_specs)
-        y = _rows([log.events[seq][1] for seq in seqs], log.header["y"]["dtype"], log.header["y"]["shape"])
-        step_seed = None if run_seed is None else shuffle.step_seed(run_seed, batch.first_seq)
-        step_loss, reason = _guarded_step(reference, x, y, names, max_norm, step_seed)
-        next_seq += batch.count
-        if reason is not None:
-            refused = (batch, reason)
-            continue
-        loss = step_loss
-        updates += 1
-        events += batch.count
-        check_version()
-    if refused is not None:
-        quarantined += 1  # the last micro-batch: the learner appends its quarantine when it restarts
-    unapplied = sum(1 for seq in log.events if seq >= next_seq)
-    if gate is not None:
-        serving = gate.kept[-1][0]
-    elif rows:
-        serving = rows[-1].version
-    return ReplayReport(str(model_path), str(log.path), rows, updates, events, unapplied, log.torn_bytes, kept,
-                        quarantined, gates, gate is not None and gate.checks_losses, rollbacks, serving, len(from_topic))
 
 
 def recover(log_dir: str | os.PathLike, into: str | os.PathLike) -> dict:

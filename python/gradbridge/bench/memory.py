@@ -158,7 +158,7 @@ def online_learner(updates: int, samples: int = 80, batch: int = 32) -> Dict:
 
         def advance(n: int) -> None:
             for _ in range(n):
-                learner.learn(hx, hy, 60, TimeUnit.SECONDS)
+                learner.offer(hx, hy, None, 60, TimeUnit.SECONDS)
             learner.awaitIdle(600, TimeUnit.SECONDS)
 
         try:

@@ -64,41 +64,8 @@ final class FeedbackQueue {
         }
     }
 
-    /** One record of an external source, checked: its rows, or why it gives none. */
-    static final class SourceItem {
-        final int partition;
-        final long offset;
-        final String key; // null: none
-        final byte[] sha256; // with a key
-        final List<byte[]> xRows; // null: refused
-        final List<byte[]> yRows;
-        final String refusal; // null unless refused
-
-        SourceItem(int partition, long offset, String key, byte[] sha256, List<byte[]> xRows, List<byte[]> yRows,
-                String refusal) {
-            this.partition = partition;
-            this.offset = offset;
-            this.key = key;
-            this.sha256 = sha256;
-            this.xRows = xRows;
-            this.yRows = yRows;
-            this.refusal = refusal;
-        }
-
-        int rows() {
-            return xRows == null ? 0 : xRows.size();
-        }
-    }
-
-    /** What {@link #offerSourced} did. */
-    static final class SourcedResult {
-        long end;
-        long logged; // events
-        long duplicates; // events answered from earlier keys
-        final List<String> refusals = new ArrayList<>(); // "partition/offset: reason"
-    }
-
     private final int capacity;
+    private final PhaseTimes phases;
     private final ReentrantLock lock = new ReentrantLock();
     private final Condition notEmpty = lock.newCondition();
     private final Condition progress = lock.newCondition();
@@ -113,8 +80,9 @@ final class FeedbackQueue {
     private boolean busy; // guarded by lock: a micro-batch is being applied
     private volatile Throwable failure; // written under lock
 
-    FeedbackQueue(int capacity) {
+    FeedbackQueue(int capacity, PhaseTimes phases) {
         this.capacity = capacity;
+        this.phases = phases;
     }
 
     /** Sets the state recovery found (before the training thread starts). */
@@ -133,14 +101,15 @@ final class FeedbackQueue {
     }
 
     /**
-     * Numbers the rows, appends them to the log and queues them, or answers a known key.
+     * Numbers the rows, appends them to the log and queues them, or answers a known key. Times
+     * {@code LEARN_LOCK} and {@code LEARN_APPEND} after the caller's phase in progress.
      *
      * @throws KeyConflictException when the key came with another request before
      * @throws QueueFullException when there is no room after {@code timeout}
      * @throws UncheckedIOException when the log cannot be written (nothing of it was logged)
      */
     Accepted offer(LogWriter log, List<byte[]> xRows, List<byte[]> yRows, String key, byte[] sha256, long timeout,
-            TimeUnit unit, PhaseTimes phases, long t) {
+            TimeUnit unit) {
         int rows = xRows.size();
         Accepted accepted;
         lock.lock();
@@ -155,13 +124,13 @@ final class FeedbackQueue {
                 accepted = new Accepted(seen.firstSeq, seen.end, true);
             } else {
                 waitForRoom(rows, timeout, unit);
-                t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_LOCK, t);
+                phases.lap(PhaseTimes.Phase.LEARN_LOCK);
                 accepted = append(log, xRows, yRows, key, sha256);
             }
         } finally {
             lock.unlock();
         }
-        PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_APPEND, t);
+        phases.lap(PhaseTimes.Phase.LEARN_APPEND);
         return accepted;
     }
 
@@ -186,86 +155,31 @@ final class FeedbackQueue {
      * @throws QueueFullException when there is no room after {@code timeout} (nothing was logged)
      * @throws UncheckedIOException when the log cannot be written (nothing was logged)
      */
-    SourcedResult offerSourced(LogWriter log, String source, List<SourceItem> items, Map<Integer, long[]> ranges,
+    SourcedRead.Result offerSourced(LogWriter log, String source, List<SourcedRead.Item> items, Map<Integer, long[]> ranges,
             long timeout, TimeUnit unit) {
-        SourcedResult result = new SourcedResult();
+        SourcedRead read = new SourcedRead(source, items, ranges);
+        SourcedRead.Result result = new SourcedRead.Result();
         lock.lock();
         try {
             checkOpen();
-            Map<Integer, Long> known = positions.getOrDefault(source, Collections.emptyMap());
-            Map<Integer, Long> next = new HashMap<>();
-            for (Map.Entry<Integer, long[]> range : ranges.entrySet()) {
-                Long at = known.get(range.getKey());
-                long[] r = range.getValue();
-                if ((at != null && at != r[0]) || r[1] < r[0]) {
-                    throw new IllegalArgumentException(source + " partition " + range.getKey() + ": offsets " + r[0] + ".." + r[1]
-                            + " do not continue the logged position " + at + " (a gap or an overlap); nothing was logged");
-                }
-                next.put(range.getKey(), r[0]);
-            }
-            int rows = 0;
-            for (SourceItem item : items) {
-                long[] r = ranges.get(item.partition);
-                Long expected = next.get(item.partition);
-                if (r == null || item.offset < expected || item.offset >= r[1]) {
-                    throw new IllegalArgumentException(source + " partition " + item.partition + " offset " + item.offset
-                            + " is outside the range read or out of order; nothing was logged");
-                }
-                next.put(item.partition, item.offset + 1);
-                rows += item.rows();
-            }
+            int rows = read.check(positions.getOrDefault(source, Collections.emptyMap()));
             waitForRoom(rows, timeout, unit);
             long first = nextSeq;
-            long seq = first;
-            List<byte[]> xRows = new ArrayList<>(rows);
-            List<byte[]> yRows = new ArrayList<>(rows);
-            List<LogWriter.KeyEntry> keyEntries = new ArrayList<>();
-            Map<String, Key> fresh = new HashMap<>();
-            long[][] logged = new long[items.size()][];
-            for (int i = 0; i < items.size(); i++) {
-                SourceItem item = items.get(i);
-                String refusal = item.refusal;
-                Key seen = item.key == null || refusal != null ? null
-                        : fresh.containsKey(item.key) ? fresh.get(item.key) : keys.get(item.key);
-                if (seen != null && (!Arrays.equals(seen.sha256, item.sha256) || seen.count != item.rows())) {
-                    refusal = "idempotency key '" + item.key + "' was used for another request (events " + seen.firstSeq + ".."
-                            + (seen.firstSeq + seen.count - 1) + ")";
-                }
-                if (refusal != null) {
-                    logged[i] = new long[] {item.partition, item.offset, -1, 0, LogRecord.Position.REFUSED};
-                    result.refusals.add(item.partition + "/" + item.offset + ": " + refusal);
-                } else if (seen != null) {
-                    logged[i] = new long[] {item.partition, item.offset, seen.firstSeq, seen.count, LogRecord.Position.DUPLICATE};
-                    result.duplicates += seen.count;
-                } else {
-                    logged[i] = new long[] {item.partition, item.offset, seq, item.rows(), LogRecord.Position.LOGGED};
-                    if (item.key != null) {
-                        fresh.put(item.key, new Key(seq, item.rows(), item.sha256, 0));
-                        keyEntries.add(new LogWriter.KeyEntry(seq, item.rows(), item.sha256, item.key));
-                    }
-                    xRows.addAll(item.xRows);
-                    yRows.addAll(item.yRows);
-                    seq += item.rows();
-                }
-            }
-            long[][] rangeList = new long[ranges.size()][];
-            int r = 0;
-            for (Map.Entry<Integer, long[]> range : new java.util.TreeMap<>(ranges).entrySet()) {
-                rangeList[r++] = new long[] {range.getKey(), range.getValue()[0], range.getValue()[1]};
-            }
+            long seq = read.sort(first, keys, result);
             long[] offsets;
             try {
-                offsets = log.appendSourced(first, xRows, yRows, keyEntries, source, rangeList, logged);
+                offsets = log.appendSourced(first, read.xRows, read.yRows, read.keyEntries, source, read.rangeList(),
+                        read.logged);
             } catch (IOException e) {
                 throw new UncheckedIOException("cannot append to " + log.getFile() + " (" + e.getMessage()
                         + "); nothing of this read of " + source + " was logged", e);
             }
-            for (int i = 0; i < xRows.size(); i++) {
-                queue.add(new Event(first + i, offsets[i], xRows.get(i), yRows.get(i)));
+            for (int i = 0; i < read.xRows.size(); i++) {
+                queue.add(new Event(first + i, offsets[i], read.xRows.get(i), read.yRows.get(i)));
             }
             nextSeq = seq;
-            long end = offsets[xRows.size()];
-            for (Map.Entry<String, Key> k : fresh.entrySet()) {
+            long end = offsets[read.xRows.size()];
+            for (Map.Entry<String, Key> k : read.fresh.entrySet()) {
                 Key key = k.getValue();
                 keys.put(k.getKey(), new Key(key.firstSeq, key.count, key.sha256, end));
             }
@@ -273,7 +187,7 @@ final class FeedbackQueue {
             ranges.forEach((partition, range) -> moved.put(partition, range[1]));
             result.logged = seq - first;
             result.end = end;
-            if (!xRows.isEmpty()) {
+            if (!read.xRows.isEmpty()) {
                 notEmpty.signal();
             }
             passOnRoom();
@@ -344,10 +258,10 @@ final class FeedbackQueue {
      * events, or what arrived {@code maxWaitMillis} after its first; then, up to {@code
      * maxBatches} in all, those the following calls would take without waiting (full ones, or
      * what is left when closing). Null to stop (halting, or closing with nothing left). Marks the
-     * learner busy until {@link #applied}.
+     * learner busy until {@link #applied}. Times {@code WAIT} and {@code DEQUEUE}.
      */
-    List<List<Event>> take(int maxBatch, int maxBatches, long maxWaitMillis, PhaseTimes phases, long t)
-            throws InterruptedException {
+    List<List<Event>> take(int maxBatch, int maxBatches, long maxWaitMillis) throws InterruptedException {
+        phases.start();
         lock.lock();
         try {
             while (queue.isEmpty() && !closing && !halting) {
@@ -367,7 +281,7 @@ final class FeedbackQueue {
             if (halting) {
                 return null;
             }
-            t = PhaseTimes.lap(phases, PhaseTimes.Phase.WAIT, t);
+            phases.lap(PhaseTimes.Phase.WAIT);
             List<List<Event>> batches = new ArrayList<>();
             do {
                 batches.add(poll(maxBatch));
@@ -377,7 +291,7 @@ final class FeedbackQueue {
             return batches;
         } finally {
             lock.unlock();
-            PhaseTimes.lap(phases, PhaseTimes.Phase.DEQUEUE, t);
+            phases.lap(PhaseTimes.Phase.DEQUEUE);
         }
     }
 

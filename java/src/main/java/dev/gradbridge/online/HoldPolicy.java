@@ -2,7 +2,7 @@ package dev.gradbridge.online;
 
 import java.util.Locale;
 
-/** What a publish gate does to the learner when it holds a version back (see {@link OnlineLearner.Builder#optGate}). */
+/** What a publish gate does to the learner when it holds a version back (see {@link OnlineLearnerBuilder#optGate}). */
 public enum HoldPolicy {
     /**
      * Training goes on from the held-back version (predictions stay on the serving one); a later

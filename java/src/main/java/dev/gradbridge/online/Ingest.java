@@ -84,7 +84,7 @@ final class Ingest {
 
     /** See {@link OnlineLearner#offer(Map, HostTensor, String, long, TimeUnit)}. */
     OnlineLearner.Receipt learn(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         long rows = checkFeedback(x, y, queueCapacity, "call");
         byte[] sha = null;
         if (key != null) {
@@ -96,19 +96,19 @@ final class Ingest {
         }
         List<byte[]> xRows = features.split(x, rows);
         List<byte[]> yRows = split(y.bytes(), yRowBytes);
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_VALIDATE, t);
+        phases.lap(PhaseTimes.Phase.LEARN_VALIDATE);
         FeedbackQueue.Accepted done;
         try {
-            done = queue.offer(log, xRows, yRows, key, sha, timeout, unit, phases, t);
+            done = queue.offer(log, xRows, yRows, key, sha, timeout, unit);
         } catch (QueueFullException e) {
             refused.addAndGet(rows);
             throw e;
         }
         (done.duplicate ? duplicates : accepted).addAndGet(rows);
-        t = PhaseTimes.clock(phases);
+        phases.start();
         try {
             log.sync(done.end); // outside the queue's lock: concurrent callers share one fsync
-            PhaseTimes.lap(phases, PhaseTimes.Phase.LEARN_SYNC, t);
+            phases.lap(PhaseTimes.Phase.LEARN_SYNC);
         } catch (IOException e) {
             fail.accept(e); // what is durable is unknown now: stop rather than acknowledge anything more
             throw new UncheckedIOException("cannot fsync " + log.getFile() + ": " + e.getMessage(), e);
@@ -120,17 +120,17 @@ final class Ingest {
      * See {@link OnlineLearner#learnFromSource}: each record checked as {@link #learn} checks a
      * request (a record that fails is refused, not thrown), then one write with the offsets read.
      */
-    FeedbackQueue.SourcedResult learnSourced(String source, List<SourceRecord> records, Map<Integer, long[]> ranges,
+    SourcedRead.Result learnSourced(String source, List<SourceRecord> records, Map<Integer, long[]> ranges,
             long timeout, TimeUnit unit) {
-        List<FeedbackQueue.SourceItem> items = new ArrayList<>(records.size());
+        List<SourcedRead.Item> items = new ArrayList<>(records.size());
         for (SourceRecord record : records) {
             items.add(check(record));
         }
-        FeedbackQueue.SourcedResult done;
+        SourcedRead.Result done;
         try {
             done = queue.offerSourced(log, source, items, ranges, timeout, unit);
         } catch (QueueFullException e) {
-            long rows = items.stream().mapToLong(FeedbackQueue.SourceItem::rows).sum();
+            long rows = items.stream().mapToLong(SourcedRead.Item::rows).sum();
             refused.addAndGet(rows);
             throw e;
         }
@@ -146,9 +146,9 @@ final class Ingest {
         return done;
     }
 
-    private FeedbackQueue.SourceItem check(SourceRecord record) {
+    private SourcedRead.Item check(SourceRecord record) {
         if (record.refusal != null) {
-            return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, record.refusal);
+            return new SourcedRead.Item(record.partition, record.offset, null, null, null, null, record.refusal);
         }
         try {
             long rows = checkFeedback(record.x, record.y, queueCapacity / 2, "record");
@@ -160,10 +160,10 @@ final class Ingest {
             if (lossCheck != null) {
                 lossCheck.checkLoss(record.x, record.y);
             }
-            return new FeedbackQueue.SourceItem(record.partition, record.offset, record.key, sha,
+            return new SourcedRead.Item(record.partition, record.offset, record.key, sha,
                     features.split(record.x, rows), split(record.y.bytes(), yRowBytes), null);
         } catch (InvalidInputException e) {
-            return new FeedbackQueue.SourceItem(record.partition, record.offset, null, null, null, null, e.getMessage());
+            return new SourcedRead.Item(record.partition, record.offset, null, null, null, null, e.getMessage());
         }
     }
 

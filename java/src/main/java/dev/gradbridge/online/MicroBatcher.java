@@ -49,8 +49,7 @@ final class MicroBatcher implements Runnable {
             while (true) {
                 // Never past a version: Java snapshots and publishes between two micro-batches.
                 int most = Math.min(MAX_BATCHES_PER_CALL, publisher.updatesToVersion());
-                List<List<FeedbackQueue.Event>> run = queue.take(maxBatch, most, maxWaitMillis, phases,
-                        PhaseTimes.clock(phases));
+                List<List<FeedbackQueue.Event>> run = queue.take(maxBatch, most, maxWaitMillis);
                 if (run == null) {
                     break;
                 }
@@ -97,7 +96,7 @@ final class MicroBatcher implements Runnable {
             // Each micro-batch's record is written after its update, before anything that depends on
             // it leaves the training thread (a version, a checkpoint, the applied mark), and in the
             // order one call per micro-batch wrote them (a quarantine right after its B): the same log.
-            long t = PhaseTimes.clock(phases);
+            phases.start();
             for (int i = 0; i < applied.applied; i++) {
                 log.appendBatch(index + i, part.get(i).get(0).seq, part.get(i).size());
             }
@@ -106,7 +105,7 @@ final class MicroBatcher implements Runnable {
                 log.appendBatch(index + applied.applied, part.get(applied.applied).get(0).seq,
                         part.get(applied.applied).size());
             }
-            PhaseTimes.lap(phases, PhaseTimes.Phase.LOG_BATCH, t);
+            phases.lap(PhaseTimes.Phase.LOG_BATCH);
             if (applied.failure != null) {
                 throw applied.failure;
             }
@@ -124,9 +123,9 @@ final class MicroBatcher implements Runnable {
             }
             done += applied.applied + (stopped ? 1 : 0);
         }
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         List<FeedbackQueue.Event> last = run.get(run.size() - 1);
         queue.applied(last.get(last.size() - 1).seq + 1);
-        PhaseTimes.lap(phases, PhaseTimes.Phase.FINISH, t);
+        phases.lap(PhaseTimes.Phase.FINISH);
     }
 }

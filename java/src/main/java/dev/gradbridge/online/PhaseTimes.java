@@ -8,10 +8,14 @@ import java.util.concurrent.atomic.LongAdder;
 
 /**
  * Where an {@link OnlineLearner}'s time goes, for benchmarks and debugging ({@link
- * OnlineLearner.Builder#optTimePhases}): cumulative {@code System.nanoTime} per phase, the
+ * OnlineLearnerBuilder#optTimePhases}): cumulative {@code System.nanoTime} per phase, the
  * thread's CPU time in it (which, unlike wall time, does not count time the thread was
  * descheduled or waiting on a lock) and how often each ran. Training-thread phases are one micro-batch's path; {@code learn_*} phases run on
  * the callers' threads and overlap training.
+ *
+ * <p>Each part of the learner holds the learner's one instance: a thread {@link #start starts} a
+ * phase and each {@link #lap} ends the phase in progress on that thread and starts the next. When
+ * timing is off the parts hold {@link #OFF}, whose calls return at once: no clock is read.
  */
 public final class PhaseTimes {
 
@@ -45,82 +49,90 @@ public final class PhaseTimes {
         FINISH
     }
 
-    private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
-    private final boolean cpu = THREADS.isCurrentThreadCpuTimeSupported();
-    private final ThreadLocal<long[]> lastCpu = ThreadLocal.withInitial(() -> new long[1]);
-    private final LongAdder[] nanos = new LongAdder[Phase.values().length];
-    private final LongAdder[] cpuNanos = new LongAdder[Phase.values().length];
-    private final LongAdder[] counts = new LongAdder[Phase.values().length];
+    /** Timing off: every call returns at once. */
+    static final PhaseTimes OFF = new PhaseTimes(false);
 
-    PhaseTimes() {
-        for (int i = 0; i < nanos.length; i++) {
+    private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
+    private final boolean on;
+    private final boolean cpu;
+    private final ThreadLocal<long[]> last; // per thread: {nanoTime, CPU time} where the phase in progress began
+    private final LongAdder[] nanos;
+    private final LongAdder[] cpuNanos;
+    private final LongAdder[] counts;
+
+    private PhaseTimes(boolean on) {
+        this.on = on;
+        this.cpu = on && THREADS.isCurrentThreadCpuTimeSupported();
+        this.last = on ? ThreadLocal.withInitial(() -> new long[2]) : null;
+        int phases = on ? Phase.values().length : 0;
+        nanos = new LongAdder[phases];
+        cpuNanos = new LongAdder[phases];
+        counts = new LongAdder[phases];
+        for (int i = 0; i < phases; i++) {
             nanos[i] = new LongAdder();
             cpuNanos[i] = new LongAdder();
             counts[i] = new LongAdder();
         }
     }
 
-    /** @return now, for {@link #lap}, starting a phase on this thread; 0 when {@code phases} is null (not timing) */
-    static long clock(PhaseTimes phases) {
-        if (phases == null) {
-            return 0;
-        }
-        phases.start();
-        return System.nanoTime();
+    /** @return a new recorder when {@code time}, else {@link #OFF} */
+    static PhaseTimes of(boolean time) {
+        return time ? new PhaseTimes(true) : OFF;
     }
 
-    /** Adds the time since {@code since} to {@code phase}; returns now (0 when {@code phases} is null). */
-    static long lap(PhaseTimes phases, Phase phase, long since) {
-        if (phases == null) {
-            return 0;
-        }
-        long now = System.nanoTime();
-        phases.add(phase, now - since);
-        return now;
+    /** @return whether this records (not {@link #OFF}) */
+    boolean isOn() {
+        return on;
     }
 
-    /** Starts a phase on this thread: notes its CPU time. */
+    /** Starts a phase on this thread: notes the time and the thread's CPU time. */
     void start() {
+        if (!on) {
+            return;
+        }
+        long[] begun = last.get();
+        begun[0] = System.nanoTime();
         if (cpu) {
-            lastCpu.get()[0] = THREADS.getCurrentThreadCpuTime();
+            begun[1] = THREADS.getCurrentThreadCpuTime();
         }
     }
 
-    /** Ends a phase on this thread, which started at {@link #start} or at the previous add. */
-    void add(Phase phase, long elapsedNanos) {
-        nanos[phase.ordinal()].add(elapsedNanos);
+    /** Ends the phase in progress on this thread (begun at {@link #start} or the last lap) as {@code phase}; the next begins. */
+    void lap(Phase phase) {
+        if (!on) {
+            return;
+        }
+        long[] begun = last.get();
+        long now = System.nanoTime();
+        nanos[phase.ordinal()].add(now - begun[0]);
         counts[phase.ordinal()].increment();
+        begun[0] = now;
         if (cpu) {
-            long[] last = lastCpu.get();
-            long now = THREADS.getCurrentThreadCpuTime();
-            cpuNanos[phase.ordinal()].add(now - last[0]);
-            last[0] = now;
+            long cpuNow = THREADS.getCurrentThreadCpuTime();
+            cpuNanos[phase.ordinal()].add(cpuNow - begun[1]);
+            begun[1] = cpuNow;
         }
     }
 
-    /** @return the calling thread's CPU time per phase (lower-case names), in phase order; zeros when unsupported */
+    /** @return the threads' CPU time per phase (lower-case names), in phase order; zeros when unsupported */
     public Map<String, Long> cpuNanos() {
-        Map<String, Long> out = new LinkedHashMap<>();
-        for (Phase phase : Phase.values()) {
-            out.put(phase.name().toLowerCase(java.util.Locale.ROOT), cpuNanos[phase.ordinal()].sum());
-        }
-        return out;
+        return byPhase(cpuNanos);
     }
 
     /** @return total nanoseconds per phase (lower-case names), in phase order */
     public Map<String, Long> nanos() {
-        Map<String, Long> out = new LinkedHashMap<>();
-        for (Phase phase : Phase.values()) {
-            out.put(phase.name().toLowerCase(java.util.Locale.ROOT), nanos[phase.ordinal()].sum());
-        }
-        return out;
+        return byPhase(nanos);
     }
 
     /** @return how many times each phase ran (lower-case names), in phase order */
     public Map<String, Long> counts() {
+        return byPhase(counts);
+    }
+
+    private Map<String, Long> byPhase(LongAdder[] values) {
         Map<String, Long> out = new LinkedHashMap<>();
         for (Phase phase : Phase.values()) {
-            out.put(phase.name().toLowerCase(java.util.Locale.ROOT), counts[phase.ordinal()].sum());
+            out.put(phase.name().toLowerCase(java.util.Locale.ROOT), on ? values[phase.ordinal()].sum() : 0L);
         }
         return out;
     }

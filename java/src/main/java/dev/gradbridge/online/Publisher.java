@@ -57,7 +57,6 @@ final class Publisher {
     private final PhaseTimes phases;
     private final Gate gate; // null: every version is published
     private volatile ModelVersion current; // the published version
-    private volatile long latest; // the newest version logged and decided (published or held back)
     private ModelVersion logged; // the last version logged (training thread, then closing)
     private boolean atLogged = true; // the learner holds `logged`'s state (no rollback since)
     private long lastCheckpointVersion = -1; // training thread, then closing
@@ -65,11 +64,13 @@ final class Publisher {
     private long generation; // guarded by this: a rollback keeps versions logged before it from being published
     private long writtenServing = -1; // the serving version whose file the last checkpoint wrote
     private String writtenServingSha256;
-    private final AtomicLong published = new AtomicLong();
-    private final AtomicLong held = new AtomicLong();
-    private final AtomicLong rollbacks = new AtomicLong();
-    private volatile double lastGateLoss = Double.NaN;
-    private volatile double servingGateLoss = Double.NaN;
+    // Read by LearnerStats, from any thread:
+    volatile long latest; // the newest version logged and decided (published, or held back); set after its publication is queued
+    final AtomicLong published = new AtomicLong(); // versions published (every version without a gate)
+    final AtomicLong held = new AtomicLong(); // versions the gate held back
+    final AtomicLong rollbacks = new AtomicLong();
+    volatile double lastGateLoss = Double.NaN; // of the last version the gate decided on
+    volatile double servingGateLoss = Double.NaN;
 
     Publisher(Path logDir, LogWriter log, FeedbackQueue queue, Updater updater, String modelSha256, int publishEvery,
             int checkpointEvery, PhaseTimes phases, Gate gate) {
@@ -118,9 +119,9 @@ final class Publisher {
         if (updater.updates() % publishEvery != 0) {
             return;
         }
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         ModelVersion version = updater.snapshot(logged.getId() + 1);
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.SNAPSHOT, t);
+        phases.lap(PhaseTimes.Phase.SNAPSHOT);
         long end = log.appendVersion(version.getId(), version.getUpdates(), version.getLoss(), version.getDigests());
         logged = version;
         atLogged = true;
@@ -131,22 +132,22 @@ final class Publisher {
                 checkpoint(version, end);
             }
             decide(version);
-            PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+            phases.lap(PhaseTimes.Phase.PUBLISH);
             return;
         }
         published.incrementAndGet();
         if (!checkpointDue) {
             log.afterSync(end, () -> publishIfNewer(version));
             latest = version.getId();
-            PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+            phases.lap(PhaseTimes.Phase.PUBLISH);
             return;
         }
         log.sync(end);
         publishIfNewer(version);
         latest = version.getId();
-        t = PhaseTimes.lap(phases, PhaseTimes.Phase.PUBLISH, t);
+        phases.lap(PhaseTimes.Phase.PUBLISH);
         checkpoint(version, end);
-        PhaseTimes.lap(phases, PhaseTimes.Phase.CHECKPOINT, t);
+        phases.lap(PhaseTimes.Phase.CHECKPOINT);
     }
 
     /** At a clean close: a last version when updates came after the last one, and a final checkpoint. */
@@ -382,31 +383,6 @@ final class Publisher {
         } finally {
             lock.unlock();
         }
-    }
-
-    /** @return the newest version logged and decided on (published, or held back by the gate); set after its publication is queued */
-    long latestVersion() {
-        return latest;
-    }
-
-    long publishedVersions() {
-        return published.get();
-    }
-
-    long heldVersions() {
-        return held.get();
-    }
-
-    long rollbacks() {
-        return rollbacks.get();
-    }
-
-    double lastGateLoss() {
-        return lastGateLoss;
-    }
-
-    double servingGateLoss() {
-        return servingGateLoss;
     }
 
     /** Frees the kept learner copies (closing). */

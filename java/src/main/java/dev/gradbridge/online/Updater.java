@@ -83,7 +83,7 @@ final class Updater implements AutoCloseable {
      * @return null when applied (and counted), else why not
      */
     String apply(long firstSeq, List<byte[]> xs, List<byte[]> ys) {
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         double loss = lossAndBackward(training, firstSeq, xs, ys);
         // Without a norm limit, finiteness is decided in libtorch; the values are read only to say why.
         String refusal = guard.needsValues(loss, Double.isFinite(loss) && training.gradientsFinite())
@@ -94,7 +94,7 @@ final class Updater implements AutoCloseable {
         } else {
             training.zeroGrad();
         }
-        PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+        phases.lap(PhaseTimes.Phase.TRAIN_STEP);
         return refusal;
     }
 
@@ -196,7 +196,7 @@ final class Updater implements AutoCloseable {
         if (guard.readsGradients() || !calls.fusable() || runSeed != null) { // seeded: one micro-batch at a time
             return applyEach(firstSeqs, xs, ys);
         }
-        long t = PhaseTimes.clock(phases);
+        phases.start();
         refreshBackup();
         GuardedSteps steps;
         try {
@@ -208,7 +208,7 @@ final class Updater implements AutoCloseable {
         if (applied > 0 && !training.stateFinite()) {
             // A step of this run left the state not finite: back to before the run, then one at a time.
             rollBack("an update of micro-batches " + updates + ".." + (updates + applied - 1) + " leaves the state not finite");
-            PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+            phases.lap(PhaseTimes.Phase.TRAIN_STEP);
             return applyEach(firstSeqs, xs, ys);
         }
         for (int i = 0; i < applied; i++) {
@@ -229,7 +229,7 @@ final class Updater implements AutoCloseable {
             }
             run = refusal == null ? new Run(applied + 1, null, null) : new Run(applied, refusal, null);
         }
-        PhaseTimes.lap(phases, PhaseTimes.Phase.TRAIN_STEP, t);
+        phases.lap(PhaseTimes.Phase.TRAIN_STEP);
         return run;
     }
 

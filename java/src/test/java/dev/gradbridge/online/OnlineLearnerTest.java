@@ -5,6 +5,7 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertNotEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
 
 import dev.gradbridge.InvalidInputException;
@@ -53,13 +54,19 @@ public class OnlineLearnerTest {
                 .open(fixture("linear_regression.pt"), log);
         try {
             assertEquals(0, learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)));
+            LearnerStats before = learner.stats();
             QueueFullException full =
                     assertThrows(QueueFullException.class, () -> learner.learn(column(5, 6, 7), column(1, 1, 1)));
             assertEquals("the feedback queue is full (4 of 6 events waiting); retry later", full.getMessage());
             assertEquals(4, learner.learn(column(5, 6), column(10, 12)));
-            assertEquals(6, learner.queueDepth());
-            assertEquals(3, learner.refusedEvents());
+            LearnerStats after = learner.stats();
+            assertEquals(6, after.getQueueDepth());
+            assertEquals(3, after.getRefusedEvents());
+            assertEquals(6, after.getAcceptedEvents());
+            assertEquals("a snapshot: later feedback does not change it", 4, before.getQueueDepth());
+            assertEquals(0, before.getRefusedEvents());
             assertEquals(0, learner.currentVersion().getId());
+            assertNull("phase timing is off unless asked for", learner.phaseTimes());
         } finally {
             learner.close();
         }
@@ -81,13 +88,13 @@ public class OnlineLearnerTest {
             long started = System.nanoTime();
             learner.learn(column(1, 2, 3, 4), column(2, 4, 6, 8)); // full; the trainer waits 300 ms for more
             assertThrows(QueueFullException.class,
-                    () -> learner.learn(column(5), column(10), 10, TimeUnit.MILLISECONDS));
-            assertEquals(4, learner.learn(column(5, 6), column(10, 12), 10, TimeUnit.SECONDS));
+                    () -> learner.offer(column(5), column(10), null, 10, TimeUnit.MILLISECONDS));
+            assertEquals(4, learner.offer(column(5, 6), column(10, 12), null, 10, TimeUnit.SECONDS).getFirstSeq());
             long waitedMillis = (System.nanoTime() - started) / 1_000_000;
             assertTrue("waited " + waitedMillis + " ms for the trainer to take the first 4", waitedMillis >= 250);
             assertTrue(learner.awaitIdle(10, TimeUnit.SECONDS));
-            assertEquals(2, learner.updates());
-            assertEquals(1, learner.refusedEvents());
+            assertEquals(2, learner.stats().getUpdates());
+            assertEquals(1, learner.stats().getRefusedEvents());
         }
     }
 
@@ -104,7 +111,7 @@ public class OnlineLearnerTest {
                     () -> learner.learn(HostTensor.ofDoubles(new double[] {1}, 1, 1), column(1)));
             assertThrows(InvalidInputException.class, () -> learner.learn(column(Float.NaN), column(1)));
             assertThrows(InvalidInputException.class, () -> learner.predict(HostTensor.ofLongs(new long[] {1}, 1, 1)));
-            assertEquals(0, learner.acceptedEvents());
+            assertEquals(0, learner.stats().getAcceptedEvents());
         }
         assertEquals(0, LogReader.read(LogReader.file(log), 0).getRecords().stream()
                 .filter(r -> r instanceof LogRecord.Event).count());
@@ -170,7 +177,7 @@ public class OnlineLearnerTest {
         Path log = folder.newFolder().toPath();
         float[] xs = ramp(48, 2f, -1f);
         float[] ys = ramp(48, 6f, -2.5f);
-        OnlineLearner.Builder options = OnlineLearner.builder().optMaxBatch(3).optMaxWaitMillis(0).optPublishEvery(2)
+        OnlineLearnerBuilder options = OnlineLearner.builder().optMaxBatch(3).optMaxWaitMillis(0).optPublishEvery(2)
                 .optCheckpointEvery(3).optPredictors(1).optFsync(FsyncPolicy.ALWAYS);
         OnlineLearner first = options.open(fixture("linear_regression.pt"), log);
         for (int i = 0; i < 36; i += 3) {
@@ -199,7 +206,7 @@ public class OnlineLearnerTest {
         try (OnlineLearner fromScratch = options.open(fixture("linear_regression.pt"), copy)) {
             assertEquals(resumedRun.getId(), fromScratch.currentVersion().getId());
             assertEquals(resumedRun.getDigests(), fromScratch.currentVersion().getDigests());
-            assertEquals(16, fromScratch.updates());
+            assertEquals(16, fromScratch.stats().getUpdates());
         }
         // And from the checkpoint: the logged versions after it are reproduced (else opening fails).
         try (OnlineLearner fromCheckpoint = options.open(fixture("linear_regression.pt"), log)) {
@@ -218,14 +225,14 @@ public class OnlineLearnerTest {
         // train_epoch call; and a learner fed 2 events at a time, one train_step each.
         Path fusedLog = folder.newFolder().toPath();
         Path stepLog = folder.newFolder().toPath();
-        OnlineLearner.Builder fusedOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0)
+        OnlineLearnerBuilder fusedOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0)
                 .optPublishEvery(4).optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER)
                 .optTimePhases(true);
         java.util.List<ModelVersion> fusedVersions = new java.util.ArrayList<>();
         try (OnlineLearner fused = fusedOptions.open(fixture("linear_regression.pt"), fusedLog)) {
             fused.learn(column(xs), column(ys));
             assertTrue(fused.awaitIdle(30, TimeUnit.SECONDS));
-            assertEquals(20, fused.updates());
+            assertEquals(20, fused.stats().getUpdates());
             assertEquals(5, fused.currentVersion().getId());
             fusedVersions.add(fused.currentVersion());
             // Every micro-batch waiting, up to the next version, in one native call.
@@ -239,7 +246,7 @@ public class OnlineLearnerTest {
             for (int i = 0; i < 40; i += 2) {
                 stepwise.learn(column(xs[i], xs[i + 1]), column(ys[i], ys[i + 1]));
                 assertTrue(stepwise.awaitIdle(30, TimeUnit.SECONDS));
-                stepVersions.put(stepwise.updates(), stepwise.currentVersion());
+                stepVersions.put(stepwise.stats().getUpdates(), stepwise.currentVersion());
             }
         }
         ModelVersion last = fusedVersions.get(0);
@@ -278,15 +285,15 @@ public class OnlineLearnerTest {
         float[] ys = ramp(12, 6f, -2.5f);
         ys[4] = 3e38f; // micro-batch 2 of 6: an infinite loss, quarantined
         Path log = folder.newFolder().toPath();
-        OnlineLearner.Builder options = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
+        OnlineLearnerBuilder options = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
                 .optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER).optValidateTargets(false)
                 .optTimePhases(true);
         ModelVersion fusedVersion;
         try (OnlineLearner fused = options.open(fixture("linear_regression.pt"), log)) {
             fused.learn(column(xs), column(ys));
             assertTrue(fused.awaitIdle(30, TimeUnit.SECONDS));
-            assertEquals(5, fused.updates());
-            assertEquals(1, fused.quarantinedBatches());
+            assertEquals(5, fused.stats().getUpdates());
+            assertEquals(1, fused.stats().getQuarantinedBatches());
             // Taken up to the version (4): 2 applied and 1 refused in one call, the 4th in a second;
             // then the 5th (the version) and the 6th.
             assertEquals(4L, (long) fused.phaseTimes().counts().get("train_step"));
@@ -312,7 +319,7 @@ public class OnlineLearnerTest {
         // One micro-batch per call, one learn per micro-batch: the same version, bit for bit.
         Path stepLog = folder.newFolder().toPath();
         // (A norm limit no update reaches takes the one-call-per-micro-batch path.)
-        OnlineLearner.Builder stepOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
+        OnlineLearnerBuilder stepOptions = OnlineLearner.builder().optMaxBatch(2).optMaxWaitMillis(0).optPublishEvery(4)
                 .optCheckpointEvery(1000).optPredictors(1).optFsync(FsyncPolicy.NEVER).optValidateTargets(false)
                 .optMaxGradNorm(1e30);
         try (OnlineLearner stepwise = stepOptions.open(fixture("linear_regression.pt"), stepLog)) {
@@ -320,13 +327,13 @@ public class OnlineLearnerTest {
                 stepwise.learn(column(xs[i], xs[i + 1]), column(ys[i], ys[i + 1]));
                 assertTrue(stepwise.awaitIdle(30, TimeUnit.SECONDS));
             }
-            assertEquals(1, stepwise.quarantinedBatches());
+            assertEquals(1, stepwise.stats().getQuarantinedBatches());
             assertEquals(4, stepwise.currentVersion().getUpdates());
             assertEquals(fusedVersion.getDigests(), stepwise.currentVersion().getDigests());
         }
         // Recovery re-applies the log and reproduces its version and its quarantine (else it fails).
         try (OnlineLearner resumed = options.open(fixture("linear_regression.pt"), log)) {
-            assertEquals(5, resumed.updates());
+            assertEquals(5, resumed.stats().getUpdates());
         }
     }
 

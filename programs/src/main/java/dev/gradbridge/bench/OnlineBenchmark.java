@@ -128,7 +128,7 @@ public final class OnlineBenchmark {
                 FsyncPolicy.NEVER)) {
             learner.learn(chunks.get(0)[0], chunks.get(0)[1]);
             learner.awaitIdle(60, TimeUnit.SECONDS);
-            predictLatencies(learner, one, warmup, predictThreads); // the JIT compiles the predict path
+            OnlineLoad.predictLatencies(learner, one, warmup, predictThreads); // the JIT compiles the predict path
             long[] idle = new long[predictions * rounds];
             long[] busy = new long[predictions * rounds];
             Map<String, List<Double>> byRound = new LinkedHashMap<>();
@@ -141,7 +141,7 @@ public final class OnlineBenchmark {
             // taking 20-50% of a core from the predictors (perf sched).
             for (int round = -1; round < rounds; round++) {
                 int calls = round < 0 ? Math.max(predictions, warmup) : predictions;
-                long[] idleRound = predictLatencies(learner, one, calls, predictThreads);
+                long[] idleRound = OnlineLoad.predictLatencies(learner, one, calls, predictThreads);
                 AtomicBoolean stop = new AtomicBoolean();
                 List<Thread> feeders = new ArrayList<>();
                 for (int t = 0; t < feedbackThreads; t++) {
@@ -149,7 +149,7 @@ public final class OnlineBenchmark {
                     Thread feeder = new Thread(() -> {
                         for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
                             try {
-                                learner.learn(chunks.get(i)[0], chunks.get(i)[1], 10, TimeUnit.MILLISECONDS);
+                                learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 10, TimeUnit.MILLISECONDS);
                             } catch (QueueFullException e) {
                                 // no room within 10 ms: try again (blocking, not spinning)
                             }
@@ -158,9 +158,9 @@ public final class OnlineBenchmark {
                     feeder.start();
                     feeders.add(feeder);
                 }
-                long updatesBefore = learner.updates();
-                long[] busyRound = predictLatencies(learner, one, calls, predictThreads);
-                long updatesDuring = learner.updates() - updatesBefore;
+                long updatesBefore = learner.stats().getUpdates();
+                long[] busyRound = OnlineLoad.predictLatencies(learner, one, calls, predictThreads);
+                long updatesDuring = learner.stats().getUpdates() - updatesBefore;
                 stop.set(true);
                 for (Thread feeder : feeders) {
                     feeder.join();
@@ -233,7 +233,7 @@ public final class OnlineBenchmark {
                 if (variant.startsWith("online_")) {
                     Path dir = work.resolve("warm-up-" + variant);
                     try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
-                        feed(learner, chunks, feeders);
+                        OnlineLoad.feed(learner, chunks, feeders);
                         learner.awaitIdle(300, TimeUnit.SECONDS);
                     }
                     deleteTree(dir);
@@ -261,19 +261,19 @@ public final class OnlineBenchmark {
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
                             try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
                                 for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
-                                    learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
+                                    learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
                                 }
                                 learner.awaitIdle(60, TimeUnit.SECONDS);
                                 Map<String, Long> before = learner.phaseTimes().nanos();
                                 Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
                                 long callsBefore = learner.phaseTimes().counts().get("train_step");
-                                long updatesBefore = learner.updates();
+                                long updatesBefore = learner.stats().getUpdates();
                                 long started = System.nanoTime();
-                                feed(learner, chunks, feeders);
+                                OnlineLoad.feed(learner, chunks, feeders);
                                 learner.awaitIdle(300, TimeUnit.SECONDS);
                                 long elapsed = System.nanoTime() - started;
                                 seconds = elapsed / 1e9;
-                                onlineUpdates = learner.updates() - updatesBefore;
+                                onlineUpdates = learner.stats().getUpdates() - updatesBefore;
                                 Map<String, Long> sum = phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
                                 for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
                                     sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
@@ -364,42 +364,6 @@ public final class OnlineBenchmark {
         return onlineVariant.equals("online_never") ? FsyncPolicy.NEVER : FsyncPolicy.ALWAYS;
     }
 
-    /**
-     * Feeds every chunk to the learner from {@code feeders} threads (feeder t: chunks t, t+feeders,
-     * ...), each call waiting for its acknowledgement, as concurrent clients do; returns when all
-     * are acknowledged.
-     */
-    private static void feed(OnlineLearner learner, List<HostTensor[]> chunks, int feeders) throws Exception {
-        if (feeders == 1) {
-            for (HostTensor[] chunk : chunks) {
-                learner.learn(chunk[0], chunk[1], 60, TimeUnit.SECONDS);
-            }
-            return;
-        }
-        ExecutorService pool = Executors.newFixedThreadPool(feeders, r -> new Thread(r, "bench-feeder"));
-        try {
-            List<java.util.concurrent.Future<?>> done = new ArrayList<>();
-            for (int t = 0; t < feeders; t++) {
-                final int me = t;
-                done.add(pool.submit(() -> {
-                    for (int i = me; i < chunks.size(); i += feeders) {
-                        learner.learn(chunks.get(i)[0], chunks.get(i)[1], 60, TimeUnit.SECONDS);
-                    }
-                    return null;
-                }));
-            }
-            for (java.util.concurrent.Future<?> f : done) {
-                try {
-                    f.get();
-                } catch (ExecutionException e) {
-                    throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
-                }
-            }
-        } finally {
-            pool.shutdownNow();
-        }
-    }
-
     /** One {@code train_step} per chunk, each made from its host bytes: the online step without queue or log. */
     private static Object hostSteps(TrainingModule module, List<HostTensor[]> chunks) {
         for (HostTensor[] chunk : chunks) {
@@ -455,28 +419,6 @@ public final class OnlineBenchmark {
                 Files.deleteIfExists(p);
             }
         }
-    }
-
-    private static long[] predictLatencies(OnlineLearner learner, HostTensor x, int total, int threads)
-            throws InterruptedException {
-        long[] latencies = new long[total];
-        List<Thread> workers = new ArrayList<>();
-        for (int t = 0; t < threads; t++) {
-            final int me = t;
-            Thread worker = new Thread(() -> {
-                for (int i = me; i < total; i += threads) {
-                    long started = System.nanoTime();
-                    learner.predict(x);
-                    latencies[i] = System.nanoTime() - started;
-                }
-            });
-            worker.start();
-            workers.add(worker);
-        }
-        for (Thread worker : workers) {
-            worker.join();
-        }
-        return latencies;
     }
 
     private static double percentile(long[] values, double q) {

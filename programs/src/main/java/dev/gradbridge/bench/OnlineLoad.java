@@ -7,6 +7,10 @@ import dev.gradbridge.online.QueueFullException;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
@@ -142,6 +146,65 @@ public final class OnlineLoad {
             throw new IllegalStateException("a client thread failed: " + errors.get(0), errors.get(0));
         }
         return new Result(refusals.get(), rows, versions, outputs, latencies);
+    }
+
+    /**
+     * Feeds every chunk to the learner from {@code feeders} threads (feeder t: chunks t, t+feeders,
+     * ...), each call waiting for its acknowledgement, as concurrent clients do; returns when all
+     * are acknowledged.
+     */
+    static void feed(OnlineLearner learner, List<HostTensor[]> chunks, int feeders) throws Exception {
+        if (feeders == 1) {
+            for (HostTensor[] chunk : chunks) {
+                learner.offer(chunk[0], chunk[1], null, 60, TimeUnit.SECONDS);
+            }
+            return;
+        }
+        ExecutorService pool = Executors.newFixedThreadPool(feeders, r -> new Thread(r, "bench-feeder"));
+        try {
+            List<java.util.concurrent.Future<?>> done = new ArrayList<>();
+            for (int t = 0; t < feeders; t++) {
+                final int me = t;
+                done.add(pool.submit(() -> {
+                    for (int i = me; i < chunks.size(); i += feeders) {
+                        learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
+                    }
+                    return null;
+                }));
+            }
+            for (java.util.concurrent.Future<?> f : done) {
+                try {
+                    f.get();
+                } catch (ExecutionException e) {
+                    throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+                }
+            }
+        } finally {
+            pool.shutdownNow();
+        }
+    }
+
+    /** Nanoseconds of each of {@code total} predictions of {@code x}, made by {@code threads} threads at once. */
+    static long[] predictLatencies(OnlineLearner learner, HostTensor x, int total, int threads)
+            throws InterruptedException {
+        long[] latencies = new long[total];
+        List<Thread> workers = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            final int me = t;
+            Thread worker = new Thread(() -> {
+                for (int i = me; i < total; i += threads) {
+                    long started = System.nanoTime();
+                    learner.predict(x);
+                    latencies[i] = System.nanoTime() - started;
+                }
+            });
+            worker.start();
+            workers.add(worker);
+        }
+        for (Thread worker : workers) {
+            worker.join();
+        }
+        return latencies;
     }
 
     /** Rows of a tensor in chunks of {@code size} (the last may be smaller). */

@@ -9,6 +9,7 @@ import com.google.gson.JsonParser;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.online.HostTensor;
 import dev.gradbridge.online.KeyConflictException;
+import dev.gradbridge.online.LearnerStats;
 import dev.gradbridge.online.ModelVersion;
 import dev.gradbridge.online.OnlineLearner;
 import dev.gradbridge.online.Prediction;
@@ -85,36 +86,36 @@ final class HttpApi {
         this.maxBodyBytes = maxBodyBytes;
         Gauge.builder("gradbridge_model_version", learner, l -> l.currentVersion().getId())
                 .description("id of the published version predictions use").register(registry);
-        Gauge.builder("gradbridge_queue_depth", learner, OnlineLearner::queueDepth)
+        Gauge.builder("gradbridge_queue_depth", learner, l -> l.stats().getQueueDepth())
                 .description("feedback events waiting for training").register(registry);
         Gauge.builder("gradbridge_training_up", learner, l -> l.getFailure() == null ? 1 : 0)
                 .description("1 while the training thread runs, 0 once it has stopped").register(registry);
-        FunctionCounter.builder("gradbridge_updates", learner, OnlineLearner::updates)
+        FunctionCounter.builder("gradbridge_updates", learner, l -> l.stats().getUpdates())
                 .description("micro-batches applied (optimizer steps)").register(registry);
-        FunctionCounter.builder("gradbridge_quarantined_batches", learner, OnlineLearner::quarantinedBatches)
+        FunctionCounter.builder("gradbridge_quarantined_batches", learner, l -> l.stats().getQuarantinedBatches())
                 .description("micro-batches not applied (loss or gradients not finite, or over --max-grad-norm)")
                 .register(registry);
-        FunctionCounter.builder("gradbridge_feedback_accepted", learner, OnlineLearner::acceptedEvents)
+        FunctionCounter.builder("gradbridge_feedback_accepted", learner, l -> l.stats().getAcceptedEvents())
                 .description("feedback events logged and queued").register(registry);
-        FunctionCounter.builder("gradbridge_feedback_refused", learner, OnlineLearner::refusedEvents)
+        FunctionCounter.builder("gradbridge_feedback_refused", learner, l -> l.stats().getRefusedEvents())
                 .description("feedback events refused because the queue was full").register(registry);
-        FunctionCounter.builder("gradbridge_feedback_duplicates", learner, OnlineLearner::duplicateEvents)
+        FunctionCounter.builder("gradbridge_feedback_duplicates", learner, l -> l.stats().getDuplicateEvents())
                 .description("feedback events answered from an earlier request with the same Idempotency-Key")
                 .register(registry);
-        FunctionCounter.builder("gradbridge_predictions", learner, OnlineLearner::predictions)
+        FunctionCounter.builder("gradbridge_predictions", learner, l -> l.stats().getPredictions())
                 .description("predictions served").register(registry);
-        FunctionCounter.builder("gradbridge_published_versions", learner, OnlineLearner::publishedVersions)
+        FunctionCounter.builder("gradbridge_published_versions", learner, l -> l.stats().getPublishedVersions())
                 .description("versions published to predictors (passed the publish gate, or every version without one)")
                 .register(registry);
-        FunctionCounter.builder("gradbridge_held_versions", learner, OnlineLearner::heldVersions)
+        FunctionCounter.builder("gradbridge_held_versions", learner, l -> l.stats().getHeldVersions())
                 .description("versions the publish gate held back (their gate loss rose more than --gate-max-regression)")
                 .register(registry);
-        FunctionCounter.builder("gradbridge_rollbacks", learner, OnlineLearner::rollbacks)
+        FunctionCounter.builder("gradbridge_rollbacks", learner, l -> l.stats().getRollbacks())
                 .description("POST /admin/rollback applied").register(registry);
-        Gauge.builder("gradbridge_gate_loss", learner, OnlineLearner::lastGateLoss)
+        Gauge.builder("gradbridge_gate_loss", learner, l -> l.stats().getLastGateLoss())
                 .description("gate-data loss of the last version the publish gate decided on (NaN: none yet)")
                 .register(registry);
-        Gauge.builder("gradbridge_gate_serving_loss", learner, OnlineLearner::servingGateLoss)
+        Gauge.builder("gradbridge_gate_serving_loss", learner, l -> l.stats().getServingGateLoss())
                 .description("gate-data loss of the serving version (NaN without a publish gate)").register(registry);
         predictLatency = Timer.builder("gradbridge_predict_latency").description("POST /predict handling time")
                 .publishPercentileHistogram().register(registry);
@@ -245,13 +246,14 @@ final class HttpApi {
         if (failure != null) {
             health.addProperty("error", "training stopped: " + failure.getMessage());
         }
+        LearnerStats stats = learner.stats();
         health.addProperty("version", learner.currentVersion().getId());
-        health.addProperty("updates", learner.updates());
-        health.addProperty("queue_depth", learner.queueDepth());
-        health.addProperty("quarantined_batches", learner.quarantinedBatches());
-        health.addProperty("latest_version", learner.latestVersion());
-        health.addProperty("published_versions", learner.publishedVersions());
-        health.addProperty("held_versions", learner.heldVersions());
+        health.addProperty("updates", stats.getUpdates());
+        health.addProperty("queue_depth", stats.getQueueDepth());
+        health.addProperty("quarantined_batches", stats.getQuarantinedBatches());
+        health.addProperty("latest_version", stats.getLatestVersion());
+        health.addProperty("published_versions", stats.getPublishedVersions());
+        health.addProperty("held_versions", stats.getHeldVersions());
         ctx.status(failure == null ? 200 : 503).contentType("application/json").result(GSON.toJson(health));
     }
 

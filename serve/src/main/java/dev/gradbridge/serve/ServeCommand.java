@@ -3,9 +3,8 @@ package dev.gradbridge.serve;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.cli.OneLineErrors;
-import dev.gradbridge.online.FsyncPolicy;
-import dev.gradbridge.online.HoldPolicy;
 import dev.gradbridge.online.OnlineLearner;
+import dev.gradbridge.online.OnlineLearnerBuilder;
 import io.javalin.Javalin;
 import java.io.IOException;
 import java.net.InetAddress;
@@ -15,15 +14,14 @@ import java.net.UnknownHostException;
 import java.nio.file.FileSystemException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.Comparator;
-import java.util.List;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
 import sun.misc.Signal;
 
@@ -79,67 +77,6 @@ public final class ServeCommand implements Callable<Integer> {
     @Option(names = "--tls-password-env", description = "environment variable holding the keystore's password")
     String tlsPasswordEnv;
 
-    @Option(names = "--max-batch", defaultValue = "" + OnlineLearner.DEFAULT_MAX_BATCH, description = "largest micro-batch B (default ${DEFAULT-VALUE})")
-    int maxBatch;
-
-    @Option(names = "--max-wait-ms", defaultValue = "" + OnlineLearner.DEFAULT_MAX_WAIT_MILLIS, description = "micro-batch wait T in ms (default ${DEFAULT-VALUE})")
-    long maxWaitMillis;
-
-    @Option(names = "--publish-every", defaultValue = "" + OnlineLearner.DEFAULT_PUBLISH_EVERY, description = "a version every N updates (default ${DEFAULT-VALUE})")
-    int publishEvery;
-
-    @Option(names = "--checkpoint-every", defaultValue = "" + OnlineLearner.DEFAULT_CHECKPOINT_EVERY, description = "a checkpoint every K versions (default ${DEFAULT-VALUE})")
-    int checkpointEvery;
-
-    @Option(names = "--queue-capacity", defaultValue = "" + OnlineLearner.DEFAULT_QUEUE_CAPACITY, description = "events waiting before 429 (default ${DEFAULT-VALUE})")
-    int queueCapacity;
-
-    @Option(names = "--predictors",
-            description = "concurrent predictions (default " + OnlineLearner.DEFAULT_PREDICTORS + ", at most the cores)")
-    Integer predictors; // null: the learner's default
-
-    @Option(names = "--fsync", defaultValue = OnlineLearner.DEFAULT_FSYNC, description = "always or never (default ${DEFAULT-VALUE})")
-    String fsync;
-
-    @Option(names = "--group-commit-ms", defaultValue = "" + OnlineLearner.DEFAULT_GROUP_COMMIT_MILLIS,
-            description = "with --fsync always, the longest a new version waits for the fsync that publishes it;"
-                    + " one fsync covers the micro-batches applied meanwhile (default ${DEFAULT-VALUE})")
-    long groupCommitMillis;
-
-    @Option(names = "--max-grad-norm", defaultValue = "" + OnlineLearner.DEFAULT_MAX_GRAD_NORM,
-            description = "quarantine updates whose gradient norm exceeds this; 0: no limit (default ${DEFAULT-VALUE})")
-    double maxGradNorm;
-
-    @Option(names = "--seed", defaultValue = "" + OnlineLearner.DEFAULT_SEED,
-            description = "the run's seed, kept in a new log's header: a model with dropout draws each micro-batch's"
-                    + " from it and the micro-batch's first event, so the replay draws the same (default ${DEFAULT-VALUE})")
-    long seed;
-
-    @Option(names = "--gate-data", paramLabel = "FILE",
-            description = "publish gate: a version is published only when its loss on this .npz (the training data's"
-                    + " format; evaluate, eval mode) is at most the serving version's plus --gate-max-regression")
-    Path gateData;
-
-    @Option(names = "--gate-max-regression", paramLabel = "X",
-            description = "the largest rise of the gate loss a published version may have (default "
-                    + OnlineLearner.DEFAULT_GATE_MAX_REGRESSION + ": no worse)")
-    Double gateMaxRegression; // null: not given
-
-    @Option(names = "--gate-on-hold", paramLabel = "POLICY",
-            description = "continue (training goes on from a held-back version) or rollback (the learner returns to the"
-                    + " serving version: parameters and optimizer state); default " + OnlineLearner.DEFAULT_GATE_ON_HOLD)
-    String gateOnHold;
-
-    @Option(names = "--keep-versions", paramLabel = "N",
-            description = "published versions kept in memory for POST /admin/rollback (default "
-                    + OnlineLearner.DEFAULT_KEEP_VERSIONS + ")")
-    Integer keepVersions;
-
-    @Option(names = "--max-input-abs", paramLabel = "A",
-            description = "refuse feedback and predictions with a floating-point feature of larger magnitude (400);"
-                    + " 0: no limit (default ${DEFAULT-VALUE})", defaultValue = "" + OnlineLearner.DEFAULT_MAX_INPUT_ABS)
-    double maxInputAbs;
-
     @Option(names = "--max-body-bytes", defaultValue = "1048576", description = "larger bodies get 413 (default ${DEFAULT-VALUE})")
     long maxBodyBytes;
 
@@ -177,9 +114,8 @@ public final class ServeCommand implements Callable<Integer> {
             description = "Kafka client properties (security: security.protocol, sasl.*, ssl.*); secrets go here, never on the command line")
     Path kafkaProperties;
 
-    @Option(names = "--op-library", paramLabel = "FILE",
-            description = "custom-operator library the module calls, loaded before it (repeatable)")
-    List<Path> opLibraries = new ArrayList<>();
+    @Mixin
+    LearnerOptions learnerOptions = new LearnerOptions(); // --max-batch ... --op-library: the learner's
 
     /**
      * Runs the service until SIGTERM or SIGINT; exit code 0 after a clean drain, 1 with one
@@ -205,28 +141,14 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("--admin-port " + adminPort + " is --port's: /healthz and /metrics need a port of"
                     + " their own (or leave --admin-port out to serve them on --port)");
         }
-        range("--max-batch", maxBatch, 1, MAX_BATCH);
-        range("--max-wait-ms", maxWaitMillis, 0, HOUR_MS);
-        range("--publish-every", publishEvery, 1, Integer.MAX_VALUE);
-        range("--checkpoint-every", checkpointEvery, 1, Integer.MAX_VALUE);
-        range("--queue-capacity", queueCapacity, 1, MAX_EVENTS);
-        if (predictors != null) {
-            range("--predictors", predictors, 1, MAX_PREDICTORS);
-        }
-        range("--group-commit-ms", groupCommitMillis, 0, HOUR_MS);
+        learnerOptions.checkRanges();
         range("--max-body-bytes", maxBodyBytes, 1, MAX_BODY_BYTES);
         range("--threads", threads, 4, MAX_THREADS);
         range("--read-timeout-ms", readTimeoutMillis, 1, HOUR_MS);
         range("--stop-timeout-ms", stopTimeoutMillis, 1, HOUR_MS);
         range("--max-connections", maxConnections, 1, MAX_CONNECTIONS);
         range("--min-body-rate", minBodyRate, 0, Integer.MAX_VALUE);
-        if (gateData == null && (gateMaxRegression != null || gateOnHold != null || keepVersions != null)) {
-            throw new GradbridgeException((gateMaxRegression != null ? "--gate-max-regression" : gateOnHold != null
-                    ? "--gate-on-hold" : "--keep-versions") + " needs --gate-data (the data versions are gated on)");
-        }
-        if (gateData != null && !Files.isRegularFile(gateData)) {
-            throw new GradbridgeException("--gate-data " + gateData.toAbsolutePath() + ": no such file");
-        }
+        learnerOptions.checkGate();
         if (noAuth && (tokenFile != null || tokenEnv != null)) {
             throw new GradbridgeException("--no-auth and a token option contradict each other; give one");
         }
@@ -236,11 +158,7 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("--log " + log.toAbsolutePath() + " is a file, not a folder; name a folder"
                     + " (created when missing)");
         }
-        for (Path library : opLibraries) {
-            if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException("--op-library " + library.toAbsolutePath() + ": no such file");
-            }
-        }
+        learnerOptions.checkLibraries();
         if (kafkaBootstrap != null || kafkaTopic != null || kafkaGroup != null || kafkaProperties != null) {
             if (kafkaBootstrap == null || kafkaBootstrap.trim().isEmpty() || kafkaTopic == null || kafkaTopic.trim().isEmpty()) {
                 throw new GradbridgeException("Kafka feedback needs both --kafka-bootstrap and --kafka-topic");
@@ -251,10 +169,6 @@ public final class ServeCommand implements Callable<Integer> {
 
     private java.util.Properties kafkaClient; // read by checkOptions when Kafka is on
 
-    /** Largest --max-batch (its rows are one buffer per input) and --queue-capacity (events held in memory). */
-    static final int MAX_BATCH = 1_000_000;
-    static final int MAX_EVENTS = 10_000_000;
-    static final int MAX_PREDICTORS = 256;
     static final int MAX_THREADS = 10_000;
     static final int MAX_CONNECTIONS = 1_000_000;
     /** Largest --max-body-bytes: a body is read into one array. */
@@ -267,7 +181,7 @@ public final class ServeCommand implements Callable<Integer> {
         }
     }
 
-    private static void range(String name, long value, long min, long max) {
+    static void range(String name, long value, long min, long max) {
         if (value < min || value > max) {
             throw new GradbridgeException(name + " must be in " + min + ".." + max + ", got " + value);
         }
@@ -298,12 +212,11 @@ public final class ServeCommand implements Callable<Integer> {
     @Override
     public Integer call() throws Exception {
         checkOptions();
-        OnlineLearner.Builder builder = learnerBuilder();
+        OnlineLearnerBuilder builder = learnerOptions.builder();
         if (!Files.isRegularFile(model)) {
             throw new GradbridgeException("no training module at " + model.toAbsolutePath() + " (--model: the .pt that"
                     + " gradbridge export wrote)");
         }
-        builder.optOpLibraries(opLibraries);
         String token = noAuth ? null : Tokens.named(tokenFile, tokenEnv);
         if (!noAuth && token == null && Files.isDirectory(log)) {
             token = Tokens.existingKey(log); // an empty or bad serve.key is refused now, before anything is opened
@@ -312,47 +225,10 @@ public final class ServeCommand implements Callable<Integer> {
         probe(host, port);
         probe(adminHost, adminPort);
         boolean logExisted = Files.exists(log);
-        OnlineLearner learner = openLearner(builder, logExisted);
-        Servers servers = startServers(learner, token, tls, logExisted);
-        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
-        for (String name : new String[] {"TERM", "INT"}) {
-            Signal.handle(new Signal(name), signal -> stop.countDown());
-        }
-        announce(learner, servers, tls);
-        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
-                && (servers.kafka == null || servers.kafka.getFailure() == null)) {
-            // serve
-        }
-        return shutDown(stop, learner, servers);
-    }
 
-    /** The learner's settings from the options (a bad policy name: one line). */
-    private OnlineLearner.Builder learnerBuilder() {
+        OnlineLearner learner;
         try {
-            OnlineLearner.Builder builder = OnlineLearner.builder().optMaxBatch(maxBatch).optMaxWaitMillis(maxWaitMillis)
-                    .optPublishEvery(publishEvery).optCheckpointEvery(checkpointEvery).optQueueCapacity(queueCapacity)
-                    .optFsync(FsyncPolicy.parse(fsync)).optGroupCommitMillis(groupCommitMillis)
-                    .optMaxGradNorm(maxGradNorm).optMaxInputAbs(maxInputAbs).optSeed(seed);
-            if (predictors != null) {
-                builder.optPredictors(predictors);
-            }
-            if (gateData != null) {
-                builder.optGate(gateData, gateMaxRegression == null ? OnlineLearner.DEFAULT_GATE_MAX_REGRESSION : gateMaxRegression)
-                        .optGateOnHold(HoldPolicy.parse(gateOnHold == null ? OnlineLearner.DEFAULT_GATE_ON_HOLD : gateOnHold));
-                if (keepVersions != null) {
-                    builder.optKeepVersions(keepVersions);
-                }
-            }
-            return builder;
-        } catch (IllegalArgumentException e) {
-            throw new GradbridgeException(e.getMessage());
-        }
-    }
-
-    /** Opens (or resumes) the learner; a refused start leaves no new log folder behind. */
-    private OnlineLearner openLearner(OnlineLearner.Builder builder, boolean logExisted) throws IOException {
-        try {
-            return builder.open(model, log);
+            learner = builder.open(model, log);
         } catch (IOException | RuntimeException e) {
             if (!logExisted) {
                 deleteTree(log.toAbsolutePath()); // a refused start leaves no log folder behind
@@ -363,28 +239,6 @@ public final class ServeCommand implements Callable<Integer> {
             }
             throw e;
         }
-    }
-
-    /** What {@link #startServers} started: the HTTP servers, the Kafka source (or null) and where the token is. */
-    private static final class Servers {
-        final Javalin app;
-        final Javalin admin; // null: /healthz and /metrics on app
-        final KafkaFeedback kafka; // null: no Kafka feedback
-        final String tokenSource; // null: --no-auth
-
-        Servers(Javalin app, Javalin admin, KafkaFeedback kafka, String tokenSource) {
-            this.app = app;
-            this.admin = admin;
-            this.kafka = kafka;
-            this.tokenSource = tokenSource;
-        }
-    }
-
-    /**
-     * The token (generated into the log folder when none was given), the Kafka source and the HTTP servers; when
-     * any of them fails, the learner halts without serving and a new log folder is removed.
-     */
-    private Servers startServers(OnlineLearner learner, String token, Tls tls, boolean logExisted) throws IOException {
         Javalin app;
         Javalin admin = null;
         KafkaFeedback kafka = null;
@@ -428,46 +282,41 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": "
                     + (e instanceof IOException ? ioLine((IOException) e) : rootMessage(e)), e);
         }
-        return new Servers(app, admin, kafka, tokenSource);
-    }
-
-    /** The lines that say the service is up: where it listens, where the token is, the Kafka topic. */
-    private void announce(OnlineLearner learner, Servers servers, Tls tls) {
+        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
+        for (String name : new String[] {"TERM", "INT"}) {
+            Signal.handle(new Signal(name), signal -> stop.countDown());
+        }
         if (noAuth) {
-            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + servers.app.port()
+            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
                     + " can send feedback that changes the model");
         }
-        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":"
-                + servers.app.port() + " (version " + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
-        if (servers.admin != null) {
-            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + servers.admin.port());
+        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":" + app.port() + " (version "
+                + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
+        if (admin != null) {
+            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + admin.port());
         }
-        if (servers.tokenSource != null) {
+        if (tokenSource != null) {
             System.out.println("gradbridge-serve: /predict and /feedback need 'Authorization: Bearer TOKEN', TOKEN from "
-                    + servers.tokenSource);
+                    + tokenSource);
         }
         System.out.flush();
 
-        if (servers.kafka != null) {
-            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' ("
-                    + servers.kafka.partitions().size() + " partitions) at " + kafkaBootstrap + ", positions from the log");
+        if (kafka != null) {
+            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' (" + kafka.partitions().size()
+                    + " partitions) at " + kafkaBootstrap + ", positions from the log");
         }
         System.out.flush();
-    }
-
-    /**
-     * After a signal or a failure: the Kafka source closed, the HTTP servers stopped, the learner drained and
-     * checkpointed; the exit code (1 with one line when training or the Kafka source failed).
-     */
-    private int shutDown(CountDownLatch stop, OnlineLearner learner, Servers servers) throws IOException, InterruptedException {
-        KafkaFeedback kafka = servers.kafka;
+        while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
+                && (kafka == null || kafka.getFailure() == null)) {
+            // serve
+        }
         if (kafka != null) {
             kafka.close(); // the read in progress is logged whole or not at all
             if (kafka.getFailure() != null && learner.getFailure() == null) {
-                servers.app.stop();
+                app.stop();
                 learner.close();
-                if (servers.admin != null) {
-                    servers.admin.stop();
+                if (admin != null) {
+                    admin.stop();
                 }
                 System.err.println(Messages.ERROR_PREFIX + "Kafka feedback from '" + kafkaTopic + "' stopped: " + rootMessage(kafka.getFailure())
                         + " (everything read is in " + learner.getLogDir() + "; a restart reads on from there)");
@@ -478,7 +327,7 @@ public final class ServeCommand implements Callable<Integer> {
         if (failed) {
             stop.await(2, TimeUnit.SECONDS); // /healthz says 503 meanwhile, for whoever watches it
         }
-        servers.app.stop(); // stops accepting; requests in flight are answered (Jetty's graceful stop)
+        app.stop(); // stops accepting; requests in flight are answered (Jetty's graceful stop)
         try {
             learner.close(); // drains the queue, writes the final version and checkpoint
         } catch (IllegalStateException e) {
@@ -488,8 +337,8 @@ public final class ServeCommand implements Callable<Integer> {
                     + " (every acknowledged event is in " + learner.getLogDir() + "; a restart resumes from it)");
             return 1;
         } finally {
-            if (servers.admin != null) {
-                servers.admin.stop();
+            if (admin != null) {
+                admin.stop();
             }
         }
         if (failed) {
@@ -498,7 +347,7 @@ public final class ServeCommand implements Callable<Integer> {
             return 1;
         }
         System.out.println("gradbridge-serve: stopped at version " + learner.currentVersion().getId() + " after "
-                + learner.updates() + " updates");
+                + learner.stats().getUpdates() + " updates");
         System.out.flush();
         return 0;
     }

@@ -111,10 +111,10 @@ public class HttpApiTest {
 
     @Test
     public void aRequestWithoutTheTokenIs401AndChangesNothing() throws Exception {
-        long accepted = learner.acceptedEvents();
+        long accepted = learner.stats().getAcceptedEvents();
         assertRefused(401, "missing or wrong token: send 'Authorization: Bearer TOKEN' (the operator has TOKEN)",
                 send("POST", "/feedback", "{\"x\": [[1.0]], \"y\": [[2.0]]}", false));
-        assertEquals(accepted, learner.acceptedEvents());
+        assertEquals(accepted, learner.stats().getAcceptedEvents());
     }
 
     @Test
