@@ -1,4 +1,6 @@
-"""Shared fixtures: the exported test modules and the one in-process JVM."""
+"""Shared fixtures: the exported test modules, the one in-process JVM, gradbridge-serve's script and a Kafka
+broker per module. Helpers that several test files share live in support modules beside them (tests/faults.py,
+serving.py, kafka_support.py, data.py, ...), never in a test file."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+
+# The support modules hold asserts that once sat in test files: pytest explains their failures as it does a test's.
+pytest.register_assert_rewrite("tests.data", "tests.kafka_support", "tests.online_support", "tests.protocol3_support",
+                               "tests.serving", "tests.spark_support")
 
 TESTS = Path(__file__).resolve().parent
 REPO_ROOT = TESTS.parent
@@ -40,6 +46,29 @@ def jvm(request):
     gradbridge_jvm = request.getfixturevalue("gradbridge_jvm")
     assert jpype.isJVMStarted()
     return gradbridge_jvm
+
+
+@pytest.fixture(scope="module")
+def serve_script() -> Path:
+    """gradbridge-serve's installed script (tests/serving.py starts it), built on first use."""
+    from tests import serving
+
+    return serving.script()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """One KRaft broker for the module (tests/kafka_support.py): formatted, started on a free loopback port,
+    stopped by PID."""
+    from tests.kafka_support import kafka_broker
+
+    folder = tmp_path_factory.mktemp("kafka")
+    kafka_broker.start(folder)
+    try:
+        yield folder
+    finally:
+        kafka_broker.stop(folder)
+        assert not kafka_broker.is_running(folder)
 
 
 def pytest_addoption(parser):

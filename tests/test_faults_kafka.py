@@ -12,21 +12,21 @@ from gradbridge import feedback_log
 from gradbridge import replay as replay_mod
 
 from .faults import one_error_line
-from .test_kafka_feedback import (_check_exactly_once, _kafka_options, _produced, _records, _wait_for_records,  # noqa: F401
-                                  broker, kafka_broker)
-from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
+from .kafka_support import (check_exactly_once, feedback_records, kafka_broker, kafka_options, read_topic,
+                            wait_for_records)
+from .serving import Service
 
 OPTIONS = ("--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 5, "--fsync", "always")
 
 
-def test_a_bad_client_property_is_one_line_naming_it(serve_script, broker, models, tmp_path):  # noqa: F811
+def test_a_bad_client_property_is_one_line_naming_it(serve_script, broker, models, tmp_path):
     import subprocess
 
     kafka_broker.create_topic(broker, "bad-props")
     properties = tmp_path / "client.properties"
     properties.write_text("default.api.timeout.ms=abc\n")
     result = subprocess.run([str(serve_script), "--model", str(models["mlp_classifier.pt"]), "--log", str(tmp_path / "log"),
-                             "--port", "0", *_kafka_options(broker, "bad-props"), "--kafka-properties", str(properties)],
+                             "--port", "0", *kafka_options(broker, "bad-props"), "--kafka-properties", str(properties)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "default.api.timeout.ms" in one_error_line(result) and "abc" in one_error_line(result), result.stderr
@@ -34,42 +34,38 @@ def test_a_bad_client_property_is_one_line_naming_it(serve_script, broker, model
     assert not (tmp_path / "log").exists()
 
 
-def test_partitions_added_while_serving_are_read_each_record_once(serve_script, broker, models, tmp_path):  # noqa: F811
+def test_partitions_added_while_serving_are_read_each_record_once(serve_script, broker, models, tmp_path):
     model = models["mlp_classifier.pt"]
     topic = "feedback-grows"
     kafka_broker.create_topic(broker, topic, partitions=1)
-    records = [(k, v) for k, v, _, _ in _records(40, 31, "p")]
+    records = [(k, v) for k, v, _, _ in feedback_records(40, 31, "p")]
     kafka_broker.produce(broker, topic, records)
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, *OPTIONS, *_kafka_options(broker, topic))
-    try:
-        _wait_for_records(log_dir, 40)
+    with Service(serve_script, model, log_dir, *OPTIONS, *kafka_options(broker, topic)) as service:
+        wait_for_records(log_dir, 40)
         kafka_broker.tool(broker, "org.apache.kafka.tools.TopicCommand", "--alter", "--topic", topic, "--partitions", "3")
-        more = [(k, v) for k, v, _, _ in _records(60, 32, "q")]
+        more = [(k, v) for k, v, _, _ in feedback_records(60, 32, "q")]
         kafka_broker.produce(broker, topic, more)  # keyed: spread over the three partitions
         records += more
         end_offsets = kafka_broker.end_offsets(broker, topic)
         assert len(end_offsets) == 3 and all(end_offsets.values())
         started = time.monotonic()
-        _wait_for_records(log_dir, len(records), timeout=60)  # the bound: metadata.max.age.ms (10 s) + 2 s, plus reading
+        wait_for_records(log_dir, len(records), timeout=60)  # the bound: metadata.max.age.ms (10 s) + 2 s, plus reading
         assert time.monotonic() - started < 30
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
-    _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
+    check_exactly_once(log_dir, topic, end_offsets, read_topic(broker, topic, records))
     assert replay_mod.replay(log_dir, model).bitwise
 
 
-def test_a_topic_deleted_while_serving_is_one_line_and_counted_no_flood(serve_script, broker, models, tmp_path):  # noqa: F811
+def test_a_topic_deleted_while_serving_is_one_line_and_counted_no_flood(serve_script, broker, models, tmp_path):
     model = models["mlp_classifier.pt"]
     topic = "feedback-deleted"
     kafka_broker.create_topic(broker, topic, partitions=2)
-    kafka_broker.produce(broker, topic, [(k, v) for k, v, _, _ in _records(30, 41, "d")])
+    kafka_broker.produce(broker, topic, [(k, v) for k, v, _, _ in feedback_records(30, 41, "d")])
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, *OPTIONS, *_kafka_options(broker, topic))
-    try:
-        _wait_for_records(log_dir, 30)
+    with Service(serve_script, model, log_dir, *OPTIONS, *kafka_options(broker, topic)) as service:
+        wait_for_records(log_dir, 30)
         kafka_broker.tool(broker, "org.apache.kafka.tools.TopicCommand", "--delete", "--topic", topic)
         time.sleep(12)
         status, metrics = service.get("/metrics")
@@ -81,8 +77,6 @@ def test_a_topic_deleted_while_serving_is_one_line_and_counted_no_flood(serve_sc
         assert status == 200, body
         assert service.post("/predict", {"x": [[0.1, 0.2, 0.3, 0.4]]})[0] == 200
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) <= 5, "\n".join(lines[:20])  # the condition once, not a line per retry
     assert any("is gone from" in line and topic in line for line in lines), err

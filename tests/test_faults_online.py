@@ -16,9 +16,10 @@ import pytest
 
 from gradbridge import protocol, replay as replay_mod
 
+from .data import labelled
 from .faults import gradbridge_cli, one_error_line
-from .test_kafka_feedback import broker  # noqa: F401 (fixture: a real Kafka broker, started when a case asks for it)
-from .test_online_serve import Service, _data, serve_script  # noqa: F401 (fixture)
+from .kafka_support import feedback_records, kafka_broker, kafka_options, wait_for_records
+from .serving import Service
 
 
 def _serve(script, *args):
@@ -26,7 +27,7 @@ def _serve(script, *args):
 
 
 def _feed(service, n, seed, rows=4, **kwargs):
-    x, y = _data(n, seed)
+    x, y = labelled(n, 4, seed=seed)
     acknowledged = 0
     for start in range(0, n, rows):
         status, body = service.post("/feedback", {"x": x[start:start + rows].tolist(), "y": y[start:start + rows].tolist()},
@@ -47,27 +48,21 @@ def _replay_bitwise(log_dir, model, events):
 
 def test_a_second_service_on_the_same_log_is_refused_and_the_first_keeps_everything(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    first = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as first:
         acknowledged = _feed(first, 40, 0)
         second = _serve(serve_script, "--model", model, "--log", log_dir, "--port", 0)
         assert "is in use by another process" in one_error_line(second)
         acknowledged += _feed(first, 40, 1)
         code, _, err = first.terminate()
-    finally:
-        first.kill()
     assert code == 0, err
     _replay_bitwise(log_dir, model, acknowledged)
 
 
 def test_damage_in_the_middle_refuses_to_start_touches_nothing_and_replay_fails_alike(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1000)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1000) as service:
         acknowledged = _feed(service, 80, 2)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     _replay_bitwise(log_dir, model, acknowledged)
     log_file = log_dir / "feedback.log"
     data = bytearray(log_file.read_bytes())
@@ -91,25 +86,19 @@ def test_damage_in_the_middle_refuses_to_start_touches_nothing_and_replay_fails_
     assert f"offset {middle}" in result.stdout
     kept = replay_mod.read_log(recovered)
     assert max(kept.events) < kept.header["seq_floor"]
-    restarted = Service(serve_script, model, recovered, "--fsync", "never")
-    try:
+    with Service(serve_script, model, recovered, "--fsync", "never") as restarted:
         status, body = restarted.post("/feedback", {"x": [[0.0, 0.0, 0.0, 0.0]], "y": [1]})
         assert status == 200 and json.loads(body)["first_seq"] >= kept.header["seq_floor"], body  # never reused
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     report = replay_mod.replay(recovered, model)
     assert report.bitwise and report.unapplied_events == 0, report.table()
 
 
 def test_a_log_of_another_model_or_a_contradicting_checkpoint_is_refused(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1) as service:
         acknowledged = _feed(service, 20, 3)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     other = models["mlp_regressor.pt"]
     line = one_error_line(_serve(serve_script, "--model", other, "--log", log_dir, "--port", 0))
     assert "offset 0: it was written for the module with SHA-256" in line and "another --model" in line, line
@@ -128,9 +117,8 @@ def test_a_log_of_another_model_or_a_contradicting_checkpoint_is_refused(serve_s
 
 def test_poisoned_feedback_is_quarantined_counted_and_replayed_alike(serve_script, models, tmp_path):
     model, log_dir = models["mlp_regressor.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0)
-    rng = np.random.default_rng(4)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0) as service:
+        rng = np.random.default_rng(4)
         good = [(rng.standard_normal((1, 4)).tolist(), [[0.5]]) for _ in range(6)]
         for x, y in good[:3]:
             assert service.post("/feedback", {"x": x, "y": y})[0] == 200
@@ -141,29 +129,23 @@ def test_poisoned_feedback_is_quarantined_counted_and_replayed_alike(serve_scrip
         status, body = service.post("/feedback", {"x": [[1e39, 1, 1, 1]], "y": [[1]]})  # not a float32
         assert status == 400 and body.startswith("error: feedback holds NaN or infinite values"), body
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0, err
     log = replay_mod.read_log(log_dir)
     assert [q.first_seq for q in log.quarantines] == [3] and log.quarantines[0].reason.startswith("loss is")
     report = _replay_bitwise(log_dir, model, 7)
     assert report.quarantined == 1 and report.batches == 6
-    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as restarted:
         status, body = restarted.post("/predict", {"x": [[1.0, 2.0, 3.0, 4.0]]})
         assert status == 200 and all(np.isfinite(json.loads(body)["y"][0])), body
         assert "gradbridge_quarantined_batches_total 0.0" in restarted.get("/metrics")[1]
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
 
 
 def test_token_by_default_idempotent_retries_across_a_restart(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "always")
-    assert oct((log_dir / "serve.key").stat().st_mode & 0o777) == "0o600"
-    body = {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], "y": [0, 2]}
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "always") as service:
+        assert oct((log_dir / "serve.key").stat().st_mode & 0o777) == "0o600"
+        body = {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]], "y": [0, 2]}
         for token in (False,):
             status, text = service.post("/feedback", body, token=token)
             assert status == 401 and text.startswith("error: missing or wrong token") and text.count("\n") == 1, text
@@ -176,15 +158,10 @@ def test_token_by_default_idempotent_retries_across_a_restart(serve_script, mode
         status, text = service.post("/feedback", {"x": body["x"], "y": [1, 1]}, headers=key)
         assert status == 422 and "was used for another request" in text, text
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
-    restarted = Service(serve_script, model, log_dir, "--fsync", "always")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "always") as restarted:
         after = json.loads(restarted.post("/feedback", body, headers={"Idempotency-Key": "order-17"})[1])
         assert after["duplicate"] and after["first_seq"] == first["first_seq"]
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     assert sorted(replay_mod.read_log(log_dir).events) == [0, 1]  # applied once
     _replay_bitwise(log_dir, model, 2)
 
@@ -211,19 +188,17 @@ def test_a_request_torn_anywhere_in_its_write_is_cut_whole_and_its_retry_applied
     without its events: both readers cut the whole write as a torn tail; the client, never answered, retries with its
     key and the request is applied once; every acknowledged event is applied exactly once and replay is bitwise."""
     model, whole_dir = models["mlp_classifier.pt"], tmp_path / "whole"
-    x, y = _data(30, 21)
+    x, y = labelled(30, 4, seed=21)
     requests = [({"x": x[i:i + 3].tolist(), "y": y[i:i + 3].tolist()}, {"Idempotency-Key": f"req-{i // 3}"})
                 for i in range(0, 30, 3)]
     # events wait in the queue (nothing applied), so the last request's write ends the log when the service is killed
-    service = Service(serve_script, model, whole_dir, "--fsync", "always", "--max-batch", 64, "--max-wait-ms", 600_000)
-    try:
+    with Service(serve_script, model, whole_dir, "--fsync", "always", "--max-batch", 64,
+                 "--max-wait-ms", 600_000) as service:
         for body, key in requests:
             status, text = service.post("/feedback", body, headers=key)
             assert status == 200 and json.loads(text)["accepted"] == 3, text
         service.process.kill()
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
     log_file = whole_dir / replay_mod.FILE_NAME
     data, start, w_end, write_end, ends = _last_request_write(log_file)
     assert write_end == len(data) and len(ends) == 4, "the last request's write (3 events, a key) does not end the log"
@@ -253,14 +228,12 @@ def test_a_request_torn_anywhere_in_its_write_is_cut_whole_and_its_retry_applied
         log_dir = tmp_path / f"cut-{cut}"
         log_dir.mkdir()
         (log_dir / replay_mod.FILE_NAME).write_bytes(data[:cut])
-        restarted = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 4, "--max-wait-ms", 1)
-        try:
+        with Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 4,
+                     "--max-wait-ms", 1) as restarted:
             answers = [json.loads(restarted.post("/feedback", body, headers=key)[1]) for body, key in requests[-2:]]
             assert answers[0]["duplicate"] and answers[0]["first_seq"] == whole.keys["req-8"][0], answers
             assert not answers[1]["duplicate"] and answers[1]["accepted"] == 3, answers  # the torn one, logged anew
             code, _, err = restarted.terminate()
-        finally:
-            restarted.kill()
         assert code == 0, err
         assert f"cut a torn tail of {cut - start} bytes at offset {start}" in err, err
         log = replay_mod.read_log(log_dir)
@@ -298,8 +271,7 @@ def test_bad_options_and_a_port_in_use_leave_nothing_behind(serve_script, models
 
 def test_chunked_body_over_the_limit_and_unknown_routes_are_one_line_4xx(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--max-body-bytes", 4096, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--max-body-bytes", 4096, "--fsync", "never") as service:
         host, port = service.url.split("//")[1].split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=10)
         chunk = b'{"x": [' + b"[1.0, 2.0, 3.0, 4.0], " * 400 + b'[1.0, 2.0, 3.0, 4.0]], "y": [0]}'
@@ -313,8 +285,6 @@ def test_chunked_body_over_the_limit_and_unknown_routes_are_one_line_4xx(serve_s
         assert status == 404 and text.startswith("error: no route POST /nowhere") and text.count("\n") == 1, text
         acknowledged = _feed(service, 8, 5)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     _replay_bitwise(log_dir, model, acknowledged)
 
 
@@ -347,12 +317,11 @@ def test_a_full_disk_logs_a_request_whole_or_not_at_all_and_a_restart_applies_ex
         serve_script, models, tmp_path, small_disk):
     model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
     # Training waits (B=10^6, T=60 s): only the requests' own writes fill the disk.
-    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 1_000_000,
-                      "--max-wait-ms", 60_000, "--queue-capacity", 1_000_000, "--checkpoint-every", 1000,
-                      "--max-body-bytes", 1 << 22)
-    x, y = _data(200, 6)
-    acknowledged, refusals = 0, []
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 1_000_000,
+                 "--max-wait-ms", 60_000, "--queue-capacity", 1_000_000, "--checkpoint-every", 1000,
+                 "--max-body-bytes", 1 << 22) as service:
+        x, y = labelled(200, 4, seed=6)
+        acknowledged, refusals = 0, []
         for _ in range(200):
             status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
             if status == 200:
@@ -369,17 +338,12 @@ def test_a_full_disk_logs_a_request_whole_or_not_at_all_and_a_restart_applies_ex
         assert sorted(logged.events) == list(range(acknowledged)) and logged.torn_bytes == 0  # whole requests only
         assert json.loads(service.get("/healthz")[1])["status"] == "ok"  # still serving
         code, _, err = service.terminate()  # the drain needs the disk: it cannot continue
-    finally:
-        service.kill()
     line = one_error_line(subprocess.CompletedProcess([], code, "", err))
     assert line.startswith("training stopped, the service cannot continue:") and "No space left on device" in line, err
 
     moved = _copy_to_disk(log_dir, tmp_path / "moved")  # the operator frees space (here: moves the folder)
-    restarted = Service(serve_script, model, moved, "--fsync", "always")
-    try:
+    with Service(serve_script, model, moved, "--fsync", "always") as restarted:
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     report = _replay_bitwise(moved, model, acknowledged)
     assert report.unapplied_events == 0
 
@@ -387,11 +351,10 @@ def test_a_full_disk_logs_a_request_whole_or_not_at_all_and_a_restart_applies_ex
 def test_a_dead_training_thread_answers_503_and_the_service_exits_1(serve_script, models, tmp_path, small_disk):
     model, log_dir = models["mlp_classifier.pt"], small_disk / "log"
     # A checkpoint every version: the training thread fills the disk.
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 4, "--max-wait-ms", 0,
-                      "--checkpoint-every", 1)
-    x, y = _data(4, 7)
-    acknowledged, health = 0, None
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 4, "--max-wait-ms", 0,
+                 "--checkpoint-every", 1) as service:
+        x, y = labelled(4, 4, seed=7)
+        acknowledged, health = 0, None
         for _ in range(2000):  # until a checkpoint no longer fits beside the growing log
             status, body = service.post("/feedback", {"x": x.tolist(), "y": y.tolist()})
             if status == 200:
@@ -404,14 +367,9 @@ def test_a_dead_training_thread_answers_503_and_the_service_exits_1(serve_script
         assert service.process.wait(timeout=30) == 1
         err = service.process.stderr.read()
         assert one_error_line(subprocess.CompletedProcess([], 1, "", err)).startswith("training stopped"), err
-    finally:
-        service.kill()
     moved = _copy_to_disk(log_dir, tmp_path / "moved")
-    restarted = Service(serve_script, model, moved, "--fsync", "never")
-    try:
+    with Service(serve_script, model, moved, "--fsync", "never") as restarted:
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     _replay_bitwise(moved, model, acknowledged)
 
 
@@ -420,42 +378,41 @@ def test_sigterm_under_load_answers_every_logged_request(serve_script, models, t
     import urllib.error
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 8, "--max-wait-ms", 2)
-    x, y = _data(4000, 8)
-    acknowledged, lock, stop = set(), threading.Lock(), threading.Event()
+    with Service(serve_script, model, log_dir, "--fsync", "always", "--max-batch", 8, "--max-wait-ms", 2) as service:
+        x, y = labelled(4000, 4, seed=8)
+        acknowledged, lock, stop = set(), threading.Lock(), threading.Event()
 
-    def client(rows):
-        for start in rows:
-            if stop.is_set():
-                return
-            try:
-                status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(), "y": y[start:start + 2].tolist()},
-                                            timeout=30)
-            except (OSError, urllib.error.URLError):
-                continue  # refused or reset: never logged (checked below)
-            if status == 200:
-                answer = json.loads(body)
-                with lock:
-                    acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
+        def client(rows):
+            for start in rows:
+                if stop.is_set():
+                    return
+                try:
+                    status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(),
+                                                              "y": y[start:start + 2].tolist()}, timeout=30)
+                except (OSError, urllib.error.URLError):
+                    continue  # refused or reset: never logged (checked below)
+                if status == 200:
+                    answer = json.loads(body)
+                    with lock:
+                        acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
 
-    starts = list(range(0, len(x), 2))
-    threads = [threading.Thread(target=client, args=(starts[i::6],)) for i in range(6)]
-    try:
-        for thread in threads:
-            thread.start()
-        import time
+        starts = list(range(0, len(x), 2))
+        threads = [threading.Thread(target=client, args=(starts[i::6],)) for i in range(6)]
+        try:
+            for thread in threads:
+                thread.start()
+            import time
 
-        deadline = time.monotonic() + 30
-        while len(acknowledged) < 300 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        service.process.send_signal(15)
-        code = service.process.wait(timeout=60)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
-    finally:
-        stop.set()
-        service.kill()
+            deadline = time.monotonic() + 30
+            while len(acknowledged) < 300 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            service.process.send_signal(15)
+            code = service.process.wait(timeout=60)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        finally:
+            stop.set()
     assert code == 0, service.process.stderr.read()
     logged = replay_mod.read_log(log_dir)
     assert set(logged.events) == acknowledged, "a request was logged but its client got no answer"
@@ -471,63 +428,59 @@ def test_group_commit_publishes_only_durable_versions_through_a_sigkill(serve_sc
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
     options = ("--fsync", "always", "--group-commit-ms", 20, "--max-batch", 4, "--max-wait-ms", 1)
-    service = Service(serve_script, model, log_dir, *options)
-    x, y = _data(4000, 9)
-    acknowledged, answered_versions, lock, stop = set(), set(), threading.Lock(), threading.Event()
+    with Service(serve_script, model, log_dir, *options) as service:
+        x, y = labelled(4000, 4, seed=9)
+        acknowledged, answered_versions, lock, stop = set(), set(), threading.Lock(), threading.Event()
 
-    def feedback(rows):
-        for start in rows:
-            if stop.is_set():
-                return
-            try:
-                status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(), "y": y[start:start + 2].tolist()},
-                                            timeout=10)
-            except (OSError, urllib.error.URLError):
-                return  # the service is gone
-            if status == 200:
-                answer = json.loads(body)
-                with lock:
-                    acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
+        def feedback(rows):
+            for start in rows:
+                if stop.is_set():
+                    return
+                try:
+                    status, body = service.post("/feedback", {"x": x[start:start + 2].tolist(),
+                                                              "y": y[start:start + 2].tolist()}, timeout=10)
+                except (OSError, urllib.error.URLError):
+                    return  # the service is gone
+                if status == 200:
+                    answer = json.loads(body)
+                    with lock:
+                        acknowledged.update(range(answer["first_seq"], answer["first_seq"] + answer["accepted"]))
 
-    def predict():
-        while not stop.is_set():
-            try:
-                status, body = service.post("/predict", {"x": x[:1].tolist()}, timeout=10)
-            except (OSError, urllib.error.URLError):
-                return
-            if status == 200:
-                with lock:
-                    answered_versions.add(json.loads(body)["version"])
+        def predict():
+            while not stop.is_set():
+                try:
+                    status, body = service.post("/predict", {"x": x[:1].tolist()}, timeout=10)
+                except (OSError, urllib.error.URLError):
+                    return
+                if status == 200:
+                    with lock:
+                        answered_versions.add(json.loads(body)["version"])
 
-    starts = list(range(0, len(x), 2))
-    threads = [threading.Thread(target=feedback, args=(starts[i::4],)) for i in range(4)]
-    threads.append(threading.Thread(target=predict))
-    try:
-        for thread in threads:
-            thread.start()
-        import time
+        starts = list(range(0, len(x), 2))
+        threads = [threading.Thread(target=feedback, args=(starts[i::4],)) for i in range(4)]
+        threads.append(threading.Thread(target=predict))
+        try:
+            for thread in threads:
+                thread.start()
+            import time
 
-        deadline = time.monotonic() + 30
-        while (len(acknowledged) < 300 or len(answered_versions) < 5) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        service.process.kill()  # SIGKILL: versions waiting for the group commit are lost, never answered
-        service.process.wait(timeout=30)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
-    finally:
-        stop.set()
-        service.kill()
+            deadline = time.monotonic() + 30
+            while (len(acknowledged) < 300 or len(answered_versions) < 5) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            service.process.kill()  # SIGKILL: versions waiting for the group commit are lost, never answered
+            service.process.wait(timeout=30)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        finally:
+            stop.set()
     assert len(acknowledged) >= 300 and len(answered_versions) >= 5
     before = replay_mod.read_log(log_dir)
     assert acknowledged <= set(before.events), "an acknowledged event is missing after SIGKILL"
     assert answered_versions <= {v.id for v in before.versions}, "a prediction came from a version the log lost"
 
-    restarted = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as restarted:
         code, _, err = restarted.terminate()
-    finally:
-        restarted.kill()
     assert code == 0, err
     _replay_bitwise(log_dir, model, len(replay_mod.read_log(log_dir).events))
 
@@ -536,36 +489,35 @@ def test_slow_clients_cannot_starve_health_checks(serve_script, models, tmp_path
     import time
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 1500,
-                      "--admin-port", 0)
-    assert service.admin_url and service.admin_url.startswith("http://127.0.0.1:")
-    host, port = service.url.split("//")[1].split(":")
-    stalled = []
-    try:
-        assert service.post("/healthz", {})[0] == 404  # not on the main port when --admin-port is given
-        for _ in range(60):  # each sends its headers and one byte of a 1000-byte body, then nothing
-            s = socket.create_connection((host, int(port)), timeout=10)
-            s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
-                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
-            stalled.append(s)
-        started = time.monotonic()
-        status, text = service.get("/healthz", timeout=5)  # its own server and threads
-        assert status == 200 and time.monotonic() - started < 2, text
-        time.sleep(3)  # past the read timeout: the stalled connections are closed
-        for s in stalled:
-            s.settimeout(5)
-            try:
-                assert s.recv(4096) is not None
-            except OSError:
-                pass
-        status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
-        assert status == 200, body
-        acknowledged = _feed(service, 8, 9)
-        assert service.terminate()[0] == 0
-    finally:
-        for s in stalled:
-            s.close()
-        service.kill()
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 1500,
+                 "--admin-port", 0) as service:
+        assert service.admin_url and service.admin_url.startswith("http://127.0.0.1:")
+        host, port = service.url.split("//")[1].split(":")
+        stalled = []
+        try:
+            assert service.post("/healthz", {})[0] == 404  # not on the main port when --admin-port is given
+            for _ in range(60):  # each sends its headers and one byte of a 1000-byte body, then nothing
+                s = socket.create_connection((host, int(port)), timeout=10)
+                s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+                stalled.append(s)
+            started = time.monotonic()
+            status, text = service.get("/healthz", timeout=5)  # its own server and threads
+            assert status == 200 and time.monotonic() - started < 2, text
+            time.sleep(3)  # past the read timeout: the stalled connections are closed
+            for s in stalled:
+                s.settimeout(5)
+                try:
+                    assert s.recv(4096) is not None
+                except OSError:
+                    pass
+            status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
+            assert status == 200, body
+            acknowledged = _feed(service, 8, 9)
+            assert service.terminate()[0] == 0
+        finally:
+            for s in stalled:
+                s.close()
     _replay_bitwise(log_dir, model, acknowledged)
 
 
@@ -574,8 +526,7 @@ def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_
 
     model = export(tmp_path / "recommender.pt", users=5, items=4, dim=2, lr=0.05)
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1) as service:
         status, text = service.post("/predict", {"x": [[1, 9]]})
         assert status == 400 and text.startswith("error: x rejected by the model: ") and text.count("\n") == 1, text
         assert "java." not in text and "dev.gradbridge." not in text and "Exception" not in text, text
@@ -585,8 +536,6 @@ def test_out_of_range_embedding_ids_and_a_corrupt_checkpoint_get_one_line(serve_
         status, body = service.post("/feedback", {"x": [[1, 2], [3, 0]], "y": [[1.0], [0.0]]})
         assert status == 200, body
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     _replay_bitwise(log_dir, model, 2)
     checkpoint = next(log_dir.glob("checkpoint-v*.pt"))
     checkpoint.write_bytes(b"not a module")
@@ -618,13 +567,12 @@ def test_https_from_a_keystore_serves_a_verifying_client_and_plain_http_gets_not
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
     keystore, password_file, certificate = _keystore(tmp_path)
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--tls-keystore", keystore,
-                      "--tls-password-file", password_file)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--tls-keystore", keystore,
+                 "--tls-password-file", password_file) as service:
         assert service.url.startswith("https://127.0.0.1:")
         service.context = ssl.create_default_context(cafile=str(certificate))  # verifies the chain and 127.0.0.1
         acknowledged = _feed(service, 40, 3)
-        status, body = service.post("/predict", {"x": _data(1, 4)[0].tolist()})
+        status, body = service.post("/predict", {"x": labelled(1, 4, seed=4)[0].tolist()})
         assert status == 200 and "version" in json.loads(body)
         with pytest.raises((urllib.error.URLError, ssl.SSLError)):  # a client that does not trust the certificate
             urllib.request.urlopen(urllib.request.Request(service.url + "/healthz"), timeout=10,
@@ -637,8 +585,6 @@ def test_https_from_a_keystore_serves_a_verifying_client_and_plain_http_gets_not
             status = None  # the TLS handshake fails and the connection closes
         assert status in (None, 400), status  # plain HTTP on the TLS port: never an answer
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0, err
     _replay_bitwise(log_dir, model, acknowledged)
 
@@ -667,16 +613,13 @@ def test_a_bad_keystore_or_password_is_one_line_and_leaves_nothing(serve_script,
     # The password from the environment works like the file; replay over what was acknowledged.
     log_dir = tmp_path / "log"
     monkeypatch.setenv("GRADBRIDGE_TEST_TLS_PASSWORD", "keystore-pass-1")
-    service = Service(serve_script, model, log_dir, "--fsync", "always", "--tls-keystore", keystore,
-                      "--tls-password-env", "GRADBRIDGE_TEST_TLS_PASSWORD")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "always", "--tls-keystore", keystore,
+                 "--tls-password-env", "GRADBRIDGE_TEST_TLS_PASSWORD") as service:
         import ssl
 
         service.context = ssl.create_default_context(cafile=str(tmp_path / "server.pem"))
         acknowledged = _feed(service, 20, 5)
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0, err
     _replay_bitwise(log_dir, model, acknowledged)
 
@@ -692,28 +635,22 @@ def _post_extreme_feedback(serve_script, model, log_dir, requests):
     """Serve ``model`` with micro-batches of one event and the input magnitude limit off (it would refuse
     extreme features first: off, to reach the update guard behind it), post each ``(x, y)`` feedback request
     (each answered 200), check predictions are still numbers, stop cleanly; the log it wrote."""
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
-                      "--max-input-abs", 0)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--max-batch", 1, "--max-wait-ms", 0,
+                 "--max-input-abs", 0) as service:
         for x, y in requests:
             status, body = service.post("/feedback", {"x": x, "y": y})
             assert status == 200, body
         _assert_predicts_numbers(service)
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0, err
     return replay_mod.read_log(log_dir)
 
 
 def _restart_predicts_numbers(serve_script, model, log_dir):
     """A restart on the log resumes through the same decisions: predictions are numbers, the stop clean."""
-    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as restarted:
         _assert_predicts_numbers(restarted)
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
 
 
 def test_extreme_features_are_quarantined_the_model_stays_finite_and_replay_agrees(serve_script, models, tmp_path):
@@ -740,53 +677,54 @@ def test_slow_clients_on_the_main_port_cannot_starve_health_checks_or_prediction
     import time
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8, "--read-timeout-ms", 3000)
-    host, port = service.url.split("//")[1].split(":")
-    stop, answers, lock = threading.Event(), [], threading.Lock()
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 8,
+                 "--read-timeout-ms", 3000) as service:
+        host, port = service.url.split("//")[1].split(":")
+        stop, answers, lock = threading.Event(), [], threading.Lock()
 
-    def dribble(s):
+        def dribble(s):
+            try:
+                s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+                while not stop.is_set():
+                    time.sleep(0.5)
+                    s.sendall(b" ")
+            except OSError:
+                pass
+            try:
+                s.settimeout(5)
+                text = s.recv(4096).decode(errors="replace")
+            except OSError:
+                text = ""
+            with lock:
+                answers.append(text)
+
+        sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(60)]
+        threads = [threading.Thread(target=dribble, args=(s,)) for s in sockets]
         try:
-            s.sendall(f"POST /feedback HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {service.token}\r\n"
-                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
-            while not stop.is_set():
+            for thread in threads:
+                thread.start()
+            time.sleep(1)
+            for _ in range(3):
+                started = time.monotonic()
+                status, text = service.get("/healthz", timeout=5)
+                assert status == 200 and time.monotonic() - started < 2, text
+                started = time.monotonic()
+                status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
+                assert status == 200 and time.monotonic() - started < 2, body
                 time.sleep(0.5)
-                s.sendall(b" ")
-        except OSError:
-            pass
-        try:
-            s.settimeout(5)
-            text = s.recv(4096).decode(errors="replace")
-        except OSError:
-            text = ""
-        with lock:
-            answers.append(text)
-
-    sockets = [socket.create_connection((host, int(port)), timeout=10) for _ in range(60)]
-    threads = [threading.Thread(target=dribble, args=(s,)) for s in sockets]
-    try:
-        for thread in threads:
-            thread.start()
-        time.sleep(1)
-        for _ in range(3):
-            started = time.monotonic()
-            status, text = service.get("/healthz", timeout=5)
-            assert status == 200 and time.monotonic() - started < 2, text
-            started = time.monotonic()
-            status, body = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]}, timeout=5)
-            assert status == 200 and time.monotonic() - started < 2, body
-            time.sleep(0.5)
-        acknowledged = _feed(service, 8, 9)
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=20)
-        refused = [a for a in answers if a.startswith("HTTP/1.1 408")]
-        assert refused and all("\r\n\r\nerror: the request body arrived too slowly" in a for a in refused), answers[:3]
-        assert service.terminate()[0] == 0
-    finally:
-        stop.set()
-        for s in sockets:
-            s.close()
-        service.kill()
+            acknowledged = _feed(service, 8, 9)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=20)
+            refused = [a for a in answers if a.startswith("HTTP/1.1 408")]
+            assert refused and all("\r\n\r\nerror: the request body arrived too slowly" in a for a in refused), \
+                answers[:3]
+            assert service.terminate()[0] == 0
+        finally:
+            stop.set()
+            for s in sockets:
+                s.close()
     _replay_bitwise(log_dir, model, acknowledged)
 
 
@@ -809,12 +747,9 @@ def test_a_damaged_checkpoint_or_module_is_refused_at_start_naming_the_file(serv
     import shutil
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1)
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--checkpoint-every", 1) as service:
         acknowledged = _feed(service, 12, 11)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     checkpoint = next(log_dir.glob("checkpoint-v*.pt"))
     entry = _damage_an_entry(checkpoint)
     before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
@@ -823,11 +758,8 @@ def test_a_damaged_checkpoint_or_module_is_refused_at_start_naming_the_file(serv
     assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before, "a refused start changed the folder"
     # What the line says to do: without the descriptor the whole log is applied again.
     (log_dir / "checkpoint.json").rename(tmp_path / "checkpoint.json")
-    restarted = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as restarted:
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     _replay_bitwise(log_dir, model, acknowledged)
 
     damaged = tmp_path / "damaged.pt"
@@ -862,16 +794,13 @@ def test_token_rules(serve_script, models, tmp_path, monkeypatch):
     token_file = tmp_path / "open.token"
     token_file.write_text("abcdefghijklmnop-0123456789\n")
     token_file.chmod(0o644)
-    service = Service(serve_script, model, tmp_path / "log", "--fsync", "never", "--token-file", token_file)
-    try:
+    with Service(serve_script, model, tmp_path / "log", "--fsync", "never", "--token-file", token_file) as service:
         assert service.token == "abcdefghijklmnop-0123456789"
         for scheme in ("bearer", "BEARER", "Bearer"):
             status, text = service.post("/predict", {"x": [[0.0, 0.0, 0.0, 0.0]]},
                                         headers={"Authorization": f"{scheme} {service.token}"}, token=False)
             assert status == 200, (scheme, text)
         code, _, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0 and f"warning: token file {token_file} has mode rw-r--r--" in err and "error:" not in err, err
 
 
@@ -914,15 +843,14 @@ def test_starting_on_a_full_disk_is_one_line_naming_the_file_and_leaves_no_folde
 
 def test_client_errors_and_jettys_own_refusals_are_one_line_4xx(serve_script, models, tmp_path):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never")
-    host, port = service.url.split("//")[1].split(":")
+    with Service(serve_script, model, log_dir, "--fsync", "never") as service:
+        host, port = service.url.split("//")[1].split(":")
 
-    def raw(request: bytes) -> str:
-        with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(request)
-            return s.recv(65536).decode(errors="replace")
+        def raw(request: bytes) -> str:
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(request)
+                return s.recv(65536).decode(errors="replace")
 
-    try:
         auth = f"Authorization: Bearer {service.token}\r\n".encode()
         answer = raw(b"POST /feedback HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\nZZ\r\nabc\r\n0\r\n\r\n")
         assert answer.startswith("HTTP/1.1 400") and answer.split("\r\n\r\n", 1)[1].startswith("error: "), answer
@@ -939,8 +867,6 @@ def test_client_errors_and_jettys_own_refusals_are_one_line_4xx(serve_script, mo
         assert status == 400 and "Target 99 is out of bounds" in text and "TorchScript interpreter" not in text, text
         acknowledged = _feed(service, 8, 12)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     _replay_bitwise(log_dir, model, acknowledged)
 
 
@@ -967,9 +893,8 @@ def test_the_duplicate_flag_is_each_requests_own(serve_script, models, tmp_path)
     from concurrent.futures import ThreadPoolExecutor
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 16)
-    body = {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [1]}
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--threads", 16) as service:
+        body = {"x": [[0.1, 0.2, 0.3, 0.4]], "y": [1]}
         assert not json.loads(service.post("/feedback", body, headers={"Idempotency-Key": "retried"})[1])["duplicate"]
 
         def retry(_):
@@ -983,8 +908,6 @@ def test_the_duplicate_flag_is_each_requests_own(serve_script, models, tmp_path)
             news = pool.map(new, range(150))
             assert all(retries) and not any(news)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     _replay_bitwise(log_dir, model, 151)
 
 
@@ -1034,8 +957,7 @@ def test_a_module_of_several_inputs_learns_by_name_and_bad_inputs_name_the_input
     def rows(start, end):
         return {name: values[start:end].tolist() for name, values in x.items()}
 
-    service = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as service:
         for start in range(0, 24, 4):
             status, body = service.post("/feedback", {"x": rows(start, start + 4), "y": y[start:start + 4].tolist()})
             assert status == 200, body
@@ -1057,18 +979,13 @@ def test_a_module_of_several_inputs_learns_by_name_and_bad_inputs_name_the_input
         assert status == 400 and "field 'x.left' element [0, 1] is 2000000.0" in text, text
         service.process.kill()
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
-    restarted = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as restarted:
         for start in range(24, 40, 4):
             assert restarted.post("/feedback", {"x": rows(start, start + 4), "y": y[start:start + 4].tolist()})[0] == 200
         status, body = restarted.post("/predict", {"x": rows(0, 3)})
         assert status == 200, body
         answer = json.loads(body)
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     log = replay_mod.read_log(log_dir)
     assert [spec["name"] for spec in log.header["inputs"]] == ["left", "ids"] and len(log.events) == 40
     report = replay_mod.replay(log_dir, model, keep_parameters=True)
@@ -1088,7 +1005,7 @@ def test_bad_gate_options_are_refused_at_start_in_one_line_and_leave_nothing(ser
     from gradbridge import messages
 
     model = models["mlp_classifier.pt"]
-    x, y = _data(16, 20)
+    x, y = labelled(16, 4, seed=20)
     files = {}
     for name, arrays in (("good", {"x": x, "y": y}), ("narrow", {"x": x[:, :3], "y": y}), ("no_y", {"x": x}),
                          ("nan", {"x": np.where(np.arange(64).reshape(16, 4) == 5, np.nan, x).astype(np.float32), "y": y}),
@@ -1128,26 +1045,20 @@ def test_bad_gate_options_are_refused_at_start_in_one_line_and_leave_nothing(ser
 
     # A gated log resumes only with the same gate (it decides which versions were published).
     log_dir = tmp_path / "gated"
-    service = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
-                      "--gate-max-regression", "0.1")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                 "--gate-max-regression", "0.1") as service:
         acknowledged = _feed(service, 8, 21)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
     for args in (("--gate-data", files["good"], "--gate-max-regression", "0.2"), ()):
         line = one_error_line(_serve(serve_script, "--model", model, "--log", log_dir, "--port", 0, *args))
         assert "offset 0: it was written with publish gate" in line and "start another log folder" in line, line
     assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before
-    same = Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
-                   "--gate-max-regression", "0.1")  # resumes from the final checkpoint, its decision inside it
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never", "--gate-data", files["good"],
+                 "--gate-max-regression", "0.1") as same:  # resumes from the final checkpoint, its decision inside it
         assert json.loads(same.get("/healthz")[1])["held_versions"] == 0
         acknowledged += _feed(same, 8, 22)
         assert same.terminate()[0] == 0
-    finally:
-        same.kill()
     _replay_bitwise(log_dir, model, acknowledged)
 
 
@@ -1157,8 +1068,7 @@ def test_the_input_magnitude_limit_refuses_absurd_features_naming_the_element(se
     from gradbridge import messages
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as service:
         for path, body, index, value in (
                 ("/feedback", {"x": [[0.1, 2e6, 0.3, 0.4]], "y": [1]}, [0, 1], 2e6),
                 ("/feedback", {"x": [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, -3e7, 0.8]], "y": [1, 2]}, [1, 2], -3e7),
@@ -1171,24 +1081,17 @@ def test_the_input_magnitude_limit_refuses_absurd_features_naming_the_element(se
         status, text = service.post("/admin/rollback", {})
         assert status == 409 and text.startswith("error: a rollback needs a publish gate (--gate-data)"), text
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     assert sorted(replay_mod.read_log(log_dir).events) == [0]
     _replay_bitwise(log_dir, model, 1)
 
 
 def _kafka_fed_log(serve_script, broker, model, log_dir, topic, records):
-    from .test_kafka_feedback import _kafka_options, _wait_for_records, kafka_broker
-
     kafka_broker.create_topic(broker, topic, partitions=1)
     kafka_broker.produce(broker, topic, records)
-    service = Service(serve_script, model, log_dir, "--max-batch", 8, *_kafka_options(broker, topic))
-    try:
-        _wait_for_records(log_dir, len(records))
+    with Service(serve_script, model, log_dir, "--max-batch", 8, *kafka_options(broker, topic)) as service:
+        wait_for_records(log_dir, len(records))
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
 
 
 def _renamed_source(log_dir, into, topic):
@@ -1207,10 +1110,8 @@ def _renamed_source(log_dir, into, topic):
 def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_script, broker, models, tmp_path):
     """replay --from-kafka against a topic holding other feedback under the same keys, a topic that ends before the
     log's offsets, a topic the log never read and a properties file that is missing: one line each, exit 1."""
-    from .test_kafka_feedback import _records, kafka_broker
-
     model = models["mlp_classifier.pt"]
-    records = [(k, v) for k, v, _, _ in _records(30, 5, "f")]
+    records = [(k, v) for k, v, _, _ in feedback_records(30, 5, "f")]
     log_dir = tmp_path / "log"
     _kafka_fed_log(serve_script, broker, model, log_dir, "faults-fed", records)
     bootstrap = kafka_broker.bootstrap(broker)
@@ -1220,7 +1121,7 @@ def test_replay_from_kafka_of_a_topic_that_is_not_the_logs_is_one_line(serve_scr
                               "--kafka-topic", topic, *more)
 
     assert replay_from(log_dir, "faults-fed").returncode == 0  # the topic it read: bitwise
-    other = [(key, value) for (key, _), (_, value, _, _) in zip(records, _records(30, 6, "f"))]  # same keys
+    other = [(key, value) for (key, _), (_, value, _, _) in zip(records, feedback_records(30, 6, "f"))]  # same keys
     kafka_broker.create_topic(broker, "faults-other", partitions=1)
     kafka_broker.produce(broker, "faults-other", other)
     _renamed_source(log_dir, tmp_path / "other", "faults-other")
@@ -1246,12 +1147,9 @@ def test_replay_from_kafka_against_no_broker_fails_in_seconds_naming_the_address
     import time
 
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--fsync", "never")
-    try:
+    with Service(serve_script, model, log_dir, "--fsync", "never") as service:
         _feed(service, 8, 4)
         assert service.terminate()[0] == 0
-    finally:
-        service.kill()
     # a read of partition 0 of topic 'gone' (no records): what a Kafka-fed log holds, without a broker to write it
     name = b"gone"
     read = b"S" + struct.pack("<H", len(name)) + name + struct.pack("<Iiqq", 1, 0, 0, 0) + struct.pack("<Iq", 0, 0)
@@ -1280,7 +1178,7 @@ def _export_protocol_3(model, path):
 
     from gradbridge import export_training_module
 
-    x, y = _data(8, 0)
+    x, y = labelled(8, 4, seed=0)
     return export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2), path,
                                   example_inputs=(torch.from_numpy(x), torch.from_numpy(y)), format="export")
 

@@ -13,9 +13,7 @@ the slower ones are marked `slow` and run with `pytest --full` (tests/conftest.p
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import re
 import signal
 import struct
 import subprocess
@@ -28,156 +26,43 @@ import pytest
 from gradbridge import feedback_log
 from gradbridge import replay as replay_mod
 
+from .data import labelled
 from .faults import gradbridge_cli
-from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
+from .kafka_support import (check_exactly_once, feedback_records, kafka_broker, kafka_options, read_topic,
+                            wait_for_records)
+from .serving import Service
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _broker_module():
-    spec = importlib.util.spec_from_file_location("kafka_broker", REPO / "tools" / "kafka_broker.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kafka_broker = _broker_module()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """One KRaft broker for the module: formatted, started on a free loopback port, stopped by PID."""
-    folder = tmp_path_factory.mktemp("kafka")
-    kafka_broker.start(folder)
-    try:
-        yield folder
-    finally:
-        kafka_broker.stop(folder)
-        assert not kafka_broker.is_running(folder)
-
-
-def _records(n, seed, prefix):
-    """n feedback records (one event each) for mlp_classifier.pt: (key, JSON value, x row, y)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 4)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
-    return [(f"{prefix}-{i}", json.dumps({"x": [x[i].tolist()], "y": [int(y[i])]}), x[i], int(y[i])) for i in range(n)]
-
-
-def _kafka_options(broker, topic):
-    return ["--kafka-bootstrap", kafka_broker.bootstrap(broker), "--kafka-topic", topic, "--kafka-group", "gb-test"]
-
-
-def _wait_for_records(log_dir, total, timeout=120):
-    """Until the log accounts for `total` source records (reading a live log: a torn tail is fine)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            log = feedback_log.read_log(log_dir)
-            seen = sum(len(p.items) for p in log.positions)
-        except Exception:  # the first write may not be there yet
-            seen = -1
-        if seen >= total:
-            return
-        assert time.monotonic() < deadline, f"the service logged {seen} of {total} records"
-        time.sleep(0.3)
-
-
-def _check_exactly_once(log_dir, topic, end_offsets, produced, http=()):
-    """Every offset of every partition accounted for once, each record's events as produced, each event applied once
-    (``http``: the sequence numbers of the events fed over HTTP beside the topic)."""
-    log = feedback_log.read_log(log_dir)
-    reads = [p for p in log.positions if p.source == topic]
-    covered = {}
-    items = {}
-    for read in reads:
-        for partition, start, stop in read.ranges:
-            assert covered.get(partition, 0) == start, f"partition {partition}: read {start}..{stop} after {covered.get(partition, 0)}"
-            covered[partition] = stop
-        for partition, offset, first_seq, count, status in read.items:
-            assert (partition, offset) not in items, f"record {partition}/{offset} logged twice"
-            items[(partition, offset)] = (first_seq, count, status)
-    assert covered == end_offsets, (covered, end_offsets)
-    assert len(items) == sum(end_offsets.values())
-    # produced: (partition, offset) -> (key, value); the first record of each key owns its events
-    first_of_key = {}
-    seqs = []
-    for (partition, offset), (first_seq, count, status) in sorted(items.items()):
-        key, value = produced[(partition, offset)]
-        if status == feedback_log.POSITION_LOGGED:
-            body = json.loads(value)
-            x = np.asarray(body["x"], dtype=np.float32)
-            assert count == x.shape[0]
-            for i in range(count):
-                ex, ey = log.events[first_seq + i]
-                assert ex == x[i].tobytes() and ey == np.asarray(body["y"][i], dtype=np.int64).tobytes()
-            seqs.extend(range(first_seq, first_seq + count))
-            assert key not in first_of_key
-            first_of_key[key] = (first_seq, count)
-    for (partition, offset), (first_seq, count, status) in sorted(items.items()):
-        key, value = produced[(partition, offset)]
-        if status == feedback_log.POSITION_DUPLICATE:
-            assert first_of_key[key] == (first_seq, count)
-    seqs.extend(http)
-    assert sorted(seqs) == sorted(log.events) and len(set(seqs)) == len(seqs), "events logged that no record gave, or twice"
-    applied = []
-    for record in log.order:
-        if isinstance(record, feedback_log.Batch):
-            applied.extend(range(record.first_seq, record.first_seq + record.count))
-    assert sorted(applied) == sorted(seqs), "an event applied twice or never"
-    return items
-
-
-def _produced(broker, topic, records):
-    """(partition, offset) -> (key, value): what the topic holds, read back with Kafka's own console consumer."""
-    out = subprocess.run(
-        ["java", *kafka_broker.TOOL_HEAP, "-cp", kafka_broker.classpath(), "org.apache.kafka.tools.consumer.ConsoleConsumer",
-         "--bootstrap-server", kafka_broker.bootstrap(broker), "--topic", topic, "--from-beginning", "--timeout-ms", "8000",
-         "--property", "print.partition=true", "--property", "print.offset=true", "--property", "print.key=true",
-         "--property", "key.separator=\t"], capture_output=True, text=True)
-    held = {}
-    for line in out.stdout.splitlines():
-        m = re.match(r"Partition:(\d+)\tOffset:(\d+)\t([^\t]*)\t(.*)$", line)
-        if m:
-            held[(int(m.group(1)), int(m.group(2)))] = (None if m.group(3) == "null" else m.group(3), m.group(4))
-    assert sorted(held.values()) == sorted(records), "the console consumer did not read back what was produced"
-    return held
 
 
 def test_kill_9_mid_stream_then_restart_applies_every_record_once(serve_script, broker, models, tmp_path):
     model = models["mlp_classifier.pt"]
     topic = "feedback-fast"
     kafka_broker.create_topic(broker, topic, partitions=3)
-    first = [(k, v) for k, v, _, _ in _records(150, 0, "a")]
+    first = [(k, v) for k, v, _, _ in feedback_records(150, 0, "a")]
     # a duplicate (same key, same value), a poison record, a key used with other feedback, a NaN
     first += [first[5], ("poison-1", "{not json"), (first[7][0], first[8][1]), ("nan-1", '{"x": [[NaN, 0, 0, 0]], "y": [0]}')]
     kafka_broker.produce(broker, topic, first)
     log_dir = tmp_path / "log"
     options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 5,
-               "--fsync", "always", *_kafka_options(broker, topic)]
-    service = Service(serve_script, model, log_dir, *options)
-    try:
-        _wait_for_records(log_dir, 40)
+               "--fsync", "always", *kafka_options(broker, topic)]
+    with Service(serve_script, model, log_dir, *options) as service:
+        wait_for_records(log_dir, 40)
         service.process.send_signal(signal.SIGKILL)  # mid-stream: records read, some not logged, some not applied
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
-    second = [(k, v) for k, v, _, _ in _records(100, 1, "b")] + [first[20]]  # a duplicate across the restart
+    second = [(k, v) for k, v, _, _ in feedback_records(100, 1, "b")] + [first[20]]  # a duplicate across the restart
     kafka_broker.produce(broker, topic, second)
     records = first + second
-    service = Service(serve_script, model, log_dir, *options)
-    try:
-        _wait_for_records(log_dir, len(records))
+    with Service(serve_script, model, log_dir, *options) as service:
+        wait_for_records(log_dir, len(records))
         status, metrics = service.get("/metrics")
         assert status == 200 and "gradbridge_kafka_lag{" in metrics and "gradbridge_kafka_records_refused_total" in metrics
         code, out, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
     end_offsets = kafka_broker.end_offsets(broker, topic)
     assert sum(end_offsets.values()) == len(records)
-    produced = _produced(broker, topic, records)
-    items = _check_exactly_once(log_dir, topic, end_offsets, produced)
+    produced = read_topic(broker, topic, records)
+    items = check_exactly_once(log_dir, topic, end_offsets, produced)
     statuses = [status for _, _, status in items.values()]
     assert statuses.count(feedback_log.POSITION_REFUSED) == 3  # poison, key conflict, NaN
     assert statuses.count(feedback_log.POSITION_DUPLICATE) == 2
@@ -201,21 +86,20 @@ def test_two_instances_in_one_group_each_learn_the_whole_topic_once(serve_script
     model = models["mlp_classifier.pt"]
     topic = "feedback-group"
     kafka_broker.create_topic(broker, topic, partitions=4)
-    records = [(k, v) for k, v, _, _ in _records(200, 11, "g")]
+    records = [(k, v) for k, v, _, _ in feedback_records(200, 11, "g")]
     kafka_broker.produce(broker, topic, records)
     options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 3,
-               "--fsync", "always", *_kafka_options(broker, topic)]
+               "--fsync", "always", *kafka_options(broker, topic)]
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
-    first = Service(serve_script, model, first_dir, *options)
-    second = Service(serve_script, model, second_dir, *options)
-    try:
-        _wait_for_records(first_dir, 30)
+    with Service(serve_script, model, first_dir, *options) as first, \
+            Service(serve_script, model, second_dir, *options) as second:
+        wait_for_records(first_dir, 30)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait(timeout=30)
-        more = [(k, v) for k, v, _, _ in _records(100, 12, "h")]
+        more = [(k, v) for k, v, _, _ in feedback_records(100, 12, "h")]
         kafka_broker.produce(broker, topic, more)
         records += more
-        _wait_for_records(second_dir, len(records))
+        wait_for_records(second_dir, len(records))
         end_offsets = kafka_broker.end_offsets(broker, topic)
         deadline = time.monotonic() + 30
         while kafka_broker.committed_offsets(broker, "gb-test", topic) != end_offsets:  # committed after each read
@@ -223,17 +107,14 @@ def test_two_instances_in_one_group_each_learn_the_whole_topic_once(serve_script
             time.sleep(0.5)
         behind = sum(len(p.items) for p in feedback_log.read_log(first_dir).positions)
         assert behind < len(records), "the first service had read everything before it was killed"
-        first = Service(serve_script, model, first_dir, *options)  # its log is behind the group's offsets
-        _wait_for_records(first_dir, len(records))
-        for service in (first, second):
-            code, _, err = service.terminate()
-            assert code == 0, err
-    finally:
-        first.kill()
-        second.kill()
-    produced = _produced(broker, topic, records)
+        with Service(serve_script, model, first_dir, *options) as first:  # its log is behind the group's offsets
+            wait_for_records(first_dir, len(records))
+            for service in (first, second):
+                code, _, err = service.terminate()
+                assert code == 0, err
+    produced = read_topic(broker, topic, records)
     for log_dir in (first_dir, second_dir):
-        _check_exactly_once(log_dir, topic, end_offsets, produced)
+        check_exactly_once(log_dir, topic, end_offsets, produced)
         report = replay_mod.replay(log_dir, model)
         assert report.bitwise, report.table()
 
@@ -246,19 +127,17 @@ def test_http_and_kafka_feedback_together_through_a_kill_9_each_apply_once(serve
     import threading
     import urllib.error
 
-    from .test_online_serve import _data
-
     model = models["mlp_classifier.pt"]
     topic = "feedback-mixed"
     kafka_broker.create_topic(broker, topic, partitions=2)
-    records = [(k, v) for k, v, _, _ in _records(300, 21, "m")]
+    records = [(k, v) for k, v, _, _ in feedback_records(300, 21, "m")]
     kafka_broker.produce(broker, topic, records)
-    x, y = _data(240, 22)
+    x, y = labelled(240, 4, seed=22)
     requests = [(f"h-{i // 2}", {"x": x[i:i + 2].tolist(), "y": y[i:i + 2].tolist()}) for i in range(0, 240, 2)]
     answered = {}
     log_dir = tmp_path / "log"
     options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 4, "--fsync", "always",
-               *_kafka_options(broker, topic)]
+               *kafka_options(broker, topic)]
 
     def post_all(service, stop):
         for key, body in requests:
@@ -271,39 +150,35 @@ def test_http_and_kafka_feedback_together_through_a_kill_9_each_apply_once(serve
             assert status == 200, text
             answered[key] = json.loads(text)
 
-    service = Service(serve_script, model, log_dir, *options)
-    stop = threading.Event()
-    poster = threading.Thread(target=post_all, args=(service, stop))
-    try:
-        poster.start()
-        _wait_for_records(log_dir, 100)
-        deadline = time.monotonic() + 60
-        while len(answered) < 30 and poster.is_alive():
-            assert time.monotonic() < deadline, f"{len(answered)} requests answered"
-            time.sleep(0.05)
-        service.process.send_signal(signal.SIGKILL)
-        service.process.wait(timeout=30)
-        stop.set()
-        poster.join(timeout=30)
-    finally:
-        stop.set()
-        service.kill()
+    with Service(serve_script, model, log_dir, *options) as service:
+        stop = threading.Event()
+        poster = threading.Thread(target=post_all, args=(service, stop))
+        try:
+            poster.start()
+            wait_for_records(log_dir, 100)
+            deadline = time.monotonic() + 60
+            while len(answered) < 30 and poster.is_alive():
+                assert time.monotonic() < deadline, f"{len(answered)} requests answered"
+                time.sleep(0.05)
+            service.process.send_signal(signal.SIGKILL)
+            service.process.wait(timeout=30)
+            stop.set()
+            poster.join(timeout=30)
+        finally:
+            stop.set()
     assert 0 < len(answered) < len(requests), len(answered)
     first_answers = dict(answered)
-    more = [(k, v) for k, v, _, _ in _records(100, 23, "n")]
+    more = [(k, v) for k, v, _, _ in feedback_records(100, 23, "n")]
     kafka_broker.produce(broker, topic, more)
     records += more
-    service = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as service:
         post_all(service, threading.Event())  # the rest, and retries of those never answered
         for key, body in requests[:3]:  # answered before the kill: the same events again, nothing logged twice
             again = json.loads(service.post("/feedback", body, headers={"Idempotency-Key": key})[1])
             assert again["duplicate"] and again["first_seq"] == first_answers[key]["first_seq"], again
-        _wait_for_records(log_dir, len(records))
+        wait_for_records(log_dir, len(records))
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
     log = feedback_log.read_log(log_dir)
     http = []
     for key, body in requests:
@@ -312,7 +187,7 @@ def test_http_and_kafka_feedback_together_through_a_kill_9_each_apply_once(serve
         assert [log.events[first + i][0] for i in range(count)] == [np.asarray(r, np.float32).tobytes() for r in body["x"]]
         http.extend(range(first, first + count))
     end_offsets = kafka_broker.end_offsets(broker, topic)
-    _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records), http=http)
+    check_exactly_once(log_dir, topic, end_offsets, read_topic(broker, topic, records), http=http)
     report = replay_mod.replay(log_dir, model)
     assert report.bitwise, report.table()
     from_topic = replay_mod.replay(log_dir, model, from_kafka=replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic))
@@ -347,18 +222,15 @@ def test_a_read_torn_anywhere_in_its_write_is_read_again_once(serve_script, brok
     model = models["mlp_classifier.pt"]
     topic = f"feedback-torn-{int(every_cut)}"
     kafka_broker.create_topic(broker, topic, partitions=3)
-    records = [(k, v) for k, v, _, _ in _records(90, 3, "t")]
+    records = [(k, v) for k, v, _, _ in feedback_records(90, 3, "t")]
     records.append(records[4])  # a duplicate: its key is logged again after the cut
     kafka_broker.produce(broker, topic, records)
-    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, *_kafka_options(broker, topic)]
+    options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 2, *kafka_options(broker, topic)]
     whole_dir = tmp_path / "whole"
-    service = Service(serve_script, model, whole_dir, *options)
-    try:
-        _wait_for_records(whole_dir, len(records))
+    with Service(serve_script, model, whole_dir, *options) as service:
+        wait_for_records(whole_dir, len(records))
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
     data, start, s_end, write_end = _torn_read_cuts(whole_dir)
     ends = _frame_ends(data, s_end, write_end)
     assert ends[-1] == write_end
@@ -378,20 +250,17 @@ def test_a_read_torn_anywhere_in_its_write_is_read_again_once(serve_script, brok
     cuts = [s_end + 5] if not every_cut else sorted({start + 1, start + 12, s_end - 1, s_end, *ends[:3], ends[0] + 7,
                                                      write_end - 1})
     end_offsets = kafka_broker.end_offsets(broker, topic)
-    produced = _produced(broker, topic, records)
+    produced = read_topic(broker, topic, records)
     for cut in cuts:
         log_dir = tmp_path / f"cut-{cut}"
         log_dir.mkdir()
         (log_dir / feedback_log.FILE_NAME).write_bytes(data[:cut])
-        service = Service(serve_script, model, log_dir, *options)
-        try:
-            _wait_for_records(log_dir, len(records))
+        with Service(serve_script, model, log_dir, *options) as service:
+            wait_for_records(log_dir, len(records))
             code, _, err = service.terminate()
             assert code == 0, err
-        finally:
-            service.kill()
         assert f"cut a torn tail of {cut - start} bytes at offset {start}" in err
-        _check_exactly_once(log_dir, topic, end_offsets, produced)
+        check_exactly_once(log_dir, topic, end_offsets, produced)
         report = replay_mod.replay(log_dir, model)
         assert report.bitwise, report.table()
 
@@ -422,7 +291,7 @@ def test_bad_kafka_options_are_one_line_and_leave_no_log_folder(serve_script, mo
 def test_a_topic_that_does_not_exist_is_one_line_and_leaves_no_log_folder(serve_script, broker, models, tmp_path):
     log_dir = tmp_path / "log"
     code, lines = _refused_start(serve_script, models["mlp_classifier.pt"], log_dir,
-                                 *_kafka_options(broker, "no-such-topic"))
+                                 *kafka_options(broker, "no-such-topic"))
     assert code == 1 and len(lines) == 1 and "Kafka topic 'no-such-topic' does not exist" in lines[0], lines
     assert not log_dir.exists()
 
@@ -431,27 +300,24 @@ def _killed_mid_stream(serve_script, broker, model, log_dir, topic, options, rou
     """The service through ``rounds`` rounds on a topic of 4 partitions: each produces ``next_batch(round_, records)``
     (the records produced so far), starts the service on the log and runs ``while_up(round_, applied_before)``
     (``applied_before``: the records of the earlier rounds); then kill -9, but the last round waits for every
-    record and stops cleanly. Returns the records, the topic's end offsets and ``_check_exactly_once``'s items."""
+    record and stops cleanly. Returns the records, the topic's end offsets and ``check_exactly_once``'s items."""
     kafka_broker.create_topic(broker, topic, partitions=4)
     records = []
     for round_ in range(rounds):
         batch = next_batch(round_, records)
         kafka_broker.produce(broker, topic, batch)
         records += batch
-        service = Service(serve_script, model, log_dir, *options)
-        try:
+        with Service(serve_script, model, log_dir, *options) as service:
             while_up(round_, len(records) - len(batch))
             if round_ < rounds - 1:
                 service.process.send_signal(signal.SIGKILL)
                 service.process.wait(timeout=30)
             else:
-                _wait_for_records(log_dir, len(records), timeout=timeout)
+                wait_for_records(log_dir, len(records), timeout=timeout)
                 code, _, err = service.terminate()
                 assert code == 0, err
-        finally:
-            service.kill()
     end_offsets = kafka_broker.end_offsets(broker, topic)
-    return records, end_offsets, _check_exactly_once(log_dir, topic, end_offsets, _produced(broker, topic, records))
+    return records, end_offsets, check_exactly_once(log_dir, topic, end_offsets, read_topic(broker, topic, records))
 
 
 @pytest.mark.slow
@@ -461,11 +327,11 @@ def test_repeated_kill_9_and_a_broker_restart_apply_every_record_once(serve_scri
     topic = "feedback-slow"
     log_dir = tmp_path / "log"
     options = ["--max-batch", 16, "--max-wait-ms", 1, "--publish-every", 3, "--checkpoint-every", 4,
-               "--fsync", "always", *_kafka_options(broker, topic)]
+               "--fsync", "always", *kafka_options(broker, topic)]
     rng = np.random.default_rng(7)
 
     def next_batch(round_, records):
-        batch = [(k, v) for k, v, _, _ in _records(300, 10 + round_, f"r{round_}")]
+        batch = [(k, v) for k, v, _, _ in feedback_records(300, 10 + round_, f"r{round_}")]
         if records:
             batch.append(records[int(rng.integers(len(records)))])  # a duplicate of an earlier record
         return batch
@@ -490,22 +356,20 @@ def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(
     and no published version worse than the gate allows."""
     from gradbridge.feedback_log import GATE_PUBLISHED
 
-    from .test_online_serve import _data
-
     model = models["mlp_classifier.pt"]
     topic = "feedback-gated"
-    gx, gy = _data(64, 7)
+    gx, gy = labelled(64, 4, seed=7)
     gate = tmp_path / "gate.npz"
     np.savez(gate, x=gx, y=gy)
     regression = 0.05
     log_dir = tmp_path / "log"
     options = ["--max-batch", 8, "--max-wait-ms", 2, "--publish-every", 5, "--checkpoint-every", 4, "--fsync", "always",
-               "--gate-data", gate, "--gate-max-regression", regression, *_kafka_options(broker, topic)]
+               "--gate-data", gate, "--gate-max-regression", regression, *kafka_options(broker, topic)]
     rng = np.random.default_rng(17)
 
     def next_batch(round_, records):
-        batch = [(k, v) for k, v, _, _ in _records(560, 30 + round_, f"s{round_}")]
-        bad_x, bad_y = _data(40, 40 + round_)  # finite but harmful: forty times the scale, every label wrong
+        batch = [(k, v) for k, v, _, _ in feedback_records(560, 30 + round_, f"s{round_}")]
+        bad_x, bad_y = labelled(40, 4, seed=40 + round_)  # finite but harmful: forty times the scale, every label wrong
         batch += [(f"p{round_}-{i}", json.dumps({"x": [(40 * bad_x[i]).tolist()], "y": [int(2 - bad_y[i])]}))
                   for i in range(40)]
         earlier = [r for r in records if r[0].startswith("s")]
@@ -516,7 +380,7 @@ def test_a_gated_learner_killed_repeatedly_mid_stream_applies_every_record_once(
 
     def while_up(round_, applied_before):
         if round_ < 3:  # killed once a random part of this round is logged
-            _wait_for_records(log_dir, applied_before + int(rng.integers(50, 500)), timeout=300)
+            wait_for_records(log_dir, applied_before + int(rng.integers(50, 500)), timeout=300)
 
     records, end_offsets, items = _killed_mid_stream(serve_script, broker, model, log_dir, topic, options, 4,
                                                      next_batch, while_up, timeout=600)

@@ -18,8 +18,9 @@ from gradbridge import replay as replay_mod
 from gradbridge.feedback_log import GATE_PUBLISHED, GATE_ROLLED_BACK, Gate
 from gradbridge.reference import Reference
 
+from .data import labelled
 from .faults import gradbridge_cli
-from .test_online_serve import Service, _data, serve_script  # noqa: F401 (fixture)
+from .serving import Service
 
 MAX_REGRESSION = 0.05
 PUBLISH_EVERY = 5
@@ -27,7 +28,7 @@ PUBLISH_EVERY = 5
 
 @pytest.fixture
 def gate_data(tmp_path):
-    x, y = _data(64, 7)
+    x, y = labelled(64, 4, seed=7)
     path = tmp_path / "gate.npz"
     np.savez(path, x=x, y=y)
     return path
@@ -58,7 +59,7 @@ def _settle(service, events):
 
 def _poison(n, seed):
     """Finite but harmful: features forty times the usual scale, every label wrong."""
-    x, y = _data(n, seed)
+    x, y = labelled(n, 4, seed=seed)
     return x * 40, (2 - y)
 
 
@@ -94,11 +95,10 @@ def _check_replay(log_dir, model, gate_data, regression=MAX_REGRESSION):
 def test_a_gate_holds_back_poisoned_versions_while_predictions_stay_and_replay_agrees(serve_script, models, tmp_path,
                                                                                       gate_data):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
-    good_x, good_y = _data(120, 1)
+    good_x, good_y = labelled(120, 4, seed=1)
     bad_x, bad_y = _poison(60, 2)
     probe = good_x[:3]
-    service = Service(serve_script, model, log_dir, *_options(gate_data))
-    try:
+    with Service(serve_script, model, log_dir, *_options(gate_data)) as service:
         _feed(service, good_x, good_y)
         before = _settle(service, 120)
         assert before["held_versions"] == 0 and before["version"] == 120 // PUBLISH_EVERY, before
@@ -114,28 +114,20 @@ def test_a_gate_holds_back_poisoned_versions_while_predictions_stay_and_replay_a
             assert line in metrics, line
         service.process.kill()  # SIGKILL: the restart applies the log again, decisions included
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
     log = replay_mod.read_log(log_dir)
     assert sum(1 for r in log.order if isinstance(r, Gate)) == 180 // PUBLISH_EVERY
 
-    restarted = Service(serve_script, model, log_dir, *_options(gate_data))
-    try:
+    with Service(serve_script, model, log_dir, *_options(gate_data)) as restarted:
         again, output_again = _prediction(restarted, probe)
         assert again == serving and np.array_equal(output_again, output)  # still the version before the poison
-        more_x, more_y = _data(20, 3)
+        more_x, more_y = labelled(20, 4, seed=3)
         _feed(restarted, more_x, more_y)
         last = _settle(restarted, 200)
         assert last["version"] < last["latest_version"]  # the last version was held back too
         assert restarted.terminate()[0] == 0  # the final checkpoint holds that decision
-    finally:
-        restarted.kill()
-    once_more = Service(serve_script, model, log_dir, *_options(gate_data))
-    try:
+    with Service(serve_script, model, log_dir, *_options(gate_data)) as once_more:
         assert _prediction(once_more, probe)[0] == serving
         assert once_more.terminate()[0] == 0
-    finally:
-        once_more.kill()
     report = _check_replay(log_dir, model, gate_data)
     assert np.array_equal(output, _eager(model, report.parameters[serving], probe))
     held = [row for row in report.gates if row.decision_java != GATE_PUBLISHED]
@@ -148,10 +140,9 @@ def test_rollback_policy_returns_the_learner_to_the_serving_version(serve_script
     bit for bit, held back twice; good feedback afterwards is published again."""
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
     options = _options(gate_data, "--gate-on-hold", "rollback", regression=0.01)
-    good_x, good_y = _data(100, 4)
+    good_x, good_y = labelled(100, 4, seed=4)
     bad_x, bad_y = _poison(PUBLISH_EVERY, 5)  # one version's worth
-    service = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as service:
         _feed(service, good_x, good_y)
         _settle(service, 100)
         _feed(service, bad_x, bad_y)
@@ -161,23 +152,18 @@ def test_rollback_policy_returns_the_learner_to_the_serving_version(serve_script
         assert serving == held["version"] < held["latest_version"]
         service.process.kill()  # the restart applies the rollbacks again
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
     log = replay_mod.read_log(log_dir)
     first, second = [r for r in log.order if isinstance(r, Gate)][-2:]
     assert first.decision == second.decision == GATE_ROLLED_BACK and first.serving == second.serving == serving
     assert first.loss == second.loss and first.loss > first.serving_loss, (first, second)
 
-    restarted = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as restarted:
         assert _prediction(restarted, good_x[:1])[0] == serving
-        more_x, more_y = _data(40, 6)  # training goes on from the serving version and publishes again
+        more_x, more_y = labelled(40, 4, seed=6)  # training goes on from the serving version and publishes again
         _feed(restarted, more_x, more_y)
         health = _settle(restarted, 150)
         assert health["version"] > serving, health
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     report = _check_replay(log_dir, model, gate_data, regression=0.01)
     assert report.serving == health["version"]
 
@@ -186,10 +172,9 @@ def test_admin_rollback_returns_predictions_to_an_earlier_version_and_survives_a
                                                                                         gate_data):
     model, log_dir = models["mlp_classifier.pt"], tmp_path / "log"
     options = _options(gate_data, "--keep-versions", 4, regression=10)  # a lax gate: every version passes
-    x, y = _data(60, 8)
+    x, y = labelled(60, 4, seed=8)
     probe = x[:2]
-    service = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as service:
         _feed(service, x, y)
         health = _settle(service, 60)
         latest = health["version"]
@@ -214,16 +199,11 @@ def test_admin_rollback_returns_predictions_to_an_earlier_version_and_survives_a
         assert version == latest - 3
         service.process.kill()
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
 
-    restarted = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as restarted:
         again, output_again = _prediction(restarted, probe)
         assert again == latest - 3 and np.array_equal(output_again, output)
         assert restarted.terminate()[0] == 0
-    finally:
-        restarted.kill()
     report = _check_replay(log_dir, model, gate_data, regression=10)
     assert report.rollbacks == 2 and report.serving == latest - 3
     assert np.array_equal(output, _eager(model, report.parameters[latest - 3], probe))

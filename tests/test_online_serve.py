@@ -9,106 +9,30 @@ reported version computes."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-from gradbridge._runtime import gradle
 from gradbridge import replay as replay_mod
 from gradbridge.reference import Reference
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "serve" / "build" / "install" / "gradbridge-serve" / "bin" / "gradbridge-serve"
-
-
-@pytest.fixture(scope="module")
-def serve_script() -> Path:
-    if not SCRIPT.exists():
-        result = gradle.run_task(":serve:installDist")
-        assert result.returncode == 0, result.stderr[-2000:]
-    return SCRIPT
-
-
-class Service:
-    """gradbridge-serve on a free port; the generated token (the log folder's serve.key) is sent."""
-
-    def __init__(self, script, model, log_dir, *options):
-        self.log_dir = Path(log_dir)
-        self.process = subprocess.Popen([str(script), "--model", str(model), "--log", str(log_dir), "--port", "0",
-                                         *map(str, options)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()  # the JVM and libtorch start: a few seconds
-        assert line.startswith(("gradbridge-serve: listening on http://127.0.0.1:",
-                                "gradbridge-serve: listening on https://127.0.0.1:")), line + self.process.stderr.read()
-        self.context = None  # an ssl.SSLContext for https
-        self.url = line.split()[3]
-        self.admin_url = None
-        self.token = None
-        for _ in range(2):
-            more = self.process.stdout.readline()
-            if more.startswith("gradbridge-serve: /healthz and /metrics on "):
-                self.admin_url = more.split()[-1]
-            elif "need 'Authorization: Bearer TOKEN'" in more:
-                key = Path(more.split()[-1])
-                self.token = (key if key.is_file() else self.log_dir / "serve.key").read_text().strip()
-                break
-            else:
-                break
-
-    def post(self, path, body, timeout=10, headers=None, token=True):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        if token and self.token:
-            all_headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.url + path, data=data, method="POST", headers=all_headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as ex:
-            return ex.code, ex.read().decode()
-
-    def get(self, path, timeout=10):
-        try:
-            with urllib.request.urlopen((self.admin_url or self.url) + path, timeout=timeout) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as ex:
-            return ex.code, ex.read().decode()
-
-    def terminate(self, timeout=60):
-        self.process.send_signal(signal.SIGTERM)
-        out, err = self.process.communicate(timeout=timeout)
-        return self.process.returncode, out, err
-
-    def kill(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-
-def _data(n, seed):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 4)).astype(np.float32)
-    y = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64))
-    return x, y
+from .data import labelled
+from .serving import Service
 
 
 def test_load_with_concurrent_clients_then_sigterm_and_replay(serve_script, models, tmp_path):
     model = models["mlp_classifier.pt"]
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--max-batch", 8, "--max-wait-ms", 3, "--publish-every", 2,
-                      "--checkpoint-every", 10, "--queue-capacity", 64, "--predictors", 2, "--fsync", "always")
-    x, y = _data(400, 0)
-    acknowledged, statuses, predictions = {}, [], []  # acknowledged: event seq -> row of x
-    lock = threading.Lock()
-    try:
+    with Service(serve_script, model, log_dir, "--max-batch", 8, "--max-wait-ms", 3, "--publish-every", 2,
+                 "--checkpoint-every", 10, "--queue-capacity", 64, "--predictors", 2, "--fsync", "always") as service:
+        x, y = labelled(400, 4, seed=0)
+        acknowledged, statuses, predictions = {}, [], []  # acknowledged: event seq -> row of x
+        lock = threading.Lock()
+
         def feedback_client(rows):
             for start in rows:
                 while True:
@@ -153,8 +77,6 @@ def test_load_with_concurrent_clients_then_sigterm_and_replay(serve_script, mode
                      "gradbridge_learn_latency_seconds_bucket", "gradbridge_feedback_accepted_total 400.0"):
             assert name in metrics, name
         code, out, err = service.terminate()
-    finally:
-        service.kill()
     assert code == 0, err
     assert "gradbridge-serve: stopped at version" in out
 
@@ -179,10 +101,9 @@ def test_load_with_concurrent_clients_then_sigterm_and_replay(serve_script, mode
 def test_bad_requests_get_one_line_and_a_full_queue_gets_429(serve_script, models, tmp_path):
     model = models["mlp_classifier.pt"]
     log_dir = tmp_path / "log"
-    service = Service(serve_script, model, log_dir, "--max-batch", 1000, "--max-wait-ms", 60000,
-                      "--queue-capacity", 16, "--max-body-bytes", 4096, "--fsync", "never")
-    x, y = _data(32, 1)
-    try:
+    with Service(serve_script, model, log_dir, "--max-batch", 1000, "--max-wait-ms", 60000,
+                 "--queue-capacity", 16, "--max-body-bytes", 4096, "--fsync", "never") as service:
+        x, y = labelled(32, 4, seed=1)
         bad = {
             b'{"x": [[1.0, 2.0, 3.0, 4.0]], "y": [0]': "error: body is not valid JSON",
             b'[1, 2]': "error: body must be a JSON object",
@@ -209,8 +130,6 @@ def test_bad_requests_get_one_line_and_a_full_queue_gets_429(serve_script, model
         assert service.post("/feedback", {"x": x[10:16].tolist(), "y": y[10:16].tolist()})[0] == 200
         assert "gradbridge_feedback_refused_total 10.0" in service.get("/metrics")[1]
         code, out, err = service.terminate()  # drains the 16 waiting events
-    finally:
-        service.kill()
     assert code == 0, err
     log = replay_mod.read_log(log_dir)
     assert sorted(log.events) == list(range(16)) and [(b.first_seq, b.count) for b in log.batches] == [(0, 16)]
@@ -222,11 +141,10 @@ def test_sigkill_mid_stream_loses_no_acknowledged_event_and_restart_matches_the_
     log_dir = tmp_path / "log"
     options = ("--max-batch", 4, "--max-wait-ms", 2, "--publish-every", 3, "--checkpoint-every", 4,
                "--fsync", "always", "--predictors", 1)
-    x, y = _data(2000, 2)
+    x, y = labelled(2000, 4, seed=2)
     acknowledged = {}  # event seq -> row of x
     lock = threading.Lock()
-    service = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as service:
         def feedback_client(rows):
             for start in rows:
                 try:
@@ -250,19 +168,14 @@ def test_sigkill_mid_stream_loses_no_acknowledged_event_and_restart_matches_the_
             service.process.wait(timeout=30)
             for future in futures:
                 future.result(timeout=30)
-    finally:
-        service.kill()
     assert 300 <= len(acknowledged) < 1000, len(acknowledged)
     before = replay_mod.read_log(log_dir)
     assert set(acknowledged) <= set(before.events), "an acknowledged event is missing after SIGKILL"
 
-    restarted = Service(serve_script, model, log_dir, *options)
-    try:
+    with Service(serve_script, model, log_dir, *options) as restarted:
         health = json.loads(restarted.get("/healthz")[1])
         assert health["status"] == "ok"
         code, out, err = restarted.terminate()
-    finally:
-        restarted.kill()
     assert code == 0, err
     log = replay_mod.read_log(log_dir)
     assert set(acknowledged) <= set(log.events)

@@ -19,8 +19,8 @@ from gradbridge import export_training_module, protocol
 from gradbridge import replay as replay_mod
 
 from .models import zoo
-from .test_kafka_feedback import _kafka_options, _wait_for_records, broker, kafka_broker  # noqa: F401  (fixture)
-from .test_online_serve import Service, serve_script  # noqa: F401  (the fixture)
+from .kafka_support import kafka_broker, kafka_options, wait_for_records
+from .serving import Service
 
 OPTIONS = ("--max-batch", 4, "--max-wait-ms", 2, "--publish-every", 2, "--checkpoint-every", 3, "--fsync", "always",
            "--predictors", 1, "--seed", 17)
@@ -67,20 +67,14 @@ def _http_kill_9_restart(serve_script, tmp_path, build, data, n=24, fmt="auto"):
     x, y = data(n, 1)
     log_dir = tmp_path / "log"
     starts = list(range(0, n, 2))
-    service = Service(serve_script, path, log_dir, *OPTIONS)
-    try:
+    with Service(serve_script, path, log_dir, *OPTIONS) as service:
         _post(service, x, y, starts[:len(starts) // 2])
         service.process.send_signal(signal.SIGKILL)  # acknowledged, maybe not applied: the log holds them
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
-    service = Service(serve_script, path, log_dir, *OPTIONS)
-    try:
+    with Service(serve_script, path, log_dir, *OPTIONS) as service:
         _post(service, x, y, starts[len(starts) // 2:])
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
     return path, _replays_bitwise(log_dir, path, build, n)
 
 
@@ -107,7 +101,7 @@ def test_peft_lora_bert_over_http_kill_9_restart_replays_bitwise(serve_script, t
     assert all(sorted(v.digests) == sorted(trainable) for v in replay_mod.read_log(tmp_path / "log").versions)
 
 
-def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):  # noqa: F811
+def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):
     path = _export(tmp_path, zoo.llama, zoo._tokens)
     assert [b["name"] for b in protocol.read_metadata(path)["buffers"] if not b["trained"]] == [
         "model.model.rotary_emb.inv_freq"]
@@ -117,22 +111,16 @@ def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, b
     records = [(f"k-{i}", json.dumps(_body(x, y, slice(i, i + 1)))) for i in range(32)]
     kafka_broker.produce(broker, topic, records[:20])
     log_dir = tmp_path / "log"
-    options = (*OPTIONS, *_kafka_options(broker, topic))
-    service = Service(serve_script, path, log_dir, *options)
-    try:
-        _wait_for_records(log_dir, 8)
+    options = (*OPTIONS, *kafka_options(broker, topic))
+    with Service(serve_script, path, log_dir, *options) as service:
+        wait_for_records(log_dir, 8)
         service.process.send_signal(signal.SIGKILL)
         service.process.wait(timeout=30)
-    finally:
-        service.kill()
     kafka_broker.produce(broker, topic, records[20:])
-    service = Service(serve_script, path, log_dir, *options)
-    try:
-        _wait_for_records(log_dir, 32)
+    with Service(serve_script, path, log_dir, *options) as service:
+        wait_for_records(log_dir, 32)
         code, _, err = service.terminate()
         assert code == 0, err
-    finally:
-        service.kill()
     _replays_bitwise(log_dir, path, zoo.llama, 32)
     source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
     assert replay_mod.replay(log_dir, path, model=zoo.llama(), from_kafka=source).bitwise

@@ -3,7 +3,7 @@
 
 Gradle fetches the jars (`gradle :serve:kafkaBrokerClasspath` writes serve/build/kafka/broker-classpath.txt);
 this script formats a storage folder, starts `kafka.Kafka` on 127.0.0.1 at a free port (or the one given),
-waits until it answers, and stops it by the PID it wrote. The tests (tests/test_kafka_feedback.py) import
+waits until it answers, and stops it by the PID it wrote. The tests (tests/kafka_support.py) import
 it; the README's walkthrough runs it:
 
     python3 tools/kafka_broker.py start build/kafka-demo        # prints the bootstrap address
