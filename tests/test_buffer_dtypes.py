@@ -17,6 +17,8 @@ from gradbridge._runtime import torchscript
 from gradbridge.errors import DTypeError
 from gradbridge.export import state_dict_of
 
+from .data import labelled
+
 pytestmark = pytest.mark.every_torch_java
 
 FEATURES, CLASSES = 6, 3
@@ -49,12 +51,6 @@ class BufferDtypes(nn.Module):
 CONSTANT = ("mask", "codes", "levels", "scale", "shift")
 
 
-def _data(n=48, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, FEATURES, generator=g)
-    return x, (x[:, 0] + x[:, 2] > 0).long() + (x[:, 1] > 1).long()
-
-
 @pytest.fixture
 def model():
     torch.manual_seed(0)
@@ -63,7 +59,8 @@ def model():
 
 @pytest.fixture
 def exported(model, tmp_path):
-    return export_training_module(model, "cross_entropy", ADAM, tmp_path / "buffers.pt", example_inputs=_data(8))
+    return export_training_module(model, "cross_entropy", ADAM, tmp_path / "buffers.pt",
+                                  example_inputs=labelled(8, FEATURES, tensors=True, labels="sum"))
 
 
 def test_metadata_records_each_buffers_dtype_and_persistence(exported):
@@ -74,7 +71,7 @@ def test_metadata_records_each_buffers_dtype_and_persistence(exported):
 
 
 def test_java_trains_like_the_eager_model_and_keeps_each_buffers_dtype(jvm, model, exported):
-    x, y = _data()
+    x, y = labelled(48, FEATURES, tensors=True, labels="sum")
     eager = reference.Reference(exported, model)
     module = jvm.load_module(exported)
     try:
@@ -113,7 +110,7 @@ def test_java_trains_like_the_eager_model_and_keeps_each_buffers_dtype(jvm, mode
 
 
 def test_checkpoint_and_resume_keep_the_buffers_and_equal_eager(jvm, model, exported, tmp_path):
-    x, y = _data()
+    x, y = labelled(48, FEATURES, tensors=True, labels="sum")
     halfway, checkpoint = tmp_path / "halfway.pt", tmp_path / "done.pt"
     first = java.train(exported, x.numpy(), y.numpy(), epochs=2, batch_size=16, checkpoint=halfway)
     rest = java.train(halfway, x.numpy(), y.numpy(), epochs=2, checkpoint=checkpoint)
@@ -130,7 +127,7 @@ def test_checkpoint_and_resume_keep_the_buffers_and_equal_eager(jvm, model, expo
 
 
 def test_the_state_dict_leaves_out_the_non_persistent_buffer(jvm, model, exported, tmp_path):
-    x, y = _data()
+    x, y = labelled(48, FEATURES, tensors=True, labels="sum")
     checkpoint = tmp_path / "trained.pt"
     java.train(exported, x.numpy(), y.numpy(), epochs=1, checkpoint=checkpoint)
     state = state_dict_of(checkpoint)
@@ -169,6 +166,7 @@ class ComplexParameter(nn.Module):
 ], ids=["complex-buffer", "complex-parameter"])
 def test_a_dtype_gradbridge_cannot_carry_is_refused_at_export_with_one_line(tmp_path, model, line):
     with pytest.raises(DTypeError) as info:  # gradbridge's error type (a ValueError too)
-        export_training_module(model(), "cross_entropy", ADAM, tmp_path / "refused.pt", example_inputs=_data(8))
+        export_training_module(model(), "cross_entropy", ADAM, tmp_path / "refused.pt",
+                               example_inputs=labelled(8, FEATURES, tensors=True, labels="sum"))
     assert str(info.value) == line
     assert not (tmp_path / "refused.pt").exists()

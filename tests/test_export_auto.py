@@ -18,6 +18,7 @@ from gradbridge import export_training_module, java, messages, protocol, referen
 from gradbridge._runtime import oplist
 from gradbridge.commands import doctor
 from gradbridge.errors import ExportError, TorchScriptUnavailableError
+from tests.data import labelled
 from tests.models import zoo
 from tests.models.custom import LayerDropNet, QuantizedNet
 
@@ -30,13 +31,8 @@ def _mlp():
     return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.15), nn.Linear(8, 3))
 
 
-def _data(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g)
-
-
 def _export(tmp_path, name="m.pt", **options):
-    x, y = _data()
+    x, y = labelled(N, tensors=True, labels="random")
     return export_training_module(_mlp(), "cross_entropy", {"name": "adam", "lr": 0.01}, tmp_path / name,
                                   example_inputs=(x[:BATCH], y[:BATCH]), **options)
 
@@ -72,7 +68,7 @@ def test_auto_takes_protocol_3_for_a_model_torchscript_cannot_capture_and_says_w
 
 
 def test_when_neither_format_can_one_line_gives_both_reasons(tmp_path):
-    x, y = _data()
+    x, y = labelled(N, tensors=True, labels="random")
     with pytest.raises(ExportError) as info:
         export_training_module(LayerDropNet(), "cross_entropy", "adam", tmp_path / "m.pt", example_inputs=(x, y))
     line = str(info.value)
@@ -87,7 +83,7 @@ def test_when_neither_format_can_one_line_gives_both_reasons(tmp_path):
 def test_a_custom_autograd_function_is_refused_by_both_formats_in_one_line(tmp_path):
     """Non-strict torch.export keeps a custom Function's forward and drops its backward: refused, not differentiated
     wrongly."""
-    x, y = _data()
+    x, y = labelled(N, tensors=True, labels="random")
     with pytest.raises(ExportError) as info:
         export_training_module(QuantizedNet(), "cross_entropy", "adam", tmp_path / "m.pt", example_inputs=(x, y))
     torchscript, _, export = str(info.value).partition("; and protocol 3 (format='export') cannot either: ")
@@ -106,7 +102,7 @@ def test_a_model_whose_loss_reaches_no_parameter_is_refused_by_protocol_3_in_one
         def forward(self, x):
             return self.layer(x).detach() + x[:, :3]
 
-    x, _ = _data()
+    x, _ = labelled(N, tensors=True, labels="random")
     with pytest.raises(ExportError) as info:
         export_training_module(Detached(), "mse", "adam", tmp_path / "p3.pt", example_inputs=(x, torch.ones(N, 3)),
                                format="export")
@@ -123,8 +119,8 @@ def test_a_torch_whose_jit_script_raises_exports_with_protocol_3_and_java_trains
     metadata = protocol.read_metadata(path)
     assert metadata["protocol_version"] == protocol.EXPORT_PROTOCOL_VERSION
     assert "refuses torch.jit.script" in metadata["capture"][protocol.AUTO_REASON_KEY]
-    x, y = _data()
-    vx, vy = _data(1)
+    x, y = labelled(N, tensors=True, labels="random")
+    vx, vy = labelled(N, seed=1, tensors=True, labels="random")
     settings = dict(epochs=2, batch_size=BATCH, val=(vx.numpy(), vy.numpy()))
     eager = reference.train(path, x.numpy(), y.numpy(), model=_mlp(), mode="step", **settings)
     trained = java.train(path, x.numpy(), y.numpy(), mode="fused", **settings)

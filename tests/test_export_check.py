@@ -15,17 +15,12 @@ import torch
 from gradbridge import export_training_module, protocol, reference
 from gradbridge.errors import ExportError
 from gradbridge._runtime.torchscript import load
+from tests.data import labelled
 from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet
 from tests.models.eval_cache import EvalCacheNet
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAM = {"name": "adam", "lr": 0.01}
-
-
-def _data(n=48, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
 
 
 def _capture(path):
@@ -40,10 +35,10 @@ def test_a_traced_model_trains_and_validates_from_java_like_the_users_model(jvm,
 
     torch.manual_seed(0)
     model = KeywordNet()
-    x, y = _data()
+    x, y = labelled(48, tensors=True)
     path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x[:8], y[:8]))
     assert _capture(path) == {"kind": "trace", "checked": True, "draws_random": True}
-    vx, vy = _data(16, seed=1)
+    vx, vy = labelled(16, seed=1, tensors=True)
     arrays = dict(x=x.numpy(), y=y.numpy(), val=(vx.numpy(), vy.numpy()), epochs=2, batch_size=8)
     for mode in ("step", "fused"):
         java_history = java.train(path, mode=mode, **arrays)
@@ -67,7 +62,8 @@ def test_tracing_leaves_the_models_buffers_and_the_generator_as_they_were(tmp_pa
     model.norm.running_mean.add_(0.5)  # a "pretrained" statistic the export must keep
     before = {name: b.clone() for name, b in model.named_buffers()}
     generator = torch.get_rng_state()
-    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt",
+                                  example_inputs=labelled(8, tensors=True))
     assert torch.equal(torch.get_rng_state(), generator)
     exported = reference.initial_state(path)
     for name, value in before.items():
@@ -77,14 +73,16 @@ def test_tracing_leaves_the_models_buffers_and_the_generator_as_they_were(tmp_pa
 
 def test_a_random_draw_the_trace_drops_is_refused_in_one_line(tmp_path):
     with pytest.raises(ExportError) as info:
-        export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+        export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                               example_inputs=labelled(8, tensors=True))
     message = str(info.value)
     assert message.startswith("export check failed: train_step 1: your eager model draws random numbers as "
                               "rand x1, bernoulli_ x1, the export as bernoulli_ x1")
     assert "\n" not in message and "check=False" in message
     assert list(tmp_path.iterdir()) == []
     # the documented way out writes it, and says it was not checked
-    path = export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8),
+    path = export_training_module(LayerDropNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                                  example_inputs=labelled(8, tensors=True),
                                   check=False)
     assert _capture(path) == {"kind": "trace", "checked": False, "draws_random": True}
 
@@ -93,18 +91,20 @@ def test_a_value_the_trace_froze_is_caught_at_the_second_step(tmp_path):
     with pytest.raises(ExportError, match=r"^export check failed: train_step 2: buffer norm\.running_mean differs "
                                           r"from your eager model at element \d+: eager .*, exported .*; the trace "
                                           r"does not reproduce the model"):
-        export_training_module(CumulativeNormNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+        export_training_module(CumulativeNormNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                               example_inputs=labelled(8, tensors=True))
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("how", ["script", "trace"])
 def test_a_module_already_scripted_or_traced_is_refused(tmp_path, how):
     net = torch.nn.Sequential(torch.nn.Linear(6, 3))
-    captured = torch.jit.script(net) if how == "script" else torch.jit.trace(net, (_data(4)[0],))
+    captured = torch.jit.script(net) if how == "script" else torch.jit.trace(net, (labelled(4, tensors=True)[0],))
     kind = "scripted" if how == "script" else "traced"
     with pytest.raises(ExportError, match=rf"^the model is already a TorchScript module \({kind}\); pass the "
                                           r"nn.Module itself"):
-        export_training_module(captured, "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(4))
+        export_training_module(captured, "cross_entropy", "sgd", tmp_path / "m.pt",
+                               example_inputs=labelled(4, tensors=True))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -113,7 +113,8 @@ def test_a_model_that_scripts_but_cannot_be_saved_is_traced(tmp_path):
     with pytest.raises(ExportError, match=r"^cannot script IgnoredCallNet: .*; pass example_inputs=\(x, y\) to "
                                           r"trace it instead$"):
         export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", inputs=inputs)
-    path = export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(8))
+    path = export_training_module(IgnoredCallNet(), "cross_entropy", "sgd", tmp_path / "m.pt",
+                                  example_inputs=labelled(8, tensors=True))
     assert _capture(path) == {"kind": "trace", "checked": True, "draws_random": False}
 
 
@@ -121,7 +122,7 @@ def test_a_scripted_model_with_dropout_predicts_in_eval_mode(tmp_path):
     """forward is the eval-mode prediction for a scripted model too (Java's forward and predict)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
-    x, y = _data(8)
+    x, y = labelled(8, tensors=True)
     path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x, y))
     assert _capture(path) == {"kind": "script", "checked": True, "draws_random": True}
     module = load(str(path))
@@ -157,7 +158,7 @@ def test_parity_compares_with_the_users_model_and_says_which_reference_it_used(t
     model = tmp_path / "m.pt"
     assert gradbridge("export", "tests.models.custom:layer_drop", "-o", model, "--input-shape", "6", "--loss",
                       "cross_entropy", "--no-check").returncode == 0
-    x, y = _data(32)
+    x, y = labelled(32, tensors=True)
     np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
     common = ("parity", model, "--data", tmp_path / "train.npz", "--epochs", 2, "--batch-size", 8)
     stored = gradbridge(*common)
@@ -184,7 +185,8 @@ def test_a_model_returning_a_model_output_is_refused_with_what_to_do(tmp_path):
 
     with pytest.raises(ExportError, match=r"^Outputs returns dict, the loss needs one tensor: wrap the model so that "
                                           r"forward returns it"):
-        export_training_module(Outputs(), "cross_entropy", "sgd", tmp_path / "m.pt", example_inputs=_data(4))
+        export_training_module(Outputs(), "cross_entropy", "sgd", tmp_path / "m.pt",
+                               example_inputs=labelled(4, tensors=True))
 
 
 def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
@@ -192,7 +194,8 @@ def test_a_compiled_model_exports_the_module_it_compiled(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
     compiled = torch.compile(model)
     optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
-    path = export_training_module(compiled, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(4))
+    path = export_training_module(compiled, "cross_entropy", optimizer, tmp_path / "m.pt",
+                                  example_inputs=labelled(4, tensors=True))
     assert load(str(path)).parameter_names() == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert _capture(path) == {"kind": "script", "checked": True, "draws_random": False}
 
@@ -204,7 +207,7 @@ def test_a_model_left_in_eval_mode_is_exported_to_train_in_training_mode(tmp_pat
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)).eval()
-    x, y = _data(8)
+    x, y = labelled(8, tensors=True)
     path = export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=(x, y))
     assert not model.training  # the user's model is left as it was
     module, eager = load_for_python(path), Reference(path, model)
@@ -225,7 +228,8 @@ def test_an_unused_parameter_and_its_missing_optimizer_state_pass_the_check(tmp_
         def forward(self, x):
             return self.used(x)
 
-    path = export_training_module(WithUnused(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
+    path = export_training_module(WithUnused(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                                  example_inputs=labelled(8, tensors=True))
     assert _capture(path)["checked"]
 
 
@@ -237,14 +241,16 @@ def test_an_error_inside_the_check_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Reference, "backward", broken)
     with pytest.raises(ExportError, match=r"^export check failed: train_step 1 raised: boom at some line; check=False"):
-        export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8),
+        export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                               example_inputs=labelled(8, tensors=True),
                                format="torchscript")  # (format="auto" would go on to protocol 3's own check)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_parity_refuses_a_factory_of_another_model_in_one_line(tmp_path):
-    path = export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=_data(8))
-    x, y = _data(16)
+    path = export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
+                                  example_inputs=labelled(8, tensors=True))
+    x, y = labelled(16, tensors=True)
     np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
     result = subprocess.run([sys.executable, "-m", "gradbridge", "parity", str(path), "--data", str(tmp_path / "train.npz"),
                              "--batch-size", "8", "--model-factory", "tests.models.custom:two_layer_regressor"],

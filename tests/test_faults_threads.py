@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,13 +17,9 @@ from gradbridge import export_training_module, java
 from gradbridge.jvm import java_errors, jclass, load_module
 from gradbridge.models import mlp
 
+from .data import labelled
+
 EPOCHS = 900  # long enough (> 2 s alone) for a second thread to arrive mid-run, even after the per-call speed-ups
-
-
-def _data(n=64, seed=0):
-    g = np.random.default_rng(seed)
-    x = g.standard_normal((n, 6)).astype(np.float32)
-    return x, (x[:, 0] > 0).astype(np.int64)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +54,7 @@ def _losses(lines):
 
 
 def test_refused_second_fit_changes_nothing(jvm, dropout_model):
-    x, y = _data()
+    x, y = labelled(64, classes=2)
     alone_module = load_module(dropout_model)
     try:
         started = time.monotonic()

@@ -13,12 +13,10 @@ from gradbridge import export_training_module, java, protocol, reference
 from gradbridge.reference import Reference
 from gradbridge._runtime.torchscript import plain_graph_executor
 
+from .data import labelled
 
-def _data(n=96, features=6, classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, features, generator=g)
-    y = (x[:, 0] * 2 + x[:, 1]).mul(1.3).round().clamp(-1, classes - 2).long() + 1
-    return x, y
+#: the data's settings: 4 classes ordered by a linear score of the features (tests/data.py)
+SCORES = dict(tensors=True, labels="score", classes=4)
 
 
 def _model(seed=0):
@@ -47,7 +45,7 @@ def test_frozen_parameters_never_change_and_train_bitwise_from_java(jvm, tmp_pat
     model = _model()
     model[0].weight.requires_grad_(False)
     model[0].bias.requires_grad_(False)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y))
 
@@ -73,7 +71,7 @@ def test_frozen_parameters_never_change_and_train_bitwise_from_java(jvm, tmp_pat
 def test_frozen_parameters_have_no_gradient_and_no_optimizer_state(tmp_path):
     model = _model()
     model[0].weight.requires_grad_(False)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", {"name": "adam", "lr": 0.01}, tmp_path / "m.pt",
                                   example_inputs=(x, y))
     scripted = torch.jit.load(str(path))
@@ -88,7 +86,7 @@ def test_frozen_parameters_have_no_gradient_and_no_optimizer_state(tmp_path):
 
 
 def test_freeze_by_prefix(tmp_path):
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(_model(), "cross_entropy", {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt",
                                   example_inputs=(x, y), freeze=["0.", "2.bias"])
     assert [p["name"] for p in protocol.read_metadata(path)["parameters"] if not p["trainable"]] == [
@@ -116,7 +114,7 @@ def test_parameter_groups_equal_torch_optim(tmp_path, name):
     # Given an optimizer with two groups and their own options, exported, and the same eagerly
     cls, defaults, options = GROUP_OPTIMIZERS[name]
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", _grouped(model, cls, defaults, options), tmp_path / "m.pt",
                                   example_inputs=(x, y))
     scripted = torch.jit.load(str(path))
@@ -142,7 +140,7 @@ def test_parameter_groups_equal_torch_optim(tmp_path, name):
 def test_parameter_groups_from_java_with_lr_per_group(jvm, tmp_path):
     # Given AdamW with a slow backbone and a head without weight decay (the example)
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     optimizer = _grouped(model, torch.optim.AdamW, {"lr": 1e-2}, [{"lr": 1e-4}, {"weight_decay": 0.0}])
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y))
     groups = protocol.read_metadata(path)["optimizer"]["groups"]
@@ -170,7 +168,7 @@ def test_parameter_groups_from_java_with_lr_per_group(jvm, tmp_path):
                                   {"clip_grad_value": 0.01}], ids=["norm-2", "norm-inf", "value"])
 def test_gradient_clipping_from_java_equals_torch_nn_utils(jvm, tmp_path, clip):
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", {"name": "sgd", "lr": 0.5, "momentum": 0.9},
                                   tmp_path / "m.pt", example_inputs=(x, y), **clip)
     in_java, in_python = _train_both(path, model, x, y)
@@ -185,7 +183,7 @@ def test_gradient_clipping_from_java_equals_torch_nn_utils(jvm, tmp_path, clip):
 def test_gradient_accumulation_from_java_equals_the_eager_loop(jvm, tmp_path, mode):
     # Given 4 micro-batches per optimizer step (batch 32 -> 4 x 8 rows), with clipping too
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", {"name": "adam", "lr": 0.01}, tmp_path / "m.pt",
                                   example_inputs=(x, y), accumulate=4, clip_grad_norm=1.0)
     in_java, in_python = _train_both(path, model, x, y, batch_size=32, mode=mode)
@@ -195,7 +193,7 @@ def test_gradient_accumulation_from_java_equals_the_eager_loop(jvm, tmp_path, mo
 def test_accumulation_is_the_eager_loop_of_micro_batches(tmp_path):
     # The reference's loop written out by hand: (loss / k).backward() per micro-batch, then step
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt",
                                   example_inputs=(x, y), accumulate=3)
     scripted = torch.jit.load(str(path))
@@ -219,7 +217,7 @@ def test_accumulation_is_the_eager_loop_of_micro_batches(tmp_path):
 def test_reference_without_a_model_reads_frozen_flags_from_the_metadata(tmp_path):
     model = _model()
     model[2].weight.requires_grad_(False)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", {"name": "sgd", "lr": 0.1}, tmp_path / "m.pt",
                                   example_inputs=(x, y))
     ref = Reference(path)  # the scripted model from the .pt
@@ -240,7 +238,7 @@ def test_java_protocol_names_the_same_fine_tuning_methods(jvm):
 def test_one_group_in_its_own_order_keeps_that_order_for_the_optimizer_state(tmp_path):
     # torch numbers optimizer state in the group's order; the export and the reference follow it
     model = _model()
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     optimizer = torch.optim.Adam(list(reversed(list(model.parameters()))), lr=0.01)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y))
     assert protocol.read_metadata(path)["optimizer"]["groups"][0]["params"][0] == "4.bias"
@@ -255,7 +253,7 @@ def test_one_group_in_its_own_order_keeps_that_order_for_the_optimizer_state(tmp
 
 def test_lr_override_sets_every_group_and_is_recorded(tmp_path):
     # The seed's --lr: the exported optimizer at another rate, recorded as the module's lrs
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(_model(), "cross_entropy", {"name": "sgd", "lr": 0.01}, tmp_path / "m.pt",
                                   example_inputs=(x, y))
     history = reference.train(path, x.numpy(), y.numpy(), epochs=1, mode="full", lr=0.05)

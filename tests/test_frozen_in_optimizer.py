@@ -15,13 +15,9 @@ from gradbridge import compare_histories, export_training_module, java, referenc
 from gradbridge._runtime import shuffle
 from gradbridge.history import digest
 
+from .data import labelled
+
 FORMATS = ["torchscript", "export"]
-
-
-def _data(n=32, features=6, classes=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, features, generator=g)
-    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
 
 
 class WithUnused(nn.Module):
@@ -74,7 +70,7 @@ def test_the_whole_model_in_adamw_trains_as_the_users_own_optimizer(jvm, tmp_pat
     # Given AdamW over model.parameters(), one of them frozen or never reached by the loss
     model = make()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    x, y = _data()
+    x, y = labelled(32, tensors=True)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   format=fmt)
     # When Java trains it (full batch, 3 epochs, a checkpoint) and the reference does on the user's model
@@ -103,7 +99,7 @@ def test_the_whole_model_in_adamw_trains_as_the_users_own_optimizer(jvm, tmp_pat
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_frozen_parameter_in_the_group_resumes_bitwise(jvm, tmp_path, fmt):
     model = _frozen_mlp(1)
-    x, y = _data(seed=1)
+    x, y = labelled(32, seed=1, tensors=True)
     path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                   tmp_path / "m.pt", example_inputs=(x[:8], y[:8]), format=fmt)
     straight = java.train(path, x.numpy(), y.numpy(), epochs=4, batch_size=8, seed=2)
@@ -132,7 +128,7 @@ def test_a_peft_lora_model_with_its_whole_model_in_the_optimizer(jvm, tmp_path):
                                                        init_lora_weights=False))
     assert any(not p.requires_grad for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    x, y = _data()
+    x, y = labelled(32, tensors=True)
     for fmt in FORMATS:
         path = export_training_module(model, "cross_entropy", optimizer, tmp_path / f"{fmt}.pt",
                                       example_inputs=(x[:8], y[:8]), format=fmt)

@@ -14,6 +14,8 @@ from gradbridge import compare_histories, export_training_module, java, protocol
 from gradbridge.errors import DTypeError, GradbridgeError
 from gradbridge.history import digest
 
+from .data import labelled
+
 FORMATS = ["torchscript", "export"]
 
 
@@ -43,12 +45,6 @@ class TinyTransformer(nn.Module):
         return self.head(h.mean(1)).float()
 
 
-def _data(n=32, shape=(6,), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, *shape, generator=g)
-    return x, (x.flatten(1)[:, 0] > 0).long() + (x.flatten(1)[:, 1] > 0.5).long()
-
-
 def _bf16_mlp():
     torch.manual_seed(0)
     return Net().to(torch.bfloat16)
@@ -71,7 +67,7 @@ def _tiny_transformer():
                          ids=["bf16-mlp", "bf16-body-fp32-head", "bf16-transformer"])
 def test_bfloat16_trains_bitwise_from_java_and_resumes(jvm, tmp_path, fmt, make, shape):
     model = make()
-    x, y = _data(shape=shape)
+    x, y = labelled(32, shape, tensors=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x[:8], y[:8]),
                                   format=fmt)
@@ -98,7 +94,7 @@ def test_bfloat16_trains_bitwise_from_java_and_resumes(jvm, tmp_path, fmt, make,
 def test_float16_parameters_train_bitwise_where_torch_has_cpu_kernels(jvm, tmp_path, fmt):
     torch.manual_seed(0)
     model = Net().half()
-    x, y = _data()
+    x, y = labelled(32, tensors=True)
     try:
         model(x[:2]).sum().backward()
     except RuntimeError as ex:  # an older torch without float16 CPU kernels for these ops

@@ -16,6 +16,8 @@ from gradbridge import replay as replay_mod
 from gradbridge.commands.main import main as cli_main
 from gradbridge.reference import Reference
 
+from .data import labelled
+
 
 def _host(values: np.ndarray):
     import jpype
@@ -37,13 +39,6 @@ def _open(model, log_dir, *, batch=8, wait_ms=2, publish=2, checkpoint=5, capaci
             .optFsync(FsyncPolicy.parse(fsync)).open(Paths.get(str(model)), Paths.get(str(log_dir))))
 
 
-def _classification_data(n, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 4)).astype(np.float32)
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
-    return x, y
-
-
 def _final_digests(learner):
     version = learner.currentVersion()
     return int(version.getId()), {str(k): str(v) for k, v in version.getDigests().items()}
@@ -53,7 +48,7 @@ def test_concurrent_feedback_and_predictions_replay_bitwise(jvm, models, tmp_pat
     import jpype
 
     model = models["mlp_classifier.pt"]
-    x, y = _classification_data(600)
+    x, y = labelled(600, 4, labels="mixed")
     learner = _open(model, tmp_path / "log", fsync="always")
     try:
         OnlineLoad = jpype.JClass("dev.gradbridge.bench.OnlineLoad")
@@ -158,7 +153,7 @@ def test_back_pressure_and_bad_feedback_are_refused_with_nothing_logged(jvm, mod
 
     model = models["mlp_classifier.pt"]
     learner = _open(model, tmp_path / "log", batch=1000, wait_ms=60_000, capacity=8)
-    x, y = _classification_data(12)
+    x, y = labelled(12, 4, labels="mixed")
     try:
         learner.learn(_host(x[:8]), _host(y[:8]))
         with pytest.raises(jpype.JClass("dev.gradbridge.online.QueueFullException")) as full:

@@ -13,6 +13,7 @@ from torch import nn
 from gradbridge import export_training_module, protocol
 from gradbridge import replay as replay_mod
 
+from .data import labelled
 from .test_online_learner import _host, _open
 
 
@@ -32,12 +33,6 @@ class DropoutBatchNormNet(nn.Module):
         return self.head(h.reshape(-1, 16))
 
 
-def _data(n, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 4)).astype(np.float32)
-    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1).astype(np.int64)
-
-
 def _feed(learner, x, y, rows=4):
     import jpype
 
@@ -52,7 +47,7 @@ def _feed(learner, x, y, rows=4):
 def test_batchnorm_and_dropout_learn_online_and_replay_bitwise(jvm, tmp_path, fmt):
     torch.manual_seed(0)
     model = DropoutBatchNormNet()
-    x, y = _data(160)
+    x, y = labelled(160, 4, labels="mixed")
     path = tmp_path / "net.pt"
     export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2), path,
                            example_inputs=(torch.from_numpy(x[:8]), torch.from_numpy(y[:8])), format=fmt)

@@ -15,19 +15,17 @@ from gradbridge import export_training_module, java, protocol, reference
 from gradbridge.errors import GradbridgeError
 from gradbridge.export import schedulers
 
+from .data import labelled
+
+#: the data's settings: 4 classes ordered by a linear score of the features (tests/data.py)
+SCORES = dict(tensors=True, labels="score", classes=4)
+
 STEPS = 1200
 
 
 def _model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
-
-
-def _data(n=96, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, 0] * 2 + x[:, 1]).mul(1.3).round().clamp(-1, 2).long() + 1
-    return x, y
 
 
 def _groups(scripted):
@@ -63,7 +61,7 @@ def test_lr_sequence_equals_torch_over_1200_steps(tmp_path, name):
     model = _model()
     optimizer = _optimizer(model)
     scheduler = SCHEDULES[name](optimizer)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   scheduler=scheduler)
     scripted = torch.jit.load(str(path))
@@ -84,7 +82,7 @@ def test_one_cycle_cycles_beta1_or_momentum_from_java(jvm, tmp_path, cls, interv
     model = _model()
     optimizer = cls(model.parameters(), lr=0.01, **({"momentum": 0.9} if cls is torch.optim.SGD else {}))
     scheduler = ls.OneCycleLR(optimizer, max_lr=0.05, total_steps=6 * 6 if interval == "step" else 6, pct_start=0.4)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   scheduler=scheduler, scheduler_interval=interval)
     scripted = torch.jit.load(str(path))
@@ -98,7 +96,7 @@ def test_plateau_lr_sequence_equals_torch_over_1200_epochs(tmp_path):
     model = _model()
     optimizer = _optimizer(model)
     scheduler = ls.ReduceLROnPlateau(optimizer, factor=0.7, patience=3, cooldown=2, threshold=1e-3, min_lr=[1e-4, 1e-3])
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   scheduler=scheduler)
     assert protocol.read_metadata(path)["fine_tuning"]["scheduler_interval"] == "epoch"
@@ -130,7 +128,7 @@ def test_warmup_cosine_per_step_from_java(jvm, tmp_path, mode):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = ls.SequentialLR(optimizer, [ls.LinearLR(optimizer, 0.1, total_iters=8),
                                             ls.CosineAnnealingLR(optimizer, T_max=28)], milestones=[8])
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   scheduler=scheduler)
     history = _train_both(path, model, x, y, mode=mode)
@@ -140,9 +138,10 @@ def test_warmup_cosine_per_step_from_java(jvm, tmp_path, mode):
 def test_step_schedule_per_epoch_from_java(jvm, tmp_path):
     model = _model()
     optimizer = _optimizer(model, torch.optim.Adam)
-    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(),
+    path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt",
+                                  example_inputs=labelled(96, **SCORES),
                                   scheduler=ls.StepLR(optimizer, 2, 0.5), scheduler_interval="epoch")
-    history = _train_both(path, model, *_data())
+    history = _train_both(path, model, *labelled(96, **SCORES))
     assert [r.lrs for r in history][:3] == [[0.03, 0.1], [0.015, 0.05], [0.015, 0.05]]
 
 
@@ -151,10 +150,10 @@ def test_plateau_from_java_on_the_validation_or_training_loss(jvm, tmp_path, wit
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     scheduler = ls.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=0.05)
-    x, y = _data()
+    x, y = labelled(96, **SCORES)
     path = export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=(x, y),
                                   scheduler=scheduler)
-    val = _data(48, seed=1) if with_validation else None
+    val = labelled(48, seed=1, **SCORES) if with_validation else None
     history = _train_both(path, model, x, y, val=val, epochs=8)
     assert history[-1].lrs[0] < 0.5  # the plateau was reached and the lr cut
 
@@ -163,7 +162,8 @@ def test_unsupported_scheduler_is_refused_naming_the_supported_ones(tmp_path):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(GradbridgeError) as error:
-        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt", example_inputs=_data(),
+        export_training_module(model, "cross_entropy", optimizer, tmp_path / "m.pt",
+                               example_inputs=labelled(96, **SCORES),
                                scheduler=ls.LambdaLR(optimizer, lambda epoch: 0.9 ** epoch))
     assert str(error.value) == schedulers.unsupported_message("LambdaLR")
     assert "StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, OneCycleLR, SequentialLR, " \

@@ -10,20 +10,15 @@ import torch
 from gradbridge import DivergenceError, compare_histories, export_training_module, java, protocol, reference
 from gradbridge.models import mlp
 
+from .data import labelled
+
 EPOCHS = 5
-
-
-def _data(n=100, seed=0):
-    g = np.random.default_rng(seed)
-    x = g.standard_normal((n, 6)).astype(np.float32)
-    y = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5)).astype(np.int64)
-    return x, y
 
 
 @pytest.fixture(scope="module")
 def mlp_adam(tmp_path_factory):
     torch.manual_seed(0)
-    x, y = _data()
+    x, y = labelled(100)
     return export_training_module(mlp(6, (16, 16), 3), "cross_entropy", {"name": "adam", "lr": 0.01},
                                   tmp_path_factory.mktemp("trainer") / "mlp.pt",
                                   example_inputs=(torch.from_numpy(x), torch.from_numpy(y)))
@@ -32,7 +27,7 @@ def mlp_adam(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mlp_dropout(tmp_path_factory):
     torch.manual_seed(1)
-    x, y = _data()
+    x, y = labelled(100)
     return export_training_module(mlp(6, (16, 16), 3, dropout=0.25), "cross_entropy",
                                   {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True},
                                   tmp_path_factory.mktemp("trainer") / "dropout.pt",
@@ -42,8 +37,8 @@ def mlp_dropout(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["step", "fused", "full"])
 def test_java_trainer_equals_reference(jvm, mlp_adam, mode):
     # Given shuffled mini-batches (seed 3), a validation set, an MLP with Adam
-    x, y = _data()
-    val = _data(40, seed=1)
+    x, y = labelled(100)
+    val = labelled(40, seed=1)
     # When Java's Trainer and the eager reference train 5 epochs
     in_java = java.train(mlp_adam, x, y, epochs=EPOCHS, batch_size=16, seed=3, mode=mode, val=val)
     in_python = reference.train(mlp_adam, x, y, epochs=EPOCHS, batch_size=16, seed=3, mode=mode, val=val)
@@ -56,14 +51,14 @@ def test_java_trainer_equals_reference(jvm, mlp_adam, mode):
 
 
 def test_dropout_runs_are_reproducible_across_languages(jvm, mlp_dropout):
-    x, y = _data()
+    x, y = labelled(100)
     in_java = java.train(mlp_dropout, x, y, epochs=EPOCHS, batch_size=10, seed=9, mode="step")
     in_python = reference.train(mlp_dropout, x, y, epochs=EPOCHS, batch_size=10, seed=9, mode="step")
     assert compare_histories(in_python, in_java).bitwise
 
 
 def test_digests_only_history(jvm, mlp_adam):
-    x, y = _data()
+    x, y = labelled(100)
     history = java.train(mlp_adam, x, y, epochs=2, batch_size=32, record_values=False)
     assert history[0].parameters == {} and len(history[0].digests) == 6
 
@@ -71,7 +66,7 @@ def test_digests_only_history(jvm, mlp_adam):
 def test_checkpoint_loads_in_python_and_predicts_what_java_predicts(jvm, mlp_adam, tmp_path):
     import jpype
 
-    x, y = _data()
+    x, y = labelled(100)
     checkpoint = tmp_path / "trained.pt"
     # Java trains 3 epochs, writes the checkpoint, and predicts with the module it trained
     module = jvm.load_module(mlp_adam)
@@ -98,8 +93,8 @@ def test_checkpoint_loads_in_python_and_predicts_what_java_predicts(jvm, mlp_ada
 
 
 def test_resume_three_plus_four_equals_seven(jvm, mlp_dropout, tmp_path):
-    x, y = _data()
-    val = _data(40, seed=1)
+    x, y = labelled(100)
+    val = labelled(40, seed=1)
     seven = java.train(mlp_dropout, x, y, epochs=7, batch_size=16, seed=5, mode="fused", val=val)
     checkpoint = tmp_path / "run.pt"
     first = java.train(mlp_dropout, x, y, epochs=3, batch_size=16, seed=5, mode="fused", val=val,
@@ -137,7 +132,7 @@ def test_divergence_is_named_and_the_checkpoint_stays(jvm, tmp_path):
 def test_bad_data_from_python_is_named(jvm, mlp_adam):
     from gradbridge import InvalidInputError
 
-    x, y = _data()
+    x, y = labelled(100)
     with pytest.raises(InvalidInputError, match=r"training data: x must be float32 of shape \[-1, 6\]"):
         java.train(mlp_adam, x.astype(np.float64), y, epochs=1)
     bad = x.copy()
