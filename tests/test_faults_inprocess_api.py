@@ -118,13 +118,13 @@ def _protocol_3_module(tmp_path, optimizer):
     import torch
 
     from gradbridge.jvm import load_module
-    from tests.test_protocol3 import BATCH, _deep, _export, _mlp_data
+    from tests.protocol3_support import BATCH, deep_mlp, export_protocol_3, mlp_data
 
-    model = _deep()
+    model = deep_mlp()
     opt = (torch.optim.Adam(model.parameters(), lr=0.01) if optimizer == "adam" else
            torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    path = _export(tmp_path / "m.pt", model, opt)
-    x, y = _mlp_data(0)
+    path = export_protocol_3(tmp_path / "m.pt", model, opt)
+    x, y = mlp_data(0)
     eager = reference.Reference(path, model)
     for _ in range(2):
         eager.train_step(x[:BATCH], y[:BATCH])
@@ -152,17 +152,17 @@ def _first_only(state, key):
 ])
 def test_a_bad_optimizer_state_for_a_protocol_3_module_is_one_line_and_changes_nothing(jvm, tmp_path, optimizer,
                                                                                           edit, words):
-    from tests.test_protocol3 import _java_state, _torch_layout, _values
+    from tests.protocol3_support import java_state, tensor_values, torch_layout
 
     module, eager = _protocol_3_module(tmp_path, optimizer)
     try:
-        before = {str(k): _values(v) for k, v in module.call("optimizer_state").items()}
-        state = edit(_torch_layout(eager.optimizer))
+        before = {str(k): tensor_values(v) for k, v in module.call("optimizer_state").items()}
+        state = edit(torch_layout(eager.optimizer))
         with pytest.raises(Exception) as info:
-            module.call("load_optimizer_state", None if state is None else _java_state(jvm, state))
+            module.call("load_optimizer_state", None if state is None else java_state(jvm, state))
         message = str(info.value.getMessage())
         assert words in message and "\n" not in message, message
-        after = {str(k): _values(v) for k, v in module.call("optimizer_state").items()}
+        after = {str(k): tensor_values(v) for k, v in module.call("optimizer_state").items()}
         assert before.keys() == after.keys()
         assert all(np.array_equal(a, b) for k in before for a, b in zip(before[k], after[k]))
     finally:

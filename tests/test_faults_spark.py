@@ -369,7 +369,7 @@ def test_a_local_run_listens_on_loopback_only_and_its_store_refuses_a_client_wit
 
     import torch.distributed as dist
 
-    from tests.test_spark import assert_bitwise
+    from tests.spark_support import assert_bitwise
     from gradbridge.history import History
 
     rng = np.random.default_rng(7)

@@ -82,3 +82,40 @@ def test_runtime_imports_nothing_public_but_the_shared_definitions():
     upward = {f"{name} -> {target}" for name, targets in _import_graph().items() if name.startswith("gradbridge._runtime")
               for target in targets if not target.startswith("gradbridge._runtime") and target not in shared}
     assert not upward, upward
+
+
+# ---- the test suite's own borders ----
+
+def _test_sources():
+    tests = Path(__file__).resolve().parent
+    return {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted(tests.rglob("*.py"))}
+
+
+def _imports_a_test_file(node) -> bool:
+    """``import tests.test_x``, ``from tests.test_x import ...``, ``from .test_x import ...``, ``from . import test_x``."""
+    if isinstance(node, ast.Import):
+        return any(part.startswith("test_") for a in node.names for part in a.name.split("."))
+    if isinstance(node, ast.ImportFrom):
+        module = (node.module or "").split(".")
+        return (any(part.startswith("test_") for part in module)
+                or module in ([""], ["tests"]) and any(a.name.startswith("test_") for a in node.names))
+    return False
+
+
+def test_no_test_file_imports_another_test_file():
+    """What several test files share lives in a support module (tests/faults.py, serving.py, kafka_support.py,
+    data.py, ...) and fixtures in conftest.py: importing a test file would run its module and hand its fixtures on."""
+    found = [f"{path.name}:{node.lineno}" for path, tree in _test_sources().items() for node in ast.walk(tree)
+             if _imports_a_test_file(node)]
+    assert not found, found
+
+
+def test_every_service_the_tests_start_is_stopped_by_a_with_block():
+    """tests/serving.py's Service is a context manager: each start is the head of a with-block, which kills the
+    process however the block ends (a test that kills or restarts one on purpose does so inside it)."""
+    loose = []
+    for path, tree in _test_sources().items():
+        heads = {id(item.context_expr) for node in ast.walk(tree) if isinstance(node, ast.With) for item in node.items}
+        loose += [f"{path.name}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name) and node.func.id == "Service" and id(node) not in heads]
+    assert not loose, loose

@@ -17,26 +17,7 @@ from gradbridge.commands.main import main as cli_main
 from gradbridge.reference import Reference
 
 from .data import labelled
-
-
-def _host(values: np.ndarray):
-    import jpype
-
-    HostTensor = jpype.JClass("dev.gradbridge.online.HostTensor")
-    dtype = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64", np.dtype(np.int64): "int64"}[values.dtype]
-    raw = np.ascontiguousarray(values).astype(values.dtype.newbyteorder("<")).tobytes()
-    return HostTensor.of(dtype, jpype.JArray(jpype.JLong)([int(d) for d in values.shape]), jpype.JArray(jpype.JByte)(raw))
-
-
-def _open(model, log_dir, *, batch=8, wait_ms=2, publish=2, checkpoint=5, capacity=10_000, fsync="never"):
-    import jpype
-
-    OnlineLearner = jpype.JClass("dev.gradbridge.online.OnlineLearner")
-    FsyncPolicy = jpype.JClass("dev.gradbridge.online.FsyncPolicy")
-    Paths = jpype.JClass("java.nio.file.Paths")
-    return (OnlineLearner.builder().optMaxBatch(batch).optMaxWaitMillis(wait_ms).optPublishEvery(publish)
-            .optCheckpointEvery(checkpoint).optQueueCapacity(capacity).optPredictors(2)
-            .optFsync(FsyncPolicy.parse(fsync)).open(Paths.get(str(model)), Paths.get(str(log_dir))))
+from .online_support import host_tensor, open_learner
 
 
 def _final_digests(learner):
@@ -49,10 +30,10 @@ def test_concurrent_feedback_and_predictions_replay_bitwise(jvm, models, tmp_pat
 
     model = models["mlp_classifier.pt"]
     x, y = labelled(600, 4, labels="mixed")
-    learner = _open(model, tmp_path / "log", fsync="always")
+    learner = open_learner(model, tmp_path / "log", fsync="always")
     try:
         OnlineLoad = jpype.JClass("dev.gradbridge.bench.OnlineLoad")
-        result = OnlineLoad.run(learner, _host(x), _host(y), 4, 3, 2, 150)
+        result = OnlineLoad.run(learner, host_tensor(x), host_tensor(y), 4, 3, 2, 150)
         assert learner.awaitIdle(30, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
         assert learner.stats().getAcceptedEvents() == 600
     finally:
@@ -101,25 +82,25 @@ def test_restart_from_checkpoint_and_log_tail_equals_a_run_that_never_stopped(jv
     log_dir = tmp_path / "log"
 
     # Phase 1: 40 events in calls of 4, each applied as its own micro-batch; checkpoints at versions 0, 5, ...
-    learner = _open(model, log_dir, batch=4, wait_ms=0, publish=2, checkpoint=5)
+    learner = open_learner(model, log_dir, batch=4, wait_ms=0, publish=2, checkpoint=5)
     for i in range(0, 40, 4):
-        learner.learn(_host(x[i:i + 4]), _host(y[i:i + 4]))
+        learner.learn(host_tensor(x[i:i + 4]), host_tensor(y[i:i + 4]))
         assert learner.awaitIdle(10, TimeUnit.SECONDS)
     learner.halt()  # a crash: no final version, no final checkpoint
     checkpoint = json.loads((log_dir / "checkpoint.json").read_text())
     assert checkpoint["version"] == 5 and checkpoint["scan_offset"] > 0
 
     # Phase 2: 20 more events are acknowledged but wait in the queue (B=1000, T=60 s) when it halts; then a torn write.
-    learner = _open(model, log_dir, batch=1000, wait_ms=60_000, publish=2, checkpoint=5)
+    learner = open_learner(model, log_dir, batch=1000, wait_ms=60_000, publish=2, checkpoint=5)
     for i in range(40, 60, 4):
-        learner.learn(_host(x[i:i + 4]), _host(y[i:i + 4]))
+        learner.learn(host_tensor(x[i:i + 4]), host_tensor(y[i:i + 4]))
     assert learner.stats().getQueueDepth() == 20
     learner.halt()
     _tear(log_dir / "feedback.log", replay_mod.frame(b"E" * 500)[:60])  # a frame cut short by a crash
     assert replay_mod.read_log(log_dir).torn_bytes == 60
 
     # Phase 3: resume: checkpoint 5 + the logged tail, then the 20 acknowledged events are applied.
-    learner = _open(model, log_dir, batch=4, wait_ms=0, publish=2, checkpoint=5)
+    learner = open_learner(model, log_dir, batch=4, wait_ms=0, publish=2, checkpoint=5)
     try:
         assert learner.awaitIdle(10, TimeUnit.SECONDS)
     finally:
@@ -132,11 +113,11 @@ def test_restart_from_checkpoint_and_log_tail_equals_a_run_that_never_stopped(jv
 
     # A run that never stopped, given the same micro-batches.
     control_dir = tmp_path / "control"
-    control = _open(model, control_dir, batch=1000, wait_ms=0, publish=2, checkpoint=5)
+    control = open_learner(model, control_dir, batch=1000, wait_ms=0, publish=2, checkpoint=5)
     try:
         for batch in restarted.batches:
             s = batch.first_seq
-            control.learn(_host(x[s:s + batch.count]), _host(y[s:s + batch.count]))
+            control.learn(host_tensor(x[s:s + batch.count]), host_tensor(y[s:s + batch.count]))
             assert control.awaitIdle(10, TimeUnit.SECONDS)
     finally:
         control.close()
@@ -152,25 +133,25 @@ def test_back_pressure_and_bad_feedback_are_refused_with_nothing_logged(jvm, mod
     import jpype
 
     model = models["mlp_classifier.pt"]
-    learner = _open(model, tmp_path / "log", batch=1000, wait_ms=60_000, capacity=8)
+    learner = open_learner(model, tmp_path / "log", batch=1000, wait_ms=60_000, capacity=8)
     x, y = labelled(12, 4, labels="mixed")
     try:
-        learner.learn(_host(x[:8]), _host(y[:8]))
+        learner.learn(host_tensor(x[:8]), host_tensor(y[:8]))
         with pytest.raises(jpype.JClass("dev.gradbridge.online.QueueFullException")) as full:
-            learner.learn(_host(x[8:9]), _host(y[8:9]))
+            learner.learn(host_tensor(x[8:9]), host_tensor(y[8:9]))
         assert "queue is full (8 of 8" in str(full.value.getMessage())
         assert learner.stats().getRefusedEvents() == 1
         InvalidInput = jpype.JClass("dev.gradbridge.InvalidInputException")
         with pytest.raises(InvalidInput, match="input x must be float32 of shape"):
-            learner.learn(_host(x[:2, :3].copy()), _host(y[:2]))
+            learner.learn(host_tensor(x[:2, :3].copy()), host_tensor(y[:2]))
         with pytest.raises(InvalidInput, match="x has 2 rows but y has 1"):
-            learner.learn(_host(x[:2]), _host(y[:1]))
+            learner.learn(host_tensor(x[:2]), host_tensor(y[:1]))
         bad = x[:1].copy()
         bad[0, 0] = np.nan
         with pytest.raises(InvalidInput, match="NaN or infinite"):
-            learner.learn(_host(bad), _host(y[:1]))
+            learner.learn(host_tensor(bad), host_tensor(y[:1]))
         with pytest.raises(InvalidInput, match="rejected by the model's loss"):
-            learner.learn(_host(x[:1]), _host(np.array([7], dtype=np.int64)))  # 3 classes
+            learner.learn(host_tensor(x[:1]), host_tensor(np.array([7], dtype=np.int64)))  # 3 classes
     finally:
         learner.close()  # drains the 8 queued events
     log = replay_mod.read_log(tmp_path / "log")
@@ -201,10 +182,10 @@ def test_replay_cli_table_exit_codes_and_bad_logs(jvm, models, tmp_path, capsys)
     import jpype
 
     model = models["linear_regression.pt"]
-    learner = _open(model, tmp_path / "log", batch=4, wait_ms=1, publish=1)
+    learner = open_learner(model, tmp_path / "log", batch=4, wait_ms=1, publish=1)
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(16, 1)
     try:
-        learner.learn(_host(x), _host(2 * x))
+        learner.learn(host_tensor(x), host_tensor(2 * x))
         assert learner.awaitIdle(10, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
     finally:
         learner.close()
@@ -239,16 +220,16 @@ def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_p
     from gradbridge import export_builtin
 
     model = models["linear_regression.pt"]
-    learner = _open(model, tmp_path / "log", batch=4, wait_ms=0, publish=1, checkpoint=1000)
+    learner = open_learner(model, tmp_path / "log", batch=4, wait_ms=0, publish=1, checkpoint=1000)
     try:
-        learner.learn(_host(np.ones((4, 1), np.float32)), _host(np.full((4, 1), 2, np.float32)))
+        learner.learn(host_tensor(np.ones((4, 1), np.float32)), host_tensor(np.full((4, 1), 2, np.float32)))
         assert learner.awaitIdle(10, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
     finally:
         learner.halt()  # no final checkpoint: a resume replays the log from the module
     other = export_builtin("linear-regression", tmp_path / "other.pt", seed=1)  # same shapes, other initial values
     with pytest.raises(jpype.JClass("dev.gradbridge.online.LogCorruptException"),
                        match="offset 0: it was written for the module with SHA-256 .* start another log folder"):
-        _open(other, tmp_path / "log", publish=1)
+        open_learner(other, tmp_path / "log", publish=1)
     with pytest.raises(replay_mod.LogError, match="offset 0: it was written for the module with SHA-256"):
         replay_mod.replay(tmp_path / "log", other)
     assert replay_mod.replay(tmp_path / "log", model).bitwise

@@ -14,7 +14,7 @@ from gradbridge import export_training_module, protocol
 from gradbridge import replay as replay_mod
 
 from .data import labelled
-from .test_online_learner import _host, _open
+from .online_support import host_tensor, open_learner
 
 
 class DropoutBatchNormNet(nn.Module):
@@ -37,8 +37,8 @@ def _feed(learner, x, y, rows=4):
     import jpype
 
     for start in range(0, len(x), rows):
-        learner.learn(_host(x[start:start + rows]), _host(y[start:start + rows]))
-        learner.predict(_host(x[start:start + 1]))
+        learner.learn(host_tensor(x[start:start + rows]), host_tensor(y[start:start + rows]))
+        learner.predict(host_tensor(x[start:start + 1]))
     assert learner.awaitIdle(60, jpype.JClass("java.util.concurrent.TimeUnit").SECONDS)
 
 
@@ -56,16 +56,17 @@ def test_batchnorm_and_dropout_learn_online_and_replay_bitwise(jvm, tmp_path, fm
     assert {b["name"]: b["trained"] for b in metadata["buffers"]} == {
         "scale": False, "norm.running_mean": True, "norm.running_var": True, "norm.num_batches_tracked": True}
 
-    learner = _open(path, tmp_path / "log", batch=8, publish=2, checkpoint=3)
+    learner = open_learner(path, tmp_path / "log", batch=8, publish=2, checkpoint=3)
     try:
         _feed(learner, x[:80], y[:80])
     finally:
         learner.halt()  # as a crash would: the log holds the rest
-    learner = _open(path, tmp_path / "log", batch=8, publish=2, checkpoint=3)
+    learner = open_learner(path, tmp_path / "log", batch=8, publish=2, checkpoint=3)
     try:
         _feed(learner, x[80:], y[80:])
         version = learner.currentVersion()
-        served = np.frombuffer(bytes(learner.predict(_host(x[:5])).getOutput().toBytes()), dtype="<f4").reshape(5, 3)
+        served = np.frombuffer(bytes(learner.predict(host_tensor(x[:5])).getOutput().toBytes()),
+                               dtype="<f4").reshape(5, 3)
     finally:
         learner.close()
 

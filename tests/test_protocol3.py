@@ -26,10 +26,11 @@ from gradbridge._runtime.program import read_program
 from gradbridge.jvm import load_module
 from tests.faults import TRAIN_SCRIPT, one_error_line, train_cli
 from tests.models import zoo
+from tests.online_support import host_tensor
+from tests.protocol3_support import (BATCH, N, deep_mlp, export_protocol_3, java_state, mlp_data, tensor_values,
+                                     torch_layout)
 
 pytestmark = pytest.mark.every_torch_java
-
-N, BATCH = 24, 8
 
 
 def _same(a, b):
@@ -48,15 +49,10 @@ def _mlp():
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3))
 
 
-def _mlp_data(seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(N, 4, generator=g), torch.randint(0, 3, (N,), generator=g)
-
-
 @pytest.fixture(scope="module")
 def mlp(tmp_path_factory):
     model = _mlp()
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     path = tmp_path_factory.mktemp("p3") / "mlp.pt"
     export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1),
                            path, example_inputs=(x[:BATCH], y[:BATCH]), format="export")
@@ -86,8 +82,8 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
 @pytest.mark.parametrize("mode", ["step", "fused", "full"])
 def test_java_trains_an_mlp_with_dropout_like_the_users_model(jvm, mlp, mode):
     model, path = mlp
-    x, y = _mlp_data(0)
-    vx, vy = _mlp_data(1)
+    x, y = mlp_data(0)
+    vx, vy = mlp_data(1)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
     _trains_like_eager(path, model, x, y, **settings)
 
@@ -119,7 +115,7 @@ def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm
     torch.manual_seed(0)
     model = _Encoder()
     x, y = _tokens()
-    path = _export(tmp_path / "encoder.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
+    path = export_protocol_3(tmp_path / "encoder.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
     graphs = read_program(path)[1]
     assert "aten::bernoulli_" in {n["op"] for n in graphs["train"]["nodes"]}
     assert "aten::_transformer_encoder_layer_fwd" in {n["op"] for n in graphs["forward"]["nodes"]}
@@ -147,7 +143,7 @@ def test_java_trains_a_multihead_attention_like_the_users_model(jvm, tmp_path, m
     torch.manual_seed(0)
     model = _Attention()
     x, y = _tokens()
-    path = _export(tmp_path / "attention.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
+    path = export_protocol_3(tmp_path / "attention.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2), data=(x, y))
     graphs = read_program(path)[1]
     assert "aten::_native_multi_head_attention" in {n["op"] for n in graphs["forward"]["nodes"]}
     assert "aten::_native_multi_head_attention" not in {n["op"] for n in graphs["train"]["nodes"]}
@@ -177,7 +173,7 @@ def _sequences(seed):
 def lstm(tmp_path_factory):
     torch.manual_seed(0)
     model = _Recurrent(nn.LSTM(4, 8, num_layers=2, batch_first=True, dropout=0.3), 8)
-    path = _export(tmp_path_factory.mktemp("p3") / "lstm.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2),
+    path = export_protocol_3(tmp_path_factory.mktemp("p3") / "lstm.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2),
                    data=_sequences(0))
     return model, path
 
@@ -207,7 +203,7 @@ def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
     layer = rnn()
     model = _Recurrent(layer, layer.hidden_size)
     x, y = _sequences(0)
-    path = _export(tmp_path / "rnn.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), data=(x, y))
+    path = export_protocol_3(tmp_path / "rnn.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), data=(x, y))
     settings = dict(epochs=2, batch_size=BATCH, mode="fused", val=(x[:BATCH].numpy(), y[:BATCH].numpy()))
     _trains_like_eager(path, model, x, y, **settings)
 
@@ -235,9 +231,9 @@ def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, m
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch
     of one runs train_accumulate@1; dropout on."""
     model = _mlp()
-    path = _export(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), accumulate=5)
+    path = export_protocol_3(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), accumulate=5)
     assert "train_accumulate@1" in read_program(path)[1]
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode)
     _trains_like_eager(path, model, x[:17], y[:17], **settings)
 
@@ -246,7 +242,7 @@ def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, m
 def test_a_last_batch_of_one_sample_trains_like_the_users_model(jvm, mlp, mode):
     """17 samples in batches of 8: the last batch of one runs the graphs captured at one sample."""
     model, path = mlp
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     settings = dict(epochs=2, batch_size=BATCH, mode=mode, val=(x[:1].numpy(), y[:1].numpy()))
     _trains_like_eager(path, model, x[:17], y[:17], **settings)
 
@@ -256,7 +252,7 @@ def test_a_batch_of_one_is_refused_in_one_line_when_the_model_cannot_run_one(jvm
     a last batch of one is refused naming the graph."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
                                   tmp_path / "bn.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
     assert protocol.read_metadata(path)[protocol.PROGRAM_KEY]["min_batch"] == 2
@@ -300,22 +296,9 @@ def _release(version):
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def _export(path, model, optimizer, data=None, **options):
-    """``format="export"`` with cross entropy, its examples a batch of ``data`` (x, y; the MLP's by default)."""
-    x, y = data if data is not None else _mlp_data(0)
-    return export_training_module(model, "cross_entropy", optimizer, path, example_inputs=(x[:BATCH], y[:BATCH]),
-                                  format="export", **options)
-
-
-def _deep():
-    torch.manual_seed(2)
-    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 8), nn.Tanh(),
-                         nn.Linear(8, 3))
-
-
 def _java_equals_eager(path, model, modes, epochs=3):
-    x, y = _mlp_data(0)
-    vx, vy = _mlp_data(1)
+    x, y = mlp_data(0)
+    vx, vy = mlp_data(1)
     for mode in modes:
         settings = dict(epochs=epochs, batch_size=BATCH, mode=mode, val=(vx.numpy(), vy.numpy()))
         eager = reference.train(path, x.numpy(), y.numpy(), model=model, **settings)
@@ -328,13 +311,13 @@ def _java_equals_eager(path, model, modes, epochs=3):
 def fine_tuned(tmp_path_factory):
     """Frozen parameters, two parameter groups (their own lr and weight decay), SGD with Nesterov momentum,
     a per-step StepLR, clipping by norm and gradient accumulation, all at once; BatchNorm and dropout on."""
-    model = _deep()
+    model = deep_mlp()
     model[0].requires_grad_(False)
     optimizer = torch.optim.SGD([{"params": model[4].parameters(), "lr": 0.05, "weight_decay": 0.01},
                                  {"params": [*model[1].parameters(), *model[6].parameters()]}],
                                 lr=0.1, momentum=0.9, nesterov=True)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    path = _export(tmp_path_factory.mktemp("p3") / "tuned.pt", model, optimizer, scheduler=scheduler,
+    path = export_protocol_3(tmp_path_factory.mktemp("p3") / "tuned.pt", model, optimizer, scheduler=scheduler,
                    clip_grad_norm=0.5, accumulate=2)
     return model, path
 
@@ -390,9 +373,9 @@ SLOW = [(o, None, "step", {}) for o in ("sgd_plain", "sgd_dampened", "adam_amsgr
                          FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW])
 def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_path, name, schedule, interval,
                                                                         options):
-    model = _deep()
+    model = deep_mlp()
     optimizer = _optimizer(name, model)
-    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_scheduler(schedule, optimizer),
+    path = export_protocol_3(tmp_path / "m.pt", model, optimizer, scheduler=_scheduler(schedule, optimizer),
                    scheduler_interval=interval, **options)
     _java_equals_eager(path, model, ["fused", "step"], epochs=4)
 
@@ -417,11 +400,11 @@ ONE_CYCLE = [
                          ONE_CYCLE[:3] + [pytest.param(*case, marks=pytest.mark.slow) for case in ONE_CYCLE[3:]])
 def test_one_cycle_cycles_momentum_and_beta1_from_java_like_torch_optim(jvm, tmp_path, name, interval, hyper,
                                                                           options):
-    model = _deep()
+    model = deep_mlp()
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
            "rmsprop": torch.optim.RMSprop}[name]
     optimizer = cls(model.parameters(), lr=0.01, **hyper)
-    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, interval, **options),
+    path = export_protocol_3(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, interval, **options),
                    scheduler_interval=interval)
     counters = protocol.read_metadata(path)["program"]["counters"]
     assert len(counters["momenta"]) == (0 if options.get("cycle_momentum") is False else 1)
@@ -433,7 +416,7 @@ class _Idle(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.body = _deep()
+        self.body = deep_mlp()
         self.spare = nn.Linear(4, 3)
         self.scale = nn.Parameter(torch.full((3,), 0.5))
 
@@ -446,7 +429,7 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_pat
     model = _Idle()
     optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1) if name == "adam" else
                  torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01))
-    path = _export(tmp_path / "m.pt", model, optimizer, clip_grad_norm=0.5)
+    path = export_protocol_3(tmp_path / "m.pt", model, optimizer, clip_grad_norm=0.5)
     program = protocol.read_metadata(path)["program"]
     idle = ["spare.weight", "spare.bias", "scale"]
     assert not set(idle) & set(program["training"]["groups"][0]["params"])
@@ -454,7 +437,7 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_pat
     assert (optimizer_state or name == "sgd") and not [n for _, _, n in optimizer_state if n in idle]
     _java_equals_eager(path, model, ["fused", "step"])
     # torch.optim held no state for them either (Adam's step counts are per parameter)
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     eager = reference.Reference(path, model)
     eager.train_step(x[:BATCH], y[:BATCH])
     assert sorted(n for n, p in eager.named_parameters() if eager.optimizer.state[p]) == sorted(
@@ -469,10 +452,10 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_pat
 
 
 def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
-    model = _deep()
+    model = deep_mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    path = _export(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, "step"))
-    x, y = (t.numpy() for t in _mlp_data(0))
+    path = export_protocol_3(tmp_path / "m.pt", model, optimizer, scheduler=_one_cycle(optimizer, "step"))
+    x, y = (t.numpy() for t in mlp_data(0))
     settings = dict(batch_size=BATCH, mode="fused", seed=3)
     whole = java.train(path, x, y, epochs=4, **settings)
     first = java.train(path, x, y, epochs=2, checkpoint=tmp_path / "run.pt", **settings)
@@ -505,7 +488,7 @@ def test_a_one_cycle_checkpoint_resumes_with_its_momentum(jvm, tmp_path):
     (dict(batch=1), "format='export' needs an example batch of at least 2 samples, got 1"),
 ])
 def test_what_protocol_3_does_not_hold_is_refused_in_one_line(tmp_path, options, line):
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     batch = options.pop("batch", BATCH)
     optimizer = options.pop("optimizer", "sgd")
     with pytest.raises(ExportError) as info:
@@ -566,9 +549,9 @@ def resumable(tmp_path_factory):
     """AdamW with a per-step warm-up then cosine schedule (SequentialLR), gradient accumulation, BatchNorm and
     dropout: everything a checkpoint keeps (steps, learning rate, the schedules' epochs, the optimizer's
     state, running statistics)."""
-    model = _deep()
+    model = deep_mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    path = _export(tmp_path_factory.mktemp("p3") / "resumable.pt", model, optimizer,
+    path = export_protocol_3(tmp_path_factory.mktemp("p3") / "resumable.pt", model, optimizer,
                    scheduler=_scheduler("warmup_cosine", optimizer), accumulate=2)
     return model, path
 
@@ -577,8 +560,8 @@ def test_a_checkpoint_resumes_bitwise_in_process(jvm, resumable, tmp_path):
     from gradbridge import History
 
     model, path = resumable
-    x, y = (t.numpy() for t in _mlp_data(0))
-    val = tuple(t.numpy() for t in _mlp_data(1))
+    x, y = (t.numpy() for t in mlp_data(0))
+    val = tuple(t.numpy() for t in mlp_data(1))
     settings = dict(batch_size=BATCH, mode="fused", seed=3, val=val)
     checkpoint = tmp_path / "run.pt"
     whole = java.train(path, x, y, epochs=5, **settings)
@@ -624,8 +607,8 @@ def _cli_run(resumable, tmp_path, epochs):
     """The data files, gradbridge-train's settings, and a run of ``epochs`` never stopped (its records), or
     None when this JVM refuses the module (another torch release)."""
     _, path = resumable
-    x, y = _mlp_data(0)
-    vx, vy = _mlp_data(1)
+    x, y = mlp_data(0)
+    vx, vy = mlp_data(1)
     np.savez(tmp_path / "train.npz", x=x.numpy(), y=y.numpy())
     np.savez(tmp_path / "val.npz", x=vx.numpy(), y=vy.numpy())
     settings = ["--data", tmp_path / "train.npz", "--val", tmp_path / "val.npz", "--batch-size", BATCH, "--seed", 3]
@@ -635,8 +618,8 @@ def _cli_run(resumable, tmp_path, epochs):
 
 def _eager_records(resumable, epochs):
     model, path = resumable
-    x, y = _mlp_data(0)
-    vx, vy = _mlp_data(1)
+    x, y = mlp_data(0)
+    vx, vy = mlp_data(1)
     eager = reference.train(path, x.numpy(), y.numpy(), epochs=epochs, batch_size=BATCH, seed=3, model=model,
                             val=(vx.numpy(), vy.numpy()))
     return [(r.epoch, r.loss, r.val_loss, r.digests) for r in eager]
@@ -685,7 +668,7 @@ def test_a_killed_run_resumed_in_a_jvm_of_its_own_equals_the_run_never_killed(re
 
 def test_a_snapshot_is_the_module_as_it_is_now(jvm, resumable, tmp_path):
     _, path = resumable
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     module = load_module(path)
     try:
         with jvm.java_errors():
@@ -715,16 +698,6 @@ def _online(model_path, log_dir, batch):
             .optPredictors(2).open(Paths.get(str(model_path)), Paths.get(str(log_dir))))
 
 
-def _host(values):
-    import jpype
-
-    HostTensor = jpype.JClass("dev.gradbridge.online.HostTensor")
-    dtype = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64"}[values.dtype]
-    return HostTensor.of(dtype, jpype.JArray(jpype.JLong)(list(values.shape)),
-                         jpype.JArray(jpype.JByte)(np.ascontiguousarray(values).astype(values.dtype.newbyteorder("<"))
-                                                   .tobytes()))
-
-
 def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, tmp_path):
     """A model TorchScript cannot script, served and trained online from protocol 3: micro-batches of 1 to 4
     events (one sample runs the graphs captured at one), predictions of 1 and 3 rows equal to eager's forward
@@ -739,7 +712,7 @@ def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, t
     TimeUnit = jpype.JClass("java.util.concurrent.TimeUnit")
     torch.manual_seed(0)
     model = custom.unscriptable()
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=1e-2),
                                   tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
     entry = protocol.read_metadata(path)[protocol.PROGRAM_KEY]
@@ -750,11 +723,11 @@ def test_the_online_learner_trains_predicts_and_resumes_like_eager_replay(jvm, t
         learner = _online(path, log_dir, batch=4)
         try:
             for size in sizes:  # each call its own micro-batch (no wait)
-                learner.learn(_host(xs[at:at + size]), _host(ys[at:at + size]))
+                learner.learn(host_tensor(xs[at:at + size]), host_tensor(ys[at:at + size]))
                 assert learner.awaitIdle(10, TimeUnit.SECONDS)
                 at += size
                 for rows in (1, 3):
-                    p = learner.predict(_host(xs[:rows]))
+                    p = learner.predict(host_tensor(xs[:rows]))
                     predictions.append((int(p.getVersion()), rows, bytes(p.getOutput().toBytes())))
         finally:
             learner.close()
@@ -781,7 +754,7 @@ def test_gradcheck_checks_a_protocol_3_module_with_the_users_model(jvm, tmp_path
 
     torch.manual_seed(0)
     model = models.mlp(dropout=0.2)
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
                                   tmp_path / "m.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy())
@@ -821,7 +794,7 @@ def test_set_gradients_checks_its_arguments_as_the_torchscript_method(jvm, tmp_p
     torch.manual_seed(0)
     model = _mlp()
     model[0].weight.requires_grad_(False)
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     path = export_training_module(model, "cross_entropy", torch.optim.SGD(trainable, lr=0.1),
                                   tmp_path / "frozen.pt", example_inputs=(x[:BATCH], y[:BATCH]), format="export")
@@ -853,32 +826,6 @@ def test_set_gradients_checks_its_arguments_as_the_torchscript_method(jvm, tmp_p
         module.close()
 
 
-def _torch_layout(optimizer):
-    """torch.optim's state dict as load_optimizer_state takes it: per key, the tensor of each parameter that
-    holds it, in group order."""
-    state = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, value in optimizer.state[p].items():
-                state.setdefault(key, []).append(value)
-    return state
-
-
-def _java_state(jvm, state):
-    """{key: [tensor]} as a Java map of tensor lists."""
-    java_map = jvm.jclass("java.util.LinkedHashMap")()
-    for key, values in state.items():
-        tensors = jvm.jclass("java.util.ArrayList")()
-        for value in values:
-            tensors.add(jvm.to_tensor(value.detach().numpy()))
-        java_map.put(key, tensors)
-    return java_map
-
-
-def _values(tensors):
-    return [np.array(list(t.toExactDoubles())) for t in tensors]
-
-
 def _set_parameters(jvm, module, parameters):
     tensors = jvm.jclass("java.util.ArrayList")()
     for name in module.call("parameter_names"):
@@ -889,11 +836,11 @@ def _set_parameters(jvm, module, parameters):
 @pytest.mark.parametrize("name", ["adam", "sgd"])
 def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path, name):
     # Given torch.optim's state after two steps of the user's eager model (Adam: its step counts too)
-    model = _deep()
+    model = deep_mlp()
     optimizer = (torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True, weight_decay=0.1) if name == "adam" else
                  torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, dampening=0.2))
-    path = _export(tmp_path / "m.pt", model, optimizer)
-    x, y = _mlp_data(0)
+    path = export_protocol_3(tmp_path / "m.pt", model, optimizer)
+    x, y = mlp_data(0)
     batches = [(x[k * BATCH:(k + 1) * BATCH], y[k * BATCH:(k + 1) * BATCH]) for k in range(3)]
     eager = reference.Reference(path, model)
     for k in (0, 1):
@@ -904,7 +851,7 @@ def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path,
         with jvm.java_errors():
             # When a fresh protocol-3 module takes its parameters and torch.optim's state
             _set_parameters(jvm, module, eager.parameters())
-            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            module.call("load_optimizer_state", java_state(jvm, torch_layout(eager.optimizer)))
             # Then it trains on as torch.optim does
             for k in (2, 0):
                 torch.manual_seed(k)
@@ -913,12 +860,12 @@ def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path,
                 actual = module.call("train_step", jvm.to_tensor(batches[k][0].numpy()), jvm.to_tensor(batches[k][1].numpy()))
                 assert list(actual.toExactDoubles()) == [float(expected)]
             held = module.call("optimizer_state")
-            torch_state = _torch_layout(eager.optimizer)
+            torch_state = torch_layout(eager.optimizer)
             assert sorted(str(k) for k in held.keySet()) == sorted(torch_state)
             for key, values in torch_state.items():
-                for a, e in zip(_values(held.get(key)), values):
+                for a, e in zip(tensor_values(held.get(key)), values):
                     assert np.array_equal(a, e.double().numpy().ravel()), key
-            for a, (n, e) in zip(_values(module.call("get_parameters")), eager.parameters().items()):
+            for a, (n, e) in zip(tensor_values(module.call("get_parameters")), eager.parameters().items()):
                 assert np.array_equal(a, e.double().numpy().ravel()), n
     finally:
         module.close()
@@ -926,10 +873,10 @@ def test_a_torch_optim_state_loads_and_trains_on_like_torch_optim(jvm, tmp_path,
 
 def test_a_state_without_momentum_buffers_makes_the_next_sgd_step_create_them(jvm, tmp_path):
     # Given a module that stepped (its buffers held) and torch.optim's state before any step (no buffers)
-    model = _deep()
-    path = _export(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+    model = deep_mlp()
+    path = export_protocol_3(tmp_path / "m.pt", model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
                                                                dampening=0.5))
-    x, y = _mlp_data(0)
+    x, y = mlp_data(0)
     eager = reference.Reference(path, model)
     initial = eager.parameters()
     module = load_module(path)
@@ -940,7 +887,7 @@ def test_a_state_without_momentum_buffers_makes_the_next_sgd_step_create_them(jv
             assert set(str(k) for k in module.call("optimizer_state").keySet()) == {"momentum_buffer"}
             # When it loads that state: no buffers (torch's momentum_buffer is None again)
             _set_parameters(jvm, module, initial)
-            module.call("load_optimizer_state", _java_state(jvm, _torch_layout(eager.optimizer)))
+            module.call("load_optimizer_state", java_state(jvm, torch_layout(eager.optimizer)))
             assert module.call("optimizer_state").isEmpty()
             # Then its next step copies the gradient into new buffers, as torch's first step does (no dampening)
             for k in range(3):

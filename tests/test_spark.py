@@ -14,9 +14,6 @@ Bad input is in ``test_faults_spark.py``.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -25,6 +22,7 @@ from gradbridge import export_training_module, protocol, reference
 from gradbridge._runtime import sparkrun
 from gradbridge.export import export_builtin
 from gradbridge.history import History
+from tests.spark_support import assert_bitwise, data_case, recommender_case, spark_train
 
 EPOCHS = 2
 BATCH = 32
@@ -62,34 +60,6 @@ def work(tmp_path_factory):
                          (folder / "x3.npz", folder / "x3.parquet")])
     return {"folder": folder, "models": models, "x": x, "y": y, "npz": folder / "data.npz",
             "parquet": folder / "data.parquet"}
-
-
-def spark_train(*args, master: str, exchange: str = "", one_round_bytes: int | None = None,
-                threads: int | None = None) -> tuple:
-    """Run the Spark trainer (with ``exchange``, the Spark setting spark.gradbridge.exchange,
-    ``one_round_bytes``, spark.gradbridge.exchange.oneRoundBytes, and ``threads``,
-    spark.gradbridge.threads); (CompletedProcess, stats dict) and assert success."""
-    stats = Path(args[args.index("--history") + 1]).with_suffix(".stats.json")
-    options = [f"-Dspark.gradbridge.exchange={exchange}"] if exchange else []
-    if one_round_bytes is not None:
-        options.append(f"-Dspark.gradbridge.exchange.oneRoundBytes={one_round_bytes}")
-    if threads is not None:
-        options.append(f"-Dspark.gradbridge.threads={threads}")
-    result = sparkrun.run(["--master", master, "--stats", stats, *map(str, args)], check=False, jvm_options=options)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, json.loads(stats.read_text())
-
-
-def assert_bitwise(java, python) -> None:
-    """Two histories (or lists of records): epochs, losses, digests and values all equal."""
-    java, python = list(java), list(python)
-    assert len(java) == len(python)
-    for j, p in zip(java, python):
-        assert j.epoch == p.epoch
-        assert j.loss == p.loss, (j.epoch, j.loss, p.loss)
-        assert j.digests == p.digests, j.epoch
-        for name, values in p.parameters.items():
-            assert np.array_equal(np.asarray(j.parameters[name]), values), (j.epoch, name)
 
 
 def test_sgd_k2_shuffled_with_a_failed_task_equals_the_replay(work, tmp_path):
@@ -252,20 +222,6 @@ def test_matrix(work, tmp_path, matrix_case):
 
 # ---- models of several inputs: one Parquet column (or .npz array) per input, named as the metadata names it ----
 
-class Recommender(torch.nn.Module):
-    """User and item ids and context features as three tensors (tests/test_named_inputs.py's, without its
-    dropout: each Spark task draws from its own JVM's generator). Scripted."""
-
-    def __init__(self):
-        super().__init__()
-        self.users = torch.nn.Embedding(10, 4)
-        self.items = torch.nn.Embedding(20, 4)
-        self.head = torch.nn.Sequential(torch.nn.Linear(8 + 3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-
-    def forward(self, user: torch.Tensor, item: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.cat([self.users(user), self.items(item), context], 1))
-
-
 class MaskedTokens(torch.nn.Module):
     """Token ids and an attention mask taken as keywords (``**kwargs``, as HF models): traced."""
 
@@ -277,27 +233,6 @@ class MaskedTokens(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, **kwargs):
         h = self.embed(input_ids) * attention_mask.unsqueeze(-1).to(torch.float32)
         return self.out(h.sum(1) / attention_mask.sum(1, keepdim=True))
-
-
-def recommender_case(folder: Path, n: int = 90) -> dict:
-    """The recommender exported with SGD (momentum) and mse, and ``n`` rows of its data as an .npz (user and
-    item ids, context features, y); ``parquet``: where its Parquet copy goes (``sparkrun.to_parquet``)."""
-    g = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    model = Recommender()
-    x = {"user": torch.randint(0, 10, (n,), generator=g), "item": torch.randint(0, 20, (n,), generator=g),
-         "context": torch.randn(n, 3, generator=g)}
-    y = torch.randn(n, 1, generator=g)
-    path = export_training_module(model, "mse", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                  folder / "recommender.pt", example_inputs=(x, y))
-    return _case(folder, "recommender", model, path, x, y)
-
-
-def _case(folder: Path, name: str, model, path: Path, x: dict, y) -> dict:
-    arrays = {k: t.numpy() for k, t in x.items()}
-    np.savez(folder / f"{name}.npz", **arrays, y=y.numpy())
-    return {"model": model, "path": path, "x": arrays, "y": y.numpy(), "npz": folder / f"{name}.npz",
-            "parquet": folder / f"{name}.parquet"}
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +250,7 @@ def several(tmp_path_factory):
     path = export_training_module(tokens, "cross_entropy", torch.optim.Adam(tokens.parameters(), lr=0.01),
                                   folder / "tokens.pt", example_inputs=({k: t[:8] for k, t in x.items()}, y[:8]))
     assert protocol.read_metadata(path)["capture"]["kind"] == "trace"
-    cases = {"recommender": recommender_case(folder), "tokens": _case(folder, "tokens", tokens, path, x, y)}
+    cases = {"recommender": recommender_case(folder), "tokens": data_case(folder, "tokens", tokens, path, x, y)}
     sparkrun.to_parquet([(case["npz"], case["parquet"]) for case in cases.values()])
     return {"folder": folder, **cases}
 

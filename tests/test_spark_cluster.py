@@ -29,7 +29,7 @@ from gradbridge.export import export_builtin
 from gradbridge.history import History
 from tests import spark_cluster
 from tests.spark_cluster import REPO_ROOT, Cluster
-from tests.test_spark import assert_bitwise, recommender_case
+from tests.spark_support import assert_bitwise, recommender_case
 
 BATCH = 32
 

@@ -25,7 +25,7 @@ from gradbridge._runtime import shuffle, sparkrun
 from gradbridge.history import History
 from gradbridge.models import SmallCNN, mlp
 from tests.models import zoo
-from tests.test_spark import assert_bitwise, spark_train
+from tests.spark_support import assert_bitwise, spark_train
 
 
 def _export(model, x, y, path, optimizer=None):

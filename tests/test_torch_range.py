@@ -189,7 +189,7 @@ def test_the_core_native_library_carries_no_gloo():
     """c10d Gloo is gradbridge-spark's own library: the core library built for this torch neither
     defines nor needs a gloo symbol, and spark's defines its JNI entry points."""
     from gradbridge._runtime import native
-    from tests.test_user_projects import gloo_symbols
+    from tests.spark_support import gloo_symbols
 
     assert not gloo_symbols(native.ensure(quiet=True)), gloo_symbols(native.ensure(quiet=True))[:5]
     spark = gloo_symbols(native.ensure_gloo(quiet=True))

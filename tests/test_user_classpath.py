@@ -12,28 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from gradbridge._runtime import classpath, jdk
-
-USER_CLASS = textwrap.dedent("""\
-    package my.project;
-
-    public final class Thing {
-        private Thing() {}
-
-        /** A user method that reaches gradbridge's own classes in the same JVM. */
-        public static String describe(String who) {
-            return "hello " + who + ", protocol methods: " + dev.gradbridge.Protocol.REQUIRED_METHODS.size();
-        }
-    }
-    """)
-CALL = ("import jpype; print(jpype.JClass('my.project.Thing').describe('python'))")
-EXPECTED = "hello python, protocol methods: "
+from tests.user_code import CALL, EXPECTED, USER_CLASS
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from gradbridge import History, reference
 from gradbridge._runtime import libtorch
 from gradbridge._runtime.devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
+from tests.spark_support import gloo_symbols
 
 REPO_ROOT = root()
 VERSION = gradbridge.__version__
@@ -42,12 +43,6 @@ _NOT_LINKED = re.compile(r"^(gradbridge|__editable__|_?_?editable__|pip|setuptoo
                          r"__pycache__)|\.pth$")
 
 pytestmark = pytest.mark.gradle
-
-
-def gloo_symbols(library: Path) -> list:
-    """The dynamic symbols of a shared library, defined or needed, that name gloo (``nm -D``)."""
-    listing = subprocess.run(["nm", "-D", "-C", str(library)], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if "gloo" in line.lower()]
 
 
 def _run(command, cwd, env=None, timeout=600):
@@ -279,7 +274,7 @@ def test_parity_both_keeps_the_in_process_result_when_the_subprocess_fails(user_
 
 def test_users_own_java_class_runs_beside_the_installed_library(user_env, outside):
     """A user class compiled against the wheel's gradbridge jar, on GRADBRIDGE_USER_CLASSPATH."""
-    from tests.test_user_classpath import CALL, USER_CLASS
+    from tests.user_code import CALL, USER_CLASS
 
     bin_dir, env = user_env
     jars = next(Path(bin_dir.parent).glob("lib/python3*/site-packages/gradbridge/jars"))
