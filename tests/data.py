@@ -11,6 +11,7 @@ import numpy as np
 #: How a row's label follows from its first features f0, f1, f2 (a row of several dimensions is flattened).
 LABELS = {
     "thresholds": "(f0 > 0) + (f1 > 0.5); with classes=2, (f0 > 0) alone",
+    "signs": "(f0 > 0) + (f1 > 0)",
     "score": "round(1.3 (2 f0 + f1)), clamped to -1..classes-2, plus 1",
     "mixed": "(f0 + 0.5 f1 > 0) + (f2 > 1)",
     "sum": "(f0 + f2 > 0) + (f1 > 1)",
@@ -25,7 +26,7 @@ def labelled(n: int, features=6, *, seed: int = 0, tensors: bool = False, labels
     ``features``: the width of a row, or its shape (x is ``(n, *features)``). ``tensors``: torch's generator
     (``torch.Generator().manual_seed(seed)``, float32 tensors) instead of NumPy's (``np.random.default_rng(seed)``,
     float32 arrays); the two draw different numbers. ``labels``: a rule of ``LABELS``; ``classes``: their number,
-    where the rule has one (thresholds, score, random)."""
+    where the rule takes one (thresholds, score, random)."""
     assert labels in LABELS, f"labels={labels!r}: one of {sorted(LABELS)}"
     shape = (features,) if isinstance(features, int) else tuple(features)
     if tensors:
@@ -54,6 +55,8 @@ def _label(f, rule, classes, as_int64):
         if isinstance(score, np.ndarray):
             return as_int64(np.clip(np.round(score), -1, classes - 2)) + 1
         return as_int64(score.round().clamp(-1, classes - 2)) + 1
+    if rule == "signs":
+        return as_int64(f[:, 0] > 0) + as_int64(f[:, 1] > 0)
     if rule == "mixed":
         return as_int64(f[:, 0] + 0.5 * f[:, 1] > 0) + as_int64(f[:, 2] > 1)
     return as_int64(f[:, 0] + f[:, 2] > 0) + as_int64(f[:, 1] > 1)  # "sum"

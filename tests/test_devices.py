@@ -24,17 +24,12 @@ from gradbridge.commands import doctor
 from gradbridge.errors import GradbridgeError, InvalidInputError
 from gradbridge.models import mlp
 from tests.conftest import NO_CUDA, cuda_device_count
+from tests.data import labelled
 
 REPO_ROOT = root()
 TRAIN_SCRIPT = REPO_ROOT / "build" / "install" / "gradbridge" / "bin" / "gradbridge-train"
 GPU_CHECK = REPO_ROOT / "tools" / "gpu_check.sh"
 no_gpu = pytest.mark.skipif(cuda_device_count() > 0, reason="this machine has a CUDA device")
-
-
-def _data(n=40, seed=0):
-    g = np.random.default_rng(seed)
-    x = g.standard_normal((n, 6)).astype(np.float32)
-    return x, ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def dropout_mlp(tmp_path_factory):
     torch.manual_seed(0)
     path = export_training_module(mlp(6, (16, 16), 3, dropout=0.25), "cross_entropy", {"name": "adam", "lr": 0.01},
                                   folder / "mlp.pt", example_inputs=(torch.zeros(4, 6), torch.zeros(4, dtype=torch.int64)))
-    x, y = _data()
+    x, y = labelled(40, labels="signs")
     np.savez(folder / "train.npz", x=x, y=y)
     return path
 
@@ -109,7 +104,7 @@ def test_java_prints_the_device_lines_python_prints(jvm):
 def test_an_unknown_device_is_one_line_on_every_path(jvm, dropout_mlp):
     import jpype
 
-    x, y = _data()
+    x, y = labelled(40, labels="signs")
     expected = messages.unknown_device("gpu")
     for call in (lambda: reference.train(dropout_mlp, x, y, epochs=1, device="gpu"),
                  lambda: java.train(dropout_mlp, x, y, epochs=1, device="gpu"),
@@ -137,7 +132,7 @@ def test_an_unknown_device_is_one_line_on_every_path(jvm, dropout_mlp):
 def test_a_cuda_device_this_machine_lacks_is_one_line_on_every_path(jvm, dropout_mlp, tmp_path):
     import jpype
 
-    x, y = _data()
+    x, y = labelled(40, labels="signs")
     data = dropout_mlp.parent / "train.npz"
     seen = messages.cuda_devices_seen(torch.__version__, 0, devices.driver_loads())
     if torch.version.cuda is None:
@@ -178,8 +173,8 @@ def test_a_cuda_device_this_machine_lacks_is_one_line_on_every_path(jvm, dropout
 def test_device_cpu_trains_as_no_option_does_bit_for_bit(jvm, dropout_mlp, tmp_path):
     import jpype
 
-    x, y = _data()
-    val = _data(12, seed=1)
+    x, y = labelled(40, labels="signs")
+    val = labelled(12, seed=1, labels="signs")
     settings = dict(epochs=2, batch_size=8, seed=3, val=val)
     for mode in ("step", "fused", "full"):
         plain = java.train(dropout_mlp, x, y, mode=mode, **settings)
