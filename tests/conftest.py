@@ -140,13 +140,22 @@ def _cuda_summary(terminalreporter, cuda_tests):
 
     where = "the CPU (a rehearsal)" if cuda_tests.DEVICE == "cpu" else torch.cuda.get_device_name(0)
     lines = [f"{'case':<24} {'format':<12} {'java':<11} result (on {where}, torch {torch.__version__})"]
-    for case, format, side, report in cuda_tests.RESULTS:
-        result = "bitwise" if report.bitwise else (
-            f"max |dloss| {report.max_loss_delta:.2e}, max |dparam| {report.max_param_delta:.2e}")
-        lines.append(f"{case:<24} {format:<12} {side:<11} {result}")
-    terminalreporter.write_sep("=", "gradbridge on a CUDA device")
+    lines += [f"{case:<24} {format:<12} {side:<11} {_verdict(report)}"
+              for case, format, side, report in cuda_tests.RESULTS]
+    _write_table(terminalreporter, "gradbridge on a CUDA device", lines, "cuda-parity.txt")
+
+
+def _verdict(report) -> str:
+    """A parity report in a table's cell: bitwise, or the largest differences."""
+    return "bitwise" if report.bitwise else (
+        f"max |dloss| {report.max_loss_delta:.2e}, max |dparam| {report.max_param_delta:.2e}")
+
+
+def _write_table(terminalreporter, title: str, lines, name: str) -> None:
+    """A summary table in pytest's report and in build/<name>."""
+    terminalreporter.write_sep("=", title)
     terminalreporter.write_line("\n".join(lines))
-    out = REPO_ROOT / "build" / "cuda-parity.txt"
+    out = REPO_ROOT / "build" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
 
@@ -164,12 +173,6 @@ def pytest_terminal_summary(terminalreporter):
     if matrix_tests is None or not matrix_tests.RESULTS:
         return
     lines = [f"{'case':<42} {'mode':<6} {'java':<11} result"]
-    for case, mode, side, report in matrix_tests.RESULTS:
-        result = "bitwise" if report.bitwise else (
-            f"max |dloss| {report.max_loss_delta:.2e}, max |dparam| {report.max_param_delta:.2e}")
-        lines.append(f"{case:<42} {mode:<6} {side:<11} {result}")
-    terminalreporter.write_sep("=", "gradbridge parity matrix")
-    terminalreporter.write_line("\n".join(lines))
-    out = REPO_ROOT / "build" / "parity-matrix.txt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    lines += [f"{case:<42} {mode:<6} {side:<11} {_verdict(report)}"
+              for case, mode, side, report in matrix_tests.RESULTS]
+    _write_table(terminalreporter, "gradbridge parity matrix", lines, "parity-matrix.txt")
