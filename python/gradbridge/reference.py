@@ -28,11 +28,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._runtime import devices, inputs, shuffle
+from ._runtime import autocast, devices, inputs, shuffle
 from . import messages, protocol
 from ._runtime import shuffle as shuffle_module
 from ._runtime import data as data_checks
 from .errors import DivergenceError, GradbridgeError, InvalidInputError, ProtocolError, TrainingError
+from ._runtime.shards import combine_shards, shards_sha256  # noqa: F401 (reference.shards_sha256, as before)
 from .export import capture, finetune, groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
@@ -140,6 +141,7 @@ class Reference:
             self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
+        self.autocast = autocast.of(self.metadata)  # forward and loss under torch.autocast, as exported
         if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
             for name, value in list(vars(self.loss).items()):
                 if isinstance(value, Tensor):
@@ -202,11 +204,16 @@ class Reference:
         """``model`` (``self.model`` or ``self.eval_model``) on one batch's inputs."""
         return model(self.method_argument(x)) if self._takes_list else inputs.call(model, x)
 
+    def loss_of(self, model: nn.Module, x: inputs.Batch, y: Tensor) -> Tensor:
+        """The loss of ``model`` on (x, y): forward and loss under the module's autocast region, if any."""
+        with autocast.region(self.autocast):
+            return self.loss(self.forward(model, x), y)
+
     def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """zero_grad, then the loss on (x, y) and its backward; returns the loss (detached)."""
         with plain_graph_executor():
             self.optimizer.zero_grad()
-            loss = self.loss(self.forward(self.model, x), y)
+            loss = self.loss_of(self.model, x, y)
             loss.backward()
         return loss.detach()
 
@@ -229,7 +236,7 @@ class Reference:
                 size = (len(y) + self.accumulate - 1) // self.accumulate
                 loss = None
                 for xm, ym in zip(inputs.split(x, size), y.split(size)):
-                    scaled = self.loss(self.forward(self.model, xm), ym) / self.accumulate
+                    scaled = self.loss_of(self.model, xm, ym) / self.accumulate
                     scaled.backward()
                     loss = scaled.detach() if loss is None else loss + scaled.detach()
         self.step()
@@ -266,7 +273,7 @@ class Reference:
                     torch.manual_seed(seeds[k])
                 self.optimizer.zero_grad()  # set_to_none: an unused parameter keeps no gradient
                 selected = torch.tensor(index, dtype=torch.int64)
-                loss = self.loss(self.forward(self.model, inputs.select(x, selected)), y.index_select(0, selected))
+                loss = self.loss_of(self.model, inputs.select(x, selected), y.index_select(0, selected))
                 loss.backward()
                 shard_results.append((len(index), float(loss.detach()),
                                       [None if p.grad is None else p.grad.clone() for p in parameters]))
@@ -299,16 +306,16 @@ class Reference:
         self.eval_model.eval()
         try:
             with torch.no_grad(), plain_graph_executor():
-                return self.loss(self.forward(self.eval_model, x), y)
+                return self.loss_of(self.eval_model, x, y)
         finally:
             self.eval_model.train()
 
     def refuses(self, batch: Dict[str, np.ndarray]) -> bool:
         """Whether ``evaluate`` fails inside torch on ``batch`` (each input by name, then y): the probe of
         ``data.out_of_range``, as Java's ``ValueRanges`` calls the module's ``evaluate``."""
-        x = {name: torch.from_numpy(batch[name]) for name in self.input_names}
+        x, y = data_checks.tensors(self.metadata, {name: batch[name] for name in self.input_names}, batch[inputs.Y], "")
         try:
-            self.evaluate(x[inputs.X] if inputs.is_single(self.input_names) else x, torch.from_numpy(batch[inputs.Y]))
+            self.evaluate(x[inputs.X] if inputs.is_single(self.input_names) else x, y)
             return False
         except _TORCH_FAILURES:
             return True
@@ -360,45 +367,6 @@ class Reference:
         return {key: values for key, values in state.items() if len(values) == len(params)}
 
 
-def shards_sha256(x, y, shards: int) -> str:
-    """A gradbridge-spark checkpoint's ``shards_sha256``: SHA-256 over each partition's SHA-256 of its
-    x bytes (``x`` a dict: each input's, in the dict's order, which is to be the module's) then its y
-    bytes (partition p holds rows p, p + K, ... in order), in partition order.
-    (``data_sha256`` of a single-process run is SHA-256 of all x bytes then all y bytes.)"""
-    import hashlib
-
-    outer = hashlib.sha256()
-    for p in range(shards):
-        inner = hashlib.sha256()
-        for array in [*inputs.arrays(x).values(), y]:
-            inner.update(np.ascontiguousarray(np.asarray(array)[p::shards]).tobytes())
-        outer.update(inner.digest())
-    return outer.hexdigest()
-
-
-def combine_shards(results: Sequence[tuple]) -> tuple:
-    """The step gradient of data-parallel training: the sample-weighted sum of the shard
-    gradients in partition order (Java: ``dev.gradbridge.spark.GradientCombiner``).
-
-    ``results``: ``(rows, loss, gradients)`` per non-empty shard in partition order, each gradient
-    a tensor or None (no gradient). With N the rows of all shards and ``w = rows / N`` (a Python
-    float; torch rounds it to a float32 tensor's dtype): per parameter, over the shards that have a
-    gradient for it, ``G = g * w`` for the first and ``G = G + g * w`` after, each op rounded to the
-    dtype; None when no shard has one. The step loss is ``sum(w * loss)`` in float64, in order.
-    """
-    total = sum(rows for rows, _, _ in results)
-    loss = None
-    combined: List[Optional[Tensor]] = [None] * (len(results[0][2]) if results else 0)
-    for rows, shard_loss, gradients in results:
-        w = rows / total
-        loss = w * shard_loss if loss is None else loss + w * shard_loss
-        for i, g in enumerate(gradients):
-            if g is not None:
-                term = g.mul(w)
-                combined[i] = term if combined[i] is None else combined[i].add(term)
-    return loss, combined
-
-
 def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any]) -> None:
     """What gradbridge-spark refuses (same lines): a protocol-1 module, trained buffers without
     ``set_state`` (exported before it), accumulation."""
@@ -439,8 +407,9 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     threads = messages.check_integer("threads", TASK_THREADS if threads is None else threads, 1, messages.MAX_THREADS)
-    check_data_parallel(model_path, protocol.read_metadata(model_path))
-    xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
+    metadata = protocol.read_metadata(model_path)
+    check_data_parallel(model_path, metadata)
+    xs, ys = data_checks.tensors(metadata, x, y, "training data")
     n = len(ys)
     if n == 0:
         raise InvalidInputError(messages.empty_dataset("training data"))
@@ -529,6 +498,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
            lr: Optional[float], device: str, deterministic: bool, source: str, val_source: str) -> History:
     """``train``'s epochs, its arguments checked."""
     reference = Reference(model_path, model, device=device)
+    xs, ys = data_checks.tensors(reference.metadata, xs, ys, source)  # a 16-bit input's carrier cast
     if lr is not None:
         for group in reference.optimizer.param_groups:
             group["lr"] = lr
@@ -556,8 +526,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
         val_loss = None
         if val is not None:
             try:
-                val_loss = float(reference.evaluate(inputs.to_torch(val[0]),
-                                                    torch.from_numpy(np.ascontiguousarray(val[1]))))
+                val_loss = float(reference.evaluate(*data_checks.tensors(reference.metadata, val[0], val[1], val_source)))
             except _TORCH_FAILURES as ex:
                 raise reference.blame(ex, val_source, val[0], val[1],
                                       f"validation loss failed at epoch {epoch}") from ex
