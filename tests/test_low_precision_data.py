@@ -130,7 +130,8 @@ def test_bfloat16_inputs_in_protocol_3(jvm, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torchscript", "export"])
 def test_float16_inputs_from_float16_or_float32_arrays(jvm, tmp_path, fmt):
-    """float16 has numpy's dtype: its arrays as they are, or float32 ones holding float16 values."""
+    """float16 has numpy's dtype: its arrays as they are, or float32 ones holding float16 values. (SGD: Adam on
+    float16 parameters rounds its state otherwise than eager's on the CPU, docs/export.md.)"""
     torch.manual_seed(0)
     model = MixedNet(dtype=torch.float16)
     x, carrier, y = _data(dtype=torch.float16)
@@ -139,7 +140,7 @@ def test_float16_inputs_from_float16_or_float32_arrays(jvm, tmp_path, fmt):
     except RuntimeError as ex:  # an older torch without float16 CPU kernels for these ops
         pytest.skip(f"torch {torch.__version__} has no float16 CPU kernel here: {ex}")
     model.zero_grad(set_to_none=True)
-    path = export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=0.01, eps=1e-3),
+    path = export_training_module(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05),
                                   tmp_path / "m.pt", example_inputs=(x[:8], y[:8]), format=fmt)
     eager = reference.train(path, carrier, y.numpy(), epochs=2, batch_size=8, model=model)
     for given in (carrier, x.numpy()):
@@ -269,9 +270,11 @@ def test_autocast_float16(jvm, tmp_path, fmt):
 
 
 class InsideAutocast(Plain):
+    """Its own autocast region in forward (TorchScript scripts it, and its script runs without the region)."""
+
     def forward(self, x):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return super().forward(x)
+            return self.head(self.body(x))
 
 
 @pytest.mark.slow
