@@ -240,8 +240,10 @@ def _autocast(jvm, tmp_path, fmt, dtype=torch.bfloat16, loss="cross_entropy"):
         assert np.array_equal(in_java[-1].parameters[name], p.detach().double().numpy().ravel()), name
     # batches of another size than the example's (6, and a last one of 4), as the reference trains them
     settings = dict(epochs=2, batch_size=6, seed=1)
-    assert compare_histories(reference.train(path, x.numpy(), y.numpy(), model=model, **settings),
-                             java.train(path, x.numpy(), y.numpy(), **settings)).bitwise
+    in_java = java.train(path, x.numpy(), y.numpy(), **settings)
+    assert compare_histories(reference.train(path, x.numpy(), y.numpy(), model=model, **settings), in_java).bitwise
+    if fmt == "torchscript":  # the model stored in the .pt (gradbridge parity without --model-factory): its casts
+        assert compare_histories(reference.train(path, x.numpy(), y.numpy(), **settings), in_java).bitwise
     return model, path
 
 

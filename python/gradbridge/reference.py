@@ -141,7 +141,8 @@ class Reference:
             self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
-        self.autocast = autocast.of(self.metadata)  # forward and loss under torch.autocast, as exported
+        # forward and loss under torch.autocast, as exported; the stored model holds autocast's casts already
+        self.autocast = None if model is None else autocast.of(self.metadata)
         if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
             for name, value in list(vars(self.loss).items()):
                 if isinstance(value, Tensor):
