@@ -15,6 +15,7 @@ inputs, the parity command, the service over HTTP and Spark.
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradbridge import History, compare_histories, export_training_module, java, protocol, reference
-from gradbridge import replay as replay_mod
+from gradbridge import online, replay as replay_mod
 from gradbridge._runtime.devtree import root
 from gradbridge.errors import InvalidInputError
 
@@ -177,27 +178,31 @@ def test_a_bfloat16_target_and_model_with_mse(jvm, tmp_path, fmt):
 
 
 class Recommender(nn.Module):
-    """Named inputs whose dtypes mix: int64 ids into float32 embeddings, a bfloat16 context into a bfloat16 head."""
+    """Named inputs whose dtypes mix: int64 ids into float32 embeddings, a bfloat16 context into a bfloat16 head;
+    its output float32, or (``out``) bfloat16."""
 
-    def __init__(self):
+    def __init__(self, out=torch.float32):
         super().__init__()
         self.users = nn.Embedding(10, 4)
         self.head = nn.Sequential(nn.Linear(4 + 3, 8), nn.ReLU(), nn.Linear(8, 1)).to(torch.bfloat16)
+        self.out = out
 
     def forward(self, user, context):
-        return self.head(torch.cat([self.users(user).to(torch.bfloat16), context], 1)).float()
+        return self.head(torch.cat([self.users(user).to(torch.bfloat16), context], 1)).to(self.out)
 
 
-def _recommender(tmp_path, n=60, fmt="auto"):
+def _recommender(tmp_path, n=60, fmt="auto", out=torch.float32):
+    """The recommender exported with AdamW and mse (a target of its output's dtype), its data as arrays (float32
+    carrying the bfloat16 ones)."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    model = Recommender()
+    model = Recommender(out)
     x = {"user": torch.randint(0, 10, (n,), generator=g), "context": torch.randn(n, 3, generator=g).to(torch.bfloat16)}
-    y = torch.randn(n, 1, generator=g)
+    y = torch.randn(n, 1, generator=g).to(out)
     path = export_training_module(model, "mse", torch.optim.AdamW(model.parameters(), lr=0.01), tmp_path / "r.pt",
                                   example_inputs=({k: v[:8] for k, v in x.items()}, y[:8]), format=fmt)
     arrays = {"user": x["user"].numpy(), "context": x["context"].float().numpy()}
-    return model, path, arrays, y.numpy()
+    return model, path, arrays, y.float().numpy()
 
 
 @pytest.mark.slow
@@ -333,16 +338,20 @@ def test_online_learner_takes_bfloat16_features_as_float32_and_replays_bitwise(j
     report = replay_mod.replay(tmp_path / "log", path, model=model)
     assert report.bitwise, report.table()
     assert report.events == 48
+    words = torch.tensor([1.0, -2.5, 3.0e38], dtype=torch.bfloat16)
+    held = jpype.JClass("dev.gradbridge.online.HostTensor").of("bfloat16", jpype.JArray(jpype.JLong)([3]),
+                                                                 jpype.JArray(jpype.JByte)(words.view(torch.int16).numpy().tobytes()))
+    assert online.to_numpy(held).tolist() == words.float().tolist()  # numpy has no bfloat16: widened exactly
 
 
 @pytest.mark.slow
 def test_serve_over_http_takes_bfloat16_features(serve_script, tmp_path):
-    """gradbridge-serve (a JVM of its own) on the mixed recommender: JSON numbers for the bf16 context, a bf16
-    prediction of a bf16 model written as numbers, one 400 line for a value that is not a bfloat16 one; the log
-    replays bit for bit."""
+    """gradbridge-serve (a JVM of its own) on the mixed recommender of a bf16 output and target: JSON numbers for
+    the bf16 context and y, the bf16 prediction written as numbers, one 400 line for a value that is not a bfloat16
+    one; the log replays bit for bit."""
     from .serving import Service
 
-    model, path, x, y = _recommender(tmp_path, fmt="export")
+    model, path, x, y = _recommender(tmp_path, fmt="export", out=torch.bfloat16)
     with Service(serve_script, path, tmp_path / "log", "--max-batch", 4, "--publish-every", 1, "--seed", 5) as service:
         for start in range(0, 40, 4):
             body = {"x": {name: a[start:start + 4].tolist() for name, a in x.items()}, "y": y[start:start + 4].tolist()}
@@ -350,6 +359,9 @@ def test_serve_over_http_takes_bfloat16_features(serve_script, tmp_path):
             assert status == 200, text
         status, text = service.post("/predict", {"x": {name: a[:2].tolist() for name, a in x.items()}})
         assert status == 200, text
+        predicted = np.array(json.loads(text)["y"], dtype=np.float32)
+        assert predicted.shape == (2, 1) and np.array_equal(torch.from_numpy(predicted).to(torch.bfloat16).float(),
+                                                            predicted)  # bfloat16 values
         bad = {"user": [1], "context": [[0.1, 0.0, 0.0]]}
         status, text = service.post("/feedback", {"x": bad, "y": [[0.0]]})
         assert status == 400 and text.strip() == "error: " + _refusal("", "x.context", [0, 0], value=0.10000000149011612)

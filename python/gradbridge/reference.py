@@ -141,8 +141,9 @@ class Reference:
             self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
-        # forward and loss under torch.autocast, as exported; the stored model holds autocast's casts already
-        self.autocast = None if model is None else autocast.of(self.metadata)
+        # forward and loss under torch.autocast, as exported (the stored model holds its casts already: its loss alone)
+        self.autocast = autocast.of(self.metadata)
+        self._forward_autocast = None if model is None else self.autocast
         if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
             for name, value in list(vars(self.loss).items()):
                 if isinstance(value, Tensor):
@@ -207,8 +208,10 @@ class Reference:
 
     def loss_of(self, model: nn.Module, x: inputs.Batch, y: Tensor) -> Tensor:
         """The loss of ``model`` on (x, y): forward and loss under the module's autocast region, if any."""
+        with autocast.region(self._forward_autocast):
+            output = self.forward(model, x)
         with autocast.region(self.autocast):
-            return self.loss(self.forward(model, x), y)
+            return self.loss(output, y)
 
     def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """zero_grad, then the loss on (x, y) and its backward; returns the loss (detached)."""
