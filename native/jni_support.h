@@ -31,7 +31,7 @@ inline void throw_native(JNIEnv* env, const std::string& message) {
 }
 
 // How libtorch's errors read in Java: whole (the module layer reads TorchScript's tracebacks,
-// dev.gradbridge.ScriptedModule) or their first line (c10d's carry context lines).
+// dev.gradbridge.ModuleEngine) or their first line (c10d's carry context lines).
 enum class Message { whole, first_line };
 
 // The one error path: what an exception caught in flight says in Java (c10::Error without its C++
@@ -151,7 +151,7 @@ inline at::Tensor on_host(const at::Tensor& t) {
 }
 
 // ---- handles: what Java owns crosses JNI as a jlong, boxed with its kind ----
-// Every kind of object a Java owner holds (Tensor, TorchScriptModule, ..., gradbridge-spark's
+// Every kind of object a Java owner holds (Tensor, TorchScriptEngine, ..., gradbridge-spark's
 // GlooGroup) is one of these. release<T> boxes a value for Java; borrow<T> gives it back, refusing a
 // zero handle ("the tensor is closed") and a handle of another kind by name ("a module handle where
 // a tensor is expected") as a NativeException, never a crash; drop<T> frees it (take<T>: out of its box). A box

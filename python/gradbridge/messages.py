@@ -64,7 +64,7 @@ def one_line(ex: BaseException) -> str:
     """An exception's text on one line: the one rule for shortening torch's and libtorch's messages,
     which span several lines (whitespace collapsed; the exception's type when it says nothing). A
     TorchScript interpreter's traceback is left out: its last ``XxxError: ...`` line is the error (as
-    Java's ``ScriptedModule.libtorchSummary`` keeps the last line)."""
+    Java's ``ModuleEngine.libtorchSummary`` keeps the last line)."""
     if TORCHSCRIPT_TRACEBACK in str(ex):
         lines = [line for line in str(ex).splitlines() if line.strip()]
         last = ([line for line in lines if _ERROR_LINE.match(line)] or lines)[-1]

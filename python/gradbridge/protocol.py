@@ -160,7 +160,7 @@ DRAWS_RANDOM_KEY = "draws_random"
 #: ``capture``'s device the model was exported from when not the CPU (``"cuda:0"``); the file holds CPU
 #: tensors either way, and trains on any device.
 EXPORTED_FROM_KEY = "exported_from"
-#: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
+#: Protocol 3's program (``export.protocol3_capture``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)

@@ -45,7 +45,7 @@ from torch import Tensor
 from . import oplist, oplist_check, program_check
 from .. import messages, protocol
 
-#: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.aten_export``).
+#: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.protocol3_capture``).
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 #: The schedules protocol 3 holds (``export.schedulers`` names), each with the options its formula reads.
 SCHEDULERS: Dict[str, tuple] = {

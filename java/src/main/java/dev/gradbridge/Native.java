@@ -10,7 +10,7 @@ import java.nio.ByteBuffer;
  *
  * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one
  * {@code torch::jit::Module}, ...; each is freed exactly once by its Java owner ({@link Tensor},
- * {@link TorchScriptModule}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
+ * {@link TorchScriptEngine}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
  * zero handle, or one of another kind, is refused by name in a {@link NativeException}
  * ("the tensor is closed", "a tensor handle where a module is expected"), never a crash. Every entry point turns a libtorch error into a {@link
  * NativeException} carrying libtorch's message without its C++ backtrace.

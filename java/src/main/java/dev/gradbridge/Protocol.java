@@ -21,7 +21,7 @@ public final class Protocol {
             Collections.unmodifiableList(Arrays.asList(1, 2, 3));
     /**
      * Protocol 3: a training step captured with torch.export as gradbridge's op lists, run op by op by
-     * the native layer ({@link ExportedModule}); the file is a zip of {@link #METADATA_FILE} (with
+     * the native layer ({@link OpListEngine}); the file is a zip of {@link #METADATA_FILE} (with
      * {@link #PROGRAM_KEY}), the op lists and the state tensors.
      */
     public static final int EXPORT_VERSION = 3;

@@ -247,12 +247,12 @@ public final class SparkTrainer {
      */
     private static final class Endpoints {
         final byte[] carried;
-        final ExchangeRelay relay;
+        final RelayEndpoint relay;
         final RunStore store;
         final String meeting;
         final DriverState held;
 
-        private Endpoints(byte[] carried, ExchangeRelay relay, RunStore store, DriverState held) {
+        private Endpoints(byte[] carried, RelayEndpoint relay, RunStore store, DriverState held) {
             this.carried = carried;
             this.relay = relay;
             this.store = store;
@@ -263,7 +263,7 @@ public final class SparkTrainer {
         static Endpoints start(JavaSparkContext jsc, int k, String exchange, int first, byte[] archive) {
             byte[] carried = DriverEndpoint.runSecret(jsc.getConf());
             byte[] secret = DriverEndpoint.secretOf(carried);
-            ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start(secret) : null;
+            RelayEndpoint relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? RelayEndpoint.start(secret) : null;
             RunStore store = k > 1 && relay == null ? RunStore.start(secret) : null;
             return new Endpoints(carried, relay, store, DriverState.start(k, first, archive, secret));
         }

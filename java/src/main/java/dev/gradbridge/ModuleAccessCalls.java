@@ -9,7 +9,7 @@ import java.nio.file.Path;
 import java.util.Optional;
 
 /** {@link ModuleAccess}'s calls: the library's other packages reach {@link TrainingModule}'s internals through them. */
-final class LibraryCalls implements ModuleAccess.Calls {
+final class ModuleAccessCalls implements ModuleAccess.Calls {
 
     @Override
     public GuardedSteps stepWhileFinite(TrainingModule module, Tensor[] xs, Tensor[] ys) {
@@ -31,7 +31,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
     @Override
     public Optional<TrainingModule> snapshot(TrainingModule module) {
         try (ThreadGuard.Use use = module.use()) {
-            ScriptedModule copy = module.scripted.snapshot();
+            ModuleEngine copy = module.scripted.snapshot();
             if (copy == null) {
                 return Optional.empty();
             }
@@ -68,7 +68,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
 
     @Override
     public ModuleAccess.BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
-        TorchScriptModule module = TorchScriptModule.load(model.toAbsolutePath(), Devices.CPU);
+        TorchScriptEngine module = TorchScriptEngine.load(model.toAbsolutePath(), Devices.CPU);
         return new ModuleAccess.BareCall() {
             @Override
             public void run() {
@@ -89,7 +89,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
 
     @Override
     public void manualSeed(long seed) {
-        ScriptedModule.seed(seed);
+        ModuleEngine.seed(seed);
     }
 
     @Override

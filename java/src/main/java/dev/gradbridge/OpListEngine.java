@@ -40,7 +40,7 @@ import java.util.zip.ZipOutputStream;
  * map onto the native module's. A checkpoint is the same zip with the state tensors and counters as they
  * are now.
  */
-final class ExportedModule extends ScriptedModule {
+final class OpListEngine extends ModuleEngine {
 
     private static final Gson PRETTY = new GsonBuilder().setPrettyPrinting().create();
     private static final LocalDateTime ZIP_TIME = LocalDateTime.of(1980, 1, 1, 0, 0);
@@ -53,7 +53,7 @@ final class ExportedModule extends ScriptedModule {
     /** Each graph's entry in the zip and its op list, written back unchanged into checkpoints. */
     private final Map<String, String> graphFiles;
 
-    private ExportedModule(Path path, long handle, Metadata metadata, List<String> trainableNames,
+    private OpListEngine(Path path, long handle, Metadata metadata, List<String> trainableNames,
             Map<String, String> graphFiles, String device) {
         super(path, handle, metadata.getMethods(), device);
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
@@ -72,7 +72,7 @@ final class ExportedModule extends ScriptedModule {
      * sees any of it (strict JSON, the operator allow-list, the limits, every field's range), and builds the
      * native module; one line for what is wrong.
      */
-    static ExportedModule load(Path file, Metadata metadata, String device) {
+    static OpListEngine load(Path file, Metadata metadata, String device) {
         NativeLibrary.load();
         List<Tensor> state = new ArrayList<>();
         try (ZipFile archive = new ZipFile(file.toFile())) {
@@ -140,7 +140,7 @@ final class ExportedModule extends ScriptedModule {
                 throw new ProtocolException(file + ": " + libtorchSummary(e));
             }
             try {
-                return new ExportedModule(file, module, metadata, Collections.unmodifiableList(trainable),
+                return new OpListEngine(file, module, metadata, Collections.unmodifiableList(trainable),
                         Collections.unmodifiableMap(graphFiles), device);
             } catch (RuntimeException e) {
                 Native.exportedFree(module);
@@ -204,7 +204,7 @@ final class ExportedModule extends ScriptedModule {
     /**
      * The dtype and shape a state entry must have ({@code float32 [3, 4]}): a parameter's or buffer's as the
      * metadata declares it, an optimizer state's as its parameter's ({@code step}: a float32 scalar); null
-     * for a tensor constant the model makes (python: aten_export._entry_spec).
+     * for a tensor constant the model makes (python: protocol3_capture._entry_spec).
      */
     private static String expectedSpec(Metadata metadata, String name) {
         String[] parts = name.split(":", 3);
@@ -356,10 +356,10 @@ final class ExportedModule extends ScriptedModule {
     }
 
     @Override
-    ScriptedModule snapshot() {
+    ModuleEngine snapshot() {
         long copy = Native.exportedSnapshot(handle());
         try {
-            return new ExportedModule(path, copy, metadata, trainableNames, graphFiles, device());
+            return new OpListEngine(path, copy, metadata, trainableNames, graphFiles, device());
         } catch (RuntimeException e) {
             Native.exportedFree(copy);
             throw e;
