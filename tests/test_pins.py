@@ -257,7 +257,8 @@ def test_every_error_type_lives_in_errors_and_is_exported():
     assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
     from gradbridge._runtime import files
     from gradbridge import replay
-    from gradbridge.export import ExportError, finetune, groups
+    from gradbridge.export import ExportError, finetune
+    from gradbridge.spec import groups
     assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
         errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
 

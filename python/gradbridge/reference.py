@@ -33,7 +33,7 @@ from . import messages, protocol
 from ._runtime import shuffle as shuffle_module
 from ._runtime import data as data_checks
 from .errors import DivergenceError, GradbridgeError, InvalidInputError, ProtocolError, TrainingError
-from .export import capture, finetune, groups, losses, optim, schedulers
+from .spec import groups, losses, optim, schedulers
 from .history import EpochRecord, History, digest, epoch_loss
 from .models import LinearRegression
 from ._runtime import torchscript
@@ -115,7 +115,7 @@ class Reference:
             # A traced model's eval-mode trace (modules exported before it have the one model).
             self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
-            unsupported = capture.off_device(model)
+            unsupported = devices.off_device(model)
             if unsupported:
                 raise InvalidInputError(unsupported)
             self.model = model if take_model else copy.deepcopy(model)
@@ -149,7 +149,7 @@ class Reference:
         for name, p in self.named_parameters():
             p.requires_grad_(name not in frozen)
         spec = optimizer or self.metadata["optimizer"]
-        tuning = {} if optimizer is not None else self.metadata.get(finetune.METADATA_KEY, {})
+        tuning = {} if optimizer is not None else self.metadata.get(protocol.FINE_TUNING_KEY, {})
         try:  # an edited file's fields, checked as the export checked them (torch would divide by zero)
             self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
                                                    groups.torch_param_groups(spec, self.named_parameters()),
@@ -163,7 +163,7 @@ class Reference:
         self.scheduler = (schedulers.torch_scheduler(tuning["scheduler"], self.optimizer)
                           if "scheduler" in tuning else None)
         self.scheduler_interval = tuning.get("scheduler_interval", "none")
-        self.clip = finetune.clip_of({finetune.METADATA_KEY: tuning})
+        self.clip = optim.clip_of({protocol.FINE_TUNING_KEY: tuning})
         self.accumulate = int(tuning.get("accumulate", 1))
 
     def _clip(self) -> None:
@@ -408,7 +408,7 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
     trained = [b["name"] for b in metadata["buffers"] if b.get("trained", True)]
     if trained and protocol.SET_STATE not in metadata["methods"]:
         raise ProtocolError(messages.data_parallel_buffers(str(model_path), trained))
-    accumulate = int(metadata.get(finetune.METADATA_KEY, {}).get("accumulate", 1))
+    accumulate = int(metadata.get(protocol.FINE_TUNING_KEY, {}).get("accumulate", 1))
     if accumulate != 1:
         raise ValueError(messages.data_parallel_accumulate(str(model_path), accumulate))
 

@@ -47,7 +47,7 @@ from .. import messages, protocol
 
 #: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.protocol3_capture``).
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
-#: The schedules protocol 3 holds (``export.schedulers`` names), each with the options its formula reads.
+#: The schedules protocol 3 holds (``spec.schedulers`` names), each with the options its formula reads.
 SCHEDULERS: Dict[str, tuple] = {
     "step": ("step_size", "gamma"), "multistep": ("milestones", "gamma"), "exponential": ("gamma",),
     "cosine": ("T_max", "eta_min"), "linear": ("start_factor", "end_factor", "total_iters"),
@@ -96,7 +96,7 @@ def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int,
 
 def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
     """The resolved spec of a schedule (``program.training.scheduler``) of the spec ``given``: the options
-    its formula reads, read from the schedule module ``export.schedulers.build`` made (torch's defaults
+    its formula reads, read from the schedule module ``spec.schedulers.build`` made (torch's defaults
     filled in), its base lrs as ``float.hex`` text, and a SequentialLR's children resolved alike."""
     name = given["name"]
     spec: Dict[str, Any] = {"name": name, "base_lrs": [float(v).hex() for v in module.base_lrs]}

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .._runtime import data, devices, launcher, ops, torch_gate
-from .. import java, parity_report, protocol, reference
+from .. import java, protocol, reference
+from . import parity_report
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from ..export.command_line import build_model
 from .._runtime.files import check_writable

@@ -30,8 +30,8 @@ from .. import protocol
 from .._runtime import torchscript
 from .._runtime.files import atomic_path, check_writable
 from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
-from . import groups as param_groups, optim, scheduler_modules, schedulers
-from .options import tensor_refused
+from ..spec import groups as param_groups, optim, scheduler_modules, schedulers
+from ..spec.options import tensor_refused
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -180,14 +180,6 @@ def setup(named_parameters: Sequence[Tuple[str, nn.Parameter]], names_by_id: Dic
     return Setup(spec, resolved, modules, trainable,
                  plan(spec, hyper, scheduler, scheduler_interval, clip_grad_norm, clip_norm_type, clip_grad_value,
                       accumulate))
-
-
-def clip_of(metadata: Dict[str, Any]) -> Dict[str, Any]:
-    """The clip entry of a module's metadata, with ``"inf"`` back as a float."""
-    clip = dict(metadata.get(METADATA_KEY, {}).get("clip", {"kind": "none"}))
-    if "norm_type" in clip:
-        clip["norm_type"] = float(clip["norm_type"])
-    return clip
 
 
 def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Tensor]]) -> None:

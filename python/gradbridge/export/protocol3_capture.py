@@ -40,7 +40,8 @@ from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
-from . import capture as model_capture, finetune, losses, self_check, step_writes, traceable
+from ..spec import losses
+from . import capture as model_capture, finetune, self_check, step_writes, traceable
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import capture as model_capture, finetune, losses, optim, protocol3_capture, self_check, step_writes
+from ..spec import losses, optim
+from . import capture as model_capture, finetune, protocol3_capture, self_check, step_writes
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
