@@ -19,7 +19,7 @@ from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import aten_export, capture as model_capture, finetune, losses, optim, self_check, step_writes
+from . import aten_export, capture as model_capture, finetune, losses, optim, self_check, step_writes, weights
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         torch_version=libtorch.torch_version(),
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
+        weights=weights.record(model),
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
