@@ -582,7 +582,7 @@ def protocol3_not_torchscript(path: str) -> str:
 
 def weights_suffix(path: str, suffix: str, known: Any) -> str:
     shown = f"suffix '{suffix}'" if suffix else "no suffix"
-    return (f"{path}: cannot tell the format from {shown}: name it {known} or choose one with --format "
+    return (f"{path}: cannot tell the format from {shown}: name it {known}, or choose one with --format "
             "(format= in Python)")
 
 

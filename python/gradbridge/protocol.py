@@ -165,12 +165,13 @@ EXPORTED_FROM_KEY = "exported_from"
 PROGRAM_KEY = "program"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)
 #: How the trained weights go back into the user's model (``export.weights``; only where it has something to
-#: say): ``{"tied": {KEY: NAME}, "peft": {"prefix": P, "adapters": {ADAPTER: {"config": {...}, "keys": {K: KEY}}}}}``.
+#: say): ``{"tied": {KEY: NAME}, "peft": {"prefix": P, "adapters": {ADAPTER: {"config": TEXT, "keys": {K: KEY}}}}}``.
 #: ``tied``: keys of the model's ``state_dict()`` that hold a parameter or buffer listed under another NAME (tied
 #: embeddings). ``peft``: the model's one ``peft.PeftModel``, under prefix P (``""`` or ``"model."``), each adapter
-#: with its ``adapter_config.json`` object and the keys of its ``adapter_model.safetensors``, each the state_dict KEY
+#: with its ``adapter_config.json`` text and the keys of its ``adapter_model.safetensors``, each the state_dict KEY
 #: it holds: what ``PeftModel.save_pretrained`` wrote of the exported model (``gradbridge state-dict --adapter``).
-#: Python's alone: Java carries it into checkpoints as it is (``Metadata.withCheckpoint`` copies the document).
+#: Python's alone: Java carries it into checkpoints (``Metadata.withCheckpoint`` copies the document; its Gson
+#: drops members whose value is null, hence the config's text, not its object).
 WEIGHTS_KEY = "weights"
 WEIGHTS_TIED = "tied"
 WEIGHTS_PEFT = "peft"

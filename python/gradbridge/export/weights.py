@@ -16,7 +16,6 @@ adapter's ``adapter_config.json`` and which state_dict key each tensor of its ``
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import sys
@@ -121,7 +120,9 @@ def _adapters(peft_model: nn.Module, prefix: str) -> Dict[str, Any]:
                 if set(written.keys()) != set(keys):
                     raise ValueError(f"adapter '{adapter}': PEFT's {ADAPTER_WEIGHTS} holds other keys than "
                                      "get_peft_model_state_dict gives")
-            adapters[adapter] = {"config": json.loads((where / ADAPTER_CONFIG).read_text()), "keys": keys}
+            # its text as PEFT wrote it: JSON parsed again (Java's Gson drops null members when it writes a
+            # checkpoint's metadata) would not be the same file
+            adapters[adapter] = {"config": (where / ADAPTER_CONFIG).read_text(encoding="utf-8"), "keys": keys}
     return adapters
 
 
@@ -185,9 +186,9 @@ def _entry(path: Path, metadata: Dict[str, Any]) -> Dict[str, Any]:
                 and isinstance(adapters.get("adapters"), dict) and adapters["adapters"]):
             raise refuse(where, 'an object with "prefix" and "adapters"', adapters)
         for name, adapter in adapters["adapters"].items():
-            if not (isinstance(adapter, dict) and isinstance(adapter.get("config"), dict)
+            if not (isinstance(adapter, dict) and isinstance(adapter.get("config"), str)
                     and strings(adapter.get("keys"))):
-                raise refuse(f"{where}.adapters.{name}", 'an object with "config" and "keys"', adapter)
+                raise refuse(f"{where}.adapters.{name}", 'an object with "config" (text) and "keys"', adapter)
     return entry
 
 
@@ -250,8 +251,8 @@ def write(module_path: PathLike, output: Optional[PathLike] = None, *, format: O
             where = Path(adapter) / _subfolder(name)
             with atomic_path(where / ADAPTER_WEIGHTS) as tmp:
                 _save({key: state[source] for key, source in spec["keys"].items()}, tmp, "safetensors")
-            with atomic_path(where / ADAPTER_CONFIG) as tmp:  # PEFT's PeftConfig.save_pretrained writes it so
-                tmp.write_text(json.dumps(spec["config"], indent=2, sort_keys=True))
+            with atomic_path(where / ADAPTER_CONFIG) as tmp:
+                tmp.write_text(spec["config"], encoding="utf-8")
             written.append(where)
     return written
 
