@@ -198,7 +198,18 @@ def test_metadata_keys_match_java(jvm):
     required = len(protocol.METADATA_KEYS)
     assert java_keys[:required] == protocol.METADATA_KEYS
     assert sorted(java_keys[required:]) == sorted(protocol.OPTIONAL_METADATA_KEYS)
+    # Python's own keys (``weights``): Java does not read them, it carries them into checkpoints as they are
+    assert not set(protocol.PYTHON_METADATA_KEYS) & set(java_keys + protocol.METADATA_KEYS)
     assert snake_fields("dev.gradbridge.Metadata$Checkpoint") == protocol.CHECKPOINT_KEYS
+
+
+def test_adapter_file_names_are_pefts():
+    """`gradbridge state-dict --adapter` writes the files PeftModel.from_pretrained looks for."""
+    from peft.utils import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME
+
+    from gradbridge.export import weights
+
+    assert (weights.ADAPTER_WEIGHTS, weights.ADAPTER_CONFIG) == (SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME)
 
 
 def test_java_leaves_python_autograd_on(jvm, model_path):

@@ -340,6 +340,21 @@ def test_protocol_3_trains_a_transformers_model_from_the_install(user_env, outsi
     assert result.returncode == 0, result.stdout + result.stderr
     assert "java: bitwise identical over 2 epochs" in result.stdout, result.stdout
     assert "java-subprocess: bitwise identical over 2 epochs" in result.stdout, result.stdout
+    # ... and its weights go back into the user's model as safetensors (the wheel's own dependency)
+    written = _run([bin_dir / "gradbridge", "state-dict", "bert.pt", "-o", "bert.safetensors"], cwd=outside, env=env)
+    assert written.stdout == "wrote bert.safetensors\n", written.stdout + written.stderr
+    loaded = _run([bin_dir / "python", "-c", _LOAD_SAFETENSORS], cwd=outside, env=env)
+    assert loaded.returncode == 0, loaded.stderr
+
+
+_LOAD_SAFETENSORS = """\
+import torch, my_model
+from safetensors.torch import load_file
+state = load_file("bert.safetensors")
+model = my_model.make()
+model.load_state_dict(state)  # strict: the model's own keys, no other
+assert all(torch.equal(state[k], v) for k, v in my_model.make().state_dict().items())
+"""
 
 
 # ---- bad installations: one line naming the fix, exit code 1 ----

@@ -576,3 +576,33 @@ def protocol3_not_torchscript(path: str) -> str:
     return (f"{path}: a protocol-3 module (format='export') is not TorchScript; this command reads TorchScript "
             "modules only for now (Java's TrainingModule and Trainer, java.train and reference.train(model=...) "
             "take it)")
+
+
+# ---- gradbridge state-dict (export.weights) ----
+
+def weights_suffix(path: str, suffix: str, known: Any) -> str:
+    shown = f"suffix '{suffix}'" if suffix else "no suffix"
+    return (f"{path}: cannot tell the format from {shown}: name it {known}, or choose one with --format "
+            "(format= in Python)")
+
+
+def weights_format(value: Any, known: Any) -> str:
+    return f"state_dict format must be one of {', '.join(known)}, got {value!r}"
+
+
+def weights_nothing_asked() -> str:
+    return "state-dict: give -o FILE (the whole state_dict), --adapter DIR (a PEFT model's adapter) or both"
+
+
+def weights_no_adapter(path: str) -> str:
+    return (f"{path}: --adapter: the module records no PEFT adapter (its model holds no peft.PeftModel, or it was "
+            "exported before gradbridge recorded adapters: export it again); -o FILE writes the whole state_dict")
+
+
+def weights_adapter_key(path: str, adapter: str, key: str) -> str:
+    return (f"{path}: adapter '{adapter}' names state_dict key {key}, which the module's model lacks "
+            "(an edited file); export it again")
+
+
+def weights_not_recorded(reason: str) -> str:
+    return f"the export records no PEFT adapter (gradbridge state-dict --adapter will refuse it): {reason}"

@@ -11,7 +11,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import messages
 from .errors import DTypeError, ProtocolError
@@ -164,6 +164,18 @@ EXPORTED_FROM_KEY = "exported_from"
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)
+#: How the trained weights go back into the user's model (``export.weights``; only where it has something to
+#: say): ``{"tied": {KEY: NAME}, "peft": {"prefix": P, "adapters": {ADAPTER: {"config": TEXT, "keys": {K: KEY}}}}}``.
+#: ``tied``: keys of the model's ``state_dict()`` that hold a parameter or buffer listed under another NAME (tied
+#: embeddings). ``peft``: the model's one ``peft.PeftModel``, under prefix P (``""`` or ``"model."``), each adapter
+#: with its ``adapter_config.json`` text and the keys of its ``adapter_model.safetensors``, each the state_dict KEY
+#: it holds: what ``PeftModel.save_pretrained`` wrote of the exported model (``gradbridge state-dict --adapter``).
+#: Python's alone: Java carries it into checkpoints (``Metadata.withCheckpoint`` copies the document; its Gson
+#: drops members whose value is null, hence the config's text, not its object).
+WEIGHTS_KEY = "weights"
+WEIGHTS_TIED = "tied"
+WEIGHTS_PEFT = "peft"
+PYTHON_METADATA_KEYS: tuple[str, ...] = (WEIGHTS_KEY,)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
 #: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``
@@ -229,8 +241,10 @@ def build_metadata(
     custom_ops: Sequence[str] = (),
     protocol_version: int = PROTOCOL_VERSION,
     methods: Sequence[str] = (),
+    weights: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
+    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order), then ``WEIGHTS_KEY`` when
+    ``weights`` has an entry."""
     document = {
         "format": METADATA_FORMAT,
         "protocol_version": protocol_version,
@@ -247,6 +261,8 @@ def build_metadata(
         "custom_ops": list(custom_ops),
     }
     assert tuple(document) == METADATA_KEYS
+    if weights:
+        document[WEIGHTS_KEY] = weights
     return document
 
 

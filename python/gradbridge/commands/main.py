@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from .._runtime.files import check_writable
+from . import state_dict
 from ..models import BUILTIN_MODELS, SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
 
@@ -77,13 +78,6 @@ def _export(args: argparse.Namespace) -> int:
         clip_value=args.clip_value, init_weights=args.init_weights, check=args.check, format=args.format)
     capture = protocol.read_metadata(path).get(protocol.CAPTURE_KEY, {})
     print(f"wrote {path} ({messages.format_chosen(capture.get('kind', ''), protocol.AUTO_REASON_KEY in capture)})")
-    return 0
-
-
-def _state_dict(args: argparse.Namespace) -> int:
-    from ..export import save_state_dict
-
-    print(f"wrote {save_state_dict(args.module, args.output)}")
     return 0
 
 
@@ -336,17 +330,6 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(run=_export)
 
 
-def _add_state_dict(commands: argparse._SubParsersAction) -> None:
-    state = commands.add_parser(
-        "state-dict", help="turn an exported module or a Java checkpoint into a state_dict file",
-        description="Write the model's state_dict held by MODULE (an export or a Java checkpoint: its current, "
-                    "trained values) with torch.save; model.load_state_dict(torch.load(FILE, weights_only=True)) "
-                    "takes it.")
-    state.add_argument("module", help="exported module or checkpoint (.pt)")
-    state.add_argument("-o", "--output", required=True, help="state_dict file to write")
-    state.set_defaults(run=_state_dict)
-
-
 def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity = commands.add_parser(
         "parity", help="train with the Python reference and with Java, compare every epoch",
@@ -536,11 +519,12 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: one ``_add_<command>`` function per command, in `gradbridge --help`'s order."""
+    """The whole command line: one ``_add_<command>`` function per command (state-dict's in its own module),
+    in `gradbridge --help`'s order."""
     parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_export(commands)
-    _add_state_dict(commands)
+    state_dict.add_parser(commands)
     _add_parity(commands)
     _add_build_op(commands)
     _add_gradcheck(commands)

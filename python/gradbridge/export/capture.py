@@ -49,6 +49,8 @@ class Capture:
 
 
 _CALL = "NamedInputs"
+#: Where a model of several inputs sits inside its keyword call (the scripted module's ``model``)
+KEYWORD_PREFIX = "model."
 _calls: Dict[Tuple[str, ...], Type[nn.Module]] = {}
 
 
@@ -134,7 +136,7 @@ def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Se
     name = type(model).__name__
     prefix = ""
     if not inputs.is_single(input_names):
-        model, prefix = keyword_call(input_names)(model), "model."
+        model, prefix = keyword_call(input_names)(model), KEYWORD_PREFIX
         if example_x is not None:
             example_x = inputs.method_argument(example_x, input_names)
     scripted, script_failure = _script(model)

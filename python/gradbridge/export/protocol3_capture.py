@@ -41,7 +41,7 @@ from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
 from ..spec import losses
-from . import capture as model_capture, finetune, self_check, step_writes, traceable
+from . import capture as model_capture, finetune, self_check, step_writes, traceable, weights
 
 log = logging.getLogger(__name__)
 
@@ -591,7 +591,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
                  for n, b in buffers],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
-        methods=protocol.PROTOCOL3_METHODS,
+        methods=protocol.PROTOCOL3_METHODS, weights=weights.record(model),
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata

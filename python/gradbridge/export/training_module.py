@@ -20,7 +20,7 @@ from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # E
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from ..spec import losses, optim
-from . import capture as model_capture, finetune, protocol3_capture, self_check, step_writes
+from . import capture as model_capture, finetune, protocol3_capture, self_check, step_writes, weights
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         torch_version=libtorch.torch_version(),
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
+        weights=weights.record(model),
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
