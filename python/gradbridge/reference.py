@@ -13,14 +13,14 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ._runtime import devices, inputs, shuffle
-from . import messages, protocol
+from . import messages, protocol, spark_history
 from ._runtime import shuffle as shuffle_module
 from .eager import _TORCH_FAILURES, Reference, _as_numpy, combine_shards, initial_state  # noqa: F401 (public here)
 from .errors import DivergenceError, InvalidInputError, ProtocolError
@@ -63,10 +63,12 @@ def check_data_parallel(model_path: str | os.PathLike, metadata: Dict[str, Any])
 TASK_THREADS = 1
 
 
-def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int, shards: int,
-                  batch_size: int = protocol.DEFAULT_BATCH_SIZE, seed: int = protocol.DEFAULT_SEED, shuffle: bool = True,
-                  model: Optional[nn.Module] = None,
-                  start_epoch: int = 0, record_values: bool = True, threads: Optional[int] = None) -> History:
+def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: Optional[int] = None,
+                  shards: Optional[int] = None, batch_size: Optional[int] = None, seed: Optional[int] = None,
+                  shuffle: Optional[bool] = None, model: Optional[nn.Module] = None, start_epoch: int = 0,
+                  record_values: bool = True, threads: Optional[int] = None,
+                  run: Union[str, os.PathLike, History, spark_history.SparkRun, None] = None,
+                  source: str = "training data", say: Optional[Callable[[str], None]] = None) -> History:
     """The Python replay of a gradbridge-spark run on ``shards`` partitions (``Reference.sharded_step``).
 
     ``x``: the inputs, an array, or for a model of several inputs a dict of arrays by input name.
@@ -75,30 +77,63 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     Partition k's forward and backward of the run's step s (``epoch * steps_per_epoch`` plus the step's
     index in the epoch) seed torch with ``shuffle.step_seed(seed, s, k)`` (dropout's draws); the buffers
     a step leaves are its first partition's with rows (``sharded_step``). libtorch runs on ``threads``
-    intra-op threads, the tasks' count, which the run's history records per epoch
-    (``EpochRecord.threads``; default ``TASK_THREADS``, Spark's defaults), as a few kernels' bits depend
-    on it; the caller's count is restored after, and a change is said in one line on stderr.
+    intra-op threads, the tasks' count, as a few kernels' bits depend on it; the caller's count is restored after.
+
+    ``run``: the history the run wrote (its path, or that History; ``spark_history.read``): ``shards``,
+    ``batch_size``, ``seed``, ``shuffle`` and ``threads`` default to what it records, ``epochs`` to the run's
+    last epoch + 1 (a resumed run's history too replays from the module the run started from), and the data
+    must be the run's (its ``shards_sha256``), else one line naming ``source`` and the history. Without
+    ``run``: ``epochs`` and ``shards`` are needed, the batch size and seed are the protocol's defaults, and
+    ``threads`` is ``TASK_THREADS`` (a task's count on Spark's defaults). Arguments given win.
+    ``say``: takes the line that names the thread count (``replaying on 1 intra-op thread, ...``); by default
+    it goes to stderr, and only when the count differs from this process's.
     """
+    recorded = None if run is None else spark_history.read(run)
+    given_threads = threads
+    if recorded is not None:
+        settings = recorded.settings
+        shards = settings.partitions if shards is None else shards
+        batch_size = settings.batch_size if batch_size is None else batch_size
+        seed = settings.seed if seed is None else seed
+        shuffle = settings.shuffle if shuffle is None else shuffle
+        threads = recorded.threads if threads is None else threads
+        epochs = recorded.epochs[-1] + 1 - start_epoch if epochs is None else epochs
+    if epochs is None or shards is None:
+        raise TypeError("train_sharded() needs epochs= and shards=, or run= (the history of the run to replay)")
+    batch_size = protocol.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+    seed = protocol.DEFAULT_SEED if seed is None else seed
+    shuffle = True if shuffle is None else shuffle
     epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
     shards = messages.check_integer("shards", shards, 1, messages.INT_MAX)
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     threads = messages.check_integer("threads", TASK_THREADS if threads is None else threads, 1, messages.MAX_THREADS)
-    check_data_parallel(model_path, protocol.read_metadata(model_path))
+    metadata = protocol.read_metadata(model_path)
+    check_data_parallel(model_path, metadata)
     xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
     n = len(ys)
     if n == 0:
-        raise InvalidInputError(messages.empty_dataset("training data"))
+        raise InvalidInputError(messages.empty_dataset(source))
     if not 1 <= batch_size <= n:
         raise InvalidInputError(messages.batch_size(n, batch_size))
     if shards > n:
         raise InvalidInputError(f"{n} rows cannot fill {shards} partitions")
+    if recorded is not None and shards == recorded.settings.partitions:
+        arrays = inputs.arrays(x)  # hashed in the module's order of inputs, as the run's tasks hash them
+        digest = shards_sha256({name: arrays[name] for name in inputs.names(metadata) if name in arrays}, y, shards)
+        if digest != recorded.settings.shards_sha256:
+            raise InvalidInputError(messages.spark_history_data(source, recorded.source, shards, digest,
+                                                                recorded.settings.shards_sha256))
+    why = (messages.THREADS_GIVEN.format(threads) if given_threads is not None
+           else messages.THREADS_RECORDED.format(recorded.source) if recorded is not None else messages.THREADS_DEFAULT)
     reference = Reference(model_path, model)
     history = History()
     steps = (n + batch_size - 1) // batch_size
     previous = torch.get_num_threads()
-    if previous != threads:
-        print(messages.replay_threads(threads, previous), file=sys.stderr)
+    if say is not None:
+        say(messages.replay_threads(threads, previous, why))
+    elif previous != threads:
+        print(messages.replay_threads(threads, previous, why), file=sys.stderr)
     torch.set_num_threads(threads)
     try:
         started = time.perf_counter()
@@ -111,7 +146,7 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
                                                   for k in range(shards)])
                           for i in range(0, n, batch_size)]
             except _TORCH_FAILURES as ex:  # gradbridge-spark refuses such data before its first step
-                raise reference.blame(ex, "training data", x, y, f"training step failed at epoch {epoch}") from ex
+                raise reference.blame(ex, source, x, y, f"training step failed at epoch {epoch}") from ex
             for index, value in enumerate(values):
                 if math.isnan(value) or math.isinf(value):
                     row = index * batch_size

@@ -35,12 +35,21 @@ def _state_dict(args: argparse.Namespace) -> int:
 
 
 def _parity(args: argparse.Namespace) -> int:
-    from .parity import run
+    from .parity import run, run_spark_history
 
-    return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
-               seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
-               report_path=args.report, plot_path=args.plot, op_libraries=args.op_library,
-               model_factory=args.model_factory, device=args.device)
+    # each run's own settings, as given (None: not given; run() has the defaults)
+    settings = {"val_path": args.val, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed,
+                "mode": args.mode, "java_mode": args.java, "device": args.device}
+    common = dict(rtol=args.rtol, atol=args.atol, report_path=args.report, plot_path=args.plot,
+                  op_libraries=args.op_library, model_factory=args.model_factory)
+    if args.spark_history is not None:
+        given = [name for name, value in settings.items() if value is not None]
+        if given:
+            flag = {"val_path": "--val", "java_mode": "--java"}.get(given[0], "--" + given[0].replace("_", "-"))
+            raise ValueError(messages.spark_history_option(flag))
+        return run_spark_history(args.model, args.data, args.spark_history, **common)
+    return run(args.model, args.data, **{name: value for name, value in settings.items() if value is not None},
+               **common)
 
 
 def _build_op(args: argparse.Namespace) -> int:
@@ -201,16 +210,21 @@ def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity = commands.add_parser(
         "parity", help="train with the Python reference and with Java, compare every epoch",
         description="Train MODEL.pt on the same data with eager PyTorch (torch.optim) and with the Java Trainer, "
-                    "print a per-epoch table and say whether they agree. Exit code 0 only within tolerance.")
+                    "print a per-epoch table and say whether they agree. Exit code 0 only within tolerance. With "
+                    "--spark-history, replay a gradbridge-spark run instead and compare it with its history.")
     parity.add_argument("model", help="exported training module (.pt)")
     parity.add_argument("--data", required=True, help=".npz with arrays x and y")
     parity.add_argument("--val", help=".npz with validation arrays x and y")
-    parity.add_argument("--epochs", type=int, default=5)
-    parity.add_argument("--batch-size", type=int, default=protocol.DEFAULT_BATCH_SIZE)
-    parity.add_argument("--seed", type=int, default=protocol.DEFAULT_SEED)
-    parity.add_argument("--mode", choices=protocol.MODES, default=protocol.DEFAULT_MODE)
-    parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
+    parity.add_argument("--epochs", type=int)  # these: None unless given (the defaults are run()'s)
+    parity.add_argument("--batch-size", type=int)
+    parity.add_argument("--seed", type=int)
+    parity.add_argument("--mode", choices=protocol.MODES)
+    parity.add_argument("--java", choices=("inprocess", "subprocess", "both"),
                         help="in this process through JPype (exact), a separate JVM, or both")
+    parity.add_argument("--spark-history", metavar="HISTORY",
+                        help="instead of training Java, replay the gradbridge-spark run that wrote this history "
+                             "(its partitions, batch size, seed and the tasks' threads, as it records them) from "
+                             "MODEL on --data, and compare its epochs")
     parity.add_argument("--rtol", type=_tolerance,
                         help=f"relative tolerance (default: 0 in-process, {SEPARATE_JVM_RTOL:g} subprocess)")
     parity.add_argument("--atol", type=_tolerance,
@@ -218,7 +232,7 @@ def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity.add_argument("--model-factory", metavar="MODULE:FACTORY",
                         help="your own nn.Module (a function returning it) for the eager side, started from the "
                              "module's initial tensors (default: the model stored in the .pt)")
-    parity.add_argument("--device", default="cpu",
+    parity.add_argument("--device",
                         help="train both sides on cpu, cuda or cuda:N (default: cpu); on CUDA with torch's "
                              "deterministic algorithms and CUBLAS_WORKSPACE_CONFIG=:4096:8")
     parity.add_argument("--report", help="write every figure as JSON here")
