@@ -250,6 +250,8 @@ def test_gradbridge_parity_replays_a_spark_history_on_its_threads(thread_runs, t
         _edited(history, edited, edit)
         with pytest.raises(InvalidInputError, match=re.escape(f"{edited} (epoch 0): ") + ".*" + re.escape(expected)):
             reference.train_sharded(case["model"], case["x"], case["y"], run=edited)
+    with pytest.raises(InvalidInputError, match=re.escape(f"{tmp_path / 'none.jsonl'}: no such file")):
+        spark_history.read(tmp_path / "none.jsonl")
     two = History.load(history)
     two.append(dataclasses.replace(two[0], epoch=1, threads=3))
     with pytest.raises(InvalidInputError, match=re.escape('runs (epoch 1): "threads" is 3, not as in epoch 0')):

@@ -43,6 +43,8 @@ def read(run: Union[str, os.PathLike, History, SparkRun], source: str = "the run
         return run
     if not isinstance(run, History):
         source = str(run)
+        if not Path(run).is_file():
+            raise InvalidInputError(f"{source}: no such file")
         run = History.load(Path(run))
     if not len(run):
         raise InvalidInputError(f"{source}: no epoch recorded")
