@@ -66,6 +66,7 @@ def test_java_protocol_constants_match_python(jvm):
     # protocol 2 ("v-next"): what data-parallel training needs, and the versions both languages read
     assert [int(v) for v in Protocol.SUPPORTED_VERSIONS] == list(protocol.SUPPORTED_VERSIONS)
     assert [str(m) for m in Protocol.DATA_PARALLEL_METHODS] == list(protocol.DATA_PARALLEL_METHODS)
+    assert str(Protocol.SHARDED_RULE) == protocol.SHARDED_RULE  # a Spark history's "sharded" rule, which the replay takes
     # protocol 3 (format="export"): its version and the metadata key of its program
     assert int(Protocol.EXPORT_VERSION) == protocol.EXPORT_PROTOCOL_VERSION
     assert str(Protocol.PROGRAM_KEY) == protocol.PROGRAM_KEY

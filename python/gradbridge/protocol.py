@@ -131,6 +131,13 @@ OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GET_
 #: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
 DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)
 
+#: How a data-parallel step combines its partitions, as a gradbridge-spark run's history records it (its
+#: ``sharded`` key's ``rule``; Java: ``Protocol.SHARDED_RULE``): the sample-weighted sum of the partitions'
+#: gradients in partition order, the buffers of the step's first partition with rows, partition k's draws of
+#: step s seeded with ``shuffle.step_seed(seed, s, k)``. ``reference.train_sharded`` replays it; a history of
+#: another rule is refused.
+SHARDED_RULE = "partition-order"
+
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
 METADATA_KEYS: tuple[str, ...] = (
     "format",

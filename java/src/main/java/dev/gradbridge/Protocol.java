@@ -48,6 +48,14 @@ public final class Protocol {
     /** A {@link Trainer}'s mode when not set, as {@link Trainer.Mode#parse} reads it. */
     public static final String DEFAULT_MODE = "step";
 
+    /**
+     * How a data-parallel step combines its partitions, as a run's history records it ({@link ShardedRun#getRule}):
+     * the sample-weighted sum of the partitions' gradients in partition order, the buffers of the step's first
+     * partition with rows, partition k's draws of step s seeded with {@code step_seed(seed, s, k)}; the replay
+     * ({@code reference.train_sharded}) does the same and refuses a history of another rule.
+     */
+    public static final String SHARDED_RULE = "partition-order";
+
     /** {@code forward(x) -> predictions}. */
     public static final String FORWARD = "forward";
     /** {@code calculate_loss_and_backward(x, y) -> loss}; gradients accumulate. */
