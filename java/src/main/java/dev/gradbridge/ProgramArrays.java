@@ -13,33 +13,33 @@ import java.util.Map;
  * integers, flags 0/1 and argument kinds; doubles; strings), so that nothing in the native layer parses text
  * ({@code native/exported_arrays.h} reads them, every read bounds-checked). Written from the Gson trees that
  * {@link ProgramCheck} and {@link Schedules} checked (every field present, of its type and in its range), in this
- * order; {@code n × X} is a count on the integers, then n of X:
+ * order; {@code X...} is a count on the integers, then that many X:
  *
  * <pre>
- * program   = n × parameter name, n × input name, limits, n × graph, training, counters
- * limits    = integer elements, n × sized argument name          (oplist_rules.json's, as StrictJson holds them)
- * graph     = string name, integer oplist_version, n × input binding, n × node, n × (integer ref, string to)
- * node      = string op, string overload, n × argument, integer outputs
- * argument  = integer kind, then by kind: 0 null: nothing; 1 t: integer slot; 2 tl, 3 otl: n × integer slot
- *             (otl's null: -1); 4 i: integer; 5 f: double; 6 b: flag; 7 il: n × integer; 8 sl: n × (integer a,
- *             integer c), the size a * batch + c (a plain integer: a = 0); 9 bx: integer a, integer c;
- *             10 fl: n × double; 11 bl: n × flag; 12 s, 13 dtype, 14 layout, 15 device, 16 mf: string
- * training  = string optimizer, n × group, integer accumulate, string scheduler_interval, flag scheduler held,
+ * program   = parameter name..., input name..., limits, graph..., training, counters
+ * limits    = integer elements, sized argument name...     (oplist_rules.json's, as StrictJson holds them)
+ * graph     = string name, integer oplist_version, input binding..., node..., (integer ref, string to)...
+ * node      = string op, string overload, argument..., integer outputs
+ * argument  = integer kind, then by kind: 0 null: nothing; 1 t: integer slot; 2 tl, 3 otl: integer slot...
+ *             (otl's null: -1); 4 i: integer; 5 f: double; 6 b: flag; 7 il: integer...; 8 sl: (integer a,
+ *             integer c)..., each the size a * batch + c (a plain integer: a = 0); 9 bx: integer a, integer c;
+ *             10 fl: double...; 11 bl: flag...; 12 s, 13 dtype, 14 layout, 15 device, 16 mf: string
+ * training  = string optimizer, group..., integer accumulate, string scheduler_interval, flag scheduler held,
  *             schedule (when held)
- * group     = n × parameter name, double beta1, beta2, momentum, weight_decay, lr_decay (0 for a field its
+ * group     = parameter name..., double beta1, beta2, momentum, weight_decay, lr_decay (0 for a field its
  *             optimizer takes none of)
- * schedule  = string name, n × double base_lrs, then by name:
- *             step: integer step_size, double gamma; multistep: n × integer milestones, double gamma;
+ * schedule  = string name, double base_lrs..., then by name:
+ *             step: integer step_size, double gamma; multistep: integer milestones..., double gamma;
  *             exponential: double gamma; cosine: integer T_max, double eta_min;
  *             linear: double start_factor, double end_factor, integer total_iters;
- *             sequential: n × integer milestones, n × schedule;
+ *             sequential: integer milestones..., schedule...;
  *             plateau: flag minimize, flag relative, double factor, integer patience, double threshold,
- *               integer cooldown, n × double min_lrs, double eps;
- *             onecycle: integer total_steps, n × double for each of initial, max_lrs, min_lrs, end_steps,
- *               max_momenta, base_momenta, n × integer for each of start_keys, end_keys, start_momentum_keys,
+ *               integer cooldown, double min_lrs..., double eps;
+ *             onecycle: integer total_steps, double... for each of initial, max_lrs, min_lrs, end_steps,
+ *               max_momenta, base_momenta, integer... for each of start_keys, end_keys, start_momentum_keys,
  *               end_momentum_keys, flag cos, flag cycle_momentum
- * counters  = integer steps, n × double lrs, integer last_epoch, double best, integer num_bad_epochs,
- *             integer cooldown_counter, n × integer children_last_epochs, n × double momenta (none when absent)
+ * counters  = integer steps, double lrs..., integer last_epoch, double best, integer num_bad_epochs,
+ *             integer cooldown_counter, integer children_last_epochs..., double momenta... (none when absent)
  * </pre>
  *
  * A double is the value its JSON number or {@code float.hex} text denotes, exactly. A change to this order is a
