@@ -29,7 +29,7 @@ import pytest
 
 import gradbridge
 from gradbridge import History, reference
-from gradbridge._runtime import libtorch
+from gradbridge._runtime import libtorch, native
 from gradbridge._runtime.devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests.spark_support import gloo_symbols
@@ -133,8 +133,7 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry the libtorch jar"
     # the native library for the torch the wheel was built with, and its sources for any other torch
     assert [n for n in names if re.fullmatch(r"gradbridge/native_lib/libgradbridge_jni-torch[\d.]+-cxx11abi1\.so", n)]
-    assert {f"gradbridge/native_lib/{name}" for name in ("gradbridge_jni.cpp", "jni_support.h",
-                                                       "dev_gradbridge_Native.h")} <= set(names)
+    assert {f"gradbridge/native_lib/{name}" for name in (*native.CORE_FILES, "dev_gradbridge_Native.h")} <= set(names)
     # no gloo: c10d Gloo, its source and headers are gradbridge-spark's own library, not the core's
     assert not [n for n in names if "gloo" in n.lower()], [n for n in names if "gloo" in n.lower()]
     with zipfile.ZipFile(wheel) as archive:

@@ -1,5 +1,5 @@
 """A protocol-3 training module's program: its op lists (``oplist``), its state and how the protocol's
-methods run them. ``Program`` is the Python twin of the native layer's (native/gradbridge_exported.cpp):
+methods run them. ``Program`` is the Python twin of the native layer's (native/oplist_engine.h and its files):
 the export's check runs it beside the user's eager model and torch.optim before anything is written.
 ``read_program`` reads a protocol-3 file (its metadata, op lists and state) with the native layer's checks.
 

@@ -211,14 +211,16 @@ final class Native {
     static native int plansStepWhileFinite(long[] plans, long[] xs, long[] ys, double[] losses, int[] failed,
             String[] error);
 
-    // ---- protocol 3: op lists run over libtorch's dispatcher (native/gradbridge_exported.cpp) ----
+    // ---- protocol 3: op lists run over libtorch's dispatcher (native/oplist_jni.cpp) ----
 
     /**
-     * A protocol-3 module from its program (JSON: parameters, inputs, graphs, training, counters) and its
-     * state tensors by binding name (copied onto {@code device}: the caller keeps and frees its own). Its calls
-     * copy inputs to the device and results back to the CPU.
+     * A protocol-3 module from its checked program as {@link ProgramArrays} writes it (parameters, inputs, limits,
+     * graphs, training, counters: three arrays, no text) and its state tensors by binding name (copied onto
+     * {@code device}: the caller keeps and frees its own). Its calls copy inputs to the device and results back to
+     * the CPU.
      */
-    static native long exportedLoad(String program, String[] stateNames, long[] stateTensors, String device);
+    static native long exportedLoad(long[] integers, double[] doubles, String[] strings, String[] stateNames,
+            long[] stateTensors, String device);
 
     /** Moves every state tensor to {@code device}, where the module runs from now on. */
     static native void exportedTo(long module, String device);
