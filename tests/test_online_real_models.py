@@ -120,6 +120,7 @@ def _checkpoint_state(checkpoint, fmt):
             if e["name"].startswith(("param:", "buffer:"))}
 
 
+@pytest.mark.every_torch_java
 @pytest.mark.parametrize("fmt", ["torchscript", "export"])
 def test_frozen_weights_are_one_copy_and_checkpoints_leave_them_out(jvm, tmp_path, fmt):
     """A module holds another's frozen tensors in place of its own (ModuleAccess.share: no copy; the predictors'
