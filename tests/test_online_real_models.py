@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from gradbridge import export_training_module, protocol
+from gradbridge.errors import FineTuneError
+from gradbridge.export import state_dict_of
 from gradbridge import replay as replay_mod
 
 from .data import labelled
@@ -153,6 +155,10 @@ def test_frozen_weights_are_one_copy_and_checkpoints_leave_them_out(jvm, tmp_pat
     assert checkpoint.name.endswith(".trained.pt"), checkpoint.name
     assert _checkpoint_state(checkpoint, fmt) == {"base.weight": (0,), "base.bias": (0,), "scale": (0,),
                                                   "head.weight": (3, 64), "head.bias": (3,)}
+    if fmt == "torchscript":  # `gradbridge state-dict` takes what the checkpoint leaves out from --base
+        with pytest.raises(FineTuneError, match="leaves out 2 frozen tensors"):
+            state_dict_of(checkpoint)
+        assert torch.equal(state_dict_of(checkpoint, base=path)["base.weight"], model.base.weight)
     learner = open_learner(path, tmp_path / "log", batch=8, publish=2, checkpoint=2)
     try:
         _feed(learner, x[48:], y[48:])

@@ -83,7 +83,7 @@ def _export(args: argparse.Namespace) -> int:
 def _state_dict(args: argparse.Namespace) -> int:
     from ..export import save_state_dict
 
-    print(f"wrote {save_state_dict(args.module, args.output)}")
+    print(f"wrote {save_state_dict(args.module, args.output, base=args.base)}")
     return 0
 
 
@@ -344,6 +344,8 @@ def _add_state_dict(commands: argparse._SubParsersAction) -> None:
                     "takes it.")
     state.add_argument("module", help="exported module or checkpoint (.pt)")
     state.add_argument("-o", "--output", required=True, help="state_dict file to write")
+    state.add_argument("--base", help="for an online learner's checkpoint (checkpoint-vNNNNNNNN.trained.pt): the module"
+                                      " file it learned from, which holds the frozen tensors the checkpoint leaves out")
     state.set_defaults(run=_state_dict)
 
 

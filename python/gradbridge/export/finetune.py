@@ -218,11 +218,15 @@ def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Te
     model.load_state_dict(weights, strict=True)
 
 
-def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
+def state_dict_of(module_path: Union[str, os.PathLike],
+                  base: Optional[Union[str, os.PathLike]] = None) -> Dict[str, Tensor]:
     """The model's state_dict inside an exported module or a Java checkpoint (its current values:
     a checkpoint holds the trained ones), for ``model.load_state_dict``: as the model's own
     ``state_dict()``, without the buffers registered with ``persistent=False`` (a TorchScript
-    module does not keep that flag; the metadata does)."""
+    module does not keep that flag; the metadata does). An online learner's checkpoint
+    (``checkpoint-vNNNNNNNN.trained.pt``) leaves out what training never changes (frozen parameters,
+    constant buffers: zero elements there): ``base``, the module file it learned from, gives those;
+    without it such a checkpoint is refused, naming it."""
     path = Path(module_path)
     metadata = protocol.read_metadata(path)  # identifies the file before torch reads it
     transient = {spec["name"] for spec in metadata["buffers"] if not spec.get("persistent", True)}
@@ -231,14 +235,33 @@ def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
         model = module.model
     except (RuntimeError, AttributeError) as ex:
         raise FineTuneError(f"{path}: not a loadable gradbridge module: {str(ex).strip().splitlines()[0]}") from ex
-    return {key: value.detach().clone() for key, value in model.state_dict().items() if key not in transient}
+    state = {key: value.detach().clone() for key, value in model.state_dict().items() if key not in transient}
+    left_out = [spec["name"] for spec in metadata["parameters"] + metadata["buffers"]
+                if spec["name"] in state and state[spec["name"]].numel() == 0 and math.prod(spec["shape"]) != 0]
+    if left_out and base is None:
+        raise FineTuneError(f"{path} leaves out {len(left_out)} frozen tensors ({left_out[0]}, ...): an online learner's "
+                            "checkpoint holds what training changed; pass the module file it learned from as base")
+    if left_out:
+        whole = state_dict_of(base)
+        for name in left_out:
+            if name not in whole or tuple(whole[name].shape) != tuple(_declared_shape(metadata, name)):
+                raise FineTuneError(f"{base}: holds no {name} of shape {_declared_shape(metadata, name)}, which {path} "
+                                    "leaves out: not the module file it learned from")
+            state[name] = whole[name]
+    return state
 
 
-def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
-    """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
+def _declared_shape(metadata: Dict[str, Any], name: str) -> List[int]:
+    """The shape the metadata declares for a parameter or buffer."""
+    return next(list(spec["shape"]) for spec in metadata["parameters"] + metadata["buffers"] if spec["name"] == name)
+
+
+def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike],
+                    base: Optional[Union[str, os.PathLike]] = None) -> Path:
+    """Write ``state_dict_of(module_path, base)`` with torch.save (loads with weights_only=True)."""
     out = Path(out)
     check_writable(out)
-    state = state_dict_of(module_path)
+    state = state_dict_of(module_path, base)
     with atomic_path(out) as tmp:
         torch.save(state, str(tmp))
     return out
