@@ -344,8 +344,7 @@ def _add_state_dict(commands: argparse._SubParsersAction) -> None:
                     "takes it.")
     state.add_argument("module", help="exported module or checkpoint (.pt)")
     state.add_argument("-o", "--output", required=True, help="state_dict file to write")
-    state.add_argument("--base", help="for an online learner's checkpoint (checkpoint-vNNNNNNNN.trained.pt): the module"
-                                      " file it learned from, which holds the frozen tensors the checkpoint leaves out")
+    state.add_argument("--base", help="an online checkpoint's module file: the frozen tensors a .trained.pt leaves out")
     state.set_defaults(run=_state_dict)
 
 
