@@ -201,6 +201,51 @@ JNIEXPORT void JNICALL Java_dev_gradbridge_Native_exportedSet(JNIEnv* env, jclas
   });
 }
 
+// The named state tensors themselves, not copies (Native.exportedTensors): handles the caller owns.
+JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_exportedTensors(JNIEnv* env, jclass, jlong handle,
+                                                                        jobjectArray names) {
+  return guarded(env, static_cast<jlongArray>(nullptr), [&] {
+    Exported& m = exported_of(handle);
+    std::vector<at::Tensor> found;
+    for (const auto& name : strings(env, names, "names")) {
+      auto it = m.state.find(name);
+      if (it == m.state.end()) throw std::invalid_argument("the module holds no state tensor " + name);
+      found.push_back(it->second);
+    }
+    std::vector<jlong> out;
+    for (at::Tensor& t : found) out.push_back(handle_of(t));
+    return to_java(env, out);
+  });
+}
+
+// Binds state names to the given tensors themselves, no copy (Native.exportedShare); 0 gives a zero-element
+// placeholder of the bound tensor's dtype. Checked whole before anything changes; returns the bindings changed.
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_exportedShare(JNIEnv* env, jclass, jlong handle, jobjectArray names,
+                                                                jlongArray tensors) {
+  return guarded(env, jint{0}, [&] {
+    Exported& m = exported_of(handle);
+    auto keys = strings(env, names, "names");
+    auto handles = longs(env, tensors, "tensor array");
+    if (handles.size() != keys.size()) throw std::invalid_argument("names and tensors differ in number");
+    std::vector<at::Tensor> values;
+    jint changed = 0;
+    for (size_t k = 0; k < keys.size(); k++) {
+      auto it = m.state.find(keys[k]);
+      if (it == m.state.end()) throw std::invalid_argument("the module holds no state tensor " + keys[k]);
+      const at::Tensor& own = it->second;
+      at::Tensor to = handles[k] == 0 ? at::empty({0}, own.options()) : tensor_at(handles[k]);
+      if (handles[k] != 0 && (to.scalar_type() != own.scalar_type() || to.device() != m.device
+                              || (own.numel() > 0 && to.sizes() != own.sizes())))
+        throw std::invalid_argument(keys[k] + ": a " + std::string(c10::toString(to.scalar_type())) + " tensor on "
+                                    + to.device().str() + " cannot stand for the module's");
+      changed += to.unsafeGetTensorImpl() != own.unsafeGetTensorImpl() ? 1 : 0;
+      values.push_back(to);
+    }
+    for (size_t k = 0; k < keys.size(); k++) m.state[keys[k]] = values[k];
+    return changed;
+  });
+}
+
 JNIEXPORT jdoubleArray JNICALL Java_dev_gradbridge_Native_exportedLrs(JNIEnv* env, jclass, jlong handle) {
   return guarded(env, static_cast<jdoubleArray>(nullptr), [&] {
     return to_java(env, exported_of(handle).training.lrs);

@@ -627,6 +627,15 @@ def weights_format(value: Any, known: Any) -> str:
     return f"state_dict format must be one of {', '.join(known)}, got {value!r}"
 
 
+def weights_left_out(path: str, count: int, first: str) -> str:
+    return (f"{path} leaves out {count} frozen tensors ({first}, ...): an online learner's checkpoint holds what "
+            "training changed; pass the module file it learned from as base (gradbridge state-dict --base MODEL)")
+
+
+def weights_other_base(base: str, name: str, shape: list, path: str) -> str:
+    return f"{base}: holds no {name} of shape {shape}, which {path} leaves out: not the module file it learned from"
+
+
 def weights_nothing_asked() -> str:
     return "state-dict: give -o FILE (the whole state_dict), --adapter DIR (a PEFT model's adapter) or both"
 

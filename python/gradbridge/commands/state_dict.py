@@ -25,12 +25,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     state.add_argument("--adapter", metavar="DIR",
                        help=f"a PEFT model's adapter: {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG} in DIR (another "
                             "adapter than 'default' in DIR/NAME, as PEFT saves it)")
+    state.add_argument("--base", metavar="MODEL",
+                       help="an online checkpoint's module file: the frozen tensors a .trained.pt leaves out")
     state.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..export.weights import write
 
-    for path in write(args.module, args.output, format=args.format, adapter=args.adapter):
+    for path in write(args.module, args.output, format=args.format, adapter=args.adapter, base=args.base):
         print(f"wrote {path}")
     return 0

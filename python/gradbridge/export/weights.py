@@ -16,6 +16,7 @@ adapter's ``adapter_config.json`` and which state_dict key each tensor of its ``
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import os
 import sys
@@ -132,15 +133,40 @@ def _subfolder(adapter: str) -> str:
 
 # ---- from a module or a checkpoint ----
 
-def state_dict_of(module_path: PathLike) -> Dict[str, Tensor]:
+def state_dict_of(module_path: PathLike, base: Optional[PathLike] = None) -> Dict[str, Tensor]:
     """The model's state_dict inside an exported module or a Java checkpoint (its current values: a
     checkpoint holds the trained ones), for ``model.load_state_dict``: the keys of the model's own
     ``state_dict()`` (tied ones included), each tensor its own copy of the dtype it trained in, without the
     buffers registered with ``persistent=False`` (a TorchScript module does not keep that flag; the
-    metadata does)."""
+    metadata does). An online learner's checkpoint (``checkpoint-vNNNNNNNN.trained.pt``) leaves out what
+    training never changes (frozen parameters, constant buffers: zero elements there): ``base``, the module
+    file it learned from, gives those; without it such a checkpoint is refused, naming it."""
     path = Path(module_path)
     metadata = protocol.read_metadata(path)  # identifies the file before torch reads it
-    return _state_dict(path, metadata, _entry(path, metadata))
+    return _filled(path, metadata, _state_dict(path, metadata, _entry(path, metadata)), base)
+
+
+def _declared_shape(metadata: Dict[str, Any], name: str) -> List[int]:
+    """The shape the metadata declares for a parameter or buffer."""
+    return next(list(spec["shape"]) for spec in metadata["parameters"] + metadata["buffers"] if spec["name"] == name)
+
+
+def _filled(path: Path, metadata: Dict[str, Any], state: Dict[str, Tensor], base: Optional[PathLike]) -> Dict[str, Tensor]:
+    """``state`` with the tensors an online checkpoint leaves out (zero elements where the metadata declares
+    more) taken from ``base``; one line when they are left out and no base, or another base, is given."""
+    left_out = [spec["name"] for spec in metadata["parameters"] + metadata["buffers"]
+                if spec["name"] in state and state[spec["name"]].numel() == 0 and math.prod(spec["shape"]) != 0]
+    if not left_out:
+        return state
+    if base is None:
+        raise FineTuneError(messages.weights_left_out(str(path), len(left_out), left_out[0]))
+    whole = state_dict_of(base)
+    for name in left_out:
+        shape = _declared_shape(metadata, name)
+        if name not in whole or list(whole[name].shape) != shape:
+            raise FineTuneError(messages.weights_other_base(str(base), name, shape, str(path)))
+        state[name] = whole[name]
+    return state
 
 
 def _state_dict(path: Path, metadata: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Tensor]:
@@ -208,10 +234,11 @@ def format_of(output: PathLike, format: Optional[str] = None) -> str:
     raise FineTuneError(messages.weights_suffix(str(output), suffix, known))
 
 
-def save_state_dict(module_path: PathLike, out: PathLike, format: Optional[str] = None) -> Path:
-    """Write ``state_dict_of(module_path)``: safetensors (``safetensors.torch.load_file`` reads it) or
+def save_state_dict(module_path: PathLike, out: PathLike, format: Optional[str] = None,
+                    base: Optional[PathLike] = None) -> Path:
+    """Write ``state_dict_of(module_path, base)``: safetensors (``safetensors.torch.load_file`` reads it) or
     torch.save (``torch.load(..., weights_only=True)``), by ``out``'s suffix or ``format``."""
-    return write(module_path, out, format=format)[0]
+    return write(module_path, out, format=format, base=base)[0]
 
 
 def save_adapter(module_path: PathLike, folder: PathLike) -> List[Path]:
@@ -221,9 +248,10 @@ def save_adapter(module_path: PathLike, folder: PathLike) -> List[Path]:
 
 
 def write(module_path: PathLike, output: Optional[PathLike] = None, *, format: Optional[str] = None,
-          adapter: Optional[PathLike] = None) -> List[Path]:
+          adapter: Optional[PathLike] = None, base: Optional[PathLike] = None) -> List[Path]:
     """The state_dict to ``output`` and the adapter to the folder ``adapter``, the module read once; every
-    refusal (format, unwritable outputs, no adapter) before it is read. Returns the paths written."""
+    refusal (format, unwritable outputs, no adapter) before it is read; ``base`` as for ``state_dict_of``.
+    Returns the paths written."""
     if output is None and adapter is None:
         raise FineTuneError(messages.weights_nothing_asked())
     chosen = None
@@ -240,6 +268,7 @@ def write(module_path: PathLike, output: Optional[PathLike] = None, *, format: O
     state = _state_dict(path, metadata, entry)
     written = []
     if output is not None:
+        state = _filled(path, metadata, state, base)
         with atomic_path(output) as tmp:
             _save(state, tmp, chosen)
         written.append(Path(output))

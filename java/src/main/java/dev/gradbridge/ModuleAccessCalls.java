@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.FrozenTensors;
 import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.internal.ModuleAccess;
 import java.io.IOException;
@@ -85,6 +86,21 @@ final class ModuleAccessCalls implements ModuleAccess.Calls {
     @Override
     public void keepEvalMode(TrainingModule module) {
         module.keepEvalMode();
+    }
+
+    @Override
+    public FrozenTensors frozen(TrainingModule module) {
+        return FrozenSharing.frozen(module);
+    }
+
+    @Override
+    public int share(TrainingModule module, FrozenTensors frozen) {
+        return FrozenSharing.share(module, frozen);
+    }
+
+    @Override
+    public int leaveOut(TrainingModule module) {
+        return FrozenSharing.leaveOut(module);
     }
 
     @Override

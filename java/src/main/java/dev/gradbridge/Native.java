@@ -137,6 +137,21 @@ final class Native {
      */
     static native long moduleSnapshot(long module);
 
+    /**
+     * The named parameters' and buffers' tensors themselves, not copies (an exported training module's {@code
+     * params} and {@code buffer_list}): handles the caller owns and frees.
+     */
+    static native long[] moduleTensors(long module, String[] names);
+
+    /**
+     * Every reference in the module to its named tensors refers to the given tensor itself instead, no copy
+     * ({@code 0}: a zero-element placeholder of the tensor's dtype); the same dtype, device and shape, checked
+     * whole before anything changes.
+     *
+     * @return the references changed (0: the module held those tensors already)
+     */
+    static native int moduleShare(long module, String[] names, long[] tensors);
+
     /** @return the module's method names */
     static native String[] moduleMethods(long module);
 
@@ -250,6 +265,17 @@ final class Native {
 
     /** Replaces state tensors by binding name with copies of the given ones. */
     static native void exportedSet(long module, String[] names, long[] tensors);
+
+    /** The state tensors bound to the names themselves, not copies: handles the caller owns and frees. */
+    static native long[] exportedTensors(long module, String[] names);
+
+    /**
+     * Binds state names to the given tensors themselves, no copy ({@code 0}: a zero-element placeholder of the
+     * bound tensor's dtype); the same dtype, device and shape, checked whole before anything changes.
+     *
+     * @return the bindings changed (0: the module held those tensors already)
+     */
+    static native int exportedShare(long module, String[] names, long[] tensors);
 
     /** A copy of the module: its own state tensors (cloned) and counters. */
     static native long exportedSnapshot(long module);

@@ -116,7 +116,7 @@ public final class TrainingModule implements AutoCloseable {
                 Tensor value = (Tensor) values.get(i);
                 String dtype = value.dtype().torchName();
                 long[] shape = value.shape();
-                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape)) {
+                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape) && !FrozenSharing.leftOut(spec, shape)) {
                     throw new ProtocolException(
                             Messages.parameterMismatch(
                                     path.toString(), spec.getName(),
