@@ -11,7 +11,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import messages
 from .errors import DTypeError, ProtocolError
@@ -131,6 +131,13 @@ OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GET_
 #: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
 DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)
 
+#: How a data-parallel step combines its partitions, as a gradbridge-spark run's history records it (its
+#: ``sharded`` key's ``rule``; Java: ``Protocol.SHARDED_RULE``): the sample-weighted sum of the partitions'
+#: gradients in partition order, the buffers of the step's first partition with rows, partition k's draws of
+#: step s seeded with ``shuffle.step_seed(seed, s, k)``. ``reference.train_sharded`` replays it; a history of
+#: another rule is refused.
+SHARDED_RULE = "partition-order"
+
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
 METADATA_KEYS: tuple[str, ...] = (
     "format",
@@ -164,10 +171,22 @@ AUTOCAST_KEY = "autocast"
 #: ``capture``'s device the model was exported from when not the CPU (``"cuda:0"``); the file holds CPU
 #: tensors either way, and trains on any device.
 EXPORTED_FROM_KEY = "exported_from"
-#: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
+#: Protocol 3's program (``export.protocol3_capture``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)
+#: How the trained weights go back into the user's model (``export.weights``; only where it has something to
+#: say): ``{"tied": {KEY: NAME}, "peft": {"prefix": P, "adapters": {ADAPTER: {"config": TEXT, "keys": {K: KEY}}}}}``.
+#: ``tied``: keys of the model's ``state_dict()`` that hold a parameter or buffer listed under another NAME (tied
+#: embeddings). ``peft``: the model's one ``peft.PeftModel``, under prefix P (``""`` or ``"model."``), each adapter
+#: with its ``adapter_config.json`` text and the keys of its ``adapter_model.safetensors``, each the state_dict KEY
+#: it holds: what ``PeftModel.save_pretrained`` wrote of the exported model (``gradbridge state-dict --adapter``).
+#: Python's alone: Java carries it into checkpoints (``Metadata.withCheckpoint`` copies the document; its Gson
+#: drops members whose value is null, hence the config's text, not its object).
+WEIGHTS_KEY = "weights"
+WEIGHTS_TIED = "tied"
+WEIGHTS_PEFT = "peft"
+PYTHON_METADATA_KEYS: tuple[str, ...] = (WEIGHTS_KEY,)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
 #: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``
@@ -242,8 +261,10 @@ def build_metadata(
     custom_ops: Sequence[str] = (),
     protocol_version: int = PROTOCOL_VERSION,
     methods: Sequence[str] = (),
+    weights: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
+    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order), then ``WEIGHTS_KEY`` when
+    ``weights`` has an entry."""
     document = {
         "format": METADATA_FORMAT,
         "protocol_version": protocol_version,
@@ -260,6 +281,8 @@ def build_metadata(
         "custom_ops": list(custom_ops),
     }
     assert tuple(document) == METADATA_KEYS
+    if weights:
+        document[WEIGHTS_KEY] = weights
     return document
 
 

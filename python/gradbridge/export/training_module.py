@@ -19,7 +19,8 @@ from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import aten_export, capture as model_capture, finetune, losses, optim, self_check, step_writes
+from ..spec import losses, optim
+from . import capture as model_capture, finetune, protocol3_capture, self_check, step_writes, weights
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def export_training_module(
             it off only for a model too large to run twice.
         format: ``"torchscript"`` (protocol 2), ``"export"``: protocol 3, the training step captured
             with torch.export as aten op lists that the native layer runs op by op
-            (``export.aten_export``; it takes every option above with SGD, Adam, AdamW, RMSprop or
+            (``export.protocol3_capture``; it takes every option above with SGD, Adam, AdamW, RMSprop or
             Adagrad and a batch of at least 2, except the onecycle schedule; it refuses that and
             parameters the loss gives no gradient in one line), or ``"auto"`` (the default):
             TorchScript where it scripts or traces the model and passes the check, else protocol 3 (a
@@ -146,13 +147,13 @@ def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, examp
                model_name: Optional[str], check: bool, options: Dict[str, Any],
                auto_reason: Optional[str] = None, exported_from: Optional[str] = None,
                autocast_dtype: Optional[str] = None) -> Path:
-    """Protocol 3 (``export.aten_export``). A model declared by ``inputs`` alone is captured on
+    """Protocol 3 (``export.protocol3_capture``). A model declared by ``inputs`` alone is captured on
     ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
     if example_inputs is None and inputs is not None:
         example_inputs = example_batch(_declared(model, inputs))
-    return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
-                              check=check, options={**options, "autocast": autocast_dtype}, auto_reason=auto_reason,
-                              exported_from=exported_from)
+    return protocol3_capture.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
+                                    check=check, options={**options, "autocast": autocast_dtype},
+                                    auto_reason=auto_reason, exported_from=exported_from)
 
 
 def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -262,6 +263,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         torch_version=libtorch.torch_version(),
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
+        weights=weights.record(model),
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata

@@ -1,4 +1,4 @@
-"""Protocol 3's optimizer step and gradient clipping, written op by op (``export.aten_export`` captures the
+"""Protocol 3's optimizer step and gradient clipping, written op by op (``export.protocol3_capture`` captures the
 model's step; these graphs follow it): torch.optim's single-tensor op sequence per parameter, with the per-step
 Python doubles as host scalars (``program.host_scalars``), and torch.nn.utils' clipping."""
 

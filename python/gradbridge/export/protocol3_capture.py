@@ -40,7 +40,8 @@ from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
-from . import aten_optimizer, capture as model_capture, finetune, losses, self_check, step_writes, traceable
+from ..spec import losses
+from . import protocol3_optimizer, capture as model_capture, finetune, self_check, step_writes, traceable, weights
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,7 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
     plan = setup.plan
     spec = setup.spec
     if spec["name"] not in program.OPTIMIZERS:
-        raise ExportError(messages.aten_optimizer_refused(spec["name"], program.OPTIMIZERS))
+        raise ExportError(messages.protocol3_optimizer_refused(spec["name"], program.OPTIMIZERS))
     training: Dict[str, Any] = {
         "optimizer": spec["name"],
         "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
@@ -378,8 +379,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         params[n].requires_grad_(True)
     _drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = aten_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
-    graphs.update(aten_optimizer.optimizer_graphs(training))
+        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
+    graphs.update(protocol3_optimizer.optimizer_graphs(training))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
@@ -406,7 +407,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
                  for n, b in buffers],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
-        methods=protocol.PROTOCOL3_METHODS,
+        methods=protocol.PROTOCOL3_METHODS, weights=weights.record(model),
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
