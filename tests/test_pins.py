@@ -94,6 +94,14 @@ def test_java_protocol_constants_match_python(jvm):
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name
 
 
+def test_the_16_bit_carrier_is_javas(jvm):
+    """Data carries a 16-bit input as protocol.CARRIER in both languages (Java: DType.carrier)."""
+    DType = jpype.JClass("dev.gradbridge.DType")
+    assert {name: str(DType.of(name).carrier().torchName()) for name in protocol.LOW_PRECISION} == {
+        name: protocol.CARRIER for name in protocol.LOW_PRECISION}
+    assert protocol.INPUT_DTYPES == protocol.DTYPES + protocol.LOW_PRECISION
+
+
 def test_buffer_dtypes_are_javas_dtypes(jvm):
     """A buffer may have any dtype Java's DType moves, named in its order (the schema's line lists them)."""
     DType = jpype.JClass("dev.gradbridge.DType")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._runtime import devices, inputs
+from ._runtime import autocast, devices, inputs
 from . import messages, protocol
 from ._runtime import data as data_checks
 from .errors import GradbridgeError, InvalidInputError, ProtocolError, TrainingError
@@ -136,6 +136,9 @@ class Reference:
             self.eval_model = self.model
         self.model.train()
         self.loss = losses.build(self.metadata["loss"])
+        # forward and loss under torch.autocast, as exported (the stored model holds its casts already: its loss alone)
+        self.autocast = autocast.of(self.metadata)
+        self._forward_autocast = None if model is None else self.autocast
         if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
             for name, value in list(vars(self.loss).items()):
                 if isinstance(value, Tensor):
@@ -198,11 +201,18 @@ class Reference:
         """``model`` (``self.model`` or ``self.eval_model``) on one batch's inputs."""
         return model(self.method_argument(x)) if self._takes_list else inputs.call(model, x)
 
+    def loss_of(self, model: nn.Module, x: inputs.Batch, y: Tensor) -> Tensor:
+        """The loss of ``model`` on (x, y): forward and loss under the module's autocast region, if any."""
+        with autocast.region(self._forward_autocast):
+            output = self.forward(model, x)
+        with autocast.region(self.autocast):
+            return self.loss(output, y)
+
     def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """zero_grad, then the loss on (x, y) and its backward; returns the loss (detached)."""
         with plain_graph_executor():
             self.optimizer.zero_grad()
-            loss = self.loss(self.forward(self.model, x), y)
+            loss = self.loss_of(self.model, x, y)
             loss.backward()
         return loss.detach()
 
@@ -225,7 +235,7 @@ class Reference:
                 size = (len(y) + self.accumulate - 1) // self.accumulate
                 loss = None
                 for xm, ym in zip(inputs.split(x, size), y.split(size)):
-                    scaled = self.loss(self.forward(self.model, xm), ym) / self.accumulate
+                    scaled = self.loss_of(self.model, xm, ym) / self.accumulate
                     scaled.backward()
                     loss = scaled.detach() if loss is None else loss + scaled.detach()
         self.step()
@@ -262,7 +272,7 @@ class Reference:
                     torch.manual_seed(seeds[k])
                 self.optimizer.zero_grad()  # set_to_none: an unused parameter keeps no gradient
                 selected = torch.tensor(index, dtype=torch.int64)
-                loss = self.loss(self.forward(self.model, inputs.select(x, selected)), y.index_select(0, selected))
+                loss = self.loss_of(self.model, inputs.select(x, selected), y.index_select(0, selected))
                 loss.backward()
                 shard_results.append((len(index), float(loss.detach()),
                                       [None if p.grad is None else p.grad.clone() for p in parameters]))
@@ -295,16 +305,16 @@ class Reference:
         self.eval_model.eval()
         try:
             with torch.no_grad(), plain_graph_executor():
-                return self.loss(self.forward(self.eval_model, x), y)
+                return self.loss_of(self.eval_model, x, y)
         finally:
             self.eval_model.train()
 
     def refuses(self, batch: Dict[str, np.ndarray]) -> bool:
         """Whether ``evaluate`` fails inside torch on ``batch`` (each input by name, then y): the probe of
         ``data.out_of_range``, as Java's ``ValueRanges`` calls the module's ``evaluate``."""
-        x = {name: torch.from_numpy(batch[name]) for name in self.input_names}
+        x, y = data_checks.tensors(self.metadata, {name: batch[name] for name in self.input_names}, batch[inputs.Y], "")
         try:
-            self.evaluate(x[inputs.X] if inputs.is_single(self.input_names) else x, torch.from_numpy(batch[inputs.Y]))
+            self.evaluate(x[inputs.X] if inputs.is_single(self.input_names) else x, y)
             return False
         except _TORCH_FAILURES:
             return True

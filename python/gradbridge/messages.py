@@ -79,6 +79,11 @@ def torch_reason(ex: BaseException) -> str:
     return line if len(line) <= TORCH_REASON_LIMIT else line[:TORCH_REASON_LIMIT] + "..."
 
 
+def alternatives(items: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return items[-1] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def java_double(value: float) -> str:
     """A float as Java's Double.toString writes it: NaN, Infinity, -Infinity; the shortest digits,
     plain from 1e-3 up to 1e7 (``123.45``, ``1000000.0``) and as ``d.dddE±n`` outside (``3.0E38``)."""
@@ -105,10 +110,28 @@ def divergence(loss: float, epoch: int, batch: int, first: int, last: int) -> st
 # ---- tensors against the metadata ----
 
 def tensor_spec(source: str, name: str, dtype: str, shape: Sequence[int], actual_dtype: str,
-                actual_shape: Sequence[int]) -> str:
+                actual_shape: Sequence[int], carrier: Optional[str] = None) -> str:
+    """``carrier``: the dtype data carries a 16-bit input as (``protocol.CARRIER``), None for the others."""
     where = f"{source}: " if source else ""
-    return (f"{where}{name} must be {dtype} of shape {list(shape)} (-1: any number of samples), "
+    carried = f" (as {carrier})" if carrier else ""
+    return (f"{where}{name} must be {dtype}{carried} of shape {list(shape)} (-1: any number of samples), "
             f"got {actual_dtype} of shape {list(actual_shape)}")
+
+
+#: Why a TorchScript export with ``autocast=`` traces the model (a script would drop autocast's casts).
+AUTOCAST_TRACES = "not tried: autocast= traces the model under torch.autocast"
+
+
+def autocast_refused(dtype: Any) -> str:
+    return (f"autocast must be a dtype torch.autocast(\"cpu\", ...) takes (torch.bfloat16 or torch.float16), "
+            f"got {dtype!r}")
+
+
+def not_exact(source: str, name: str, index: Sequence[int], value: float, dtype: str, carrier: str) -> str:
+    """A 16-bit input's ``carrier`` (``protocol.CARRIER``) holding a value its dtype does not (Java: ``Messages.notExact``)."""
+    where = f"{source}: " if source else ""
+    return (f"{where}{name}{list(index)} = {java_double(value)} is not a {dtype} value; gradbridge casts {carrier} data to "
+            f"the model's {dtype} without rounding: round it first (torch.from_numpy(a).to(torch.{dtype}).float())")
 
 
 # ---- metadata (gradbridge.json) ----

@@ -22,22 +22,28 @@ from torch import Tensor, nn
 from ._runtime import devices, inputs, shuffle
 from . import messages, protocol, spark_history
 from ._runtime import shuffle as shuffle_module
+from ._runtime import data as data_checks
 from .eager import _TORCH_FAILURES, Reference, _as_numpy, combine_shards, initial_state  # noqa: F401 (public here)
 from .errors import DivergenceError, InvalidInputError, ProtocolError
 from .history import History, epoch_loss
 
 
-def shards_sha256(x, y, shards: int) -> str:
+def shards_sha256(x, y, shards: int, metadata: Optional[Dict[str, Any]] = None) -> str:
     """A gradbridge-spark checkpoint's ``shards_sha256``: SHA-256 over each partition's SHA-256 of its
     x bytes (``x`` a dict: each input's, in the dict's order, which is to be the module's) then its y
-    bytes (partition p holds rows p, p + K, ... in order), in partition order.
+    bytes (partition p holds rows p, p + K, ... in order), in partition order; a 16-bit input's bytes as
+    the shards hold it, its dtype's words (``metadata``: the module's, needed for such an input).
     (``data_sha256`` of a single-process run is SHA-256 of all x bytes then all y bytes.)"""
     import hashlib
 
+    arrays = [*inputs.arrays(x).values(), y]
+    if metadata is not None:
+        xs, ys = data_checks.tensors(metadata, x, y, "training data")
+        arrays = [t.view(torch.int16) if t.dtype == torch.bfloat16 else t for t in [*inputs.arrays(xs).values(), ys]]
     outer = hashlib.sha256()
     for p in range(shards):
         inner = hashlib.sha256()
-        for array in [*inputs.arrays(x).values(), y]:
+        for array in arrays:
             inner.update(np.ascontiguousarray(np.asarray(array)[p::shards]).tobytes())
         outer.update(inner.digest())
     return outer.hexdigest()
@@ -109,7 +115,7 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     threads = messages.check_integer("threads", TASK_THREADS if threads is None else threads, 1, messages.MAX_THREADS)
     metadata = protocol.read_metadata(model_path)
     check_data_parallel(model_path, metadata)
-    xs, ys = inputs.to_torch(x), torch.from_numpy(np.ascontiguousarray(y))
+    xs, ys = data_checks.tensors(metadata, x, y, source)  # a 16-bit input's carrier cast
     n = len(ys)
     if n == 0:
         raise InvalidInputError(messages.empty_dataset(source))
@@ -208,6 +214,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
            lr: Optional[float], device: str, deterministic: bool, source: str, val_source: str) -> History:
     """``train``'s epochs, its arguments checked."""
     reference = Reference(model_path, model, device=device)
+    xs, ys = data_checks.tensors(reference.metadata, xs, ys, source)  # a 16-bit input's carrier cast
     if lr is not None:
         for group in reference.optimizer.param_groups:
             group["lr"] = lr
@@ -235,8 +242,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
         val_loss = None
         if val is not None:
             try:
-                val_loss = float(reference.evaluate(inputs.to_torch(val[0]),
-                                                    torch.from_numpy(np.ascontiguousarray(val[1]))))
+                val_loss = float(reference.evaluate(*data_checks.tensors(reference.metadata, val[0], val[1], val_source)))
             except _TORCH_FAILURES as ex:
                 raise reference.blame(ex, val_source, val[0], val[1],
                                       f"validation loss failed at epoch {epoch}") from ex

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs, torchscript
+from .._runtime import autocast, inputs, torchscript
 from .._runtime.devices import example_tensors, model_tensors, off_device  # noqa: F401 (off_device: the exporter's)
 from .. import messages
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError
@@ -130,15 +130,21 @@ def on_cpu(value: Any) -> Any:
     return value
 
 
-def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,)) -> Capture:
+def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,),
+            autocast_dtype: Optional[str] = None) -> Capture:
     """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``. A model
-    of several inputs is captured inside ``keyword_call``, which takes them as a list."""
+    of several inputs is captured inside ``keyword_call``, which takes them as a list. ``autocast_dtype``:
+    traced under ``torch.autocast("cpu", dtype=...)``, which a trace records as the casts it makes (a
+    script would run without them)."""
     name = type(model).__name__
     prefix = ""
     if not inputs.is_single(input_names):
         model, prefix = keyword_call(input_names)(model), KEYWORD_PREFIX
         if example_x is not None:
             example_x = inputs.method_argument(example_x, input_names)
+    if autocast_dtype is not None:
+        train, evaluate = _trace_both_modes(model, example_x, name, messages.AUTOCAST_TRACES, autocast_dtype)
+        return Capture(train, evaluate, TRACE, prefix)
     scripted, script_failure = _script(model)
     if scripted is not None:
         return Capture(scripted, scripted, SCRIPT, prefix)
@@ -147,6 +153,13 @@ def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Se
     log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
     train, evaluate = _trace_both_modes(model, example_x, name, script_failure)
     return Capture(train, evaluate, TRACE, prefix)
+
+
+def traced_loss(loss: nn.Module, output: Tensor, y: Tensor, autocast_dtype: str) -> nn.Module:
+    """The loss traced under ``torch.autocast("cpu", dtype=autocast_dtype)`` on the model's ``output``: each
+    loss is one torch.nn.functional call, which the trace keeps with the casts autocast makes for it."""
+    with autocast.region(autocast_dtype), torch.no_grad():
+        return torchscript.trace(loss, (output.detach(), y), check_trace=False)
 
 
 def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
@@ -191,15 +204,20 @@ def _forget(ex: BaseException) -> str:
     return reason
 
 
-def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
+def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str,
+                      autocast_dtype: Optional[str] = None) -> Tuple[nn.Module, nn.Module]:
+    """One trace per mode, each in an autocast region of its own (autocast caches the weights it casts
+    until its region ends: a second trace in the same region would meet the first one's casts)."""
     was_training = model.training
     saved = [(b, b.clone()) for b in model.buffers()]
     try:
         with torch.random.fork_rng(devices=[]):
             # check_trace=False: torch's own re-run check fails on any random op; the export's check
             # against the eager model replaces it.
-            train = torchscript.trace(model.train(), (x,), check_trace=False)
-            evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
+            with autocast.region(autocast_dtype):
+                train = torchscript.trace(model.train(), (x,), check_trace=False)
+            with autocast.region(autocast_dtype):
+                evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
             for traced in (train, evaluate):
                 torchscript.save(traced, os.devnull)
     except TorchScriptUnavailableError:

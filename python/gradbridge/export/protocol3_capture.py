@@ -34,14 +34,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs as model_inputs, libtorch, oplist, program
+from .._runtime import autocast, inputs as model_inputs, libtorch, oplist, program
 from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
 from ..reference import Reference
 from ..spec import losses
-from . import capture as model_capture, finetune, self_check, step_writes, traceable, weights
+from . import protocol3_optimizer, capture as model_capture, finetune, self_check, step_writes, traceable, weights
 
 log = logging.getLogger(__name__)
 
@@ -50,36 +50,43 @@ class _Step(nn.Module):
     """The model then its loss, over positional tensors (the inputs in order, then y); with ``accumulate``
     k > 1 the loss divided by k, as eager's accumulation loop back-propagates it."""
 
-    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str], accumulate: int = 1):
+    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str], accumulate: int = 1,
+                 autocast_dtype: Optional[str] = None):
         super().__init__()
         self.m = model
         self.loss = loss
         self.names = list(names)
         self.accumulate = accumulate
+        self.autocast = autocast_dtype
 
     def forward(self, *args: Tensor) -> Tuple[Tensor]:
         *xs, y = args
-        loss = self.loss(_call(self.m, self.names, xs), y)
+        with autocast.region(self.autocast):
+            loss = self.loss(_call(self.m, self.names, xs), y)
         return (loss if self.accumulate == 1 else loss / self.accumulate,)
 
 
 class _Forward(nn.Module):
-    def __init__(self, model: nn.Module, names: Sequence[str]):
+    def __init__(self, model: nn.Module, names: Sequence[str], autocast_dtype: Optional[str] = None):
         super().__init__()
         self.m = model
         self.names = list(names)
+        self.autocast = autocast_dtype
 
     def forward(self, *xs: Tensor) -> Tuple[Tensor]:
-        return (_call(self.m, self.names, xs),)
+        with autocast.region(self.autocast):
+            return (_call(self.m, self.names, xs),)
 
 
 class _Loss(nn.Module):
-    def __init__(self, loss: nn.Module):
+    def __init__(self, loss: nn.Module, autocast_dtype: Optional[str] = None):
         super().__init__()
         self.loss = loss
+        self.autocast = autocast_dtype
 
     def forward(self, output: Tensor, y: Tensor) -> Tuple[Tensor]:
-        return (self.loss(output, y),)
+        with autocast.region(self.autocast):
+            return (self.loss(output, y),)
 
 
 def _call(model: nn.Module, names: Sequence[str], xs: Sequence[Tensor]) -> Tensor:
@@ -142,7 +149,7 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
 
 
 def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], args: Tuple[Tensor, ...],
-                      trainable: List[str]) -> List[str]:
+                      trainable: List[str], autocast_dtype: Optional[str]) -> List[str]:
     """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of a
     copy: torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
     leaves it out. The set is the graph's: a model whose reach depends on its data is refused by the capture."""
@@ -150,7 +157,7 @@ def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], a
     wanted = dict(probe.named_parameters())
     try:
         with torch.random.fork_rng(devices=[]):
-            value = _Step(probe, loss, names).train()(*args)[0]
+            value = _Step(probe, loss, names, autocast_dtype=autocast_dtype).train()(*args)[0]
             if not value.requires_grad:
                 return list(trainable)
             grads = torch.autograd.grad(value, [wanted[n] for n in trainable], allow_unused=True)
@@ -182,7 +189,8 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
 
 
 def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], xs: Tuple[Tensor, ...], y: Tensor,
-                       bindings: List[str], constants: Dict[str, Tensor], accumulate: int) -> Dict[str, Any]:
+                       bindings: List[str], constants: Dict[str, Tensor], accumulate: int,
+                       autocast_dtype: Optional[str]) -> Dict[str, Any]:
     """``train`` (and ``train_accumulate``), ``forward`` and ``loss`` captured at one sample (``NAME@1``), or
     none when the model cannot be captured at one (then protocol 3 runs batches, and micro-batches, of
     ``program.MIN_BATCH`` or more); leaves the model in training mode."""
@@ -191,17 +199,19 @@ def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], 
     graphs: Dict[str, Any] = {}
     try:
         model.train()
-        graphs[program.one("train")] = _capture(_Step(model, loss, names).train(), (*one, target), True,
-                                                bindings + ["target"], made)
+        graphs[program.one("train")] = _capture(_Step(model, loss, names, 1, autocast_dtype).train(), (*one, target),
+                                                True, bindings + ["target"], made)
         if accumulate > 1:
-            graphs[program.one("train_accumulate")] = _capture(_Step(model, loss, names, accumulate).train(),
-                                                               (*one, target), True, bindings + ["target"], made)
+            graphs[program.one("train_accumulate")] = _capture(
+                _Step(model, loss, names, accumulate, autocast_dtype).train(), (*one, target), True,
+                bindings + ["target"], made)
         model.eval()
-        graphs[program.one("forward")] = _capture(_Forward(model, names).eval(), one, False, bindings, made)
+        graphs[program.one("forward")] = _capture(_Forward(model, names, autocast_dtype).eval(), one, False, bindings,
+                                                  made)
         with torch.no_grad():
-            output = _call(model, names, one)
-        graphs[program.one("loss")] = _capture(_Loss(loss).eval(), (output, target), False, ["output", "target"],
-                                               made, "loss")
+            output = _Forward(model, names, autocast_dtype)(*one)[0]
+        graphs[program.one("loss")] = _capture(_Loss(loss, autocast_dtype).eval(), (output, target), False,
+                                               ["output", "target"], made, "loss")
     except ExportError as ex:
         log.info("no graphs at one sample: %s", ex)
         return {}
@@ -218,202 +228,6 @@ def capture_probe() -> int:
     graph = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
                         True, [f"input:{model_inputs.X}", "target"], {})
     return len(graph["nodes"])
-
-
-class _Builder:
-    """Writes an op list by hand (the optimizer's step, clipping): every input first, then the ops, each op's
-    arguments filled in from its schema (defaults included) as ``oplist.from_fx`` does. Values: a slot
-    (``{"t": n}``, what ``input`` and ``op`` return), a list of slots, or a Python constant."""
-
-    def __init__(self) -> None:
-        self.inputs: List[str] = []
-        self.nodes: List[Dict[str, Any]] = []
-        self.outputs: List[Dict[str, Any]] = []
-        self.slots = 0
-
-    def input(self, binding: str) -> Dict[str, int]:
-        assert not self.nodes, "op list: inputs take the first slots"
-        self.inputs.append(binding)
-        self.slots += 1
-        return {"t": self.slots - 1}
-
-    @staticmethod
-    def _encode(value: Any, type_text: str) -> Any:
-        if isinstance(value, dict):
-            return value
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            return {"tl": [v["t"] for v in value]}
-        return oplist.encode_arg(value, {}, type_text)
-
-    def op(self, name: str, overload: str, *args: Any, **kwargs: Any) -> Dict[str, int]:
-        schema = oplist._overload(name, overload)._schema
-        encoded = []
-        for i, argument in enumerate(schema.arguments):
-            if i < len(args) and not argument.kwarg_only:
-                value = args[i]
-            elif argument.name in kwargs:
-                value = kwargs[argument.name]
-            else:
-                value = argument.default_value
-            encoded.append(self._encode(value, str(argument.type)))
-        returns = len(schema.returns)
-        self.nodes.append({"op": name, "overload": overload, "args": encoded, "outputs": returns})
-        self.slots += max(returns, 1)
-        return {"t": self.slots - max(returns, 1)}
-
-    def item(self, values: Dict[str, int], index: int) -> Dict[str, int]:
-        self.nodes.append({"op": oplist.ITEM, "overload": "", "args": [values, {"i": index}], "outputs": 1})
-        self.slots += 1
-        return {"t": self.slots - 1}
-
-    def output(self, value: Dict[str, int], binding: str) -> None:
-        self.outputs.append({"ref": value["t"], "to": binding})
-
-    def graph(self) -> Dict[str, Any]:
-        return {"oplist_version": oplist.VERSION, "inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}
-
-
-#: Each optimizer's per-parameter state (torch.optim's keys) as its step graph reads it.
-def _state_keys(name: str, hyper: Dict[str, Any]) -> List[str]:
-    if name == "sgd":
-        return ["momentum_buffer"] if hyper["momentum"] != 0 else []
-    if name in ("adam", "adamw"):
-        return ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if hyper["amsgrad"] else [])
-    if name == "rmsprop":
-        return (["step", "square_avg"] + (["momentum_buffer"] if hyper["momentum"] > 0 else [])
-                + (["grad_avg"] if hyper["centered"] else []))
-    return ["step", "sum"]
-
-
-def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]]], first: bool) -> Dict[str, Any]:
-    """One torch.optim step of every group, torch.optim's single-tensor op sequence per parameter (torch
-    2.7-2.15; ``optimizer_first``: SGD's first step, which clones the gradient into the momentum buffer).
-    The doubles torch.optim computes in Python per step are host scalars (``program.host_scalars``)."""
-    b = _Builder()
-    scalars = [{key: b.input(program.scalar_binding(key, g))
-                for key in program.host_scalars(name, hyper, 1.0, 1)} for g, (_, hyper) in enumerate(groups)]
-    slots = []
-    for names, hyper in groups:
-        keys = [k for k in _state_keys(name, hyper) if not (first and k == "momentum_buffer")]
-        slots.append([(n, b.input(f"param:{n}"), b.input(f"grad:{n}"), {k: b.input(f"state:{k}:{n}") for k in keys})
-                      for n in names])
-    step = {"sgd": _sgd_step, "adam": _adam_step, "adamw": _adam_step, "rmsprop": _rmsprop_step,
-            "adagrad": _adagrad_step}[name]
-    for (_, hyper), params, scalar in zip(groups, slots, scalars):
-        for n, param, grad, state in params:
-            if hyper.get("maximize"):
-                grad = b.op("aten::neg", "default", grad)
-            step(b, n, hyper, scalar, param, grad, state, first, name == "adamw")
-    return b.graph()
-
-
-def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-              state: Dict[str, Any], first: bool, _: bool) -> None:
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    if h["momentum"] != 0:
-        if first:
-            buf = b.op("aten::clone", "default", grad)
-            b.output(buf, f"state:momentum_buffer:{n}")
-        else:
-            buf = state["momentum_buffer"]
-            b.op("aten::mul_", "Scalar", buf, scalar["momentum"])
-            b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
-        grad = b.op("aten::add", "Tensor", grad, buf, alpha=scalar["momentum"]) if h["nesterov"] else buf
-    b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
-
-
-def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-               state: Dict[str, Any], first: bool, decoupled: bool) -> None:
-    beta2 = h["betas"][1]
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        if decoupled:
-            b.op("aten::mul_", "Scalar", param, scalar["decay"])
-        else:
-            grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, scalar["one_minus_beta1"])
-    b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
-    b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
-    if h["amsgrad"]:
-        b.op("aten::maximum", "out", state["max_exp_avg_sq"], state["exp_avg_sq"], out=state["max_exp_avg_sq"])
-        root = b.op("aten::sqrt", "default", state["max_exp_avg_sq"])
-    else:
-        root = b.op("aten::sqrt", "default", state["exp_avg_sq"])
-    denom = b.op("aten::div", "Scalar", root, scalar["bias_correction2_sqrt"])
-    b.op("aten::add_", "Scalar", denom, h["eps"])
-    b.op("aten::addcdiv_", "default", param, state["exp_avg"], denom, value=scalar["neg_step_size"])
-
-
-def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
-    alpha = h["alpha"]
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::mul_", "Scalar", state["square_avg"], alpha)
-    b.op("aten::addcmul_", "default", state["square_avg"], grad, grad, value=1 - alpha)
-    if h["centered"]:
-        b.op("aten::lerp_", "Scalar", state["grad_avg"], grad, 1 - alpha)
-        avg = b.op("aten::addcmul", "default", state["square_avg"], state["grad_avg"], state["grad_avg"], value=-1)
-        b.op("aten::sqrt_", "default", avg)
-    else:
-        avg = b.op("aten::sqrt", "default", state["square_avg"])
-    b.op("aten::add_", "Scalar", avg, h["eps"])
-    if h["momentum"] > 0:
-        b.op("aten::mul_", "Scalar", state["momentum_buffer"], scalar["momentum"])
-        b.op("aten::addcdiv_", "default", state["momentum_buffer"], grad, avg)
-        b.op("aten::add_", "Tensor", param, state["momentum_buffer"], alpha=scalar["neg_lr"])
-    else:
-        b.op("aten::addcdiv_", "default", param, grad, avg, value=scalar["neg_lr"])
-
-
-def _adagrad_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::addcmul_", "default", state["sum"], grad, grad, value=1)
-    std = b.op("aten::sqrt", "default", state["sum"])
-    b.op("aten::add_", "Scalar", std, h["eps"])
-    b.op("aten::addcdiv_", "default", param, grad, std, value=scalar["neg_clr"])
-
-
-def _clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Dict[str, Any]:
-    """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ over the trainable parameters in the model's order,
-    in place: on CPU their foreach ops, per group of one dtype (torch groups the gradients by dtype)."""
-    b = _Builder()
-    grads = {n: b.input(f"grad:{n}") for n, _ in named}
-    by_dtype: Dict[torch.dtype, List[Any]] = {}
-    for n, p in named:
-        by_dtype.setdefault(p.dtype, []).append(grads[n])
-    if clip["kind"] == "value":
-        for group in by_dtype.values():
-            b.op("aten::_foreach_clamp_min_", "Scalar", group, -clip["max"])
-            b.op("aten::_foreach_clamp_max_", "Scalar", group, clip["max"])
-        return b.graph()
-    norm_type = clip["norm_type"]
-    norms = []
-    for group in by_dtype.values():
-        listed = b.op("aten::_foreach_norm", "Scalar", group, norm_type)
-        norms += [b.item(listed, i) for i in range(len(group))]
-    total = b.op("aten::linalg_vector_norm", "default", b.op("aten::stack", "default", norms), norm_type)
-    # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
-    coef = b.op("aten::mul", "Scalar", b.op("aten::reciprocal", "default", b.op("aten::add", "Scalar", total, 1e-6)),
-                clip["max"])
-    clamped = b.op("aten::clamp", "default", coef, None, 1.0)
-    for group in by_dtype.values():
-        b.op("aten::_foreach_mul_", "Tensor", group, clamped)
-    return b.graph()
-
-
-def _optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    name = training["optimizer"]
-    groups = [(group["params"], group) for group in training["groups"]]
-    graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
-    if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
-        graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
-    return graphs
 
 
 def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Tensor]:
@@ -435,7 +249,7 @@ def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, An
     plan = setup.plan
     spec = setup.spec
     if spec["name"] not in program.OPTIMIZERS:
-        raise ExportError(messages.aten_optimizer_refused(spec["name"], program.OPTIMIZERS))
+        raise ExportError(messages.protocol3_optimizer_refused(spec["name"], program.OPTIMIZERS))
     training: Dict[str, Any] = {
         "optimizer": spec["name"],
         "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
@@ -533,27 +347,29 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     constants: Dict[str, Tensor] = {}
 
     model.train()
-    idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable)
+    cast = options.get("autocast")  # forward and loss under torch.autocast("cpu", dtype=cast)
+    idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable, cast)
     if idle == trainable:
         raise ExportError(messages.aten_no_gradient(type(model).__name__))
     params = dict(named)
     for n in idle:  # aot_export_module asserts a gradient for every parameter that requires one
         params[n].requires_grad_(False)
     graphs: Dict[str, Any] = {}
-    graphs["train"] = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y),
-                                                 True, input_bindings + ["target"], constants, "train")
+    graphs["train"] = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names, 1, cast).train(), (*xs, y),
+                                          True, input_bindings + ["target"], constants, "train")
     if accumulate > 1:
         graphs["train_accumulate"] = _graph_at_two_sizes(
-            lambda: _Step(model, loss_module, input_names, accumulate).train(), (*xs, y), True,
+            lambda: _Step(model, loss_module, input_names, accumulate, cast).train(), (*xs, y), True,
             input_bindings + ["target"], constants, "train_accumulate")
     model.eval()
-    graphs["forward"] = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
-                                               constants, "forward")
+    graphs["forward"] = _graph_at_two_sizes(lambda: _Forward(model, input_names, cast).eval(), xs, False,
+                                            input_bindings, constants, "forward")
     with torch.no_grad():
-        output = _call(model, input_names, xs)
-    graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
-                                            ["output", "target"], constants, "loss", "loss")
-    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants, accumulate))
+        output = _Forward(model, input_names, cast)(*xs)[0]
+    graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module, cast).eval(), (output, y), False,
+                                         ["output", "target"], constants, "loss", "loss")
+    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants, accumulate,
+                                     cast))
     for size in (batch, batch + 1):  # a micro-batch of one runs train_accumulate@1, where the model has one
         micro = _micro_batches(size, accumulate)
         if accumulate > 1 and min(micro) < program.MIN_BATCH and program.one("train") not in graphs:
@@ -563,8 +379,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         params[n].requires_grad_(True)
     _drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
-    graphs.update(_optimizer_graphs(training))
+        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
+    graphs.update(protocol3_optimizer.optimizer_graphs(training))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
@@ -596,6 +412,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                      **({protocol.AUTOCAST_KEY: cast} if cast else {}),
                                       **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
@@ -684,7 +501,7 @@ def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], 
                 compare.tensor(method, "loss", reference.evaluate(_batch(input_names, bx), by), twin.evaluate(bx, by))
                 method = f"forward (eval mode, {len(by)} samples)"
                 reference.model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), autocast.region(reference.autocast):
                     out = _call(reference.model, input_names, [bx[n] for n in input_names])
                 compare.tensor(method, "output", out, twin.forward(bx))
     except ExportError:

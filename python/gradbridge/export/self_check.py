@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._runtime import inputs, torchscript
+from .._runtime import autocast, inputs, torchscript
 from .. import messages
 from ..errors import CaptureError, ExportError
 from ..reference import Reference
@@ -200,8 +200,9 @@ class _Check:
         reference.model.eval()
         _seed(SEED + STEPS)
         with torch.no_grad():
-            expected_loss = reference.loss(inputs.call(reference.model, x), y)
-            expected_out = inputs.call(reference.model, x)
+            expected_loss = reference.loss_of(reference.model, x, y)
+            with autocast.region(reference.autocast):
+                expected_out = inputs.call(reference.model, x)
         compare.tensor(self.method, "loss", expected_loss, module.evaluate(argument, y))
         self.method = self.method.replace("evaluate", "forward")
         with torch.no_grad():

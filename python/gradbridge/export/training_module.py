@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs as model_inputs, libtorch, ops, torchscript
+from .._runtime import autocast as autocast_region, inputs as model_inputs, libtorch, ops, torchscript
 from .. import messages, protocol
 from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
@@ -48,6 +48,7 @@ def export_training_module(
     init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
     check: bool = True,
     format: str = protocol.DEFAULT_FORMAT,
+    autocast: Optional[torch.dtype] = None,
 ) -> Path:
     """Export ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
@@ -95,6 +96,11 @@ def export_training_module(
             warning says so, and the metadata's ``capture`` holds TorchScript's reason under
             ``"auto"``); when neither can, one line gives both reasons. A torch whose
             ``torch.jit.script`` fails takes protocol 3.
+        autocast: ``torch.bfloat16`` (or ``torch.float16``): the model's forward and the loss run under
+            ``torch.autocast("cpu", dtype=autocast)``, as eager code that wraps them in that region (mixed
+            precision without editing the model); recorded as the metadata's ``capture.autocast``. TorchScript
+            traces the model and the loss under it (a model that only scripts takes ``format="export"``). A
+            dtype CPU autocast does not take is a ValueError.
 
     Returns the path written.
 
@@ -111,10 +117,11 @@ def export_training_module(
         raise ExportError(unsupported)
     if format not in protocol.FORMATS:
         raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
+    autocast_dtype = autocast_region.dtype_name(autocast)
     # the file holds CPU tensors: a CUDA model is exported from a CPU copy (the copy below), its example too
     example_inputs = model_capture.on_cpu(example_inputs)
     common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check,
-                  exported_from=model_capture.exported_from(model))
+                  exported_from=model_capture.exported_from(model), autocast_dtype=autocast_dtype)
     fine_tuning = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                        clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights)
     aten_options = dict(fine_tuning, scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
@@ -138,13 +145,15 @@ def export_training_module(
 
 def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, inputs: Any,
                model_name: Optional[str], check: bool, options: Dict[str, Any],
-               auto_reason: Optional[str] = None, exported_from: Optional[str] = None) -> Path:
+               auto_reason: Optional[str] = None, exported_from: Optional[str] = None,
+               autocast_dtype: Optional[str] = None) -> Path:
     """Protocol 3 (``export.protocol3_capture``). A model declared by ``inputs`` alone is captured on
     ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
     if example_inputs is None and inputs is not None:
         example_inputs = example_batch(_declared(model, inputs))
     return protocol3_capture.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
-                              check=check, options=options, auto_reason=auto_reason, exported_from=exported_from)
+                                    check=check, options={**options, "autocast": autocast_dtype},
+                                    auto_reason=auto_reason, exported_from=exported_from)
 
 
 def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -161,7 +170,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
                  example_inputs: Any, inputs: Any, model_name: Optional[str], freeze: Sequence[str], scheduler: Any,
                  scheduler_interval: str, clip_grad_norm: Optional[float], clip_norm_type: float,
                  clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool,
-                 exported_from: Optional[str] = None) -> Path:
+                 exported_from: Optional[str] = None, autocast_dtype: Optional[str] = None) -> Path:
     """Protocol 2: the model scripted (or traced) inside the scripted training module (see
     ``export_training_module``)."""
     loss_module, loss_spec = losses.resolve(loss)
@@ -182,7 +191,8 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
     target_dtype = specs[-1]["dtype"]
     if target_dtype not in loss_module.target_dtypes:
-        raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
+        wanted = messages.alternatives(loss_module.target_dtypes)
+        raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {wanted}, "
                          f"got {target_dtype}")
 
     names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
@@ -221,7 +231,12 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
-    captured = model_capture.capture(model, example_x, input_names)
+    if autocast_dtype is not None:  # a trace needs a batch: the example, or the declared specs' one
+        example_x, example_y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
+    captured = model_capture.capture(model, example_x, input_names, autocast_dtype)
+    if autocast_dtype is not None:
+        output = _eval_output(captured, example_x, input_names)
+        loss_module = model_capture.traced_loss(loss_module, output, example_y, autocast_dtype)
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
     named_buffers = captured.named_buffers()
     wrapper_class = _TrainingModule if model_inputs.is_single(input_names) else _SeveralInputs
@@ -254,6 +269,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         metadata[finetune.METADATA_KEY] = plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check,
                                       protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                      **({protocol.AUTOCAST_KEY: autocast_dtype} if autocast_dtype else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     path = Path(path)
     with atomic_path(path) as tmp:
@@ -268,6 +284,12 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
             self_check.check(tmp, model, x, y, kind)
     log.info("wrote %s", path)
     return path
+
+
+def _eval_output(captured: model_capture.Capture, x: model_inputs.Batch, input_names: Sequence[str]) -> Tensor:
+    """The eval-mode trace's output on the example (the loss is traced on it): no gradient, no draw kept."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        return captured.eval(model_inputs.method_argument(x, input_names))
 
 
 def _count(example: Any) -> str:
