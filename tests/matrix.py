@@ -75,6 +75,11 @@ MODELS = {
 
 CASES = list(itertools.product(MODELS, OPTIMIZERS, MODES))
 
+#: The cases of the default run: each model with each optimizer once, the mode turning with both, so every
+#: model and every optimizer also meets every mode (20 of the 60; `--full` runs them all).
+DEFAULT_CASES = [(model, optimizer, MODES[(i + j) % len(MODES)])
+                 for i, model in enumerate(MODELS) for j, optimizer in enumerate(OPTIMIZERS)]
+
 #: The cases also run through `gradle train` in CI: every model, optimizer and mode at least once.
 SUBPROCESS_CASES = [
     ("linear-regression", "sgd", "full"),

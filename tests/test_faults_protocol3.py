@@ -133,6 +133,13 @@ HOSTILE = {
     "expand_past_the_limit": (train_graph(_append(("aten::expand", "default", ["P0", {"il": [2 ** 20, 2 ** 20, 8, 4]},
                                                                                 {"b": False}], 1))),
                               f"sizes more than the limit of {LIMIT} elements"),
+    "as_strided_past_storage": (train_graph(_append(("aten::as_strided", "default", ["P0", {"il": [2 ** 20]}, {"il": [1]},
+                                                                                    None], 1),
+                                                    ("aten::sum", "default", [{"t": -1}, None], 1))),
+                                "size [1048576], stride [1] and offset 0 reach past its source's"),
+    "as_strided_stride_overflows": (train_graph(_append(("aten::as_strided", "default", ["P0", {"il": [3]},
+                                                                                        {"il": [2 ** 62]}, {"i": 0}], 1))),
+                                    "stride [4611686018427387904] and offset 0 reach past its source's"),
     "zeros_negative": (train_graph(_append(("aten::zeros", "default", [{"il": [-5]}, None, None, None, None], 1))),
                        "holds a negative size"),
     "batch_size_overflows": (train_graph(_append(("aten::view", "default", ["P0", {"sl": [{"bx": [2 ** 62, 2 ** 62]}]}],
@@ -447,13 +454,15 @@ def _raw(source: Path, target: Path, entry: str, data: bytes) -> Path:
 def test_the_allow_list_holds_nothing_that_touches_files_threads_or_global_state():
     """Every operator the capture emits is on the list (each export reads its file back through it, so any
     protocol-3 export in the suite fails on one that is not); none of them reads or writes a file, sets a
-    storage, seeds or reaches past its arguments."""
+    storage, seeds or reaches past its arguments (as_strided's and as_strided_scatter's extents are checked
+    against their source's storage before they run; the in-place as_strided_ stays off)."""
     forbidden = ("from_file", "save", "load", "_fused", "set_", "storage", "resize", "print", "_assert", "seed",
-                 "set_num_threads", "record_stream", "_local_scalar", "as_strided", "_reshape_alias", "unsafe_chunk",
+                 "set_num_threads", "record_stream", "_local_scalar", "_reshape_alias", "unsafe_chunk",
                  "_unsafe_index")  # no bounds check on indices an edited graph computes
     operators = json.loads((REPO / "python" / "gradbridge" / "_runtime" / "oplist_rules.json").read_text())["operators"]
     assert operators == sorted(set(operators)) and all(op.startswith("aten::") for op in operators)
     assert [op for op in operators if any(word in op.split("::")[1] for word in forbidden)] == []
+    assert "aten::as_strided_.default" not in operators  # the in-place form restrides its argument
 
 
 def test_an_edited_torchscript_metadata_schedule_is_one_line_in_python_and_not_run_by_java(jvm, tmp_path):

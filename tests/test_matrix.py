@@ -1,9 +1,10 @@
 """The parity matrix on real data (scikit-learn's diabetes, breast_cancer, iris, digits).
 
-CI: all 60 cases (5 models x 4 optimizers x {full batch, shuffled step, shuffled fused}) for
-5 epochs in this process through JPype (expected bitwise), and SUBPROCESS_CASES through
-`gradle train` (the pytorch-native-cpu jar's libtorch; within rtol 1e-5, atol 1e-6).
-`pytest tests/test_matrix.py --full`: 20 epochs, and every case through a subprocess too.
+CI: 20 of the 60 cases (5 models x 4 optimizers x {full batch, shuffled step, shuffled fused}:
+matrix.DEFAULT_CASES, every model and optimizer in every mode) for 5 epochs in this process through
+JPype (expected bitwise), and SUBPROCESS_CASES through `gradle train` (the pytorch-native-cpu jar's
+libtorch; within rtol 1e-5, atol 1e-6). `pytest tests/test_matrix.py --full`: all 60 cases, 20 epochs,
+and every case through a subprocess too.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def _epochs(request):
     return 20 if request.config.getoption("--full") else 5
 
 
-@pytest.mark.every_torch_java
-@pytest.mark.parametrize("model_name, optimizer, mode", matrix.CASES, ids=["-".join(c) for c in matrix.CASES])
+def _in_process_case(case):
+    marks = [pytest.mark.every_torch_java] + ([] if case in matrix.DEFAULT_CASES else [pytest.mark.slow])
+    return pytest.param(*case, marks=marks, id="-".join(case))
+
+
+@pytest.mark.parametrize("model_name, optimizer, mode", [_in_process_case(c) for c in matrix.CASES])
 def test_in_process(jvm, request, exported, model_name, optimizer, mode):
     path = exported(model_name, optimizer)
     x, y = matrix.dataset(matrix.MODELS[model_name].data)

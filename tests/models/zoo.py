@@ -216,6 +216,12 @@ def timm_mobilevitv2() -> nn.Module:
     return timm.create_model("mobilevitv2_050", num_classes=CLASSES)
 
 
+def timm_convnext() -> nn.Module:
+    """timm's own tiny ConvNeXt (its test model: LayerNorm, depthwise convolutions, layer scale)."""
+    import timm
+    return timm.create_model("test_convnext", num_classes=CLASSES)
+
+
 Expected = Union[str, Dict[str, str]]
 
 
@@ -252,8 +258,8 @@ DECODER_TORCHSCRIPT = {"4": "cannot script or trace TokenClassifier", "5": "bitw
 
 CASES = (
     Case("BERT", "transformers", bert, _tokens, "bitwise", "bitwise"),
-    Case("DistilBERT", "transformers", distilbert, _tokens, "bitwise", "bitwise"),
-    Case("RoBERTa", "transformers", roberta, _tokens, "bitwise", "bitwise"),
+    Case("DistilBERT", "transformers", distilbert, _tokens, "bitwise", "bitwise", full_only=True),
+    Case("RoBERTa", "transformers", roberta, _tokens, "bitwise", "bitwise", full_only=True),
     # transformers 4.x's causal mask (masking_utils) runs under torch.vmap, which torch.jit.trace cannot record
     Case("GPT-2", "transformers", gpt2, _tokens, {"4": "cannot script or trace TokenClassifier", "5": "bitwise"},
          "bitwise"),
@@ -267,7 +273,10 @@ CASES = (
          DATA_DEPENDENT),
     Case("ViT", "transformers", vit, _images, "bitwise", "bitwise"),
     Case("ResNet-18 (BatchNorm)", "torchvision", resnet18, _images, "bitwise", "bitwise"),
-    Case("MobileViTv2", "timm", timm_mobilevitv2, lambda n, seed: _images(n, seed, 64), "bitwise", "bitwise"),
+    Case("ConvNeXt (timm's test model)", "timm", timm_convnext, lambda n, seed: _images(n, seed, 32), "bitwise",
+         "bitwise"),
+    Case("MobileViTv2", "timm", timm_mobilevitv2, lambda n, seed: _images(n, seed, 64), "bitwise", "bitwise",
+         full_only=True),
     Case("ModernBERT", "transformers", modernbert, _tokens, "bitwise", "bitwise"),
     # transformers 4.x builds a decoder's causal mask under torch.vmap (as GPT-2's above); 5.x does not
     Case("Qwen2", "transformers", qwen2, _tokens, DECODER_TORCHSCRIPT, "bitwise"),
