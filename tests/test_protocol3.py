@@ -424,6 +424,40 @@ class _Idle(nn.Module):
         return self.body(x) * self.scale.detach()
 
 
+class _Elementwise(nn.Module):
+    """A layer of the elementwise and reducing functions models write by hand (soft clipping, log-domain
+    pooling, rounding gates), each on the way to the logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        parts = [torch.clamp_min(h, -1.0), torch.clamp_max(h, 1.0), torch.clamp(h, -h.abs().mean(), h.abs().mean()),
+                 torch.maximum(h, 0.5 * h), torch.minimum(h, 0.5 * h), torch.log1p(h.abs()), torch.expm1(-h.abs()),
+                 torch.log2(1 + h * h), torch.log10(2 + h * h), torch.tan(0.5 * torch.tanh(h)), torch.erf(h),
+                 torch.erfc(h), torch.exp2(-h * h), torch.pow(h.abs() + 1, torch.sigmoid(h)), torch.pow(2.0, -h.abs()),
+                 torch.where(h > 0, h, 0.0), torch.where(h > 0, 0.1, h), h * torch.sign(h), h - h.detach().floor(),
+                 h - h.detach().ceil(), h - h.detach().round(), h - h.detach().trunc(),
+                 h.amax(-1, keepdim=True).expand_as(h), h.amin(-1, keepdim=True).expand_as(h),
+                 torch.logsumexp(h, -1, keepdim=True).expand_as(h), torch.atan2(h, 1 + h * h),
+                 torch.flip(h, [-1]), torch.roll(h, 1, -1),
+                 h.var(-1, keepdim=True).expand_as(h), h.std(-1, keepdim=True).expand_as(h),
+                 h.max(-1, keepdim=True).values.expand_as(h), h.min(-1, keepdim=True).values.expand_as(h),
+                 torch.sort(h, -1).values, torch.topk(h, 8, -1).values, torch.remainder(h, 1.5), torch.fmod(h, 1.5)]
+        return self.out(torch.stack(parts).mean(0))
+
+
+def test_elementwise_and_reducing_functions_train_from_java_like_the_users_model(jvm, tmp_path):
+    """The operators their forward and backward emit are on the allow-list, and each runs as eager does."""
+    torch.manual_seed(0)
+    model = _Elementwise()
+    path = export_protocol_3(tmp_path / "m.pt", model, {"name": "adam", "lr": 0.01})
+    _java_equals_eager(path, model, ["step"])
+
+
 @pytest.mark.parametrize("name", ["adam", "sgd"])
 def test_parameters_without_a_gradient_are_skipped_like_torch_optim(jvm, tmp_path, name):
     model = _Idle()

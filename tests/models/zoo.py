@@ -76,6 +76,13 @@ def _images(n: int, seed: int, side: int = 16) -> Tuple[Tensor, Tensor]:
     return torch.randn(n, 3, side, side, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
 
 
+def _tokens_and_images(n: int, seed: int) -> Tuple[Dict[str, Tensor], Tensor]:
+    """A caption (padded token ids and their mask) and an image per row."""
+    tokens, y = _tokens(n, seed)
+    images, _ = _images(n, seed + 1)
+    return {**tokens, "pixel_values": images}, y
+
+
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, vocab_size=VOCAB,
               max_position_embeddings=64, num_labels=CLASSES)
 
@@ -151,6 +158,32 @@ def vit() -> nn.Module:
     return ImageClassifier(hf.ViTForImageClassification(hf.ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, image_size=16,
         patch_size=4, num_labels=CLASSES)))
+
+
+class ClipPairClassifier(nn.Module):
+    """CLIP's two towers on a caption and an image, classified from both embeddings and their scaled similarity
+    (the logit scale trains too), as a user fine-tunes CLIP for an image-text task."""
+
+    def __init__(self, clip: nn.Module):
+        super().__init__()
+        self.clip = clip
+        dim = clip.config.projection_dim
+        self.head = nn.Linear(2 * dim + 1, CLASSES)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, pixel_values: Tensor) -> Tensor:
+        out = self.clip(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values)
+        text, image = out.text_embeds, out.image_embeds
+        similarity = self.clip.logit_scale.exp() * (text * image).sum(-1, keepdim=True)
+        return self.head(torch.cat([text, image, similarity], dim=-1))
+
+
+def clip() -> nn.Module:
+    import transformers as hf
+    tower = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
+    return ClipPairClassifier(hf.CLIPModel(hf.CLIPConfig(
+        text_config=dict(tower, vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=0, eos_token_id=EOS,
+                         pad_token_id=PAD),
+        vision_config=dict(tower, image_size=16, patch_size=4), projection_dim=16)))
 
 
 def _decoder(model: str, config: str, **extra) -> nn.Module:
@@ -272,6 +305,7 @@ CASES = (
          {"4": "export check failed: train_step 1: your eager model draws random numbers as", "5": "bitwise"},
          DATA_DEPENDENT),
     Case("ViT", "transformers", vit, _images, "bitwise", "bitwise"),
+    Case("CLIP (two towers)", "transformers", clip, _tokens_and_images, "bitwise", "bitwise"),
     Case("ResNet-18 (BatchNorm)", "torchvision", resnet18, _images, "bitwise", "bitwise"),
     Case("ConvNeXt (timm's test model)", "timm", timm_convnext, lambda n, seed: _images(n, seed, 32), "bitwise",
          "bitwise"),
