@@ -22,7 +22,6 @@ list per graph (``graphs/NAME.json``) and the state tensors (``state/K.bin``, ra
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import logging
@@ -39,8 +38,8 @@ from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
-from ..reference import Reference
-from . import capture as model_capture, finetune, losses, self_check, step_writes, traceable
+from . import aten_check, capture as model_capture, check_trail, finetune, losses, step_writes, traceable
+from .step_graphs import clip_graph, optimizer_graphs
 
 log = logging.getLogger(__name__)
 
@@ -142,20 +141,27 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
 
 def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], args: Tuple[Tensor, ...],
                       trainable: List[str]) -> List[str]:
-    """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of a
-    copy: torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
+    """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of the
+    export's copy (``torch.autograd.grad``: no ``.grad`` set; its buffers put back, the generator left as it
+    was): torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
     leaves it out. The set is the graph's: a model whose reach depends on its data is refused by the capture."""
-    probe = copy.deepcopy(model)
-    wanted = dict(probe.named_parameters())
+    wanted = dict(model.named_parameters())
+    saved = [(module, name, b, b.detach().clone()) for module in model.modules() for name, b in module._buffers.items()
+             if b is not None]
     try:
         with torch.random.fork_rng(devices=[]):
-            value = _Step(probe, loss, names).train()(*args)[0]
+            value = _Step(model, loss, names).train()(*args)[0]
             if not value.requires_grad:
                 return list(trainable)
             grads = torch.autograd.grad(value, [wanted[n] for n in trainable], allow_unused=True)
+            return [n for n, g in zip(trainable, grads) if g is None]
     except Exception as ex:  # the user's model fails: the capture would say the same
         raise ExportError(messages.aten_capture_failed(type(model).__name__, traceable.capture_failure(ex))) from ex
-    return [n for n, g in zip(trainable, grads) if g is None]
+    finally:
+        with torch.no_grad():
+            for module, name, buffer, before in saved:  # each buffer's own tensor, its values as before
+                buffer.copy_(before)
+                module._buffers[name] = buffer
 
 
 def _drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
@@ -164,16 +170,11 @@ def _drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
         group["params"] = [n for n in group["params"] if n not in idle]
 
 
-def _grow(batch: Tensor) -> Tensor:
-    """The batch with its first row again at the end (one more sample, real data)."""
-    return torch.cat([batch, batch[:1]])
-
-
 def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindings: List[str],
                         constants: Dict[str, Tensor], name: str, result: str = "output") -> Dict[str, Any]:
     b = int(args[0].shape[0])
     small = _capture(make(), args, joint, bindings, constants, result)
-    large = _capture(make(), tuple(_grow(a) for a in args), joint, bindings, constants, result)
+    large = _capture(make(), tuple(aten_check.grow(a) for a in args), joint, bindings, constants, result)
     try:
         return oplist.batch_affine(small, large, b, b + 1, name)
     except oplist.OpListError as ex:
@@ -219,202 +220,6 @@ def capture_probe() -> int:
     return len(graph["nodes"])
 
 
-class _Builder:
-    """Writes an op list by hand (the optimizer's step, clipping): every input first, then the ops, each op's
-    arguments filled in from its schema (defaults included) as ``oplist.from_fx`` does. Values: a slot
-    (``{"t": n}``, what ``input`` and ``op`` return), a list of slots, or a Python constant."""
-
-    def __init__(self) -> None:
-        self.inputs: List[str] = []
-        self.nodes: List[Dict[str, Any]] = []
-        self.outputs: List[Dict[str, Any]] = []
-        self.slots = 0
-
-    def input(self, binding: str) -> Dict[str, int]:
-        assert not self.nodes, "op list: inputs take the first slots"
-        self.inputs.append(binding)
-        self.slots += 1
-        return {"t": self.slots - 1}
-
-    @staticmethod
-    def _encode(value: Any, type_text: str) -> Any:
-        if isinstance(value, dict):
-            return value
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            return {"tl": [v["t"] for v in value]}
-        return oplist.encode_arg(value, {}, type_text)
-
-    def op(self, name: str, overload: str, *args: Any, **kwargs: Any) -> Dict[str, int]:
-        schema = oplist._overload(name, overload)._schema
-        encoded = []
-        for i, argument in enumerate(schema.arguments):
-            if i < len(args) and not argument.kwarg_only:
-                value = args[i]
-            elif argument.name in kwargs:
-                value = kwargs[argument.name]
-            else:
-                value = argument.default_value
-            encoded.append(self._encode(value, str(argument.type)))
-        returns = len(schema.returns)
-        self.nodes.append({"op": name, "overload": overload, "args": encoded, "outputs": returns})
-        self.slots += max(returns, 1)
-        return {"t": self.slots - max(returns, 1)}
-
-    def item(self, values: Dict[str, int], index: int) -> Dict[str, int]:
-        self.nodes.append({"op": oplist.ITEM, "overload": "", "args": [values, {"i": index}], "outputs": 1})
-        self.slots += 1
-        return {"t": self.slots - 1}
-
-    def output(self, value: Dict[str, int], binding: str) -> None:
-        self.outputs.append({"ref": value["t"], "to": binding})
-
-    def graph(self) -> Dict[str, Any]:
-        return {"oplist_version": oplist.VERSION, "inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}
-
-
-#: Each optimizer's per-parameter state (torch.optim's keys) as its step graph reads it.
-def _state_keys(name: str, hyper: Dict[str, Any]) -> List[str]:
-    if name == "sgd":
-        return ["momentum_buffer"] if hyper["momentum"] != 0 else []
-    if name in ("adam", "adamw"):
-        return ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if hyper["amsgrad"] else [])
-    if name == "rmsprop":
-        return (["step", "square_avg"] + (["momentum_buffer"] if hyper["momentum"] > 0 else [])
-                + (["grad_avg"] if hyper["centered"] else []))
-    return ["step", "sum"]
-
-
-def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]]], first: bool) -> Dict[str, Any]:
-    """One torch.optim step of every group, torch.optim's single-tensor op sequence per parameter (torch
-    2.7-2.15; ``optimizer_first``: SGD's first step, which clones the gradient into the momentum buffer).
-    The doubles torch.optim computes in Python per step are host scalars (``program.host_scalars``)."""
-    b = _Builder()
-    scalars = [{key: b.input(program.scalar_binding(key, g))
-                for key in program.host_scalars(name, hyper, 1.0, 1)} for g, (_, hyper) in enumerate(groups)]
-    slots = []
-    for names, hyper in groups:
-        keys = [k for k in _state_keys(name, hyper) if not (first and k == "momentum_buffer")]
-        slots.append([(n, b.input(f"param:{n}"), b.input(f"grad:{n}"), {k: b.input(f"state:{k}:{n}") for k in keys})
-                      for n in names])
-    step = {"sgd": _sgd_step, "adam": _adam_step, "adamw": _adam_step, "rmsprop": _rmsprop_step,
-            "adagrad": _adagrad_step}[name]
-    for (_, hyper), params, scalar in zip(groups, slots, scalars):
-        for n, param, grad, state in params:
-            if hyper.get("maximize"):
-                grad = b.op("aten::neg", "default", grad)
-            step(b, n, hyper, scalar, param, grad, state, first, name == "adamw")
-    return b.graph()
-
-
-def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-              state: Dict[str, Any], first: bool, _: bool) -> None:
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    if h["momentum"] != 0:
-        if first:
-            buf = b.op("aten::clone", "default", grad)
-            b.output(buf, f"state:momentum_buffer:{n}")
-        else:
-            buf = state["momentum_buffer"]
-            b.op("aten::mul_", "Scalar", buf, scalar["momentum"])
-            b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
-        grad = b.op("aten::add", "Tensor", grad, buf, alpha=scalar["momentum"]) if h["nesterov"] else buf
-    b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
-
-
-def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-               state: Dict[str, Any], first: bool, decoupled: bool) -> None:
-    beta2 = h["betas"][1]
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        if decoupled:
-            b.op("aten::mul_", "Scalar", param, scalar["decay"])
-        else:
-            grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, scalar["one_minus_beta1"])
-    b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
-    b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
-    if h["amsgrad"]:
-        b.op("aten::maximum", "out", state["max_exp_avg_sq"], state["exp_avg_sq"], out=state["max_exp_avg_sq"])
-        root = b.op("aten::sqrt", "default", state["max_exp_avg_sq"])
-    else:
-        root = b.op("aten::sqrt", "default", state["exp_avg_sq"])
-    denom = b.op("aten::div", "Scalar", root, scalar["bias_correction2_sqrt"])
-    b.op("aten::add_", "Scalar", denom, h["eps"])
-    b.op("aten::addcdiv_", "default", param, state["exp_avg"], denom, value=scalar["neg_step_size"])
-
-
-def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
-    alpha = h["alpha"]
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::mul_", "Scalar", state["square_avg"], alpha)
-    b.op("aten::addcmul_", "default", state["square_avg"], grad, grad, value=1 - alpha)
-    if h["centered"]:
-        b.op("aten::lerp_", "Scalar", state["grad_avg"], grad, 1 - alpha)
-        avg = b.op("aten::addcmul", "default", state["square_avg"], state["grad_avg"], state["grad_avg"], value=-1)
-        b.op("aten::sqrt_", "default", avg)
-    else:
-        avg = b.op("aten::sqrt", "default", state["square_avg"])
-    b.op("aten::add_", "Scalar", avg, h["eps"])
-    if h["momentum"] > 0:
-        b.op("aten::mul_", "Scalar", state["momentum_buffer"], scalar["momentum"])
-        b.op("aten::addcdiv_", "default", state["momentum_buffer"], grad, avg)
-        b.op("aten::add_", "Tensor", param, state["momentum_buffer"], alpha=scalar["neg_lr"])
-    else:
-        b.op("aten::addcdiv_", "default", param, grad, avg, value=scalar["neg_lr"])
-
-
-def _adagrad_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
-    b.op("aten::add_", "Scalar", state["step"], 1)
-    if h["weight_decay"] != 0:
-        grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::addcmul_", "default", state["sum"], grad, grad, value=1)
-    std = b.op("aten::sqrt", "default", state["sum"])
-    b.op("aten::add_", "Scalar", std, h["eps"])
-    b.op("aten::addcdiv_", "default", param, grad, std, value=scalar["neg_clr"])
-
-
-def _clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Dict[str, Any]:
-    """torch.nn.utils.clip_grad_norm_ / clip_grad_value_ over the trainable parameters in the model's order,
-    in place: on CPU their foreach ops, per group of one dtype (torch groups the gradients by dtype)."""
-    b = _Builder()
-    grads = {n: b.input(f"grad:{n}") for n, _ in named}
-    by_dtype: Dict[torch.dtype, List[Any]] = {}
-    for n, p in named:
-        by_dtype.setdefault(p.dtype, []).append(grads[n])
-    if clip["kind"] == "value":
-        for group in by_dtype.values():
-            b.op("aten::_foreach_clamp_min_", "Scalar", group, -clip["max"])
-            b.op("aten::_foreach_clamp_max_", "Scalar", group, clip["max"])
-        return b.graph()
-    norm_type = clip["norm_type"]
-    norms = []
-    for group in by_dtype.values():
-        listed = b.op("aten::_foreach_norm", "Scalar", group, norm_type)
-        norms += [b.item(listed, i) for i in range(len(group))]
-    total = b.op("aten::linalg_vector_norm", "default", b.op("aten::stack", "default", norms), norm_type)
-    # eager `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__: reciprocal() * max_norm
-    coef = b.op("aten::mul", "Scalar", b.op("aten::reciprocal", "default", b.op("aten::add", "Scalar", total, 1e-6)),
-                clip["max"])
-    clamped = b.op("aten::clamp", "default", coef, None, 1.0)
-    for group in by_dtype.values():
-        b.op("aten::_foreach_mul_", "Tensor", group, clamped)
-    return b.graph()
-
-
-def _optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    name = training["optimizer"]
-    groups = [(group["params"], group) for group in training["groups"]]
-    graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
-    if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
-        graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
-    return graphs
-
-
 def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Tensor]:
     """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
     momentum buffer comes with step 1)."""
@@ -424,7 +229,7 @@ def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dic
     for (indices, _), module in zip(setup.resolved, setup.optimizers):
         for key, values in module.state().items():
             for i, value in zip(indices, values):
-                state[f"state:{key}:{names[i]}"] = value.detach().clone()
+                state[f"state:{key}:{names[i]}"] = value.detach()  # written, then let go: not copied
     return state
 
 
@@ -511,6 +316,34 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     batch = int(y.shape[0])
     if batch < program.MIN_BATCH:
         raise ExportError(messages.aten_batch_too_small(batch, program.MIN_BATCH))
+    metadata, graphs, state, schedule = _build(model, loss_module, loss_spec, optimizer, input_names, example_x, x, y,
+                                               model_name=model_name, check=check, options=options,
+                                               auto_reason=auto_reason, exported_from=exported_from)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(protocol.METADATA_FILE, json.dumps(metadata, indent=2))
+            for name, graph in graphs.items():
+                archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
+            for entry, tensor in zip(metadata[protocol.PROGRAM_KEY]["state"], state.values()):
+                _write_tensor(archive, entry["file"], tensor)
+        # The state holds the export's copy of the model and its optimizer state (the capture went with
+        # _build's frame): let go, so the check holds one side at a time beside the user's model.
+        del state
+        if check:
+            check_trail.release()
+            aten_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs)
+    log.info("wrote %s", path)
+    return path
+
+
+def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], optimizer: Any,
+           input_names: List[str], example_x: Any, x: Dict[str, Tensor], y: Tensor, *, model_name: Any, check: bool,
+           options: Dict[str, Any], auto_reason: Optional[str],
+           exported_from: Optional[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor], Any]:
+    """The graphs of a copy of ``model``, the state to write (that copy's tensors and the optimizer's, not
+    copied), the metadata and the schedule module."""
+    batch = int(y.shape[0])
     names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
     model = model_capture.cpu_copy(model)
     named = list(model.named_parameters())
@@ -562,8 +395,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         params[n].requires_grad_(True)
     _drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = _clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
-    graphs.update(_optimizer_graphs(training))
+        graphs["clip"] = clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
+    graphs.update(optimizer_graphs(training))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
@@ -604,89 +437,4 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         "min_batch": 1 if program.one("train") in graphs else program.MIN_BATCH,
         "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
         "training": training, "counters": counters}
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
-            archive.writestr(protocol.METADATA_FILE, json.dumps(metadata, indent=2))
-            for name, graph in graphs.items():
-                archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
-            for entry, tensor in zip(entries, state.values()):
-                _write_tensor(archive, entry["file"], tensor)
-        if check:
-            # The check's eager side is this copy of the model (its parameters and buffers set from the
-            # written file by the reference): a large model is held here and once as read back, no more.
-            del state, constants, persistent
-            _check(tmp, model, copy.deepcopy(schedule), input_names, x, y)
-    log.info("wrote %s", path)
-    return path
-
-
-def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
-    """Inputs by name as the reference takes them: the tensor itself for a model of one input."""
-    return x[names[0]] if model_inputs.is_single(names) else x
-
-
-def _torch_state(reference: Any) -> Dict[str, Tensor]:
-    """torch.optim's per-parameter state tensors by ``KEY:NAME`` (a parameter that never had a gradient holds none)."""
-    names = {id(p): n for n, p in reference.named_parameters()}
-    return {f"{key}:{names[id(p)]}": value for p, held in reference.optimizer.state.items()
-            for key, value in held.items() if torch.is_tensor(value)}
-
-
-def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], x: Dict[str, Tensor],
-           y: Tensor) -> None:
-    """The written program (read back, run by the native interpreter's Python twin) beside the user's eager
-    model with torch.optim as the reference trains it (groups, frozen parameters, clipping, accumulation,
-    the schedule): two steps at the example's size, one at one more (and one at one sample when the program
-    holds its graphs), each followed by the end-of-epoch schedule step; then evaluate and forward in eval
-    mode at the example's size (and at one sample); bit for bit."""
-    compare = self_check._Comparison("export")
-    method = "loading the export"
-    try:
-        metadata, graphs, state = program.read_program(path)
-        entry = metadata[protocol.PROGRAM_KEY]
-        twin = program.Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
-                               entry["counters"], schedule)
-        reference = Reference(path, eager, take_model=True, state={
-            name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")})
-        batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
-        evaluated = [(x, y)]
-        if program.one("train") in graphs:
-            batches.append(({n: t[:1] for n, t in x.items()}, y[:1]))
-            evaluated.append(batches[-1])
-        with torch.random.fork_rng(devices=[]):
-            for k, (bx, by) in enumerate(batches):
-                method = f"train_step {k + 1}"
-                torch.manual_seed(self_check.SEED + k)
-                expected = reference.train_step(_batch(input_names, bx), by)
-                torch.manual_seed(self_check.SEED + k)
-                actual = twin.train_step(bx, by)
-                compare.tensor(method, "loss", expected, actual)
-                compare.named(method, "parameter", reference.parameters(copies=False),
-                              {n: twin.state[f"param:{n}"] for n in twin.parameters})
-                compare.named(method, "buffer", reference.buffers(copies=False),
-                              {n: twin.state[f"buffer:{n}"] for n in reference.buffers(copies=False)})
-                held = _torch_state(reference)
-                own = {name[len("state:"):]: t for name, t in twin.state.items() if name.startswith("state:")}
-                compare.named(method, "optimizer state", held, own)
-                extra = sorted(set(own) - set(held))
-                if extra:
-                    raise ExportError(messages.export_mismatch(method, f"optimizer state {extra[0]}",
-                                                               "none (torch.optim holds none)", "a tensor"))
-                reference.end_epoch(float(expected))
-                twin.schedule_epoch(float(expected))
-                if reference.lrs() != twin.lrs:
-                    raise ExportError(messages.export_mismatch(method, "the learning rates", str(reference.lrs()),
-                                                               str(twin.lrs)))
-            for bx, by in evaluated:
-                method = f"evaluate (eval mode, {len(by)} samples)"
-                compare.tensor(method, "loss", reference.evaluate(_batch(input_names, bx), by), twin.evaluate(bx, by))
-                method = f"forward (eval mode, {len(by)} samples)"
-                reference.model.eval()
-                with torch.no_grad():
-                    out = _call(reference.model, input_names, [bx[n] for n in input_names])
-                compare.tensor(method, "output", out, twin.forward(bx))
-    except ExportError:
-        raise
-    except Exception as ex:
-        raise ExportError(messages.export_check_raised(method, messages.one_line(ex)[:300])) from ex
+    return metadata, graphs, state, schedule
