@@ -287,8 +287,8 @@ def test_the_check_holds_one_side_at_a_time_beside_the_users_model(tmp_path, mon
 
     copy_model = capture.cpu_copy
 
-    def tracked_copy(model):
-        copied = copy_model(model)
+    def tracked_copy(model, *values):
+        copied = copy_model(model, *values)
         made.append(weakref.ref(copied))
         return copied
 

@@ -39,9 +39,12 @@ class _Eager:
     """The eager side: a copy of the user's model set from the file's parameters and buffers."""
 
     def __init__(self, path: Path, model: nn.Module, input_names: List[str]):
-        _, _, state = program.read_program(path)
-        self.reference = Reference(path, model_capture.cpu_copy(model), take_model=True, state={
-            name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")})
+        _, _, read = program.read_program(path)
+        state = {name.split(":", 1)[1]: t for name, t in read.items() if name.split(":", 1)[0] in ("param", "buffer")}
+        # its parameters and buffers are the file's tensors (taken, not copied), the rest let go
+        self.reference = Reference(path, model_capture.cpu_copy(model, state), take_model=True, state=state)
+        del read, state
+        trail.release()  # the file's optimizer state, before training starts
         self.names = input_names
 
     def _batch(self, x: Dict[str, Tensor]) -> Any:

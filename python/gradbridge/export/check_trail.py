@@ -75,10 +75,16 @@ def draws_text(ops: Sequence[str]) -> str:
 
 
 def release() -> None:
-    """Collect what just went out of use (a side, the export's copy) and hand the freed pages back to the system
-    (glibc's ``malloc_trim``; elsewhere a no-op), so the next side's tensors do not come on top of the holes the
-    last one left in the heap."""
+    """Collect what just went out of use (a side, the export's copy) and hand the freed pages back to the system,
+    so the next side's tensors do not come on top of the holes the last one left in the heap."""
     gc.collect()
+    trim()
+
+
+def trim() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere a no-op): between the
+    phases of a step (a backward's activations, an optimizer's temporaries), so what the next allocates is
+    counted once, not on top of the holes the last left."""
     if _trim is not None:
         _trim(0)
 
@@ -221,20 +227,30 @@ def two_runs(eager: Run, module: Run, capture: str, raised: Type[ExportError] = 
     """Run ``eager`` and record what it yields, then ``module``, comparing as it goes; at the first tensor whose
     bits differ, ``eager`` again up to it, and the one line naming the element (``messages.export_differs``). An
     exception of the model's is ``raised`` with ``messages.export_check_raised`` (its reason cut at ``limit``)."""
-    entries = _guarded(eager, lambda seen: [(o[0], o[1], o[2], _recorded(o[0], o[3])) for o in seen], raised, limit)
+    def record(seen: Iterator[Observation]) -> List[Tuple[str, str, str, Any]]:
+        entries = []
+        for kind, method, name, payload, _ in seen:
+            entries.append((kind, method, name, _recorded(kind, payload)))
+            if kind != "tensor":
+                trim()
+        return entries
+
+    entries = _guarded(eager, record, raised, limit)
     release()  # the eager side, before the module is loaded
 
     def compare(seen: Iterator[Observation]) -> Optional[_Difference]:
         for position, observation in enumerate(seen):
+            if observation[0] != "tensor":
+                trim()
             difference = _compared(position, observation, entries[position], capture)
             if difference is not None:
                 return difference
         return None
 
     differs = _guarded(module, compare, raised, limit)
+    release()  # the module: before the eager side runs again, or before the caller trains
     if differs is None:
         return
-    release()  # the module, before the eager side runs again
 
     def fetch(seen: Iterator[Observation]) -> Optional[Tensor]:
         for position, observation in enumerate(seen):

@@ -84,9 +84,12 @@ class _Eager:
 
     def __init__(self, path: str | os.PathLike, model: nn.Module):
         loaded = torchscript.load(str(path))
-        # in training mode; the file's tensors read where they live, then let go
-        self.reference = Reference(path, model_capture.cpu_copy(model), loaded=loaded, state=live_state(loaded),
+        state = live_state(loaded)
+        # in training mode; its parameters and buffers are the file's tensors (taken, not copied), the rest let go
+        self.reference = Reference(path, model_capture.cpu_copy(model, state), loaded=loaded, state=state,
                                    take_model=True)
+        del loaded, state
+        trail.release()  # the file's optimizer state, before training starts
         self.accumulating = self.reference.accumulate != 1
         self._output: Optional[Tensor] = None
 
