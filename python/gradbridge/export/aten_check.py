@@ -5,7 +5,8 @@ one more (and one at one sample when the program holds its graphs), each followe
 schedule step; then evaluate and forward in eval mode at the example's size (and at one sample); bit for bit.
 
 The two sides run one after the other (``check_trail``: the eager one recorded, the program compared with the
-record), each starting from the file's state, so the check holds one of them at a time beside the user's model.
+record), so the check holds one of them at a time beside the user's model; the eager copy starts from the user's
+values and the init weights, as the export's own copy did (``self_check.eager_copy``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from .._runtime import inputs as model_inputs, program
 from .. import protocol
 from ..errors import ExportError
 from ..reference import Reference
-from . import capture as model_capture
+from . import self_check
 from . import check_trail as trail
-from .self_check import SEED
 
 #: What the eager side is said to hold for optimizer state only the program has.
 _TORCH_HOLDS_NONE = "none (torch.optim holds none)"
@@ -36,15 +36,11 @@ def grow(batch: Tensor) -> Tensor:
 
 
 class _Eager:
-    """The eager side: a copy of the user's model set from the file's parameters and buffers."""
+    """The eager side: a copy of the user's model (with the export's init weights), as the export's own was."""
 
-    def __init__(self, path: Path, model: nn.Module, input_names: List[str]):
-        _, _, read = program.read_program(path)
-        state = {name.split(":", 1)[1]: t for name, t in read.items() if name.split(":", 1)[0] in ("param", "buffer")}
-        # its parameters and buffers are the file's tensors (taken, not copied), the rest let go
-        self.reference = Reference(path, model_capture.cpu_copy(model, state), take_model=True, state=state)
-        del read, state
-        trail.release()  # the file's optimizer state, before training starts
+    def __init__(self, path: Path, model: nn.Module, input_names: List[str], init_weights: Any):
+        copied = self_check.eager_copy(model, init_weights)
+        self.reference = Reference(path, copied, take_model=True, state=self_check.own_state(copied))
         self.names = input_names
 
     def _batch(self, x: Dict[str, Tensor]) -> Any:
@@ -122,7 +118,7 @@ class _Twin:
 def _run(side: Any, where: trail.Where, batches: List[Any], evaluated: List[Any]) -> Iterator[trail.Observation]:
     for k, (bx, by) in enumerate(batches):
         where.method = method = f"train_step {k + 1}"
-        torch.manual_seed(SEED + k)
+        torch.manual_seed(self_check.SEED + k)
         loss = side.train_step(bx, by)
         yield trail.tensor(method, "loss", loss)
         yield trail.named(method, "parameter", side.parameters())
@@ -138,15 +134,15 @@ def _run(side: Any, where: trail.Where, batches: List[Any], evaluated: List[Any]
 
 
 def check(path: Path, model: nn.Module, schedule: Any, input_names: List[str], x: Dict[str, Tensor], y: Tensor,
-          one_sample: bool, limit: Optional[int] = 300) -> None:
-    """Compare the program at ``path`` with ``model`` (the user's; the check trains a copy of it); ``schedule``:
-    the scheduler module the export built (each run of the twin takes a copy); ``one_sample``: the program
-    holds graphs at one sample."""
+          one_sample: bool, init_weights: Any = None, limit: Optional[int] = 300) -> None:
+    """Compare the program at ``path`` with ``model`` (the user's; the check trains a copy of it, with the export's
+    ``init_weights``); ``schedule``: the scheduler module the export built (each run of the twin takes a copy);
+    ``one_sample``: the program holds graphs at one sample."""
     batches = [(x, y), (x, y), ({n: grow(t) for n, t in x.items()}, grow(y))]
     evaluated = [(x, y)]
     if one_sample:
         batches.append(({n: t[:1] for n, t in x.items()}, y[:1]))
         evaluated.append(batches[-1])
-    trail.two_runs(lambda where: _run(_Eager(path, model, input_names), where, batches, evaluated),
+    trail.two_runs(lambda where: _run(_Eager(path, model, input_names, init_weights), where, batches, evaluated),
                    lambda where: _run(_Twin(path, schedule), where, batches, evaluated), "export", raised=ExportError,
                    limit=limit)

@@ -332,7 +332,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         del state
         if check:
             check_trail.release()
-            aten_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs)
+            aten_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs,
+                             init_weights=options.get("init_weights"))
     log.info("wrote %s", path)
     return path
 

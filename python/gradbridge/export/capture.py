@@ -121,18 +121,9 @@ def exported_from(model: nn.Module) -> Optional[str]:
     return ", ".join(found) if found else None
 
 
-def cpu_copy(model: nn.Module, values: Optional[Dict[str, Tensor]] = None) -> nn.Module:
-    """A deep copy of ``model`` with every parameter and buffer on the CPU (the Parameter objects kept).
-    ``values``: CPU tensors by name that the copy's (plain) parameters and buffers are, shared, not copied (the
-    export's check sets its copy from the file's tensors so, without holding both)."""
-    memo: Dict[int, Any] = {}
-    for name, p in model.named_parameters() if values is not None else ():
-        if name in values and type(p) is nn.Parameter:
-            memo[id(p)] = nn.Parameter(values[name].detach(), requires_grad=p.requires_grad)
-    for name, b in model.named_buffers() if values is not None else ():
-        if name in values and type(b) is Tensor:
-            memo[id(b)] = values[name].detach()
-    copied = copy.deepcopy(model, memo)
+def cpu_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with every parameter and buffer on the CPU (the Parameter objects kept)."""
+    copied = copy.deepcopy(model)
     if any(t.device.type != "cpu" for _, t in _model_tensors(copied)):
         copied.cpu()
     return copied

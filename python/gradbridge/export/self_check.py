@@ -2,7 +2,7 @@
 
 Before the file is renamed into place, the module as Java will load it runs the same script as an eager
 copy of the user's model with the real torch.optim optimizer (``reference.Reference``) on the example
-batch, both starting from the file's parameters and buffers:
+batch:
 
 - ``STEPS`` training steps in training mode, each from the same generator seed on both sides: the loss,
   every gradient (and which parameters have one), every parameter, buffer and optimizer-state tensor
@@ -13,7 +13,9 @@ batch, both starting from the file's parameters and buffers:
   steps and after the last (the eager model back in training mode with its own ``train()`` in between).
 
 All bit for bit. The two sides run one after the other (``check_trail``: the eager one recorded, the
-module compared with the record), so the check holds one of them at a time beside the user's model; the
+module compared with the record), so the check holds one of them at a time beside the user's model (the eager
+copy starts from the user's values and the init weights, as the export's own copy did, not from a read of the
+file: a file holding other values differs from the first step on); the
 module's tensors are read where they live (its parameter list, gradient list and optimizer state),
 not through the getters' copies. The first difference is one line naming the method, the tensor, the
 element and both values (``messages.export_differs``). The user's model, optimizer and generator are
@@ -23,7 +25,7 @@ left as they were.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +35,7 @@ from .._runtime import inputs, torchscript
 from .. import protocol
 from ..errors import CaptureError
 from ..reference import Reference
-from . import capture as model_capture
+from . import capture as model_capture, finetune
 from . import check_trail as trail
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
@@ -72,6 +74,21 @@ def _optimizer_state(optimizer: torch.optim.Optimizer, key: str) -> List[Optiona
     return values
 
 
+def eager_copy(model: nn.Module, init_weights: Any = None) -> nn.Module:
+    """The check's eager model: a CPU copy of the user's model with the init weights the export loaded into its
+    own, so its parameters and buffers start as the file's (a file that holds other values differs from the
+    first step on). Its state is given to ``Reference`` as its own tensors, so the file is not read for them."""
+    copied = model_capture.cpu_copy(model)
+    if init_weights is not None:
+        finetune.load_weights(copied, init_weights)
+    return copied
+
+
+def own_state(model: nn.Module) -> Dict[str, Tensor]:
+    """A model's parameters and buffers by name, its own tensors (a ``Reference`` state that copies nothing)."""
+    return {**{n: p.detach() for n, p in model.named_parameters()}, **{n: b for n, b in model.named_buffers()}}
+
+
 def live_state(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
     """A loaded training module's parameters and buffers by name, its own tensors (``get_parameters`` and
     ``get_buffers`` return copies)."""
@@ -80,16 +97,12 @@ def live_state(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
 
 
 class _Eager:
-    """The check's eager side: a copy of the user's model set from the file, trained by torch.optim."""
+    """The check's eager side: a copy of the user's model (with the init weights the export loaded), trained by
+    torch.optim."""
 
-    def __init__(self, path: str | os.PathLike, model: nn.Module):
-        loaded = torchscript.load(str(path))
-        state = live_state(loaded)
-        # in training mode; its parameters and buffers are the file's tensors (taken, not copied), the rest let go
-        self.reference = Reference(path, model_capture.cpu_copy(model, state), loaded=loaded, state=state,
-                                   take_model=True)
-        del loaded, state
-        trail.release()  # the file's optimizer state, before training starts
+    def __init__(self, path: str | os.PathLike, model: nn.Module, init_weights: Any = None):
+        copied = eager_copy(model, init_weights)
+        self.reference = Reference(path, copied, state=own_state(copied), take_model=True)  # in training mode
         self.accumulating = self.reference.accumulate != 1
         self._output: Optional[Tensor] = None
 
@@ -251,7 +264,9 @@ def _eval(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trai
     yield trail.named(where.method, "buffer", side.buffers())
 
 
-def check(path: str | os.PathLike, model: nn.Module, x: inputs.Batch, y: Tensor, capture: str) -> None:
-    """Compare the module at ``path`` with ``model`` (the user's; the check trains a copy of it) on (x, y)."""
-    trail.two_runs(lambda where: _run(_Eager(path, model), where, x, y),
+def check(path: str | os.PathLike, model: nn.Module, x: inputs.Batch, y: Tensor, capture: str,
+          init_weights: Any = None) -> None:
+    """Compare the module at ``path`` with ``model`` (the user's; the check trains a copy of it, with the export's
+    ``init_weights``) on (x, y)."""
+    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y),
                    lambda where: _run(_Module(path), where, x, y), capture, raised=CaptureError)

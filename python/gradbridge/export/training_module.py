@@ -202,7 +202,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         if check:
             check_trail.release()
             x, y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
-            self_check.check(tmp, model, x, y, kind)
+            self_check.check(tmp, model, x, y, kind, init_weights=init_weights)
     log.info("wrote %s", path)
     return path
 
