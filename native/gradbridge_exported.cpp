@@ -214,6 +214,9 @@ struct Graph {
   // on, as eager's forward (a kernel may branch on it: oneDNN's LSTM layer keeps its backward's workspace
   // only then); the backward runs with it off, as autograd's engine runs it (python: oplist.forward_ops).
   size_t forward_ops = 0;
+  // The slots to let go after each node: those no later node reads and no output names (an optimizer step's
+  // temporaries one parameter at a time, an activation once the backward has read it; python: oplist._last_reads)
+  std::vector<std::vector<int64_t>> release_after;
 };
 
 const std::map<std::string, at::ScalarType>& dtypes() {
@@ -460,6 +463,21 @@ Graph parse_graph(const std::string& name, const Json& g, const Limits& limits) 
       if (loss < computed) graph.forward_ops = k + 1;
     }
   }
+  std::vector<int64_t> last(count, -1);  // the node that reads a slot last (or makes it, when none reads it)
+  int64_t made = static_cast<int64_t>(graph.inputs.size());
+  for (size_t k = 0; k < graph.nodes.size(); k++) {
+    const Node& node = graph.nodes[k];
+    for (int64_t n = std::max<int64_t>(node.outputs, 1); n > 0; n--) last[made++] = static_cast<int64_t>(k);
+    for (const Arg& a : node.args) {
+      if (a.kind == Arg::Ref) last[a.i] = static_cast<int64_t>(k);
+      if (a.kind == Arg::RefList || a.kind == Arg::OptRefList)
+        for (int64_t ref : a.ints) if (ref >= 0) last[ref] = static_cast<int64_t>(k);
+    }
+  }
+  for (const auto& out : graph.outputs) last[out.first] = -1;
+  graph.release_after.assign(graph.nodes.size(), {});
+  for (int64_t ref = 0; ref < count; ref++)
+    if (last[ref] >= 0) graph.release_after[last[ref]].push_back(ref);
   return graph;
 }
 
@@ -869,6 +887,8 @@ struct Exported {
     std::optional<at::AutoGradMode> grad_mode(std::in_place, graph.forward_ops > 0);
     for (size_t k = 0; k < graph.nodes.size(); k++) {
       const Node& node = graph.nodes[k];
+      if (k > 0)
+        for (int64_t ref : graph.release_after[k - 1]) slots[ref] = c10::IValue();
       if (k == graph.forward_ops && k > 0) grad_mode.emplace(false);
       stack.clear();
       for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch, device));
