@@ -48,7 +48,12 @@ class _Eager:
         return x[self.names[0]] if model_inputs.is_single(self.names) else x
 
     def train_step(self, x: Dict[str, Tensor], y: Tensor) -> Tensor:
-        return self.reference.train_step(self._batch(x), y)
+        if self.reference.accumulate != 1:
+            return self.reference.train_step(self._batch(x), y)
+        loss = self.reference.backward(self._batch(x), y)  # train_step's two halves, ...
+        trail.trim()  # ... the backward's activations handed back before the optimizer's temporaries come
+        self.reference.step()
+        return loss
 
     def parameters(self) -> Dict[str, Tensor]:
         return self.reference.parameters(copies=False)
@@ -88,7 +93,13 @@ class _Twin:
                                     entry["counters"], copy.deepcopy(schedule), own=True)
 
     def train_step(self, x: Dict[str, Tensor], y: Tensor) -> Tensor:
-        return self.twin.train_step(x, y)
+        if int(self.twin.training["accumulate"]) != 1:
+            return self.twin.train_step(x, y)
+        self.twin.zero_grad()  # train_step's halves, as the eager side's
+        loss = self.twin.calculate_loss_and_backward(x, y)
+        trail.trim()
+        self.twin.optimizer_step()
+        return loss
 
     def parameters(self) -> Dict[str, Tensor]:
         return {n: self.twin.state[f"param:{n}"] for n in self.twin.parameters}

@@ -38,7 +38,7 @@ from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
-from . import aten_check, capture as model_capture, check_trail, finetune, losses, step_writes, traceable
+from . import aten_check, capture as model_capture, check_trail, finetune, losses, optim, step_writes, traceable
 from .step_graphs import clip_graph, optimizer_graphs
 
 log = logging.getLogger(__name__)
@@ -220,16 +220,18 @@ def capture_probe() -> int:
     return len(graph["nodes"])
 
 
-def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Tensor]:
+def _initial_optimizer_state(setup: finetune.Setup, named: Sequence[Tuple[str, Tensor]]) -> Dict[str, Tensor]:
     """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
-    momentum buffer comes with step 1)."""
+    momentum buffer comes with step 1): each group's optimizer built again now, at the write (the export's
+    were let go before the capture, so a large model's optimizer state is not held while it runs)."""
     state: Dict[str, Tensor] = {}
     if setup.spec["name"] == "sgd":
         return state
-    for (indices, _), module in zip(setup.resolved, setup.optimizers):
+    for indices, options in setup.resolved:
+        module = optim.build({"name": setup.spec["name"], **options}, [named[i][1] for i in indices])
         for key, values in module.state().items():
             for i, value in zip(indices, values):
-                state[f"state:{key}:{names[i]}"] = value.detach()  # written, then let go: not copied
+                state[f"state:{key}:{named[i][0]}"] = value.detach()  # written, then let go: not copied
     return state
 
 
@@ -356,6 +358,7 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
                            clip_grad_norm=options.get("clip_grad_norm"), clip_norm_type=options.get("clip_norm_type", 2.0),
                            clip_grad_value=options.get("clip_grad_value"), accumulate=options.get("accumulate", 1))
     training, counters, schedule = _training(setup, names)
+    setup.optimizers.clear()  # their state is built again at the write (_initial_optimizer_state)
     accumulate = setup.plan.accumulate
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
@@ -404,7 +407,7 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     buffers = list(model.named_buffers())
     state.update({f"buffer:{n}": b.detach() for n, b in buffers})
     state.update(constants)
-    state.update({k: v for k, v in _initial_optimizer_state(setup, names).items() if k.split(":")[2] not in idle})
+    state.update({k: v for k, v in _initial_optimizer_state(setup, named).items() if k.split(":")[2] not in idle})
     if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
         for group in training["groups"]:
             for n in group["params"] if group["momentum"] > 0 else ():

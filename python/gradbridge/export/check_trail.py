@@ -10,15 +10,17 @@ alone), the module let go, and the eager run repeated from the start up to that 
 the first element that differs and both values, as a side-by-side comparison would.
 
 A tensor's digest is over its bytes as they are (dtype and shape kept beside it): -0.0 is not 0.0, a NaN
-equals only the same NaN.
+equals only the same NaN. A group's tensors, and a large tensor's pieces, are hashed on several threads.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import gc
 import hashlib
+import os
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
@@ -32,16 +34,45 @@ from ..errors import CaptureError, ExportError
 Seen = Optional[Tuple[torch.dtype, List[int], str]]
 
 
+#: Bytes of a tensor hashed as one piece: a larger tensor's digest is the SHA-256 of its pieces' SHA-256s. Pieces
+#: (and the tensors of a group) are hashed on several threads: hashlib lets go of the GIL.
+_PIECE = 1 << 25
+_hashing: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _sha256(data: memoryview) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def digests(tensors: Sequence[Tensor]) -> List[str]:
+    """Each tensor's SHA-256 over its bytes, row-major (a non-contiguous tensor is copied, that tensor alone);
+    above ``_PIECE`` bytes, of its pieces' SHA-256s."""
+    global _hashing
+    flats = [t.detach().cpu().contiguous().reshape(-1) for t in tensors]
+    views = [memoryview(f.view(torch.uint8).numpy()) if f.numel() else memoryview(b"") for f in flats]
+    pieces = [[data[start:start + _PIECE] for start in range(0, len(data), _PIECE)] or [data] for data in views]
+    if _hashing is None:
+        _hashing = concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1), "gradbridge-digest")
+    hashed = iter(_hashing.map(_sha256, [piece for parts in pieces for piece in parts]))
+    out = []
+    for parts in pieces:
+        mine = [next(hashed) for _ in parts]
+        out.append(mine[0].hex() if len(mine) == 1 else hashlib.sha256(b"".join(mine)).hexdigest())
+    return out
+
+
 def digest(t: Tensor) -> str:
-    """SHA-256 of the tensor's bytes, row-major (a non-contiguous tensor is copied, that tensor alone)."""
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return hashlib.sha256(b"").hexdigest()
-    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
+    return digests([t])[0]
 
 
 def seen(t: Optional[Tensor]) -> Seen:
     return None if t is None else (t.dtype, list(t.shape), digest(t))
+
+
+def _seen_all(tensors: Sequence[Optional[Tensor]]) -> List[Seen]:
+    present = [t for t in tensors if t is not None]
+    hashed = iter(digests(present))
+    return [None if t is None else (t.dtype, list(t.shape), next(hashed)) for t in tensors]
 
 
 def _kind(s: Seen) -> str:
@@ -106,20 +137,18 @@ class Where:
         self.method = "loading the export"
 
 
-#: One thing a check script saw: (kind, method, name, payload, option). Kinds: ``tensor`` (a tensor or None;
-#: option ``optional``: where the eager side has none, the module's is not compared: torch.optim holds no state
-#: for a parameter that never had a gradient), ``named`` (tensors by name, compared by the eager side's names;
-#: option: what the eager side is said to hold for a name only the module has, which is then refused, or None),
-#: ``fact`` (a short text compared for equality) and ``draws`` (the random ops, in order, and the generator's
-#: state after them).
+#: One thing a check script saw: (kind, method, name, payload, option). Kinds: ``tensor`` (a tensor or None),
+#: ``named`` (tensors by name, compared by the eager side's names; option: what the eager side is said to hold
+#: for a name only the module has, which is then refused, or None: such names are not compared), ``fact`` (a
+#: short text compared for equality) and ``draws`` (the random ops, in order, and the generator's state after).
 Observation = Tuple[str, str, str, Any, Any]
 #: A check script's run on one side: builds the side, yields what it sees (``Observation``s), and lets the side
 #: go when it ends or is closed.
 Run = Callable[[Where], Iterator[Observation]]
 
 
-def tensor(method: str, name: str, t: Optional[Tensor], optional: bool = False) -> Observation:
-    return ("tensor", method, name, t, optional)
+def tensor(method: str, name: str, t: Optional[Tensor]) -> Observation:
+    return ("tensor", method, name, t, None)
 
 
 def named(method: str, what: str, tensors: Dict[str, Optional[Tensor]], extra: Optional[str] = None) -> Observation:
@@ -139,7 +168,7 @@ def _recorded(kind: str, payload: Any) -> Any:
     if kind == "tensor":
         return seen(payload)
     if kind == "named":
-        return [(name, seen(t)) for name, t in payload.items()]
+        return list(zip(payload, _seen_all(list(payload.values()))))
     if kind == "draws":
         return payload[0], digest(payload[1])
     return payload
@@ -154,7 +183,8 @@ class _Difference:
 
 
 def _compare(position: int, method: str, label: str, expected: Seen, actual: Optional[Tensor],
-             key: Optional[str]) -> Optional[_Difference]:
+             key: Optional[str], hashed: Optional[str] = None) -> Optional[_Difference]:
+    """``hashed``: ``actual``'s digest, where already taken."""
     if expected is None or actual is None:
         if (expected is None) != (actual is None):
             raise CaptureError(messages.export_mismatch(method, label, _kind(expected),
@@ -163,7 +193,7 @@ def _compare(position: int, method: str, label: str, expected: Seen, actual: Opt
     if expected[0] != actual.dtype or expected[1] != list(actual.shape):
         raise CaptureError(messages.export_mismatch(method, label, _described(expected),
                                                     f"{actual.dtype} {list(actual.shape)}"))
-    if digest(actual) != expected[2]:
+    if (hashed or digest(actual)) != expected[2]:
         return _Difference(position, key, method, label, actual.detach().clone(), expected[2])
     return None
 
@@ -177,10 +207,12 @@ def _compared(position: int, observation: Observation, entry: Tuple[str, str, st
         raise ExportError(messages.export_mismatch(method, "the check's sequence", f"{entry[0]} in {entry[1]}", kind))
     recorded = entry[3]
     if kind == "tensor":
-        return None if option and recorded is None else _compare(position, method, name, recorded, payload, None)
+        return _compare(position, method, name, recorded, payload, None)
     if kind == "named":
-        for key, expected in recorded:
-            difference = _compare(position, method, f"{name} {key}", expected, payload.get(key), key)
+        actual = [payload.get(key) for key, _ in recorded]
+        taken = [s[2] if s is not None else None for s in _seen_all(actual)]  # the group's digests, all at once
+        for (key, expected), t, hashed in zip(recorded, actual, taken):
+            difference = _compare(position, method, f"{name} {key}", expected, t, key, hashed)
             if difference is not None:
                 return difference
         more = sorted(set(payload) - {key for key, _ in recorded}) if option is not None else []

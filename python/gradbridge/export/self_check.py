@@ -250,9 +250,8 @@ def _step(side, method: str, x: inputs.Batch, y: Tensor, seed: int) -> Iterator[
     for key in sorted(state):
         values = state[key]
         yield trail.fact(method, f"optimizer state {key}", f"{len(values)} tensors")
-        for i, value in enumerate(values):
-            # torch.optim holds none for a parameter that never had a gradient: not compared
-            yield trail.tensor(method, f"optimizer state {key} #{i}", value, optional=True)
+        # compared by the eager side's: torch.optim holds none for a parameter that never had a gradient
+        yield trail.named(method, f"optimizer state {key}", {f"#{i}": v for i, v in enumerate(values) if v is not None})
 
 
 def _eval(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail.Observation]:
