@@ -2,6 +2,7 @@
 loop over the same micro-batches, publish time per version of a full and a LoRA model, predictor memory.
 
     PYTHONPATH=python .venv/bin/python benchmarks/online_models_bench.py [--rounds 5] [--events 1024] [--threads 1]
+        [--parts throughput,publish,memory]
 
 1. Throughput: an HF BERT classifier (hidden 64, 2 layers, dropout 0.1, 32 tokens with their attention mask,
    AdamW) learns ``--events`` events in micro-batches of 32 from one Python caller (``learn``, fsync never, a
@@ -11,8 +12,10 @@ loop over the same micro-batches, publish time per version of a full and a LoRA 
 2. Publish time: a larger BERT (hidden 256, 4 layers, ~5M parameters) fully fine-tuned and with PEFT LoRA
    adapters (r 8 on query and value, the base frozen), a version per update: the training thread's snapshot
    and publish phases per version (``optTimePhases``). Goal: LoRA's <= 1/20 of the full model's.
-3. Predictor memory: the process's resident memory after opening the full model's learner with 1 and with 4
-   predictors (each predictor a loaded copy of the module: the frozen weights are not shared).
+3. Predictor memory: the process's resident memory after opening the learner with 1 and with 4 predictors, of the
+   full model and of the LoRA model (whose predictors hold the training module's frozen base, not copies of it),
+   each in a fresh process; and the size of the LoRA model's checkpoint (what training changed: the frozen base
+   left out) against its module file.
 """
 
 from __future__ import annotations
@@ -133,8 +136,9 @@ def _predictor_mb(path: Path, work: Path, predictors: int) -> float:
     what the earlier parts freed)."""
     import subprocess
 
-    out = subprocess.run([sys.executable, __file__, "--memory-of", str(path), str(work / f"mem-{predictors}"),
-                          str(predictors)], capture_output=True, text=True, check=True)
+    log = work / f"mem-{path.stem}-{predictors}"
+    out = subprocess.run([sys.executable, __file__, "--memory-of", str(path), str(log), str(predictors)],
+                         capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -148,6 +152,23 @@ def _measure_memory(path: str, log_dir: str, predictors: int) -> None:
         learner.halt()
 
 
+def _checkpoint_bytes(path: Path, work: Path) -> int:
+    """The size of the checkpoint a learner writes after a few versions (a version and a checkpoint per update)."""
+    log = work / f"ckpt-{time.monotonic_ns()}"
+    learner = online.open_learner(path, log, max_batch=8, max_wait_ms=1, publish_every=1, checkpoint_every=1,
+                                  fsync="never", predictors=1)
+    seconds = online.jclass("java.util.concurrent.TimeUnit").SECONDS
+    try:
+        for x, y in _batches(32, seed=3):
+            for i in range(0, len(y), 8):
+                online.learn(learner, {k: v[i:i + 8] for k, v in x.items()}, y[i:i + 8])
+                assert learner.awaitIdle(600, seconds)
+    finally:
+        learner.close()
+    (checkpoint,) = log.glob("checkpoint-v*.pt")
+    return checkpoint.stat().st_size
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -156,6 +177,8 @@ def main(argv=None) -> int:
                         help="intra-op threads of both sides (default 1: on a loaded 2-core machine more threads"
                              " than free cores make OpenMP's parallel regions wait for descheduled threads)")
     parser.add_argument("--out", default=str(REPO / "build" / "online-bench" / "online-models.json"))
+    parser.add_argument("--parts", default="throughput,publish,memory",
+                        help="which parts to run, comma-separated (default: all three)")
     parser.add_argument("--memory-of", nargs=3, help=argparse.SUPPRESS)  # MODEL LOG PREDICTORS: part 3's subprocess
     args = parser.parse_args(argv)
     if args.memory_of:
@@ -166,33 +189,42 @@ def main(argv=None) -> int:
     result = {}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
+        parts = set(args.parts.split(","))
         small = _export(_bert(64, 2), work / "bert.pt")
         batches = _batches(args.events)
         java, eager = [], []
-        for r in range(args.rounds):
+        for r in range(args.rounds if "throughput" in parts else 0):
             java.append(_java_rate(small, batches, work, 0))
             eager.append(_eager_rate(batches, 0))
             print(f"round {r + 1}: java {java[-1]:.0f} events/s, eager {eager[-1]:.0f} events/s", flush=True)
-        ci = ratio_ci(java, eager)
-        result["throughput"] = {"java": java, "eager": eager, **ci}
-        print(f"throughput: java/eager {ci['ratio']:.2f}x [{ci['ci95'][0]:.2f}, {ci['ci95'][1]:.2f}]; goal >= 0.8x: "
-              f"{verdict([1 / ci['ci95'][1], 1 / ci['ci95'][0]], 1 / 0.8)}")
+        if java:
+            ci = ratio_ci(java, eager)
+            result["throughput"] = {"java": java, "eager": eager, **ci}
+            print(f"throughput: java/eager {ci['ratio']:.2f}x [{ci['ci95'][0]:.2f}, {ci['ci95'][1]:.2f}]; goal >= 0.8x: "
+                  f"{verdict([1 / ci['ci95'][1], 1 / ci['ci95'][0]], 1 / 0.8)}")
 
         full = _export(_bert(256, 4), work / "full.pt")
         lora = _export(_bert(256, 4, lora=True), work / "lora.pt")
-        full_ms = [_publish_ms(full, work) for _ in range(max(2, args.rounds // 2))]
-        lora_ms = [_publish_ms(lora, work) for _ in range(max(2, args.rounds // 2))]
-        ratio = float(np.median(lora_ms) / np.median(full_ms))
-        result["publish_ms"] = {"full": full_ms, "lora": lora_ms, "lora_over_full": ratio}
-        print(f"publish per version: full {np.median(full_ms):.2f} ms {[round(v, 2) for v in full_ms]}, "
-              f"LoRA {np.median(lora_ms):.3f} ms {[round(v, 3) for v in lora_ms]}: {ratio:.3f}x; goal <= 0.05x: "
-              f"{'met' if ratio <= 0.05 else 'missed'}")
+        if "publish" in parts:
+            full_ms = [_publish_ms(full, work) for _ in range(max(2, args.rounds // 2))]
+            lora_ms = [_publish_ms(lora, work) for _ in range(max(2, args.rounds // 2))]
+            ratio = float(np.median(lora_ms) / np.median(full_ms))
+            result["publish_ms"] = {"full": full_ms, "lora": lora_ms, "lora_over_full": ratio}
+            print(f"publish per version: full {np.median(full_ms):.2f} ms {[round(v, 2) for v in full_ms]}, "
+                  f"LoRA {np.median(lora_ms):.3f} ms {[round(v, 3) for v in lora_ms]}: {ratio:.3f}x; goal <= 0.05x: "
+                  f"{'met' if ratio <= 0.05 else 'missed'}")
 
-        one, four = _predictor_mb(full, work, 1), _predictor_mb(full, work, 4)
-        size = full.stat().st_size / 2**20
-        result["predictor_mb"] = {"one": one, "four": four, "module_file_mb": size}
-        print(f"resident memory of a learner: 1 predictor +{one:.0f} MB, 4 predictors +{four:.0f} MB "
-              f"({(four - one) / 3:.0f} MB a predictor; the module file {size:.0f} MB)")
+        if "memory" in parts:
+            result["predictor_mb"] = {}
+            for name, path in (("full", full), ("lora", lora)):
+                one, four = _predictor_mb(path, work, 1), _predictor_mb(path, work, 4)
+                size = path.stat().st_size / 2**20
+                result["predictor_mb"][name] = {"one": one, "four": four, "module_file_mb": size}
+                print(f"resident memory of a learner, {name}: 1 predictor +{one:.0f} MB, 4 predictors +{four:.0f} MB "
+                      f"({(four - one) / 3:.1f} MB a predictor; the module file {size:.1f} MB)")
+            checkpoint = _checkpoint_bytes(lora, work)
+            result["lora_checkpoint_bytes"] = {"checkpoint": checkpoint, "module_file": lora.stat().st_size}
+            print(f"LoRA checkpoint: {checkpoint / 2**20:.2f} MB, the module file {lora.stat().st_size / 2**20:.2f} MB")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -41,6 +41,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "dev_gradbridge_Native.h"
@@ -399,6 +400,91 @@ bool shares_storage(const c10::IValue& value, std::unordered_map<const void*, co
   return false;
 }
 
+// ---- one tensor in several modules of one file (Native.moduleShare: the online learner's frozen weights) ----
+
+// The named parameters' and buffers' tensors of an exported training module, where scripted_module.py keeps
+// them: the ParameterList `params` (its attribute i named names[i]) and the list `buffer_list` (named
+// buffer_name_list[i]).
+std::vector<at::Tensor> named_tensors(const torch::jit::Module& module, const std::vector<std::string>& wanted) {
+  for (const char* attribute : {"names", "params", "buffer_name_list", "buffer_list"}) {
+    if (!module.hasattr(attribute))
+      throw std::invalid_argument(std::string("the module has no attribute ") + attribute + " (exported by an older gradbridge)");
+  }
+  std::unordered_map<std::string, at::Tensor> by_name;
+  const torch::jit::Module params = module.attr("params").toModule();
+  const auto names = module.attr("names").toListRef();
+  for (size_t i = 0; i < names.size(); i++) by_name.emplace(names[i].toStringRef(), params.attr(std::to_string(i)).toTensor());
+  const auto buffer_names = module.attr("buffer_name_list").toListRef();
+  const auto buffers = module.attr("buffer_list").toListRef();
+  for (size_t i = 0; i < buffer_names.size() && i < buffers.size(); i++)
+    by_name.emplace(buffer_names[i].toStringRef(), buffers[i].toTensor());
+  std::vector<at::Tensor> out;
+  for (const auto& name : wanted) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::invalid_argument("the module has no parameter or buffer " + name);
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// Each tensor to replace (by identity) and its replacement.
+using Replacements = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
+
+const at::Tensor* replacement(const c10::IValue& value, const Replacements& with) {
+  if (!value.isTensor()) return nullptr;
+  auto it = with.find(value.toTensor().unsafeGetTensorImpl());
+  return it == with.end() ? nullptr : &it->second;
+}
+
+// Every reference in `value` to a tensor `with` maps made a reference to its replacement (when `apply`; else
+// only counted and checked): objects' attributes (the modules, the ParameterList), lists, dicts' values. A
+// tuple or a dict key holding one cannot change, and is refused. Returns the references.
+size_t replace_tensors(const c10::IValue& value, const Replacements& with, bool apply,
+                       std::unordered_set<const void*>& seen) {
+  if (!(value.isObject() || value.isList() || value.isGenericDict() || value.isTuple())) return 0;
+  if (!seen.insert(value.internalToPointer()).second) return 0;
+  size_t n = 0;
+  if (value.isObject()) {
+    auto object = value.toObject();
+    for (size_t i = 0; i < object->slots().size(); i++) {
+      const c10::IValue slot = object->getSlot(i);
+      if (const at::Tensor* to = replacement(slot, with)) {
+        if (apply) object->setSlot(i, *to);
+        n++;
+      } else {
+        n += replace_tensors(slot, with, apply, seen);
+      }
+    }
+  } else if (value.isList()) {
+    auto list = value.toList();
+    for (size_t i = 0; i < list.size(); i++) {
+      const c10::IValue element = list.get(i);
+      if (const at::Tensor* to = replacement(element, with)) {
+        if (apply) list.set(i, *to);
+        n++;
+      } else {
+        n += replace_tensors(element, with, apply, seen);
+      }
+    }
+  } else if (value.isGenericDict()) {
+    auto dict = value.toGenericDict();
+    std::vector<std::pair<c10::IValue, at::Tensor>> changes;
+    for (const auto& entry : dict) {
+      if (replacement(entry.key(), with)) throw std::invalid_argument("a tensor to share is a dict key");
+      if (const at::Tensor* to = replacement(entry.value(), with)) changes.emplace_back(entry.key(), *to);
+      else n += replace_tensors(entry.value(), with, apply, seen);
+    }
+    if (apply) for (auto& [key, to] : changes) dict.insert_or_assign(key, to);
+    n += changes.size();
+  } else {
+    for (const auto& element : value.toTupleRef().elements()) {
+      if (replacement(element, with)) throw std::invalid_argument("a tensor to share is held in a tuple, which cannot change");
+      n += replace_tensors(element, with, apply, seen);
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 GRADBRIDGE_HANDLE_KIND(Loaded, module);
@@ -678,6 +764,57 @@ JNIEXPORT jlong JNICALL Java_dev_gradbridge_Native_moduleSnapshot(JNIEnv* env, j
     // autograd on: a clone of a parameter keeps requires_grad, which the archive records
     at::AutoGradMode grad(true);
     return release(Loaded{original.deepcopy(), device_of(module)});
+  });
+}
+
+// The named parameters' and buffers' tensors themselves, not copies: handles the caller owns.
+JNIEXPORT jlongArray JNICALL Java_dev_gradbridge_Native_moduleTensors(JNIEnv* env, jclass, jlong module, jobjectArray names) {
+  return guarded(env, static_cast<jlongArray>(nullptr), [&] {
+    std::vector<std::string> wanted;
+    for (jsize i = 0, n = env->GetArrayLength(names); i < n; i++) {
+      Local name(env, env->GetObjectArrayElement(names, i));
+      wanted.push_back(Utf8(env, static_cast<jstring>(name.ref)).str());
+    }
+    std::vector<at::Tensor> tensors = named_tensors(module_of(module), wanted);
+    jlongArray out = env->NewLongArray(static_cast<jsize>(tensors.size()));
+    if (out == nullptr) throw JavaPending{};
+    std::vector<jlong> handles;
+    for (at::Tensor& t : tensors) handles.push_back(new_handle(t));
+    env->SetLongArrayRegion(out, 0, static_cast<jsize>(handles.size()), handles.data());
+    return out;
+  });
+}
+
+// Every reference in the module to its named tensors (its attributes, the lists of parameters and buffers, a
+// traced eval model's) refers to the given tensor itself instead, no copy; 0 gives a zero-element placeholder of
+// the tensor's dtype. Checked whole before anything changes; returns the references changed (0: shared already).
+JNIEXPORT jint JNICALL Java_dev_gradbridge_Native_moduleShare(JNIEnv* env, jclass, jlong module, jobjectArray names,
+                                                              jlongArray tensors) {
+  return guarded(env, jint{0}, [&] {
+    std::vector<std::string> wanted;
+    for (jsize i = 0, n = env->GetArrayLength(names); i < n; i++) {
+      Local name(env, env->GetObjectArrayElement(names, i));
+      wanted.push_back(Utf8(env, static_cast<jstring>(name.ref)).str());
+    }
+    const auto handles = longs(env, tensors, "tensors");
+    if (handles.size() != wanted.size()) throw std::invalid_argument("names and tensors differ in number");
+    torch::jit::Module& m = module_of(module);
+    const std::vector<at::Tensor> own = named_tensors(m, wanted);
+    Replacements with;
+    for (size_t k = 0; k < own.size(); k++) {
+      at::Tensor to = handles[k] == 0 ? at::empty({0}, own[k].options()) : tensor_of(handles[k]);
+      if (to.unsafeGetTensorImpl() == own[k].unsafeGetTensorImpl()) continue;
+      if (handles[k] != 0 && (to.scalar_type() != own[k].scalar_type() || to.device() != device_of(module)
+                              || (own[k].numel() > 0 && to.sizes() != own[k].sizes())))
+        throw std::invalid_argument(wanted[k] + ": a " + std::string(c10::toString(to.scalar_type())) + " tensor on "
+                                    + to.device().str() + " cannot stand for the module's");
+      if (!with.emplace(own[k].unsafeGetTensorImpl(), to).second)
+        throw std::invalid_argument(wanted[k] + " is the same tensor as another name");
+    }
+    const c10::IValue root(m._ivalue());
+    std::unordered_set<const void*> checked, applied;
+    replace_tensors(root, with, false, checked);
+    return static_cast<jint>(replace_tensors(root, with, true, applied));
   });
 }
 

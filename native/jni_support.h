@@ -1,7 +1,7 @@
-// What gradbridge's JNI files (gradbridge_jni.cpp: modules and tensors; gradbridge_exported.cpp:
-// protocol 3; gradbridge-spark's gradbridge_gloo.cpp: the Gloo collective, a library of its own)
-// share: the one error path and guard around every entry point, the handles Java owns, jstring and
-// jlong[] arguments, and CPU tensors over Java's direct buffers.
+// What gradbridge's JNI files (gradbridge_jni.cpp: modules and tensors; oplist_jni.cpp: protocol 3;
+// gradbridge-spark's gradbridge_gloo.cpp: the Gloo collective, a library of its own) share: the one error
+// path and guard around every entry point, the handles Java owns, jstring arguments, Java arrays in and out
+// (long[], double[], String[]), and CPU tensors over Java's direct buffers.
 #pragma once
 
 #include <jni.h>
@@ -31,7 +31,7 @@ inline void throw_native(JNIEnv* env, const std::string& message) {
 }
 
 // How libtorch's errors read in Java: whole (the module layer reads TorchScript's tracebacks,
-// dev.gradbridge.ScriptedModule) or their first line (c10d's carry context lines).
+// dev.gradbridge.ModuleEngine) or their first line (c10d's carry context lines).
 enum class Message { whole, first_line };
 
 // The one error path: what an exception caught in flight says in Java (c10::Error without its C++
@@ -104,6 +104,57 @@ inline std::vector<int64_t> longs(JNIEnv* env, jlongArray array, const char* wha
   return out;
 }
 
+// A double[]'s values; `what` names it when it is null.
+inline std::vector<double> doubles(JNIEnv* env, jdoubleArray array, const char* what) {
+  if (array == nullptr) throw std::invalid_argument(std::string("the ") + what + " is null");
+  std::vector<double> out(env->GetArrayLength(array));
+  env->GetDoubleArrayRegion(array, 0, static_cast<jsize>(out.size()), out.data());
+  check_java(env);
+  return out;
+}
+
+// A String[]'s values; `what` names it when it is null (a null element: "a string argument is null").
+inline std::vector<std::string> strings(JNIEnv* env, jobjectArray array, const char* what) {
+  if (array == nullptr) throw std::invalid_argument(std::string("the ") + what + " is null");
+  std::vector<std::string> out;
+  const jsize n = env->GetArrayLength(array);
+  out.reserve(static_cast<size_t>(n));
+  for (jsize k = 0; k < n; k++) {
+    Local item(env, env->GetObjectArrayElement(array, k));
+    check_java(env);
+    out.push_back(Utf8(env, static_cast<jstring>(item.ref)).str());
+  }
+  return out;
+}
+
+// Java arrays of C++ values (a failed allocation leaves Java's OutOfMemoryError pending).
+inline jobjectArray to_java(JNIEnv* env, const std::vector<std::string>& values) {
+  Local type(env, env->FindClass("java/lang/String"));
+  if (type.ref == nullptr) throw JavaPending{};
+  jobjectArray out = env->NewObjectArray(static_cast<jsize>(values.size()), static_cast<jclass>(type.ref), nullptr);
+  if (out == nullptr) throw JavaPending{};
+  for (size_t k = 0; k < values.size(); k++) {
+    Local s(env, env->NewStringUTF(values[k].c_str()));
+    if (s.ref == nullptr) throw JavaPending{};
+    env->SetObjectArrayElement(out, static_cast<jsize>(k), s.ref);
+  }
+  return out;
+}
+
+inline jlongArray to_java(JNIEnv* env, const std::vector<jlong>& values) {
+  jlongArray out = env->NewLongArray(static_cast<jsize>(values.size()));
+  if (out == nullptr) throw JavaPending{};
+  env->SetLongArrayRegion(out, 0, static_cast<jsize>(values.size()), values.data());
+  return out;
+}
+
+inline jdoubleArray to_java(JNIEnv* env, const std::vector<double>& values) {
+  jdoubleArray out = env->NewDoubleArray(static_cast<jsize>(values.size()));
+  if (out == nullptr) throw JavaPending{};
+  env->SetDoubleArrayRegion(out, 0, static_cast<jsize>(values.size()), values.data());
+  return out;
+}
+
 // A CPU tensor over `data`, memory inside a direct buffer. The storage's deleter drops the global
 // reference that keeps the buffer alive: libtorch may keep the tensor longer than its Java owner
 // (TorchScript, a Gloo Work still in flight after Java gave up on it).
@@ -151,7 +202,7 @@ inline at::Tensor on_host(const at::Tensor& t) {
 }
 
 // ---- handles: what Java owns crosses JNI as a jlong, boxed with its kind ----
-// Every kind of object a Java owner holds (Tensor, TorchScriptModule, ..., gradbridge-spark's
+// Every kind of object a Java owner holds (Tensor, TorchScriptEngine, ..., gradbridge-spark's
 // GlooGroup) is one of these. release<T> boxes a value for Java; borrow<T> gives it back, refusing a
 // zero handle ("the tensor is closed") and a handle of another kind by name ("a module handle where
 // a tensor is expected") as a NativeException, never a crash; drop<T> frees it (take<T>: out of its box). A box

@@ -17,7 +17,7 @@ JAVA_TREES = ("java", "programs", "serve", "spark", "examples", "buildSrc")
 #: docs/architecture.md is the map (what each part is, how data flows); design records live in the guides.
 ARCHITECTURE_LINES = 700
 
-#: Where a relative path in the docs may start: the repo root, the Python package (`export/optim.py`), the
+#: Where a relative path in the docs may start: the repo root, the Python package (`spec/optim.py`), the
 #: Java library's package (`online/OnlineLearner.java`), docs/ itself (a guide linking a guide).
 BASES = ("", "python/gradbridge", "java/src/main/java/dev/gradbridge", "docs")
 #: Folders the first component of a repo path names: the repo's own top level and the package's subfolders.

@@ -140,8 +140,8 @@ def _classification_batch(features=4, classes=3, n=10):
     ("cross_entropy", {"name": "adam", "betas": [0.9, 1.0]}, "Invalid beta parameter at index 1: 1.0"),
     ("cross_entropy", {"name": "adam", "betas": [-0.1, 0.9]}, "Invalid beta parameter at index 0: -0.1"),
     ("cross_entropy", {"name": "sgd", "nesterov": True}, "Nesterov momentum requires a momentum and zero dampening"),
-    ("mse", "sgd", "loss mse needs a target of dtype float32 or float64, got int64"),
-    ("bce_with_logits", "adam", "loss bce_with_logits needs a target of dtype float32 or float64, got int64"),
+    ("mse", "sgd", "loss mse needs a target of dtype float32, float64, bfloat16 or float16, got int64"),
+    ("bce_with_logits", "adam", "loss bce_with_logits needs a target of dtype float32, float64, bfloat16 or float16, got int64"),
 ])
 def test_bad_export_options_fail_before_anything_is_written(tmp_path, loss, optimizer, message):
     existing = tmp_path / "model.pt"

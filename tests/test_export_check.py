@@ -281,7 +281,7 @@ def test_the_check_holds_one_side_at_a_time_beside_the_users_model(tmp_path, mon
     import gc
     import weakref
 
-    from gradbridge.export import aten_check, capture, self_check
+    from gradbridge.export import protocol3_check, capture, self_check
 
     made = []  # weak references to every copy of the model and every side of the check
 
@@ -303,7 +303,7 @@ def test_the_check_holds_one_side_at_a_time_beside_the_users_model(tmp_path, mon
         monkeypatch.setattr(cls, "__init__", built)
 
     monkeypatch.setattr(capture, "cpu_copy", tracked_copy)
-    for side in (self_check._Eager, self_check._Module, aten_check._Eager, aten_check._Twin):
+    for side in (self_check._Eager, self_check._Module, protocol3_check._Eager, protocol3_check._Twin):
         tracked(side)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
     before = {name: t.clone() for name, t in model.state_dict().items()}

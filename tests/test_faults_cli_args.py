@@ -190,6 +190,24 @@ def test_unwritable_outputs_are_named_by_the_users_path(model_path, tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "d.npz"]
 
 
+def test_state_dict_refusals_are_one_line_and_write_nothing(model_path, tmp_path, capsys):
+    # an adapter of a model without PEFT; a suffix that names no format; no output at all
+    assert _line(capsys, ["state-dict", model_path, "--adapter", tmp_path / "lora"]) == \
+        messages.weights_no_adapter(str(model_path))
+    assert _line(capsys, ["state-dict", model_path, "-o", tmp_path / "w.npz"]) == messages.weights_suffix(
+        str(tmp_path / "w.npz"), ".npz", ".safetensors (safetensors) or .pt, .pth, .bin (torch)")
+    assert _line(capsys, ["state-dict", model_path]) == messages.weights_nothing_asked()
+    # an adapter folder that is a file, named by the user's path
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert _line(capsys, ["state-dict", model_path, "--adapter", blocker]) == \
+        f"{blocker / 'adapter_config.json'}: cannot write it: {blocker} is not a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    # --format writes any name
+    assert cli.main(["state-dict", str(model_path), "-o", str(tmp_path / "w.npz"), "--format", "safetensors"]) == 0
+    assert (tmp_path / "w.npz").read_bytes()[8:9] == b"{"  # safetensors: a header length, then its JSON
+
+
 def test_build_op_shows_the_compilers_first_error(tmp_path):
     source = tmp_path / "bad.cpp"
     source.write_text("int f() { return undefined_thing; }\nint g() { return other_undefined; }\n")

@@ -116,7 +116,7 @@ def test_files_follow_the_umask_and_keep_existing_permissions(tmp_path):
 
 from torch.optim import lr_scheduler as ls  # noqa: E402
 
-from gradbridge.export import schedulers  # noqa: E402
+from gradbridge.spec import schedulers  # noqa: E402
 
 TENSOR_SCHEDULES = {
     "StepLR": lambda o: ls.StepLR(o, step_size=2, gamma=0.1),

@@ -70,6 +70,29 @@ def test_java_writes_the_same_schema_and_digests(jvm):
     assert binary[0].parameters["weight"].dtype == np.float64
 
 
+def test_java_writes_a_spark_runs_threads_and_settings(jvm):
+    """A gradbridge-spark record's optional "threads" and "sharded" keys, in the schema's order, as text and as
+    binary records; Python writes the same line back."""
+    JavaHistory = jpype.JClass("dev.gradbridge.History")
+    ShardedRun = jpype.JClass("dev.gradbridge.ShardedRun")
+    LinkedHashMap = jpype.JClass("java.util.LinkedHashMap")
+    digests = LinkedHashMap()
+    digests.put("w", "00" * 32)
+    history = JavaHistory()
+    history.add(JavaHistory.EpochRecord(3, 0.5, None, 1.0, LinkedHashMap(), digests, jpype.JArray(jpype.JDouble)([0.1]))
+                .withThreads(2).withSharded(ShardedRun(4, 64, -7, False, "partition-order", "ab" * 32)))
+    text = str(history.toJsonLines())
+    record = History.from_jsonl(text, where="java")[0]
+    assert list(json.loads(text)) == [*FIELDS, "lrs", "threads", "sharded"]
+    assert record.threads == 2 and record.sharded.to_json() == {
+        "partitions": 4, "batch_size": 64, "seed": -7, "shuffle": False, "rule": "partition-order",
+        "shards_sha256": "ab" * 32}
+    assert History.from_java(history)[0].to_json() == record.to_json()
+    assert json.dumps(record.to_json(), separators=(",", ":")) + "\n" == text
+    with pytest.raises(ValueError, match='java:1: "sharded" must be'):
+        History.from_jsonl(text.replace('"batch_size":64', '"batch_size":true'), where="java")
+
+
 # ---- streamed histories: a line per epoch appended, large values in the side file ----
 
 def _big_record(epoch, values):

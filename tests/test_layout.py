@@ -42,7 +42,7 @@ def test_the_native_build_command_java_names_still_runs():
 
 def _import_graph():
     """Every gradbridge module -> the gradbridge modules it imports, at the top or inside a function, and
-    the packages above them that Python runs first (importing ``export.losses`` runs ``export/__init__``)."""
+    the packages above them that Python runs first (importing ``export.capture`` runs ``export/__init__``)."""
     package = Path(gradbridge.__file__).parent
     modules = {}
     for path in package.rglob("*.py"):
@@ -74,13 +74,27 @@ def test_no_import_circle():
         [(name, target) for name, targets in _import_graph().items() for target in targets]))]
 
 
+#: Modules every part may read, themselves reading only _runtime's file helpers (history's atomic save).
+SHARED = {"gradbridge.errors", "gradbridge.messages", "gradbridge.protocol", "gradbridge._version",
+          "gradbridge.history"}
+
+
+def test_no_circle_between_parts():
+    """Packages and top-level modules (``export``, ``spec``, ``reference``, ``_runtime``, ...) depend on each
+    other one way too: the exporter's check runs the reference and the reference reads the spec, so the
+    spec (``spec/``) imports neither. The shared definitions are left out: every part reads them."""
+    def part(name):
+        return ".".join(name.split(".")[:2])
+    edges = {(part(name), part(target)) for name, targets in _import_graph().items() for target in targets
+             if part(name) != part(target) and not {name, target} & SHARED}
+    assert not list(nx.simple_cycles(nx.DiGraph(sorted(edges))))
+
+
 def test_runtime_imports_nothing_public_but_the_shared_definitions():
     """_runtime is below the public modules: it reads errors, messages, protocol, the version and the
     History type, and no public module that could import it back."""
-    shared = {"gradbridge.errors", "gradbridge.messages", "gradbridge.protocol", "gradbridge._version",
-              "gradbridge.history"}
     upward = {f"{name} -> {target}" for name, targets in _import_graph().items() if name.startswith("gradbridge._runtime")
-              for target in targets if not target.startswith("gradbridge._runtime") and target not in shared}
+              for target in targets if not target.startswith("gradbridge._runtime") and target not in SHARED}
     assert not upward, upward
 
 

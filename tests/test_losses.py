@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradbridge import verify
-from gradbridge.export import losses
+from gradbridge.spec import losses
 
 pytestmark = pytest.mark.every_torch  # Python-side parity: `make test` runs it on the newest torch too
 

@@ -108,13 +108,13 @@ def test_float16_parameters_train_bitwise_where_torch_has_cpu_kernels(jvm, tmp_p
 
 
 def test_a_dtype_gradbridge_does_not_take_is_its_error_in_one_line(tmp_path):
-    """bfloat16 inputs (data files have no bfloat16: the model casts float32 ones) and complex parameters."""
+    """int32 inputs (bfloat16 ones are taken: tests/test_low_precision_data.py) and complex parameters."""
     model = _bf16_mlp()
     with pytest.raises(DTypeError) as error:
         export_training_module(model, "cross_entropy", {"name": "sgd"}, tmp_path / "m.pt",
-                               example_inputs=(torch.randn(4, 6, dtype=torch.bfloat16), torch.zeros(4).long()))
-    assert str(error.value) == "input 'x' has dtype bfloat16, which gradbridge does not support; inputs may be " \
-                               "float32, float64, int64"
+                               example_inputs=(torch.ones(4, 6, dtype=torch.int32), torch.zeros(4).long()))
+    assert str(error.value) == "input 'x' has dtype int32, which gradbridge does not support; inputs may be " \
+                               "float32, float64, int64, bfloat16, float16"
     with pytest.raises(DTypeError, match="^parameter 'weight' has dtype complex64, which gradbridge does not support; "
                                          "parameters may be float32, float64, int64, bfloat16, float16$"):
         protocol.tensor_spec("weight", [2, 2], "complex64", kind="parameter")

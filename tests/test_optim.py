@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gradbridge import export_training_module, verify
-from gradbridge.export import optim
+from gradbridge.spec import optim
 from gradbridge.models import SmallCNN, mlp
 from gradbridge.reference import Reference
 from gradbridge._runtime.torchscript import plain_graph_executor

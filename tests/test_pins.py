@@ -66,11 +66,12 @@ def test_java_protocol_constants_match_python(jvm):
     # protocol 2 ("v-next"): what data-parallel training needs, and the versions both languages read
     assert [int(v) for v in Protocol.SUPPORTED_VERSIONS] == list(protocol.SUPPORTED_VERSIONS)
     assert [str(m) for m in Protocol.DATA_PARALLEL_METHODS] == list(protocol.DATA_PARALLEL_METHODS)
+    assert str(Protocol.SHARDED_RULE) == protocol.SHARDED_RULE  # a Spark history's "sharded" rule, which the replay takes
     # protocol 3 (format="export"): its version and the metadata key of its program
     assert int(Protocol.EXPORT_VERSION) == protocol.EXPORT_PROTOCOL_VERSION
     assert str(Protocol.PROGRAM_KEY) == protocol.PROGRAM_KEY
     assert int(Protocol.OPLIST_VERSION) == oplist.VERSION
-    native = (Path(__file__).resolve().parents[1] / "native" / "gradbridge_exported.cpp").read_text()
+    native = "".join(p.read_text() for p in sorted((Path(__file__).resolve().parents[1] / "native").glob("oplist_*")))
     assert re.search(r"kOpListVersion = (\d+);", native).group(1) == str(oplist.VERSION)
     # protocol 3's rules file (op-list version, limits, allow-list): Java reads the jar's copy; two limits live
     # in code too (gradbridge.json's size, read before the rules apply; the native layer's accumulate bound)
@@ -91,6 +92,14 @@ def test_java_protocol_constants_match_python(jvm):
     assert python_names <= java_names, python_names - java_names
     for name in python_names:
         assert str(getattr(Protocol, name)) == getattr(protocol, name), name
+
+
+def test_the_16_bit_carrier_is_javas(jvm):
+    """Data carries a 16-bit input as protocol.CARRIER in both languages (Java: DType.carrier)."""
+    DType = jpype.JClass("dev.gradbridge.DType")
+    assert {name: str(DType.of(name).carrier().torchName()) for name in protocol.LOW_PRECISION} == {
+        name: protocol.CARRIER for name in protocol.LOW_PRECISION}
+    assert protocol.INPUT_DTYPES == protocol.DTYPES + protocol.LOW_PRECISION
 
 
 def test_buffer_dtypes_are_javas_dtypes(jvm):
@@ -198,7 +207,18 @@ def test_metadata_keys_match_java(jvm):
     required = len(protocol.METADATA_KEYS)
     assert java_keys[:required] == protocol.METADATA_KEYS
     assert sorted(java_keys[required:]) == sorted(protocol.OPTIONAL_METADATA_KEYS)
+    # Python's own keys (``weights``): Java does not read them, it carries them into checkpoints as they are
+    assert not set(protocol.PYTHON_METADATA_KEYS) & set(java_keys + protocol.METADATA_KEYS)
     assert snake_fields("dev.gradbridge.Metadata$Checkpoint") == protocol.CHECKPOINT_KEYS
+
+
+def test_adapter_file_names_are_pefts():
+    """`gradbridge state-dict --adapter` writes the files PeftModel.from_pretrained looks for."""
+    from peft.utils import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME
+
+    from gradbridge.export import weights
+
+    assert (weights.ADAPTER_WEIGHTS, weights.ADAPTER_CONFIG) == (SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME)
 
 
 def test_java_leaves_python_autograd_on(jvm, model_path):
@@ -257,7 +277,8 @@ def test_every_error_type_lives_in_errors_and_is_exported():
     assert all(getattr(gradbridge, name) is getattr(errors, name) for name in defined)
     from gradbridge._runtime import files
     from gradbridge import replay
-    from gradbridge.export import ExportError, finetune, groups
+    from gradbridge.export import ExportError, finetune
+    from gradbridge.spec import groups
     assert (ExportError, finetune.FineTuneError, groups.GroupError, replay.LogError, files.WriteError) == (
         errors.ExportError, errors.FineTuneError, errors.GroupError, errors.LogError, errors.WriteError)
 

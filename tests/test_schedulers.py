@@ -13,7 +13,7 @@ from torch.optim import lr_scheduler as ls
 
 from gradbridge import export_training_module, java, protocol, reference
 from gradbridge.errors import GradbridgeError
-from gradbridge.export import schedulers
+from gradbridge.spec import schedulers
 
 from .data import labelled
 

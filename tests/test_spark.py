@@ -14,14 +14,22 @@ Bad input is in ``test_faults_spark.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+import struct
+
 import numpy as np
 import pytest
 import torch
 
-from gradbridge import export_training_module, protocol, reference
+from gradbridge import export_training_module, messages, protocol, reference, spark_history
 from gradbridge._runtime import sparkrun
+from gradbridge.commands.main import main as cli_main
+from gradbridge.errors import CLI_ERROR_PREFIX, InvalidInputError
 from gradbridge.export import export_builtin
 from gradbridge.history import History
+from tests.faults import gradbridge_cli
 from tests.spark_support import assert_bitwise, data_case, recommender_case, spark_train
 
 EPOCHS = 2
@@ -141,34 +149,115 @@ def test_adam_k2_in_order_equals_the_replay(work, tmp_path):
     assert stats["bytes_sent"] < stats["steps"] * 2 * stats["parameter_bytes"], stats
 
 
-def test_each_task_runs_on_its_share_of_threads_and_equals_the_replay_at_that_count(tmp_path):
-    """Unset, spark.gradbridge.threads is the task's cores (spark.task.cpus, 1): local[2]'s two tasks
-    run one libtorch thread each, not each as many as the machine has cores; set, every task runs that
-    many (each task reads its count back from libtorch on its own thread). The model's tensors (~1024 x 64
-    values a task) are above libtorch's 32768-value grain, so with two threads its kernels split their
-    work; a few kernels' bits depend on the count (a sum split by thread), so each run is compared with
-    the replay at its tasks' count, bit for bit: the history records the count, the replay runs on 1 (Spark's
-    defaults) by itself and on another when told, and leaves this process's count as it was."""
+@pytest.fixture(scope="module")
+def thread_runs(tmp_path_factory):
+    """A wider MLP (8 -> 16 -> 64, MSE; ~1024 x 64 values a task, above libtorch's 32768-value grain, so with
+    two threads its kernels split their work) trained K=2 for one epoch on local[2], twice: with
+    spark.gradbridge.threads unset (the task's cores, 1) and set to 2. The runs' histories by thread count."""
+    folder = tmp_path_factory.mktemp("spark-threads")
     inputs = [protocol.tensor_spec("x", [-1, 8], "float32"), protocol.tensor_spec("y", [-1, 64], "float32")]
-    model = export_builtin("mlp", tmp_path / "wide.pt", seed=0, in_features=8, hidden=(16,), out_features=64,
+    model = export_builtin("mlp", folder / "wide.pt", seed=0, in_features=8, hidden=(16,), out_features=64,
                            loss={"name": "mse"}, optimizer={"name": "sgd", "lr": 0.01}, inputs=inputs)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4096, 8)).astype(np.float32)
     y = rng.standard_normal((4096, 64)).astype(np.float32)
-    np.savez(tmp_path / "wide.npz", x=x, y=y)
-    runs = {}
+    np.savez(folder / "wide.npz", x=x, y=y)
+    histories, stats = {}, {}
     for setting, count in ((None, 1), (2, 2)):
-        history = tmp_path / f"h{count}.jsonl"
-        _, stats = spark_train("--model", model, "--data", tmp_path / "wide.npz", "--epochs", 1, "--batch-size", 2048,
-                               "--history", history, master="local[2]", threads=setting)
-        assert stats["threads"] == [count, count], stats
-        runs[count] = list(History.load(history))
+        histories[count] = folder / f"h{count}.jsonl"
+        _, stats[count] = spark_train("--model", model, "--data", folder / "wide.npz", "--epochs", 1,
+                                      "--batch-size", 2048, "--history", histories[count], master="local[2]",
+                                      threads=setting)
+    return {"folder": folder, "model": model, "x": x, "y": y, "npz": folder / "wide.npz", "histories": histories,
+            "stats": stats}
+
+
+def test_each_task_runs_on_its_share_of_threads_and_equals_the_replay_at_that_count(thread_runs):
+    """Unset, spark.gradbridge.threads is the task's cores (spark.task.cpus, 1): local[2]'s two tasks
+    run one libtorch thread each, not each as many as the machine has cores; set, every task runs that
+    many (each task reads its count back from libtorch on its own thread). A few kernels' bits depend on
+    the count (a sum split by thread), so each run is compared with the replay at its tasks' count, bit for
+    bit: the history records the count and the run's settings, the replay runs on 1 (Spark's defaults) by
+    itself, on another when told, and on the run's own given its history; it leaves this process's count as it was."""
+    case = thread_runs
     previous = torch.get_num_threads()
-    for count, java in runs.items():
+    for count, path in case["histories"].items():
+        assert case["stats"][count]["threads"] == [count, count], case["stats"][count]
+        java = History.load(path)
         assert [r.threads for r in java] == [count]  # the history records it for the replay
+        assert java[0].sharded.to_json() == {"partitions": 2, "batch_size": 2048, "seed": 0, "shuffle": True,
+                                             "rule": protocol.SHARDED_RULE,
+                                             "shards_sha256": reference.shards_sha256(case["x"], case["y"], 2)}
         threads = None if count == 1 else java[0].threads  # the replay's default is the tasks' default
-        assert_bitwise(java, reference.train_sharded(model, x, y, epochs=1, shards=2, batch_size=2048, threads=threads))
+        assert_bitwise(java, reference.train_sharded(case["model"], case["x"], case["y"], epochs=1, shards=2,
+                                                     batch_size=2048, threads=threads))
         assert torch.get_num_threads() == previous  # the caller's count, restored
+    said = []
+    replay = reference.train_sharded(case["model"], case["x"], case["y"], run=case["histories"][2], say=said.append)
+    assert_bitwise(History.load(case["histories"][2]), replay)
+    assert said == [messages.replay_threads(2, previous, messages.THREADS_RECORDED.format(case["histories"][2]))]
+
+
+def _edited(source, target, edit) -> None:
+    """``source``'s lines, each JSON object passed through ``edit``, written to ``target`` (keys kept in order)."""
+    lines = [json.loads(line) for line in source.read_text().splitlines()]
+    target.write_text("".join(json.dumps(edit(line)) + "\n" for line in lines))
+
+
+def _last_bit_flipped(value: float) -> float:
+    (bits,) = struct.unpack("<q", struct.pack("<d", value))
+    return struct.unpack("<d", struct.pack("<q", bits ^ 1))[0]
+
+
+def test_gradbridge_parity_replays_a_spark_history_on_its_threads(thread_runs, tmp_path, capsys):
+    """`gradbridge parity --spark-history` as a user runs it, on the history of the run on 2 threads a task:
+    it replays on the history's count by itself (the default without it would be 1), says so, and is bitwise;
+    the same history with one loss bit changed is a mismatch (exit 1); a history without the keys the replay
+    needs, or of another rule, or whose lines disagree, and other rows than the run's are refused in one line
+    naming the file (and epoch) and the key."""
+    case = thread_runs
+    history = case["histories"][2]
+    result = gradbridge_cli("parity", case["model"], "--data", case["npz"], "--spark-history", history)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("replaying on 2 intra-op threads, as the Spark tasks ran") for line in lines), lines
+    assert "2 partitions, batch 2048, seed 0, shuffled" in lines[0], lines
+    assert lines[-1] == "spark: bitwise identical over 1 epochs", lines
+
+    # the same command line in this process (main(), what the subprocess ran), to spare two interpreter starts
+    tampered = tmp_path / "tampered.jsonl"
+    _edited(history, tampered, lambda line: {**line, "loss": _last_bit_flipped(line["loss"])})
+    capsys.readouterr()
+    assert cli_main(["parity", str(case["model"]), "--data", str(case["npz"]), "--spark-history", str(tampered)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("spark: diverged at epoch 0 (rtol=0, atol=0): loss"), out
+
+    bare = tmp_path / "bare.jsonl"
+    _edited(history, bare, lambda line: {k: v for k, v in line.items() if k not in ("threads", "sharded")})
+    assert cli_main(["parity", str(case["model"]), "--data", str(case["npz"]), "--spark-history", str(bare)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith(f'{CLI_ERROR_PREFIX}{bare} (epoch 0): no "threads" key'), captured.err
+
+    # in this process, before anything trains: a history of an older gradbridge-spark (threads, no "sharded"),
+    # one of another rule, one whose lines disagree, and other rows than the run's
+    cases = {
+        "old": (lambda line: {k: v for k, v in line.items() if k != "sharded"}, 'no "sharded" key'),
+        "rule": (lambda line: {**line, "sharded": {**line["sharded"], "rule": "ring"}}, 'holds rule "ring"'),
+    }
+    for name, (edit, expected) in cases.items():
+        edited = tmp_path / f"{name}.jsonl"
+        _edited(history, edited, edit)
+        with pytest.raises(InvalidInputError, match=re.escape(f"{edited} (epoch 0): ") + ".*" + re.escape(expected)):
+            reference.train_sharded(case["model"], case["x"], case["y"], run=edited)
+    with pytest.raises(InvalidInputError, match=re.escape(f"{tmp_path / 'none.jsonl'}: no such file")):
+        spark_history.read(tmp_path / "none.jsonl")
+    two = History.load(history)
+    two.append(dataclasses.replace(two[0], epoch=1, threads=3))
+    with pytest.raises(InvalidInputError, match=re.escape('runs (epoch 1): "threads" is 3, not as in epoch 0')):
+        spark_history.read(two, "runs")
+    with pytest.raises(InvalidInputError, match=re.escape(f"other rows is not the data {history}'s run trained on")):
+        reference.train_sharded(case["model"], case["x"][::-1].copy(), case["y"], run=history, source="other rows")
 
 
 @pytest.mark.parametrize("exchange, one_round, name", [

@@ -29,7 +29,7 @@ import pytest
 
 import gradbridge
 from gradbridge import History, reference
-from gradbridge._runtime import libtorch
+from gradbridge._runtime import libtorch, native
 from gradbridge._runtime.devtree import root
 from gradbridge.parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, assert_histories_match
 from tests.spark_support import gloo_symbols
@@ -133,8 +133,7 @@ def test_wheel_carries_the_java_library_and_the_version(wheel):
     assert not [n for n in names if "pytorch-native" in n], "the wheel must not carry the libtorch jar"
     # the native library for the torch the wheel was built with, and its sources for any other torch
     assert [n for n in names if re.fullmatch(r"gradbridge/native_lib/libgradbridge_jni-torch[\d.]+-cxx11abi1\.so", n)]
-    assert {f"gradbridge/native_lib/{name}" for name in ("gradbridge_jni.cpp", "jni_support.h",
-                                                       "dev_gradbridge_Native.h")} <= set(names)
+    assert {f"gradbridge/native_lib/{name}" for name in (*native.CORE_FILES, "dev_gradbridge_Native.h")} <= set(names)
     # no gloo: c10d Gloo, its source and headers are gradbridge-spark's own library, not the core's
     assert not [n for n in names if "gloo" in n.lower()], [n for n in names if "gloo" in n.lower()]
     with zipfile.ZipFile(wheel) as archive:
@@ -340,6 +339,21 @@ def test_protocol_3_trains_a_transformers_model_from_the_install(user_env, outsi
     assert result.returncode == 0, result.stdout + result.stderr
     assert "java: bitwise identical over 2 epochs" in result.stdout, result.stdout
     assert "java-subprocess: bitwise identical over 2 epochs" in result.stdout, result.stdout
+    # ... and its weights go back into the user's model as safetensors (the wheel's own dependency)
+    written = _run([bin_dir / "gradbridge", "state-dict", "bert.pt", "-o", "bert.safetensors"], cwd=outside, env=env)
+    assert written.stdout == "wrote bert.safetensors\n", written.stdout + written.stderr
+    loaded = _run([bin_dir / "python", "-c", _LOAD_SAFETENSORS], cwd=outside, env=env)
+    assert loaded.returncode == 0, loaded.stderr
+
+
+_LOAD_SAFETENSORS = """\
+import torch, my_model
+from safetensors.torch import load_file
+state = load_file("bert.safetensors")
+model = my_model.make()
+model.load_state_dict(state)  # strict: the model's own keys, no other
+assert all(torch.equal(state[k], v) for k, v in my_model.make().state_dict().items())
+"""
 
 
 # ---- bad installations: one line naming the fix, exit code 1 ----

@@ -20,6 +20,11 @@ One line per epoch, keys in this order (``FIELDS``)::
   group's learning rate after the epoch, after the epoch-end schedule step if there is one;
 - ``threads`` (optional; gradbridge-spark runs) is libtorch's intra-op thread count each
   task trained the epoch on: ``reference.train_sharded`` replays the run on it.
+- ``sharded`` (optional; gradbridge-spark runs, the same in every line of a run) is what the replay of the
+  run takes besides ``threads``: ``{"partitions": 2, "batch_size": 32, "seed": 0, "shuffle": true,
+  "rule": "partition-order", "shards_sha256": "..."}`` (``ShardedRun``; ``rule`` is
+  ``protocol.SHARDED_RULE``, ``shards_sha256`` the data's digest in its partitions, as the run's checkpoint
+  names it). ``reference.train_sharded(..., run=)`` and ``gradbridge parity --spark-history`` read both keys.
 - ``device`` and ``deterministic`` (optional, together; runs on a device other than the CPU) are the
   device the epoch trained on (``"cuda:0"``) and whether torch's deterministic algorithms were on.
 - ``values`` (optional, last) says where the values are when a record has more than
@@ -54,7 +59,7 @@ from ._runtime.files import atomic_path
 FIELDS = ("epoch", "loss", "val_loss", "elapsed_s", "parameters", "digests")
 
 #: Optional keys that may follow FIELDS, each at most once, in this order.
-OPTIONAL_FIELDS = ("lrs", "threads", "device", "deterministic", "values")
+OPTIONAL_FIELDS = ("lrs", "threads", "sharded", "device", "deterministic", "values")
 
 #: Above this many parameter values in one record, a history file keeps them in its side file
 #: (Java: ``Messages.HISTORY_INLINE_VALUES``): a million values are ~20 MB of JSON text per epoch.
@@ -87,6 +92,37 @@ def epoch_loss(batch_losses: Sequence[float]) -> float:
     return total / len(batch_losses)
 
 
+@dataclass(frozen=True)
+class ShardedRun:
+    """A gradbridge-spark run's settings, as each line of its history records them (the ``sharded`` key)."""
+    partitions: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    rule: str
+    shards_sha256: str
+
+    #: the key's fields, in order, each with the JSON type it holds
+    KEYS = (("partitions", int), ("batch_size", int), ("seed", int), ("shuffle", bool), ("rule", str),
+            ("shards_sha256", str))
+
+    def to_json(self) -> Dict:
+        return {name: getattr(self, name) for name, _ in self.KEYS}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Optional["ShardedRun"]:
+        """The ``sharded`` key of a line, checked (None: the line has none)."""
+        if value is None:
+            return None
+        if (not isinstance(value, dict) or list(value) != [name for name, _ in cls.KEYS]
+                or not all(isinstance(value[name], kind) and (kind is bool or not isinstance(value[name], bool))
+                           for name, kind in cls.KEYS)
+                or value["partitions"] < 1 or value["batch_size"] < 1):
+            raise ValueError(f'{where}: "sharded" must be {{"partitions": K >= 1, "batch_size": B >= 1, "seed": S, '
+                             f'"shuffle": true|false, "rule": name, "shards_sha256": hex}}, got {value!r}')
+        return cls(**value)
+
+
 @dataclass
 class EpochRecord:
     epoch: int
@@ -97,6 +133,8 @@ class EpochRecord:
     digests: Dict[str, str] = field(default_factory=dict)
     lrs: Optional[List[float]] = None
     threads: Optional[int] = None
+    #: a gradbridge-spark run's partitions, batch size, seed, shuffling, rule and data digest
+    sharded: Optional[ShardedRun] = None
     #: the device of a run not on the CPU (``"cuda:0"``), and whether torch's deterministic algorithms were on
     device: Optional[str] = None
     deterministic: Optional[bool] = None
@@ -121,6 +159,8 @@ class EpochRecord:
             document["lrs"] = [float(lr) for lr in self.lrs]
         if self.threads is not None:
             document["threads"] = int(self.threads)
+        if self.sharded is not None:
+            document["sharded"] = self.sharded.to_json()
         if self.device is not None:
             document["device"] = str(self.device)
             document["deterministic"] = bool(self.deterministic)
@@ -145,6 +185,7 @@ class EpochRecord:
             digests=dict(document["digests"]),
             lrs=None if document.get("lrs") is None else [float(v) for v in document["lrs"]],
             threads=None if document.get("threads") is None else int(document["threads"]),
+            sharded=ShardedRun.from_json(document.get("sharded"), where),
             device=None if document.get("device") is None else str(document["device"]),
             deterministic=None if document.get("deterministic") is None else bool(document["deterministic"]),
             values_at=_values_key(document.get("values"), where),
@@ -212,7 +253,7 @@ class History:
         ~0.5 s), or from its double[] for a record made from arrays."""
         records = []
         for record in history.getRecords():
-            val_loss, lrs, threads = record.getValLoss(), record.getLrs(), record.getThreads()
+            val_loss, lrs, threads, sharded = record.getValLoss(), record.getLrs(), record.getThreads(), record.getSharded()
             device, deterministic = record.getDevice(), record.getDeterministic()
             buffers = record.getParameterBuffers()
             if buffers.isEmpty():
@@ -230,6 +271,9 @@ class History:
                 digests={str(name): str(value) for name, value in record.getDigests().items()},
                 lrs=None if lrs is None else [float(v) for v in lrs],
                 threads=None if threads is None else int(threads.intValue()),
+                sharded=None if sharded is None else ShardedRun(
+                    int(sharded.getPartitions()), int(sharded.getBatchSize()), int(sharded.getSeed()),
+                    bool(sharded.isShuffle()), str(sharded.getRule()), str(sharded.getShardsSha256())),
                 device=None if device is None else str(device),
                 deterministic=None if deterministic is None else bool(deterministic.booleanValue())))
         return cls(records)

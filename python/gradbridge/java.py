@@ -47,6 +47,14 @@ def _contiguous(x: Any) -> Any:
     return {name: np.ascontiguousarray(a) for name, a in x.items()} if isinstance(x, dict) else np.ascontiguousarray(x)
 
 
+def _carried(x: Any) -> Any:
+    """A float16 array (checked: a float16 input's) widened to float32 exactly, the carrier Java casts back
+    (``protocol.CARRIER``): Java takes float32, float64 and int64 arrays from Python."""
+    if isinstance(x, dict):
+        return {name: _carried(a) for name, a in x.items()}
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
 def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
           batch_size: Optional[int] = None, seed: Optional[int] = None, mode: Optional[str] = None,
           val: Optional[Tuple[np.ndarray, np.ndarray]] = None, checkpoint: str | os.PathLike | None = None,
@@ -87,6 +95,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     check_data(metadata, arrays[0], arrays[1], source)  # Java's checks and words, before any copy
     if val is not None:
         check_data(metadata, arrays[2], arrays[3], val_source)
+    arrays = [_carried(a) for a in arrays]  # kept alive here while Java reads them
     Trainer = jclass("dev.gradbridge.Trainer")
     Paths = jclass("java.nio.file.Paths")
     module = load_module(model_path, op_libraries, device)

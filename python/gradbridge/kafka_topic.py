@@ -26,6 +26,16 @@ from .feedback_log import POSITION_DUPLICATE, POSITION_LOGGED, FeedbackLog
 TOPIC_MAIN = "dev.gradbridge.serve.TopicRecords"
 _NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
+
+def _array(values, dtype: str) -> np.ndarray:
+    """A field's numbers as the log holds them: a 16-bit input's float32 carrier as its dtype's words (the
+    learner refuses, and never logs, a value that is not exactly one)."""
+    if dtype == "bfloat16":
+        return (np.asarray(values, dtype="<f4").view("<u4") >> 16).astype("<u2")
+    if dtype == "float16":
+        return np.asarray(values, dtype="<f4").astype("<f2")
+    return np.asarray(values, dtype=_NUMPY[dtype])
+
 Records = Dict[Tuple[int, int], Tuple[Optional[bytes], Optional[bytes]]]
 
 
@@ -75,10 +85,10 @@ def _decode(value: bytes, specs: List[Tuple[str, str, List[int]]], y_spec: Tuple
     body = json.loads(value.decode("utf-8"))
     x = body["x"]
     if len(specs) == 1 and specs[0][0] == "x":
-        arrays = [np.asarray(x, dtype=_NUMPY[specs[0][1]])]
+        arrays = [_array(x, specs[0][1])]
     else:
-        arrays = [np.asarray(x[name], dtype=_NUMPY[dtype]) for name, dtype, _ in specs]
-    y = np.asarray(body["y"], dtype=_NUMPY[y_spec[0]])
+        arrays = [_array(x[name], dtype) for name, dtype, _ in specs]
+    y = _array(body["y"], y_spec[0])
     n = y.shape[0] if y.ndim else -1
     for array, (name, _, shape) in zip(arrays, specs):
         if list(array.shape) != [n, *shape]:

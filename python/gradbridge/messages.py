@@ -64,7 +64,7 @@ def one_line(ex: BaseException) -> str:
     """An exception's text on one line: the one rule for shortening torch's and libtorch's messages,
     which span several lines (whitespace collapsed; the exception's type when it says nothing). A
     TorchScript interpreter's traceback is left out: its last ``XxxError: ...`` line is the error (as
-    Java's ``ScriptedModule.libtorchSummary`` keeps the last line)."""
+    Java's ``ModuleEngine.libtorchSummary`` keeps the last line)."""
     if TORCHSCRIPT_TRACEBACK in str(ex):
         lines = [line for line in str(ex).splitlines() if line.strip()]
         last = ([line for line in lines if _ERROR_LINE.match(line)] or lines)[-1]
@@ -77,6 +77,11 @@ def torch_reason(ex: BaseException) -> str:
     TORCH_REASON_LIMIT characters (a longer one cut, with "...")."""
     line = one_line(ex)
     return line if len(line) <= TORCH_REASON_LIMIT else line[:TORCH_REASON_LIMIT] + "..."
+
+
+def alternatives(items: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return items[-1] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
 def java_double(value: float) -> str:
@@ -105,10 +110,28 @@ def divergence(loss: float, epoch: int, batch: int, first: int, last: int) -> st
 # ---- tensors against the metadata ----
 
 def tensor_spec(source: str, name: str, dtype: str, shape: Sequence[int], actual_dtype: str,
-                actual_shape: Sequence[int]) -> str:
+                actual_shape: Sequence[int], carrier: Optional[str] = None) -> str:
+    """``carrier``: the dtype data carries a 16-bit input as (``protocol.CARRIER``), None for the others."""
     where = f"{source}: " if source else ""
-    return (f"{where}{name} must be {dtype} of shape {list(shape)} (-1: any number of samples), "
+    carried = f" (as {carrier})" if carrier else ""
+    return (f"{where}{name} must be {dtype}{carried} of shape {list(shape)} (-1: any number of samples), "
             f"got {actual_dtype} of shape {list(actual_shape)}")
+
+
+#: Why a TorchScript export with ``autocast=`` traces the model (a script would drop autocast's casts).
+AUTOCAST_TRACES = "not tried: autocast= traces the model under torch.autocast"
+
+
+def autocast_refused(dtype: Any) -> str:
+    return (f"autocast must be a dtype torch.autocast(\"cpu\", ...) takes (torch.bfloat16 or torch.float16), "
+            f"got {dtype!r}")
+
+
+def not_exact(source: str, name: str, index: Sequence[int], value: float, dtype: str, carrier: str) -> str:
+    """A 16-bit input's ``carrier`` (``protocol.CARRIER``) holding a value its dtype does not (Java: ``Messages.notExact``)."""
+    where = f"{source}: " if source else ""
+    return (f"{where}{name}{list(index)} = {java_double(value)} is not a {dtype} value; gradbridge casts {carrier} data to "
+            f"the model's {dtype} without rounding: round it first (torch.from_numpy(a).to(torch.{dtype}).float())")
 
 
 # ---- metadata (gradbridge.json) ----
@@ -303,10 +326,47 @@ def data_parallel_buffers(module: str, buffers: Sequence[str]) -> str:
 MAX_THREADS = 4096
 
 
-def replay_threads(threads: int, previous: int) -> str:
-    """The one line of a replay of a gradbridge-spark run that changes this process's libtorch threads."""
-    return (f"replay: libtorch on {threads} intra-op thread{'s' if threads != 1 else ''}, as the Spark tasks ran "
-            f"(this process had {previous}; restored after)")
+def replay_threads(threads: int, previous: int, why: str) -> str:
+    """The replay of a gradbridge-spark run on libtorch's ``threads`` (``why``: whence the count)."""
+    line = f"replaying on {threads} intra-op thread{'s' if threads != 1 else ''}, {why}"
+    return line if previous == threads else f"{line} (this process had {previous}; restored after)"
+
+
+#: Whence a replay's thread count: the run's history, Spark's defaults, the caller.
+THREADS_RECORDED = "as the Spark tasks ran ({} records it)"
+THREADS_DEFAULT = "as the Spark tasks run on Spark's defaults (one core a task)"
+THREADS_GIVEN = "as asked (threads={})"
+#: What the replay of a gradbridge-spark run takes from each key of the run's history.
+SPARK_HISTORY_KEYS = {"threads": "the tasks' intra-op thread count",
+                      "sharded": "the run's partitions, batch size, seed and rule"}
+
+
+def spark_history_key(where: str, key: str) -> str:
+    return (f'{where}: no "{key}" key ({SPARK_HISTORY_KEYS[key]}), which the replay of a gradbridge-spark run takes '
+            f"from its history: not a gradbridge-spark run's history, or one written before it recorded that "
+            f"(replay such a run with reference.train_sharded(..., shards=, batch_size=, seed=, threads=))")
+
+
+def spark_history_differs(where: str, key: str, value: Any, first: str) -> str:
+    return (f"{where}: \"{key}\" is {json_text(value, 200)}, not as in {first}: one history, one run (replay each "
+            f"run's history on its own)")
+
+
+def spark_history_rule(where: str, rule: Any, known: str) -> str:
+    return f'{where}: "sharded" holds rule {json_text(rule)}; this gradbridge replays the rule {json_text(known)} only'
+
+
+def spark_history_order(where: str, epoch: int, previous: int) -> str:
+    return f"{where}: epoch {epoch} after epoch {previous}; a run's history holds its epochs in order, each once"
+
+
+def spark_history_data(source: str, history: str, partitions: int, actual: str, recorded: str) -> str:
+    return (f"{source} is not the data {history}'s run trained on: its digest in {partitions} partitions "
+            f"(shards_sha256) is {actual[:16]}..., the run's {recorded[:16]}...; replay it on the rows the run read")
+
+
+def spark_history_option(option: str) -> str:
+    return f"--spark-history replays the run with the settings its history records: {option} is not taken with it"
 
 
 def input_too_large(name: str, index: Sequence[int], value: float, limit: float) -> str:
@@ -576,3 +636,42 @@ def protocol3_not_torchscript(path: str) -> str:
     return (f"{path}: a protocol-3 module (format='export') is not TorchScript; this command reads TorchScript "
             "modules only for now (Java's TrainingModule and Trainer, java.train and reference.train(model=...) "
             "take it)")
+
+
+# ---- gradbridge state-dict (export.weights) ----
+
+def weights_suffix(path: str, suffix: str, known: Any) -> str:
+    shown = f"suffix '{suffix}'" if suffix else "no suffix"
+    return (f"{path}: cannot tell the format from {shown}: name it {known}, or choose one with --format "
+            "(format= in Python)")
+
+
+def weights_format(value: Any, known: Any) -> str:
+    return f"state_dict format must be one of {', '.join(known)}, got {value!r}"
+
+
+def weights_left_out(path: str, count: int, first: str) -> str:
+    return (f"{path} leaves out {count} frozen tensors ({first}, ...): an online learner's checkpoint holds what "
+            "training changed; pass the module file it learned from as base (gradbridge state-dict --base MODEL)")
+
+
+def weights_other_base(base: str, name: str, shape: list, path: str) -> str:
+    return f"{base}: holds no {name} of shape {shape}, which {path} leaves out: not the module file it learned from"
+
+
+def weights_nothing_asked() -> str:
+    return "state-dict: give -o FILE (the whole state_dict), --adapter DIR (a PEFT model's adapter) or both"
+
+
+def weights_no_adapter(path: str) -> str:
+    return (f"{path}: --adapter: the module records no PEFT adapter (its model holds no peft.PeftModel, or it was "
+            "exported before gradbridge recorded adapters: export it again); -o FILE writes the whole state_dict")
+
+
+def weights_adapter_key(path: str, adapter: str, key: str) -> str:
+    return (f"{path}: adapter '{adapter}' names state_dict key {key}, which the module's model lacks "
+            "(an edited file); export it again")
+
+
+def weights_not_recorded(reason: str) -> str:
+    return f"the export records no PEFT adapter (gradbridge state-dict --adapter will refuse it): {reason}"

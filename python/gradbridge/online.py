@@ -19,10 +19,13 @@ from .jvm import dtype_name, java_errors, java_shape, jclass
 
 
 def host_tensor(values: np.ndarray):
-    """A ``dev.gradbridge.online.HostTensor`` holding ``values`` (float32, float64 or int64)."""
+    """A ``dev.gradbridge.online.HostTensor`` holding ``values`` (float32, float64 or int64; float16 widened to
+    the float32 carrier exactly, which the learner casts back for a float16 input: ``protocol.CARRIER``)."""
     import jpype
 
     values = np.asarray(values)
+    if values.dtype == np.float16:
+        values = values.astype(np.float32)
     dtype = dtype_name(values)  # the same dtypes and words as every other way into Java (gradbridge.jvm)
     HostTensor = jclass("dev.gradbridge.online.HostTensor")
     raw = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
@@ -30,8 +33,11 @@ def host_tensor(values: np.ndarray):
 
 
 def to_numpy(tensor) -> np.ndarray:
-    """A HostTensor's values as a numpy array of its dtype and shape."""
+    """A HostTensor's values as a numpy array of its dtype and shape; a bfloat16 one (numpy has no bfloat16)
+    widened to float32 exactly."""
     dtype = str(tensor.getDtype())
+    if dtype == "bfloat16":
+        return np.array(tensor.toFloatArray(), dtype=np.float32).reshape([int(d) for d in tensor.getShape()])
     little_endian = np.dtype(dtype).newbyteorder("<")  # HostTensor's bytes are little-endian
     return np.frombuffer(bytes(tensor.toBytes()), dtype=little_endian).reshape([int(d) for d in tensor.getShape()])
 

@@ -11,7 +11,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import messages
 from .errors import DTypeError, ProtocolError
@@ -131,6 +131,13 @@ OPTIONAL_METHODS: tuple[str, ...] = (GET_LRS, SET_GROUP_LR, SCHEDULE_EPOCH, GET_
 #: Methods of protocol 2 that data-parallel training (gradbridge-spark) needs; version-1 modules lack them.
 DATA_PARALLEL_METHODS: tuple[str, ...] = (GRADIENT_FLAGS, SET_GRADIENTS)
 
+#: How a data-parallel step combines its partitions, as a gradbridge-spark run's history records it (its
+#: ``sharded`` key's ``rule``; Java: ``Protocol.SHARDED_RULE``): the sample-weighted sum of the partitions'
+#: gradients in partition order, the buffers of the step's first partition with rows, partition k's draws of
+#: step s seeded with ``shuffle.step_seed(seed, s, k)``. ``reference.train_sharded`` replays it; a history of
+#: another rule is refused.
+SHARDED_RULE = "partition-order"
+
 #: Keys of gradbridge.json, in the order they are written. Java's Metadata reads these names.
 METADATA_KEYS: tuple[str, ...] = (
     "format",
@@ -157,13 +164,29 @@ CHECKPOINT_KEY = "checkpoint"
 #: ``export.step_writes``; absent in modules exported before it, read as true).
 CAPTURE_KEY = "capture"
 DRAWS_RANDOM_KEY = "draws_random"
+#: ``capture``'s dtype of ``export_training_module(..., autocast=...)`` (``"bfloat16"``): the module's forward and
+#: loss were captured under ``torch.autocast("cpu", dtype=...)``, which the eager reference enters too
+#: (``_runtime.autocast``); absent without it.
+AUTOCAST_KEY = "autocast"
 #: ``capture``'s device the model was exported from when not the CPU (``"cuda:0"``); the file holds CPU
 #: tensors either way, and trains on any device.
 EXPORTED_FROM_KEY = "exported_from"
-#: Protocol 3's program (``export.aten_export``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
+#: Protocol 3's program (``export.protocol3_capture``): ``{"oplist_version", "min_batch", "graphs": {name: entry},
 #: "state": [{"name", "dtype", "shape", "file"}]}``; only in protocol-3 modules.
 PROGRAM_KEY = "program"
 OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPTURE_KEY, PROGRAM_KEY)
+#: How the trained weights go back into the user's model (``export.weights``; only where it has something to
+#: say): ``{"tied": {KEY: NAME}, "peft": {"prefix": P, "adapters": {ADAPTER: {"config": TEXT, "keys": {K: KEY}}}}}``.
+#: ``tied``: keys of the model's ``state_dict()`` that hold a parameter or buffer listed under another NAME (tied
+#: embeddings). ``peft``: the model's one ``peft.PeftModel``, under prefix P (``""`` or ``"model."``), each adapter
+#: with its ``adapter_config.json`` text and the keys of its ``adapter_model.safetensors``, each the state_dict KEY
+#: it holds: what ``PeftModel.save_pretrained`` wrote of the exported model (``gradbridge state-dict --adapter``).
+#: Python's alone: Java carries it into checkpoints (``Metadata.withCheckpoint`` copies the document; its Gson
+#: drops members whose value is null, hence the config's text, not its object).
+WEIGHTS_KEY = "weights"
+WEIGHTS_TIED = "tied"
+WEIGHTS_PEFT = "peft"
+PYTHON_METADATA_KEYS: tuple[str, ...] = (WEIGHTS_KEY,)
 
 #: Keys of a checkpoint's ``checkpoint`` entry (Java: ``Metadata.Checkpoint``): epochs done and the
 #: seed, then what the run depends on, checked on resume (absent in older checkpoints). ``data_sha256``
@@ -172,13 +195,22 @@ OPTIONAL_METADATA_KEYS: tuple[str, ...] = (FINE_TUNING_KEY, CHECKPOINT_KEY, CAPT
 CHECKPOINT_KEYS: tuple[str, ...] = ("epochs_completed", "seed", "batch_size", "mode", "x_shape", "y_shape",
                                     "data_sha256", "shards_sha256")
 
-#: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge._runtime.inputs``) and y (torch's names without the ``torch.`` prefix):
-#: what data files hold and what history digests hash.
+#: The dtypes data files hold (numpy's, torch's names without the ``torch.`` prefix).
 DTYPES = ("float32", "float64", "int64")
-#: The dtypes of parameters (Java: ``MetadataSchema``'s): DTYPES and the 16-bit floats, trained and
-#: recorded as they are (optimizer state of the parameter's dtype, as torch.optim keeps it); their
-#: digests hash their 2-byte words, their history values are widened to float64 (exactly).
-PARAMETER_DTYPES = DTYPES + ("bfloat16", "float16")
+#: The 16-bit floats: parameters and inputs of these dtypes are trained and recorded as they are.
+LOW_PRECISION = ("bfloat16", "float16")
+#: The dtypes of parameters and of the inputs (x, or several by name: ``gradbridge._runtime.inputs``) and y
+#: (Java: ``MetadataSchema``'s): DTYPES and the 16-bit floats, trained and recorded as they are (optimizer
+#: state of the parameter's dtype, as torch.optim keeps it); digests hash their 2-byte words, history
+#: values are widened to float64 (exactly).
+PARAMETER_DTYPES = DTYPES + LOW_PRECISION
+INPUT_DTYPES = PARAMETER_DTYPES
+#: The one rule for 16-bit inputs in data (numpy and Parquet have no bfloat16; Java: ``DType.carrier``): an
+#: input (or y) of a LOW_PRECISION dtype arrives as CARRIER arrays (.npz, .npy, Parquet columns, arrays passed
+#: from Python, the online service's features) holding values of that dtype exactly, and is cast to it when
+#: loaded; a value the cast would round is refused in one line (``messages.not_exact``), never rounded. A
+#: float16 input also takes float16 arrays as they are.
+CARRIER = "float32"
 #: The dtypes of buffers: every element type torch's CPU kernels handle that Java moves (Java's
 #: ``dev.gradbridge.DType``, in its order; ``tests/test_pins.py`` ties the two). Complex, quantized,
 #: float8 and the wider unsigned types are refused at export.
@@ -188,7 +220,7 @@ BUFFER_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32
 def tensor_spec(name: str, shape: Sequence[int], dtype: str, *, kind: str = "input") -> Dict[str, Any]:
     """One named tensor in the metadata (an input, or with ``kind="parameter"`` a parameter). ``-1``
     in ``shape`` marks the batch dimension."""
-    allowed = PARAMETER_DTYPES if kind == "parameter" else DTYPES
+    allowed = PARAMETER_DTYPES if kind == "parameter" else INPUT_DTYPES
     if dtype not in allowed:
         raise DTypeError(messages.unsupported_dtype(kind, repr(name), dtype, allowed))
     return {"name": name, "shape": [int(d) for d in shape], "dtype": dtype}
@@ -229,8 +261,10 @@ def build_metadata(
     custom_ops: Sequence[str] = (),
     protocol_version: int = PROTOCOL_VERSION,
     methods: Sequence[str] = (),
+    weights: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order)."""
+    """Assemble the gradbridge.json document (keys in ``METADATA_KEYS`` order), then ``WEIGHTS_KEY`` when
+    ``weights`` has an entry."""
     document = {
         "format": METADATA_FORMAT,
         "protocol_version": protocol_version,
@@ -247,6 +281,8 @@ def build_metadata(
         "custom_ops": list(custom_ops),
     }
     assert tuple(document) == METADATA_KEYS
+    if weights:
+        document[WEIGHTS_KEY] = weights
     return document
 
 
@@ -315,7 +351,7 @@ def check_schema(path: str, document: Any) -> None:
             raise fail(where, expected, obj.get(key, ...))
         return obj[key]
 
-    def specs(key: str, dtypes: Sequence[str] = DTYPES) -> list:
+    def specs(key: str, dtypes: Sequence[str]) -> list:
         items = array(document, key, key, "a list of tensor specs")
         for i, spec in enumerate(items):
             where = f"{key}[{i}]"
@@ -350,7 +386,7 @@ def check_schema(path: str, document: Any) -> None:
     specs("buffers", BUFFER_DTYPES)
     named("loss")
     named("optimizer")
-    names = [spec["name"] for spec in specs("inputs")]
+    names = [spec["name"] for spec in specs("inputs", INPUT_DTYPES)]
     if len(names) < 2 or names[-1] != "y" or len(set(names)) != len(names):
         raise fail("inputs", messages.INPUT_SPECS, names)
 

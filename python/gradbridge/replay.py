@@ -32,7 +32,8 @@ from .feedback_log import (  # noqa: F401  (re-exported: the reader and format, 
 from .history import digest
 from .replay_learner import PublishGate, guarded_step
 
-_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
+#: numpy's dtype of each input dtype's bytes in the log (a bfloat16 value's 2-byte word read as int16, then viewed)
+_NUMPY = {"float32": "<f4", "float64": "<f8", "int64": "<i8", "float16": "<f2", "bfloat16": "<i2"}
 
 
 @dataclass
@@ -178,7 +179,8 @@ def _rows(rows: List[bytes], dtype: str, shape: List[int]):
     import torch
 
     array = np.frombuffer(b"".join(rows), dtype=_NUMPY[dtype]).reshape(len(rows), *shape)
-    return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
+    tensor = torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=True))
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 
 def _inputs(rows: List[bytes], specs: List[Tuple[str, str, List[int]]]):

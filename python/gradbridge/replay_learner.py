@@ -29,7 +29,7 @@ def guarded_step(reference, x, y, names: List[str], max_grad_norm: float,
         reference.optimizer.zero_grad()
         if seed is not None:  # the micro-batch's draws, as the Java learner's (Updater, SeededDraws)
             torch.manual_seed(seed)
-        loss = reference.loss(reference.forward(reference.model, x), y)
+        loss = reference.loss_of(reference.model, x, y)  # under the module's autocast region, if any
         loss.backward()
         value = float(loss.detach())
         reason = None
@@ -112,7 +112,7 @@ class PublishGate:
     the rollback policy the learner's state with each."""
 
     def __init__(self, log: FeedbackLog, settings: dict, metadata: dict, reference, gate_data) -> None:
-        from ._runtime import data, inputs
+        from ._runtime import data
 
         self.log = log
         self.max_regression = float(settings["max_regression"])
@@ -127,7 +127,7 @@ class PublishGate:
             sha = file_sha256(path)
             if sha == settings["data_sha256"]:
                 x, y = data.load_checked(metadata, path)
-                self.x, self.y = inputs.to_torch(x), inputs.to_torch(y)
+                self.x, self.y = data.tensors(metadata, x, y, str(path))  # a 16-bit input's carrier cast
             elif gate_data is not None:
                 raise LogError(f"--gate-data {path} is not the gate data {log.path} was written with (SHA-256 {sha}, "
                                f"the log's {settings['data_sha256']})")

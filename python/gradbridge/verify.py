@@ -155,7 +155,7 @@ def loss_cases() -> List[Tuple[dict, torch.Tensor, torch.Tensor, Callable]]:
 
 def loss_difference(spec: dict, prediction: torch.Tensor, target: torch.Tensor, expected: Callable) -> Optional[str]:
     """The scripted loss against the direct call: the first of value and gradient that differs, or None."""
-    from .export import losses
+    from .spec import losses
     from ._runtime.torchscript import script
 
     module = script(losses.build(spec))

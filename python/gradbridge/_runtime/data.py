@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import inputs
-from .. import messages
+from .. import messages, protocol
 from ..errors import InvalidInputError
 
 
@@ -92,11 +92,13 @@ def check(metadata: Dict[str, Any], x: Any, y: np.ndarray, source: str) -> None:
         array = np.asarray(given[name])
         spec = specs[name]
         shape_ok = array.ndim == len(spec["shape"]) and list(array.shape[1:]) == spec["shape"][1:]
-        if str(array.dtype) != spec["dtype"] or not shape_ok:
+        if not carries(spec["dtype"], str(array.dtype)) or not shape_ok:
+            carrier = protocol.CARRIER if spec["dtype"] in protocol.LOW_PRECISION else None
             raise InvalidInputError(messages.tensor_spec(source, name, spec["dtype"], spec["shape"], str(array.dtype),
-                                                         array.shape))
+                                                         array.shape, carrier))
         if np.issubdtype(array.dtype, np.floating) and array.size and not np.isfinite(array).all():
             raise InvalidInputError(f"{source}: {name} holds NaN or infinite values; clean the data first")
+        _check_exact(source, name, array, spec["dtype"])
     first = inputs.names(metadata)[0]
     n = len(given[first])
     if n == 0:
@@ -104,6 +106,50 @@ def check(metadata: Dict[str, Any], x: Any, y: np.ndarray, source: str) -> None:
     for name in [*inputs.names(metadata)[1:], inputs.Y]:
         if len(given[name]) != n:
             raise InvalidInputError(f"{source}: {first} has {n} samples but {name} has {len(given[name])}")
+
+
+def carries(dtype: str, array_dtype: str) -> bool:
+    """Whether an array of ``array_dtype`` holds an input of ``dtype``: its own, or for a 16-bit float
+    ``protocol.CARRIER`` (the rule: ``protocol.CARRIER``'s comment)."""
+    return array_dtype == dtype or (dtype in protocol.LOW_PRECISION and array_dtype == protocol.CARRIER)
+
+
+def _check_exact(source: str, name: str, array: np.ndarray, dtype: str) -> None:
+    """A 16-bit input's carrier holds only values of the dtype (the cast would round none); Java's
+    ``Dataset.checkExact`` and ``HostTensor`` refuse the same element with the same line."""
+    if dtype not in protocol.LOW_PRECISION or str(array.dtype) != protocol.CARRIER or not array.size:
+        return
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if dtype == "bfloat16":  # a bfloat16 value is a float32 whose low 16 bits are zero
+        inexact = (flat.view(np.uint32) & 0xFFFF) != 0
+    else:
+        with np.errstate(over="ignore"):
+            inexact = flat.astype(np.float16).astype(np.float32) != flat
+    if inexact.any():
+        at = int(np.argmax(inexact))
+        index = [int(i) for i in np.unravel_index(at, array.shape)]
+        raise InvalidInputError(messages.not_exact(source, name, index, float(flat[at]), dtype, protocol.CARRIER))
+
+
+def tensors(metadata: Dict[str, Any], x: Any, y: Any, source: str) -> Tuple[Any, Any]:
+    """The inputs (an array, or a dict by name) and y as tensors in the metadata's dtypes: a 16-bit
+    input's carrier cast to its dtype, its values checked first (``_check_exact``, naming ``source``);
+    the others as they are, sharing memory."""
+    import torch
+
+    dtypes = {spec["name"]: spec["dtype"] for spec in metadata["inputs"]}
+
+    def cast(name: str, value: Any) -> Any:
+        tensor = inputs.to_torch(value)
+        wanted = dtypes.get(name)
+        if wanted in protocol.LOW_PRECISION and protocol.dtype_name(tensor.dtype) == protocol.CARRIER:
+            _check_exact(source, name, tensor.detach().cpu().numpy(), wanted)
+            return tensor.to(getattr(torch, wanted))
+        return tensor
+
+    if isinstance(x, Mapping):
+        return {name: cast(name, value) for name, value in x.items()}, cast(inputs.Y, y)
+    return cast(inputs.names(metadata)[0], x), cast(inputs.Y, y)
 
 
 #: Rows of every probe ``out_of_range`` evaluates (Java: ValueRanges.Probe.ROWS): two, not one, so that a

@@ -16,10 +16,13 @@ import contextlib
 import logging
 import os
 import re
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 from .. import messages
 from ..errors import InvalidInputError
+
+if TYPE_CHECKING:  # torch loads where a function needs it, as everywhere in this module
+    from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +132,35 @@ def describe() -> str:
         return f"torch {libtorch()} is a CUDA {torch.version.cuda} build; 0 CUDA devices{why}: training on cpu only"
     names = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(count))
     return f"torch {libtorch()} is a CUDA {torch.version.cuda} build; {count} CUDA device{'s' if count > 1 else ''}: {names}"
+
+
+#: The device types a model and its example may be on (an export writes CPU tensors from either).
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def model_tensors(model: nn.Module) -> List[Tuple[str, Tensor]]:
+    """Every parameter and buffer of ``model``, each with what a message calls it."""
+    return [*((f"parameter {n}", t) for n, t in model.named_parameters()),
+            *((f"buffer {n}", t) for n, t in model.named_buffers())]
+
+
+def off_device(model: nn.Module, example_inputs: object = None) -> Optional[str]:
+    """The line refusing the first parameter, buffer or example tensor on a device other than the CPU or
+    CUDA, or None (``messages.unsupported_device``)."""
+    for what, tensor in [*model_tensors(model), *example_tensors(example_inputs, "example_inputs")]:
+        if tensor.device.type not in DEVICE_TYPES:
+            return messages.unsupported_device(what, str(tensor.device))
+    return None
+
+
+def example_tensors(value: object, where: str) -> List[Tuple[str, Tensor]]:
+    """The tensors in an example (tensors, dicts, lists and tuples of them), each with where it sits."""
+    from torch import Tensor
+
+    if isinstance(value, Tensor):
+        return [(where, value)]
+    if isinstance(value, dict):
+        return [t for key, item in value.items() for t in example_tensors(item, f"{where}[{key!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [t for i, item in enumerate(value) for t in example_tensors(item, f"{where}[{i}]")]
+    return []

@@ -30,9 +30,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from . import devtree as _devtree, jdk
 from .. import messages
@@ -44,8 +45,10 @@ CACHE_ENV = messages.CACHE_ENV
 #: The key of the properties file that holds the library's SHA-256 (Java: NativeLibrary.LIBRARY_DIGEST_KEY).
 DIGEST_KEY = "library_sha256"
 SOURCE_NAME = "gradbridge_jni.cpp"
-#: Protocol 3's interpreter of op lists over libtorch's dispatcher.
-EXPORTED_SOURCE_NAME = "gradbridge_exported.cpp"
+#: Protocol 3's engine (op lists over libtorch's dispatcher): its C++ files and the headers they share (oplist_engine.h
+#: maps them); each is compiled, and carried by the wheel, beside the others.
+OPLIST_SOURCES = ("oplist_graph.cpp", "oplist_schedule.cpp", "oplist_module.cpp", "oplist_jni.cpp")
+OPLIST_HEADERS = ("oplist_engine.h", "oplist_arrays.h", "oplist_schedule.h")
 #: What every JNI file includes, the Gloo library's too (beside them, in native/ and in the wheel's native_lib/).
 SUPPORT_NAME = "jni_support.h"
 HEADER_NAME = "dev_gradbridge_Native.h"
@@ -66,8 +69,12 @@ GLOO_HEADERS = Path("third_party") / "gloo"
 GLOO_JAVA_NATIVE = Path("spark/src/main/java/dev/gradbridge/spark/GlooNative.java")
 GLOO_HEADER_NAME = "dev_gradbridge_spark_GlooNative.h"
 GLOO_JAR_FOLDER = "dev/gradbridge/spark/native/linux-x86_64"
-#: The C++ files of each library (keys of the sources dict), compiled at once, then linked.
-CPP_KEYS = ("source", "exported", "gloo")
+#: The C++ files of each library (keys of the sources dict), compiled side by side, then linked.
+CPP_KEYS = ("source", *OPLIST_SOURCES, "gloo")
+#: The headers they include (keys of the sources dict): part of a build's source hash, as the C++ files are.
+HEADER_KEYS = ("support", *OPLIST_HEADERS, "header")
+#: The core library's files in native/ (the wheel's native_lib/ carries them with the generated JNI header).
+CORE_FILES = (SOURCE_NAME, *OPLIST_SOURCES, *OPLIST_HEADERS, SUPPORT_NAME)
 
 
 @dataclass(frozen=True)
@@ -164,14 +171,17 @@ def _sources(header_dir: Optional[Path] = None) -> Dict[str, Path]:
     if root is not None and (root / "native" / SOURCE_NAME).is_file():
         header_dir = header_dir or root / "build" / "native" / "include"
         header = _generate_header(root, header_dir, JAVA_NATIVE, HEADER_NAME)
-        native = root / "native"
-        return {"source": native / SOURCE_NAME, "exported": native / EXPORTED_SOURCE_NAME,
-                "support": native / SUPPORT_NAME, "header": header}
-    names = (SOURCE_NAME, EXPORTED_SOURCE_NAME, SUPPORT_NAME, HEADER_NAME)
-    if all((PACKAGED / name).exists() for name in names):
-        return {"source": PACKAGED / SOURCE_NAME, "exported": PACKAGED / EXPORTED_SOURCE_NAME,
-                "support": PACKAGED / SUPPORT_NAME, "header": PACKAGED / HEADER_NAME}
+        return {**_core_files(root / "native"), "header": header}
+    if all((PACKAGED / name).exists() for name in (*CORE_FILES, HEADER_NAME)):
+        return {**_core_files(PACKAGED), "header": PACKAGED / HEADER_NAME}
     raise SetupError(f"gradbridge's native sources are missing ({PACKAGED / SOURCE_NAME}): reinstall gradbridge")
+
+
+def _core_files(folder: Path) -> Dict[str, Path]:
+    """The core library's C++ files and headers in ``folder``, by their keys in the sources dict."""
+    files = {"source": folder / SOURCE_NAME, "support": folder / SUPPORT_NAME}
+    files.update({name: folder / name for name in (*OPLIST_SOURCES, *OPLIST_HEADERS)})
+    return files
 
 
 def _gloo_sources() -> Dict[str, Path]:
@@ -207,7 +217,7 @@ def current_build(sources: Optional[Dict[str, Path]] = None) -> Build:
 
     sources = sources or _sources()
     digest = hashlib.sha256()
-    for key in (*CPP_KEYS, "support", "header"):
+    for key in (*CPP_KEYS, *HEADER_KEYS):
         if key in sources:
             digest.update(sources[key].read_bytes())
     for header in _gloo_headers(sources):
@@ -258,15 +268,20 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
         if "gloo_headers" in sources:
             # ProcessGroupGloo.hpp declares its classes only with USE_C10D_GLOO (as torch was built).
             flags += ["-DUSE_C10D_GLOO", f"-isystem{sources['gloo_headers']}"]
-        # The files compile at once (each takes most of the build), then link.
+        # The files compile side by side, as many at once as there are cores (each compiler holds libtorch's
+        # headers, ~0.7 GB), then link.
         keys = [key for key in CPP_KEYS if key in sources]
         objects = [Path(scratch) / f"{sources[key].stem}.o" for key in keys]
         # The compiler's temp files go to the scratch folder too: a disk that is full is the cache folder's.
         environment = {**os.environ, "TMPDIR": scratch}
-        compiles = [subprocess.Popen([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
-                    for key, obj in zip(keys, objects)]
-        results = [(c.returncode, err) for c in compiles for _, err in [c.communicate()]]
+
+        def compile_one(key: str, obj: Path) -> Tuple[int, str]:
+            done = subprocess.run([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
+            return done.returncode, done.stderr
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(keys), os.cpu_count() or 1))) as pool:
+            results = list(pool.map(compile_one, keys, objects))
         if all(code == 0 for code, _ in results):
             link = subprocess.run([*compiler_args, "-shared", *map(str, objects), "-o", str(tmp),
                                    # No rpath: Java loads libc10 and libtorch_cpu first, from the folder it was given.
@@ -421,10 +436,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             (folder / JAR_PROPERTIES).write_text(spec.properties_text(digest) + f"library={spec.library(folder).name}\n",
                                                  encoding="utf-8")
         if args.with_sources:
-            shutil.copyfile(sources["source"], folder / SOURCE_NAME)
-            shutil.copyfile(sources["exported"], folder / EXPORTED_SOURCE_NAME)
-            shutil.copyfile(sources["support"], folder / SUPPORT_NAME)
-            shutil.copyfile(sources["header"], folder / HEADER_NAME)
+            for key in (*CPP_KEYS, *HEADER_KEYS):
+                if key in sources:
+                    shutil.copyfile(sources[key], folder / sources[key].name)
     except SetupError as ex:
         print(f"{CLI_ERROR_PREFIX}{ex}", file=sys.stderr)
         return 1

@@ -32,7 +32,7 @@ and the counters hold OneCycleLR's cycled ``momenta``. Version 4: a joint graph'
 the one that computes ``loss``, ``forward_ops``) runs with grad mode on, as eager's forward. The native layer's ``kOpListVersion`` and Java's
 ``Protocol.OPLIST_VERSION`` equal ``VERSION`` (tests/test_pins.py).
 
-``run`` is the Python twin of the native interpreter (native/gradbridge_exported.cpp), used by the
+``run`` is the Python twin of the native interpreter (native/oplist_graph.cpp), used by the
 export's bitwise check before anything is written.
 """
 

@@ -1,5 +1,5 @@
 """A protocol-3 training module's program: its op lists (``oplist``), its state and how the protocol's
-methods run them. ``Program`` is the Python twin of the native layer's (native/gradbridge_exported.cpp):
+methods run them. ``Program`` is the Python twin of the native layer's (native/oplist_engine.h and its files):
 the export's check runs it beside the user's eager model and torch.optim before anything is written.
 ``read_program`` reads a protocol-3 file (its metadata, op lists and state) with the native layer's checks.
 
@@ -45,9 +45,9 @@ from torch import Tensor
 from . import oplist, oplist_check, program_check
 from .. import messages, protocol
 
-#: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.aten_export``).
+#: The optimizers protocol 3 exports (torch.optim's single-tensor op sequences, ``export.protocol3_capture``).
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
-#: The schedules protocol 3 holds (``export.schedulers`` names), each with the options its formula reads.
+#: The schedules protocol 3 holds (``spec.schedulers`` names), each with the options its formula reads.
 SCHEDULERS: Dict[str, tuple] = {
     "step": ("step_size", "gamma"), "multistep": ("milestones", "gamma"), "exponential": ("gamma",),
     "cosine": ("T_max", "eta_min"), "linear": ("start_factor", "end_factor", "total_iters"),
@@ -96,7 +96,7 @@ def host_scalars(name: str, hyper: Mapping[str, Any], lr: float, step: int,
 
 def schedule_spec(given: Mapping[str, Any], module: Any) -> Dict[str, Any]:
     """The resolved spec of a schedule (``program.training.scheduler``) of the spec ``given``: the options
-    its formula reads, read from the schedule module ``export.schedulers.build`` made (torch's defaults
+    its formula reads, read from the schedule module ``spec.schedulers.build`` made (torch's defaults
     filled in), its base lrs as ``float.hex`` text, and a SequentialLR's children resolved alike."""
     name = given["name"]
     spec: Dict[str, Any] = {"name": name, "base_lrs": [float(v).hex() for v in module.base_lrs]}

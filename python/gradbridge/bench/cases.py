@@ -23,7 +23,8 @@ from .._runtime import classpath, torchscript
 from .._runtime.launcher import java_command
 from .. import jvm, messages
 from ..errors import ExportError, SetupError
-from ..export import export_training_module, losses, optim
+from ..export import export_training_module
+from ..spec import losses, optim
 from .._runtime.gradle import run_task
 from ..models import SEED_LR, LinearRegression, mlp
 from .._runtime.torchscript import plain_graph_executor

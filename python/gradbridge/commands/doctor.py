@@ -99,7 +99,7 @@ def _formats() -> str:
     """The formats this torch exports, each probed on a one-layer model; a problem only when neither works."""
     from .._runtime import oplist, torchscript
     from ..errors import ExportError, TorchScriptUnavailableError
-    from ..export import aten_export
+    from ..export import protocol3_capture
 
     found, missing = [], []
     try:
@@ -108,7 +108,7 @@ def _formats() -> str:
     except TorchScriptUnavailableError:
         missing.append("torchscript (see TorchScript)")
     try:
-        aten_export.capture_probe()
+        protocol3_capture.capture_probe()
         found.append(f"export (protocol 3, torch.export, op-list version {oplist.VERSION})")
     except ExportError as ex:
         missing.append(f"export ({ex})")

@@ -7,26 +7,15 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from .. import messages, protocol
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
 from .._runtime.files import check_writable
-from ..models import BUILTIN_MODELS, SEED_LR
+from ..models import SEED_LR
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL
-
-# Optimizer and loss flags: only those given are passed, so each class keeps its own defaults.
-_OPTIMIZER_FLAGS = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "maximize", "betas", "eps",
-                    "amsgrad", "alpha", "centered", "lr_decay", "initial_accumulator_value")
-_LOSS_FLAGS = ("reduction", "beta", "delta", "label_smoothing", "ignore_index", "class_weights", "pos_weight")
-
-
-def _floats(text: str) -> List[float]:
-    return [float(v) for v in text.split(",") if v.strip()]
-
-
-_floats.__name__ = "list (comma-separated numbers)"
-
+from . import state_dict
+from .export_cli import add_export, op_library_option
 
 def _tolerance(text: str) -> float:
     """A tolerance: a finite number >= 0 (argparse turns ValueError into one usage line)."""
@@ -39,61 +28,22 @@ def _tolerance(text: str) -> float:
 _tolerance.__name__ = "tolerance (a finite number >= 0)"
 
 
-def _shape(text: str) -> List[int]:
-    """``4`` or ``1,8,8``: positive integers (argparse names the option when this raises)."""
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if any(v < 1 for v in values):
-        raise ValueError(text)
-    return values
-
-
-_shape.__name__ = "shape (comma-separated positive integers)"
-
-
-def _milestones(text: str) -> List[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values:
-        raise ValueError(text)
-    return values
-
-
-_milestones.__name__ = "milestones (comma-separated integers)"
-
-
-def _given(args: argparse.Namespace, flags) -> Dict[str, Any]:
-    return {flag: getattr(args, flag) for flag in flags if getattr(args, flag) is not None}
-
-
-def _export(args: argparse.Namespace) -> int:
-    from ..export.command_line import export_from_options
-
-    path = export_from_options(
-        args.model, args.output, seed=args.seed, op_libraries=args.op_library,
-        optimizer={"name": args.optimizer, **_given(args, _OPTIMIZER_FLAGS)}, groups=args.group or [],
-        loss_name=args.loss, loss=_given(args, _LOSS_FLAGS), input_shape=args.input_shape,
-        input_dtype=args.input_dtype, target_shape=args.target_shape, target_dtype=args.target_dtype,
-        freeze=args.freeze, accumulate=args.accumulate, schedulers=args.scheduler or [], milestones=args.milestones,
-        scheduler_interval=args.scheduler_interval, clip_norm=args.clip_norm, clip_norm_type=args.clip_norm_type,
-        clip_value=args.clip_value, init_weights=args.init_weights, check=args.check, format=args.format)
-    capture = protocol.read_metadata(path).get(protocol.CAPTURE_KEY, {})
-    print(f"wrote {path} ({messages.format_chosen(capture.get('kind', ''), protocol.AUTO_REASON_KEY in capture)})")
-    return 0
-
-
-def _state_dict(args: argparse.Namespace) -> int:
-    from ..export import save_state_dict
-
-    print(f"wrote {save_state_dict(args.module, args.output)}")
-    return 0
-
-
 def _parity(args: argparse.Namespace) -> int:
-    from .parity import run
+    from .parity import run, run_spark_history
 
-    return run(args.model, args.data, val_path=args.val, epochs=args.epochs, batch_size=args.batch_size,
-               seed=args.seed, mode=args.mode, java_mode=args.java, rtol=args.rtol, atol=args.atol,
-               report_path=args.report, plot_path=args.plot, op_libraries=args.op_library,
-               model_factory=args.model_factory, device=args.device)
+    # each run's own settings, as given (None: not given; run() has the defaults)
+    settings = {"val_path": args.val, "epochs": args.epochs, "batch_size": args.batch_size, "seed": args.seed,
+                "mode": args.mode, "java_mode": args.java, "device": args.device}
+    common = dict(rtol=args.rtol, atol=args.atol, report_path=args.report, plot_path=args.plot,
+                  op_libraries=args.op_library, model_factory=args.model_factory)
+    if args.spark_history is not None:
+        given = [name for name, value in settings.items() if value is not None]
+        if given:
+            flag = {"val_path": "--val", "java_mode": "--java"}.get(given[0], "--" + given[0].replace("_", "-"))
+            raise ValueError(messages.spark_history_option(flag))
+        return run_spark_history(args.model, args.data, args.spark_history, **common)
+    return run(args.model, args.data, **{name: value for name, value in settings.items() if value is not None},
+               **common)
 
 
 def _build_op(args: argparse.Namespace) -> int:
@@ -109,11 +59,6 @@ def _gradcheck(args: argparse.Namespace) -> int:
 
     return run(args.model, args.data, batch_size=args.batch_size, op_libraries=args.op_library,
                max_elements=args.max_elements, report_path=args.report, model_factory=args.model_factory)
-
-
-def _op_library_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--op-library", action="append", default=[], metavar="FILE",
-                        help="custom-operator library to load first (repeatable); never taken from the .pt")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -244,123 +189,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{CLI_ERROR_PREFIX}{message} (see {self.prog} --help)\n")
 
 
-def _export_input_options(parser: argparse.ArgumentParser) -> None:
-    """`export`'s per-sample input and target shapes and dtypes."""
-    shapes = parser.add_argument_group("inputs (per sample; the batch dimension is implied)")
-    shapes.add_argument("--input-shape", type=_shape, help="e.g. 4 or 1,8,8 (default 1; sizes a built-in model)")
-    shapes.add_argument("--input-dtype", default="float32", choices=("float32", "float64", "int64"),
-                        help="int64 for index inputs (embeddings); default float32")
-    shapes.add_argument("--target-shape", type=_shape,
-                        help="default: none for class-index losses, else 1 (sizes a built-in model's output)")
-    shapes.add_argument("--target-dtype", choices=("float32", "float64", "int64"),
-                        help="default: int64 for cross_entropy/nll, else float32")
-
-
-def _export_loss_options(parser: argparse.ArgumentParser) -> None:
-    """`export`'s loss and its arguments (only those given are passed)."""
-    loss = parser.add_argument_group("loss")
-    loss.add_argument("--loss", help="mse (default), l1, smooth_l1, huber, cross_entropy, nll, bce_with_logits")
-    loss.add_argument("--reduction", choices=("mean", "sum"))
-    loss.add_argument("--beta", type=float, help="smooth_l1 beta")
-    loss.add_argument("--delta", type=float, help="huber delta")
-    loss.add_argument("--label-smoothing", type=float)
-    loss.add_argument("--ignore-index", type=int)
-    loss.add_argument("--class-weights", type=_floats, help="comma-separated, one per class")
-    loss.add_argument("--pos-weight", type=_floats, help="comma-separated, bce_with_logits")
-
-
-def _export_optimizer_options(parser: argparse.ArgumentParser) -> None:
-    """`export`'s optimizer, its arguments and parameter groups."""
-    opt = parser.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", default="sgd", help="sgd (default), adam, adamw, rmsprop, adagrad")
-    opt.add_argument("--lr", type=float, help=f"learning rate (default: the optimizer's; {SEED_LR} for linear-regression)")
-    opt.add_argument("--momentum", type=float)
-    opt.add_argument("--dampening", type=float)
-    opt.add_argument("--nesterov", action="store_true", default=None)
-    opt.add_argument("--weight-decay", type=float)
-    opt.add_argument("--maximize", action="store_true", default=None)
-    opt.add_argument("--betas", type=float, nargs=2, metavar=("BETA1", "BETA2"))
-    opt.add_argument("--eps", type=float)
-    opt.add_argument("--amsgrad", action="store_true", default=None)
-    opt.add_argument("--alpha", type=float, help="rmsprop smoothing constant")
-    opt.add_argument("--centered", action="store_true", default=None)
-    opt.add_argument("--lr-decay", type=float)
-    opt.add_argument("--initial-accumulator-value", type=float)
-    opt.add_argument("--group", action="append", metavar="PREFIX:KEY=VALUE,...",
-                     help="a parameter group: parameters whose names start with PREFIX, with their own options "
-                          "(e.g. backbone.:lr=1e-4,weight_decay=0; betas as 0.9|0.99); repeatable; the other "
-                          "trainable parameters form the first group with the options above")
-
-
-def _export_tuning_options(parser: argparse.ArgumentParser) -> None:
-    """`export`'s fine-tuning: frozen prefixes, initial weights, schedules, clipping, accumulation."""
-    tuning = parser.add_argument_group("fine-tuning")
-    tuning.add_argument("--freeze", action="append", metavar="PREFIX",
-                        help="freeze parameters whose names start with PREFIX (requires_grad=False); repeatable")
-    tuning.add_argument("--init-weights", metavar="FILE",
-                        help="start from this state_dict (torch.save file, read with weights_only=True)")
-    tuning.add_argument("--scheduler", action="append", metavar="NAME:KEY=VALUE,...",
-                        help="lr schedule: step, multistep, exponential, cosine, linear, onecycle, plateau with "
-                             "torch's argument names (e.g. cosine:T_max=1000; milestones as 30|80); repeat it with "
-                             "--milestones for a SequentialLR")
-    tuning.add_argument("--milestones", type=_milestones, help="SequentialLR milestones, comma-separated (e.g. 100)")
-    tuning.add_argument("--scheduler-interval", choices=("step", "epoch"),
-                        help="step the schedule after every optimizer step (default) or every epoch")
-    tuning.add_argument("--clip-norm", type=float, help="clip_grad_norm_ max norm before each step")
-    tuning.add_argument("--clip-norm-type", type=float, help="2 (default) or inf")
-    tuning.add_argument("--clip-value", type=float, help="clip_grad_value_ before each step")
-    tuning.add_argument("--accumulate", type=int, default=1, metavar="K",
-                        help="gradient accumulation: K micro-batches per optimizer step")
-
-
-def _add_export(commands: argparse._SubParsersAction) -> None:
-    export = commands.add_parser(
-        "export", help="export a training module (.pt)",
-        description="Export MODEL (a built-in name, or MODULE:FACTORY returning an nn.Module) with its loss and "
-                    "optimizer as a gradbridge training module.")
-    export.add_argument("model", help=f"built-in ({', '.join(BUILTIN_MODELS)}) or MODULE:FACTORY")
-    export.add_argument("-o", "--output", required=True, help="output .pt (written atomically)")
-    export.add_argument("--seed", type=int, default=0, help="torch seed for the initial parameters (default 0)")
-    _export_input_options(export)
-    _export_loss_options(export)
-    _export_optimizer_options(export)
-    _export_tuning_options(export)
-    export.add_argument("--format", choices=protocol.FORMATS, default=protocol.DEFAULT_FORMAT,
-                        help="torchscript (protocol 2), export (protocol 3: torch.export op lists run by the native "
-                             "layer), or auto (default): TorchScript where it captures the model and passes the "
-                             "check, else protocol 3")
-    export.add_argument("--no-check", dest="check", action="store_false",
-                        help="skip the check of the export against the eager model (two training steps and eval on "
-                             "an example batch, bit for bit); only for a model too large to run twice")
-    _op_library_option(export)
-    export.set_defaults(run=_export)
-
-
-def _add_state_dict(commands: argparse._SubParsersAction) -> None:
-    state = commands.add_parser(
-        "state-dict", help="turn an exported module or a Java checkpoint into a state_dict file",
-        description="Write the model's state_dict held by MODULE (an export or a Java checkpoint: its current, "
-                    "trained values) with torch.save; model.load_state_dict(torch.load(FILE, weights_only=True)) "
-                    "takes it.")
-    state.add_argument("module", help="exported module or checkpoint (.pt)")
-    state.add_argument("-o", "--output", required=True, help="state_dict file to write")
-    state.set_defaults(run=_state_dict)
-
-
 def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity = commands.add_parser(
         "parity", help="train with the Python reference and with Java, compare every epoch",
         description="Train MODEL.pt on the same data with eager PyTorch (torch.optim) and with the Java Trainer, "
-                    "print a per-epoch table and say whether they agree. Exit code 0 only within tolerance.")
+                    "print a per-epoch table and say whether they agree. Exit code 0 only within tolerance. With "
+                    "--spark-history, replay a gradbridge-spark run instead and compare it with its history.")
     parity.add_argument("model", help="exported training module (.pt)")
     parity.add_argument("--data", required=True, help=".npz with arrays x and y")
     parity.add_argument("--val", help=".npz with validation arrays x and y")
-    parity.add_argument("--epochs", type=int, default=5)
-    parity.add_argument("--batch-size", type=int, default=protocol.DEFAULT_BATCH_SIZE)
-    parity.add_argument("--seed", type=int, default=protocol.DEFAULT_SEED)
-    parity.add_argument("--mode", choices=protocol.MODES, default=protocol.DEFAULT_MODE)
-    parity.add_argument("--java", choices=("inprocess", "subprocess", "both"), default="inprocess",
+    parity.add_argument("--epochs", type=int)  # these: None unless given (the defaults are run()'s)
+    parity.add_argument("--batch-size", type=int)
+    parity.add_argument("--seed", type=int)
+    parity.add_argument("--mode", choices=protocol.MODES)
+    parity.add_argument("--java", choices=("inprocess", "subprocess", "both"),
                         help="in this process through JPype (exact), a separate JVM, or both")
+    parity.add_argument("--spark-history", metavar="HISTORY",
+                        help="instead of training Java, replay the gradbridge-spark run that wrote this history "
+                             "(its partitions, batch size, seed and the tasks' threads, as it records them) from "
+                             "MODEL on --data, and compare its epochs")
     parity.add_argument("--rtol", type=_tolerance,
                         help=f"relative tolerance (default: 0 in-process, {SEPARATE_JVM_RTOL:g} subprocess)")
     parity.add_argument("--atol", type=_tolerance,
@@ -368,12 +215,12 @@ def _add_parity(commands: argparse._SubParsersAction) -> None:
     parity.add_argument("--model-factory", metavar="MODULE:FACTORY",
                         help="your own nn.Module (a function returning it) for the eager side, started from the "
                              "module's initial tensors (default: the model stored in the .pt)")
-    parity.add_argument("--device", default="cpu",
+    parity.add_argument("--device",
                         help="train both sides on cpu, cuda or cuda:N (default: cpu); on CUDA with torch's "
                              "deterministic algorithms and CUBLAS_WORKSPACE_CONFIG=:4096:8")
     parity.add_argument("--report", help="write every figure as JSON here")
     parity.add_argument("--plot", help="write loss curves and |difference| per epoch as PNG here")
-    _op_library_option(parity)
+    op_library_option(parity)
     parity.set_defaults(run=_parity)
 
 
@@ -402,7 +249,7 @@ def _add_gradcheck(commands: argparse._SubParsersAction) -> None:
                            help="your own nn.Module (a function returning it) for the finite differences, started "
                                 "from the module's initial tensors (needed for a protocol-3 module, which stores none)")
     gradcheck.add_argument("--report", help="write every figure as JSON here")
-    _op_library_option(gradcheck)
+    op_library_option(gradcheck)
     gradcheck.set_defaults(run=_gradcheck)
 
 
@@ -536,11 +383,12 @@ def _add_verify(commands: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: one ``_add_<command>`` function per command, in `gradbridge --help`'s order."""
+    """The whole command line: one ``_add_<command>`` function per command (export's and state-dict's in their
+    own modules), in `gradbridge --help`'s order."""
     parser = _Parser(prog="gradbridge", description="Train PyTorch models from Java, checked against Python.")
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_export(commands)
-    _add_state_dict(commands)
+    add_export(commands)
+    state_dict.add_parser(commands)
     _add_parity(commands)
     _add_build_op(commands)
     _add_gradcheck(commands)

@@ -1,7 +1,7 @@
 """`gradbridge online-demo`: an embedding recommender learning online in Java from a simulated click
 stream (``gradbridge.recommender``), its online AUC and log-loss per version, and the eager replay of its
 log; ``--model text``: a transformer text classifier with dropout learning from simulated labels
-(``gradbridge.text_demo``), its online accuracy per version, and the replay, dropout draws included."""
+(``gradbridge.commands.text_demo``), its online accuracy per version, and the replay, dropout draws included."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def run(rounds: int = 300, batch: int | None = None, out_dir: str | None = None,
 
 
 def _text(rounds: int, batch: int, out_dir: str, seed: int, out) -> int:
-    from ..text_demo import LENGTH, VOCAB, WIDTH, run_text_demo
+    from .text_demo import LENGTH, VOCAB, WIDTH, run_text_demo
 
     result = run_text_demo(rounds, batch, out_dir, seed)
     rows = result.windows

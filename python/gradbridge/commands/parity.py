@@ -1,5 +1,6 @@
 """`gradbridge parity`: train a module with the eager reference and with Java on the same data,
-compare every epoch, and say plainly whether the runs agree."""
+compare every epoch, and say plainly whether the runs agree; with ``--spark-history``, replay the
+gradbridge-spark run that wrote that history and compare it epoch by epoch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .._runtime import data, devices, launcher, ops, torch_gate
-from .. import java, parity_report, protocol, reference
+from .. import java, protocol, reference, spark_history
+from . import parity_report
 from ..errors import CLI_ERROR_PREFIX, GradbridgeError
+from ..history import History
 from ..export.command_line import build_model
 from .._runtime.files import check_writable
 from ..parity import SEPARATE_JVM_ATOL, SEPARATE_JVM_RTOL, compare_histories
@@ -111,3 +114,53 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
         print(f"{CLI_ERROR_PREFIX}{label}: {ex}", file=sys.stderr)
     return 0 if not failures and all(parity.within_tolerance for parity in reports) else 1
 
+
+def run_spark_history(model: str | os.PathLike, data_path: str | os.PathLike, history_path: str | os.PathLike, *,
+                      rtol: Optional[float] = None, atol: Optional[float] = None,
+                      report_path: str | os.PathLike | None = None, plot_path: str | os.PathLike | None = None,
+                      op_libraries: Sequence[str | os.PathLike] = (), model_factory: Optional[str] = None,
+                      out: Callable[[str], None] = print) -> int:
+    """Replay the gradbridge-spark run that wrote ``history_path`` (``reference.train_sharded(..., run=)``: its
+    partitions, batch size, seed, shuffling and the tasks' thread count, as the history records them) on
+    ``data_path`` from ``model`` (the module the run started from), and compare the history's epochs with
+    the replay's; exit code 0 only within tolerance (bit for bit unless ``rtol``/``atol`` are given). A
+    history without what the replay needs, or of other data, is refused in one line before anything trains."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    for output in (report_path, plot_path):
+        if output is not None:
+            check_writable(output)
+    run = spark_history.read(history_path)  # its one-line refusals before the module and the data are read
+    torch_gate.require_torch()
+    metadata = protocol.read_metadata(model)
+    ops.prepare(metadata, op_libraries, str(model))
+    x, y = data.load_checked(metadata, data_path)
+    user_model = None if model_factory is None else build_model(model_factory)
+    settings, epochs = run.settings, run.epochs
+    out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
+        f"{len(y)} samples; {Path(history_path).name}: {_epochs(epochs)} of a gradbridge-spark run "
+        f"on {settings.partitions} partitions, batch {settings.batch_size}, seed {settings.seed}, "
+        f"{'shuffled' if settings.shuffle else 'in order'}, rule {settings.rule}"
+        + (" (replayed from epoch 0)" if epochs[0] else ""))
+    replay = reference.train_sharded(model, x, y, run=run, model=user_model, source=str(data_path), say=out)
+    by_epoch = {record.epoch: record for record in replay}
+    python = History([by_epoch[epoch] for epoch in epochs])
+    report = compare_histories(python, run.history, rtol=rtol or 0.0, atol=atol or 0.0, labels=("python", "spark"))
+    eager_side = reference_label(metadata, model_factory)
+    out(f"reference: {eager_side}")
+    out("")
+    out(report.table())
+    if report_path is not None:
+        config = {"model": str(model), "data": str(data_path), "spark_history": str(history_path),
+                  **settings.to_json(), "threads": run.threads, "epochs": list(epochs),
+                  "op_libraries": [str(p) for p in op_libraries], "reference": eager_side}
+        out(f"report: {parity_report.write_json(report_path, config, [report])}")
+    if plot_path is not None:
+        title = f"{Path(model).name}: python vs spark ({Path(history_path).name}, {len(epochs)} epochs)"
+        out(f"plot: {parity_report.write_plot(plot_path, title, python, {'spark': run.history}, [report])}")
+    return 0 if report.within_tolerance else 1
+
+
+def _epochs(epochs: Sequence[int]) -> str:
+    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}..{epochs[-1]}"

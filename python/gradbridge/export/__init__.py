@@ -15,8 +15,9 @@ _LAZY = {
     "SUPPORTED_LOSSES": "training_module",
     "SUPPORTED_OPTIMIZERS": "training_module",
     "load_weights": "finetune",
-    "state_dict_of": "finetune",
-    "save_state_dict": "finetune",
+    "state_dict_of": "weights",
+    "save_state_dict": "weights",
+    "save_adapter": "weights",
 }
 
 
@@ -24,4 +25,4 @@ __getattr__ = _lazy.attributes(__name__, _LAZY)
 
 
 __all__ = ["export_training_module", "export_builtin", "ExportError", "SUPPORTED_LOSSES", "SUPPORTED_OPTIMIZERS",
-           "load_weights", "state_dict_of", "save_state_dict"]
+           "load_weights", "state_dict_of", "save_state_dict", "save_adapter"]

@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs, torchscript
+from .._runtime import autocast, inputs, torchscript
+from .._runtime.devices import example_tensors, model_tensors, off_device  # noqa: F401 (off_device: the exporter's)
 from .. import messages
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError
 
@@ -48,6 +49,8 @@ class Capture:
 
 
 _CALL = "NamedInputs"
+#: Where a model of several inputs sits inside its keyword call (the scripted module's ``model``)
+KEYWORD_PREFIX = "model."
 _calls: Dict[Tuple[str, ...], Type[nn.Module]] = {}
 
 
@@ -96,35 +99,17 @@ def refuse_captured(model: nn.Module) -> None:
             "traced" if isinstance(model, torch.jit.TracedModule) else "scripted"))
 
 
-#: The device types a model and its example may be on (an export writes CPU tensors from either).
-DEVICE_TYPES = ("cpu", "cuda")
-
-
-def _model_tensors(model: nn.Module) -> List[Tuple[str, Tensor]]:
-    return [*((f"parameter {n}", t) for n, t in model.named_parameters()),
-            *((f"buffer {n}", t) for n, t in model.named_buffers())]
-
-
-def off_device(model: nn.Module, example_inputs: object = None) -> Optional[str]:
-    """The line refusing the first parameter, buffer or example tensor on a device other than the CPU or
-    CUDA, or None (``messages.unsupported_device``)."""
-    for what, tensor in [*_model_tensors(model), *_example_tensors(example_inputs, "example_inputs")]:
-        if tensor.device.type not in DEVICE_TYPES:
-            return messages.unsupported_device(what, str(tensor.device))
-    return None
-
-
 def exported_from(model: nn.Module) -> Optional[str]:
     """The device(s) the model's tensors are on when not the CPU (``cuda:0``), what the metadata records;
     None for a CPU model."""
-    found = sorted({str(t.device) for _, t in _model_tensors(model)} - {"cpu"})
+    found = sorted({str(t.device) for _, t in model_tensors(model)} - {"cpu"})
     return ", ".join(found) if found else None
 
 
 def cpu_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with every parameter and buffer on the CPU (the Parameter objects kept)."""
     copied = copy.deepcopy(model)
-    if any(t.device.type != "cpu" for _, t in _model_tensors(copied)):
+    if any(t.device.type != "cpu" for _, t in model_tensors(copied)):
         copied.cpu()
     return copied
 
@@ -132,7 +117,7 @@ def cpu_copy(model: nn.Module) -> nn.Module:
 def on_cpu(value: Any) -> Any:
     """An example (a tensor, or dicts, lists and tuples of them) with its tensors on the CPU; itself when
     they are there already."""
-    if not any(t.device.type != "cpu" for _, t in _example_tensors(value, "")):
+    if not any(t.device.type != "cpu" for _, t in example_tensors(value, "")):
         return value
     if isinstance(value, Tensor):
         return value.cpu()
@@ -145,25 +130,21 @@ def on_cpu(value: Any) -> Any:
     return value
 
 
-def _example_tensors(value: object, where: str) -> List[Tuple[str, Tensor]]:
-    if isinstance(value, Tensor):
-        return [(where, value)]
-    if isinstance(value, dict):
-        return [t for key, item in value.items() for t in _example_tensors(item, f"{where}[{key!r}]")]
-    if isinstance(value, (list, tuple)):
-        return [t for i, item in enumerate(value) for t in _example_tensors(item, f"{where}[{i}]")]
-    return []
-
-
-def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,)) -> Capture:
+def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Sequence[str] = (inputs.X,),
+            autocast_dtype: Optional[str] = None) -> Capture:
     """Script ``model``; when scripting or saving the script fails, trace it on ``example_x``. A model
-    of several inputs is captured inside ``keyword_call``, which takes them as a list."""
+    of several inputs is captured inside ``keyword_call``, which takes them as a list. ``autocast_dtype``:
+    traced under ``torch.autocast("cpu", dtype=...)``, which a trace records as the casts it makes (a
+    script would run without them)."""
     name = type(model).__name__
     prefix = ""
     if not inputs.is_single(input_names):
-        model, prefix = keyword_call(input_names)(model), "model."
+        model, prefix = keyword_call(input_names)(model), KEYWORD_PREFIX
         if example_x is not None:
             example_x = inputs.method_argument(example_x, input_names)
+    if autocast_dtype is not None:
+        train, evaluate = _trace_both_modes(model, example_x, name, messages.AUTOCAST_TRACES, autocast_dtype)
+        return Capture(train, evaluate, TRACE, prefix)
     scripted, script_failure = _script(model)
     if scripted is not None:
         return Capture(scripted, scripted, SCRIPT, prefix)
@@ -172,6 +153,13 @@ def capture(model: nn.Module, example_x: Optional[inputs.Batch], input_names: Se
     log.warning("scripting %s failed, tracing it on example_inputs instead: %s", name, script_failure)
     train, evaluate = _trace_both_modes(model, example_x, name, script_failure)
     return Capture(train, evaluate, TRACE, prefix)
+
+
+def traced_loss(loss: nn.Module, output: Tensor, y: Tensor, autocast_dtype: str) -> nn.Module:
+    """The loss traced under ``torch.autocast("cpu", dtype=autocast_dtype)`` on the model's ``output``: each
+    loss is one torch.nn.functional call, which the trace keeps with the casts autocast makes for it."""
+    with autocast.region(autocast_dtype), torch.no_grad():
+        return torchscript.trace(loss, (output.detach(), y), check_trace=False)
 
 
 def _script(model: nn.Module) -> Tuple[Optional[nn.Module], str]:
@@ -216,15 +204,20 @@ def _forget(ex: BaseException) -> str:
     return reason
 
 
-def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str) -> Tuple[nn.Module, nn.Module]:
+def _trace_both_modes(model: nn.Module, x: Tensor | List[Tensor], name: str, script_failure: str,
+                      autocast_dtype: Optional[str] = None) -> Tuple[nn.Module, nn.Module]:
+    """One trace per mode, each in an autocast region of its own (autocast caches the weights it casts
+    until its region ends: a second trace in the same region would meet the first one's casts)."""
     was_training = model.training
     saved = [(b, b.clone()) for b in model.buffers()]
     try:
         with torch.random.fork_rng(devices=[]):
             # check_trace=False: torch's own re-run check fails on any random op; the export's check
             # against the eager model replaces it.
-            train = torchscript.trace(model.train(), (x,), check_trace=False)
-            evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
+            with autocast.region(autocast_dtype):
+                train = torchscript.trace(model.train(), (x,), check_trace=False)
+            with autocast.region(autocast_dtype):
+                evaluate = torchscript.trace(model.eval(), (x,), check_trace=False)
             for traced in (train, evaluate):
                 torchscript.save(traced, os.devnull)
     except TorchScriptUnavailableError:

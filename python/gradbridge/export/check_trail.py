@@ -1,7 +1,7 @@
 """The export's check as two runs, one after the other: the user's eager model first, then the written
 module, each built afresh, so a large model is held at most once beside the user's own.
 
-A check script (``self_check``'s for TorchScript, ``aten_check``'s for protocol 3) runs on one side as a
+A check script (``self_check``'s for TorchScript, ``protocol3_check``'s for protocol 3) runs on one side as a
 generator and yields what it sees, in order: tensors (a loss, a gradient, a parameter, optimizer state),
 facts (the optimizer state's keys, the learning rates) and random draws. Of the eager run, the record keeps
 each tensor's dtype, shape and the SHA-256 of its bytes, nothing of its values; the module's run is compared

@@ -10,8 +10,9 @@ reference and for Java::
                     "accumulate": 4}
 
 Pretrained weights travel both ways: ``load_weights`` starts an export from a ``state_dict``
-(read with ``torch.load(weights_only=True)``), ``state_dict_of`` turns an exported module or a
-Java checkpoint back into one that ``model.load_state_dict`` takes.
+(read with ``torch.load(weights_only=True)``); ``export.weights`` turns an exported module or a Java
+checkpoint back into one that ``model.load_state_dict`` takes (``state_dict_of`` and ``save_state_dict``,
+also importable from here, as before).
 """
 
 from __future__ import annotations
@@ -20,18 +21,16 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from .. import protocol
-from .._runtime import torchscript
-from .._runtime.files import atomic_path, check_writable
 from ..errors import ExportError, FineTuneError  # FineTuneError: also importable from here, as before
-from . import groups as param_groups, optim, scheduler_modules, schedulers
-from .options import tensor_refused
+from ..spec import groups as param_groups, optim, scheduler_modules, schedulers
+from ..spec.options import tensor_refused
+from .weights import save_state_dict, state_dict_of  # noqa: F401  (their home before export.weights)
 
 METADATA_KEY = protocol.FINE_TUNING_KEY
 
@@ -182,14 +181,6 @@ def setup(named_parameters: Sequence[Tuple[str, nn.Parameter]], names_by_id: Dic
                       accumulate))
 
 
-def clip_of(metadata: Dict[str, Any]) -> Dict[str, Any]:
-    """The clip entry of a module's metadata, with ``"inf"`` back as a float."""
-    clip = dict(metadata.get(METADATA_KEY, {}).get("clip", {"kind": "none"}))
-    if "norm_type" in clip:
-        clip["norm_type"] = float(clip["norm_type"])
-    return clip
-
-
 def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Tensor]]) -> None:
     """Load a state_dict (or a torch.save file of one, read with weights_only=True) into ``model``,
     strictly: every name the model has, no other, each with the model's shape."""
@@ -216,29 +207,3 @@ def load_weights(model: nn.Module, weights: Union[str, os.PathLike, Dict[str, Te
             shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
             raise FineTuneError(f"{where}: {key} has shape {shape}, the model's has {list(own[key].shape)}")
     model.load_state_dict(weights, strict=True)
-
-
-def state_dict_of(module_path: Union[str, os.PathLike]) -> Dict[str, Tensor]:
-    """The model's state_dict inside an exported module or a Java checkpoint (its current values:
-    a checkpoint holds the trained ones), for ``model.load_state_dict``: as the model's own
-    ``state_dict()``, without the buffers registered with ``persistent=False`` (a TorchScript
-    module does not keep that flag; the metadata does)."""
-    path = Path(module_path)
-    metadata = protocol.read_metadata(path)  # identifies the file before torch reads it
-    transient = {spec["name"] for spec in metadata["buffers"] if not spec.get("persistent", True)}
-    try:
-        module = torchscript.load(str(path), map_location="cpu")
-        model = module.model
-    except (RuntimeError, AttributeError) as ex:
-        raise FineTuneError(f"{path}: not a loadable gradbridge module: {str(ex).strip().splitlines()[0]}") from ex
-    return {key: value.detach().clone() for key, value in model.state_dict().items() if key not in transient}
-
-
-def save_state_dict(module_path: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
-    """Write ``state_dict_of(module_path)`` with torch.save (loads with weights_only=True)."""
-    out = Path(out)
-    check_writable(out)
-    state = state_dict_of(module_path)
-    with atomic_path(out) as tmp:
-        torch.save(state, str(tmp))
-    return out

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._runtime import inputs, torchscript
+from .._runtime import autocast, inputs, torchscript
 from .. import protocol
 from ..errors import CaptureError
 from ..reference import Reference
@@ -138,16 +138,19 @@ class _Eager:
 
     def evaluate(self, x: inputs.Batch, y: Tensor) -> Tensor:
         """The loss in eval mode; its forward's output is ``forward``'s too when it drew nothing."""
-        with torch.no_grad(), RandomDraws() as draws:
-            output = inputs.call(self.reference.model, x)
-            loss = self.reference.loss(output, y)
+        reference = self.reference
+        with torch.no_grad(), RandomDraws() as draws:  # Reference.loss_of's autocast regions
+            with autocast.region(reference.autocast):
+                output = inputs.call(reference.model, x)
+            with autocast.region(reference.autocast):
+                loss = reference.loss(output, y)
         self._output = None if draws.ops else output
         return loss
 
     def forward(self, x: inputs.Batch) -> Tensor:
         output, self._output = self._output, None
         if output is None:
-            with torch.no_grad():
+            with torch.no_grad(), autocast.region(self.reference.autocast):
                 output = inputs.call(self.reference.model, x)
         return output
 

@@ -13,13 +13,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs as model_inputs, libtorch, ops, torchscript
+from .._runtime import autocast as autocast_region, inputs as model_inputs, libtorch, ops, torchscript
 from .. import messages, protocol
 from .._version import __version__
 from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # ExportError: also from here
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
-from . import aten_export, capture as model_capture, check_trail, finetune, losses, optim, self_check, step_writes
+from ..spec import losses, optim
+from . import capture as model_capture, check_trail, finetune, protocol3_capture, self_check, step_writes, weights
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def export_training_module(
     init_weights: Union[None, str, os.PathLike, Dict[str, Tensor]] = None,
     check: bool = True,
     format: str = protocol.DEFAULT_FORMAT,
+    autocast: Optional[torch.dtype] = None,
 ) -> Path:
     """Export ``model`` with its loss and optimizer as a gradbridge training module at ``path``.
 
@@ -87,13 +89,18 @@ def export_training_module(
             it off only for a model too large to run twice.
         format: ``"torchscript"`` (protocol 2), ``"export"``: protocol 3, the training step captured
             with torch.export as aten op lists that the native layer runs op by op
-            (``export.aten_export``; it takes every option above with SGD, Adam, AdamW, RMSprop or
+            (``export.protocol3_capture``; it takes every option above with SGD, Adam, AdamW, RMSprop or
             Adagrad and a batch of at least 2, except the onecycle schedule; it refuses that and
             parameters the loss gives no gradient in one line), or ``"auto"`` (the default):
             TorchScript where it scripts or traces the model and passes the check, else protocol 3 (a
             warning says so, and the metadata's ``capture`` holds TorchScript's reason under
             ``"auto"``); when neither can, one line gives both reasons. A torch whose
             ``torch.jit.script`` fails takes protocol 3.
+        autocast: ``torch.bfloat16`` (or ``torch.float16``): the model's forward and the loss run under
+            ``torch.autocast("cpu", dtype=autocast)``, as eager code that wraps them in that region (mixed
+            precision without editing the model); recorded as the metadata's ``capture.autocast``. TorchScript
+            traces the model and the loss under it (a model that only scripts takes ``format="export"``). A
+            dtype CPU autocast does not take is a ValueError.
 
     Returns the path written.
 
@@ -110,10 +117,11 @@ def export_training_module(
         raise ExportError(unsupported)
     if format not in protocol.FORMATS:
         raise ValueError(f"format must be one of {', '.join(protocol.FORMATS)}, got {format!r}")
+    autocast_dtype = autocast_region.dtype_name(autocast)
     # the file holds CPU tensors: a CUDA model is exported from a CPU copy (the copy below), its example too
     example_inputs = model_capture.on_cpu(example_inputs)
     common = dict(example_inputs=example_inputs, inputs=inputs, model_name=model_name, check=check,
-                  exported_from=model_capture.exported_from(model))
+                  exported_from=model_capture.exported_from(model), autocast_dtype=autocast_dtype)
     fine_tuning = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                        clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights)
     aten_options = dict(fine_tuning, scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
@@ -139,13 +147,15 @@ def export_training_module(
 
 def _protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_inputs: Any, inputs: Any,
                model_name: Optional[str], check: bool, options: Dict[str, Any],
-               auto_reason: Optional[str] = None, exported_from: Optional[str] = None) -> Path:
-    """Protocol 3 (``export.aten_export``). A model declared by ``inputs`` alone is captured on
+               auto_reason: Optional[str] = None, exported_from: Optional[str] = None,
+               autocast_dtype: Optional[str] = None) -> Path:
+    """Protocol 3 (``export.protocol3_capture``). A model declared by ``inputs`` alone is captured on
     ``example_batch`` of those specs, the batch the TorchScript path checks it on."""
     if example_inputs is None and inputs is not None:
         example_inputs = example_batch(_declared(model, inputs))
-    return aten_export.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
-                              check=check, options=options, auto_reason=auto_reason, exported_from=exported_from)
+    return protocol3_capture.export(model, loss, optimizer, path, example_inputs=example_inputs, model_name=model_name,
+                                    check=check, options={**options, "autocast": autocast_dtype},
+                                    auto_reason=auto_reason, exported_from=exported_from)
 
 
 def _declared(model: nn.Module, inputs: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -162,7 +172,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
                  example_inputs: Any, inputs: Any, model_name: Optional[str], freeze: Sequence[str], scheduler: Any,
                  scheduler_interval: str, clip_grad_norm: Optional[float], clip_norm_type: float,
                  clip_grad_value: Optional[float], accumulate: int, init_weights: Any, check: bool,
-                 exported_from: Optional[str] = None) -> Path:
+                 exported_from: Optional[str] = None, autocast_dtype: Optional[str] = None) -> Path:
     """Protocol 2: the model scripted (or traced) inside the scripted training module (see
     ``export_training_module``)."""
     loss_module, loss_spec = losses.resolve(loss)
@@ -183,12 +193,14 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         raise ValueError("pass example_inputs=(x, y) or inputs=[tensor_spec('x', ...), tensor_spec('y', ...)]")
     target_dtype = specs[-1]["dtype"]
     if target_dtype not in loss_module.target_dtypes:
-        raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {' or '.join(loss_module.target_dtypes)}, "
+        wanted = messages.alternatives(loss_module.target_dtypes)
+        raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {wanted}, "
                          f"got {target_dtype}")
 
     scripted, metadata, kind = _build(model, loss_module, loss_spec, optimizer, example_inputs, example_x, specs,
                                       input_names, model_name=model_name, check=check, exported_from=exported_from,
-                                      init_weights=init_weights, finetune_options=dict(
+                                      init_weights=init_weights, autocast_dtype=autocast_dtype,
+                                      finetune_options=dict(
                                           freeze=freeze, scheduler=scheduler, scheduler_interval=scheduler_interval,
                                           clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type,
                                           clip_grad_value=clip_grad_value, accumulate=accumulate))
@@ -209,7 +221,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
 
 def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], optimizer: Any, example_inputs: Any,
            example_x: Any, specs: List[Dict[str, Any]], input_names: Sequence[str], *, model_name: Optional[str],
-           check: bool, exported_from: Optional[str], init_weights: Any,
+           check: bool, exported_from: Optional[str], init_weights: Any, autocast_dtype: Optional[str],
            finetune_options: Dict[str, Any]) -> Tuple[torch.jit.ScriptModule, Dict[str, Any], str]:
     """The training module around a copy of ``model`` (scripted, or traced), scripted; its metadata and the
     capture's kind."""
@@ -247,7 +259,12 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
-    captured = model_capture.capture(model, example_x, input_names)
+    if autocast_dtype is not None:  # a trace needs a batch: the example, or the declared specs' one
+        example_x, example_y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
+    captured = model_capture.capture(model, example_x, input_names, autocast_dtype)
+    if autocast_dtype is not None:
+        output = _eval_output(captured, example_x, input_names)
+        loss_module = model_capture.traced_loss(loss_module, output, example_y, autocast_dtype)
     # Tracing copies the module structure but keeps the Parameter objects; take names from the copy.
     named_buffers = captured.named_buffers()
     wrapper_class = _TrainingModule if model_inputs.is_single(input_names) else _SeveralInputs
@@ -274,13 +291,21 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
         torch_version=libtorch.torch_version(),
         gradbridge_version=__version__,
         custom_ops=ops.used_by(scripted),
+        weights=weights.record(model),
     )
     if plan.metadata:
         metadata[finetune.METADATA_KEY] = plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": captured.kind, "checked": check,
                                       protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                      **({protocol.AUTOCAST_KEY: autocast_dtype} if autocast_dtype else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     return scripted, metadata, captured.kind
+
+
+def _eval_output(captured: model_capture.Capture, x: model_inputs.Batch, input_names: Sequence[str]) -> Tensor:
+    """The eval-mode trace's output on the example (the loss is traced on it): no gradient, no draw kept."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        return captured.eval(model_inputs.method_argument(x, input_names))
 
 
 def _count(example: Any) -> str:

@@ -14,7 +14,7 @@ final class CheckpointWriter {
     private CheckpointWriter() {}
 
     /** Writes the archive to {@code file}, with the metadata at {@code <archive>/extra/gradbridge.json}. */
-    static void archive(ScriptedModule module, String metadataJson, Path file) throws IOException {
+    static void archive(ModuleEngine module, String metadataJson, Path file) throws IOException {
         module.save(file, Protocol.METADATA_FILE, metadataJson);
     }
 }

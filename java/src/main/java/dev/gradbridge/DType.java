@@ -91,6 +91,86 @@ public enum DType {
         }
     }
 
+    /**
+     * The one rule for 16-bit inputs in data (Python: {@code protocol.CARRIER}): numpy and Parquet
+     * have no bfloat16, so an input of a 16-bit float dtype arrives as float32 values that are
+     * exactly its own, cast to it when loaded; a value the cast would round is refused, never rounded.
+     *
+     * @return the type that carries this one's values in data: float32 for the 16-bit floats, else itself
+     */
+    public DType carrier() {
+        return this == BFLOAT16 || this == FLOAT16 ? FLOAT32 : this;
+    }
+
+    /**
+     * @param value a float32 value
+     * @return whether this 16-bit type holds it exactly (a cast would not round it); true for other types
+     */
+    public boolean holds(float value) {
+        if (this == BFLOAT16) {
+            return (Float.floatToRawIntBits(value) & 0xffff) == 0 || Float.isNaN(value);
+        }
+        if (this == FLOAT16) {
+            return Float.isNaN(value) || (Math.abs(value) <= 65504f && widen(half(value)) == value);
+        }
+        return true;
+    }
+
+    /**
+     * A 16-bit word widened to float32 exactly.
+     *
+     * @param word the value's bits (bfloat16 or float16)
+     * @return the value
+     */
+    public float widen(short word) {
+        int bits = word & 0xffff;
+        if (this == BFLOAT16) {
+            return Float.intBitsToFloat(bits << 16);
+        }
+        if (this != FLOAT16) {
+            throw new UnsupportedOperationException(torchName + " is not a 16-bit float");
+        }
+        int sign = (bits & 0x8000) << 16;
+        int exponent = (bits >>> 10) & 0x1f;
+        int mantissa = bits & 0x3ff;
+        if (exponent == 0x1f) {
+            return Float.intBitsToFloat(sign | 0x7f800000 | (mantissa << 13));
+        }
+        if (exponent == 0) { // zero or subnormal: mantissa * 2^-24
+            float magnitude = mantissa * 0x1p-24f;
+            return sign == 0 ? magnitude : -magnitude;
+        }
+        return Float.intBitsToFloat(sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
+    }
+
+    /**
+     * A float32 value rounded to this 16-bit type, to nearest even, as libtorch's conversions round
+     * ({@code c10::BFloat16}'s {@code round_to_nearest_even}, {@code c10::Half}'s {@code fp16_ieee_from_fp32_value}).
+     *
+     * @param value the value
+     * @return the rounded value's word
+     */
+    public short round(float value) {
+        int bits = Float.floatToRawIntBits(value);
+        if (this == BFLOAT16) {
+            return Float.isNaN(value) ? (short) 0x7fc0 : (short) ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16);
+        }
+        if (this != FLOAT16) {
+            throw new UnsupportedOperationException(torchName + " is not a 16-bit float");
+        }
+        float base = (Math.abs(value) * 0x1.0p+112f) * 0x1.0p-110f;
+        int twice = bits + bits;
+        int bias = twice & 0xff000000;
+        if (Integer.compareUnsigned(bias, 0x71000000) < 0) {
+            bias = 0x71000000;
+        }
+        base = Float.intBitsToFloat((bias >>> 1) + 0x07800000) + base;
+        int rounded = Float.floatToRawIntBits(base);
+        int nonsign = ((rounded >>> 13) & 0x7c00) + (rounded & 0xfff);
+        return (short) (((bits & 0x80000000) >>> 16)
+                | (Integer.compareUnsigned(twice, 0xff000000) > 0 ? 0x7e00 : nonsign));
+    }
+
     /** IEEE half-precision bits of a float that one holds exactly (a float16 value widened). */
     static short half(float value) {
         int bits = Float.floatToRawIntBits(value);

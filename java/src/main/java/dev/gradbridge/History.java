@@ -21,7 +21,8 @@ import java.util.Map;
  * python/gradbridge/history.py} defines and documents: {@code {"epoch", "loss", "val_loss",
  * "elapsed_s", "parameters", "digests"}} plus the optional {@code "lrs"} (learning rate per
  * parameter group after the epoch), {@code "threads"} (libtorch's intra-op threads of a
- * gradbridge-spark run's tasks in the epoch), {@code "device"} and {@code "deterministic"} (the device of a
+ * gradbridge-spark run's tasks in the epoch), {@code "sharded"} (a gradbridge-spark run's partitions, batch
+ * size, seed, shuffling, rule and data digest: {@link ShardedRun}), {@code "device"} and {@code "deterministic"} (the device of a
  * run on one other than the CPU, and whether libtorch's deterministic algorithms were on), each left out when
  * unknown, and {@code "values"} (where in the side file a large record's values are: {@link HistoryFile}).
  */
@@ -42,6 +43,7 @@ public final class History {
         private final double[] lrs; // optional key of the schema: null is not written
         private volatile SideValues side; // set once the values went to a history's side file
         private final Integer threads; // optional key of the schema: null is not written
+        private final ShardedRun sharded; // optional key of the schema: null is not written
         private final String device; // optional key of the schema: null (the CPU) is not written
         private final Boolean deterministic; // optional key, with device
 
@@ -76,7 +78,7 @@ public final class History {
                 int epoch, double loss, Double valLoss, double elapsedSeconds,
                 Map<String, double[]> parameters, Map<String, String> digests, double[] lrs) {
             this(epoch, loss, valLoss, elapsedSeconds, Collections.unmodifiableMap(new LinkedHashMap<>(parameters)),
-                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null, null, null);
+                    Collections.<String, ByteBuffer>emptyMap(), digests, lrs, null, null, null, null);
         }
 
         /**
@@ -86,9 +88,10 @@ public final class History {
         private EpochRecord(
                 int epoch, double loss, Double valLoss, double elapsedSeconds, Map<String, double[]> parameters,
                 Map<String, ByteBuffer> buffers, Map<String, String> digests, double[] lrs, Integer threads,
-                String device, Boolean deterministic) {
+                ShardedRun sharded, String device, Boolean deterministic) {
             this.lrs = lrs == null ? null : lrs.clone();
             this.threads = threads;
+            this.sharded = sharded;
             this.device = device;
             this.deterministic = deterministic;
             this.epoch = epoch;
@@ -182,8 +185,22 @@ public final class History {
          * @return this record with that count
          */
         public EpochRecord withThreads(int count) {
-            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count, device,
-                    deterministic);
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, count, sharded,
+                    device, deterministic);
+        }
+
+        /** @return the data-parallel run this epoch belongs to (gradbridge-spark's), or {@code null} */
+        public ShardedRun getSharded() {
+            return sharded;
+        }
+
+        /**
+         * @param run the data-parallel run this epoch belongs to
+         * @return this record with it
+         */
+        public EpochRecord withSharded(ShardedRun run) {
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, threads, run,
+                    device, deterministic);
         }
 
         /**
@@ -202,8 +219,8 @@ public final class History {
 
         /** @return this record of an epoch trained on {@code device} (not the CPU), deterministic or not */
         EpochRecord withDevice(String on, boolean deterministicAlgorithms) {
-            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, threads, on,
-                    deterministicAlgorithms);
+            return new EpochRecord(epoch, loss, val_loss, elapsed_s, parameters, buffers, digests, lrs, threads,
+                    sharded, on, deterministicAlgorithms);
         }
 
         /** The values as float64 views from their start, by name (what a history file writes). */
@@ -335,7 +352,7 @@ public final class History {
         module.readParameters(digests, withValues ? values : null);
         return new EpochRecord(epoch, loss, valLoss, elapsedSeconds,
                 values.isEmpty() ? Collections.<String, double[]>emptyMap() : null, values, digests, module.getLrs(),
-                null, null, null);
+                null, null, null, null);
     }
 
     /**

@@ -246,6 +246,17 @@ public final class HistoryFile {
             if (record.getThreads() != null) {
                 json.name("threads").value(record.getThreads());
             }
+            ShardedRun sharded = record.getSharded();
+            if (sharded != null) {
+                json.name("sharded").beginObject();
+                json.name("partitions").value(sharded.getPartitions());
+                json.name("batch_size").value(sharded.getBatchSize());
+                json.name("seed").value(sharded.getSeed());
+                json.name("shuffle").value(sharded.isShuffle());
+                json.name("rule").value(sharded.getRule());
+                json.name("shards_sha256").value(sharded.getShardsSha256());
+                json.endObject();
+            }
             if (record.getDevice() != null) {
                 json.name("device").value(record.getDevice());
                 json.name("deterministic").value(record.getDeterministic());

@@ -50,7 +50,7 @@ public final class Metadata {
     private Checkpoint checkpoint;
     private Map<String, Object> fineTuning;
     private Map<String, Object> capture; // absent in modules exported before the export's check
-    private JsonObject program; // protocol 3 only: the graphs and state entries (ExportedModule reads them)
+    private JsonObject program; // protocol 3 only: the graphs and state entries (OpListEngine reads them)
     private transient JsonObject document;
 
     private Metadata() {}

@@ -22,9 +22,10 @@ import java.util.List;
 final class MetadataSchema {
 
     static final String MISSING = "nothing (the key is missing)";
-    /** The dtypes of inputs (Python: {@code protocol.DTYPES}). */
-    private static final List<String> DTYPES = Arrays.asList("float32", "float64", "int64");
-    /** The dtypes of parameters: those and the 16-bit floats (Python: {@code protocol.PARAMETER_DTYPES}). */
+    /**
+     * The dtypes of parameters and of inputs: float32, float64, int64 and the 16-bit floats (Python:
+     * {@code protocol.PARAMETER_DTYPES}, {@code protocol.INPUT_DTYPES}).
+     */
     private static final List<String> PARAMETER_DTYPES =
             Arrays.asList("float32", "float64", "int64", "bfloat16", "float16");
     /** The dtypes of buffers: every {@link DType} (Python: {@code protocol.BUFFER_DTYPES}). */
@@ -63,7 +64,7 @@ final class MetadataSchema {
         named(doc, "loss");
         named(doc, "optimizer");
         List<String> names = new ArrayList<>();
-        JsonArray inputs = specs(doc, "inputs", DTYPES);
+        JsonArray inputs = specs(doc, "inputs", PARAMETER_DTYPES);
         for (JsonElement spec : inputs) {
             names.add(spec.getAsJsonObject().get("name").getAsString());
         }

@@ -10,7 +10,7 @@ import java.nio.ByteBuffer;
  *
  * <p>Handles are {@code long}s: a tensor handle owns one {@code at::Tensor}, a module handle one
  * {@code torch::jit::Module}, ...; each is freed exactly once by its Java owner ({@link Tensor},
- * {@link TorchScriptModule}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
+ * {@link TorchScriptEngine}). Each carries its kind ({@code jni_support.h}: release, borrow, drop): a
  * zero handle, or one of another kind, is refused by name in a {@link NativeException}
  * ("the tensor is closed", "a tensor handle where a module is expected"), never a crash. Every entry point turns a libtorch error into a {@link
  * NativeException} carrying libtorch's message without its C++ backtrace.
@@ -137,6 +137,21 @@ final class Native {
      */
     static native long moduleSnapshot(long module);
 
+    /**
+     * The named parameters' and buffers' tensors themselves, not copies (an exported training module's {@code
+     * params} and {@code buffer_list}): handles the caller owns and frees.
+     */
+    static native long[] moduleTensors(long module, String[] names);
+
+    /**
+     * Every reference in the module to its named tensors refers to the given tensor itself instead, no copy
+     * ({@code 0}: a zero-element placeholder of the tensor's dtype); the same dtype, device and shape, checked
+     * whole before anything changes.
+     *
+     * @return the references changed (0: the module held those tensors already)
+     */
+    static native int moduleShare(long module, String[] names, long[] tensors);
+
     /** @return the module's method names */
     static native String[] moduleMethods(long module);
 
@@ -211,14 +226,16 @@ final class Native {
     static native int plansStepWhileFinite(long[] plans, long[] xs, long[] ys, double[] losses, int[] failed,
             String[] error);
 
-    // ---- protocol 3: op lists run over libtorch's dispatcher (native/gradbridge_exported.cpp) ----
+    // ---- protocol 3: op lists run over libtorch's dispatcher (native/oplist_jni.cpp) ----
 
     /**
-     * A protocol-3 module from its program (JSON: parameters, inputs, graphs, training, counters) and its
-     * state tensors by binding name (copied onto {@code device}: the caller keeps and frees its own). Its calls
-     * copy inputs to the device and results back to the CPU.
+     * A protocol-3 module from its checked program as {@link ProgramArrays} writes it (parameters, inputs, limits,
+     * graphs, training, counters: three arrays, no text) and its state tensors by binding name (copied onto
+     * {@code device}: the caller keeps and frees its own). Its calls copy inputs to the device and results back to
+     * the CPU.
      */
-    static native long exportedLoad(String program, String[] stateNames, long[] stateTensors, String device);
+    static native long exportedLoad(long[] integers, double[] doubles, String[] strings, String[] stateNames,
+            long[] stateTensors, String device);
 
     /** Moves every state tensor to {@code device}, where the module runs from now on. */
     static native void exportedTo(long module, String device);
@@ -248,6 +265,17 @@ final class Native {
 
     /** Replaces state tensors by binding name with copies of the given ones. */
     static native void exportedSet(long module, String[] names, long[] tensors);
+
+    /** The state tensors bound to the names themselves, not copies: handles the caller owns and frees. */
+    static native long[] exportedTensors(long module, String[] names);
+
+    /**
+     * Binds state names to the given tensors themselves, no copy ({@code 0}: a zero-element placeholder of the
+     * bound tensor's dtype); the same dtype, device and shape, checked whole before anything changes.
+     *
+     * @return the bindings changed (0: the module held those tensors already)
+     */
+    static native int exportedShare(long module, String[] names, long[] tensors);
 
     /** A copy of the module: its own state tensors (cloned) and counters. */
     static native long exportedSnapshot(long module);

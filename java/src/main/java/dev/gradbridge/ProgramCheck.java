@@ -32,7 +32,8 @@ final class ProgramCheck {
     private static final double INF = Double.POSITIVE_INFINITY;
     private static final List<String> GRAPH_KEYS = Arrays.asList("oplist_version", "inputs", "nodes", "outputs");
     private static final List<String> NODE_KEYS = Arrays.asList("op", "overload", "args", "outputs");
-    private static final List<String> KINDS = Arrays.asList("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl",
+    /** The argument kinds, in the order {@link ProgramArrays} numbers them (from 1; 0 is null). */
+    static final List<String> KINDS = Arrays.asList("t", "tl", "otl", "i", "f", "b", "il", "sl", "bx", "fl",
             "bl", "s", "dtype", "layout", "device", "mf");
     private static final List<String> PREFIXES = Arrays.asList("param:", "buffer:", "grad:", "const:", "state:",
             "input:", "scalar:");
@@ -60,6 +61,16 @@ final class ProgramCheck {
     }
 
     private ProgramCheck() {
+    }
+
+    /** Whether {@code optimizer}'s groups take {@code field} (a field of its list above). */
+    static boolean takes(String optimizer, String field) {
+        for (String declared : OPTIMIZERS.get(optimizer)) {
+            if (declared.startsWith(field + ":")) {
+                return true;
+            }
+        }
+        return false;
     }
 
     // ---- op lists (python: oplist_check.check_graph) ----

@@ -21,7 +21,7 @@ public final class Protocol {
             Collections.unmodifiableList(Arrays.asList(1, 2, 3));
     /**
      * Protocol 3: a training step captured with torch.export as gradbridge's op lists, run op by op by
-     * the native layer ({@link ExportedModule}); the file is a zip of {@link #METADATA_FILE} (with
+     * the native layer ({@link OpListEngine}); the file is a zip of {@link #METADATA_FILE} (with
      * {@link #PROGRAM_KEY}), the op lists and the state tensors.
      */
     public static final int EXPORT_VERSION = 3;
@@ -47,6 +47,14 @@ public final class Protocol {
     public static final long DEFAULT_SEED = 0;
     /** A {@link Trainer}'s mode when not set, as {@link Trainer.Mode#parse} reads it. */
     public static final String DEFAULT_MODE = "step";
+
+    /**
+     * How a data-parallel step combines its partitions, as a run's history records it ({@link ShardedRun#getRule}):
+     * the sample-weighted sum of the partitions' gradients in partition order, the buffers of the step's first
+     * partition with rows, partition k's draws of step s seeded with {@code step_seed(seed, s, k)}; the replay
+     * ({@code reference.train_sharded}) does the same and refuses a history of another rule.
+     */
+    public static final String SHARDED_RULE = "partition-order";
 
     /** {@code forward(x) -> predictions}. */
     public static final String FORWARD = "forward";

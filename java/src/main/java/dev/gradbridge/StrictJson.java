@@ -17,9 +17,11 @@ import java.nio.ByteBuffer;
 import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Collections;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.regex.Pattern;
@@ -53,6 +55,8 @@ final class StrictJson {
     static final long ELEMENTS = limit("elements");
     static final long COUNT = limit("count");
     static final long ACCUMULATE = limit("accumulate");
+    /** The arguments the native layer checks as the op lists run (at most ELEMENTS elements each), by name. */
+    static final List<String> SIZED_ARGUMENTS;
     private static final Pattern INTEGER = Pattern.compile("-?(0|[1-9][0-9]*)");
     private static final Pattern HEX = Pattern.compile("-?(0x[0-9a-f]+(\\.[0-9a-f]*)?p[+-]?[0-9]{1,6}|inf|nan)");
 
@@ -62,17 +66,14 @@ final class StrictJson {
             operators.add(op.getAsString());
         }
         OPERATORS = Collections.unmodifiableSet(operators);
+        List<String> sized = new ArrayList<>();
+        for (JsonElement name : RULES.getAsJsonArray("sized_arguments")) {
+            sized.add(name.getAsString());
+        }
+        SIZED_ARGUMENTS = Collections.unmodifiableList(sized);
     }
 
     private StrictJson() {
-    }
-
-    /** What the native layer checks as the op lists run: {"elements": N, "sized": [argument names]}. */
-    static String nativeLimits() {
-        JsonObject limits = new JsonObject();
-        limits.addProperty("elements", ELEMENTS);
-        limits.add("sized", RULES.getAsJsonArray("sized_arguments"));
-        return limits.toString();
     }
 
     private static JsonObject rules() {
@@ -268,7 +269,7 @@ final class StrictJson {
         boolean negative = text.startsWith("-");
         String magnitude = negative ? text.substring(1) : text;
         if (magnitude.equals("nan")) {
-            return Double.NaN;
+            return negative ? Math.copySign(Double.NaN, -1.0) : Double.NaN; // -nan keeps its sign, as strtod's
         }
         if (magnitude.equals("inf")) {
             return negative ? Double.NEGATIVE_INFINITY : Double.POSITIVE_INFINITY;

@@ -253,7 +253,7 @@ public final class Trainer {
                 y = pinned.add(y.pinned());
             }
             for (int epoch = first; epoch < first + epochs; epoch++) {
-                ScriptedModule.seed(Shuffle.torchSeed(runSeed, epoch));
+                ModuleEngine.seed(Shuffle.torchSeed(runSeed, epoch));
                 double[] losses;
                 try {
                     losses = runEpoch(module, x, y, n, cuda, runMode, runSeed, epoch, batch, history);

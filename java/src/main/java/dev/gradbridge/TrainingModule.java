@@ -46,12 +46,12 @@ public final class TrainingModule implements AutoCloseable {
     private static final Logger logger = LoggerFactory.getLogger(TrainingModule.class);
 
     static {
-        ModuleAccess.register(new LibraryCalls());
+        ModuleAccess.register(new ModuleAccessCalls());
     }
 
     final Path path;
     final Metadata metadata;
-    final ScriptedModule scripted;
+    final ModuleEngine scripted;
     private final Set<String> methodNames;
     private boolean evalOnly; // a predictor: eval mode for good (keepEvalMode); read under the thread guard
     private final List<String> parameterNames;
@@ -61,7 +61,7 @@ public final class TrainingModule implements AutoCloseable {
     private final Tensors.SpecCheck yCheck;
     private final List<String> inputNames;
 
-    TrainingModule(Path path, Metadata metadata, ScriptedModule scripted) {
+    TrainingModule(Path path, Metadata metadata, ModuleEngine scripted) {
         this.path = path;
         this.metadata = metadata;
         this.scripted = scripted;
@@ -116,7 +116,7 @@ public final class TrainingModule implements AutoCloseable {
                 Tensor value = (Tensor) values.get(i);
                 String dtype = value.dtype().torchName();
                 long[] shape = value.shape();
-                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape)) {
+                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape) && !FrozenSharing.leftOut(spec, shape)) {
                     throw new ProtocolException(
                             Messages.parameterMismatch(
                                     path.toString(), spec.getName(),
@@ -190,7 +190,7 @@ public final class TrainingModule implements AutoCloseable {
         }
         Metadata metadata = Metadata.read(file);
         NativeLibrary.requireDevice(on); // before libtorch's first use: a CUDA device loads its CUDA libraries
-        String engineVersion = ScriptedModule.engineVersion();
+        String engineVersion = ModuleEngine.engineVersion();
         if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION
                 && !minorRelease(engineVersion).equals(minorRelease(metadata.getTorchVersion()))) {
             // op lists hold the ops one torch release's autograd and export chose: another release's kernels
@@ -204,16 +204,16 @@ public final class TrainingModule implements AutoCloseable {
                     file, metadata.getTorchVersion(), engineVersion);
         }
         OperatorLibraries.load(opLibraries);
-        ScriptedModule scripted;
+        ModuleEngine scripted;
         try {
-            scripted = ScriptedModule.load(file, metadata, on);
+            scripted = ModuleEngine.load(file, metadata, on);
         } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
                 throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
             }
             throw new ModuleLoadException(
-                    "libtorch cannot load " + file + ": " + ScriptedModule.libtorchSummary(e), e);
+                    "libtorch cannot load " + file + ": " + ModuleEngine.libtorchSummary(e), e);
         }
         try {
             return new TrainingModule(file, metadata, scripted);
@@ -490,7 +490,7 @@ public final class TrainingModule implements AutoCloseable {
     private double scalarLoss(String method, Map<String, Tensor> x, Tensor y) {
         Object argument = argument(method, x, y, true);
         if (argument instanceof Tensor) {
-            return scripted.invokeToDouble(method, (Tensor) argument, y); // the hot path: see ScriptedModule
+            return scripted.invokeToDouble(method, (Tensor) argument, y); // the hot path: see ModuleEngine
         }
         try (Tensor loss = (Tensor) invoke(method, argument, y)) {
             return loss.toExactDoubles()[0];
@@ -871,7 +871,7 @@ public final class TrainingModule implements AutoCloseable {
      * @throws IOException when the folder cannot be written
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
-        AtomicFiles.write(target, tmp -> LibraryCalls.archive(this, checkpoint, tmp)); // tensor by tensor
+        AtomicFiles.write(target, tmp -> ModuleAccessCalls.archive(this, checkpoint, tmp)); // tensor by tensor
     }
 
     /**

@@ -2,6 +2,7 @@ package dev.gradbridge.data;
 
 import dev.gradbridge.DType;
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.LowPrecision;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
@@ -37,8 +38,10 @@ public final class Dataset implements AutoCloseable {
     private final String source;
     /** The inputs by name; {@link #check} puts them in the module's order and drops the others. */
     private Map<String, Tensor> inputs;
-    private final Tensor y;
+    private Tensor y;
     private final boolean owned;
+    /** Tensors the dataset made from the caller's (a 16-bit input cast from its carrier): freed on close. */
+    private final List<Tensor> made = new ArrayList<>();
     /** The arrays' names as the source holds them (a file's order), for messages. */
     private final List<String> held;
     /** An .npz: {@link #check} refuses an array the module does not take. */
@@ -340,9 +343,9 @@ public final class Dataset implements AutoCloseable {
             }
         }
         for (String name : names) {
-            checkArray(name, ordered.get(name), metadata.getInput(name));
+            ordered.put(name, checkArray(name, ordered.get(name), metadata.getInput(name)));
         }
-        checkArray("y", y, metadata.getInput("y"));
+        y = checkArray("y", y, metadata.getInput("y"));
         String first = names.get(0);
         long n = ordered.get(first).size(0);
         if (n == 0) {
@@ -365,16 +368,29 @@ public final class Dataset implements AutoCloseable {
         inputs = ordered;
     }
 
-    private void checkArray(String name, Tensor array, Metadata.TensorSpec spec) {
+    /** The array checked against its spec; a 16-bit input's carrier ({@link DType#carrier}) cast to its dtype. */
+    private Tensor checkArray(String name, Tensor array, Metadata.TensorSpec spec) {
         String dtype = array.dtype().torchName();
         long[] shape = array.shape();
-        if (!spec.accepts(dtype, shape)) {
+        DType wanted = DType.of(spec.getDtype());
+        boolean carried = wanted.carrier() != wanted && array.dtype() == wanted.carrier();
+        if (!spec.accepts(carried ? spec.getDtype() : dtype, shape)) {
             throw new InvalidInputException(
                     Messages.tensorSpec(source, name, spec.getDtype(), spec.getShape(), dtype, shape));
         }
         if (!array.allFinite()) {
             throw new InvalidInputException(source + ": " + name + " holds NaN or infinite values; clean the data first");
         }
+        if (!carried) {
+            return array;
+        }
+        LowPrecision.checkExact(source, name, array.buffer().asFloatBuffer(), shape, wanted);
+        Tensor cast = array.to(wanted);
+        made.add(cast); // the dataset's; a caller's tensor stays theirs, one it read goes now
+        if (owned) {
+            array.close();
+        }
+        return cast;
     }
 
     /**
@@ -395,6 +411,9 @@ public final class Dataset implements AutoCloseable {
     /** Frees tensors this dataset read or wrapped itself; the caller's tensors stay. */
     @Override
     public void close() {
+        for (Tensor tensor : made) {
+            tensor.close();
+        }
         if (owned) {
             for (Tensor input : inputs.values()) {
                 input.close();

@@ -1,5 +1,6 @@
 package dev.gradbridge.internal;
 
+import dev.gradbridge.DType;
 import dev.gradbridge.Protocol;
 import java.util.Arrays;
 
@@ -173,9 +174,38 @@ public final class Messages {
      */
     public static String tensorSpec(
             String source, String name, String dtype, long[] shape, String actualDtype, long[] actualShape) {
-        return (source.isEmpty() ? "" : source + ": ") + name + " must be " + dtype + " of shape "
+        DType type = DType.of(dtype);
+        String carried = type.carrier() != type ? " (as " + type.carrier().torchName() + ")" : "";
+        return (source.isEmpty() ? "" : source + ": ") + name + " must be " + dtype + carried + " of shape "
                 + Arrays.toString(shape) + " (-1: any number of samples), got " + actualDtype + " of shape "
                 + Arrays.toString(actualShape);
+    }
+
+    /**
+     * @param source the Parquet data
+     * @param column the column of a 16-bit input
+     * @param rows how many rows hold a value that {@code dtype} does not
+     * @param dtype the input's 16-bit dtype
+     * @return the line for a carrier column whose values the input's dtype does not hold ({@link DType#carrier})
+     */
+    public static String notExactRows(String source, String column, long rows, String dtype) {
+        return source + ": column " + column + " holds values that are not " + dtype + " in " + rows
+                + " rows; gradbridge casts float32 data to the model's " + dtype + " without rounding: round it first"
+                + " (torch.from_numpy(a).to(torch." + dtype + ").float())";
+    }
+
+    /**
+     * @param source the data (a file; empty for a request)
+     * @param name the input
+     * @param index the element's index
+     * @param value its float32 value
+     * @param dtype the input's 16-bit dtype
+     * @return the line for a carried value that the input's dtype does not hold ({@link DType#carrier})
+     */
+    public static String notExact(String source, String name, long[] index, float value, String dtype) {
+        return (source.isEmpty() ? "" : source + ": ") + name + Arrays.toString(index) + " = " + (double) value
+                + " is not a " + dtype + " value; gradbridge casts float32 data to the model's " + dtype
+                + " without rounding: round it first (torch.from_numpy(a).to(torch." + dtype + ").float())";
     }
 
     /**

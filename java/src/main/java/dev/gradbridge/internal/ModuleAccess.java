@@ -36,6 +36,15 @@ public final class ModuleAccess {
         /** @see ModuleAccess#keepEvalMode */
         void keepEvalMode(TrainingModule module);
 
+        /** @see ModuleAccess#frozen */
+        FrozenTensors frozen(TrainingModule module);
+
+        /** @see ModuleAccess#share */
+        int share(TrainingModule module, FrozenTensors frozen);
+
+        /** @see ModuleAccess#leaveOut */
+        int leaveOut(TrainingModule module);
+
         /** @see ModuleAccess#intraOpThreads */
         int intraOpThreads();
 
@@ -151,6 +160,45 @@ public final class ModuleAccess {
      */
     public static void keepEvalMode(TrainingModule module) {
         calls().keepEvalMode(module);
+    }
+
+    /**
+     * What training never changes in {@code module} (its frozen parameters, then its constant buffers), the
+     * tensors themselves, not copies: for other modules of the same file to {@link #share}. None for a module
+     * exported before {@code set_state}, whose versions set every parameter.
+     *
+     * @param module a module this caller owns
+     * @return the tensors; the caller closes the holder (the module keeps its own references)
+     */
+    public static FrozenTensors frozen(TrainingModule module) {
+        return calls().frozen(module);
+    }
+
+    /**
+     * Makes {@code module} hold {@code frozen} in place of its own frozen parameters and constant buffers
+     * (every reference to them: attributes, lists, a traced eval model's), no copy: its own are freed
+     * unless something else holds them. Training never writes them (no gradient, no optimizer state,
+     * never in a version), and predictions only read them, so modules on several threads share them.
+     *
+     * @param module a module of the same file (or a checkpoint of it) this caller owns
+     * @param frozen {@link #frozen} of a module of that file
+     * @return the references changed (0: it held these tensors already)
+     * @throws IllegalArgumentException when the names, dtypes or shapes are not the module's
+     */
+    public static int share(TrainingModule module, FrozenTensors frozen) {
+        return calls().share(module, frozen);
+    }
+
+    /**
+     * Replaces {@code module}'s frozen parameters and constant buffers with zero-element placeholders, until
+     * {@link #share} gives them back: what a copy or a checkpoint taken meanwhile holds of them costs nothing
+     * (the online learner's backups and checkpoints). The module cannot run in between.
+     *
+     * @param module a module this caller owns
+     * @return the references changed
+     */
+    public static int leaveOut(TrainingModule module) {
+        return calls().leaveOut(module);
     }
 
     /** @return libtorch's intra-op thread count */

@@ -337,10 +337,8 @@ public final class ValueRanges {
                     }
                     return Tensor.of(values, shape);
                 }
-                case FLOAT64:
-                    return Tensor.of(new double[ROWS * per], shape);
-                default:
-                    return Tensor.of(new float[ROWS * per], shape);
+                default: // zeros of the column's floating dtype (a 16-bit input's too)
+                    return Tensor.ofDoubles(column.dtype, new double[ROWS * per], shape);
             }
         }
     }

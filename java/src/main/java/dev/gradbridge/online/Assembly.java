@@ -5,6 +5,8 @@ import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.FrozenTensors;
+import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.nio.file.FileSystemException;
@@ -67,15 +69,20 @@ final class Assembly {
             this.log = LogWriter.lock(logDir, options.fsync, !hasLog);
             opened.add(log);
             Recovery recovery = Recovery.read(logDir, log, wanted, modelSha256);
+            // The module file's frozen tensors (a LoRA model's base, constant buffers): every module here holds these.
+            FrozenTensors frozen = ModuleAccess.frozen(original);
+            opened.add(frozen);
             TrainingModule training = original;
             if (recovery.checkpointModule() != null) {
                 training = TrainingModule.load(recovery.checkpointModule(), options.opLibraries);
                 opened.add(training);
+                ModuleAccess.share(training, frozen); // a checkpoint leaves them out (an older one holds a copy: dropped)
                 opened.remove(original);
                 original.close();
             }
-            this.updater = new Updater(training, calls, new UpdateGuard(options.maxGradNorm), phases, recovery.runSeed());
-            this.predictors = new PredictorPool(modelPath, options.predictors);
+            this.updater = new Updater(training, frozen, calls, new UpdateGuard(options.maxGradNorm), phases,
+                    recovery.runSeed());
+            this.predictors = new PredictorPool(modelPath, options.predictors, frozen);
             opened.add(predictors);
             this.queue = new FeedbackQueue(options.queueCapacity, phases);
             this.publisher = new Publisher(logDir, log, queue, updater, modelSha256, options.publishEvery,
@@ -83,7 +90,7 @@ final class Assembly {
             opened.add(publisher::close);
             List<Path> libraries = options.opLibraries;
             recovery.replay(updater, options.publishEvery, queue, publisher, quarantined,
-                    file -> TrainingModule.load(file, libraries));
+                    file -> updater.shared(TrainingModule.load(file, libraries)));
             log.startGroupCommit(options.groupCommitMillis, queue::fail);
             this.ingest = new Ingest(features, ySpec, options.queueCapacity, options.validateTargets ? predictors : null,
                     queue, log, queue::fail, phases, options.maxInputAbs);

@@ -1,6 +1,5 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.internal.ModuleAccess;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonObject;
@@ -8,8 +7,6 @@ import com.google.gson.JsonParseException;
 import com.google.gson.reflect.TypeToken;
 import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.internal.Digests;
-import dev.gradbridge.Metadata;
-import dev.gradbridge.TrainingModule;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
@@ -23,6 +20,12 @@ import java.util.Map;
  * its optimizer state) and {@value #FILE} naming it, with the log position to resume from. Both
  * are written atomically, the descriptor last, so a crash in between leaves the previous
  * checkpoint in force.
+ *
+ * <p>A module with frozen parameters or constant buffers checkpoints what training changes only:
+ * {@code checkpoint-vNNNNNNNN.trained.pt} is the module with those left out (zero-element
+ * placeholders in their place), which a restart takes from the module file, the one the descriptor's
+ * {@code model_sha256} names (so is a gated checkpoint's {@code serving-vNNNNNNNN.trained.pt}). A
+ * gradbridge before it refuses that name in one line; one after it reads a whole {@code .pt} too.
  */
 final class Checkpoints {
 
@@ -30,6 +33,8 @@ final class Checkpoints {
     static final String FILE = "checkpoint.json";
 
     private static final Gson GSON = new GsonBuilder().serializeSpecialFloatingPointValues().create();
+    /** What a checkpoint module's name ends with when it leaves the frozen tensors out. */
+    static final String TRAINED_SUFFIX = ".trained.pt";
 
     /** A checkpoint descriptor. */
     static final class Descriptor {
@@ -90,7 +95,7 @@ final class Checkpoints {
             if (json.has("file_sha256")) {
                 descriptor.fileSha256 = json.get("file_sha256").getAsString();
             }
-            if (!descriptor.file.matches("checkpoint-v[0-9]+\\.pt")) {
+            if (!descriptor.file.matches("checkpoint-v[0-9]+(\\.trained)?\\.pt")) {
                 throw new LogCorruptException(file + " names '" + descriptor.file + "', not a checkpoint-vNNNNNNNN.pt of its folder");
             }
             if (json.has("serving")) {
@@ -100,7 +105,7 @@ final class Checkpoints {
                 if (serving.has("file") && !serving.get("file").isJsonNull()) {
                     descriptor.servingFile = serving.get("file").getAsString();
                     descriptor.servingSha256 = serving.get("file_sha256").getAsString();
-                    if (!descriptor.servingFile.matches("serving-v[0-9]+\\.pt")) {
+                    if (!descriptor.servingFile.matches("serving-v[0-9]+(\\.trained)?\\.pt")) {
                         throw new LogCorruptException(file + " names '" + descriptor.servingFile
                                 + "', not a serving-vNNNNNNNN.pt of its folder");
                     }
@@ -180,15 +185,13 @@ final class Checkpoints {
     }
 
     /**
-     * Writes the serving version's file (when given), the module, then the descriptor; removes
-     * older checkpoint and serving modules.
+     * Writes the serving version's file (when given), the module's archive, then the descriptor;
+     * removes older checkpoint and serving modules.
      */
-    static void write(Path dir, TrainingModule training, Descriptor checkpoint, byte[] servingArchive) throws IOException {
+    static void write(Path dir, byte[] archive, Descriptor checkpoint, byte[] servingArchive) throws IOException {
         if (servingArchive != null) {
             AtomicFiles.write(dir.resolve(checkpoint.servingFile), servingArchive);
         }
-        byte[] archive = ModuleAccess.checkpointArchive(training,
-                Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, checkpoint.version), 0L));
         AtomicFiles.write(dir.resolve(checkpoint.file), archive);
         JsonObject json = new JsonObject();
         json.addProperty("file", checkpoint.file);
@@ -220,11 +223,13 @@ final class Checkpoints {
         }
     }
 
-    static String fileName(long version) {
-        return String.format(Locale.ROOT, "checkpoint-v%08d.pt", version);
+    /** @param leavesOut whether the module leaves its frozen tensors out */
+    static String fileName(long version, boolean leavesOut) {
+        return String.format(Locale.ROOT, "checkpoint-v%08d", version) + (leavesOut ? TRAINED_SUFFIX : ".pt");
     }
 
-    static String servingFileName(long version) {
-        return String.format(Locale.ROOT, "serving-v%08d.pt", version);
+    /** @param leavesOut whether the module leaves its frozen tensors out */
+    static String servingFileName(long version, boolean leavesOut) {
+        return String.format(Locale.ROOT, "serving-v%08d", version) + (leavesOut ? TRAINED_SUFFIX : ".pt");
     }
 }

@@ -83,6 +83,23 @@ final class Features {
     }
 
     /**
+     * The inputs in their metadata dtypes: a 16-bit input given as float32 values that are exactly its
+     * own cast to it ({@link HostTensor#carriedAs}); the rest as given (checked by {@link #rows}).
+     *
+     * @throws InvalidInputException naming the first value a 16-bit input does not hold
+     */
+    Map<String, HostTensor> carried(Map<String, HostTensor> x) {
+        Map<String, HostTensor> out = new java.util.LinkedHashMap<>(x);
+        for (int i = 0; i < names.size(); i++) {
+            HostTensor tensor = x.get(names.get(i));
+            if (tensor != null) {
+                out.put(names.get(i), tensor.carriedAs(specs.get(i).getDtype(), field(names.get(i))));
+            }
+        }
+        return out;
+    }
+
+    /**
      * Checks every input against its spec, no unknown one, and the same number of rows each.
      *
      * @return the rows (samples)

@@ -2,6 +2,7 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.DType;
 import dev.gradbridge.InvalidInputException;
+import dev.gradbridge.internal.LowPrecision;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
 import java.util.EnumSet;
@@ -11,12 +12,15 @@ import java.util.Set;
 /**
  * An immutable tensor in Java memory: dtype, shape and little-endian bytes (the write-ahead
  * log's byte order). The first dimension is the batch: {@link OnlineLearner#learn} takes one
- * event per row. Supported dtypes: {@code float32}, {@code float64}, {@code int64}.
+ * event per row. Supported dtypes: {@code float32}, {@code float64}, {@code int64}, and the
+ * 16-bit floats {@code bfloat16} and {@code float16} (their 2-byte words), which the learner
+ * also takes as float32 values that are exactly theirs ({@link DType#carrier}).
  */
 public final class HostTensor {
 
     /** The dtypes a host tensor holds (what the online learner's log and models take). */
-    private static final Set<DType> SUPPORTED = EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64);
+    private static final Set<DType> SUPPORTED =
+            EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.BFLOAT16, DType.FLOAT16);
 
     private final String dtype;
     private final long[] shape;
@@ -43,7 +47,7 @@ public final class HostTensor {
     /**
      * Wraps little-endian bytes (copied).
      *
-     * @param dtype {@code float32}, {@code float64} or {@code int64}
+     * @param dtype {@code float32}, {@code float64}, {@code int64}, {@code bfloat16} or {@code float16}
      * @param shape the shape, batch dimension first
      * @param littleEndian the values, row-major
      * @return the tensor
@@ -100,8 +104,8 @@ public final class HostTensor {
     /**
      * Bytes per element of a dtype.
      *
-     * @param dtype {@code float32}, {@code float64} or {@code int64}
-     * @return 4 or 8
+     * @param dtype {@code float32}, {@code float64}, {@code int64}, {@code bfloat16} or {@code float16}
+     * @return 4, 8 or 2
      * @throws InvalidInputException for any other dtype
      */
     public static int elementSize(String dtype) {
@@ -114,7 +118,8 @@ public final class HostTensor {
                 return type;
             }
         }
-        throw new InvalidInputException("dtype " + dtype + " is not supported; expected float32, float64 or int64");
+        throw new InvalidInputException(
+                "dtype " + dtype + " is not supported; expected float32, float64, int64, bfloat16 or float16");
     }
 
     /** @return the dtype name (torch's spelling) */
@@ -142,12 +147,44 @@ public final class HostTensor {
         return data;
     }
 
-    /** @return the values as floats (float32 only) */
+    /** @return the values as floats (float32, or the 16-bit floats widened exactly) */
     public float[] toFloatArray() {
+        DType type = supported(dtype);
+        if (type.carrier() != type) {
+            float[] values = new float[data.length / type.size()];
+            ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
+            for (int i = 0; i < values.length; i++) {
+                values[i] = type.widen(buffer.getShort(i * type.size()));
+            }
+            return values;
+        }
         requireDtype(DType.FLOAT32);
         float[] values = new float[data.length / DType.FLOAT32.size()];
         ByteBuffer.wrap(data).order(DType.FILE_ORDER).asFloatBuffer().get(values);
         return values;
+    }
+
+    /**
+     * A float32 tensor's values as the 16-bit input dtype {@code dtype} that it carries ({@link
+     * DType#carrier}), which must hold each exactly; this tensor for any other pair of dtypes.
+     *
+     * @param dtype the input's dtype in the module's metadata
+     * @param name the input, for the message
+     * @return the tensor of {@code dtype}'s words, or this
+     * @throws InvalidInputException naming the first value {@code dtype} does not hold
+     */
+    public HostTensor carriedAs(String dtype, String name) {
+        DType wanted = supported(dtype);
+        if (wanted.carrier() == wanted || !this.dtype.equals(wanted.carrier().torchName())) {
+            return this;
+        }
+        java.nio.FloatBuffer values = ByteBuffer.wrap(data).order(DType.FILE_ORDER).asFloatBuffer();
+        LowPrecision.checkExact("", name, values, shape, wanted);
+        ByteBuffer words = ByteBuffer.allocate(values.limit() * wanted.size()).order(DType.FILE_ORDER);
+        for (int i = 0; i < values.limit(); i++) {
+            wanted.put(words, values.get(i));
+        }
+        return new HostTensor(dtype, shape, words.array());
     }
 
     /** @return the values as doubles (float64 only) */
@@ -170,20 +207,24 @@ public final class HostTensor {
     public boolean allFinite() {
         ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
         DType type = supported(dtype);
-        if (type == DType.FLOAT32) {
+        if (type.isFloating()) {
             for (int i = 0; i < data.length; i += type.size()) {
-                if (!Float.isFinite(buffer.getFloat(i))) {
-                    return false;
-                }
-            }
-        } else if (type == DType.FLOAT64) {
-            for (int i = 0; i < data.length; i += type.size()) {
-                if (!Double.isFinite(buffer.getDouble(i))) {
+                if (!Double.isFinite(value(buffer, type, i))) {
                     return false;
                 }
             }
         }
         return true;
+    }
+
+    /** The value at byte {@code at}, widened exactly (int64 up to 2^53). */
+    private static double value(ByteBuffer buffer, DType type, int at) {
+        switch (type) {
+            case FLOAT32: return buffer.getFloat(at);
+            case FLOAT64: return buffer.getDouble(at);
+            case BFLOAT16: case FLOAT16: return type.widen(buffer.getShort(at));
+            default: return buffer.getLong(at);
+        }
     }
 
     /**
@@ -194,9 +235,9 @@ public final class HostTensor {
     public long firstAbove(double limit) {
         ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
         DType type = supported(dtype);
-        if (type == DType.FLOAT32 || type == DType.FLOAT64) {
+        if (type.isFloating()) {
             for (int i = 0; i < data.length; i += type.size()) {
-                double value = type == DType.FLOAT32 ? buffer.getFloat(i) : buffer.getDouble(i);
+                double value = value(buffer, type, i);
                 if (!(Math.abs(value) <= limit)) {
                     return i / type.size();
                 }
@@ -205,12 +246,10 @@ public final class HostTensor {
         return -1;
     }
 
-    /** @return the value at flat index {@code index} as a double (float32, float64; int64 exactly up to 2^53) */
+    /** @return the value at flat index {@code index} as a double (floats exactly; int64 exactly up to 2^53) */
     public double valueAt(long index) {
-        ByteBuffer buffer = ByteBuffer.wrap(data).order(DType.FILE_ORDER);
         DType type = supported(dtype);
-        int at = Math.toIntExact(index * type.size());
-        return type == DType.FLOAT32 ? buffer.getFloat(at) : type == DType.FLOAT64 ? buffer.getDouble(at) : buffer.getLong(at);
+        return value(ByteBuffer.wrap(data).order(DType.FILE_ORDER), type, Math.toIntExact(index * type.size()));
     }
 
     /** @return the index of flat element {@code index} in this shape, e.g. {@code [2, 1]} */

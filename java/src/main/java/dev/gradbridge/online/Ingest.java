@@ -73,18 +73,27 @@ final class Ingest {
         }
     }
 
-    /** Checks a prediction's inputs (fit, finite, within the magnitude limit). */
-    void checkPrediction(Map<String, HostTensor> x) {
+    /**
+     * Checks a prediction's inputs (fit, finite, within the magnitude limit).
+     *
+     * @return the inputs in the module's dtypes ({@link Features#carried})
+     */
+    Map<String, HostTensor> checkPrediction(Map<String, HostTensor> given) {
+        Map<String, HostTensor> x = features.carried(given);
         features.rows("predict", x);
         if (!features.allFinite(x)) {
             throw new InvalidInputException("x holds NaN or infinite values");
         }
         checkMagnitude(x);
+        return x;
     }
 
     /** See {@link OnlineLearner#offer(Map, HostTensor, String, long, TimeUnit)}. */
-    OnlineLearner.Receipt learn(Map<String, HostTensor> x, HostTensor y, String key, long timeout, TimeUnit unit) {
+    OnlineLearner.Receipt learn(Map<String, HostTensor> given, HostTensor target, String key, long timeout,
+            TimeUnit unit) {
         phases.start();
+        Map<String, HostTensor> x = features.carried(given);
+        HostTensor y = target.carriedAs(ySpec.getDtype(), "y");
         long rows = checkFeedback(x, y, queueCapacity, "call");
         byte[] sha = null;
         if (key != null) {
@@ -151,17 +160,19 @@ final class Ingest {
             return new SourcedRead.Item(record.partition, record.offset, null, null, null, null, record.refusal);
         }
         try {
-            long rows = checkFeedback(record.x, record.y, queueCapacity / 2, "record");
+            Map<String, HostTensor> x = features.carried(record.x);
+            HostTensor y = record.y.carriedAs(ySpec.getDtype(), "y");
+            long rows = checkFeedback(x, y, queueCapacity / 2, "record");
             byte[] sha = null;
             if (record.key != null) {
                 checkKey(record.key);
-                sha = features.sha256(record.x, record.y);
+                sha = features.sha256(x, y);
             }
             if (lossCheck != null) {
-                lossCheck.checkLoss(record.x, record.y);
+                lossCheck.checkLoss(x, y);
             }
             return new SourcedRead.Item(record.partition, record.offset, record.key, sha,
-                    features.split(record.x, rows), split(record.y.bytes(), yRowBytes), null);
+                    features.split(x, rows), split(y.bytes(), yRowBytes), null);
         } catch (InvalidInputException e) {
             return new SourcedRead.Item(record.partition, record.offset, null, null, null, null, e.getMessage());
         }

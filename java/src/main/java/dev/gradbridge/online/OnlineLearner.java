@@ -258,8 +258,7 @@ public final class OnlineLearner implements AutoCloseable {
      * @throws InvalidInputException when an input is missing, unknown or does not fit the module
      */
     public Prediction predict(Map<String, HostTensor> x) {
-        parts.ingest.checkPrediction(x);
-        Prediction prediction = parts.predictors.forward(parts.publisher::current, x);
+        Prediction prediction = parts.predictors.forward(parts.publisher::current, parts.ingest.checkPrediction(x));
         predictions.incrementAndGet();
         return prediction;
     }

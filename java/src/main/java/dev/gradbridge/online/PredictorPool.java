@@ -3,6 +3,7 @@ package dev.gradbridge.online;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.TrainingModule;
+import dev.gradbridge.internal.FrozenTensors;
 import dev.gradbridge.internal.ModuleAccess;
 import java.nio.ByteBuffer;
 import java.nio.file.Path;
@@ -20,6 +21,11 @@ import java.util.regex.Pattern;
  * module: a prediction takes a free copy, sets the whole snapshot of the current version on it
  * when that copy holds an older one, and runs {@code forward}. So a prediction never sees a
  * half-applied step, and as many run at once as there are copies.
+ *
+ * <p>The copies hold the training module's frozen tensors (frozen parameters, constant buffers) in place
+ * of their own: N predictors of a LoRA model hold one copy of its base, the learner's. Nothing writes
+ * them: training gives them no gradient, no optimizer state and no version, a version sets what training
+ * changed, and a predictor runs in eval mode (no statistics updated).
  */
 final class PredictorPool implements AutoCloseable {
 
@@ -37,13 +43,17 @@ final class PredictorPool implements AutoCloseable {
     private final BlockingQueue<Predictor> free;
     private final List<Predictor> all = new ArrayList<>();
 
-    /** Loads {@code count} copies of the module; on failure closes those already loaded. */
-    PredictorPool(Path modelPath, int count) {
+    /**
+     * Loads {@code count} copies of the module, each holding {@code frozen} in place of its own (freed as
+     * soon as it is loaded); on failure closes those already loaded.
+     */
+    PredictorPool(Path modelPath, int count, FrozenTensors frozen) {
         free = new ArrayBlockingQueue<>(count);
         try {
             for (int i = 0; i < count; i++) {
                 Predictor predictor = new Predictor(TrainingModule.load(modelPath));
                 all.add(predictor);
+                ModuleAccess.share(predictor.module, frozen);
                 ModuleAccess.keepEvalMode(predictor.module); // predictors never train: no mode switch per call
                 free.add(predictor);
             }
@@ -83,6 +93,15 @@ final class PredictorPool implements AutoCloseable {
         } finally {
             free.add(predictor);
         }
+    }
+
+    /** @return the predictors' modules (tests: whether they share the frozen tensors) */
+    List<TrainingModule> modules() {
+        List<TrainingModule> modules = new ArrayList<>();
+        for (Predictor predictor : all) {
+            modules.add(predictor.module);
+        }
+        return modules;
     }
 
     private Predictor borrow() {

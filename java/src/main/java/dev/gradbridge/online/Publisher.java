@@ -1,6 +1,5 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.TrainingModule;
@@ -218,7 +217,7 @@ final class Publisher {
     /** The version the log starts serving from (recovery): version 0, or the checkpoint's serving version. */
     void startServing(ModelVersion version, TrainingModule module) {
         double loss = gate.loss(module);
-        kept.addLast(new Kept(version, loss, gate.onHold() == HoldPolicy.ROLLBACK ? ModuleAccess.snapshot(module).orElseThrow(
+        kept.addLast(new Kept(version, loss, gate.onHold() == HoldPolicy.ROLLBACK ? updater.copyOf(module).orElseThrow(
                 () -> new IllegalStateException("--gate-on-hold rollback cannot copy the learner")) : null));
         servingGateLoss = loss;
     }
@@ -397,7 +396,8 @@ final class Publisher {
     private void checkpoint(ModelVersion version, long versionEnd) throws IOException {
         // Events still queued and micro-batches after this version both lie after the scan offset.
         long[] resume = queue.resumePoint(versionEnd);
-        Checkpoints.Descriptor descriptor = new Checkpoints.Descriptor(Checkpoints.fileName(version.getId()),
+        boolean leavesOut = !updater.frozen().isEmpty();
+        Checkpoints.Descriptor descriptor = new Checkpoints.Descriptor(Checkpoints.fileName(version.getId(), leavesOut),
                 modelSha256, version.getId(), version.getUpdates(), version.getLoss(), resume[0], resume[1],
                 version.getDigests());
         byte[] servingArchive = null;
@@ -407,7 +407,7 @@ final class Publisher {
             descriptor.servingVersion = id;
             descriptor.stateOffset = log.end(); // decisions and rollbacks from here on come after this checkpoint
             if (id != version.getId()) {
-                descriptor.servingFile = Checkpoints.servingFileName(id);
+                descriptor.servingFile = Checkpoints.servingFileName(id, leavesOut);
                 if (writtenServing != id) {
                     servingArchive = servingArchive(serving);
                     writtenServingSha256 = Digests.sha256Hex(servingArchive);
@@ -416,20 +416,25 @@ final class Publisher {
                 descriptor.servingSha256 = writtenServingSha256;
             }
         }
-        Checkpoints.write(logDir, updater.module(), descriptor, servingArchive);
+        byte[] archive = updater.archive(updater.module(),
+                Metadata.Checkpoint.progress((int) Math.min(Integer.MAX_VALUE, version.getId()), 0L));
+        Checkpoints.write(logDir, archive, descriptor, servingArchive);
         lastCheckpointVersion = version.getId();
     }
 
-    /** The serving version as a module file: its kept learner, or the learner with its parameters and trained buffers. */
+    /**
+     * The serving version as a module file: its kept learner, or the learner with its parameters and trained
+     * buffers; the frozen tensors left out, as in a checkpoint.
+     */
     private byte[] servingArchive(Kept serving) {
         Metadata.Checkpoint progress = Metadata.Checkpoint.progress(
                 (int) Math.min(Integer.MAX_VALUE, serving.version.getId()), 0L);
         if (serving.state != null) {
-            return ModuleAccess.checkpointArchive(serving.state, progress);
+            return updater.archive(serving.state, progress);
         }
         try (TrainingModule copy = updater.copyState()) {
             serving.version.applyTo(copy);
-            return ModuleAccess.checkpointArchive(copy, progress);
+            return updater.archive(copy, progress);
         }
     }
 }

@@ -1,5 +1,6 @@
 package dev.gradbridge.online;
 
+import dev.gradbridge.internal.FrozenTensors;
 import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.internal.SeededDraws;
@@ -10,11 +11,17 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 
 /**
  * The training module and the updates applied to it: one micro-batch's guarded step and the
  * parameter snapshots that become versions. One thread at a time (opening, then the training
  * thread, then closing).
+ *
+ * <p>What training never changes (frozen parameters, constant buffers: {@link FrozenTensors}) exists
+ * once: the module file's tensors, held by the training module, its backups and copies ({@link
+ * #copyOf}), the predictors and the modules read back from the log folder ({@link #shared}); a copy
+ * or a checkpoint ({@link #archive}) is taken with them left out.
  */
 final class Updater implements AutoCloseable {
 
@@ -22,6 +29,7 @@ final class Updater implements AutoCloseable {
     static final int BACKUP_EVERY = 64;
 
     private TrainingModule training; // replaced by the backup when an update is undone
+    private final FrozenTensors frozen; // the module file's frozen tensors, which every module here holds
     private TrainingModule backup; // a copy of the module some updates ago, or null
     private final List<Applied> since = new ArrayList<>(); // micro-batches applied after the backup
     private final Metadata metadata;
@@ -51,8 +59,10 @@ final class Updater implements AutoCloseable {
      *     from libtorch's generator seeded with {@link SeededDraws#seed}(runSeed, its first event's sequence
      *     number), as the replay does; null for a log written before micro-batches were seeded
      */
-    Updater(TrainingModule training, ModuleCalls calls, UpdateGuard guard, PhaseTimes phases, Long runSeed) {
+    Updater(TrainingModule training, FrozenTensors frozen, ModuleCalls calls, UpdateGuard guard, PhaseTimes phases,
+            Long runSeed) {
         this.training = training;
+        this.frozen = frozen;
         this.metadata = training.getMetadata();
         this.calls = calls;
         this.guard = guard;
@@ -124,7 +134,7 @@ final class Updater implements AutoCloseable {
             if (backup != null) {
                 backup.close();
             }
-            backup = ModuleAccess.snapshot(training).orElse(null);
+            backup = copyOf(training).orElse(null);
             since.clear();
         }
     }
@@ -143,7 +153,7 @@ final class Updater implements AutoCloseable {
         }
         training.close();
         training = backup;
-        backup = ModuleAccess.snapshot(training).orElse(null); // still the backup of training + since (null: a new one next time)
+        backup = copyOf(training).orElse(null); // still the backup of training + since (null: a new one next time)
         for (Applied batch : since) {
             lossAndBackward(training, batch.firstSeq, batch.xs, batch.ys);
             training.optimizerStep();
@@ -282,7 +292,7 @@ final class Updater implements AutoCloseable {
      * @throws IllegalStateException when two of the module's tensors share a storage (no copy)
      */
     TrainingModule copyState() {
-        return ModuleAccess.snapshot(training).orElseThrow(() -> new IllegalStateException("--gate-on-hold rollback cannot copy "
+        return copyOf(training).orElseThrow(() -> new IllegalStateException("--gate-on-hold rollback cannot copy "
                 + training.getPath() + ": two of its tensors share a storage"));
     }
 
@@ -292,7 +302,7 @@ final class Updater implements AutoCloseable {
      * the log holds, applied or since rolled back.
      */
     void restore(TrainingModule state) {
-        TrainingModule restored = ModuleAccess.snapshot(state).orElseThrow(IllegalStateException::new); // copyState copied it before
+        TrainingModule restored = copyOf(state).orElseThrow(IllegalStateException::new); // copyState copied it before
         training.close();
         training = restored;
         if (backup != null) {
@@ -332,11 +342,66 @@ final class Updater implements AutoCloseable {
         return training;
     }
 
+    /** @return the module file's frozen tensors, which the predictors share */
+    FrozenTensors frozen() {
+        return frozen;
+    }
+
+    /**
+     * A copy of {@code module} (parameters, optimizer state, learning rate) that shares its frozen
+     * tensors: they are left out while the copy is taken (nothing of them copied), then both hold them.
+     *
+     * @return the copy, or empty when two of the module's tensors share a storage
+     */
+    Optional<TrainingModule> copyOf(TrainingModule module) {
+        if (frozen.isEmpty()) {
+            return ModuleAccess.snapshot(module);
+        }
+        ModuleAccess.leaveOut(module);
+        Optional<TrainingModule> copy;
+        try {
+            copy = ModuleAccess.snapshot(module);
+        } finally {
+            ModuleAccess.share(module, frozen);
+        }
+        copy.ifPresent(this::shared);
+        return copy;
+    }
+
+    /**
+     * {@code module} (this file's, or one read back from the log folder: a checkpoint or a serving version, which
+     * leave the frozen tensors out) holding the frozen tensors; closed when that fails.
+     */
+    TrainingModule shared(TrainingModule module) {
+        try {
+            ModuleAccess.share(module, frozen);
+            return module;
+        } catch (RuntimeException e) {
+            module.close();
+            throw e;
+        }
+    }
+
+    /**
+     * The archive of {@code module} that a checkpoint or a serving version writes: everything but the frozen
+     * tensors (left out while it is written: zero-element placeholders in their place), which a restart takes
+     * from the module file.
+     */
+    byte[] archive(TrainingModule module, Metadata.Checkpoint progress) {
+        ModuleAccess.leaveOut(module);
+        try {
+            return ModuleAccess.checkpointArchive(module, progress);
+        } finally {
+            ModuleAccess.share(module, frozen);
+        }
+    }
+
     @Override
     public void close() {
         if (backup != null) {
             backup.close();
         }
         training.close();
+        frozen.close();
     }
 }

@@ -21,8 +21,13 @@ final class JsonTensors {
 
     private JsonTensors() {}
 
-    /** A rectangular nested array of numbers as a tensor of {@code dtype}. */
-    static HostTensor parse(String field, JsonElement json, String dtype) {
+    /**
+     * A rectangular nested array of numbers as a tensor of {@code dtype}; for a 16-bit float, of its
+     * carrier float32 ({@link DType#carrier}: the learner casts the values, which must be exactly its own).
+     */
+    static HostTensor parse(String field, JsonElement json, String spec) {
+        HostTensor.elementSize(spec); // refuses what a HostTensor cannot hold
+        String dtype = DType.of(spec).carrier().torchName();
         if (json == null || json.isJsonNull()) {
             throw new InvalidInputException("field '" + field + "' is missing");
         }
@@ -37,7 +42,7 @@ final class JsonTensors {
         }
         List<JsonPrimitive> values = new ArrayList<>();
         flatten(field, json, shape, 0, values);
-        int width = HostTensor.elementSize(dtype); // refuses what a HostTensor cannot hold
+        int width = HostTensor.elementSize(dtype);
         DType type = DType.of(dtype);
         ByteBuffer bytes = ByteBuffer.allocate(values.size() * width).order(DType.FILE_ORDER);
         for (JsonPrimitive value : values) {
@@ -179,6 +184,8 @@ final class JsonTensors {
         List<JsonPrimitive> flat = new ArrayList<>();
         switch (DType.of(tensor.getDtype())) {
             case FLOAT32:
+            case BFLOAT16: // widened exactly, as float32
+            case FLOAT16:
                 for (float v : tensor.toFloatArray()) {
                     flat.add(Float.isFinite(v) ? new JsonPrimitive(v) : null);
                 }

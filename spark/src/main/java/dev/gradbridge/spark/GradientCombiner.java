@@ -1,8 +1,10 @@
 package dev.gradbridge.spark;
 
+import dev.gradbridge.DType;
 import java.nio.ByteBuffer;
 import java.nio.DoubleBuffer;
 import java.nio.FloatBuffer;
+import java.nio.ShortBuffer;
 import java.util.Arrays;
 import java.util.List;
 
@@ -15,7 +17,9 @@ import java.util.List;
  * the partitions {@code k} that hold rows and produced a gradient for it, in increasing {@code k}:
  * {@code G = g_first * w_first}, then {@code G = G + g_k * w_k}, every multiplication and addition
  * rounded to the dtype (Java's float arithmetic is IEEE 754 without fused multiply-add; torch's
- * {@code mul} and {@code add} kernels are too). A parameter no shard has a gradient for has none
+ * {@code mul} and {@code add} kernels are too; for a 16-bit float, torch's CPU kernels compute each op in
+ * float32 and round the result to the dtype, to nearest even, as {@link DType#round} does). A parameter no
+ * shard has a gradient for has none
  * (zeros). The step loss is {@code sum_k w_k * loss_k} in double, in the same order. Python's twin:
  * {@code gradbridge.reference.combine_shards}.
  *
@@ -47,6 +51,11 @@ final class GradientCombiner {
     private final DoubleBuffer[][] doublesIn;
     private final FloatBuffer[] floatsOut;
     private final DoubleBuffer[] doublesOut;
+    /** 16-bit pieces (bfloat16, float16): their words, and their dtype (null for the others). */
+    private final ShortBuffer[][] shortsIn;
+    private final ShortBuffer[] shortsOut;
+    private final DType[] halves;
+    private final short[] shortTerm;
     /** The combine's arrays: the sum so far and one partition's gradient, as long as the longest piece. */
     private final float[] floatAcc;
     private final float[] floatTerm;
@@ -54,7 +63,7 @@ final class GradientCombiner {
     private final double[] doubleTerm;
 
     /**
-     * @param dtypes per piece: its dtype ({@code float32} or {@code float64})
+     * @param dtypes per piece: its dtype ({@code float32}, {@code float64}, {@code bfloat16} or {@code float16})
      * @param parameters per piece: its parameter (whose flag says whether a partition has a gradient for it)
      * @param inputs per partition, in partition order, per piece: where that partition's gradient of it is
      * @param outputs per piece: where its combined gradient goes
@@ -67,9 +76,19 @@ final class GradientCombiner {
         doublesIn = new DoubleBuffer[inputs.length][pieces];
         floatsOut = new FloatBuffer[pieces];
         doublesOut = new DoubleBuffer[pieces];
+        shortsIn = new ShortBuffer[inputs.length][pieces];
+        shortsOut = new ShortBuffer[pieces];
+        halves = new DType[pieces];
         for (int j = 0; j < pieces; j++) {
             String dtype = dtypes.get(j);
-            if ("float32".equals(dtype)) {
+            if ("bfloat16".equals(dtype) || "float16".equals(dtype)) {
+                halves[j] = DType.of(dtype);
+                shortsOut[j] = outputs[j].asShortBuffer();
+                lengths[j] = shortsOut[j].remaining();
+                for (int q = 0; q < inputs.length; q++) {
+                    shortsIn[q][j] = inputs[q][j].asShortBuffer();
+                }
+            } else if ("float32".equals(dtype)) {
                 floatsOut[j] = outputs[j].asFloatBuffer();
                 lengths[j] = floatsOut[j].remaining();
                 for (int q = 0; q < inputs.length; q++) {
@@ -88,7 +107,7 @@ final class GradientCombiner {
         int longestFloats = 0;
         int longestDoubles = 0;
         for (int j = 0; j < pieces; j++) {
-            if (floatsOut[j] != null) {
+            if (floatsOut[j] != null || halves[j] != null) {
                 longestFloats = Math.max(longestFloats, lengths[j]);
             } else {
                 longestDoubles = Math.max(longestDoubles, lengths[j]);
@@ -96,6 +115,7 @@ final class GradientCombiner {
         }
         floatAcc = new float[longestFloats];
         floatTerm = new float[longestFloats];
+        shortTerm = new short[longestFloats];
         doubleAcc = new double[longestDoubles];
         doubleTerm = new double[longestDoubles];
     }
@@ -135,7 +155,9 @@ final class GradientCombiner {
                 continue;
             }
             double weight = (double) rows[q] / total;
-            if (floatsOut[j] != null) {
+            if (halves[j] != null) {
+                combineHalf(halves[j], shortsIn[q][j], (float) weight, n, first);
+            } else if (floatsOut[j] != null) {
                 float w = (float) weight;
                 float[] acc = floatAcc;
                 float[] g = floatTerm;
@@ -165,7 +187,12 @@ final class GradientCombiner {
             }
             first = false;
         }
-        if (floatsOut[j] != null) {
+        if (halves[j] != null) {
+            for (int i = 0; i < n; i++) { // exact: the sum holds values of the dtype
+                shortTerm[i] = first ? 0 : halves[j].round(floatAcc[i]);
+            }
+            shortsOut[j].put(0, shortTerm, 0, n);
+        } else if (floatsOut[j] != null) {
             if (first) { // no gradient: zeros, as a zeroed buffer holds (the buffer holds a previous step's)
                 Arrays.fill(floatAcc, 0, n, 0f);
             }
@@ -177,6 +204,19 @@ final class GradientCombiner {
             doublesOut[j].put(0, doubleAcc, 0, n);
         }
         return !first;
+    }
+
+    /**
+     * One partition's 16-bit gradient into the sum (held widened in {@link #floatAcc}): {@code g * w} and
+     * the addition each computed in float32 and rounded to {@code type}, as torch's CPU kernels do.
+     */
+    private void combineHalf(DType type, ShortBuffer in, float w, int n, boolean first) {
+        in.get(0, shortTerm, 0, n);
+        float[] acc = floatAcc;
+        for (int i = 0; i < n; i++) {
+            float term = type.widen(type.round(type.widen(shortTerm[i]) * w));
+            acc[i] = first ? term : type.widen(type.round(acc[i] + term));
+        }
     }
 
     /** @return the step loss: {@code sum_q w_q * loss_q} over the partitions with rows, in order */
@@ -205,7 +245,8 @@ final class GradientCombiner {
 
     /** Refuses a dtype that cannot hold a gradient (the exchanges check every parameter's once per run). */
     static void requireFloating(String dtype) {
-        if (!"float32".equals(dtype) && !"float64".equals(dtype)) {
+        if (!"float32".equals(dtype) && !"float64".equals(dtype) && !"bfloat16".equals(dtype)
+                && !"float16".equals(dtype)) {
             throw noGradient(dtype);
         }
     }

@@ -12,7 +12,7 @@ import scala.concurrent.duration.FiniteDuration;
 
 /**
  * A reduce-scatter then an all-gather, both in partition order, over Spark's RPC through the
- * driver's {@link ExchangeRelay}. The gradient is cut into K chunks ({@link Chunks}); task c owns
+ * driver's {@link RelayEndpoint}. The gradient is cut into K chunks ({@link Chunks}); task c owns
  * chunk c. Round 1: each task sends chunk c of its gradient (with its row count, loss and flags) to
  * task c, and receives its own chunk from every task; it combines that chunk in partition order
  * ({@link GradientCombiner}, element by element as for whole parameters). Round 2: each task sends

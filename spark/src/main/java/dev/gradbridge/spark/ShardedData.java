@@ -15,17 +15,14 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Iterator;
 import java.util.List;
-import java.util.Locale;
 import org.apache.spark.api.java.JavaPairRDD;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.Function2;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
-import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.storage.StorageLevel;
 import scala.Tuple2;
 
@@ -165,7 +162,7 @@ public final class ShardedData {
 
     /** The dtypes a shard column holds (what parameters and metadata's x and y hold). */
     private static final java.util.Set<DType> SUPPORTED =
-            java.util.EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64);
+            java.util.EnumSet.of(DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.BFLOAT16, DType.FLOAT16);
 
     static DType supported(String dtype) {
         for (DType type : SUPPORTED) {
@@ -309,9 +306,10 @@ public final class ShardedData {
             Metadata metadata) {
         List<String> names = new ArrayList<>(metadata.getInputNames());
         names.add("y");
-        Column[] columns = new Column[names.size()];
+        ShardColumn.register(frame.sparkSession());
+        ShardColumn[] columns = new ShardColumn[names.size()];
         for (int c = 0; c < columns.length; c++) {
-            columns[c] = Column.of(source, frame, metadata.getInput(names.get(c)));
+            columns[c] = ShardColumn.of(source, frame, metadata.getInput(names.get(c)));
         }
         if (metadata.hasNamedInputs()) {
             for (String column : frame.schema().fieldNames()) {
@@ -325,14 +323,14 @@ public final class ShardedData {
                 frame.select(names.get(0), names.subList(1, names.size()).toArray(new String[0]));
         List<String> exprs = new ArrayList<>();
         exprs.add("count(*)");
-        for (Column column : columns) {
+        for (ShardColumn column : columns) {
             exprs.addAll(column.checks());
         }
         Row stats = selected.selectExpr(exprs.toArray(new String[0])).first();
         long n = stats.getLong(0);
         checkPartitions(source, n, partitions);
         int offset = 1;
-        for (Column column : columns) {
+        for (ShardColumn column : columns) {
             column.verify(stats, offset);
             offset += column.checks().size();
         }
@@ -345,156 +343,6 @@ public final class ShardedData {
         return new ShardedData(source, rdd, n, partitions, metadata);
     }
 
-    /** One column (an input or y) as the metadata wants it. */
-    static final class Column implements java.io.Serializable {
-        private static final long serialVersionUID = 1L;
-        final String source;
-        final String name;
-        final String dtype;
-        final DType type;
-        final long[] shape;
-        final long values;
-        final boolean array;
-
-        private Column(String source, String name, String dtype, long[] shape, boolean array) {
-            this.source = source;
-            this.name = name;
-            this.dtype = dtype;
-            this.type = supported(dtype);
-            this.shape = shape;
-            this.values = perRow(shape);
-            this.array = array;
-        }
-
-        static Column of(String source, org.apache.spark.sql.Dataset<Row> frame, Metadata.TensorSpec spec) {
-            String name = spec.getName();
-            DataType expected = sparkType(supported(spec.getDtype()));
-            StructField field = null;
-            for (StructField f : frame.schema().fields()) {
-                if (f.name().equals(name)) {
-                    field = f;
-                }
-            }
-            String type = expected.simpleString();
-            String wanted = perRow(spec.getShape()) == 1 ? type + " or array<" + type + ">" : "array<" + type + ">";
-            if (field == null) {
-                throw new InvalidInputException(
-                        source + ": no column " + name + "; expected a column " + name + " of " + wanted + " ("
-                                + spec.getDtype() + " of shape " + Arrays.toString(spec.getShape())
-                                + " in the model's metadata), found columns "
-                                + Arrays.toString(frame.schema().fieldNames()));
-            }
-            DataType actual = field.dataType();
-            boolean isArray = actual instanceof ArrayType;
-            DataType element = isArray ? ((ArrayType) actual).elementType() : actual;
-            if (!element.equals(expected) || (!isArray && perRow(spec.getShape()) != 1)) {
-                throw new InvalidInputException(
-                        source + ": column " + name + " must be " + wanted + " (" + spec.getDtype() + " of shape "
-                                + Arrays.toString(spec.getShape()) + " in the model's metadata), got "
-                                + actual.simpleString());
-            }
-            return new Column(source, name, spec.getDtype(), spec.getShape(), isArray);
-        }
-
-        private boolean floating() {
-            return type.isFloating();
-        }
-
-        /** SQL aggregates: nulls, then (arrays) min and max size and null elements, then non-finite rows. */
-        List<String> checks() {
-            // quoted: an input may be named as a SQL function without arguments (user, current_date)
-            String column = "`" + name + "`";
-            List<String> out = new ArrayList<>();
-            out.add("sum(if(" + column + " is null, 1, 0))");
-            String bad = nonFinite("v");
-            if (array) {
-                out.add("min(size(" + column + "))");
-                out.add("max(size(" + column + "))");
-                out.add("sum(if(exists(" + column + ", v -> v is null), 1, 0))");
-                if (floating()) {
-                    out.add("sum(if(exists(" + column + ", v -> " + bad + "), 1, 0))");
-                }
-            } else if (floating()) {
-                out.add("sum(if(" + nonFinite(column) + ", 1, 0))");
-            }
-            return out;
-        }
-
-        private static String nonFinite(String value) {
-            return "isnan(" + value + ") or " + value + " = double('Infinity') or " + value + " = double('-Infinity')";
-        }
-
-        void verify(Row stats, int offset) {
-            String spec = dtype + " of shape " + Arrays.toString(shape);
-            long nulls = stats.isNullAt(offset) ? 0 : stats.getLong(offset);
-            if (nulls > 0) {
-                throw new InvalidInputException(
-                        source + ": column " + name + " has " + nulls + " null rows; every row must hold " + spec);
-            }
-            int next = offset + 1;
-            if (array) {
-                int min = stats.getInt(next);
-                int max = stats.getInt(next + 1);
-                if (min != values || max != values) {
-                    throw new InvalidInputException(
-                            source + ": column " + name + " rows must hold " + values + " values (" + spec
-                                    + " in the model's metadata), found rows of " + (min == max ? min + "" : min + " to " + max)
-                                    + " values");
-                }
-                long nullElements = stats.getLong(next + 2);
-                if (nullElements > 0) {
-                    throw new InvalidInputException(
-                            source + ": column " + name + " has " + nullElements + " rows with null elements");
-                }
-                next += 3;
-            }
-            if (floating() && stats.getLong(next) > 0) {
-                throw new InvalidInputException(
-                        source + ": column " + name + " holds NaN or infinite values in " + stats.getLong(next)
-                                + " rows; clean the data first");
-            }
-        }
-
-        int rowBytes() {
-            return (int) (values * type.size());
-        }
-
-        void write(Row row, int index, ByteBuffer out) {
-            if (!array) {
-                switch (type) {
-                    case FLOAT32:
-                        out.putFloat(row.getFloat(index));
-                        return;
-                    case FLOAT64:
-                        out.putDouble(row.getDouble(index));
-                        return;
-                    default:
-                        out.putLong(row.getLong(index));
-                        return;
-                }
-            }
-            List<Object> items = row.getList(index);
-            for (Object item : items) {
-                switch (type) {
-                    case FLOAT32:
-                        out.putFloat((Float) item);
-                        break;
-                    case FLOAT64:
-                        out.putDouble((Double) item);
-                        break;
-                    default:
-                        out.putLong((Long) item);
-                        break;
-                }
-            }
-        }
-
-        @Override
-        public String toString() {
-            return String.format(Locale.ROOT, "%s %s %s", name, dtype, Arrays.toString(shape));
-        }
-    }
-
     /** Builds partition p's shard from its (global index, row) pairs, placing row i at i / K. */
     private static final class BuildShard
             implements Function2<Integer, Iterator<Tuple2<Long, Row>>, Iterator<Shard>> {
@@ -502,9 +350,9 @@ public final class ShardedData {
         private final int partitions;
         private final long total;
         /** The inputs then y, in the rows' order. */
-        private final Column[] columns;
+        private final ShardColumn[] columns;
 
-        BuildShard(int partitions, long total, Column[] columns) {
+        BuildShard(int partitions, long total, ShardColumn[] columns) {
             this.partitions = partitions;
             this.total = total;
             this.columns = columns;

@@ -11,6 +11,7 @@ import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
 import dev.gradbridge.RunSettings;
+import dev.gradbridge.ShardedRun;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
 import java.io.IOException;
@@ -247,12 +248,12 @@ public final class SparkTrainer {
      */
     private static final class Endpoints {
         final byte[] carried;
-        final ExchangeRelay relay;
+        final RelayEndpoint relay;
         final RunStore store;
         final String meeting;
         final DriverState held;
 
-        private Endpoints(byte[] carried, ExchangeRelay relay, RunStore store, DriverState held) {
+        private Endpoints(byte[] carried, RelayEndpoint relay, RunStore store, DriverState held) {
             this.carried = carried;
             this.relay = relay;
             this.store = store;
@@ -263,7 +264,7 @@ public final class SparkTrainer {
         static Endpoints start(JavaSparkContext jsc, int k, String exchange, int first, byte[] archive) {
             byte[] carried = DriverEndpoint.runSecret(jsc.getConf());
             byte[] secret = DriverEndpoint.secretOf(carried);
-            ExchangeRelay relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? ExchangeRelay.start(secret) : null;
+            RelayEndpoint relay = k > 1 && GradientExchange.RELAY.equals(exchange) ? RelayEndpoint.start(secret) : null;
             RunStore store = k > 1 && relay == null ? RunStore.start(secret) : null;
             return new Endpoints(carried, relay, store, DriverState.start(k, first, archive, secret));
         }
@@ -309,7 +310,9 @@ public final class SparkTrainer {
         JavaFutureAction<List<TrainingTask.Result>> job = null;
         try {
             job = TrainingTask.startStage(data.shards(), new TrainingTask(run));
-            receiveEpochs(job, endpoints.held, start, history, started);
+            ShardedRun sharded = new ShardedRun(data.getPartitions(), run.batch, run.seed, run.shuffle,
+                    Protocol.SHARDED_RULE, run.shardsSha256);
+            receiveEpochs(job, endpoints.held, start, history, started, sharded);
             List<TrainingTask.Result> results = results(job, data.getPartitions());
             stats.stageNanos += System.nanoTime() - started;
             checkDiverged(results.get(0), run.batch, run.rows, history);
@@ -330,7 +333,7 @@ public final class SparkTrainer {
      * comes, so a run that fails later keeps them.
      */
     private void receiveEpochs(JavaFutureAction<List<TrainingTask.Result>> job, DriverState held, RunStart start,
-            History history, long started) throws IOException {
+            History history, long started, ShardedRun sharded) throws IOException {
         while (true) {
             boolean done = job.isDone(); // once done, every end it handed over is queued
             DriverState.EpochEnd end = held.next(done ? 0 : 50);
@@ -341,7 +344,7 @@ public final class SparkTrainer {
                 trainedState = end.archive;
                 History.EpochRecord record = new History.EpochRecord(end.epoch, RunStart.epochLoss(end.losses), null,
                         (System.nanoTime() - started) / 1e9, end.values, end.digests, end.lrs)
-                        .withThreads(end.threads);
+                        .withThreads(end.threads).withSharded(sharded);
                 history.add(record);
                 stats.executors.add(end.executors);
                 byte[] saved = end.archive;

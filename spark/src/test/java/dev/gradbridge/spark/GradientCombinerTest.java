@@ -135,6 +135,38 @@ public class GradientCombinerTest {
         assertArrayEquals(new boolean[] {true, true, true}, all.flags);
     }
 
+    private static ByteBuffer words(int... values) {
+        ByteBuffer b = Buffers.direct(2L * values.length);
+        for (int v : values) {
+            b.putShort((short) v);
+        }
+        b.flip();
+        return b;
+    }
+
+    private static void sixteenBit(String dtype, int[][] g, int[] expected) {
+        ByteBuffer[][] inputs = {{words(g[0])}, {words(g[1])}, {words(g[2])}};
+        ByteBuffer out = words(new int[expected.length]);
+        GradientCombiner combiner =
+                new GradientCombiner(Collections.singletonList(dtype), new int[] {0}, inputs, new ByteBuffer[] {out});
+        assertTrue(combiner.combine(0, new int[] {3, 1, 3}, new boolean[][] {{true}, {true}, {true}}));
+        for (int i = 0; i < expected.length; i++) {
+            assertEquals(dtype + " element " + i, (short) expected[i], out.getShort(2 * i));
+        }
+    }
+
+    @Test
+    public void sixteenBitGradientsRoundEveryOpAsTorch() {
+        // reference.combine_shards on torch's bfloat16 and float16 tensors (torch 2.7): each mul and add computed in
+        // float32 and rounded to the dtype; rounding only the sum would differ in 4 (bfloat16) and 2 (float16) elements
+        sixteenBit("bfloat16", new int[][] {{0x4081, 0x3f60, 0x3ee4, 0xc044, 0x3e6c, 0xc0db},
+            {0x3fd8, 0x40a2, 0xc0e6, 0x409c, 0x4027, 0x40c6}, {0xc08a, 0x3fbf, 0x4006, 0xbecc, 0x4094, 0x4083}},
+                new int[] {0x3df0, 0x3fde, 0x3d88, 0xbf4a, 0x401d, 0xbe9c});
+        sixteenBit("float16", new int[][] {{0x40f4, 0xba93, 0xc2c8, 0xc54c, 0x437a, 0x3cc7},
+            {0xbfd8, 0x3a14, 0xc5eb, 0x4158, 0xc741, 0xc24b}, {0x3a2d, 0xbcf6, 0x4089, 0x2bbd, 0x46b6, 0x474f}},
+                new int[] {0x3c73, 0xba34, 0xbd4f, 0xbf72, 0x42e3, 0x4264});
+    }
+
     @Test
     public void refusesADtypeWithoutGradients() {
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> new GradientCombiner(

@@ -12,9 +12,9 @@ import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * A TorchScript module in libtorch, through gradbridge's native layer ({@link Native}): the
- * first implementation of the engine boundary ({@link ExportedModule} is the second).
+ * first implementation of the engine boundary ({@link OpListEngine} is the second).
  */
-final class TorchScriptModule extends ScriptedModule {
+final class TorchScriptEngine extends ModuleEngine {
 
     /** {@link Native#plansStepWhileFinite}'s methods, in its order. */
     private static final String[] STEP_METHODS = {Protocol.ZERO_GRAD, Protocol.CALCULATE_LOSS_AND_BACKWARD,
@@ -23,15 +23,15 @@ final class TorchScriptModule extends ScriptedModule {
     private final Map<String, Long> hotMethods = new ConcurrentHashMap<>(); // guarded for writes by itself
     private final Map<String, Long> plans = new ConcurrentHashMap<>(); // the same
 
-    private TorchScriptModule(Path path, long handle, String device) {
+    private TorchScriptEngine(Path path, long handle, String device) {
         super(path, handle, Arrays.asList(Native.moduleMethods(handle)), device);
     }
 
-    static TorchScriptModule load(Path file, String device) {
+    static TorchScriptEngine load(Path file, String device) {
         NativeLibrary.load();
         long handle = Native.moduleLoad(file.toString(), device);
         try {
-            return new TorchScriptModule(file, handle, device);
+            return new TorchScriptEngine(file, handle, device);
         } catch (RuntimeException e) {
             Native.moduleFree(handle);
             throw e;
@@ -60,13 +60,13 @@ final class TorchScriptModule extends ScriptedModule {
     }
 
     @Override
-    ScriptedModule snapshot() {
+    ModuleEngine snapshot() {
         long copy = Native.moduleSnapshot(handle());
         if (copy == 0) {
             return null;
         }
         try {
-            return new TorchScriptModule(path, copy, device());
+            return new TorchScriptEngine(path, copy, device());
         } catch (RuntimeException e) {
             Native.moduleFree(copy);
             throw e;

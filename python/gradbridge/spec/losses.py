@@ -30,7 +30,7 @@ def _optional_tensor(values: Optional[List[float]]) -> Optional[Tensor]:
 class MSE(nn.Module):
     """``F.mse_loss``. Target: float, the prediction's shape."""
 
-    target_dtypes = ("float32", "float64")
+    target_dtypes = ("float32", "float64", "bfloat16", "float16")
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -53,7 +53,7 @@ class L1(MSE):
 class SmoothL1(nn.Module):
     """``F.smooth_l1_loss(beta=1.0)``. Target: float, the prediction's shape."""
 
-    target_dtypes = ("float32", "float64")
+    target_dtypes = ("float32", "float64", "bfloat16", "float16")
 
     def __init__(self, reduction: str = "mean", beta: float = 1.0):
         super().__init__()
@@ -72,7 +72,7 @@ class SmoothL1(nn.Module):
 class Huber(nn.Module):
     """``F.huber_loss(delta=1.0)``. Target: float, the prediction's shape."""
 
-    target_dtypes = ("float32", "float64")
+    target_dtypes = ("float32", "float64", "bfloat16", "float16")
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__()
@@ -140,7 +140,7 @@ class BCEWithLogits(nn.Module):
     Option: ``pos_weight`` (one float per class, broadcast over the last dimension).
     """
 
-    target_dtypes = ("float32", "float64")
+    target_dtypes = ("float32", "float64", "bfloat16", "float16")
 
     def __init__(self, reduction: str = "mean", pos_weight: Optional[List[float]] = None):
         super().__init__()

@@ -33,13 +33,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs as model_inputs, libtorch, oplist, program
+from .._runtime import autocast, inputs as model_inputs, libtorch, oplist, program
 from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
-from . import aten_check, capture as model_capture, check_trail, finetune, losses, optim, step_writes, traceable
-from .step_graphs import clip_graph, optimizer_graphs
+from ..spec import losses
+from . import capture as model_capture, check_trail, finetune, protocol3_check, protocol3_optimizer, step_writes
+from . import traceable, weights
 
 log = logging.getLogger(__name__)
 
@@ -48,36 +49,43 @@ class _Step(nn.Module):
     """The model then its loss, over positional tensors (the inputs in order, then y); with ``accumulate``
     k > 1 the loss divided by k, as eager's accumulation loop back-propagates it."""
 
-    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str], accumulate: int = 1):
+    def __init__(self, model: nn.Module, loss: nn.Module, names: Sequence[str], accumulate: int = 1,
+                 autocast_dtype: Optional[str] = None):
         super().__init__()
         self.m = model
         self.loss = loss
         self.names = list(names)
         self.accumulate = accumulate
+        self.autocast = autocast_dtype
 
     def forward(self, *args: Tensor) -> Tuple[Tensor]:
         *xs, y = args
-        loss = self.loss(_call(self.m, self.names, xs), y)
+        with autocast.region(self.autocast):
+            loss = self.loss(_call(self.m, self.names, xs), y)
         return (loss if self.accumulate == 1 else loss / self.accumulate,)
 
 
 class _Forward(nn.Module):
-    def __init__(self, model: nn.Module, names: Sequence[str]):
+    def __init__(self, model: nn.Module, names: Sequence[str], autocast_dtype: Optional[str] = None):
         super().__init__()
         self.m = model
         self.names = list(names)
+        self.autocast = autocast_dtype
 
     def forward(self, *xs: Tensor) -> Tuple[Tensor]:
-        return (_call(self.m, self.names, xs),)
+        with autocast.region(self.autocast):
+            return (_call(self.m, self.names, xs),)
 
 
 class _Loss(nn.Module):
-    def __init__(self, loss: nn.Module):
+    def __init__(self, loss: nn.Module, autocast_dtype: Optional[str] = None):
         super().__init__()
         self.loss = loss
+        self.autocast = autocast_dtype
 
     def forward(self, output: Tensor, y: Tensor) -> Tuple[Tensor]:
-        return (self.loss(output, y),)
+        with autocast.region(self.autocast):
+            return (self.loss(output, y),)
 
 
 def _call(model: nn.Module, names: Sequence[str], xs: Sequence[Tensor]) -> Tensor:
@@ -140,7 +148,7 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
 
 
 def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], args: Tuple[Tensor, ...],
-                      trainable: List[str]) -> List[str]:
+                      trainable: List[str], autocast_dtype: Optional[str]) -> List[str]:
     """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of the
     export's copy (``torch.autograd.grad``: no ``.grad`` set; its buffers put back, the generator left as it
     was): torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
@@ -150,7 +158,7 @@ def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], a
              if b is not None]
     try:
         with torch.random.fork_rng(devices=[]):
-            value = _Step(model, loss, names).train()(*args)[0]
+            value = _Step(model, loss, names, autocast_dtype=autocast_dtype).train()(*args)[0]
             if not value.requires_grad:
                 return list(trainable)
             grads = torch.autograd.grad(value, [wanted[n] for n in trainable], allow_unused=True)
@@ -164,17 +172,11 @@ def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], a
                 module._buffers[name] = buffer
 
 
-def _drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
-    """Parameters without a gradient leave their groups: no step, no optimizer state, as in torch.optim."""
-    for group in training["groups"]:
-        group["params"] = [n for n in group["params"] if n not in idle]
-
-
 def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindings: List[str],
                         constants: Dict[str, Tensor], name: str, result: str = "output") -> Dict[str, Any]:
     b = int(args[0].shape[0])
     small = _capture(make(), args, joint, bindings, constants, result)
-    large = _capture(make(), tuple(aten_check.grow(a) for a in args), joint, bindings, constants, result)
+    large = _capture(make(), tuple(protocol3_check.grow(a) for a in args), joint, bindings, constants, result)
     try:
         return oplist.batch_affine(small, large, b, b + 1, name)
     except oplist.OpListError as ex:
@@ -182,7 +184,8 @@ def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindin
 
 
 def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], xs: Tuple[Tensor, ...], y: Tensor,
-                       bindings: List[str], constants: Dict[str, Tensor], accumulate: int) -> Dict[str, Any]:
+                       bindings: List[str], constants: Dict[str, Tensor], accumulate: int,
+                       autocast_dtype: Optional[str]) -> Dict[str, Any]:
     """``train`` (and ``train_accumulate``), ``forward`` and ``loss`` captured at one sample (``NAME@1``), or
     none when the model cannot be captured at one (then protocol 3 runs batches, and micro-batches, of
     ``program.MIN_BATCH`` or more); leaves the model in training mode."""
@@ -191,17 +194,19 @@ def _one_sample_graphs(model: nn.Module, loss: nn.Module, names: Sequence[str], 
     graphs: Dict[str, Any] = {}
     try:
         model.train()
-        graphs[program.one("train")] = _capture(_Step(model, loss, names).train(), (*one, target), True,
-                                                bindings + ["target"], made)
+        graphs[program.one("train")] = _capture(_Step(model, loss, names, 1, autocast_dtype).train(), (*one, target),
+                                                True, bindings + ["target"], made)
         if accumulate > 1:
-            graphs[program.one("train_accumulate")] = _capture(_Step(model, loss, names, accumulate).train(),
-                                                               (*one, target), True, bindings + ["target"], made)
+            graphs[program.one("train_accumulate")] = _capture(
+                _Step(model, loss, names, accumulate, autocast_dtype).train(), (*one, target), True,
+                bindings + ["target"], made)
         model.eval()
-        graphs[program.one("forward")] = _capture(_Forward(model, names).eval(), one, False, bindings, made)
+        graphs[program.one("forward")] = _capture(_Forward(model, names, autocast_dtype).eval(), one, False, bindings,
+                                                  made)
         with torch.no_grad():
-            output = _call(model, names, one)
-        graphs[program.one("loss")] = _capture(_Loss(loss).eval(), (output, target), False, ["output", "target"],
-                                               made, "loss")
+            output = _Forward(model, names, autocast_dtype)(*one)[0]
+        graphs[program.one("loss")] = _capture(_Loss(loss, autocast_dtype).eval(), (output, target), False,
+                                               ["output", "target"], made, "loss")
     except ExportError as ex:
         log.info("no graphs at one sample: %s", ex)
         return {}
@@ -218,66 +223,6 @@ def capture_probe() -> int:
     graph = _capture(_Step(model, nn.MSELoss(), [model_inputs.X]).train(), (torch.ones(2, 2), torch.ones(2, 1)),
                         True, [f"input:{model_inputs.X}", "target"], {})
     return len(graph["nodes"])
-
-
-def _initial_optimizer_state(setup: finetune.Setup, named: Sequence[Tuple[str, Tensor]]) -> Dict[str, Tensor]:
-    """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
-    momentum buffer comes with step 1): each group's optimizer built again now, at the write (the export's
-    were let go before the capture, so a large model's optimizer state is not held while it runs)."""
-    state: Dict[str, Tensor] = {}
-    if setup.spec["name"] == "sgd":
-        return state
-    for indices, options in setup.resolved:
-        module = optim.build({"name": setup.spec["name"], **options}, [named[i][1] for i in indices])
-        for key, values in module.state().items():
-            for i, value in zip(indices, values):
-                state[f"state:{key}:{named[i][0]}"] = value.detach()  # written, then let go: not copied
-    return state
-
-
-def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
-    """``program.training`` and ``program.counters`` (see ``program``), and the schedule module, or refused
-    in one line."""
-    plan = setup.plan
-    spec = setup.spec
-    if spec["name"] not in program.OPTIMIZERS:
-        raise ExportError(messages.aten_optimizer_refused(spec["name"], program.OPTIMIZERS))
-    training: Dict[str, Any] = {
-        "optimizer": spec["name"],
-        "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
-                   for (indices, _), module in zip(setup.resolved, setup.optimizers)],
-        "accumulate": plan.accumulate, "scheduler_interval": plan.interval}
-    schedule = None
-    if "scheduler" in plan.metadata:
-        kind = plan.metadata["scheduler"]["name"]
-        if kind not in program.SCHEDULERS:
-            raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
-        schedule = plan.scheduler_module
-        training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
-    counters = program.initial_counters(plan.lrs, schedule)
-    if counters["momenta"]:
-        _cycle_momentum(training, schedule)
-    return training, counters, schedule
-
-
-_OPTIMIZER_NAMES = {"sgd": "SGD", "rmsprop": "RMSprop"}
-
-
-def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
-    """OneCycleLR cycles the momentum of SGD and RMSprop, or Adam's beta1: a host scalar per step
-    (``program.host_scalars``); the groups hold the cycle's start, as torch's construction sets it, so the step
-    graph has the momentum ops. A cycle through momentum 0 (torch then skips the buffer) is refused."""
-    name = training["optimizer"]
-    for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
-                                       schedule.max_momenta):
-        if name in ("sgd", "rmsprop"):
-            if min(low, high) <= 0:
-                raise ExportError(messages.aten_option_refused(
-                    f"OneCycleLR cycling {_OPTIMIZER_NAMES[name]}'s momentum through {min(low, high)} "
-                    "(base_momentum and max_momentum above 0 are held)"))
-            group["momentum"] = start
-        else:
-            group["betas"] = [start, group["betas"][1]]
 
 
 #: Bytes of a tensor written to the archive at a time (a chunk, not a copy of the tensor).
@@ -334,7 +279,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         del state
         if check:
             check_trail.release()
-            aten_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs,
+            protocol3_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs,
                              init_weights=options.get("init_weights"))
     log.info("wrote %s", path)
     return path
@@ -357,8 +302,8 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
                            scheduler=options.get("scheduler"), scheduler_interval=options.get("scheduler_interval", "step"),
                            clip_grad_norm=options.get("clip_grad_norm"), clip_norm_type=options.get("clip_norm_type", 2.0),
                            clip_grad_value=options.get("clip_grad_value"), accumulate=options.get("accumulate", 1))
-    training, counters, schedule = _training(setup, names)
-    setup.optimizers.clear()  # their state is built again at the write (_initial_optimizer_state)
+    training, counters, schedule = protocol3_optimizer.training_spec(setup, names)
+    setup.optimizers.clear()  # their state is built again at the write (protocol3_optimizer.initial_state)
     accumulate = setup.plan.accumulate
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
@@ -369,27 +314,29 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     constants: Dict[str, Tensor] = {}
 
     model.train()
-    idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable)
+    cast = options.get("autocast")  # forward and loss under torch.autocast("cpu", dtype=cast)
+    idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable, cast)
     if idle == trainable:
         raise ExportError(messages.aten_no_gradient(type(model).__name__))
     params = dict(named)
     for n in idle:  # aot_export_module asserts a gradient for every parameter that requires one
         params[n].requires_grad_(False)
     graphs: Dict[str, Any] = {}
-    graphs["train"] = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names).train(), (*xs, y),
-                                                 True, input_bindings + ["target"], constants, "train")
+    graphs["train"] = _graph_at_two_sizes(lambda: _Step(model, loss_module, input_names, 1, cast).train(), (*xs, y),
+                                          True, input_bindings + ["target"], constants, "train")
     if accumulate > 1:
         graphs["train_accumulate"] = _graph_at_two_sizes(
-            lambda: _Step(model, loss_module, input_names, accumulate).train(), (*xs, y), True,
+            lambda: _Step(model, loss_module, input_names, accumulate, cast).train(), (*xs, y), True,
             input_bindings + ["target"], constants, "train_accumulate")
     model.eval()
-    graphs["forward"] = _graph_at_two_sizes(lambda: _Forward(model, input_names).eval(), xs, False, input_bindings,
-                                               constants, "forward")
+    graphs["forward"] = _graph_at_two_sizes(lambda: _Forward(model, input_names, cast).eval(), xs, False,
+                                            input_bindings, constants, "forward")
     with torch.no_grad():
-        output = _call(model, input_names, xs)
-    graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module).eval(), (output, y), False,
-                                            ["output", "target"], constants, "loss", "loss")
-    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants, accumulate))
+        output = _Forward(model, input_names, cast)(*xs)[0]
+    graphs["loss"] = _graph_at_two_sizes(lambda: _Loss(loss_module, cast).eval(), (output, y), False,
+                                         ["output", "target"], constants, "loss", "loss")
+    graphs.update(_one_sample_graphs(model, loss_module, input_names, xs, y, input_bindings, constants, accumulate,
+                                     cast))
     for size in (batch, batch + 1):  # a micro-batch of one runs train_accumulate@1, where the model has one
         micro = _micro_batches(size, accumulate)
         if accumulate > 1 and min(micro) < program.MIN_BATCH and program.one("train") not in graphs:
@@ -397,17 +344,18 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     model.train()
     for n in idle:
         params[n].requires_grad_(True)
-    _drop_from_groups(training, idle)
+    protocol3_optimizer.drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
-    graphs.update(optimizer_graphs(training))
+        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle],
+                                                        setup.plan.clip)
+    graphs.update(protocol3_optimizer.optimizer_graphs(training))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
     buffers = list(model.named_buffers())
     state.update({f"buffer:{n}": b.detach() for n, b in buffers})
     state.update(constants)
-    state.update({k: v for k, v in _initial_optimizer_state(setup, named).items() if k.split(":")[2] not in idle})
+    state.update({k: v for k, v in protocol3_optimizer.initial_state(setup, named).items() if k.split(":")[2] not in idle})
     if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
         for group in training["groups"]:
             for n in group["params"] if group["momentum"] > 0 else ():
@@ -427,11 +375,12 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
                  for n, b in buffers],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
-        methods=protocol.PROTOCOL3_METHODS,
+        methods=protocol.PROTOCOL3_METHODS, weights=weights.record(model),
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
     metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                      **({protocol.AUTOCAST_KEY: cast} if cast else {}),
                                       **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
     entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}

@@ -1,24 +1,10 @@
 package dev.gradbridge;
 
 import dev.gradbridge.internal.Messages;
-import com.google.gson.Gson;
-import com.google.gson.GsonBuilder;
-import com.google.gson.JsonArray;
-import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
-import com.google.gson.JsonPrimitive;
-import java.io.BufferedOutputStream;
 import java.io.IOException;
-import java.io.InputStream;
-import java.io.OutputStream;
-import java.io.UncheckedIOException;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.time.LocalDateTime;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -27,23 +13,16 @@ import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.zip.CRC32;
-import java.util.zip.ZipEntry;
-import java.util.zip.ZipFile;
-import java.util.zip.ZipOutputStream;
 
 /**
  * A protocol-3 module: a training step captured with torch.export as gradbridge's op lists, run op by op
- * over libtorch's dispatcher by the native layer ({@code native/gradbridge_exported.cpp}), which owns the
+ * over libtorch's dispatcher by the native layer ({@code native/oplist_engine.h}), which owns the
  * state tensors (parameters, buffers, gradients, optimizer state) and the host's counters (steps, learning
  * rates, the schedule's state). The second implementation of the engine boundary; the protocol's methods
  * map onto the native module's. A checkpoint is the same zip with the state tensors and counters as they
  * are now.
  */
-final class ExportedModule extends ScriptedModule {
-
-    private static final Gson PRETTY = new GsonBuilder().setPrettyPrinting().create();
-    private static final LocalDateTime ZIP_TIME = LocalDateTime.of(1980, 1, 1, 0, 0);
+final class OpListEngine extends ModuleEngine {
 
     private final Metadata metadata;
     private final List<String> parameterNames = new ArrayList<>();
@@ -53,7 +32,7 @@ final class ExportedModule extends ScriptedModule {
     /** Each graph's entry in the zip and its op list, written back unchanged into checkpoints. */
     private final Map<String, String> graphFiles;
 
-    private ExportedModule(Path path, long handle, Metadata metadata, List<String> trainableNames,
+    private OpListEngine(Path path, long handle, Metadata metadata, List<String> trainableNames,
             Map<String, String> graphFiles, String device) {
         super(path, handle, metadata.getMethods(), device);
         for (Metadata.TensorSpec spec : metadata.getParameters()) {
@@ -67,212 +46,10 @@ final class ExportedModule extends ScriptedModule {
         this.metadata = metadata;
     }
 
-    /**
-     * Reads the zip (program, op lists, state) as data, checked by {@link ProgramCheck} before the native layer
-     * sees any of it (strict JSON, the operator allow-list, the limits, every field's range), and builds the
-     * native module; one line for what is wrong.
-     */
-    static ExportedModule load(Path file, Metadata metadata, String device) {
-        NativeLibrary.load();
-        List<Tensor> state = new ArrayList<>();
-        try (ZipFile archive = new ZipFile(file.toFile())) {
-            JsonElement root = StrictJson.read(readBytes(archive, file, Protocol.METADATA_FILE, StrictJson.JSON_BYTES),
-                    Protocol.METADATA_FILE);
-            JsonObject program = member(root.getAsJsonObject(), Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
-            JsonElement version = program.get("oplist_version");
-            if (!StrictJson.isInt(version) || version.getAsLong() != Protocol.OPLIST_VERSION) {
-                throw new ProtocolException(Messages.programVersion(file.toString(), StrictJson.shown(String.valueOf(version)),
-                        Protocol.OPLIST_VERSION));
-            }
-            JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
-            JsonObject counters = member(program, "counters", file, Protocol.PROGRAM_KEY + ".counters");
-            ProgramCheck.training(training, counters, Protocol.PROGRAM_KEY);
-            List<String> trainable = new ArrayList<>();
-            for (JsonElement group : training.getAsJsonArray("groups")) {
-                for (JsonElement name : group.getAsJsonObject().getAsJsonArray("params")) {
-                    trainable.add(name.getAsString());
-                }
-            }
-            StringBuilder text = new StringBuilder("{\"parameters\":").append(names(metadata.getParameters()))
-                    .append(",\"inputs\":").append(strings(metadata.getInputNames()))
-                    .append(",\"training\":").append(training)
-                    .append(",\"counters\":").append(counters)
-                    .append(",\"limits\":").append(StrictJson.nativeLimits())
-                    .append(",\"graphs\":{");
-            Map<String, String> graphFiles = new LinkedHashMap<>();
-            JsonObject graphs = member(program, "graphs", file, Protocol.PROGRAM_KEY + ".graphs");
-            for (Map.Entry<String, JsonElement> graph : graphs.entrySet()) {
-                String where = "op list " + StrictJson.shown(graph.getKey());
-                JsonElement name = graph.getValue();
-                if (!name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()
-                        || archive.getEntry(name.getAsString()) == null) {
-                    throw new ProtocolException(Messages.programEntryMissing(file.toString(), StrictJson.shown(name)));
-                }
-                byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
-                JsonElement opList = StrictJson.read(bytes, where);
-                ProgramCheck.graph(opList, where);
-                ProgramCheck.role(graph.getKey(), opList.getAsJsonObject(), where);
-                // the native layer reads what passed, as Gson writes it
-                text.append(graphFiles.isEmpty() ? "" : ",").append(new JsonPrimitive(graph.getKey())).append(':')
-                        .append(opList);
-                graphFiles.put(name.getAsString(), new String(bytes, StandardCharsets.UTF_8));
-            }
-            ProgramCheck.required(graphs, Protocol.PROGRAM_KEY + ".graphs");
-            text.append("}}");
-            JsonElement entries = program.get("state");
-            if (entries == null || !entries.isJsonArray()) {
-                throw new ProtocolException(Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY + ".state"));
-            }
-            String[] stateNames = new String[entries.getAsJsonArray().size()];
-            long[] handles = new long[stateNames.length];
-            for (int i = 0; i < stateNames.length; i++) {
-                JsonElement entry = entries.getAsJsonArray().get(i);
-                long bytes = ProgramCheck.stateEntry(entry, Protocol.PROGRAM_KEY + ".state[" + i + "]");
-                Tensor tensor = stateTensor(archive, file, metadata, entry.getAsJsonObject(), bytes);
-                state.add(tensor);
-                stateNames[i] = entry.getAsJsonObject().get("name").getAsString();
-                handles[i] = tensor.handle();
-            }
-            long module;
-            try {
-                module = Native.exportedLoad(text.toString(), stateNames, handles, device);
-            } catch (NativeException e) {
-                throw new ProtocolException(file + ": " + libtorchSummary(e));
-            }
-            try {
-                return new ExportedModule(file, module, metadata, Collections.unmodifiableList(trainable),
-                        Collections.unmodifiableMap(graphFiles), device);
-            } catch (RuntimeException e) {
-                Native.exportedFree(module);
-                throw e;
-            }
-        } catch (StrictJson.Refusal e) {
-            throw new ProtocolException(file + ": " + e.getMessage());
-        } catch (IOException | IllegalStateException | ClassCastException | NullPointerException
-                | UnsupportedOperationException e) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(), StrictJson.shown(String.valueOf(e.getMessage()))));
-        } finally {
-            Tensors.closeAll(state);
-        }
-    }
-
-    private static JsonObject member(JsonObject object, String key, Path file, String entry) {
-        JsonElement value = object.get(key);
-        if (value == null || !value.isJsonObject()) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entry));
-        }
-        return value.getAsJsonObject();
-    }
-
-    /** One state entry's tensor (its entry checked, {@code needed} bytes), checked against the dtype and shape its name calls for and its file's size. */
-    private static Tensor stateTensor(ZipFile archive, Path file, Metadata metadata, JsonObject entry, long needed)
-            throws IOException {
-        String name = entry.get("name").getAsString();
-        String entryFile = entry.get("file").getAsString();
-        JsonArray dims = entry.getAsJsonArray("shape");
-        long[] shape = new long[dims.size()];
-        for (int d = 0; d < shape.length; d++) {
-            shape[d] = dims.get(d).getAsLong();
-        }
-        String dtypeName = entry.get("dtype").getAsString();
-        String actual = dtypeName + " " + Arrays.toString(shape);
-        if (archive.getEntry(entryFile) == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entryFile));
-        }
-        String expected = expectedSpec(metadata, name);
-        DType dtype;
-        try {
-            dtype = DType.of(dtypeName);
-        } catch (InvalidInputException e) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name,
-                    expected == null ? "a constant" : expected, actual));
-        }
-        if (expected != null && !expected.equals(actual)) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name, expected, actual));
-        }
-        byte[] bytes = readBytes(archive, file, entryFile, needed);
-        if (bytes.length != needed) {
-            long size = Math.max(bytes.length, archive.getEntry(entryFile).getSize());
-            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, size, name, actual,
-                    needed));
-        }
-        ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
-        buffer.put(bytes).flip();
-        return Tensor.fromBuffer(buffer, dtype, shape);
-    }
-
-    /**
-     * The dtype and shape a state entry must have ({@code float32 [3, 4]}): a parameter's or buffer's as the
-     * metadata declares it, an optimizer state's as its parameter's ({@code step}: a float32 scalar); null
-     * for a tensor constant the model makes (python: aten_export._entry_spec).
-     */
-    private static String expectedSpec(Metadata metadata, String name) {
-        String[] parts = name.split(":", 3);
-        List<Metadata.TensorSpec> specs = null;
-        String tensor = parts.length > 1 ? parts[1] : "";
-        if ("state".equals(parts[0]) && parts.length == 3) {
-            if ("step".equals(parts[1])) {
-                return "float32 []";
-            }
-            specs = metadata.getParameters();
-            tensor = parts[2];
-        } else if ("param".equals(parts[0])) {
-            specs = metadata.getParameters();
-        } else if ("buffer".equals(parts[0])) {
-            specs = metadata.getBuffers();
-        }
-        if (specs != null) {
-            for (Metadata.TensorSpec spec : specs) {
-                if (spec.getName().equals(tensor)) {
-                    return spec.getDtype() + " " + Arrays.toString(spec.getShape());
-                }
-            }
-        }
-        return null;
-    }
-
-    /**
-     * An entry's bytes, at most {@code limit} + 1 of them read whatever its header says (an op list past the
-     * limit is refused here, a state file past its size by its caller), its CRC-32 checked when read whole.
-     */
-    private static byte[] readBytes(ZipFile archive, Path file, String name, long limit) throws IOException {
-        ZipEntry entry = archive.getEntry(name);
-        if (entry == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
-        }
-        byte[] bytes;
-        try (InputStream in = archive.getInputStream(entry)) {
-            bytes = in.readNBytes((int) Math.min(limit + 1, Integer.MAX_VALUE - 8));
-        }
-        if (bytes.length > limit) {
-            if (limit == StrictJson.JSON_BYTES) {
-                throw new ProtocolException(file + ": " + name + ": inflates past the limit of " + limit + " bytes");
-            }
-            return bytes;
-        }
-        CRC32 crc = new CRC32(); // Java's ZipFile checks none
-        crc.update(bytes);
-        if (entry.getCrc() != -1 && crc.getValue() != entry.getCrc()) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(),
-                    "its entry " + name + " does not match its checksum"));
-        }
-        return bytes;
-    }
-
-    private static String names(List<Metadata.TensorSpec> specs) {
-        List<String> names = new ArrayList<>();
-        for (Metadata.TensorSpec spec : specs) {
-            names.add(spec.getName());
-        }
-        return strings(names);
-    }
-
-    private static String strings(List<String> names) {
-        JsonArray array = new JsonArray();
-        for (String name : names) {
-            array.add(name);
-        }
-        return array.toString();
+    /** The module a protocol-3 file holds ({@link OpListFile#load}: read and checked as data first). */
+    static OpListEngine load(Path file, Metadata metadata, String device) {
+        return OpListFile.load(file, metadata, device,
+                (handle, trainable, graphFiles) -> new OpListEngine(file, handle, metadata, trainable, graphFiles, device));
     }
 
     @Override
@@ -287,14 +64,13 @@ final class ExportedModule extends ScriptedModule {
     }
 
     /**
-     * The module as it is now, as a protocol-3 zip: {@code metadataJson} (the metadata and its checkpoint
-     * entry) with the program's state entries and counters as they are now, the op lists as loaded, and
-     * each state tensor but the gradients (a step starts with {@code zero_grad}).
+     * The module as it is now, as a protocol-3 zip ({@link OpListFile#write}): {@code metadataJson} (the metadata
+     * and its checkpoint entry) with the program's state entries and counters as they are now, the op lists as
+     * loaded, and each state tensor but the gradients (a step starts with {@code zero_grad}).
      */
     @Override
     void save(Path file, String metadataName, String metadataJson) throws IOException {
         JsonObject document = JsonParser.parseString(metadataJson).getAsJsonObject();
-        JsonObject program = document.getAsJsonObject(Protocol.PROGRAM_KEY);
         List<String> names = new ArrayList<>();
         for (String name : Native.exportedStateNames(handle())) {
             if (!name.startsWith("grad:")) {
@@ -306,60 +82,18 @@ final class ExportedModule extends ScriptedModule {
             for (long h : Native.exportedGet(handle(), names.toArray(new String[0]))) {
                 tensors.add(new Tensor(h));
             }
-            JsonArray entries = new JsonArray();
-            for (int i = 0; i < names.size(); i++) {
-                JsonObject entry = new JsonObject();
-                entry.addProperty("name", names.get(i));
-                entry.addProperty("dtype", tensors.get(i).dtype().torchName());
-                JsonArray shape = new JsonArray();
-                for (long d : tensors.get(i).shape()) {
-                    shape.add(d);
-                }
-                entry.add("shape", shape);
-                entry.addProperty("file", "state/" + i + ".bin");
-                entries.add(entry);
-            }
-            program.add("state", entries);
-            program.add("counters", JsonParser.parseString(Native.exportedCounters(handle())));
-            // tensor by tensor into the file: the archive is never in memory whole
-            try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 1 << 16);
-                    ZipOutputStream zip = new ZipOutputStream(out)) {
-                put(zip, metadataName, PRETTY.toJson(document).getBytes(StandardCharsets.UTF_8));
-                for (Map.Entry<String, String> graph : graphFiles.entrySet()) {
-                    put(zip, graph.getKey(), graph.getValue().getBytes(StandardCharsets.UTF_8));
-                }
-                byte[] chunk = new byte[1 << 20];
-                for (int i = 0; i < tensors.size(); i++) {
-                    ZipEntry entry = new ZipEntry("state/" + i + ".bin");
-                    entry.setTimeLocal(ZIP_TIME);
-                    zip.putNextEntry(entry);
-                    ByteBuffer values = tensors.get(i).buffer();
-                    while (values.hasRemaining()) {
-                        int n = Math.min(chunk.length, values.remaining());
-                        values.get(chunk, 0, n);
-                        zip.write(chunk, 0, n);
-                    }
-                    zip.closeEntry();
-                }
-            }
+            OpListFile.write(file, metadataName, document, graphFiles, names, tensors,
+                    JsonParser.parseString(Native.exportedCounters(handle())));
         } finally {
             Tensors.closeAll(tensors);
         }
     }
 
-    private static void put(ZipOutputStream zip, String name, byte[] content) throws IOException {
-        ZipEntry entry = new ZipEntry(name);
-        entry.setTimeLocal(ZIP_TIME); // the same state saves as the same bytes
-        zip.putNextEntry(entry);
-        zip.write(content);
-        zip.closeEntry();
-    }
-
     @Override
-    ScriptedModule snapshot() {
+    ModuleEngine snapshot() {
         long copy = Native.exportedSnapshot(handle());
         try {
-            return new ExportedModule(path, copy, metadata, trainableNames, graphFiles, device());
+            return new OpListEngine(path, copy, metadata, trainableNames, graphFiles, device());
         } catch (RuntimeException e) {
             Native.exportedFree(copy);
             throw e;

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from ._runtime.files import atomic_path
-from .history import History
-from .parity import ParityReport
+from .._runtime.files import atomic_path
+from ..history import History
+from ..parity import ParityReport
 
 #: |difference| plotted for bitwise-equal epochs, which a log scale cannot show as 0
 _ZERO_FLOOR = 1e-18

@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.FrozenTensors;
 import dev.gradbridge.internal.GuardedSteps;
 import dev.gradbridge.internal.ModuleAccess;
 import java.io.IOException;
@@ -9,7 +10,7 @@ import java.nio.file.Path;
 import java.util.Optional;
 
 /** {@link ModuleAccess}'s calls: the library's other packages reach {@link TrainingModule}'s internals through them. */
-final class LibraryCalls implements ModuleAccess.Calls {
+final class ModuleAccessCalls implements ModuleAccess.Calls {
 
     @Override
     public GuardedSteps stepWhileFinite(TrainingModule module, Tensor[] xs, Tensor[] ys) {
@@ -31,7 +32,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
     @Override
     public Optional<TrainingModule> snapshot(TrainingModule module) {
         try (ThreadGuard.Use use = module.use()) {
-            ScriptedModule copy = module.scripted.snapshot();
+            ModuleEngine copy = module.scripted.snapshot();
             if (copy == null) {
                 return Optional.empty();
             }
@@ -68,7 +69,7 @@ final class LibraryCalls implements ModuleAccess.Calls {
 
     @Override
     public ModuleAccess.BareCall bareTrainStep(Path model, Tensor x, Tensor y) {
-        TorchScriptModule module = TorchScriptModule.load(model.toAbsolutePath(), Devices.CPU);
+        TorchScriptEngine module = TorchScriptEngine.load(model.toAbsolutePath(), Devices.CPU);
         return new ModuleAccess.BareCall() {
             @Override
             public void run() {
@@ -88,8 +89,23 @@ final class LibraryCalls implements ModuleAccess.Calls {
     }
 
     @Override
+    public FrozenTensors frozen(TrainingModule module) {
+        return FrozenSharing.frozen(module);
+    }
+
+    @Override
+    public int share(TrainingModule module, FrozenTensors frozen) {
+        return FrozenSharing.share(module, frozen);
+    }
+
+    @Override
+    public int leaveOut(TrainingModule module) {
+        return FrozenSharing.leaveOut(module);
+    }
+
+    @Override
     public void manualSeed(long seed) {
-        ScriptedModule.seed(seed);
+        ModuleEngine.seed(seed);
     }
 
     @Override

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .. import protocol
 from ..errors import GradbridgeError
 from .options import check, tensor_refused
 
@@ -521,3 +522,11 @@ def torch_optimizer(spec: Dict[str, Any], params, single_tensor: bool = False) -
     if single_tensor and options.get("foreach") is None:
         options["foreach"] = False
     return getattr(torch.optim, cls.torch_name)(params, **options)
+
+
+def clip_of(metadata: Dict[str, Any]) -> Dict[str, Any]:
+    """The clip entry of a module's metadata, with ``"inf"`` back as a float."""
+    clip = dict(metadata.get(protocol.FINE_TUNING_KEY, {}).get("clip", {"kind": "none"}))
+    if "norm_type" in clip:
+        clip["norm_type"] = float(clip["norm_type"])
+    return clip

@@ -14,7 +14,7 @@ import java.util.Map;
  * Integer partitions, byte[][] payloads}}: one payload per destination task, or one for all. The
  * answer is {@code byte[K][]}, the task's own entry empty.
  */
-final class ExchangeRelay extends DriverEndpoint {
+final class RelayEndpoint extends DriverEndpoint {
 
     private static final byte[] NOTHING = new byte[0];
     private final Map<String, Round> rounds = new HashMap<>();
@@ -33,13 +33,13 @@ final class ExchangeRelay extends DriverEndpoint {
         }
     }
 
-    private ExchangeRelay(byte[] secret) {
+    private RelayEndpoint(byte[] secret) {
         super("gradbridge-exchange", secret);
     }
 
     /** Registers a relay on the driver's RPC environment, answering requests that carry the run's {@code secret}. */
-    static ExchangeRelay start(byte[] secret) {
-        ExchangeRelay relay = new ExchangeRelay(secret);
+    static RelayEndpoint start(byte[] secret) {
+        RelayEndpoint relay = new RelayEndpoint(secret);
         relay.register();
         return relay;
     }

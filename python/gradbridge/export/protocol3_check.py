@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from torch import Tensor, nn
 
-from .._runtime import inputs as model_inputs, program
+from .._runtime import autocast, inputs as model_inputs, program
 from .. import protocol
 from ..errors import ExportError
 from ..reference import Reference
@@ -79,7 +79,7 @@ class _Eager:
 
     def forward(self, x: Dict[str, Tensor]) -> Tensor:
         self.reference.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast.region(self.reference.autocast):  # as exported (capture.autocast)
             return model_inputs.call(self.reference.model, self._batch(x))
 
 

@@ -10,8 +10,8 @@ import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * The engine boundary: everything gradbridge asks of a loaded training module, and nothing of
- * how an engine does it. {@link TorchScriptModule} implements it over gradbridge's native layer
- * (libtorch's TorchScript runtime through JNI); {@link ExportedModule} over protocol 3's op lists
+ * how an engine does it. {@link TorchScriptEngine} implements it over gradbridge's native layer
+ * (libtorch's TorchScript runtime through JNI); {@link OpListEngine} over protocol 3's op lists
  * (torch.export), run op by op through libtorch's dispatcher. {@link TrainingModule} is its only caller.
  *
  * <p>Contract for every implementation: methods run with autograd on and without the
@@ -19,7 +19,7 @@ import java.util.concurrent.atomic.AtomicLong;
  * set per call on the calling thread; one thread at a time per module (the caller's {@link
  * ThreadGuard}); tensors are {@link Tensor}s, results owned by the caller.
  */
-abstract class ScriptedModule implements AutoCloseable {
+abstract class ModuleEngine implements AutoCloseable {
 
     /** The file the module was loaded from (what messages name). */
     final Path path;
@@ -31,7 +31,7 @@ abstract class ScriptedModule implements AutoCloseable {
      * @param handle the engine's native module, which this one frees on close
      * @param device where its tensors are ({@link Devices}, canonical)
      */
-    ScriptedModule(Path path, long handle, Collection<String> methodNames, String device) {
+    ModuleEngine(Path path, long handle, Collection<String> methodNames, String device) {
         this.path = path;
         this.handle = new AtomicLong(handle);
         this.methodNames = Collections.unmodifiableSet(new LinkedHashSet<>(methodNames));
@@ -41,18 +41,18 @@ abstract class ScriptedModule implements AutoCloseable {
     /**
      * Loads a module file with the engine that reads it, chosen by the metadata's protocol version:
      * TorchScript (protocols 1 and 2) or gradbridge's op lists over libtorch's dispatcher (protocol 3,
-     * {@link ExportedModule}), in training mode.
+     * {@link OpListEngine}), in training mode.
      *
      * The module's tensors are on {@code device} (canonical; the caller checked it is there), its calls
      * copy their tensor arguments there and their tensor results back to the CPU.
      *
      * @throws NativeException when the engine cannot load it (nothing stays allocated)
      */
-    static ScriptedModule load(Path file, Metadata metadata, String device) {
+    static ModuleEngine load(Path file, Metadata metadata, String device) {
         if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION) {
-            return ExportedModule.load(file, metadata, device);
+            return OpListEngine.load(file, metadata, device);
         }
-        return TorchScriptModule.load(file, device);
+        return TorchScriptEngine.load(file, device);
     }
 
     /** Seeds the engine's process-wide CPU generator (what dropout draws from). */
@@ -123,7 +123,7 @@ abstract class ScriptedModule implements AutoCloseable {
      * A module of the same type whose attributes hold copies of this one's tensors (what it saves
      * is what this one saves now), or null when two of its tensors share a storage.
      */
-    abstract ScriptedModule snapshot();
+    abstract ModuleEngine snapshot();
 
     /**
      * Runs a method by name and converts its result (see {@link TrainingModule#call} for the types).

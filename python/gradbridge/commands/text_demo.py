@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import online
-from .export import export_training_module
-from .replay import ReplayReport, replay
+from .. import online
+from ..export import export_training_module
+from ..replay import ReplayReport, replay
 
 #: The demo's sizes: vocabulary, sentence length, width; tokens [2, 2 + SIGNAL) are positive, the next SIGNAL negative.
 VOCAB, LENGTH, WIDTH, SIGNAL, LR = 64, 12, 32, 8, 3e-3
