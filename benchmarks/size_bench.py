@@ -19,7 +19,7 @@ losses of java and cli are compared bit for bit (the export's check compared the
     python benchmarks/size_bench.py --phases export,eager --format export
 
 Options: --steps (4) batches of --batch (2) rows of --tokens (64) tokens, one epoch; --format (auto).
-Check ``free -g`` first: the export peaks at about 1.25x eager training (the user's model, then one side of
+Check ``free -g`` first: the export peaks at about 1.1x eager training (the user's model, then one side of
 the export's check at a time).
 """
 import argparse
