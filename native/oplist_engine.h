@@ -73,6 +73,9 @@ struct Graph {
   // on, as eager's forward (a kernel may branch on it: oneDNN's LSTM layer keeps its backward's workspace
   // only then); the backward runs with it off, as autograd's engine runs it (python: oplist.forward_ops).
   size_t forward_ops = 0;
+  // The slots to let go after each node: those no later node reads and no output names (an optimizer step's
+  // temporaries one parameter at a time, an activation once the backward has read it; python: oplist._last_reads)
+  std::vector<std::vector<int64_t>> release_after;
 };
 
 // ---- oplist_graph.cpp ----

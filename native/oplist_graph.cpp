@@ -297,6 +297,21 @@ Graph read_graph(const std::string& name, ProgramArrays& in, const Limits& limit
       if (loss < computed) graph.forward_ops = k + 1;
     }
   }
+  std::vector<int64_t> last(count, -1);  // the node that reads a slot last (or makes it, when none reads it)
+  int64_t made = static_cast<int64_t>(graph.inputs.size());
+  for (size_t k = 0; k < graph.nodes.size(); k++) {
+    const Node& node = graph.nodes[k];
+    for (int64_t n = std::max<int64_t>(node.outputs, 1); n > 0; n--) last[made++] = static_cast<int64_t>(k);
+    for (const Arg& a : node.args) {
+      if (a.kind == Arg::Ref) last[a.i] = static_cast<int64_t>(k);
+      if (a.kind == Arg::RefList || a.kind == Arg::OptRefList)
+        for (int64_t ref : a.ints) if (ref >= 0) last[ref] = static_cast<int64_t>(k);
+    }
+  }
+  for (const auto& out : graph.outputs) last[out.first] = -1;
+  graph.release_after.assign(graph.nodes.size(), {});
+  for (int64_t ref = 0; ref < count; ref++)
+    if (last[ref] >= 0) graph.release_after[last[ref]].push_back(ref);
   return graph;
 }
 

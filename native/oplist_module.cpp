@@ -84,6 +84,8 @@ std::vector<std::pair<std::string, c10::IValue>> Exported::run(const std::string
   std::optional<at::AutoGradMode> grad_mode(std::in_place, graph.forward_ops > 0);
   for (size_t k = 0; k < graph.nodes.size(); k++) {
     const Node& node = graph.nodes[k];
+    if (k > 0)
+      for (int64_t ref : graph.release_after[k - 1]) slots[ref] = c10::IValue();
     if (k == graph.forward_ops && k > 0) grad_mode.emplace(false);
     stack.clear();
     for (const Arg& a : node.args) stack.push_back(argument(a, slots, batch, device));

@@ -272,3 +272,42 @@ def test_state_kept_across_eval_calls_that_python_train_clears_is_refused_in_one
     assert message.startswith("export check failed: evaluate (eval mode) after train_step 1: loss differs"), message
     assert "Python train()" in message and 'format="export"' in message and "\n" not in message
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("format", ["torchscript", "export"])
+def test_the_check_holds_one_side_at_a_time_beside_the_users_model(tmp_path, monkeypatch, format):
+    """Export at the size of the model: when a side of the check is built, nothing else the export made from
+    the model is alive (its own copy, the other side), so a large model is held at most twice."""
+    import gc
+    import weakref
+
+    from gradbridge.export import protocol3_check, capture, self_check
+
+    made = []  # weak references to every copy of the model and every side of the check
+
+    copy_model = capture.cpu_copy
+
+    def tracked_copy(model, *values):
+        copied = copy_model(model, *values)
+        made.append(weakref.ref(copied))
+        return copied
+
+    def tracked(cls):
+        init = cls.__init__
+
+        def built(self, *args, **kwargs):
+            gc.collect()
+            assert not [ref() for ref in made if ref() is not None], f"{cls.__qualname__} built beside another copy"
+            init(self, *args, **kwargs)
+            made.append(weakref.ref(self))
+        monkeypatch.setattr(cls, "__init__", built)
+
+    monkeypatch.setattr(capture, "cpu_copy", tracked_copy)
+    for side in (self_check._Eager, self_check._Module, protocol3_check._Eager, protocol3_check._Twin):
+        tracked(side)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    export_training_module(model, "cross_entropy", ADAM, tmp_path / "m.pt", example_inputs=labelled(8, tensors=True),
+                           format=format)
+    assert len(made) == 4  # the export's copy, the eager side and its copy, the module
+    assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())

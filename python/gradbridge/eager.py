@@ -83,10 +83,9 @@ class Reference:
                  state: Optional[Dict[str, Tensor]] = None, take_model: bool = False, device: str = devices.CPU):
         """``loaded``: the module at ``model_path`` already loaded, to read its initial state from (it
         is not loaded again); with ``model`` given, the reference does not use it after that.
-        ``state``: a protocol-3 module's parameters and buffers by name, already read (``_program_state``).
-        ``take_model``: train ``model`` itself, not a copy (the export's check hands over its own copy,
-        so a large model is not held once more). ``device``: where it trains (canonical, checked:
-        ``devices.require``)."""
+        ``state``: the module's parameters and buffers by name, already read (``_program_state``; with ``model``,
+        a TorchScript file is then not loaded). ``take_model``: train ``model`` itself, not a copy (the export's
+        check hands over its copy). ``device``: where it trains (canonical, checked: ``devices.require``)."""
         self.metadata = protocol.read_metadata(model_path)
         self.path = str(model_path)
         self.device = device
@@ -96,7 +95,8 @@ class Reference:
             raise ProtocolError(messages.protocol3_needs_model(str(model_path)))
         # the model stored in the .pt is read onto the device (a trace's constants too)
         where = {"map_location": device} if on_device and model is None and loaded is None else {}
-        scripted = None if program else loaded if loaded is not None else torchscript.load(str(model_path), **where)
+        scripted = None if program or (model is not None and state is not None) else \
+            loaded if loaded is not None else torchscript.load(str(model_path), **where)
         if scripted is not None:
             protocol.check_parameters(str(model_path), self.metadata, scripted.parameter_names(),
                                       scripted.get_parameters())

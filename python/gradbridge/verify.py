@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from . import messages
 from ._runtime import libtorch, torch_gate
-from .export.self_check import first_difference
+from .export.check_trail import first_difference
 from .models import SmallCNN, linear, mlp
 
 #: Every optimizer option the exporter supports, one case each (also tests/test_optim.py and

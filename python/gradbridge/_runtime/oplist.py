@@ -303,15 +303,41 @@ def run(graph: Mapping[str, Any], values: Mapping[str, Any], name: str = "graph"
                  "target" if "target" in graph["inputs"] else None)
     batch = int(values[first].shape[0]) if first is not None else 0
     forward = forward_ops(graph)
+    done = _last_reads(graph)
     with torch.enable_grad():
-        _run_nodes(graph["nodes"][:forward], slots, batch, 0, name)
+        _run_nodes(graph["nodes"][:forward], slots, batch, 0, name, done)
     with torch.no_grad():
-        _run_nodes(graph["nodes"][forward:], slots, batch, forward, name)
+        _run_nodes(graph["nodes"][forward:], slots, batch, forward, name, done)
     return {out["to"]: slots[out["ref"]] for out in graph["outputs"]}
 
 
-def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int, first: int, name: str) -> None:
+def _last_reads(graph: Mapping[str, Any]) -> Dict[int, List[int]]:
+    """For each node, the slots no later node reads and no output names, let go after it (an optimizer step's
+    temporaries one parameter at a time, not all of them till the step's end)."""
+    last: Dict[int, int] = {}
+    made = len(graph["inputs"])
+    for k, node in enumerate(graph["nodes"]):
+        for ref in range(made, made + max(node["outputs"], 1)):  # read by none: let go after it is made
+            last[ref] = k
+        made += max(node["outputs"], 1)
+        for arg in node["args"]:
+            (kind, value), = arg.items() if isinstance(arg, dict) else ((None, None),)
+            refs = [value] if kind == "t" else [v for v in value if v is not None] if kind in ("tl", "otl") else []
+            for ref in refs:
+                last[ref] = k
+    kept = {out["ref"] for out in graph["outputs"]}
+    done: Dict[int, List[int]] = {}
+    for ref, k in last.items():
+        if ref not in kept:
+            done.setdefault(k, []).append(ref)
+    return done
+
+
+def _run_nodes(nodes: Sequence[Mapping[str, Any]], slots: List[Any], batch: int, first: int, name: str,
+               done: Mapping[int, List[int]]) -> None:
     for k, node in enumerate(nodes, first):
+        for ref in done.get(k - 1, ()):
+            slots[ref] = None
         args = [_decode(a, slots, batch) for a in node["args"]]
         where = f"op list {name} node {k} ({node['op']}.{node['overload']})"
         if node["op"] == ITEM:

@@ -128,10 +128,11 @@ class Program:
 
     def __init__(self, graphs: Mapping[str, Any], state: Mapping[str, Tensor], parameters: List[str],
                  training: Mapping[str, Any], counters: Mapping[str, Any], schedule: Optional[Any] = None,
-                 where: str = ""):
+                 where: str = "", own: bool = False):
+        """``own``: ``state``'s tensors are the program's to change (``read_program``'s), not copied."""
         self.where = where  # its file: the start of its error lines
         self.graphs = dict(graphs)
-        self.state = {name: t.clone() for name, t in state.items()}
+        self.state = dict(state) if own else {name: t.clone() for name, t in state.items()}
         self.parameters = list(parameters)
         self.training = dict(training)
         self.trainable = [name for group in training["groups"] for name in group["params"]]
@@ -296,13 +297,13 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
                         str(path), spec["name"], _text(expected), _text(actual)))
                 dtype = oplist.DTYPES[spec["dtype"]]
                 needed = math.prod(spec["shape"]) * dtype.itemsize
-                raw = bytearray(_bounded(archive, spec["file"], needed))
-                if len(raw) != needed:
-                    size = max(len(raw), archive.getinfo(spec["file"]).file_size)
+                tensor = torch.empty(spec["shape"], dtype=dtype)
+                size = _read_into(archive, spec["file"], tensor)
+                if size != needed:
+                    size = max(size, archive.getinfo(spec["file"]).file_size)
                     raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], size,
                                                                               spec["name"], _text(actual), needed))
-                flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-                state[spec["name"]] = flat.view(dtype).reshape(spec["shape"]).clone()
+                state[spec["name"]] = tensor
         for name, graph in graphs.items():
             oplist.check(graph, f"op list {oplist_check.shown(name)}")
         _check_bound(graphs, state)
@@ -324,6 +325,27 @@ def _bounded(archive: zipfile.ZipFile, name: str, limit: int) -> bytes:
     if len(data) > limit and limit == oplist_check.LIMITS["json_bytes"]:
         raise oplist.OpListError(f"{name}: inflates past the limit of {limit} bytes")
     return data
+
+
+#: Bytes of a state entry read at a time, straight into its tensor.
+_CHUNK = 1 << 24
+
+
+def _read_into(archive: zipfile.ZipFile, name: str, tensor: Tensor) -> int:
+    """An entry's bytes read into ``tensor``'s memory as they come (its CRC-32 checked at the end); how many
+    the entry holds, counted up to one more than the tensor takes."""
+    memory = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+    filled = 0
+    with archive.open(name) as entry:
+        while filled < len(memory):
+            chunk = entry.read(min(_CHUNK, len(memory) - filled))
+            if not chunk:
+                return filled
+            memory[filled:filled + len(chunk)] = chunk
+            filled += len(chunk)
+        if entry.read(1):
+            return filled + 1
+    return filled
 
 
 def _check_bound(graphs: Dict[str, Any], state: Dict[str, Tensor]) -> None:

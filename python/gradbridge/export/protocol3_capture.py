@@ -22,7 +22,6 @@ list per graph (``graphs/NAME.json``) and the state tensors (``state/K.bin``, ra
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import logging
@@ -39,9 +38,9 @@ from .. import messages, protocol
 from .._version import __version__
 from ..errors import ExportError
 from .._runtime.files import atomic_path
-from ..reference import Reference
 from ..spec import losses
-from . import protocol3_optimizer, capture as model_capture, finetune, self_check, step_writes, traceable, weights
+from . import capture as model_capture, check_trail, finetune, protocol3_check, protocol3_optimizer, step_writes
+from . import traceable, weights
 
 log = logging.getLogger(__name__)
 
@@ -150,38 +149,34 @@ def _capture(module: nn.Module, args: Tuple[Tensor, ...], joint: bool, input_bin
 
 def _without_gradient(model: nn.Module, loss: nn.Module, names: Sequence[str], args: Tuple[Tensor, ...],
                       trainable: List[str], autocast_dtype: Optional[str]) -> List[str]:
-    """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of a
-    copy: torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
+    """The trainable parameters the loss gives no gradient (autograd's None), from one eager backward of the
+    export's copy (``torch.autograd.grad``: no ``.grad`` set; its buffers put back, the generator left as it
+    was): torch.optim skips such a parameter at every step (its ``.grad`` stays None), so the step graph
     leaves it out. The set is the graph's: a model whose reach depends on its data is refused by the capture."""
-    probe = copy.deepcopy(model)
-    wanted = dict(probe.named_parameters())
+    wanted = dict(model.named_parameters())
+    saved = [(module, name, b, b.detach().clone()) for module in model.modules() for name, b in module._buffers.items()
+             if b is not None]
     try:
         with torch.random.fork_rng(devices=[]):
-            value = _Step(probe, loss, names, autocast_dtype=autocast_dtype).train()(*args)[0]
+            value = _Step(model, loss, names, autocast_dtype=autocast_dtype).train()(*args)[0]
             if not value.requires_grad:
                 return list(trainable)
             grads = torch.autograd.grad(value, [wanted[n] for n in trainable], allow_unused=True)
+            return [n for n, g in zip(trainable, grads) if g is None]
     except Exception as ex:  # the user's model fails: the capture would say the same
         raise ExportError(messages.aten_capture_failed(type(model).__name__, traceable.capture_failure(ex))) from ex
-    return [n for n, g in zip(trainable, grads) if g is None]
-
-
-def _drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
-    """Parameters without a gradient leave their groups: no step, no optimizer state, as in torch.optim."""
-    for group in training["groups"]:
-        group["params"] = [n for n in group["params"] if n not in idle]
-
-
-def _grow(batch: Tensor) -> Tensor:
-    """The batch with its first row again at the end (one more sample, real data)."""
-    return torch.cat([batch, batch[:1]])
+    finally:
+        with torch.no_grad():
+            for module, name, buffer, before in saved:  # each buffer's own tensor, its values as before
+                buffer.copy_(before)
+                module._buffers[name] = buffer
 
 
 def _graph_at_two_sizes(make: Any, args: Tuple[Tensor, ...], joint: bool, bindings: List[str],
                         constants: Dict[str, Tensor], name: str, result: str = "output") -> Dict[str, Any]:
     b = int(args[0].shape[0])
     small = _capture(make(), args, joint, bindings, constants, result)
-    large = _capture(make(), tuple(_grow(a) for a in args), joint, bindings, constants, result)
+    large = _capture(make(), tuple(protocol3_check.grow(a) for a in args), joint, bindings, constants, result)
     try:
         return oplist.batch_affine(small, large, b, b + 1, name)
     except oplist.OpListError as ex:
@@ -230,64 +225,6 @@ def capture_probe() -> int:
     return len(graph["nodes"])
 
 
-def _initial_optimizer_state(setup: finetune.Setup, names: Sequence[str]) -> Dict[str, Tensor]:
-    """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
-    momentum buffer comes with step 1)."""
-    state: Dict[str, Tensor] = {}
-    if setup.spec["name"] == "sgd":
-        return state
-    for (indices, _), module in zip(setup.resolved, setup.optimizers):
-        for key, values in module.state().items():
-            for i, value in zip(indices, values):
-                state[f"state:{key}:{names[i]}"] = value.detach().clone()
-    return state
-
-
-def _training(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
-    """``program.training`` and ``program.counters`` (see ``program``), and the schedule module, or refused
-    in one line."""
-    plan = setup.plan
-    spec = setup.spec
-    if spec["name"] not in program.OPTIMIZERS:
-        raise ExportError(messages.protocol3_optimizer_refused(spec["name"], program.OPTIMIZERS))
-    training: Dict[str, Any] = {
-        "optimizer": spec["name"],
-        "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
-                   for (indices, _), module in zip(setup.resolved, setup.optimizers)],
-        "accumulate": plan.accumulate, "scheduler_interval": plan.interval}
-    schedule = None
-    if "scheduler" in plan.metadata:
-        kind = plan.metadata["scheduler"]["name"]
-        if kind not in program.SCHEDULERS:
-            raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
-        schedule = plan.scheduler_module
-        training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
-    counters = program.initial_counters(plan.lrs, schedule)
-    if counters["momenta"]:
-        _cycle_momentum(training, schedule)
-    return training, counters, schedule
-
-
-_OPTIMIZER_NAMES = {"sgd": "SGD", "rmsprop": "RMSprop"}
-
-
-def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
-    """OneCycleLR cycles the momentum of SGD and RMSprop, or Adam's beta1: a host scalar per step
-    (``program.host_scalars``); the groups hold the cycle's start, as torch's construction sets it, so the step
-    graph has the momentum ops. A cycle through momentum 0 (torch then skips the buffer) is refused."""
-    name = training["optimizer"]
-    for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
-                                       schedule.max_momenta):
-        if name in ("sgd", "rmsprop"):
-            if min(low, high) <= 0:
-                raise ExportError(messages.aten_option_refused(
-                    f"OneCycleLR cycling {_OPTIMIZER_NAMES[name]}'s momentum through {min(low, high)} "
-                    "(base_momentum and max_momentum above 0 are held)"))
-            group["momentum"] = start
-        else:
-            group["betas"] = [start, group["betas"][1]]
-
-
 #: Bytes of a tensor written to the archive at a time (a chunk, not a copy of the tensor).
 _CHUNK = 1 << 24
 
@@ -326,6 +263,35 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     batch = int(y.shape[0])
     if batch < program.MIN_BATCH:
         raise ExportError(messages.aten_batch_too_small(batch, program.MIN_BATCH))
+    metadata, graphs, state, schedule = _build(model, loss_module, loss_spec, optimizer, input_names, example_x, x, y,
+                                               model_name=model_name, check=check, options=options,
+                                               auto_reason=auto_reason, exported_from=exported_from)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(protocol.METADATA_FILE, json.dumps(metadata, indent=2))
+            for name, graph in graphs.items():
+                archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
+            for entry, tensor in zip(metadata[protocol.PROGRAM_KEY]["state"], state.values()):
+                _write_tensor(archive, entry["file"], tensor)
+        # The state holds the export's copy of the model and its optimizer state (the capture went with
+        # _build's frame): let go, so the check holds one side at a time beside the user's model.
+        del state
+        if check:
+            check_trail.release()
+            protocol3_check.check(tmp, model, schedule, input_names, x, y, one_sample=program.one("train") in graphs,
+                             init_weights=options.get("init_weights"))
+    log.info("wrote %s", path)
+    return path
+
+
+def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], optimizer: Any,
+           input_names: List[str], example_x: Any, x: Dict[str, Tensor], y: Tensor, *, model_name: Any, check: bool,
+           options: Dict[str, Any], auto_reason: Optional[str],
+           exported_from: Optional[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor], Any]:
+    """The graphs of a copy of ``model``, the state to write (that copy's tensors and the optimizer's, not
+    copied), the metadata and the schedule module."""
+    batch = int(y.shape[0])
     names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
     model = model_capture.cpu_copy(model)
     named = list(model.named_parameters())
@@ -336,7 +302,8 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
                            scheduler=options.get("scheduler"), scheduler_interval=options.get("scheduler_interval", "step"),
                            clip_grad_norm=options.get("clip_grad_norm"), clip_norm_type=options.get("clip_norm_type", 2.0),
                            clip_grad_value=options.get("clip_grad_value"), accumulate=options.get("accumulate", 1))
-    training, counters, schedule = _training(setup, names)
+    training, counters, schedule = protocol3_optimizer.training_spec(setup, names)
+    setup.optimizers.clear()  # their state is built again at the write (protocol3_optimizer.initial_state)
     accumulate = setup.plan.accumulate
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
@@ -377,9 +344,10 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     model.train()
     for n in idle:
         params[n].requires_grad_(True)
-    _drop_from_groups(training, idle)
+    protocol3_optimizer.drop_from_groups(training, idle)
     if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle], setup.plan.clip)
+        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle],
+                                                        setup.plan.clip)
     graphs.update(protocol3_optimizer.optimizer_graphs(training))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
@@ -387,7 +355,7 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
     buffers = list(model.named_buffers())
     state.update({f"buffer:{n}": b.detach() for n, b in buffers})
     state.update(constants)
-    state.update({k: v for k, v in _initial_optimizer_state(setup, names).items() if k.split(":")[2] not in idle})
+    state.update({k: v for k, v in protocol3_optimizer.initial_state(setup, named).items() if k.split(":")[2] not in idle})
     if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
         for group in training["groups"]:
             for n in group["params"] if group["momentum"] > 0 else ():
@@ -422,89 +390,4 @@ def export(model: nn.Module, loss: Any, optimizer: Any, path: Path, *, example_i
         "min_batch": 1 if program.one("train") in graphs else program.MIN_BATCH,
         "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
         "training": training, "counters": counters}
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
-            archive.writestr(protocol.METADATA_FILE, json.dumps(metadata, indent=2))
-            for name, graph in graphs.items():
-                archive.writestr(f"graphs/{name}.json", json.dumps(graph, separators=(",", ":")))
-            for entry, tensor in zip(entries, state.values()):
-                _write_tensor(archive, entry["file"], tensor)
-        if check:
-            # The check's eager side is this copy of the model (its parameters and buffers set from the
-            # written file by the reference): a large model is held here and once as read back, no more.
-            del state, constants, persistent
-            _check(tmp, model, copy.deepcopy(schedule), input_names, x, y)
-    log.info("wrote %s", path)
-    return path
-
-
-def _batch(names: Sequence[str], x: Dict[str, Tensor]) -> Any:
-    """Inputs by name as the reference takes them: the tensor itself for a model of one input."""
-    return x[names[0]] if model_inputs.is_single(names) else x
-
-
-def _torch_state(reference: Any) -> Dict[str, Tensor]:
-    """torch.optim's per-parameter state tensors by ``KEY:NAME`` (a parameter that never had a gradient holds none)."""
-    names = {id(p): n for n, p in reference.named_parameters()}
-    return {f"{key}:{names[id(p)]}": value for p, held in reference.optimizer.state.items()
-            for key, value in held.items() if torch.is_tensor(value)}
-
-
-def _check(path: Path, eager: nn.Module, schedule: Any, input_names: List[str], x: Dict[str, Tensor],
-           y: Tensor) -> None:
-    """The written program (read back, run by the native interpreter's Python twin) beside the user's eager
-    model with torch.optim as the reference trains it (groups, frozen parameters, clipping, accumulation,
-    the schedule): two steps at the example's size, one at one more (and one at one sample when the program
-    holds its graphs), each followed by the end-of-epoch schedule step; then evaluate and forward in eval
-    mode at the example's size (and at one sample); bit for bit."""
-    compare = self_check._Comparison("export")
-    method = "loading the export"
-    try:
-        metadata, graphs, state = program.read_program(path)
-        entry = metadata[protocol.PROGRAM_KEY]
-        twin = program.Program(graphs, state, [p["name"] for p in metadata["parameters"]], entry["training"],
-                               entry["counters"], schedule)
-        reference = Reference(path, eager, take_model=True, state={
-            name.split(":", 1)[1]: t for name, t in state.items() if name.split(":", 1)[0] in ("param", "buffer")})
-        batches = [(x, y), (x, y), ({n: _grow(t) for n, t in x.items()}, _grow(y))]
-        evaluated = [(x, y)]
-        if program.one("train") in graphs:
-            batches.append(({n: t[:1] for n, t in x.items()}, y[:1]))
-            evaluated.append(batches[-1])
-        with torch.random.fork_rng(devices=[]):
-            for k, (bx, by) in enumerate(batches):
-                method = f"train_step {k + 1}"
-                torch.manual_seed(self_check.SEED + k)
-                expected = reference.train_step(_batch(input_names, bx), by)
-                torch.manual_seed(self_check.SEED + k)
-                actual = twin.train_step(bx, by)
-                compare.tensor(method, "loss", expected, actual)
-                compare.named(method, "parameter", reference.parameters(copies=False),
-                              {n: twin.state[f"param:{n}"] for n in twin.parameters})
-                compare.named(method, "buffer", reference.buffers(copies=False),
-                              {n: twin.state[f"buffer:{n}"] for n in reference.buffers(copies=False)})
-                held = _torch_state(reference)
-                own = {name[len("state:"):]: t for name, t in twin.state.items() if name.startswith("state:")}
-                compare.named(method, "optimizer state", held, own)
-                extra = sorted(set(own) - set(held))
-                if extra:
-                    raise ExportError(messages.export_mismatch(method, f"optimizer state {extra[0]}",
-                                                               "none (torch.optim holds none)", "a tensor"))
-                reference.end_epoch(float(expected))
-                twin.schedule_epoch(float(expected))
-                if reference.lrs() != twin.lrs:
-                    raise ExportError(messages.export_mismatch(method, "the learning rates", str(reference.lrs()),
-                                                               str(twin.lrs)))
-            for bx, by in evaluated:
-                method = f"evaluate (eval mode, {len(by)} samples)"
-                compare.tensor(method, "loss", reference.evaluate(_batch(input_names, bx), by), twin.evaluate(bx, by))
-                method = f"forward (eval mode, {len(by)} samples)"
-                reference.model.eval()
-                with torch.no_grad(), autocast.region(reference.autocast):
-                    out = _call(reference.model, input_names, [bx[n] for n in input_names])
-                compare.tensor(method, "output", out, twin.forward(bx))
-    except ExportError:
-        raise
-    except Exception as ex:
-        raise ExportError(messages.export_check_raised(method, messages.one_line(ex)[:300])) from ex
+    return metadata, graphs, state, schedule

@@ -1,6 +1,7 @@
 """Protocol 3's optimizer step and gradient clipping, written op by op (``export.protocol3_capture`` captures the
 model's step; these graphs follow it): torch.optim's single-tensor op sequence per parameter, with the per-step
-Python doubles as host scalars (``program.host_scalars``), and torch.nn.utils' clipping."""
+Python doubles as host scalars (``program.host_scalars``), and torch.nn.utils' clipping; the program's
+``training`` spec and counters, and the optimizer state it starts from (built at the write)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import torch
 from torch import Tensor
 
 from .._runtime import oplist, program
+from .. import messages
+from ..errors import ExportError
+from ..spec import optim
+from . import finetune
 
 
 class _Builder:
@@ -206,3 +211,69 @@ def optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
         graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
     return graphs
+
+
+def drop_from_groups(training: Dict[str, Any], idle: Sequence[str]) -> None:
+    """Parameters without a gradient leave their groups: no step, no optimizer state, as in torch.optim."""
+    for group in training["groups"]:
+        group["params"] = [n for n in group["params"] if n not in idle]
+
+
+def initial_state(setup: finetune.Setup, named: Sequence[Tuple[str, Tensor]]) -> Dict[str, Tensor]:
+    """torch.optim's state before the first step, as the TorchScript path's optimizers hold it (SGD's
+    momentum buffer comes with step 1): each group's optimizer built again now, at the write (the export's
+    were let go before the capture, so a large model's optimizer state is not held while it runs)."""
+    state: Dict[str, Tensor] = {}
+    if setup.spec["name"] == "sgd":
+        return state
+    for indices, options in setup.resolved:
+        module = optim.build({"name": setup.spec["name"], **options}, [named[i][1] for i in indices])
+        for key, values in module.state().items():
+            for i, value in zip(indices, values):
+                state[f"state:{key}:{named[i][0]}"] = value.detach()  # written, then let go: not copied
+    return state
+
+
+def training_spec(setup: finetune.Setup, names: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Any]:
+    """``program.training`` and ``program.counters`` (see ``program``), and the schedule module, or refused
+    in one line."""
+    plan = setup.plan
+    spec = setup.spec
+    if spec["name"] not in program.OPTIMIZERS:
+        raise ExportError(messages.protocol3_optimizer_refused(spec["name"], program.OPTIMIZERS))
+    training: Dict[str, Any] = {
+        "optimizer": spec["name"],
+        "groups": [{"params": [names[i] for i in indices], **module.hyperparameters()}
+                   for (indices, _), module in zip(setup.resolved, setup.optimizers)],
+        "accumulate": plan.accumulate, "scheduler_interval": plan.interval}
+    schedule = None
+    if "scheduler" in plan.metadata:
+        kind = plan.metadata["scheduler"]["name"]
+        if kind not in program.SCHEDULERS:
+            raise ExportError(messages.aten_option_refused(f"scheduler {kind} (it holds {', '.join(program.SCHEDULERS)})"))
+        schedule = plan.scheduler_module
+        training["scheduler"] = program.schedule_spec(plan.metadata["scheduler"], schedule)
+    counters = program.initial_counters(plan.lrs, schedule)
+    if counters["momenta"]:
+        _cycle_momentum(training, schedule)
+    return training, counters, schedule
+
+
+_OPTIMIZER_NAMES = {"sgd": "SGD", "rmsprop": "RMSprop"}
+
+
+def _cycle_momentum(training: Dict[str, Any], schedule: Any) -> None:
+    """OneCycleLR cycles the momentum of SGD and RMSprop, or Adam's beta1: a host scalar per step
+    (``program.host_scalars``); the groups hold the cycle's start, as torch's construction sets it, so the step
+    graph has the momentum ops. A cycle through momentum 0 (torch then skips the buffer) is refused."""
+    name = training["optimizer"]
+    for group, start, low, high in zip(training["groups"], schedule.last_momenta, schedule.base_momenta,
+                                       schedule.max_momenta):
+        if name in ("sgd", "rmsprop"):
+            if min(low, high) <= 0:
+                raise ExportError(messages.aten_option_refused(
+                    f"OneCycleLR cycling {_OPTIMIZER_NAMES[name]}'s momentum through {min(low, high)} "
+                    "(base_momentum and max_momentum above 0 are held)"))
+            group["momentum"] = start
+        else:
+            group["betas"] = [start, group["betas"][1]]

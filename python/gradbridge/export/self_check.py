@@ -1,7 +1,8 @@
 """The export's check of the written module against the user's own eager nn.Module and torch.optim.
 
-Before the file is renamed into place, the module as Java will load it runs beside an eager copy of the
-user's model with the real torch.optim optimizer (``reference.Reference``) on the example batch:
+Before the file is renamed into place, the module as Java will load it runs the same script as an eager
+copy of the user's model with the real torch.optim optimizer (``reference.Reference``) on the example
+batch:
 
 - ``STEPS`` training steps in training mode, each from the same generator seed on both sides: the loss,
   every gradient (and which parameters have one), every parameter, buffer and optimizer-state tensor
@@ -11,24 +12,31 @@ user's model with the real torch.optim optimizer (``reference.Reference``) on th
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
   steps and after the last (the eager model back in training mode with its own ``train()`` in between).
 
-All bit for bit. The first difference is one line naming the method, the tensor, the element and both
-values (``messages.export_differs``). The user's model, optimizer and generator are left as they were.
+All bit for bit. The two sides run one after the other (``check_trail``: the eager one recorded, the
+module compared with the record), so the check holds one of them at a time beside the user's model (the eager
+copy starts from the user's values and the init weights, as the export's own copy did, not from a read of the
+file: a file holding other values differs from the first step on); the
+module's tensors are read where they live (its parameter list, gradient list and optimizer state),
+not through the getters' copies. The first difference is one line naming the method, the tensor, the
+element and both values (``messages.export_differs``). The user's model, optimizer and generator are
+left as they were.
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._runtime import autocast, inputs, torchscript
-from .. import messages
-from ..errors import CaptureError, ExportError
+from .. import protocol
+from ..errors import CaptureError
 from ..reference import Reference
+from . import capture as model_capture, finetune
+from . import check_trail as trail
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
 STEPS = 2
@@ -36,7 +44,7 @@ STEPS = 2
 SEED = 20261202
 
 
-class _RandomDraws(TorchDispatchMode):
+class RandomDraws(TorchDispatchMode):
     """Records the ops that draw from torch's generator (tag ``nondeterministic_seeded``), in order."""
 
     def __init__(self) -> None:
@@ -47,56 +55,6 @@ class _RandomDraws(TorchDispatchMode):
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.ops.append(str(func.overloadpacket.__name__))
         return func(*args, **(kwargs or {}))
-
-
-def _draws_text(ops: Sequence[str]) -> str:
-    counts = Counter(ops)
-    return ", ".join(f"{op} x{n}" for op, n in counts.items()) if ops else "no draws"
-
-
-def first_difference(expected: Tensor, actual: Tensor) -> Optional[int]:
-    """The flat index of the first element whose bits differ, else None (same dtype and shape): -0.0
-    is not 0.0, a NaN only equals the same NaN."""
-    if expected.numel() == 0:
-        return None
-    a = expected.detach().contiguous().reshape(-1).view(torch.uint8).reshape(expected.numel(), -1)
-    b = actual.detach().contiguous().reshape(-1).view(torch.uint8).reshape(actual.numel(), -1)
-    differ = (a != b).any(dim=1).nonzero()
-    return int(differ[0]) if len(differ) else None
-
-
-def _value(t: Tensor, i: int) -> Any:
-    return t.detach().reshape(-1)[i].item()
-
-
-class _Comparison:
-    def __init__(self, capture: str):
-        self.capture = capture
-
-    def tensor(self, method: str, name: str, expected: Optional[Tensor], actual: Optional[Tensor]) -> None:
-        if expected is None or actual is None:
-            if (expected is None) != (actual is None):
-                raise CaptureError(messages.export_mismatch(method, name,
-                                                            "no tensor" if expected is None else "a tensor",
-                                                            "no tensor" if actual is None else "a tensor"))
-            return
-        if expected.dtype != actual.dtype or list(expected.shape) != list(actual.shape):
-            raise CaptureError(messages.export_mismatch(method, name, f"{expected.dtype} {list(expected.shape)}",
-                                                       f"{actual.dtype} {list(actual.shape)}"))
-        i = first_difference(expected, actual)
-        if i is not None:
-            raise CaptureError(messages.export_differs(method, name, i, _value(expected, i), _value(actual, i),
-                                                      self.capture))
-
-    def named(self, method: str, what: str, expected: Dict[str, Tensor], actual: Dict[str, Tensor]) -> None:
-        for name, value in expected.items():
-            self.tensor(method, f"{what} {name}", value, actual.get(name))
-
-    def draws(self, method: str, eager: List[str], exported: List[str], eager_state: Tensor,
-              exported_state: Tensor) -> None:
-        if eager != exported or not torch.equal(eager_state, exported_state):
-            raise CaptureError(messages.export_random_draws(method, _draws_text(eager), _draws_text(exported),
-                                                           self.capture))
 
 
 def _seed(seed: int) -> None:
@@ -116,108 +74,201 @@ def _optimizer_state(optimizer: torch.optim.Optimizer, key: str) -> List[Optiona
     return values
 
 
-class _Check:
-    """One run of the check; ``method`` names the step under way for a one-line error."""
+def eager_copy(model: nn.Module, init_weights: Any = None) -> nn.Module:
+    """The check's eager model: a CPU copy of the user's model with the init weights the export loaded into its
+    own, so its parameters and buffers start as the file's (a file that holds other values differs from the
+    first step on). Its state is given to ``Reference`` as its own tensors, so the file is not read for them."""
+    copied = model_capture.cpu_copy(model)
+    if init_weights is not None:
+        finetune.load_weights(copied, init_weights)
+    return copied
 
-    def __init__(self, path: str | os.PathLike, eager_model: nn.Module, capture: str):
-        self.method = "loading the export"
-        self.module = torchscript.load_for_python(path)
-        # in training mode; the check's own copy of the model, not copied again
-        self.reference = Reference(path, eager_model, loaded=self.module.module, take_model=True)
+
+def own_state(model: nn.Module) -> Dict[str, Tensor]:
+    """A model's parameters and buffers by name, its own tensors (a ``Reference`` state that copies nothing)."""
+    return {**{n: p.detach() for n, p in model.named_parameters()}, **{n: b for n, b in model.named_buffers()}}
+
+
+def live_state(module: torch.jit.ScriptModule) -> Dict[str, Tensor]:
+    """A loaded training module's parameters and buffers by name, its own tensors (``get_parameters`` and
+    ``get_buffers`` return copies)."""
+    params = [getattr(module.params, str(i)) for i in range(len(module.names))]
+    return {**dict(zip(module.parameter_names(), params)), **dict(zip(module.buffer_names(), module.buffer_list))}
+
+
+class _Eager:
+    """The check's eager side: a copy of the user's model (with the init weights the export loaded), trained by
+    torch.optim."""
+
+    def __init__(self, path: str | os.PathLike, model: nn.Module, init_weights: Any = None):
+        copied = eager_copy(model, init_weights)
+        self.reference = Reference(path, copied, state=own_state(copied), take_model=True)  # in training mode
+        self.accumulating = self.reference.accumulate != 1
+        self._output: Optional[Tensor] = None
+
+    def train(self) -> None:
+        self.reference.model.train()
+
+    def eval(self) -> None:
+        self.reference.model.eval()
+
+    def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        return self.reference.backward(x, y)
+
+    def train_step(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        return self.reference.train_step(x, y)
+
+    def gradients(self) -> Dict[str, Optional[Tensor]]:
+        return {n: p.grad for n, p in self.reference.named_parameters()}
+
+    def step(self) -> None:
+        self.reference.step()
+
+    def parameters(self) -> Dict[str, Tensor]:
+        return self.reference.parameters(copies=False)
+
+    def buffers(self) -> Dict[str, Tensor]:
+        return self.reference.buffers(copies=False)
+
+    def optimizer_state(self) -> Dict[str, List[Optional[Tensor]]]:
+        optimizer = self.reference.optimizer
+        keys = sorted({key for state in optimizer.state.values() for key, value in state.items()
+                       if torch.is_tensor(value)})
+        return {key: _optimizer_state(optimizer, key) for key in keys}
+
+    def evaluate(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        """The loss in eval mode; its forward's output is ``forward``'s too when it drew nothing."""
+        reference = self.reference
+        with torch.no_grad(), RandomDraws() as draws:  # Reference.loss_of's autocast regions
+            with autocast.region(reference.autocast):
+                output = inputs.call(reference.model, x)
+            with autocast.region(reference.autocast):
+                loss = reference.loss(output, y)
+        self._output = None if draws.ops else output
+        return loss
+
+    def forward(self, x: inputs.Batch) -> Tensor:
+        output, self._output = self._output, None
+        if output is None:
+            with torch.no_grad(), autocast.region(self.reference.autocast):
+                output = inputs.call(self.reference.model, x)
+        return output
+
+
+class _Module:
+    """The check's exported side: the written module as loaded back, its tensors read where they live."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.loaded = torchscript.load_for_python(path)
+        self.module = self.loaded.module
+        self.input_names = inputs.names(protocol.read_metadata(path))
         self.names = self.module.parameter_names()
         self.buffer_names = self.module.buffer_names()
-        self.compare = _Comparison(capture)
+        self.accumulating = int(self.module.accumulate) != 1
 
-    def run(self, x: inputs.Batch, y: Tensor) -> None:
-        # eval mode before, between and after the steps: state that lives across calls (an eval-time
-        # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
-        with torch.random.fork_rng(devices=[]):
-            for step in range(STEPS):
-                self.method = "evaluate (eval mode)" + (f" after train_step {step}" if step else "")
-                self._eval(x, y)
-                self.module.module.train()
-                self.reference.model.train()
-                self.method = f"train_step {step + 1}"
-                self._step(x, y, SEED + step)
-            self.method = f"evaluate (eval mode) after train_step {STEPS}"
-            self._eval(x, y)
+    def _argument(self, x: inputs.Batch):
+        return inputs.method_argument(x, self.input_names)
 
-    def _step(self, x: inputs.Batch, y: Tensor, seed: int) -> None:
-        module, reference, compare, method = self.module, self.reference, self.compare, self.method
-        accumulating = reference.accumulate != 1
-        _seed(seed)
-        with _RandomDraws() as eager_draws:
-            if accumulating:  # train_step's micro-batches; the step consumes the gradients
-                eager_loss = reference.train_step(x, y)
-            else:
-                eager_loss = reference.backward(x, y)
-        eager_state = torch.get_rng_state()
-        _seed(seed)
-        with _RandomDraws() as exported_draws:
-            if accumulating:
-                loss = module.train_step(reference.method_argument(x), y)
-            else:
-                module.zero_grad()
-                loss = module.calculate_loss_and_backward(reference.method_argument(x), y)
-        compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
-        compare.tensor(method, "loss", eager_loss, loss)
-        if not accumulating:
-            # Both sides' gradients compared before either optimizer steps, so neither is copied.
-            flags = module.gradient_flags().tolist()
-            compare.named(method, "gradient of", {n: p.grad for n, p in reference.model.named_parameters()},
-                          {n: (g if flag else None) for n, g, flag in zip(self.names, module.get_gradients(), flags)})
-            before = torch.get_rng_state()
-            with _RandomDraws() as eager_draws:
-                reference.step()
-            eager_state = torch.get_rng_state()
-            torch.set_rng_state(before)
-            with _RandomDraws() as exported_draws:
-                module.optimizer_step()
-            compare.draws(method, eager_draws.ops, exported_draws.ops, eager_state, torch.get_rng_state())
-        compare.named(method, "parameter", reference.parameters(copies=False),
-                      dict(zip(self.names, module.get_parameters())))
-        compare.named(method, "buffer", reference.buffers(copies=False),
-                      dict(zip(self.buffer_names, module.get_buffers())))
-        exported_state = module.optimizer_state()
-        eager_keys = sorted({key for state in reference.optimizer.state.values() for key, value in state.items()
-                             if torch.is_tensor(value)})
-        if eager_keys != sorted(exported_state):
-            raise CaptureError(messages.export_mismatch(method, "the optimizer state's keys", str(eager_keys),
-                                                       str(sorted(exported_state))))
-        for key, values in exported_state.items():
-            expected = _optimizer_state(reference.optimizer, key)
-            if len(expected) != len(values):
-                raise CaptureError(messages.export_mismatch(method, f"optimizer state {key}",
-                                                            f"{len(expected)} tensors", f"{len(values)} tensors"))
-            for i, (mine, theirs) in enumerate(zip(values, expected)):
-                if theirs is not None:
-                    compare.tensor(method, f"optimizer state {key} #{i}", theirs, mine)
+    def train(self) -> None:
+        self.module.train()
 
-    def _eval(self, x: inputs.Batch, y: Tensor) -> None:
-        module, reference, compare = self.module, self.reference, self.compare
-        argument = reference.method_argument(x)
-        module.module.eval()
-        reference.model.eval()
-        _seed(SEED + STEPS)
+    def eval(self) -> None:
+        self.module.eval()
+
+    def backward(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        self.loaded.zero_grad()
+        return self.loaded.calculate_loss_and_backward(self._argument(x), y)
+
+    def train_step(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        return self.loaded.train_step(self._argument(x), y)
+
+    def gradients(self) -> Dict[str, Optional[Tensor]]:
+        return {n: (g if flag else None) for n, g, flag in zip(self.names, self.module.grads, self.module.has_grad)}
+
+    def step(self) -> None:
+        self.loaded.optimizer_step()
+
+    def parameters(self) -> Dict[str, Tensor]:
+        state = live_state(self.module)
+        return {n: state[n] for n in self.names}
+
+    def buffers(self) -> Dict[str, Tensor]:
+        return dict(zip(self.buffer_names, self.module.buffer_list))
+
+    def optimizer_state(self) -> Dict[str, List[Tensor]]:
+        """``optimizer_state()``'s layout, the optimizers' own tensors: a key torch.optim creates at a
+        parameter's first step is left out while none holds it, an empty tensor where one does not."""
+        state: Dict[str, List[Tensor]] = {}
+        holders: Dict[str, int] = {}
+        lazy = set()
+        for _, optimizer in self.module.optimizers.named_children():
+            held = optimizer.held()
+            lazy.update(held)
+            for key, values in optimizer.state().items():
+                flags = held.get(key)
+                listed = state.setdefault(key, [])
+                for i, value in enumerate(values):
+                    holds = flags is None or flags[i]
+                    listed.append(value if holds else torch.empty([0], dtype=value.dtype))
+                    holders[key] = holders.get(key, 0) + int(holds)
+        return {key: values for key, values in state.items() if holders.get(key, 0) > 0 or key not in lazy}
+
+    def evaluate(self, x: inputs.Batch, y: Tensor) -> Tensor:
+        return self.loaded.evaluate(self._argument(x), y)
+
+    def forward(self, x: inputs.Batch) -> Tensor:
         with torch.no_grad():
-            expected_loss = reference.loss_of(reference.model, x, y)
-            with autocast.region(reference.autocast):
-                expected_out = inputs.call(reference.model, x)
-        compare.tensor(self.method, "loss", expected_loss, module.evaluate(argument, y))
-        self.method = self.method.replace("evaluate", "forward")
-        with torch.no_grad():
-            compare.tensor(self.method, "output", expected_out, module.forward(argument))
-        compare.named(self.method, "buffer", reference.buffers(copies=False), dict(zip(self.buffer_names, module.get_buffers())))
+            return self.loaded.forward(self._argument(x))
 
 
-def check(path: str | os.PathLike, eager_model: nn.Module, x: inputs.Batch, y: Tensor, capture: str) -> None:
-    """Compare the module at ``path`` with ``eager_model`` (a copy the check may change) on (x, y)."""
-    run: Optional[_Check] = None
-    try:
-        run = _Check(path, eager_model, capture)
-        run.run(x, y)
-    except ExportError:
-        raise
-    except Exception as ex:  # the model raised on one side: still one line, naming where
-        reason = messages.one_line(ex)
-        raise CaptureError(messages.export_check_raised(run.method if run else "loading the export", reason)) from ex
+def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail.Observation]:
+    # eval mode before, between and after the steps: state that lives across calls (an eval-time
+    # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
+    for step in range(STEPS):
+        where.method = "evaluate (eval mode)" + (f" after train_step {step}" if step else "")
+        yield from _eval(side, where, x, y)
+        side.train()
+        where.method = f"train_step {step + 1}"
+        yield from _step(side, where.method, x, y, SEED + step)
+    where.method = f"evaluate (eval mode) after train_step {STEPS}"
+    yield from _eval(side, where, x, y)
+
+
+def _step(side, method: str, x: inputs.Batch, y: Tensor, seed: int) -> Iterator[trail.Observation]:
+    _seed(seed)
+    with RandomDraws() as draws:
+        # with accumulation, train_step's micro-batches: the step consumes the gradients
+        loss = side.train_step(x, y) if side.accumulating else side.backward(x, y)
+    yield trail.draws(method, draws.ops, torch.get_rng_state())
+    yield trail.tensor(method, "loss", loss)
+    if not side.accumulating:
+        yield trail.named(method, "gradient of", side.gradients())
+        with RandomDraws() as draws:
+            side.step()
+        yield trail.draws(method, draws.ops, torch.get_rng_state())
+    yield trail.named(method, "parameter", side.parameters())
+    yield trail.named(method, "buffer", side.buffers())
+    state = side.optimizer_state()
+    yield trail.fact(method, "the optimizer state's keys", str(sorted(state)))
+    for key in sorted(state):
+        values = state[key]
+        yield trail.fact(method, f"optimizer state {key}", f"{len(values)} tensors")
+        # compared by the eager side's: torch.optim holds none for a parameter that never had a gradient
+        yield trail.named(method, f"optimizer state {key}", {f"#{i}": v for i, v in enumerate(values) if v is not None})
+
+
+def _eval(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail.Observation]:
+    side.eval()
+    _seed(SEED + STEPS)
+    yield trail.tensor(where.method, "loss", side.evaluate(x, y))
+    where.method = where.method.replace("evaluate", "forward")
+    yield trail.tensor(where.method, "output", side.forward(x))
+    yield trail.named(where.method, "buffer", side.buffers())
+
+
+def check(path: str | os.PathLike, model: nn.Module, x: inputs.Batch, y: Tensor, capture: str,
+          init_weights: Any = None) -> None:
+    """Compare the module at ``path`` with ``model`` (the user's; the check trains a copy of it, with the export's
+    ``init_weights``) on (x, y)."""
+    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y),
+                   lambda where: _run(_Module(path), where, x, y), capture, raised=CaptureError)

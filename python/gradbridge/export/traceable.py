@@ -34,8 +34,9 @@ in a way torch.export cannot trace:
   gradients no longer share memory, so accumulating one leaves the other alone).
 
 It also records the custom ``torch.autograd.Function``s the model applies to tensors that need gradients
-(non-strict torch.export keeps their forward and drops their backward: the capture refuses them), and keeps
-torch's logs and partial graphs of a failed capture off stderr.
+(non-strict torch.export keeps their forward and drops their backward: the capture refuses them), keeps
+torch's logs and partial graphs of a failed capture off stderr, and removes the module-buffer hook a failed
+capture leaves registered in torch (torch 2.7-2.15; it would hold the traced model for the process's life).
 
 ``share_tied`` reads a tensor the model ties under several names (shared embeddings) under one.
 
@@ -204,7 +205,16 @@ def while_capturing() -> Iterator[List[str]]:
         aot.create_graph_signature = _distinct_outputs(aot.create_graph_signature)
         torch.autograd.Function.apply = classmethod(recording)
         stack.callback(setattr, torch.autograd.Function, "apply", apply)
+        # a capture that fails leaves torch's buffer-assignment hook registered for good, and with it the module
+        # traced (the export's copy of the model): the hooks it added go when it ends
+        hooks = torch.nn.modules.module._global_buffer_registration_hooks
+        stack.callback(_forget_hooks, hooks, set(hooks))
         yield applied
+
+
+def _forget_hooks(hooks: Dict[int, Any], before: Set[int]) -> None:
+    for key in [key for key in hooks if key not in before]:
+        del hooks[key]
 
 
 def share_tied(gm: torch.fx.GraphModule, names: Set[str]) -> torch.fx.GraphModule:

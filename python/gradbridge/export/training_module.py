@@ -20,7 +20,7 @@ from ..errors import CaptureError, ExportError, TorchScriptUnavailableError  # E
 from .._runtime.files import atomic_path
 from ..models import BUILTIN_MODELS, SEED_LR
 from ..spec import losses, optim
-from . import capture as model_capture, finetune, protocol3_capture, self_check, step_writes, weights
+from . import capture as model_capture, check_trail, finetune, protocol3_capture, self_check, step_writes, weights
 from .scripted_module import _SeveralInputs, _TrainingModule
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,9 @@ def export_training_module(
         if format == "torchscript":
             raise
         reason = str(ex)
-    # format="auto": TorchScript cannot capture the model (faithfully); protocol 3 may
+    # format="auto": TorchScript cannot capture the model (faithfully); protocol 3 may, once that attempt's
+    # tensors are gone
+    check_trail.release()
     try:
         written = _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options, auto_reason=reason)
     except (ExportError, ValueError) as ex:
@@ -195,6 +197,34 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
         raise ValueError(f"loss {loss_spec['name']} needs a target of dtype {wanted}, "
                          f"got {target_dtype}")
 
+    scripted, metadata, kind = _build(model, loss_module, loss_spec, optimizer, example_inputs, example_x, specs,
+                                      input_names, model_name=model_name, check=check, exported_from=exported_from,
+                                      init_weights=init_weights, autocast_dtype=autocast_dtype,
+                                      finetune_options=dict(
+                                          freeze=freeze, scheduler=scheduler, scheduler_interval=scheduler_interval,
+                                          clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type,
+                                          clip_grad_value=clip_grad_value, accumulate=accumulate))
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        # streamed to the file, not through a buffer the size of the model
+        torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
+        # The scripted module holds the export's copy of the model and its optimizer state (its capture went
+        # with _build's frame): let go, so the check holds one side at a time beside the user's model.
+        del scripted
+        if check:
+            check_trail.release()
+            x, y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
+            self_check.check(tmp, model, x, y, kind, init_weights=init_weights)
+    log.info("wrote %s", path)
+    return path
+
+
+def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], optimizer: Any, example_inputs: Any,
+           example_x: Any, specs: List[Dict[str, Any]], input_names: Sequence[str], *, model_name: Optional[str],
+           check: bool, exported_from: Optional[str], init_weights: Any, autocast_dtype: Optional[str],
+           finetune_options: Dict[str, Any]) -> Tuple[torch.jit.ScriptModule, Dict[str, Any], str]:
+    """The training module around a copy of ``model`` (scripted, or traced), scripted; its metadata and the
+    capture's kind."""
     names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
     model = model_capture.cpu_copy(model)
     named_parameters = list(model.named_parameters())
@@ -202,9 +232,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
     if not parameters:
         raise ValueError(f"{type(model).__name__} has no parameters: nothing to train; export a model with at least "
                          "one parameter")
-    setup = finetune.setup(named_parameters, names_by_id, optimizer, freeze=freeze, scheduler=scheduler,
-                           scheduler_interval=scheduler_interval, clip_grad_norm=clip_grad_norm,
-                           clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value, accumulate=accumulate)
+    setup = finetune.setup(named_parameters, names_by_id, optimizer, **finetune_options)
     trainable, resolved, optimizer_spec, plan = setup.trainable, setup.resolved, setup.spec, setup.plan
     if init_weights is not None:
         finetune.load_weights(model, init_weights)
@@ -271,19 +299,7 @@ def _torchscript(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, o
                                       protocol.DRAWS_RANDOM_KEY: writes.draws_random,
                                       **({protocol.AUTOCAST_KEY: autocast_dtype} if autocast_dtype else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        torchscript.save(scripted, str(tmp), _extra_files={protocol.METADATA_FILE: json.dumps(metadata, indent=2)})
-        if check:
-            # The check's eager side is this copy of the model: the capture and its optimizer state are
-            # let go first, and the check sets the copy's parameters and buffers from the written file,
-            # so a large model is held once here and once as loaded back, not once more.
-            kind = captured.kind
-            del scripted, wrapper, captured, setup, plan, named_buffers, persistent
-            x, y = (example_x, example_inputs[1]) if example_inputs is not None else example_batch(specs)
-            self_check.check(tmp, model, x, y, kind)
-    log.info("wrote %s", path)
-    return path
+    return scripted, metadata, captured.kind
 
 
 def _eval_output(captured: model_capture.Capture, x: model_inputs.Batch, input_names: Sequence[str]) -> Tensor:
