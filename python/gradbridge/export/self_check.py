@@ -9,7 +9,11 @@ user's model with the real torch.optim optimizer (``reference.Reference``) on th
   generator's state afterwards); with gradient accumulation, ``train_step`` against the eager
   micro-batch loop instead (the step consumes the gradients, so they are not compared);
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
-  steps and after the last (the eager model back in training mode with its own ``train()`` in between).
+  steps and after the last (the eager model back in training mode with its own ``train()`` in between);
+- a traced model, once more on the example's rows but its last (``evaluate`` and ``forward``, then the training
+  loss and its backward): a trace may hold the example's batch size as a constant (HF GPT-2's pooling indexes
+  ``torch.arange(batch_size)``), and online micro-batches, predictions and Spark partitions come in any size.
+  Skipped where the eager model itself cannot take that batch (BatchNorm training on one row).
 
 All bit for bit. The first difference is one line naming the method, the tensor, the element and both
 values (``messages.export_differs``). The user's model, optimizer and generator are left as they were.
@@ -141,6 +145,40 @@ class _Check:
                 self._step(x, y, SEED + step)
             self.method = f"evaluate (eval mode) after train_step {STEPS}"
             self._eval(x, y)
+            if self.compare.capture == "trace":
+                self._other_batch_size(x, y)
+
+    def _other_batch_size(self, x: inputs.Batch, y: Tensor) -> None:
+        n = len(y)
+        if n < 2:
+            return
+        index = torch.arange(n - 1)
+        part_x, part_y = inputs.select(x, index), y.index_select(0, index)
+        module, reference = self.module, self.reference
+        for training in (False, True):
+            self.method = f"{'train_step' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
+            module.module.train(training)
+            reference.model.train(training)
+            _seed(SEED + STEPS)
+            try:  # the eager model first: a batch it cannot take (BatchNorm training on one row) is no test
+                with torch.no_grad():
+                    reference.loss_of(reference.model, part_x, part_y)
+            except Exception:
+                return
+            try:
+                if not training:
+                    self._eval(part_x, part_y)
+                    continue
+                _seed(SEED + STEPS)
+                expected = reference.backward(part_x, part_y)
+                _seed(SEED + STEPS)
+                module.zero_grad()
+                loss = module.calculate_loss_and_backward(reference.method_argument(part_x), part_y)
+            except ExportError:
+                raise
+            except Exception as ex:
+                raise CaptureError(messages.export_batch_size_frozen(self.method, n, messages.one_line(ex))) from None
+            self.compare.tensor(self.method, "loss", expected, loss)
 
     def _step(self, x: inputs.Batch, y: Tensor, seed: int) -> None:
         module, reference, compare, method = self.module, self.reference, self.compare, self.method
