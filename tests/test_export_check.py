@@ -16,7 +16,7 @@ from gradbridge import export_training_module, protocol, reference
 from gradbridge.errors import ExportError
 from gradbridge._runtime.torchscript import load
 from tests.data import labelled
-from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet
+from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet, RowIndexNet
 from tests.models.eval_cache import EvalCacheNet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,18 @@ def test_a_value_the_trace_froze_is_caught_at_the_second_step(tmp_path):
         export_training_module(CumulativeNormNet(), "cross_entropy", ADAM, tmp_path / "m.pt",
                                example_inputs=labelled(8, tensors=True))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trace_that_froze_the_batch_size_is_refused_in_one_line(tmp_path):
+    """A trace holding the example's batch size could not take an online micro-batch or a Spark partition of
+    another: the check runs it on all the example's rows but one (issue 46: HF GPT-2 on token ids alone)."""
+    with pytest.raises(ExportError) as info:
+        export_training_module(RowIndexNet(), "cross_entropy", ADAM, tmp_path / "m.pt", format="torchscript",
+                               example_inputs=labelled(8, tensors=True))
+    message = str(info.value)
+    assert message.startswith("export check failed: evaluate (eval mode) on 7 of the example's 8 rows raised: ")
+    assert "the trace holds the example's batch size (8)" in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []  # format="auto" (the default) takes protocol 3 instead
 
 
 @pytest.mark.parametrize("how", ["script", "trace"])

@@ -233,3 +233,18 @@ def test_a_log_replayed_onto_another_initial_model_is_refused(jvm, models, tmp_p
     with pytest.raises(replay_mod.LogError, match="offset 0: it was written for the module with SHA-256"):
         replay_mod.replay(tmp_path / "log", other)
     assert replay_mod.replay(tmp_path / "log", model).bitwise
+
+
+def test_a_module_with_gradient_accumulation_is_refused_in_one_line(jvm, tmp_path):
+    """Online learning applies one step per micro-batch; the factor is said as the integer it is (issue 46)."""
+    import jpype
+
+    from gradbridge import export_training_module
+
+    x, y = labelled(8, 4, tensors=True)
+    path = export_training_module(torch.nn.Linear(4, 3), "cross_entropy", "sgd", tmp_path / "m.pt",
+                                  example_inputs=(x, y), accumulate=2, format="torchscript")
+    with pytest.raises(jpype.JClass("dev.gradbridge.InvalidInputException"),
+                       match=r"m\.pt accumulates gradients over 2 micro-batches; online learning applies one step "
+                             r"per micro-batch \(export without accumulate\)$"):
+        open_learner(path, tmp_path / "log")

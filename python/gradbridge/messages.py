@@ -440,6 +440,12 @@ def export_differs(method: str, tensor: str, element: int, eager: Any, exported:
             f"eager {eager!r}, exported {exported!r}; {hint}; {CHECK_SKIP}")
 
 
+def export_batch_size_frozen(method: str, rows: int, reason: str) -> str:
+    return (f"export check failed: {method} raised: {reason}; the trace holds the example's batch size ({rows}) "
+            f"and cannot train or predict on another (online micro-batches, Spark partitions); make the model "
+            f"scriptable or export it with format=\"export\"; {CHECK_SKIP}")
+
+
 def export_mismatch(method: str, tensor: str, eager: str, exported: str) -> str:
     return (f"export check failed: {method}: {tensor} is {exported} in the export but {eager} in your eager model; "
             f"{CHECK_SKIP}")

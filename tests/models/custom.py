@@ -123,3 +123,12 @@ def export_regressor(folder):
     path = export_training_module(model, "mse", {"name": "adam", "lr": 0.01}, folder / "m.pt",
                                   example_inputs=(torch.from_numpy(x[:2]), torch.from_numpy(y[:2])))
     return path, x, y
+
+
+class RowIndexNet(KeywordNet):
+    """HF's decoder heads (GPT-2's on transformers 4.x) pick each row's last token with
+    ``logits[torch.arange(batch_size), last]``, batch_size a Python int: a trace freezes it at the example's."""
+
+    def forward(self, x, **kwargs):
+        out = super().forward(x)
+        return out[torch.arange(int(x.shape[0])), out.argmax(-1)].unsqueeze(1) * out

@@ -296,7 +296,10 @@ CASES = (
     # transformers 4.x's causal mask (masking_utils) runs under torch.vmap, which torch.jit.trace cannot record
     Case("GPT-2", "transformers", gpt2, _tokens, {"4": "cannot script or trace TokenClassifier", "5": "bitwise"},
          "bitwise"),
-    Case("GPT-2 (token ids only)", "transformers", gpt2_ids, _token_ids, "bitwise", "bitwise"),
+    # 4.x's head picks each row's last token at torch.arange(batch_size), which a trace freezes at the example's
+    Case("GPT-2 (token ids only)", "transformers", gpt2_ids, _token_ids,
+         {"4": "export check failed: evaluate (eval mode) on 3 of the example's 4 rows raised", "5": "bitwise"},
+         "bitwise"),
     # the classification head checks and picks each row's end-of-sequence token by its value
     Case("T5", "transformers", t5, _tokens, "bitwise", DATA_DEPENDENT),
     Case("T5 encoder (mean-pooled)", "transformers", t5_encoder, _tokens, "bitwise", "bitwise"),

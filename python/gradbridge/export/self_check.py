@@ -10,7 +10,11 @@ batch:
   generator's state afterwards); with gradient accumulation, ``train_step`` against the eager
   micro-batch loop instead (the step consumes the gradients, so they are not compared);
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
-  steps and after the last (the eager model back in training mode with its own ``train()`` in between).
+  steps and after the last (the eager model back in training mode with its own ``train()`` in between);
+- a traced model, once more on the example's rows but its last (``evaluate`` and ``forward``, then the training
+  loss and its backward): a trace may hold the example's batch size as a constant (HF GPT-2's pooling indexes
+  ``torch.arange(batch_size)``), and online micro-batches, predictions and Spark partitions come in any size.
+  Skipped where the eager model itself cannot take that batch (BatchNorm training on one row).
 
 All bit for bit. The two sides run one after the other (``check_trail``: the eager one recorded, the
 module compared with the record), so the check holds one of them at a time beside the user's model (the eager
@@ -33,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._runtime import autocast, inputs, torchscript
 from .. import protocol
-from ..errors import CaptureError
+from .. import messages
+from ..errors import CaptureError, ExportError
 from ..reference import Reference
 from . import capture as model_capture, finetune
 from . import check_trail as trail
@@ -221,7 +226,8 @@ class _Module:
             return self.loaded.forward(self._argument(x))
 
 
-def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail.Observation]:
+def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, fewer: Optional[Dict[str, bool]] = None
+         ) -> Iterator[trail.Observation]:
     # eval mode before, between and after the steps: state that lives across calls (an eval-time
     # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
     for step in range(STEPS):
@@ -232,6 +238,43 @@ def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail
         yield from _step(side, where.method, x, y, SEED + step)
     where.method = f"evaluate (eval mode) after train_step {STEPS}"
     yield from _eval(side, where, x, y)
+    if fewer is not None:
+        yield from _fewer_rows(side, where, x, y, fewer)
+
+
+def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor,
+                taken: Dict[str, bool]) -> Iterator[trail.Observation]:
+    """A trace on the example's rows but its last, in eval mode then training: one that holds the example's batch
+    size fails here. The eager side runs first and says in ``taken`` whether the model itself takes that batch
+    (BatchNorm training on one row does not); the module's side then runs what the eager side ran."""
+    n = len(y)
+    if n < 2:
+        return
+    index = torch.arange(n - 1)
+    part_x, part_y = inputs.select(x, index), y.index_select(0, index)
+    for training in (False, True):
+        where.method = f"{'train_step' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
+        side.train() if training else side.eval()
+        if isinstance(side, _Eager):
+            _seed(SEED + STEPS)
+            try:
+                with torch.no_grad():
+                    side.reference.loss_of(side.reference.model, part_x, part_y)
+                taken[where.method] = True
+            except Exception:  # noqa: BLE001 - a batch the user's model cannot take is no test
+                taken[where.method] = False
+        if not taken.get(where.method):
+            return
+        _seed(SEED + STEPS)
+        try:
+            loss = side.backward(part_x, part_y) if training else side.evaluate(part_x, part_y)
+        except ExportError:
+            raise
+        except Exception as ex:  # noqa: BLE001 - the module's failure on another batch size is the finding
+            if isinstance(side, _Eager):
+                raise
+            raise CaptureError(messages.export_batch_size_frozen(where.method, n, messages.one_line(ex))) from None
+        yield trail.tensor(where.method, "loss", loss)
 
 
 def _step(side, method: str, x: inputs.Batch, y: Tensor, seed: int) -> Iterator[trail.Observation]:
@@ -270,5 +313,6 @@ def check(path: str | os.PathLike, model: nn.Module, x: inputs.Batch, y: Tensor,
           init_weights: Any = None) -> None:
     """Compare the module at ``path`` with ``model`` (the user's; the check trains a copy of it, with the export's
     ``init_weights``) on (x, y)."""
-    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y),
-                   lambda where: _run(_Module(path), where, x, y), capture, raised=CaptureError)
+    fewer = {} if capture == "trace" else None  # the eager side's verdicts on the smaller batch, for the module's
+    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y, fewer),
+                   lambda where: _run(_Module(path), where, x, y, fewer), capture, raised=CaptureError)

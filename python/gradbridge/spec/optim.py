@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .. import protocol
 from ..errors import GradbridgeError
 from .options import check, tensor_refused
+from .scaling import scale_
 
 
 def _check(condition: bool, message: str) -> None:
@@ -132,7 +133,7 @@ class SGD(_Optimizer):
                     buf.copy_(grad)
                     self.has_buffer[i] = True
                 else:
-                    buf.mul_(self.momentum).add_(grad, alpha=1 - self.dampening)
+                    scale_(buf, self.momentum).add_(grad, alpha=1 - self.dampening)
                 if self.nesterov:
                     grad = grad.add(buf, alpha=self.momentum)
                 else:
@@ -229,11 +230,11 @@ class Adam(_Optimizer):
             step_t.add_(1)
             if self.weight_decay != 0:
                 if self.decoupled_weight_decay:
-                    param.mul_(1 - self.lr * self.weight_decay)
+                    scale_(param, 1 - self.lr * self.weight_decay)
                 else:
                     grad = grad.add(param, alpha=self.weight_decay)
             exp_avg.lerp_(grad, 1 - self.beta1)
-            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            scale_(exp_avg_sq, self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
             step = float(step_t.item())
             bias_correction1 = 1 - self.beta1 ** step
             bias_correction2 = 1 - self.beta2 ** step
@@ -336,7 +337,7 @@ class RMSprop(_Optimizer):
             self.steps[i].add_(1)
             if self.weight_decay != 0:
                 grad = grad.add(param, alpha=self.weight_decay)
-            square_avg.mul_(self.alpha).addcmul_(grad, grad, value=1 - self.alpha)
+            scale_(square_avg, self.alpha).addcmul_(grad, grad, value=1 - self.alpha)
             if self.centered:
                 grad_avg = self.grad_avg[i]
                 grad_avg.lerp_(grad, 1 - self.alpha)
@@ -346,7 +347,7 @@ class RMSprop(_Optimizer):
             avg = avg.add_(self.eps)
             if self.momentum > 0:
                 buf = self.momentum_buffer[i]
-                buf.mul_(self.momentum).addcdiv_(grad, avg)
+                scale_(buf, self.momentum).addcdiv_(grad, avg)
                 param.add_(buf, alpha=-self.lr)
             else:
                 param.addcdiv_(grad, avg, value=-self.lr)

@@ -641,6 +641,16 @@ public final class Messages {
     }
 
     /**
+     * @param module the training module file
+     * @param accumulate its gradient-accumulation factor
+     * @return the line for a module exported with gradient accumulation, which online learning refuses
+     */
+    public static String onlineAccumulate(String module, long accumulate) {
+        return module + " accumulates gradients over " + accumulate + " micro-batches; online learning applies one"
+                + " step per micro-batch (export without accumulate)";
+    }
+
+    /**
      * @param scala the Scala version of the gradbridge-spark artifact that runs
      * @param built the Spark versions that artifact is built for
      * @param spark the Spark version that runs

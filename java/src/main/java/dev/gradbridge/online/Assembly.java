@@ -192,8 +192,9 @@ final class Assembly {
         }
         Object accumulate = module.getMetadata().getFineTuning().get("accumulate");
         if (accumulate instanceof Number && ((Number) accumulate).intValue() > 1) {
-            throw new InvalidInputException(modelPath + " accumulates gradients over " + accumulate
-                    + " micro-batches; online learning applies one step per micro-batch (export without accumulate)");
+            // the metadata's JSON number reads as a Double: said as the integer it is ("2", not "2.0")
+            throw new InvalidInputException(Messages.onlineAccumulate(modelPath.toString(),
+                    ((Number) accumulate).longValue()));
         }
     }
 }
