@@ -6,7 +6,7 @@ import java.util.Arrays;
 
 /**
  * The wording of gradbridge's error lines that both languages print, in one place. {@code
- * python/gradbridge/messages.py} holds the same sentences; tests compare the two, so a user sees
+ * python/gradbridge/messages/} holds the same sentences; tests compare the two, so a user sees
  * the same line whichever side refused the input. Every line names the file, key, array or
  * argument at fault and says what was expected and what was found.
  */
