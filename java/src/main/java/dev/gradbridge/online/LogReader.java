@@ -98,9 +98,9 @@ final class LogReader {
                 }
                 if (type == LogFormat.SOURCED || type == LogFormat.REQUEST) {
                     LogRecord.Position read = type == LogFormat.SOURCED
-                            ? (LogRecord.Position) LogRecord.parse(where, offset, bytes) : null;
+                            ? (LogRecord.Position) RecordParser.parse(where, offset, bytes) : null;
                     long end = offset + LogFormat.FRAME_HEADER + length
-                            + (read != null ? read.getFollowing() : LogRecord.requestFollowing(where, offset, bytes));
+                            + (read != null ? read.getFollowing() : RecordParser.requestFollowing(where, offset, bytes));
                     if (end > size) {
                         break; // torn: the write that this record begins did not reach the file whole
                     }
@@ -111,7 +111,7 @@ final class LogReader {
                     }
                 } else if (offset >= keepFrom || type == LogFormat.KEY || type == LogFormat.VERSION
                         || type == LogFormat.POSITION || type == LogFormat.GATE || type == LogFormat.ROLLBACK) {
-                    records.add(LogRecord.parse(where, offset, bytes));
+                    records.add(RecordParser.parse(where, offset, bytes));
                 }
             }
             offset += LogFormat.FRAME_HEADER + length;
