@@ -254,7 +254,7 @@ public final class ServeCommand implements Callable<Integer> {
             }
             if (kafkaClient != null) {
                 kafka = KafkaFeedback.start(learner, kafkaBootstrap, kafkaTopic, kafkaGroup, kafkaClient,
-                        KafkaFeedback.apiTimeout(kafkaClient, java.time.Duration.ofSeconds(30)));
+                        KafkaConsumers.apiTimeout(kafkaClient, java.time.Duration.ofSeconds(30)));
             }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
             if (kafka != null) {
