@@ -178,26 +178,66 @@ final class NativeLibrary {
         String configured = NativeSettings.value(LIBRARY_PROPERTY, LIBRARY_ENV);
         if (configured != null) {
             library = Paths.get(configured).toAbsolutePath();
-            String source = NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV);
-            if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException("gradbridge's native library " + library + " (" + source
-                        + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
-            }
-            if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
-                throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
-            }
-            built = readProperties(propertiesBeside(library));
-            checkBuiltFor(built, propertiesBeside(library), library);
-            String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
-            if (problem != null) {
-                throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
-            }
+            built = configuredLibrary(library);
         } else {
             built = NativeCache.jarProperties();
             library = NativeCache.extractJarLibrary(built);
         }
         String builtFor = built.getProperty("torch_version");
         String abi = built.getProperty("cxx11_abi");
+        List<Path> files = checkPair(libtorch, libtorchVersion, library, builtFor, abi);
+        for (Path file : files) {
+            try {
+                System.load(file.toString());
+            } catch (UnsatisfiedLinkError e) {
+                throw new GradbridgeException("cannot load libtorch's " + file + ": " + e.getMessage());
+            }
+        }
+        libtorchBuild = LibtorchFolder.libtorchBuild(libtorch, libtorchVersion);
+        cudaProblem = loadCuda(libtorch);
+        loadNative(library, libtorch, builtFor, abi);
+        if (cudaProblem == null) {
+            if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
+                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
+            } else {
+                cudaProblem = Messages.CUDA_NOT_LOADED;
+            }
+        }
+        return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
+                + " from " + libtorch;
+    }
+
+    /**
+     * A native library a setting names: a {@code .so} file, its properties beside it saying what it was built
+     * for, its bytes those the properties record.
+     *
+     * @return its properties
+     */
+    private static Properties configuredLibrary(Path library) {
+        String source = NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV);
+        if (!Files.isRegularFile(library)) {
+            throw new GradbridgeException("gradbridge's native library " + library + " (" + source
+                    + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
+        }
+        if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
+            throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
+        }
+        Properties built = readProperties(propertiesBeside(library));
+        checkBuiltFor(built, propertiesBeside(library), library);
+        String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
+        if (problem != null) {
+            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
+        }
+        return built;
+    }
+
+    /**
+     * The native library and the libtorch folder belong together (the same libtorch version, the same C++ ABI)
+     * and the folder's libraries are whole, before any of them loads.
+     *
+     * @return libtorch's files to load, in dependency order
+     */
+    private static List<Path> checkPair(Path libtorch, String libtorchVersion, Path library, String builtFor, String abi) {
         if (!libtorchVersion.equals(builtFor)) {
             throw new GradbridgeException(
                     "gradbridge's native library " + library.getFileName() + " was built for libtorch " + builtFor
@@ -216,15 +256,11 @@ final class NativeLibrary {
                     + abi + ": name a libtorch of C++11 ABI " + abi + " (pip's torch is one), or build the native"
                     + " library against this one (python -m gradbridge.native build)");
         }
-        for (Path file : files) {
-            try {
-                System.load(file.toString());
-            } catch (UnsatisfiedLinkError e) {
-                throw new GradbridgeException("cannot load libtorch's " + file + ": " + e.getMessage());
-            }
-        }
-        libtorchBuild = LibtorchFolder.libtorchBuild(libtorch, libtorchVersion);
-        cudaProblem = loadCuda(libtorch);
+        return files;
+    }
+
+    /** Loads the native library (libtorch's files are loaded) and checks that it is what its properties say. */
+    private static void loadNative(Path library, Path libtorch, String builtFor, String abi) {
         try {
             System.load(library.toString());
         } catch (UnsatisfiedLinkError e) {
@@ -245,15 +281,6 @@ final class NativeLibrary {
                     + Native.torchVersion() + " (C++11 ABI " + Native.cxx11Abi() + ") but its properties file says "
                     + builtFor + " (" + abi + "): rebuild it");
         }
-        if (cudaProblem == null) {
-            if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
-                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
-            } else {
-                cudaProblem = Messages.CUDA_NOT_LOADED;
-            }
-        }
-        return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
-                + " from " + libtorch;
     }
 
     /**
