@@ -47,6 +47,7 @@ final class LibtorchFolder {
         }
         return NativeCache.extractDjlLibtorch(djl);
     }
+
     /** A libtorch folder for messages: with the setting that named it, if one did. */
     static String named(Path folder) {
         String configured = NativeSettings.value(NativeLibrary.LIBTORCH_PROPERTY, NativeLibrary.LIBTORCH_ENV);
@@ -54,6 +55,7 @@ final class LibtorchFolder {
                 ? folder + " (" + NativeSettings.source(NativeLibrary.LIBTORCH_PROPERTY, NativeLibrary.LIBTORCH_ENV) + ")"
                 : folder.toString();
     }
+
     /** Where a libtorch folder came from, for messages. */
     private static String libtorchSource(Path folder) {
         String configured = NativeSettings.value(NativeLibrary.LIBTORCH_PROPERTY, NativeLibrary.LIBTORCH_ENV);
@@ -61,6 +63,7 @@ final class LibtorchFolder {
                 ? NativeSettings.source(NativeLibrary.LIBTORCH_PROPERTY, NativeLibrary.LIBTORCH_ENV)
                 : "extracted from the pytorch-native jar";
     }
+
     /**
      * Every library of a libtorch folder is an ELF shared object inside its file before any is loaded:
      * those Java loads and those the dynamic linker pulls in beside them (libtorch_cpu.so needs libgomp).
@@ -83,6 +86,7 @@ final class LibtorchFolder {
             }
         }
     }
+
     /**
      * The C++ ABI a libtorch folder was built with, read before anything loads: 1 when libc10.so's
      * symbols name {@code std::__cxx11} types (every C++11-ABI build's do), else 0. A native library
@@ -107,6 +111,7 @@ final class LibtorchFolder {
         }
         return 0;
     }
+
     /** The version of libtorch in a folder: DJL's properties, a pip torch's version.py, or libtorch's build-version. */
     static String libtorchVersion(Path folder) {
         try {
@@ -132,6 +137,7 @@ final class LibtorchFolder {
         throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds (it has no"
                 + " pytorch.properties, ../version.py or ../build-version)");
     }
+
     /** What to load before the native library, in dependency order. */
     static List<Path> libtorchFiles(Path folder) {
         List<Path> files = new ArrayList<>();
@@ -146,6 +152,7 @@ final class LibtorchFolder {
         files.add(folder.resolve("libtorch_cpu.so"));
         return files;
     }
+
     /** The libtorch's version with its local suffix ({@code 2.7.1+cu126}), for messages; else {@code version}. */
     static String libtorchBuild(Path folder, String version) {
         try {
@@ -165,6 +172,7 @@ final class LibtorchFolder {
         }
         return version;
     }
+
     /** Whether this process has {@code file} mapped already (Python's torch loaded it: in-process). */
     static boolean mappedHere(Path file) {
         try (Stream<String> maps = Files.lines(Paths.get("/proc/self/maps"), StandardCharsets.ISO_8859_1)) {

@@ -44,6 +44,7 @@ final class NativeCache {
         }
         return target;
     }
+
     static Properties jarProperties() {
         Properties built = NativeLibrary.resourceProperties(NativeLibrary.JAR_PROPERTIES);
         if (built == null) {
@@ -53,6 +54,7 @@ final class NativeCache {
         NativeLibrary.checkBuiltFor(built, Paths.get(NativeLibrary.JAR_PROPERTIES), Paths.get(built.getProperty("library", "?")));
         return built;
     }
+
     /**
      * This jar's native library, extracted once into the cache; checked in full (it is small) at every
      * start. The folder is named by the library's own SHA-256 (older jars: by their sources'): two builds
@@ -80,6 +82,7 @@ final class NativeCache {
         }
         return library;
     }
+
     /** In an extracted folder: each file's SHA-256 as extracted, and the stat it had when last checked. */
     static final String DIGESTS = "gradbridge-sha256.properties";
     private static final String STAT_PREFIX = "stat.";
@@ -138,6 +141,7 @@ final class NativeCache {
         }
         return null;
     }
+
     /** A file's size, modification and change times and inode: any write to it changes its ctime. */
     private static String stat(Path file) {
         try {
@@ -149,6 +153,7 @@ final class NativeCache {
             return null; // no unix view: hashed in full every time
         }
     }
+
     private static void writeDigests(Path folder, Properties digests) throws IOException {
         Path tmp = Files.createTempFile(folder, DIGESTS, ".tmp");
         try {
@@ -160,6 +165,7 @@ final class NativeCache {
             Files.deleteIfExists(tmp);
         }
     }
+
     /**
      * Extracts into a temp folder beside {@code target} (each file's SHA-256 computed as it is written,
      * recorded in {@value #DIGESTS}), then renames it to {@code target}; a damaged {@code target} is
@@ -213,6 +219,7 @@ final class NativeCache {
             }
         }
     }
+
     /** Copies a resource to {@code file}; returns the SHA-256 of the bytes written. */
     private static String copyResource(String resource, Path file) throws IOException {
         java.security.MessageDigest digest = Digests.sha256();
@@ -224,6 +231,7 @@ final class NativeCache {
         }
         return Digests.hex(digest.digest());
     }
+
     private static void deleteTree(Path folder) throws IOException {
         try (Stream<Path> files = Files.walk(folder)) {
             for (Path file : (Iterable<Path>) files.sorted(Comparator.reverseOrder())::iterator) {

@@ -43,6 +43,7 @@ final class GroupCommit {
             this.action = action;
         }
     }
+
     /**
      * Starts group commit for {@link #afterSync} under {@link FsyncPolicy#ALWAYS} (a no-op under
      * NEVER, where actions run at once): a daemon thread forces the file at most {@code delayMillis}
@@ -60,6 +61,7 @@ final class GroupCommit {
         committer.setDaemon(true);
         committer.start();
     }
+
     /**
      * Runs {@code action} once every record before {@code offset} is durable as the policy says:
      * at once when it already is (or under NEVER), else on the group-commit thread after its next
@@ -85,6 +87,7 @@ final class GroupCommit {
             pending.notifyAll();
         }
     }
+
     /**
      * Waits until every {@link #afterSync} action has run.
      *
@@ -106,6 +109,7 @@ final class GroupCommit {
             return !commitFailed;
         }
     }
+
     private void commitLoop(long delayNanos, Consumer<Throwable> onFailure) {
         try {
             while (true) {
@@ -155,6 +159,7 @@ final class GroupCommit {
             onFailure.accept(e);
         }
     }
+
     /** Stops the thread; actions still waiting are dropped, as in a crash. */
     void stop() {
         Thread thread = committer;

@@ -28,6 +28,7 @@ final class RecordParser {
         }
         return following;
     }
+
     /** Parses a checked payload; a payload that does not parse is corruption (its checksum held). */
     static LogRecord parse(String file, long offset, byte[] bytes) {
         ByteBuffer p = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN);
@@ -57,37 +58,11 @@ final class RecordParser {
                 }
                 case LogFormat.QUARANTINE:
                     return new LogRecord.Quarantine(offset, p.getLong(), p.getLong(), p.getInt(), rest(p));
-                case LogFormat.VERSION: {
-                    long id = p.getLong();
-                    long updates = p.getLong();
-                    double loss = p.getDouble();
-                    Map<String, String> digests = new LinkedHashMap<>();
-                    GSON.fromJson(rest(p), JsonObject.class).entrySet()
-                            .forEach(e -> digests.put(e.getKey(), e.getValue().getAsString()));
-                    return new LogRecord.Version(offset, id, updates, loss, digests);
-                }
+                case LogFormat.VERSION:
+                    return version(offset, p);
                 case LogFormat.POSITION:
-                case LogFormat.SOURCED: {
-                    byte[] name = new byte[p.getShort() & 0xffff];
-                    p.get(name);
-                    long[][] ranges = new long[checkedCount(p, 20)][];
-                    for (int i = 0; i < ranges.length; i++) {
-                        ranges[i] = new long[] {p.getInt(), p.getLong(), p.getLong()};
-                    }
-                    long[][] items = new long[checkedCount(p, 25)][];
-                    for (int i = 0; i < items.length; i++) {
-                        items[i] = new long[] {p.getInt(), p.getLong(), p.getLong(), p.getInt() & 0xffffffffL, p.get()};
-                    }
-                    long following = -1;
-                    if (type == LogFormat.SOURCED) {
-                        following = p.getLong();
-                        if (following < 0) {
-                            throw new BufferUnderflowException();
-                        }
-                    }
-                    end(p);
-                    return new LogRecord.Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items, following);
-                }
+                case LogFormat.SOURCED:
+                    return position(offset, p, type);
                 case LogFormat.GATE: {
                     LogRecord.Gate gate = new LogRecord.Gate(offset, p.getLong(), p.getLong(), p.getDouble(), p.getDouble(), p.get());
                     end(p);
@@ -110,6 +85,41 @@ final class RecordParser {
             throw new LogCorruptException(file + ": offset " + offset + ": the record's fields do not add up to its length");
         }
     }
+
+    /** A {@code V} record's fields after its type byte. */
+    private static LogRecord.Version version(long offset, ByteBuffer p) {
+        long id = p.getLong();
+        long updates = p.getLong();
+        double loss = p.getDouble();
+        Map<String, String> digests = new LinkedHashMap<>();
+        GSON.fromJson(rest(p), JsonObject.class).entrySet()
+                .forEach(e -> digests.put(e.getKey(), e.getValue().getAsString()));
+        return new LogRecord.Version(offset, id, updates, loss, digests);
+    }
+
+    /** A {@code P} or {@code S} record's fields after its type byte ({@code S}: then the bytes that follow). */
+    private static LogRecord.Position position(long offset, ByteBuffer p, byte type) {
+        byte[] name = new byte[p.getShort() & 0xffff];
+        p.get(name);
+        long[][] ranges = new long[checkedCount(p, 20)][];
+        for (int i = 0; i < ranges.length; i++) {
+            ranges[i] = new long[] {p.getInt(), p.getLong(), p.getLong()};
+        }
+        long[][] items = new long[checkedCount(p, 25)][];
+        for (int i = 0; i < items.length; i++) {
+            items[i] = new long[] {p.getInt(), p.getLong(), p.getLong(), p.getInt() & 0xffffffffL, p.get()};
+        }
+        long following = -1;
+        if (type == LogFormat.SOURCED) {
+            following = p.getLong();
+            if (following < 0) {
+                throw new BufferUnderflowException();
+            }
+        }
+        end(p);
+        return new LogRecord.Position(offset, new String(name, StandardCharsets.UTF_8), ranges, items, following);
+    }
+
     /** A count of fixed-size entries that must fit in what is left. */
     private static int checkedCount(ByteBuffer p, int entryBytes) {
         int count = p.getInt();
@@ -118,11 +128,13 @@ final class RecordParser {
         }
         return count;
     }
+
     private static void end(ByteBuffer p) {
         if (p.hasRemaining()) {
             throw new BufferUnderflowException();
         }
     }
+
     private static String rest(ByteBuffer p) {
         byte[] text = new byte[p.remaining()];
         p.get(text);

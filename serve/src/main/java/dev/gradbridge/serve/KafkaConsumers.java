@@ -89,6 +89,7 @@ final class KafkaConsumers {
             throw new GradbridgeException("cannot create the Kafka consumer for " + bootstrap + ": " + ServeCommand.rootMessage(e), e);
         }
     }
+
     /**
      * How long a first call waits for the brokers: the client's own {@code default.api.timeout.ms}
      * when the properties file sets it, else {@code fallback}.
@@ -109,6 +110,7 @@ final class KafkaConsumers {
                     + " must be a whole number of milliseconds, got '" + millis + "'");
         }
     }
+
     /**
      * @param hint what to do when the topic does not exist
      * @return every partition of {@code topic}, ascending
