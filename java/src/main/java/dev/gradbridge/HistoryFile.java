@@ -220,14 +220,7 @@ public final class HistoryFile {
             json.name("elapsed_s").value(record.getElapsedSeconds());
             json.name("parameters").beginObject();
             if (block == null) {
-                for (Map.Entry<String, DoubleBuffer> entry : record.valueSources().entrySet()) {
-                    json.name(entry.getKey()).beginArray();
-                    DoubleBuffer values = entry.getValue();
-                    while (values.hasRemaining()) {
-                        json.value(values.get());
-                    }
-                    json.endArray();
-                }
+                inlineValues(json, record);
             }
             json.endObject();
             json.name("digests").beginObject();
@@ -248,35 +241,57 @@ public final class HistoryFile {
             }
             ShardedRun sharded = record.getSharded();
             if (sharded != null) {
-                json.name("sharded").beginObject();
-                json.name("partitions").value(sharded.getPartitions());
-                json.name("batch_size").value(sharded.getBatchSize());
-                json.name("seed").value(sharded.getSeed());
-                json.name("shuffle").value(sharded.isShuffle());
-                json.name("rule").value(sharded.getRule());
-                json.name("shards_sha256").value(sharded.getShardsSha256());
-                json.endObject();
+                sharded(json, sharded);
             }
             if (record.getDevice() != null) {
                 json.name("device").value(record.getDevice());
                 json.name("deterministic").value(record.getDeterministic());
             }
             if (block != null) {
-                json.name("values").beginObject();
-                json.name("file").value(valuesPath.getFileName().toString());
-                json.name("offset").value(block.offset);
-                json.name("counts").beginObject();
-                for (Map.Entry<String, Long> entry : record.valueCounts().entrySet()) {
-                    json.name(entry.getKey()).value(entry.getValue());
-                }
-                json.endObject();
-                json.name("sha256").value(block.sha256);
-                json.endObject();
+                valuesBlock(json, record, block);
             }
             json.endObject();
         } catch (IOException e) {
             throw new UncheckedIOException(e); // a StringWriter does not fail
         }
         return out.append('\n').toString();
+    }
+
+    /** A record's values inline, each parameter's as an array (no side file). */
+    private static void inlineValues(JsonWriter json, History.EpochRecord record) throws IOException {
+        for (Map.Entry<String, DoubleBuffer> entry : record.valueSources().entrySet()) {
+            json.name(entry.getKey()).beginArray();
+            DoubleBuffer values = entry.getValue();
+            while (values.hasRemaining()) {
+                json.value(values.get());
+            }
+            json.endArray();
+        }
+    }
+
+    /** A data-parallel run's settings (the {@code sharded} key). */
+    private static void sharded(JsonWriter json, ShardedRun sharded) throws IOException {
+        json.name("sharded").beginObject();
+        json.name("partitions").value(sharded.getPartitions());
+        json.name("batch_size").value(sharded.getBatchSize());
+        json.name("seed").value(sharded.getSeed());
+        json.name("shuffle").value(sharded.isShuffle());
+        json.name("rule").value(sharded.getRule());
+        json.name("shards_sha256").value(sharded.getShardsSha256());
+        json.endObject();
+    }
+
+    /** Where in the side file a record's values are (the {@code values} key). */
+    private void valuesBlock(JsonWriter json, History.EpochRecord record, Block block) throws IOException {
+        json.name("values").beginObject();
+        json.name("file").value(valuesPath.getFileName().toString());
+        json.name("offset").value(block.offset);
+        json.name("counts").beginObject();
+        for (Map.Entry<String, Long> entry : record.valueCounts().entrySet()) {
+            json.name(entry.getKey()).value(entry.getValue());
+        }
+        json.endObject();
+        json.name("sha256").value(block.sha256);
+        json.endObject();
     }
 }

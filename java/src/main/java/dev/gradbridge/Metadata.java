@@ -5,23 +5,11 @@ import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
-import com.google.gson.JsonParseException;
-import com.google.gson.JsonParser;
-import java.io.ByteArrayInputStream;
-import java.io.IOException;
-import java.io.InputStream;
-import java.io.InputStreamReader;
-import java.io.Reader;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.Collections;
-import java.util.Enumeration;
 import java.util.List;
 import java.util.Map;
-import java.util.zip.ZipEntry;
-import java.util.zip.ZipException;
-import java.util.zip.ZipFile;
 
 /**
  * The {@code gradbridge.json} document stored inside an exported .pt (schema: {@code
@@ -30,28 +18,30 @@ import java.util.zip.ZipFile;
  */
 public final class Metadata {
 
-    private static final Gson GSON =
+    /** The document's JSON names ({@code protocol_version}) as the fields' ({@code protocolVersion}). */
+    static final Gson GSON =
             new GsonBuilder()
                     .setFieldNamingPolicy(FieldNamingPolicy.LOWER_CASE_WITH_UNDERSCORES)
                     .create();
 
-    private String format;
-    private int protocolVersion;
+    // package-private where MetadataArchive fills or checks them (Gson sets them all)
+    String format;
+    int protocolVersion;
     private String gradbridgeVersion;
     private String torchVersion;
     private String model;
-    private List<String> methods;
-    private List<TensorSpec> parameters;
+    List<String> methods;
+    List<TensorSpec> parameters;
     private List<TensorSpec> buffers;
     private Map<String, Object> loss;
     private Map<String, Object> optimizer;
-    private List<TensorSpec> inputs;
+    List<TensorSpec> inputs;
     private List<String> customOps;
-    private Checkpoint checkpoint;
+    Checkpoint checkpoint;
     private Map<String, Object> fineTuning;
     private Map<String, Object> capture; // absent in modules exported before the export's check
     private JsonObject program; // protocol 3 only: the graphs and state entries (OpListEngine reads them)
-    private transient JsonObject document;
+    transient JsonObject document;
 
     private Metadata() {}
 
@@ -71,7 +61,7 @@ public final class Metadata {
         // gradbridge-spark's runs instead of dataSha256: over the K partitions' digests.
         private String shardsSha256;
         // The keys the entry held when it was read (non-null values); null for an entry made here.
-        private transient java.util.Set<String> keys;
+        transient java.util.Set<String> keys;
 
         private Checkpoint() {}
 
@@ -270,99 +260,7 @@ public final class Metadata {
      * @throws ProtocolException when the archive has no valid gradbridge metadata
      */
     public static Metadata read(Path path) {
-        try (ZipFile archive = new ZipFile(path.toFile())) {
-            ZipEntry entry = findMetadataEntry(archive);
-            if (entry == null) {
-                String kind =
-                        findEntry(archive, "/data.pkl") != null
-                                ? "a TorchScript module without " + Protocol.METADATA_FILE
-                                : "a zip archive but not a TorchScript module";
-                throw new ProtocolException(
-                        path
-                                + " is "
-                                + kind
-                                + ": not a gradbridge training module. Export one with"
-                                + " `gradbridge export`.");
-            }
-            Metadata metadata;
-            byte[] bytes;
-            try (InputStream in = archive.getInputStream(entry)) { // bounded: an entry may inflate past any memory
-                bytes = in.readNBytes((int) StrictJson.JSON_BYTES + 1);
-            }
-            if (bytes.length > StrictJson.JSON_BYTES) {
-                throw new ProtocolException(path + ": " + Protocol.METADATA_FILE + " inflates past the limit of "
-                        + StrictJson.JSON_BYTES + " bytes");
-            }
-            try (Reader reader = new InputStreamReader(new ByteArrayInputStream(bytes), StandardCharsets.UTF_8)) {
-                JsonElement root = JsonParser.parseReader(reader);
-                MetadataSchema.check(path, root);
-                JsonObject document = root.getAsJsonObject();
-                metadata = GSON.fromJson(document, Metadata.class);
-                metadata.document = document;
-                if (metadata.checkpoint != null) {
-                    java.util.Set<String> keys = new java.util.HashSet<>();
-                    for (Map.Entry<String, JsonElement> key : document.getAsJsonObject("checkpoint").entrySet()) {
-                        if (!key.getValue().isJsonNull()) {
-                            keys.add(key.getKey());
-                        }
-                    }
-                    metadata.checkpoint.keys = keys;
-                }
-            } catch (JsonParseException | IllegalStateException e) {
-                throw new ProtocolException(path + ": " + Protocol.METADATA_FILE + " is not valid JSON: "
-                        + e.getMessage().split("\n", 2)[0]); // Gson adds a line pointing at its documentation
-            }
-            metadata.check(path);
-            return metadata;
-        } catch (ZipException e) {
-            throw new ModuleLoadException(
-                    path + " is not a TorchScript file (not a zip archive): " + e.getMessage(), e);
-        } catch (IOException e) {
-            throw new ModuleLoadException("cannot read " + path + ": " + e, e);
-        }
-    }
-
-    private static ZipEntry findMetadataEntry(ZipFile archive) {
-        ZipEntry root = archive.getEntry(Protocol.METADATA_FILE); // a protocol-3 zip holds it at its root
-        return root != null ? root : findEntry(archive, "/extra/" + Protocol.METADATA_FILE);
-    }
-
-    private static ZipEntry findEntry(ZipFile archive, String suffix) {
-        Enumeration<? extends ZipEntry> entries = archive.entries();
-        while (entries.hasMoreElements()) {
-            ZipEntry entry = entries.nextElement();
-            if (entry.getName().endsWith(suffix)) {
-                return entry;
-            }
-        }
-        return null;
-    }
-
-    private void check(Path path) {
-        if (!Protocol.METADATA_FORMAT.equals(format)) {
-            throw new ProtocolException(
-                    path
-                            + ": "
-                            + Protocol.METADATA_FILE
-                            + " has format '"
-                            + format
-                            + "', expected '"
-                            + Protocol.METADATA_FORMAT
-                            + "'");
-        }
-        if (!Protocol.SUPPORTED_VERSIONS.contains(protocolVersion)) {
-            throw new ProtocolException(
-                    path
-                            + ": protocol version "
-                            + protocolVersion
-                            + ", this gradbridge reads versions "
-                            + Protocol.SUPPORTED_VERSIONS
-                            + ". Re-export the module with a matching gradbridge.");
-        }
-        if (parameters == null || inputs == null || methods == null) {
-            throw new ProtocolException(
-                    path + ": " + Protocol.METADATA_FILE + " lacks parameters, inputs or methods");
-        }
+        return MetadataArchive.read(path);
     }
 
     /** @return protocol version of the module */

@@ -7,21 +7,13 @@ import dev.gradbridge.internal.NativeSettings;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.AtomicMoveNotSupportedException;
-import java.nio.file.DirectoryStream;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
-import java.nio.file.StandardCopyOption;
-import java.util.ArrayList;
-import java.util.Comparator;
 import java.util.List;
 import java.util.Properties;
-import java.util.regex.Matcher;
 import java.util.regex.Pattern;
-import java.util.stream.Stream;
 
 /**
  * Finds and loads libtorch and gradbridge's native library built for it, once per JVM.
@@ -60,8 +52,6 @@ final class NativeLibrary {
     /** DJL's pytorch-native-cpu jar: libtorch's shared libraries and their version. */
     static final String DJL_FOLDER = "pytorch/cpu/linux-x86_64/";
     static final String DJL_PROPERTIES = "native/lib/pytorch.properties";
-
-    private static final Pattern PY_VERSION = Pattern.compile("__version__\\s*=\\s*['\"]([^'\"]+)['\"]");
 
     private static String description;
     private static GradbridgeException failure;
@@ -176,10 +166,10 @@ final class NativeLibrary {
     }
 
     private static String loadOnce() {
-        Path libtorch = libtorchFolder();
-        String libtorchVersion = libtorchVersion(libtorch);
+        Path libtorch = LibtorchFolder.libtorchFolder();
+        String libtorchVersion = LibtorchFolder.libtorchVersion(libtorch);
         if (!Versions.inTorchRange(libtorchVersion)) {
-            throw new GradbridgeException(named(libtorch) + " holds libtorch " + libtorchVersion
+            throw new GradbridgeException(LibtorchFolder.named(libtorch) + " holds libtorch " + libtorchVersion
                     + ", outside gradbridge's supported range " + Versions.TORCH_RANGE
                     + ": name the torch/lib folder of a torch in that range");
         }
@@ -188,26 +178,66 @@ final class NativeLibrary {
         String configured = NativeSettings.value(LIBRARY_PROPERTY, LIBRARY_ENV);
         if (configured != null) {
             library = Paths.get(configured).toAbsolutePath();
-            String source = NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV);
-            if (!Files.isRegularFile(library)) {
-                throw new GradbridgeException("gradbridge's native library " + library + " (" + source
-                        + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
-            }
-            if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
-                throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
-            }
-            built = readProperties(propertiesBeside(library));
-            checkBuiltFor(built, propertiesBeside(library), library);
-            String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
-            if (problem != null) {
-                throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
-            }
+            built = configuredLibrary(library);
         } else {
-            built = jarProperties();
-            library = extractJarLibrary(built);
+            built = NativeCache.jarProperties();
+            library = NativeCache.extractJarLibrary(built);
         }
         String builtFor = built.getProperty("torch_version");
         String abi = built.getProperty("cxx11_abi");
+        List<Path> files = checkPair(libtorch, libtorchVersion, library, builtFor, abi);
+        for (Path file : files) {
+            try {
+                System.load(file.toString());
+            } catch (UnsatisfiedLinkError e) {
+                throw new GradbridgeException("cannot load libtorch's " + file + ": " + e.getMessage());
+            }
+        }
+        libtorchBuild = LibtorchFolder.libtorchBuild(libtorch, libtorchVersion);
+        cudaProblem = loadCuda(libtorch);
+        loadNative(library, libtorch, builtFor, abi);
+        if (cudaProblem == null) {
+            if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
+                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
+            } else {
+                cudaProblem = Messages.CUDA_NOT_LOADED;
+            }
+        }
+        return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
+                + " from " + libtorch;
+    }
+
+    /**
+     * A native library a setting names: a {@code .so} file, its properties beside it saying what it was built
+     * for, its bytes those the properties record.
+     *
+     * @return its properties
+     */
+    private static Properties configuredLibrary(Path library) {
+        String source = NativeSettings.source(LIBRARY_PROPERTY, LIBRARY_ENV);
+        if (!Files.isRegularFile(library)) {
+            throw new GradbridgeException("gradbridge's native library " + library + " (" + source
+                    + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
+        }
+        if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
+            throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
+        }
+        Properties built = readProperties(propertiesBeside(library));
+        checkBuiltFor(built, propertiesBeside(library), library);
+        String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
+        if (problem != null) {
+            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
+        }
+        return built;
+    }
+
+    /**
+     * The native library and the libtorch folder belong together (the same libtorch version, the same C++ ABI)
+     * and the folder's libraries are whole, before any of them loads.
+     *
+     * @return libtorch's files to load, in dependency order
+     */
+    private static List<Path> checkPair(Path libtorch, String libtorchVersion, Path library, String builtFor, String abi) {
         if (!libtorchVersion.equals(builtFor)) {
             throw new GradbridgeException(
                     "gradbridge's native library " + library.getFileName() + " was built for libtorch " + builtFor
@@ -216,25 +246,21 @@ final class NativeLibrary {
                             + " (python -m gradbridge.native build --out DIR with that torch installed,"
                             + " then -D" + LIBRARY_PROPERTY + "=DIR/<file>.so)");
         }
-        List<Path> files = libtorchFiles(libtorch);
-        checkLibtorchFiles(libtorch);
-        int folderAbi = cxx11Abi(libtorch);
+        List<Path> files = LibtorchFolder.libtorchFiles(libtorch);
+        LibtorchFolder.checkLibtorchFiles(libtorch);
+        int folderAbi = LibtorchFolder.cxx11Abi(libtorch);
         if (!String.valueOf(folderAbi).equals(abi)) {
-            throw new GradbridgeException(named(libtorch) + " holds libtorch " + libtorchVersion + " built with the "
+            throw new GradbridgeException(LibtorchFolder.named(libtorch) + " holds libtorch " + libtorchVersion + " built with the "
                     + (folderAbi == 0 ? "pre-C++11 ABI" : "C++11 ABI") + " (C++11 ABI " + folderAbi
                     + "), but gradbridge's native library " + library.getFileName() + " was built for C++11 ABI "
                     + abi + ": name a libtorch of C++11 ABI " + abi + " (pip's torch is one), or build the native"
                     + " library against this one (python -m gradbridge.native build)");
         }
-        for (Path file : files) {
-            try {
-                System.load(file.toString());
-            } catch (UnsatisfiedLinkError e) {
-                throw new GradbridgeException("cannot load libtorch's " + file + ": " + e.getMessage());
-            }
-        }
-        libtorchBuild = libtorchBuild(libtorch, libtorchVersion);
-        cudaProblem = loadCuda(libtorch);
+        return files;
+    }
+
+    /** Loads the native library (libtorch's files are loaded) and checks that it is what its properties say. */
+    private static void loadNative(Path library, Path libtorch, String builtFor, String abi) {
         try {
             System.load(library.toString());
         } catch (UnsatisfiedLinkError e) {
@@ -255,15 +281,6 @@ final class NativeLibrary {
                     + Native.torchVersion() + " (C++11 ABI " + Native.cxx11Abi() + ") but its properties file says "
                     + builtFor + " (" + abi + "): rebuild it");
         }
-        if (cudaProblem == null) {
-            if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
-                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
-            } else {
-                cudaProblem = Messages.CUDA_NOT_LOADED;
-            }
-        }
-        return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
-                + " from " + libtorch;
     }
 
     /**
@@ -278,7 +295,7 @@ final class NativeLibrary {
         String setting = NativeSettings.value(CUDA_PROPERTY, CUDA_ENV);
         boolean asked = cudaWanted || "true".equalsIgnoreCase(String.valueOf(setting).trim())
                 || "1".equals(String.valueOf(setting).trim());
-        if (!asked && !mappedHere(torchCuda)) {
+        if (!asked && !LibtorchFolder.mappedHere(torchCuda)) {
             return Messages.CUDA_NOT_LOADED;
         }
         for (Path file : new Path[] {folder.resolve("libc10_cuda.so"), torchCuda}) {
@@ -294,42 +311,12 @@ final class NativeLibrary {
         return null;
     }
 
-    /** Whether this process has {@code file} mapped already (Python's torch loaded it: in-process). */
-    private static boolean mappedHere(Path file) {
-        try (Stream<String> maps = Files.lines(Paths.get("/proc/self/maps"), StandardCharsets.ISO_8859_1)) {
-            String name = file.toRealPath().toString();
-            return maps.anyMatch(line -> line.endsWith(name));
-        } catch (IOException | UncheckedIOException e) {
-            return false;
-        }
-    }
-
-    /** The libtorch's version with its local suffix ({@code 2.7.1+cu126}), for messages; else {@code version}. */
-    private static String libtorchBuild(Path folder, String version) {
-        try {
-            Path pip = folder.resolveSibling("version.py");
-            if (Files.isRegularFile(pip)) {
-                Matcher m = PY_VERSION.matcher(new String(Files.readAllBytes(pip), StandardCharsets.UTF_8));
-                if (m.find()) {
-                    return m.group(1);
-                }
-            }
-            Path zip = folder.resolveSibling("build-version");
-            if (Files.isRegularFile(zip)) {
-                return new String(Files.readAllBytes(zip), StandardCharsets.UTF_8).trim();
-            }
-        } catch (IOException e) {
-            // the version alone below
-        }
-        return version;
-    }
-
     /** The key of a native library's properties that holds the library's SHA-256 (python: native.Build). */
     static final String LIBRARY_DIGEST_KEY = "library_sha256";
     private static final Pattern VERSION = Pattern.compile("\\d+(\\.\\w+)+");
 
     /** The properties must say which libtorch and C++ ABI the library was built for: else one line, never "null". */
-    private static void checkBuiltFor(Properties built, Path properties, Path library) {
+    static void checkBuiltFor(Properties built, Path properties, Path library) {
         String version = built.getProperty("torch_version");
         if (version == null || !VERSION.matcher(version.trim()).matches()) {
             throw new GradbridgeException(Messages.nativeProperties(properties.toString(),
@@ -360,37 +347,6 @@ final class NativeLibrary {
         }
     }
 
-    /**
-     * Every library of a libtorch folder is an ELF shared object inside its file before any is loaded:
-     * those Java loads and those the dynamic linker pulls in beside them (libtorch_cpu.so needs libgomp).
-     */
-    private static void checkLibtorchFiles(Path folder) {
-        Pattern library = Pattern.compile("lib.*\\.so(\\.\\d+)*");
-        List<Path> files = new ArrayList<>();
-        try (Stream<Path> entries = Files.list(folder)) {
-            entries.filter(f -> library.matcher(f.getFileName().toString()).matches() && Files.isRegularFile(f))
-                    .sorted()
-                    .forEach(files::add);
-        } catch (IOException e) {
-            throw new GradbridgeException("cannot read the libtorch folder " + named(folder) + ": " + ioReason(e), e);
-        }
-        for (Path file : files) {
-            String problem = OperatorLibraries.libraryProblem(file);
-            if (problem != null) {
-                throw new GradbridgeException(Messages.libtorchUnloadable(file.toString(), libtorchSource(folder),
-                        problem));
-            }
-        }
-    }
-
-    /** Where a libtorch folder came from, for messages. */
-    private static String libtorchSource(Path folder) {
-        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
-        return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
-                ? NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV)
-                : "extracted from the pytorch-native jar";
-    }
-
     /** The system's reason for an I/O failure, in words (AccessDeniedException's message is only the path). */
     static String ioReason(IOException e) {
         if (e instanceof java.nio.file.AccessDeniedException) {
@@ -408,324 +364,12 @@ final class NativeLibrary {
         return String.valueOf(e.getMessage());
     }
 
-    private static Path libtorchFolder() {
-        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
-        if (configured != null) {
-            Path folder = Paths.get(configured).toAbsolutePath();
-            if (!Files.isRegularFile(folder.resolve("libtorch_cpu.so")) || !Files.isRegularFile(folder.resolve("libc10.so"))) {
-                throw new GradbridgeException(
-                        folder + " (" + NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ") is not a libtorch folder: it"
-                                + " lacks libc10.so or libtorch_cpu.so; name a folder that holds them, e.g. a pip"
-                                + " torch's torch/lib");
-            }
-            return folder;
-        }
-        Properties djl = resourceProperties(DJL_PROPERTIES);
-        if (djl == null || NativeLibrary.class.getClassLoader().getResource(DJL_FOLDER + "libtorch_cpu.so") == null) {
-            throw new GradbridgeException(
-                    "no libtorch for gradbridge: put ai.djl.pytorch:pytorch-native-cpu (classifier linux-x86_64) on"
-                            + " the classpath, or set -D" + LIBTORCH_PROPERTY + " (or " + LIBTORCH_ENV
-                            + ") to a libtorch folder, e.g. a pip torch's torch/lib");
-        }
-        return extractDjlLibtorch(djl);
-    }
-
-    /** A libtorch folder for messages: with the setting that named it, if one did. */
-    private static String named(Path folder) {
-        String configured = NativeSettings.value(LIBTORCH_PROPERTY, LIBTORCH_ENV);
-        return configured != null && folder.equals(Paths.get(configured).toAbsolutePath())
-                ? folder + " (" + NativeSettings.source(LIBTORCH_PROPERTY, LIBTORCH_ENV) + ")"
-                : folder.toString();
-    }
-
-    /**
-     * The C++ ABI a libtorch folder was built with, read before anything loads: 1 when libc10.so's
-     * symbols name {@code std::__cxx11} types (every C++11-ABI build's do), else 0. A native library
-     * of the other ABI would fail to load with an undefined symbol, or worse, load.
-     */
-    static int cxx11Abi(Path folder) {
-        byte[] marker = "__cxx11".getBytes(StandardCharsets.US_ASCII);
-        byte[] bytes;
-        try {
-            bytes = Files.readAllBytes(folder.resolve("libc10.so"));
-        } catch (IOException e) {
-            throw new GradbridgeException("cannot read " + folder.resolve("libc10.so") + ": " + e.getMessage(), e);
-        }
-        outer:
-        for (int i = 0; i + marker.length <= bytes.length; i++) {
-            for (int j = 0; j < marker.length; j++) {
-                if (bytes[i + j] != marker[j]) {
-                    continue outer;
-                }
-            }
-            return 1;
-        }
-        return 0;
-    }
-
-    /** The version of libtorch in a folder: DJL's properties, a pip torch's version.py, or libtorch's build-version. */
-    static String libtorchVersion(Path folder) {
-        try {
-            Path djl = folder.resolve("pytorch.properties");
-            if (Files.isRegularFile(djl)) {
-                return readProperties(djl).getProperty("version", "").split("-")[0];
-            }
-            Path pip = folder.resolveSibling("version.py");
-            if (Files.isRegularFile(pip)) {
-                Matcher m = PY_VERSION.matcher(new String(Files.readAllBytes(pip), StandardCharsets.UTF_8));
-                if (m.find()) {
-                    return m.group(1).split("\\+")[0];
-                }
-            }
-            Path zip = folder.resolveSibling("build-version");
-            if (Files.isRegularFile(zip)) {
-                return new String(Files.readAllBytes(zip), StandardCharsets.UTF_8).trim().split("\\+")[0];
-            }
-        } catch (IOException e) {
-            throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds: "
-                    + ioReason(e), e);
-        }
-        throw new GradbridgeException("cannot tell which libtorch version " + folder + " holds (it has no"
-                + " pytorch.properties, ../version.py or ../build-version)");
-    }
-
-    /** What to load before the native library, in dependency order. */
-    private static List<Path> libtorchFiles(Path folder) {
-        List<Path> files = new ArrayList<>();
-        try (DirectoryStream<Path> gomp = Files.newDirectoryStream(folder, "libgomp*.so*")) {
-            for (Path file : gomp) {
-                files.add(file);
-            }
-        } catch (IOException e) {
-            throw new GradbridgeException("cannot read the libtorch folder " + named(folder) + ": " + ioReason(e), e);
-        }
-        files.add(folder.resolve("libc10.so"));
-        files.add(folder.resolve("libtorch_cpu.so"));
-        return files;
-    }
-
-    /**
-     * DJL's libtorch extracted once into the cache (temp folder, then a rename), each file's SHA-256
-     * recorded as it is written. Every start checks each file against its record: in full when the
-     * file's size, times or inode changed since it was last checked (libtorch_cpu.so is ~450 MB; any
-     * write to a file changes its ctime), else by that stat alone. A damaged copy is extracted again.
-     */
-    private static Path extractDjlLibtorch(Properties djl) {
-        String version = djl.getProperty("version", "unknown");
-        String[] names = djl.getProperty("libraries", "").split(",");
-        Path target = NativeSettings.cacheFolder().resolve("libtorch").resolve(version + "-cpu-linux-x86_64");
-        String problem = cacheProblem(target, names, false);
-        if (problem != null) {
-            if (!problem.isEmpty()) {
-                System.err.println(Messages.cacheDamaged("libtorch", target.toString(), problem, "extracting it again"));
-            }
-            extract(target, names, DJL_FOLDER, DJL_PROPERTIES, "pytorch.properties");
-        }
-        return target;
-    }
-
-    private static Properties jarProperties() {
-        Properties built = resourceProperties(JAR_PROPERTIES);
-        if (built == null) {
-            throw new GradbridgeException("this gradbridge jar carries no native library (" + JAR_PROPERTIES
-                    + "): set -D" + LIBRARY_PROPERTY + " to one built with python -m gradbridge.native build");
-        }
-        checkBuiltFor(built, Paths.get(JAR_PROPERTIES), Paths.get(built.getProperty("library", "?")));
-        return built;
-    }
-
-    /**
-     * This jar's native library, extracted once into the cache; checked in full (it is small) at every
-     * start. The folder is named by the library's own SHA-256 (older jars: by their sources'): two builds
-     * of the same sources differ in their bytes, and each keeps its own copy.
-     */
-    private static Path extractJarLibrary(Properties built) {
-        String name = built.getProperty("library");
-        String identity = built.getProperty(LIBRARY_DIGEST_KEY, built.getProperty("source_sha256", "unversioned"));
-        Path target = NativeSettings.cacheFolder().resolve("native").resolve("jar-torch" + built.getProperty("torch_version")
-                + "-cxx11abi" + built.getProperty("cxx11_abi") + "-"
-                + identity.substring(0, Math.min(32, identity.length())));
-        String problem = cacheProblem(target, new String[] {name}, true);
-        if (problem != null) {
-            if (!problem.isEmpty()) {
-                System.err.println(Messages.cacheDamaged("gradbridge's native library", target.toString(), problem,
-                        "extracting it again"));
-            }
-            extract(target, new String[] {name}, JAR_FOLDER, JAR_PROPERTIES, "native.properties");
-        }
-        Path library = target.resolve(name);
-        String recorded = built.getProperty(LIBRARY_DIGEST_KEY);
-        String elf = libraryProblem(library, recorded); // the jar's own record, when it carries one
-        if (elf != null) {
-            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), "this jar's", elf));
-        }
-        return library;
-    }
-
-    /** In an extracted folder: each file's SHA-256 as extracted, and the stat it had when last checked. */
-    static final String DIGESTS = "gradbridge-sha256.properties";
-    private static final String STAT_PREFIX = "stat.";
-
-    /**
-     * Whether an extracted folder is complete and undamaged: {@code null} when it is, "" when it is not
-     * there yet, else what is wrong (for the one line). {@code always}: hash every file at every start.
-     */
-    private static String cacheProblem(Path folder, String[] names, boolean always) {
-        if (!Files.isDirectory(folder)) {
-            return "";
-        }
-        Path digestsFile = folder.resolve(DIGESTS);
-        if (!Files.isRegularFile(digestsFile)) {
-            return "it has no " + DIGESTS + " (extracted by an older gradbridge, or cut short)";
-        }
-        Properties digests = new Properties();
-        try (InputStream in = Files.newInputStream(digestsFile)) {
-            digests.load(in);
-        } catch (IOException | IllegalArgumentException e) {
-            return "cannot read " + DIGESTS + ": " + e.getMessage();
-        }
-        boolean restat = false;
-        for (String raw : names) {
-            String name = raw.trim();
-            Path file = folder.resolve(name);
-            String recorded = digests.getProperty(name);
-            if (recorded == null) {
-                return name + ": no SHA-256 recorded";
-            }
-            if (!Files.isRegularFile(file)) {
-                return name + " is missing";
-            }
-            String stat = stat(file);
-            if (!always && stat != null && stat.equals(digests.getProperty(STAT_PREFIX + name))) {
-                continue; // unchanged since it was last hashed
-            }
-            try {
-                String actual = Digests.sha256Hex(file);
-                if (!actual.equals(recorded)) {
-                    return name + ": " + Messages.digestMismatch(recorded, actual);
-                }
-            } catch (IOException e) {
-                return name + ": cannot read it: " + ioReason(e);
-            }
-            if (!always && stat != null) {
-                digests.setProperty(STAT_PREFIX + name, stat);
-                restat = true;
-            }
-        }
-        if (restat) { // hashed again and found intact (e.g. copied or touched): remember its new stat
-            try {
-                writeDigests(folder, digests);
-            } catch (IOException e) {
-                // a read-only cache: it is hashed again at the next start
-            }
-        }
-        return null;
-    }
-
-    /** A file's size, modification and change times and inode: any write to it changes its ctime. */
-    private static String stat(Path file) {
-        try {
-            java.util.Map<String, Object> unix = Files.readAttributes(file, "unix:size,lastModifiedTime,ctime,ino");
-            return unix.get("size") + ":" + ((java.nio.file.attribute.FileTime) unix.get("lastModifiedTime"))
-                    .to(java.util.concurrent.TimeUnit.NANOSECONDS) + ":" + ((java.nio.file.attribute.FileTime)
-                    unix.get("ctime")).to(java.util.concurrent.TimeUnit.NANOSECONDS) + ":" + unix.get("ino");
-        } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
-            return null; // no unix view: hashed in full every time
-        }
-    }
-
-    private static void writeDigests(Path folder, Properties digests) throws IOException {
-        Path tmp = Files.createTempFile(folder, DIGESTS, ".tmp");
-        try {
-            try (java.io.OutputStream out = Files.newOutputStream(tmp)) {
-                digests.store(out, "SHA-256 of each file as extracted; stat.<name>: its stat when last checked");
-            }
-            Files.move(tmp, folder.resolve(DIGESTS), StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
-        } finally {
-            Files.deleteIfExists(tmp);
-        }
-    }
-
-    /**
-     * Extracts into a temp folder beside {@code target} (each file's SHA-256 computed as it is written,
-     * recorded in {@value #DIGESTS}), then renames it to {@code target}; a damaged {@code target} is
-     * renamed aside first and removed after, so another JVM never sees a half-written folder.
-     */
-    private static void extract(Path target, String[] names, String resourceFolder, String properties, String as) {
-        Path tmp;
-        try {
-            Files.createDirectories(target.getParent());
-            tmp = Files.createTempDirectory(target.getParent(), target.getFileName() + ".tmp");
-        } catch (IOException e) {
-            throw new GradbridgeException(NativeSettings.cacheUnwritable(target.getParent(), e), e);
-        }
-        try {
-            Properties digests = new Properties();
-            for (String name : names) {
-                Path file = tmp.resolve(name.trim());
-                digests.setProperty(name.trim(), copyResource(resourceFolder + name.trim(), file));
-                String stat = stat(file);
-                if (stat != null) {
-                    digests.setProperty(STAT_PREFIX + name.trim(), stat);
-                }
-            }
-            copyResource(properties, tmp.resolve(as));
-            writeDigests(tmp, digests);
-            if (Files.exists(target)) { // damaged or stale: aside, then gone
-                Path aside = Files.createTempDirectory(target.getParent(), target.getFileName() + ".old");
-                Files.delete(aside);
-                try {
-                    Files.move(target, aside, StandardCopyOption.ATOMIC_MOVE);
-                    deleteTree(aside);
-                } catch (java.nio.file.NoSuchFileException e) {
-                    // another JVM moved it first
-                }
-            }
-            try {
-                Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE);
-            } catch (FileAlreadyExistsException | java.nio.file.DirectoryNotEmptyException
-                    | AtomicMoveNotSupportedException e) {
-                // another JVM won the race: its copy is complete
-            }
-        } catch (IOException e) {
-            throw new GradbridgeException(NativeSettings.cacheUnwritable(target.getParent(), e), e);
-        } finally {
-            try {
-                if (Files.exists(tmp)) {
-                    deleteTree(tmp);
-                }
-            } catch (IOException e) {
-                // left for the next extraction
-            }
-        }
-    }
-
-    /** Copies a resource to {@code file}; returns the SHA-256 of the bytes written. */
-    private static String copyResource(String resource, Path file) throws IOException {
-        java.security.MessageDigest digest = Digests.sha256();
-        try (InputStream in = NativeLibrary.class.getClassLoader().getResourceAsStream(resource)) {
-            if (in == null) {
-                throw new GradbridgeException("cannot extract " + resource + ": the classpath lacks it");
-            }
-            Files.copy(new java.security.DigestInputStream(in, digest), file);
-        }
-        return Digests.hex(digest.digest());
-    }
-
-    private static void deleteTree(Path folder) throws IOException {
-        try (Stream<Path> files = Files.walk(folder)) {
-            for (Path file : (Iterable<Path>) files.sorted(Comparator.reverseOrder())::iterator) {
-                Files.deleteIfExists(file);
-            }
-        }
-    }
-
     private static Path propertiesBeside(Path library) {
         String name = library.getFileName().toString();
         return library.resolveSibling(name.substring(0, name.length() - ".so".length()) + ".properties");
     }
 
-    private static Properties readProperties(Path file) {
+    static Properties readProperties(Path file) {
         Properties properties = new Properties();
         try (InputStream in = Files.newInputStream(file)) {
             properties.load(in);
@@ -737,7 +381,7 @@ final class NativeLibrary {
         return properties;
     }
 
-    private static Properties resourceProperties(String resource) {
+    static Properties resourceProperties(String resource) {
         try (InputStream in = NativeLibrary.class.getClassLoader().getResourceAsStream(resource)) {
             if (in == null) {
                 return null;

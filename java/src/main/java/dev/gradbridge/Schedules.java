@@ -63,38 +63,48 @@ final class Schedules {
                 count(spec, "total_iters", 1, at);
                 break;
             case "plateau":
-                flag(member(spec, "minimize", at), at, "minimize");
-                flag(member(spec, "relative", at), at, "relative");
-                finite(spec, "factor", 0.0, 1.0, true, false, at);
-                count(spec, "patience", 0, at);
-                finite(spec, "threshold", 0.0, INF, false, false, at);
-                count(spec, "cooldown", 0, at);
-                if (ProgramCheck.finiteHexes(member(spec, "min_lrs", at), at, "min_lrs", 0.0).length != groups) {
-                    throw new Refusal(at, "min_lrs holds another number of values than the " + groups + " parameter groups");
-                }
-                finite(spec, "eps", 0.0, INF, false, false, at);
+                plateau(spec, groups, at);
                 break;
             case "sequential":
-                long[] milestones = counts(member(spec, "milestones", at), at, "milestones", 1);
-                JsonArray children = array(member(spec, "schedulers", at), at, "schedulers");
-                if (children.size() != milestones.length + 1) {
-                    throw new Refusal(at, children.size() + " schedulers for " + milestones.length
-                            + " milestones, expected one more");
-                }
-                for (int k = 0; k < children.size(); k++) {
-                    schedule(children.get(k), groups, at + ".schedulers[" + k + "]");
-                    String child = children.get(k).getAsJsonObject().get("name").getAsString();
-                    if (!RESTARTABLE.contains(child)) {
-                        throw new Refusal(at, "schedulers[" + k + "] is " + shown(child) + ", expected one of "
-                                + String.join(", ", RESTARTABLE));
-                    }
-                }
+                sequential(spec, groups, at);
                 break;
             case "onecycle":
                 oneCycle(spec, groups, at);
                 break;
             default:
                 throw new Refusal(at, "unknown scheduler " + shown(name));
+        }
+    }
+
+    /** ReduceLROnPlateau's settings, one minimum learning rate per parameter group. */
+    private static void plateau(JsonObject spec, int groups, String where) {
+        flag(member(spec, "minimize", where), where, "minimize");
+        flag(member(spec, "relative", where), where, "relative");
+        finite(spec, "factor", 0.0, 1.0, true, false, where);
+        count(spec, "patience", 0, where);
+        finite(spec, "threshold", 0.0, INF, false, false, where);
+        count(spec, "cooldown", 0, where);
+        if (ProgramCheck.finiteHexes(member(spec, "min_lrs", where), where, "min_lrs", 0.0).length != groups) {
+            throw new Refusal(where, "min_lrs holds another number of values than the " + groups + " parameter groups");
+        }
+        finite(spec, "eps", 0.0, INF, false, false, where);
+    }
+
+    /** SequentialLR: one more scheduler than milestones, each of a kind that restarts cleanly. */
+    private static void sequential(JsonObject spec, int groups, String where) {
+        long[] milestones = counts(member(spec, "milestones", where), where, "milestones", 1);
+        JsonArray children = array(member(spec, "schedulers", where), where, "schedulers");
+        if (children.size() != milestones.length + 1) {
+            throw new Refusal(where, children.size() + " schedulers for " + milestones.length
+                    + " milestones, expected one more");
+        }
+        for (int k = 0; k < children.size(); k++) {
+            schedule(children.get(k), groups, where + ".schedulers[" + k + "]");
+            String child = children.get(k).getAsJsonObject().get("name").getAsString();
+            if (!RESTARTABLE.contains(child)) {
+                throw new Refusal(where, "schedulers[" + k + "] is " + shown(child) + ", expected one of "
+                        + String.join(", ", RESTARTABLE));
+            }
         }
     }
 

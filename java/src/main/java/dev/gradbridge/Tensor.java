@@ -23,27 +23,7 @@ import java.util.Arrays;
  */
 public final class Tensor implements AutoCloseable {
 
-    private static final Cleaner CLEANER = Cleaner.create();
-
-    /** Frees the native tensor once, from close() or from the cleaner. */
-    private static final class Handle implements Runnable {
-        private volatile long value;
-
-        Handle(long value) {
-            this.value = value;
-        }
-
-        @Override
-        public synchronized void run() {
-            long handle = value;
-            value = 0;
-            if (handle != 0) {
-                Native.tensorFree(handle);
-            }
-        }
-    }
-
-    private final Handle handle;
+    private final TensorHandle handle;
     private final Cleaner.Cleanable cleanable;
     private DType dtype;
     private long[] shape;
@@ -55,8 +35,8 @@ public final class Tensor implements AutoCloseable {
         if (handle == 0) {
             throw new IllegalArgumentException("null tensor handle");
         }
-        this.handle = new Handle(handle);
-        this.cleanable = CLEANER.register(this, this.handle);
+        this.handle = new TensorHandle(handle);
+        this.cleanable = this.handle.register(this);
     }
 
     private Tensor(long handle, DType dtype, long[] shape) {
@@ -79,7 +59,7 @@ public final class Tensor implements AutoCloseable {
             throw new InvalidInputException("a tensor needs a direct ByteBuffer (ByteBuffer.allocateDirect), got "
                     + (buffer == null ? "null" : "a heap buffer"));
         }
-        long bytes = Math.multiplyExact(count(shape), dtype.size());
+        long bytes = Math.multiplyExact(Tensors.count(shape), dtype.size());
         if (bytes > buffer.remaining()) {
             throw new InvalidInputException("a " + dtype + " tensor of shape " + Arrays.toString(shape) + " needs "
                     + bytes + " bytes, the buffer has " + buffer.remaining());
@@ -98,7 +78,7 @@ public final class Tensor implements AutoCloseable {
      */
     public static Tensor empty(DType dtype, long... shape) {
         long[] dims = shape.clone();
-        count(dims);
+        Tensors.count(dims);
         NativeLibrary.load();
         return new Tensor(Native.tensorEmpty(dtype.code(), dims), dtype, dims);
     }
@@ -199,22 +179,11 @@ public final class Tensor implements AutoCloseable {
     }
 
     private static Tensor filled(DType dtype, int length, long[] shape) {
-        if (count(shape) != length) {
+        if (Tensors.count(shape) != length) {
             throw new InvalidInputException(
-                    length + " values do not fill shape " + Arrays.toString(shape) + " (" + count(shape) + " elements)");
+                    length + " values do not fill shape " + Arrays.toString(shape) + " (" + Tensors.count(shape) + " elements)");
         }
         return empty(dtype, shape);
-    }
-
-    private static long count(long[] shape) {
-        long count = 1;
-        for (long dim : shape) {
-            if (dim < 0) {
-                throw new InvalidInputException("tensor shape " + Arrays.toString(shape) + " has a negative dimension");
-            }
-            count = Math.multiplyExact(count, dim);
-        }
-        return count;
     }
 
     /** The native handle, for the native library; throws when closed. */
@@ -266,7 +235,7 @@ public final class Tensor implements AutoCloseable {
 
     /** @return the number of elements */
     public long numel() {
-        return count(dims());
+        return Tensors.count(dims());
     }
 
     /**

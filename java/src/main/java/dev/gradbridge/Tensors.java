@@ -1,9 +1,10 @@
 package dev.gradbridge;
 
 import dev.gradbridge.internal.Messages;
+import java.util.Arrays;
 import java.util.List;
 
-/** Tensors against their metadata specs, and the clean-up of result tensors. */
+/** Tensors against their metadata specs, shapes' element counts, and the clean-up of result tensors. */
 final class Tensors {
 
     private Tensors() {}
@@ -69,5 +70,17 @@ final class Tensors {
                 ((Tensor) value).close();
             }
         }
+    }
+
+    /** A shape's element count; a negative dimension, or a count past a long, is refused. */
+    static long count(long[] shape) {
+        long count = 1;
+        for (long dim : shape) {
+            if (dim < 0) {
+                throw new InvalidInputException("tensor shape " + Arrays.toString(shape) + " has a negative dimension");
+            }
+            count = Math.multiplyExact(count, dim);
+        }
+        return count;
     }
 }

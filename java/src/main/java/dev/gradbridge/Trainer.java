@@ -205,46 +205,26 @@ public final class Trainer {
     }
 
     private History fitHeld(TrainingModule module, Dataset train) throws IOException {
-        Metadata metadata = module.getMetadata();
-        train.check(metadata);
-        if (validation != null) {
-            validation.check(metadata);
-        }
-        Metadata.Checkpoint resumed = metadata.getCheckpoint();
-        Path from = module.getPath();
-        RunStart run = new RunStart(settings, from, resumed);
-        long runSeed = run.seed();
-        String modeName = run.resolve("mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
-                resumed == null ? null : resumed.getMode(), Protocol.DEFAULT_MODE);
-        Mode runMode = Mode.parse(modeName);
-        int n = train.size();
-        int batch = runMode == Mode.FULL ? run.checkBatch(n, n, train.getSource()) : run.batchSize(n, train.getSource());
-        int first = run.firstEpoch();
+        Plan plan = plan(module, train);
         int epochs = settings.getEpochs();
-        // a model of several inputs: its first input's shape (the data's digest covers them all)
-        long[] xShape = train.getInputs().values().iterator().next().shape();
-        long[] yShape = train.getY().shape();
-        String fingerprint = resumed != null || settings.getCheckpoint() != null ? train.fingerprint() : null;
-        run.checkSameData(train.getSource(), xShape, yShape, resumed == null ? null : resumed.getDataSha256(),
-                fingerprint);
-        run.prepareOutputs();
         if (device != null) {
             module.moveTo(device);
         }
-        String on = module.getDevice();
-        boolean cuda = Devices.isCuda(on);
+        plan.on = module.getDevice();
+        plan.cuda = Devices.isCuda(plan.on);
         logger.info(
                 "training {} for {} epochs from epoch {}: {} samples, mode {}, batch {}, seed {}{}",
-                from.getFileName(), epochs, first, n, runMode, batch, runSeed, cuda ? ", on " + on : "");
+                module.getPath().getFileName(), epochs, plan.first, plan.n, plan.mode, plan.batch, plan.seed,
+                plan.cuda ? ", on " + plan.on : "");
 
         History history = new History();
         long started = System.nanoTime();
-        boolean before = cuda && Native.setDeterministic(deterministic);
+        boolean before = plan.cuda && Native.setDeterministic(deterministic);
         try (ProgressBar bar = progressBar ? newProgressBar() : null;
                 TensorScope pinned = new TensorScope()) {
             Map<String, Tensor> x = train.getInputs();
             Tensor y = train.getY();
-            if (cuda && runMode != Mode.STEP) { // the whole data set crosses every epoch: from page-locked memory
+            if (plan.cuda && plan.mode != Mode.STEP) { // the whole data set crosses every epoch: from page-locked memory
                 Map<String, Tensor> copies = new LinkedHashMap<>();
                 for (Map.Entry<String, Tensor> input : x.entrySet()) {
                     copies.put(input.getKey(), pinned.add(input.getValue().pinned()));
@@ -252,37 +232,8 @@ public final class Trainer {
                 x = copies;
                 y = pinned.add(y.pinned());
             }
-            for (int epoch = first; epoch < first + epochs; epoch++) {
-                ModuleEngine.seed(Shuffle.torchSeed(runSeed, epoch));
-                double[] losses;
-                try {
-                    losses = runEpoch(module, x, y, n, cuda, runMode, runSeed, epoch, batch, history);
-                } catch (MethodCallException e) { // an id or label the model cannot take: the data's line
-                    throw ValueRanges.blame(module, train, e);
-                }
-                double loss = RunStart.epochLoss(losses);
-                Double valLoss = null;
-                if (validation != null) {
-                    try {
-                        valLoss = module.evaluate(validation.getInputs(), validation.getY());
-                    } catch (MethodCallException e) {
-                        throw ValueRanges.blame(module, validation, e);
-                    }
-                }
-                // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau
-                // on the validation loss, else on the training loss).
-                module.scheduleEpoch(valLoss != null ? valLoss : loss);
-                double elapsed = (System.nanoTime() - started) / 1e9;
-                History.EpochRecord record =
-                        History.record(module, epoch, loss, valLoss, elapsed, settings.isRecordValues());
-                if (cuda) {
-                    record = record.withDevice(on, deterministic);
-                }
-                history.add(record);
-                logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
-                Metadata.Checkpoint saved =
-                        new Metadata.Checkpoint(epoch + 1, runSeed, batch, modeName, xShape, yShape, fingerprint);
-                run.endEpoch(history, record, target -> module.saveCheckpoint(target, saved));
+            for (int epoch = plan.first; epoch < plan.first + epochs; epoch++) {
+                double loss = epoch(module, train, plan, x, y, epoch, history, started);
                 if (bar != null) {
                     bar.step();
                     bar.setExtraMessage(String.format(Locale.ROOT, "loss %.4g", loss));
@@ -295,11 +246,92 @@ public final class Trainer {
                 }
             }
         } finally {
-            if (cuda) {
+            if (plan.cuda) {
                 Native.setDeterministic(before);
             }
         }
         return history;
+    }
+
+    /** What a run resolved before its first epoch: seed, mode, batch size, where it starts, the data it checked. */
+    private static final class Plan {
+        RunStart run;
+        long seed;
+        String modeName;
+        Mode mode;
+        int n;
+        int batch;
+        int first;
+        long[] xShape;
+        long[] yShape;
+        String fingerprint;
+        String on; // the device, once the module is on it
+        boolean cuda;
+    }
+
+    /** Checks the data against the module and the run against its checkpoint, and prepares the outputs. */
+    private Plan plan(TrainingModule module, Dataset train) throws IOException {
+        Metadata metadata = module.getMetadata();
+        train.check(metadata);
+        if (validation != null) {
+            validation.check(metadata);
+        }
+        Metadata.Checkpoint resumed = metadata.getCheckpoint();
+        Plan plan = new Plan();
+        RunStart run = new RunStart(settings, module.getPath(), resumed);
+        plan.run = run;
+        plan.seed = run.seed();
+        plan.modeName = run.resolve("mode", mode == null ? null : mode.name().toLowerCase(Locale.ROOT),
+                resumed == null ? null : resumed.getMode(), Protocol.DEFAULT_MODE);
+        plan.mode = Mode.parse(plan.modeName);
+        int n = train.size();
+        plan.n = n;
+        plan.batch = plan.mode == Mode.FULL ? run.checkBatch(n, n, train.getSource()) : run.batchSize(n, train.getSource());
+        plan.first = run.firstEpoch();
+        // a model of several inputs: its first input's shape (the data's digest covers them all)
+        plan.xShape = train.getInputs().values().iterator().next().shape();
+        plan.yShape = train.getY().shape();
+        plan.fingerprint = resumed != null || settings.getCheckpoint() != null ? train.fingerprint() : null;
+        run.checkSameData(train.getSource(), plan.xShape, plan.yShape, resumed == null ? null : resumed.getDataSha256(),
+                plan.fingerprint);
+        run.prepareOutputs();
+        return plan;
+    }
+
+    /** One epoch: its steps, the validation loss, the per-epoch schedule, its record and checkpoint; its loss. */
+    private double epoch(TrainingModule module, Dataset train, Plan plan, Map<String, Tensor> x, Tensor y, int epoch,
+            History history, long started) throws IOException {
+        ModuleEngine.seed(Shuffle.torchSeed(plan.seed, epoch));
+        double[] losses;
+        try {
+            losses = runEpoch(module, x, y, plan.n, plan.cuda, plan.mode, plan.seed, epoch, plan.batch, history);
+        } catch (MethodCallException e) { // an id or label the model cannot take: the data's line
+            throw ValueRanges.blame(module, train, e);
+        }
+        double loss = RunStart.epochLoss(losses);
+        Double valLoss = null;
+        if (validation != null) {
+            try {
+                valLoss = module.evaluate(validation.getInputs(), validation.getY());
+            } catch (MethodCallException e) {
+                throw ValueRanges.blame(module, validation, e);
+            }
+        }
+        // Per-epoch schedules step here, as the Python reference does (ReduceLROnPlateau
+        // on the validation loss, else on the training loss).
+        module.scheduleEpoch(valLoss != null ? valLoss : loss);
+        double elapsed = (System.nanoTime() - started) / 1e9;
+        History.EpochRecord record =
+                History.record(module, epoch, loss, valLoss, elapsed, settings.isRecordValues());
+        if (plan.cuda) {
+            record = record.withDevice(plan.on, deterministic);
+        }
+        history.add(record);
+        logger.debug("epoch {}: loss {} validation {}", epoch, loss, valLoss);
+        Metadata.Checkpoint saved = new Metadata.Checkpoint(epoch + 1, plan.seed, plan.batch, plan.modeName, plan.xShape,
+                plan.yShape, plan.fingerprint);
+        plan.run.endEpoch(history, record, target -> module.saveCheckpoint(target, saved));
+        return loss;
     }
 
     private ProgressBar newProgressBar() {

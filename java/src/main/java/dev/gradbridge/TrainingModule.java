@@ -1,25 +1,16 @@
 package dev.gradbridge;
 
 import dev.gradbridge.internal.AtomicFiles;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.ModuleAccess;
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.nio.LongBuffer;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.Collections;
 import java.util.LinkedHashMap;
-import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.TreeMap;
 import java.util.function.Supplier;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * An exported gradbridge training module, loaded into libtorch through gradbridge's native layer.
@@ -43,8 +34,6 @@ import org.slf4j.LoggerFactory;
  */
 public final class TrainingModule implements AutoCloseable {
 
-    private static final Logger logger = LoggerFactory.getLogger(TrainingModule.class);
-
     static {
         ModuleAccess.register(new ModuleAccessCalls());
     }
@@ -57,8 +46,8 @@ public final class TrainingModule implements AutoCloseable {
     private final List<String> parameterNames;
     private final List<String> bufferNames;
     private final ThreadGuard guard;
-    private final Map<String, Tensors.SpecCheck> inputChecks = new LinkedHashMap<>();
-    private final Tensors.SpecCheck yCheck;
+    private final ModuleInputs inputs;
+    private final ModuleState state;
     private final List<String> inputNames;
 
     TrainingModule(Path path, Metadata metadata, ModuleEngine scripted) {
@@ -67,66 +56,13 @@ public final class TrainingModule implements AutoCloseable {
         this.scripted = scripted;
         this.methodNames = scripted.methodNames();
         this.guard = new ThreadGuard(path.toString());
-        this.yCheck = specCheck(metadata, "y");
-        this.inputNames = metadata.getInputNames();
-        for (String name : inputNames) {
-            inputChecks.put(name, specCheck(metadata, name));
-        }
-        List<String> missing = new ArrayList<>();
-        for (String method : Protocol.REQUIRED_METHODS) {
-            if (!methodNames.contains(method)) {
-                missing.add(method);
-            }
-        }
-        if (!missing.isEmpty()) {
-            throw new ProtocolException(
-                    path + " lacks protocol methods " + missing + "; it has " + methodNames);
-        }
-        this.parameterNames = Collections.unmodifiableList(stringList(Protocol.PARAMETER_NAMES));
-        this.bufferNames = Collections.unmodifiableList(stringList(Protocol.BUFFER_NAMES));
-        List<String> declared = new ArrayList<>();
-        for (Metadata.TensorSpec spec : metadata.getParameters()) {
-            declared.add(spec.getName());
-        }
-        if (!declared.equals(parameterNames)) {
-            throw new ProtocolException(
-                    path + ": parameter_names() returns " + parameterNames
-                            + " but the metadata lists " + declared);
-        }
-        checkParameterSpecs();
-    }
-
-    /** The allocation-free check of an input, or null when the metadata lacks it (then every call fails). */
-    private static Tensors.SpecCheck specCheck(Metadata metadata, String name) {
-        for (Metadata.TensorSpec spec : metadata.getInputs()) {
-            if (spec.getName().equals(name)) {
-                return new Tensors.SpecCheck(spec);
-            }
-        }
-        return null;
-    }
-
-    /** The metadata's shapes and dtypes are trusted by every check after this: verify them once. */
-    private void checkParameterSpecs() {
-        List<?> values = (List<?>) invoke(Protocol.GET_PARAMETERS);
-        try {
-            List<Metadata.TensorSpec> specs = metadata.getParameters();
-            for (int i = 0; i < specs.size(); i++) {
-                Metadata.TensorSpec spec = specs.get(i);
-                Tensor value = (Tensor) values.get(i);
-                String dtype = value.dtype().torchName();
-                long[] shape = value.shape();
-                if (!spec.getDtype().equals(dtype) || !Arrays.equals(spec.getShape(), shape) && !FrozenSharing.leftOut(spec, shape)) {
-                    throw new ProtocolException(
-                            Messages.parameterMismatch(
-                                    path.toString(), spec.getName(),
-                                    spec.getDtype() + " " + Arrays.toString(spec.getShape()),
-                                    dtype + " " + Arrays.toString(shape)));
-                }
-            }
-        } finally {
-            Tensors.closeAll(values);
-        }
+        this.inputs = new ModuleInputs(path, metadata);
+        this.state = new ModuleState(path, metadata, scripted, methodNames);
+        this.inputNames = inputs.names();
+        ModuleLoader.requireMethods(path, methodNames);
+        this.parameterNames = Collections.unmodifiableList(ModuleLoader.stringList(scripted, Protocol.PARAMETER_NAMES));
+        this.bufferNames = Collections.unmodifiableList(ModuleLoader.stringList(scripted, Protocol.BUFFER_NAMES));
+        ModuleLoader.checkParameters(path, metadata, scripted, parameterNames);
     }
 
     /**
@@ -181,52 +117,7 @@ public final class TrainingModule implements AutoCloseable {
      * @return the module, in training mode
      */
     public static TrainingModule load(Path path, List<Path> opLibraries, String device) {
-        String on = Devices.canonical(device);
-        Path file = path.toAbsolutePath();
-        if (!Files.isRegularFile(file)) {
-            throw new ModuleLoadException(
-                    "no training module at " + file + " (file not found). Export one with"
-                            + " `gradbridge export linear-regression -o " + path + "`.");
-        }
-        Metadata metadata = Metadata.read(file);
-        NativeLibrary.requireDevice(on); // before libtorch's first use: a CUDA device loads its CUDA libraries
-        String engineVersion = ModuleEngine.engineVersion();
-        if (metadata.getProtocolVersion() == Protocol.EXPORT_VERSION
-                && !minorRelease(engineVersion).equals(minorRelease(metadata.getTorchVersion()))) {
-            // op lists hold the ops one torch release's autograd and export chose: another release's kernels
-            // and formulas are not bitwise with it
-            throw new ModuleLoadException(Messages.protocol3OtherTorch(file.toString(), metadata.getTorchVersion(),
-                    engineVersion));
-        }
-        if (!engineVersion.equals(metadata.getTorchVersion())) {
-            logger.warn(
-                    "{} was exported with torch {} but libtorch here is {}; results may differ",
-                    file, metadata.getTorchVersion(), engineVersion);
-        }
-        OperatorLibraries.load(opLibraries);
-        ModuleEngine scripted;
-        try {
-            scripted = ModuleEngine.load(file, metadata, on);
-        } catch (NativeException e) {
-            String operator = OperatorLibraries.missingOperator(metadata, e);
-            if (operator != null) {
-                throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
-            }
-            throw new ModuleLoadException(
-                    "libtorch cannot load " + file + ": " + ModuleEngine.libtorchSummary(e), e);
-        }
-        try {
-            return new TrainingModule(file, metadata, scripted);
-        } catch (RuntimeException e) {
-            scripted.close();
-            throw e;
-        }
-    }
-
-    /** {@code 2.15} of {@code 2.15.0+cpu}. */
-    private static String minorRelease(String version) {
-        String[] parts = String.valueOf(version).split("[.+]");
-        return parts.length < 2 ? String.valueOf(version) : parts[0] + "." + parts[1];
+        return ModuleLoader.load(path, opLibraries, device);
     }
 
     /** @return the absolute path the module was loaded from */
@@ -406,28 +297,7 @@ public final class TrainingModule implements AutoCloseable {
     public double[] trainEpoch(Map<String, Tensor> x, Tensor y, Tensor perm, int batchSize) {
         try (ThreadGuard.Use use = use()) {
             Object argument = argument(Protocol.TRAIN_EPOCH, x, y, true);
-            long n = rows(argument);
-            if (perm == null || perm.isClosed()) {
-                throw new InvalidInputException(Protocol.TRAIN_EPOCH + ": perm: expected a Tensor, got "
-                        + (perm == null ? "null" : "a closed one"));
-            }
-            if (perm.dtype() != DType.INT64 || perm.dim() != 1) {
-                throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": perm must be a 1-d int64 array, got "
-                                + perm.dtype() + " " + Tensors.shapeText(perm.dims()));
-            }
-            if (batchSize < 1 || batchSize > n) {
-                throw new InvalidInputException(
-                        Protocol.TRAIN_EPOCH + ": " + Messages.batchSize(n, batchSize));
-            }
-            if (perm.size(0) > 0) { // range read from perm's memory: no copy into Java
-                long[] range = minMax(perm);
-                if (range[0] < 0 || range[1] >= n) {
-                    throw new InvalidInputException(
-                            Protocol.TRAIN_EPOCH + ": perm holds index " + (range[0] < 0 ? range[0] : range[1])
-                                    + ", outside 0.." + (n - 1));
-                }
-            }
+            ModuleInputs.checkEpoch(perm, batchSize, ModuleInputs.rows(argument));
             if (argument instanceof Tensor) {
                 return scripted.invokeToDoubles(Protocol.TRAIN_EPOCH, (Tensor) argument, y, perm, batchSize);
             }
@@ -497,60 +367,9 @@ public final class TrainingModule implements AutoCloseable {
         }
     }
 
-    /** A one-tensor call's input as the map the named path takes; refused for a model of several inputs. */
-    private Map<String, Tensor> single(String method, Tensor x) {
-        if (!inputNames.equals(Collections.singletonList("x"))) {
-            throw new InvalidInputException(Messages.namedInputsNeeded(method, inputNames));
-        }
-        return Collections.singletonMap("x", x);
-    }
-
-    /**
-     * The inputs as the scripted method takes them, after checking them against the metadata and
-     * each other: the tensor {@code x} for a model of one input, else the list of the named inputs
-     * in metadata order. With {@code target}, {@code y} is checked too, with as many samples.
-     */
-    private Object argument(String method, Map<String, Tensor> x, Tensor y, boolean target) {
-        if (x == null) {
-            throw new InvalidInputException(method + ": inputs: expected a map of " + inputNames + ", got null");
-        }
-        for (String name : x.keySet()) {
-            if (!inputNames.contains(name)) {
-                throw new InvalidInputException(Messages.unknownInput(method, String.valueOf(name), inputNames));
-            }
-        }
-        List<Tensor> tensors = new ArrayList<>(inputNames.size());
-        String first = inputNames.get(0);
-        for (String name : inputNames) {
-            Tensor tensor = x.get(name);
-            if (tensor == null && !x.containsKey(name)) {
-                throw new InvalidInputException(Messages.missingInput(method, name, inputNames));
-            }
-            checkTensor(name, tensor);
-            if (!tensors.isEmpty() && tensor.size(0) != tensors.get(0).size(0)) {
-                throw new InvalidInputException(method + ": " + first + " has " + tensors.get(0).size(0)
-                        + " samples but " + name + " has " + tensor.size(0));
-            }
-            tensors.add(tensor);
-        }
-        long n = tensors.get(0).size(0);
-        if (target) {
-            checkTensor("y", y);
-            if (n != y.size(0)) {
-                throw new InvalidInputException(method + ": " + first + " has " + n + " samples but y has " + y.size(0));
-            }
-        }
-        return metadata.hasNamedInputs() ? tensors : tensors.get(0);
-    }
-
-    /** The batch size of a checked {@link #argument}. */
-    private static long rows(Object argument) {
-        return (argument instanceof Tensor ? (Tensor) argument : (Tensor) ((List<?>) argument).get(0)).size(0);
-    }
-
     /** Checks x and y against the metadata and each other; returns the number of samples. */
     long checkBatch(String method, Tensor x, Tensor y) {
-        return rows(argument(method, single(method, x), y, true));
+        return ModuleInputs.rows(argument(method, single(method, x), y, true));
     }
 
     /** Runs {@code zero_grad()}. */
@@ -610,15 +429,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public double[] getLrs() {
         try (ThreadGuard.Use use = use()) {
-            if (!methodNames.contains(Protocol.GET_LRS)) {
-                return new double[] {(Double) invoke(Protocol.GET_LR)};
-            }
-            List<?> values = (List<?>) invoke(Protocol.GET_LRS);
-            double[] lrs = new double[values.size()];
-            for (int i = 0; i < lrs.length; i++) {
-                lrs[i] = (Double) values.get(i);
-            }
-            return lrs;
+            return state.lrs();
         }
     }
 
@@ -630,19 +441,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public void setLr(int group, double lr) {
         try (ThreadGuard.Use use = use()) {
-            if (!(lr >= 0) || Double.isInfinite(lr)) {
-                throw new InvalidInputException(Protocol.SET_GROUP_LR + ": invalid learning rate " + lr);
-            }
-            int groups = getLrs().length;
-            if (group < 0 || group >= groups) {
-                throw new InvalidInputException(
-                        Protocol.SET_GROUP_LR + ": no parameter group " + group + "; the module has " + groups);
-            }
-            if (!methodNames.contains(Protocol.SET_GROUP_LR)) {
-                invoke(Protocol.SET_LR, lr);
-                return;
-            }
-            invoke(Protocol.SET_GROUP_LR, (long) group, lr);
+            state.setLr(group, lr);
         }
     }
 
@@ -675,20 +474,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     void readParameters(Map<String, String> digests, Map<String, ByteBuffer> values) {
         try (ThreadGuard.Use use = use()) {
-            List<?> tensors = (List<?>) invoke(Protocol.GET_PARAMETERS);
-            try {
-                List<Metadata.TensorSpec> specs = metadata.getParameters();
-                for (int i = 0; i < specs.size(); i++) {
-                    Tensor tensor = (Tensor) tensors.get(i);
-                    String name = specs.get(i).getName();
-                    digests.put(name, History.digest(tensor, specs.get(i).getDtype()));
-                    if (values != null) {
-                        values.put(name, tensor.exactDoubleBuffer());
-                    }
-                }
-            } finally {
-                Tensors.closeAll(tensors);
-            }
+            state.readParameters(digests, values);
         }
     }
 
@@ -745,10 +531,7 @@ public final class TrainingModule implements AutoCloseable {
             return new LinkedHashMap<>();
         }
         try (ThreadGuard.Use use = use()) {
-            if (!methodNames.contains(Protocol.GET_STATE)) {
-                return namedValues(whole, wholeNames, new LinkedHashSet<>(wanted));
-            }
-            return namedValues(Protocol.GET_STATE, wanted, null, wanted);
+            return state.subset(wanted, whole, wholeNames);
         }
     }
 
@@ -766,33 +549,7 @@ public final class TrainingModule implements AutoCloseable {
             return;
         }
         try (ThreadGuard.Use use = use()) {
-            if (!methodNames.contains(Protocol.SET_STATE)) {
-                throw new ProtocolException(path + " has no method " + Protocol.SET_STATE
-                        + " (exported by an older gradbridge): export the model again");
-            }
-            Map<String, Metadata.TensorSpec> byName = new LinkedHashMap<>();
-            for (Metadata.TensorSpec spec : metadata.getParameters()) {
-                byName.put(spec.getName(), spec);
-            }
-            for (Metadata.TensorSpec spec : metadata.getBuffers()) {
-                byName.put(spec.getName(), spec);
-            }
-            List<String> names = new ArrayList<>();
-            List<Tensor> tensors = new ArrayList<>();
-            try {
-                for (Map.Entry<String, double[]> entry : values.entrySet()) {
-                    Metadata.TensorSpec spec = byName.get(entry.getKey());
-                    if (spec == null) {
-                        throw new InvalidInputException(Protocol.SET_STATE + ": no parameter or buffer " + entry.getKey()
-                                + "; the module's: " + byName.keySet());
-                    }
-                    names.add(entry.getKey());
-                    tensors.add(Tensor.ofDoubles(DType.of(spec.getDtype()), entry.getValue(), spec.getShape()));
-                }
-                invoke(Protocol.SET_STATE, names, tensors);
-            } finally {
-                Tensors.closeAll(tensors);
-            }
+            state.setState(values);
         }
     }
 
@@ -805,31 +562,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public void setParameters(Map<String, double[]> values) {
         try (ThreadGuard.Use use = use()) {
-            if (!values.keySet().equals(new LinkedHashSet<>(parameterNames))) {
-                throw new InvalidInputException(
-                        Protocol.SET_PARAMETERS + ": expected values for " + parameterNames + ", got "
-                                + values.keySet());
-            }
-            List<Tensor> tensors = new ArrayList<>();
-            try {
-                for (Metadata.TensorSpec spec : metadata.getParameters()) {
-                    double[] data = values.get(spec.getName());
-                    long[] shape = spec.getShape();
-                    long size = 1;
-                    for (long dim : shape) {
-                        size *= dim;
-                    }
-                    if (data.length != size) {
-                        throw new InvalidInputException(
-                                Protocol.SET_PARAMETERS + ": " + spec.getName() + " needs " + size
-                                        + " values for shape " + Tensors.shapeText(shape) + ", got " + data.length);
-                    }
-                    tensors.add(Tensor.ofDoubles(DType.of(spec.getDtype()), data, shape));
-                }
-                invoke(Protocol.SET_PARAMETERS, tensors);
-            } finally {
-                Tensors.closeAll(tensors);
-            }
+            state.setParameters(values, parameterNames);
         }
     }
 
@@ -842,22 +575,7 @@ public final class TrainingModule implements AutoCloseable {
      */
     public Map<String, List<double[]>> getOptimizerState() {
         try (ThreadGuard.Use use = use()) {
-            Map<?, ?> state = (Map<?, ?>) invoke(Protocol.OPTIMIZER_STATE);
-            try {
-                Map<String, List<double[]>> converted = new TreeMap<>();
-                for (Map.Entry<?, ?> entry : state.entrySet()) {
-                    List<double[]> arrays = new ArrayList<>();
-                    for (Object tensor : (List<?>) entry.getValue()) {
-                        arrays.add(((Tensor) tensor).toExactDoubles());
-                    }
-                    converted.put((String) entry.getKey(), arrays);
-                }
-                return converted;
-            } finally {
-                for (Object tensors : state.values()) {
-                    Tensors.closeAll((List<?>) tensors);
-                }
-            }
+            return state.optimizerState();
         }
     }
 
@@ -905,56 +623,19 @@ public final class TrainingModule implements AutoCloseable {
     }
 
     private Map<String, double[]> namedValues(String method, List<String> names) {
-        return namedValues(method, names, null);
+        return state.named(method, names, null);
     }
 
-    /** The method's tensors by name, converted only where {@code wanted} (null: all) holds the name. */
-    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted, Object... args) {
-        List<?> values = (List<?>) invoke(method, args);
-        try {
-            Map<String, double[]> named = new LinkedHashMap<>();
-            for (int i = 0; i < names.size(); i++) {
-                if (wanted == null || wanted.contains(names.get(i))) {
-                    named.put(names.get(i), ((Tensor) values.get(i)).toExactDoubles());
-                }
-            }
-            return named;
-        } finally {
-            Tensors.closeAll(values);
-        }
+    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted) {
+        return state.named(method, names, wanted);
     }
 
-    /** The smallest and largest value of a non-empty 1-d int64 tensor, read from its memory. */
-    private static long[] minMax(Tensor indices) {
-        LongBuffer values = indices.buffer().asLongBuffer();
-        long min = Long.MAX_VALUE;
-        long max = Long.MIN_VALUE;
-        for (int i = 0; i < values.limit(); i++) {
-            long value = values.get(i);
-            min = Math.min(min, value);
-            max = Math.max(max, value);
-        }
-        return new long[] {min, max};
+    private Map<String, Tensor> single(String method, Tensor x) {
+        return inputs.single(method, x);
     }
 
-    private List<String> stringList(String method) {
-        List<?> values = (List<?>) invoke(method);
-        List<String> strings = new ArrayList<>(values.size());
-        for (Object value : values) {
-            strings.add((String) value);
-        }
-        return strings;
-    }
-
-    private void checkTensor(String name, Tensor array) {
-        if (array == null || array.isClosed()) {
-            throw new InvalidInputException(name + ": expected a Tensor, got " + (array == null ? "null" : "a closed one"));
-        }
-        Tensors.SpecCheck fast = "y".equals(name) ? yCheck : inputChecks.get(name);
-        if (fast != null && fast.fits(array)) {
-            return; // the per-call path: no allocation; anything else gets the full check's message
-        }
-        Tensors.checkSpec(path.getFileName().toString(), "input " + name, array, metadata.getInput(name), true);
+    private Object argument(String method, Map<String, Tensor> x, Tensor y, boolean target) {
+        return inputs.argument(method, x, y, target);
     }
 
     /** Frees the module (tensors the caller holds stay valid until they are closed). Idempotent. */

@@ -64,19 +64,7 @@ final class LogReader {
             }
             head.clear();
             readFully(channel, head, offset);
-            byte[] h = head.array();
-            if (offset == 0 && (LogFormat.crc(h, 0, 8) != head.getInt(8) || head.getInt(0) < 1 || head.getInt(0) > LogFormat.MAX_PAYLOAD)) {
-                throw new LogCorruptException(where + " is not a gradbridge feedback log (no header record)");
-            }
-            if (LogFormat.crc(h, 0, 8) != head.getInt(8)) {
-                throw new LogCorruptException(where + ": offset " + offset + ": the frame header's checksum does not match"
-                        + " (damaged, not a torn tail)");
-            }
-            int length = head.getInt(0);
-            if (length < 1 || length > LogFormat.MAX_PAYLOAD) {
-                throw new LogCorruptException(where + ": offset " + offset + ": frame length " + Integer.toUnsignedString(length)
-                        + " is outside 1.." + LogFormat.MAX_PAYLOAD);
-            }
+            int length = frameLength(where, offset, head);
             if (offset < writeEnd && offset + LogFormat.FRAME_HEADER + length > writeEnd) {
                 throw insideFrame(where, offset, writeStart, writeEnd);
             }
@@ -98,9 +86,9 @@ final class LogReader {
                 }
                 if (type == LogFormat.SOURCED || type == LogFormat.REQUEST) {
                     LogRecord.Position read = type == LogFormat.SOURCED
-                            ? (LogRecord.Position) LogRecord.parse(where, offset, bytes) : null;
+                            ? (LogRecord.Position) RecordParser.parse(where, offset, bytes) : null;
                     long end = offset + LogFormat.FRAME_HEADER + length
-                            + (read != null ? read.getFollowing() : LogRecord.requestFollowing(where, offset, bytes));
+                            + (read != null ? read.getFollowing() : RecordParser.requestFollowing(where, offset, bytes));
                     if (end > size) {
                         break; // torn: the write that this record begins did not reach the file whole
                     }
@@ -111,12 +99,30 @@ final class LogReader {
                     }
                 } else if (offset >= keepFrom || type == LogFormat.KEY || type == LogFormat.VERSION
                         || type == LogFormat.POSITION || type == LogFormat.GATE || type == LogFormat.ROLLBACK) {
-                    records.add(LogRecord.parse(where, offset, bytes));
+                    records.add(RecordParser.parse(where, offset, bytes));
                 }
             }
             offset += LogFormat.FRAME_HEADER + length;
         }
         return new Contents(file, header, records, offset, size - offset);
+    }
+
+    /** A whole frame header's payload length, once its checksum and range hold (at offset 0: the log's header). */
+    private static int frameLength(String where, long offset, ByteBuffer head) {
+        byte[] h = head.array();
+        if (offset == 0 && (LogFormat.crc(h, 0, 8) != head.getInt(8) || head.getInt(0) < 1 || head.getInt(0) > LogFormat.MAX_PAYLOAD)) {
+            throw new LogCorruptException(where + " is not a gradbridge feedback log (no header record)");
+        }
+        if (LogFormat.crc(h, 0, 8) != head.getInt(8)) {
+            throw new LogCorruptException(where + ": offset " + offset + ": the frame header's checksum does not match"
+                    + " (damaged, not a torn tail)");
+        }
+        int length = head.getInt(0);
+        if (length < 1 || length > LogFormat.MAX_PAYLOAD) {
+            throw new LogCorruptException(where + ": offset " + offset + ": frame length " + Integer.toUnsignedString(length)
+                    + " is outside 1.." + LogFormat.MAX_PAYLOAD);
+        }
+        return length;
     }
 
     private static LogCorruptException insideFrame(String where, long offset, long writeStart, long writeEnd) {

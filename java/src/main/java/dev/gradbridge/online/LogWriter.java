@@ -2,20 +2,15 @@ package dev.gradbridge.online;
 
 import dev.gradbridge.GradbridgeException;
 import java.io.IOException;
-import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
 import java.nio.channels.OverlappingFileLockException;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.ArrayDeque;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -50,29 +45,14 @@ final class LogWriter implements AutoCloseable {
     private long end; // guarded by this
     private boolean broken; // guarded by this: a failed append could not be undone
     private volatile long synced;
-    private final ArrayDeque<Pending> pending = new ArrayDeque<>(); // guarded by itself
-    private int running;           // guarded by pending: actions taken off it, still running
-    private boolean commitFailed;  // guarded by pending: a failed fsync dropped the actions
-    private volatile Thread committer; // null until startGroupCommit, under ALWAYS only
-
-    /** An action waiting for the records before {@code offset} to be durable. */
-    private static final class Pending {
-        final long offset;
-        final long since;
-        final Runnable action;
-
-        Pending(long offset, Runnable action) {
-            this.offset = offset;
-            this.since = System.nanoTime();
-            this.action = action;
-        }
-    }
+    private final GroupCommit group; // afterSync's actions, run once their records are durable
 
     private LogWriter(Path file, FileChannel channel, FileChannel lockChannel, FsyncPolicy policy) {
         this.file = file;
         this.channel = channel;
         this.lockChannel = lockChannel;
         this.policy = policy;
+        this.group = new GroupCommit(this, policy, file);
     }
 
     /**
@@ -351,136 +331,24 @@ final class LogWriter implements AutoCloseable {
         }
     }
 
-    /**
-     * Starts group commit for {@link #afterSync} under {@link FsyncPolicy#ALWAYS} (a no-op under
-     * NEVER, where actions run at once): a daemon thread forces the file at most {@code delayMillis}
-     * after the first waiting request, so one {@code fsync} covers every request that came meanwhile.
-     *
-     * @param delayMillis the longest wait before the shared fsync (0: at once)
-     * @param onFailure told when a forced write fails (what is durable is unknown then)
-     */
+    /** @see GroupCommit#start */
     void startGroupCommit(long delayMillis, Consumer<Throwable> onFailure) {
-        if (policy == FsyncPolicy.NEVER || committer != null) {
-            return;
-        }
-        long delay = TimeUnit.MILLISECONDS.toNanos(delayMillis);
-        committer = new Thread(() -> commitLoop(delay, onFailure), "gradbridge-log-commit");
-        committer.setDaemon(true);
-        committer.start();
+        group.start(delayMillis, onFailure);
     }
 
-    /**
-     * Runs {@code action} once every record before {@code offset} is durable as the policy says:
-     * at once when it already is (or under NEVER), else on the group-commit thread after its next
-     * fsync. Actions may run out of order; a failed fsync drops them.
-     *
-     * @param offset an end offset returned by an append
-     * @param action what to do then (quick: it runs on the writer's thread)
-     */
+    /** @see GroupCommit#afterSync */
     void afterSync(long offset, Runnable action) {
-        if (policy == FsyncPolicy.NEVER || synced >= offset || committer == null) {
-            if (policy == FsyncPolicy.ALWAYS && synced < offset) {
-                try {
-                    sync(offset); // no group-commit thread: force here
-                } catch (IOException e) {
-                    throw new UncheckedIOException("cannot fsync " + file + ": " + e.getMessage(), e);
-                }
-            }
-            action.run();
-            return;
-        }
-        synchronized (pending) {
-            pending.add(new Pending(offset, action));
-            pending.notifyAll();
-        }
+        group.afterSync(offset, action);
     }
 
-    /**
-     * Waits until every {@link #afterSync} action has run.
-     *
-     * @param timeoutNanos the longest wait
-     * @return false on timeout
-     * @throws InterruptedException when interrupted
-     */
+    /** @see GroupCommit#awaitActions */
     boolean awaitActions(long timeoutNanos) throws InterruptedException {
-        long deadline = System.nanoTime() + timeoutNanos;
-        synchronized (pending) {
-            // running: actions taken off the queue but not finished; failed: dropped by a failed fsync
-            while (!pending.isEmpty() || running > 0) {
-                long left = deadline - System.nanoTime();
-                if (left <= 0 || committer == null || commitFailed) {
-                    return false;
-                }
-                TimeUnit.NANOSECONDS.timedWait(pending, left);
-            }
-            return !commitFailed;
-        }
+        return group.awaitActions(timeoutNanos);
     }
 
-    private void commitLoop(long delayNanos, Consumer<Throwable> onFailure) {
-        try {
-            while (true) {
-                long due;
-                synchronized (pending) {
-                    while (pending.isEmpty() && committer != null) {
-                        pending.wait();
-                    }
-                    if (committer == null) {
-                        return;
-                    }
-                    due = pending.peek().since + delayNanos;
-                    for (long left; (left = due - System.nanoTime()) > 0 && committer != null; ) {
-                        TimeUnit.NANOSECONDS.timedWait(pending, left);
-                    }
-                    if (committer == null) {
-                        return;
-                    }
-                }
-                sync(end()); // shared with callers of sync: whoever forces first covers the others
-                List<Runnable> ready = new ArrayList<>();
-                synchronized (pending) {
-                    while (!pending.isEmpty() && pending.peek().offset <= synced) {
-                        ready.add(pending.poll().action);
-                    }
-                    running = ready.size();
-                }
-                try {
-                    for (Runnable action : ready) {
-                        action.run();
-                    }
-                } finally {
-                    synchronized (pending) {
-                        running = 0;
-                        pending.notifyAll();
-                    }
-                }
-            }
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        } catch (IOException | RuntimeException e) {
-            synchronized (pending) {
-                pending.clear();
-                commitFailed = true;
-                pending.notifyAll();
-            }
-            onFailure.accept(e);
-        }
-    }
-
-    private void stopGroupCommit() {
-        Thread thread = committer;
-        if (thread == null) {
-            return;
-        }
-        synchronized (pending) {
-            committer = null;
-            pending.notifyAll();
-        }
-        try {
-            thread.join();
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
+    /** @return the end offset up to which the file is forced */
+    long synced() {
+        return synced;
     }
 
     private static ByteBuffer frames(byte[]... payloads) {
@@ -523,7 +391,7 @@ final class LogWriter implements AutoCloseable {
     /** Stops group commit (actions still waiting are dropped, as in a crash), forces under ALWAYS and closes. */
     @Override
     public void close() throws IOException {
-        stopGroupCommit();
+        group.stop();
         closeChannel();
     }
 

@@ -226,6 +226,26 @@ public final class ServeCommand implements Callable<Integer> {
         probe(adminHost, adminPort);
         boolean logExisted = Files.exists(log);
 
+        OnlineLearner learner = openLearner(builder, logExisted);
+        Started started = start(learner, token, tls, logExisted);
+        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
+        for (String name : new String[] {"TERM", "INT"}) {
+            Signal.handle(new Signal(name), signal -> stop.countDown());
+        }
+        announce(learner, started, tls);
+        return serve(learner, started, stop);
+    }
+
+    /** What {@link #start} started: the servers, the Kafka source, where the token comes from (null: none). */
+    private static final class Started {
+        Javalin app;
+        Javalin admin;
+        KafkaFeedback kafka;
+        String tokenSource;
+    }
+
+    /** Opens the learner on the log folder; a refused start leaves no log folder it created. */
+    private OnlineLearner openLearner(OnlineLearnerBuilder builder, boolean logExisted) throws IOException {
         OnlineLearner learner;
         try {
             learner = builder.open(model, log);
@@ -239,31 +259,34 @@ public final class ServeCommand implements Callable<Integer> {
             }
             throw e;
         }
-        Javalin app;
-        Javalin admin = null;
+        return learner;
+    }
+
+    /** Starts the Kafka source and the servers; on failure stops what started and halts the learner (one line). */
+    private Started start(OnlineLearner learner, String token, Tls tls, boolean logExisted) throws IOException {
+        Started started = new Started();
         KafkaFeedback kafka = null;
-        String tokenSource;
         try {
             if (!noAuth && token == null) {
                 token = Tokens.generated(learner.getLogDir());
-                tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
+                started.tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
             } else if (!noAuth && tokenFile == null && tokenEnv == null) {
-                tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
+                started.tokenSource = learner.getLogDir().resolve(Tokens.KEY_FILE).toString();
             } else {
-                tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
+                started.tokenSource = noAuth ? null : (tokenFile != null ? tokenFile.toAbsolutePath().toString() : "$" + tokenEnv);
             }
             if (kafkaClient != null) {
                 kafka = KafkaFeedback.start(learner, kafkaBootstrap, kafkaTopic, kafkaGroup, kafkaClient,
-                        KafkaFeedback.apiTimeout(kafkaClient, java.time.Duration.ofSeconds(30)));
+                        KafkaConsumers.apiTimeout(kafkaClient, java.time.Duration.ofSeconds(30)));
             }
             HttpApi api = new HttpApi(learner, token, maxBodyBytes);
             if (kafka != null) {
                 api.meter(kafka);
             }
-            app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls, maxConnections,
+            started.app = api.server(host, port, threads, readTimeoutMillis, stopTimeoutMillis, adminPort < 0, tls, maxConnections,
                     minBodyRate).start();
             if (adminPort >= 0) {
-                admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
+                started.admin = api.adminServer(adminHost, adminPort, readTimeoutMillis).start();
             }
         } catch (RuntimeException | IOException e) {
             if (kafka != null) {
@@ -282,30 +305,39 @@ public final class ServeCommand implements Callable<Integer> {
             throw new GradbridgeException("cannot start the service on " + host + ":" + port + ": "
                     + (e instanceof IOException ? ioLine((IOException) e) : rootMessage(e)), e);
         }
-        CountDownLatch stop = new CountDownLatch(1); // before the first line: whoever reads it may signal
-        for (String name : new String[] {"TERM", "INT"}) {
-            Signal.handle(new Signal(name), signal -> stop.countDown());
-        }
+        started.kafka = kafka;
+        return started;
+    }
+
+    /** The lines that say where the service listens and what it needs. */
+    private void announce(OnlineLearner learner, Started started, Tls tls) {
         if (noAuth) {
-            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + app.port()
+            System.err.println("gradbridge-serve: warning: --no-auth: anyone who reaches " + host + ":" + started.app.port()
                     + " can send feedback that changes the model");
         }
-        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":" + app.port() + " (version "
+        System.out.println("gradbridge-serve: listening on " + (tls == null ? "http" : "https") + "://" + host + ":" + started.app.port() + " (version "
                 + learner.currentVersion().getId() + ", log " + learner.getLogDir() + ")");
-        if (admin != null) {
-            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + admin.port());
+        if (started.admin != null) {
+            System.out.println("gradbridge-serve: /healthz and /metrics on http://" + adminHost + ":" + started.admin.port());
         }
-        if (tokenSource != null) {
+        if (started.tokenSource != null) {
             System.out.println("gradbridge-serve: /predict and /feedback need 'Authorization: Bearer TOKEN', TOKEN from "
-                    + tokenSource);
+                    + started.tokenSource);
         }
         System.out.flush();
 
-        if (kafka != null) {
-            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' (" + kafka.partitions().size()
+        if (started.kafka != null) {
+            System.out.println("gradbridge-serve: learning from Kafka topic '" + kafkaTopic + "' (" + started.kafka.partitions().size()
                     + " partitions) at " + kafkaBootstrap + ", positions from the log");
         }
         System.out.flush();
+    }
+
+    /** Serves until a signal or a failure, then stops in order; the exit code. */
+    private int serve(OnlineLearner learner, Started started, CountDownLatch stop) throws Exception {
+        Javalin app = started.app;
+        Javalin admin = started.admin;
+        KafkaFeedback kafka = started.kafka;
         while (!stop.await(200, TimeUnit.MILLISECONDS) && learner.getFailure() == null
                 && (kafka == null || kafka.getFailure() == null)) {
             // serve

@@ -77,10 +77,10 @@ public final class TopicRecords {
 
     private static void read(String bootstrap, String topic, Properties client, Map<Integer, long[]> ranges,
             DataOutputStream out) throws IOException {
-        KafkaConsumer<byte[], byte[]> consumer = KafkaFeedback.consumer(bootstrap, null, client);
-        Duration timeout = KafkaFeedback.apiTimeout(client, DEFAULT_TIMEOUT);
+        KafkaConsumer<byte[], byte[]> consumer = KafkaConsumers.consumer(bootstrap, null, client);
+        Duration timeout = KafkaConsumers.apiTimeout(client, DEFAULT_TIMEOUT);
         try {
-            List<TopicPartition> partitions = KafkaFeedback.partitions(consumer, bootstrap, topic, timeout,
+            List<TopicPartition> partitions = KafkaConsumers.partitions(consumer, bootstrap, topic, timeout,
                     "the log was fed from a topic of that name");
             for (Map.Entry<Integer, long[]> range : ranges.entrySet()) {
                 int p = range.getKey();
