@@ -254,7 +254,10 @@ def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor,
     part_x, part_y = inputs.select(x, index), y.index_select(0, index)
     for training in (False, True):
         where.method = f"{'train_step' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
-        side.train() if training else side.eval()
+        if training:
+            side.train()
+        else:
+            side.eval()
         if isinstance(side, _Eager):
             _seed(SEED + STEPS)
             try:
