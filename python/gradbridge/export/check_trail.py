@@ -105,18 +105,33 @@ def draws_text(ops: Sequence[str]) -> str:
     return ", ".join(f"{op} x{n}" for op, n in counts.items()) if ops else "no draws"
 
 
+#: Below this many bytes of parameters and buffers a model's copies are small beside the process: collecting
+#: and trimming (``gc.collect`` takes 0.1-1 s in a process holding torch and a JVM) would cost the export more
+#: than the pages they hand back.
+LARGE_MODEL_BYTES = 64 << 20  # the 45M stand-in of benchmarks/size_bench.py (180 MB) is above it
+_large = True
+
+
+def size_up(model: torch.nn.Module) -> None:
+    """Whether the export under way holds a model large enough for ``release`` and ``trim`` to do their work."""
+    global _large
+    tensors = [*model.parameters(), *model.buffers()]
+    _large = sum(t.numel() * t.element_size() for t in tensors) >= LARGE_MODEL_BYTES
+
+
 def release() -> None:
     """Collect what just went out of use (a side, the export's copy) and hand the freed pages back to the system,
-    so the next side's tensors do not come on top of the holes the last one left in the heap."""
-    gc.collect()
-    trim()
+    so the next side's tensors do not come on top of the holes the last one left in the heap (large models)."""
+    if _large:
+        gc.collect()
+        trim()
 
 
 def trim() -> None:
     """Hand the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere a no-op): between the
     phases of a step (a backward's activations, an optimizer's temporaries), so what the next allocates is
-    counted once, not on top of the holes the last left."""
-    if _trim is not None:
+    counted once, not on top of the holes the last left (large models)."""
+    if _large and _trim is not None:
         _trim(0)
 
 

@@ -125,6 +125,7 @@ def export_training_module(
     fine_tuning = dict(freeze=freeze, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                        clip_grad_value=clip_grad_value, accumulate=accumulate, init_weights=init_weights)
     aten_options = dict(fine_tuning, scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
+    check_trail.size_up(model)
     if format == "export":
         return _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options)
     try:
