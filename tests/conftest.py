@@ -116,8 +116,15 @@ def pytest_collection_modifyitems(config, items):
 SPARK_RESULTS: list = []
 
 
+#: Seconds spent per test file (setup, call and teardown), for the summary's table of where the run's time goes.
+FILE_SECONDS: dict = {}
+
+
 def pytest_runtest_logreport(report):
-    """Keeps the outcome of each real-cluster case (tests/test_spark_cluster.py marks them with the Spark it ran on)."""
+    """Keeps the outcome of each real-cluster case (tests/test_spark_cluster.py marks them with the Spark it ran on)
+    and each file's time."""
+    path = report.nodeid.split("::")[0]
+    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
     spark = dict(report.user_properties).get("spark_cluster")
     if spark and (report.when == "call" or report.outcome == "failed"):
         outcome = {"passed": "bitwise with the replay", "skipped": "skipped"}.get(report.outcome, "FAILED")
@@ -164,6 +171,10 @@ def pytest_terminal_summary(terminalreporter):
     """The parity matrix as a table: case, mode, where Java ran, bitwise or max |difference|; the Spark clusters'."""
     import sys
 
+    if FILE_SECONDS:
+        _write_table(terminalreporter, "seconds per test file (the 25 slowest)",
+                     [f"{seconds:8.1f}  {path}" for path, seconds in
+                      sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]], "file-seconds.txt")
     if SPARK_RESULTS:
         _spark_summary(terminalreporter)
     cuda_tests = sys.modules.get("tests.test_cuda")

@@ -112,11 +112,15 @@ LARGE_MODEL_BYTES = 64 << 20  # the 45M stand-in of benchmarks/size_bench.py (18
 _large = True
 
 
+def model_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
 def size_up(model: torch.nn.Module) -> None:
     """Whether the export under way holds a model large enough for ``release`` and ``trim`` to do their work."""
     global _large
-    tensors = [*model.parameters(), *model.buffers()]
-    _large = sum(t.numel() * t.element_size() for t in tensors) >= LARGE_MODEL_BYTES
+    _large = model_bytes(model) >= LARGE_MODEL_BYTES
 
 
 def release() -> None:

@@ -11,10 +11,18 @@ batch:
   micro-batch loop instead (the step consumes the gradients, so they are not compared);
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
   steps and after the last (the eager model back in training mode with its own ``train()`` in between);
-- a traced model, once more on the example's rows but its last (``evaluate`` and ``forward``, then the training
-  loss and its backward): a trace may hold the example's batch size as a constant (HF GPT-2's pooling indexes
-  ``torch.arange(batch_size)``), and online micro-batches, predictions and Spark partitions come in any size.
-  Skipped where the eager model itself cannot take that batch (BatchNorm training on one row).
+- a traced model, once more on the example's rows but its last: the loss in eval mode, then in training mode
+  (the training trace's forward, without its backward): a trace may hold the example's batch size as a constant
+  (HF GPT-2's pooling indexes ``torch.arange(batch_size)``), and online micro-batches, predictions and Spark
+  partitions come in any size. Skipped where the eager model itself cannot take that batch (BatchNorm training
+  on one row).
+
+A model of ``LEAN_CHECK_BYTES`` or more gets the lean check (``Plan.lean``), so that its export costs a few
+eager steps, not ten (issue 48: at most 5x one eager step besides writing the file): one training step, the
+loss in eval mode before it and the loss and output after it, and the smaller batch as above. It keeps what
+the check is for at that size (every gradient, parameter, buffer and optimizer-state tensor of a step, eval mode
+before and after training, another batch size); it gives up the second step, which catches a trace that froze
+a counter of the model's own at its first call.
 
 All bit for bit. The two sides run one after the other (``check_trail``: the eager one recorded, the
 module compared with the record), so the check holds one of them at a time beside the user's model (the eager
@@ -45,6 +53,8 @@ from . import check_trail as trail
 
 #: Training steps compared; two catch what a trace froze at its first call (a counter, a shape).
 STEPS = 2
+#: Parameters and buffers of this many bytes or more (a 64M-parameter float32 model) get the lean check.
+LEAN_CHECK_BYTES = 256 << 20
 #: The generator seed of step k is SEED + k on both sides.
 SEED = 20261202
 
@@ -226,17 +236,26 @@ class _Module:
             return self.loaded.forward(self._argument(x))
 
 
-def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, fewer: Optional[Dict[str, bool]] = None
+class Plan:
+    """What the check runs: ``steps`` training steps, with evaluate and forward in eval mode before, between and
+    after them; ``lean``: one step, the loss alone before it (``LEAN_CHECK_BYTES``)."""
+
+    def __init__(self, model: nn.Module):
+        self.lean = trail.model_bytes(model) >= LEAN_CHECK_BYTES
+        self.steps = 1 if self.lean else STEPS
+
+
+def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, plan: Plan, fewer: Optional[Dict[str, bool]] = None
          ) -> Iterator[trail.Observation]:
     # eval mode before, between and after the steps: state that lives across calls (an eval-time
     # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
-    for step in range(STEPS):
+    for step in range(plan.steps):
         where.method = "evaluate (eval mode)" + (f" after train_step {step}" if step else "")
-        yield from _eval(side, where, x, y)
+        yield from _eval(side, where, x, y, output=not plan.lean)
         side.train()
         where.method = f"train_step {step + 1}"
         yield from _step(side, where.method, x, y, SEED + step)
-    where.method = f"evaluate (eval mode) after train_step {STEPS}"
+    where.method = f"evaluate (eval mode) after train_step {plan.steps}"
     yield from _eval(side, where, x, y)
     if fewer is not None:
         yield from _fewer_rows(side, where, x, y, fewer)
@@ -244,39 +263,36 @@ def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, fewer: Optional[D
 
 def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor,
                 taken: Dict[str, bool]) -> Iterator[trail.Observation]:
-    """A trace on the example's rows but its last, in eval mode then training: one that holds the example's batch
-    size fails here. The eager side runs first and says in ``taken`` whether the model itself takes that batch
-    (BatchNorm training on one row does not); the module's side then runs what the eager side ran."""
+    """A trace on the example's rows but its last, the loss in eval mode then in training mode (``evaluate`` runs
+    the module's current mode; the training trace's forward is where a batch size would be frozen): one that
+    holds the example's batch size fails here. The eager side runs first and says in ``taken`` whether the model
+    itself takes that batch (BatchNorm training on one row does not); the module's side then runs what the eager
+    side ran."""
     n = len(y)
     if n < 2:
         return
     index = torch.arange(n - 1)
     part_x, part_y = inputs.select(x, index), y.index_select(0, index)
     for training in (False, True):
-        where.method = f"{'train_step' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
+        where.method = f"{'the training loss' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
         if training:
             side.train()
         else:
             side.eval()
-        if isinstance(side, _Eager):
-            _seed(SEED + STEPS)
-            try:
-                with torch.no_grad():
-                    side.reference.loss_of(side.reference.model, part_x, part_y)
-                taken[where.method] = True
-            except Exception:  # noqa: BLE001 - a batch the user's model cannot take is no test
-                taken[where.method] = False
-        if not taken.get(where.method):
-            return
         _seed(SEED + STEPS)
+        eager = isinstance(side, _Eager)
+        if not eager and not taken.get(where.method):
+            return
         try:
-            loss = side.backward(part_x, part_y) if training else side.evaluate(part_x, part_y)
+            loss = side.evaluate(part_x, part_y)
         except ExportError:
             raise
         except Exception as ex:  # noqa: BLE001 - the module's failure on another batch size is the finding
-            if isinstance(side, _Eager):
-                raise
+            if eager:  # a batch the user's model cannot take is no test
+                taken[where.method] = False
+                return
             raise CaptureError(messages.export_batch_size_frozen(where.method, n, messages.one_line(ex))) from None
+        taken[where.method] = True
         yield trail.tensor(where.method, "loss", loss)
 
 
@@ -303,12 +319,13 @@ def _step(side, method: str, x: inputs.Batch, y: Tensor, seed: int) -> Iterator[
         yield trail.named(method, f"optimizer state {key}", {f"#{i}": v for i, v in enumerate(values) if v is not None})
 
 
-def _eval(side, where: trail.Where, x: inputs.Batch, y: Tensor) -> Iterator[trail.Observation]:
+def _eval(side, where: trail.Where, x: inputs.Batch, y: Tensor, output: bool = True) -> Iterator[trail.Observation]:
     side.eval()
     _seed(SEED + STEPS)
     yield trail.tensor(where.method, "loss", side.evaluate(x, y))
     where.method = where.method.replace("evaluate", "forward")
-    yield trail.tensor(where.method, "output", side.forward(x))
+    if output:
+        yield trail.tensor(where.method, "output", side.forward(x))
     yield trail.named(where.method, "buffer", side.buffers())
 
 
@@ -317,5 +334,6 @@ def check(path: str | os.PathLike, model: nn.Module, x: inputs.Batch, y: Tensor,
     """Compare the module at ``path`` with ``model`` (the user's; the check trains a copy of it, with the export's
     ``init_weights``) on (x, y)."""
     fewer = {} if capture == "trace" else None  # the eager side's verdicts on the smaller batch, for the module's
-    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y, fewer),
-                   lambda where: _run(_Module(path), where, x, y, fewer), capture, raised=CaptureError)
+    plan = Plan(model)
+    trail.two_runs(lambda where: _run(_Eager(path, model, init_weights), where, x, y, plan, fewer),
+                   lambda where: _run(_Module(path), where, x, y, plan, fewer), capture, raised=CaptureError)
