@@ -16,7 +16,9 @@ from gradbridge import export_training_module, protocol, reference
 from gradbridge.errors import ExportError
 from gradbridge._runtime.torchscript import load
 from tests.data import labelled
-from tests.models.custom import CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet, RowIndexNet
+from gradbridge.export import self_check
+from tests.models.custom import (CumulativeNormNet, IgnoredCallNet, KeywordNet, LayerDropNet, RowIndexNet,
+                                  TrainingRowIndexNet)
 from tests.models.eval_cache import EvalCacheNet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +108,43 @@ def test_a_trace_that_froze_the_batch_size_is_refused_in_one_line(tmp_path):
     assert message.startswith("export check failed: evaluate (eval mode) on 7 of the example's 8 rows raised: ")
     assert "the trace holds the example's batch size (8)" in message and "\n" not in message
     assert list(tmp_path.iterdir()) == []  # format="auto" (the default) takes protocol 3 instead
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_trace_that_froze_the_batch_size_in_training_mode_alone_is_refused(tmp_path, monkeypatch, lean):
+    """The smaller batch runs the training trace's forward too (Java trains micro-batches of any size), in the
+    full check and in a large model's lean one (``self_check.LEAN_CHECK_BYTES``, lowered here to take this model)."""
+    if lean:
+        monkeypatch.setattr(self_check, "LEAN_CHECK_BYTES", 0)
+    with pytest.raises(ExportError) as info:
+        export_training_module(TrainingRowIndexNet(), "cross_entropy", ADAM, tmp_path / "m.pt", format="torchscript",
+                               example_inputs=labelled(8, tensors=True))
+    message = str(info.value)
+    assert message.startswith("export check failed: the training loss on 7 of the example's 8 rows raised: "), message
+    assert "the trace holds the example's batch size (8)" in message and "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_large_models_lean_check_runs_one_step_and_still_catches_an_eval_cache(tmp_path, monkeypatch):
+    """A model of LEAN_CHECK_BYTES or more (lowered here) gets one training step per side, not STEPS, and keeps
+    eval mode before and after it: an eval-time cache that Python's train() clears is still refused."""
+    steps = []
+    original = self_check._step
+    monkeypatch.setattr(self_check, "_step", lambda side, method, *rest: (steps.append(method), original(side, method, *rest))[1])
+    export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "full.pt", format="torchscript",
+                           example_inputs=labelled(8, tensors=True))
+    assert steps == ["train_step 1", "train_step 2"] * 2
+    monkeypatch.setattr(self_check, "LEAN_CHECK_BYTES", 0)
+    steps.clear()
+    export_training_module(KeywordNet(), "cross_entropy", ADAM, tmp_path / "lean.pt", format="torchscript",
+                           example_inputs=labelled(8, tensors=True))
+    assert steps == ["train_step 1"] * 2
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    model = EvalCacheNet()
+    with pytest.raises(ExportError, match=r"^export check failed: evaluate \(eval mode\) after train_step 1: loss differs"):
+        export_training_module(model, "cross_entropy", torch.optim.Adam(model.parameters(), lr=0.1), tmp_path / "m.pt",
+                               example_inputs=(x, y), format="torchscript")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.pt", "lean.pt"]
 
 
 @pytest.mark.parametrize("how", ["script", "trace"])

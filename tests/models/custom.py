@@ -132,3 +132,10 @@ class RowIndexNet(KeywordNet):
     def forward(self, x, **kwargs):
         out = super().forward(x)
         return out[torch.arange(int(x.shape[0])), out.argmax(-1)].unsqueeze(1) * out
+
+
+class TrainingRowIndexNet(RowIndexNet):
+    """``RowIndexNet``'s frozen batch size in training mode alone: only the training trace holds it."""
+
+    def forward(self, x, **kwargs):
+        return super().forward(x) if self.training else KeywordNet.forward(self, x)
