@@ -46,6 +46,30 @@ def test_export_module_factory_with_options(tmp_path):
     assert metadata["inputs"][0]["shape"] == [-1, 3]
 
 
+def test_export_autocast_records_what_the_python_api_records(tmp_path):
+    """``--autocast bfloat16`` is the Python API's ``autocast=torch.bfloat16``: the same ``capture`` metadata;
+    a dtype it does not take is argparse's one line, nothing written."""
+    import torch
+
+    from gradbridge.export import export_builtin
+
+    out = tmp_path / "cli.pt"
+    result = _gradbridge("export", "mlp", "-o", out, "--input-shape", "4", "--loss", "cross_entropy",
+                         "--autocast", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    api = export_builtin("mlp", tmp_path / "api.pt", loss={"name": "cross_entropy"},
+                         inputs=[protocol.tensor_spec("x", [-1, 4], "float32"), protocol.tensor_spec("y", [-1], "int64")],
+                         in_features=4, fine_tuning={"autocast": torch.bfloat16})
+    capture = protocol.read_metadata(out)[protocol.CAPTURE_KEY]
+    assert capture[protocol.AUTOCAST_KEY] == "bfloat16"
+    assert capture == protocol.read_metadata(api)[protocol.CAPTURE_KEY]
+    refused = _gradbridge("export", "mlp", "-o", tmp_path / "no.pt", "--input-shape", "4", "--autocast", "float32")
+    assert refused.returncode != 0
+    (line,) = refused.stderr.strip().splitlines()
+    assert "argument --autocast: invalid choice: 'float32'" in line, line
+    assert not (tmp_path / "no.pt").exists()
+
+
 def test_export_unscriptable_factory_is_traced_from_the_cli(tmp_path):
     out = tmp_path / "u.pt"
     result = _gradbridge("export", "tests.models.custom:unscriptable", "-o", out, "--input-shape", "4",

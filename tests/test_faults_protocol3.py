@@ -95,6 +95,15 @@ def _append(*nodes):
     return change
 
 
+def _scalar_for_a_tensor(graph):
+    """The optimizer graph scales its first parameter by a host scalar's slot (a double) given for the Tensor
+    ``mul_.Tensor`` takes: a 16-bit state's factor is a tensor the graph makes of it (``aten::scalar_tensor``)."""
+    param = next(i for i, b in enumerate(graph["inputs"]) if b.startswith("param:"))
+    scalar = next(i for i, b in enumerate(graph["inputs"]) if b.startswith("scalar:"))
+    graph["nodes"].append({"op": "aten::mul_", "overload": "Tensor", "args": [{"t": param}, {"t": scalar}],
+                           "outputs": 1})
+
+
 def _set(path, value):
     def change(document):
         for key in path[:-1]:
@@ -151,6 +160,8 @@ HOSTILE = {
                           "(a list) where its schema takes Tensor self"),
     "string_for_an_int": (train_graph(_append(("aten::unbind", "int", ["P0", {"s": "x"}], 1))),
                           "an argument of another kind where its schema takes int dim"),
+    "double_for_a_tensor": (("graphs/optimizer.json", _scalar_for_a_tensor),
+                            "(a double) where its schema takes Tensor other"),
     "slot_not_computed": (train_graph(_append(("aten::relu", "default", [{"t": 10 ** 6}], 1))), "t is 1000000"),
     "train_without_loss": (train_graph(lambda g: g.update(outputs=[o for o in g["outputs"] if o["to"] != "loss"])),
                            "op list train: outputs no loss"),

@@ -57,7 +57,8 @@ def _export(args: argparse.Namespace) -> int:
         input_dtype=args.input_dtype, target_shape=args.target_shape, target_dtype=args.target_dtype,
         freeze=args.freeze, accumulate=args.accumulate, schedulers=args.scheduler or [], milestones=args.milestones,
         scheduler_interval=args.scheduler_interval, clip_norm=args.clip_norm, clip_norm_type=args.clip_norm_type,
-        clip_value=args.clip_value, init_weights=args.init_weights, check=args.check, format=args.format)
+        clip_value=args.clip_value, init_weights=args.init_weights, check=args.check, format=args.format,
+        autocast=args.autocast)
     capture = protocol.read_metadata(path).get(protocol.CAPTURE_KEY, {})
     print(f"wrote {path} ({messages.format_chosen(capture.get('kind', ''), protocol.AUTO_REASON_KEY in capture)})")
     return 0
@@ -153,6 +154,10 @@ def add_export(commands: argparse._SubParsersAction) -> None:
                         help="torchscript (protocol 2), export (protocol 3: torch.export op lists run by the native "
                              "layer), or auto (default): TorchScript where it captures the model and passes the "
                              "check, else protocol 3")
+    export.add_argument("--autocast", choices=("bfloat16", "float16"),
+                        help="run the model's forward and the loss under torch.autocast(\"cpu\", dtype=...), as "
+                             "eager code in that region: mixed precision without editing the model (the Python "
+                             "API's autocast=; recorded as the metadata's capture.autocast)")
     export.add_argument("--no-check", dest="check", action="store_false",
                         help="skip the check of the export against the eager model (two training steps and eval on "
                              "an example batch, bit for bit); only for a model too large to run twice")

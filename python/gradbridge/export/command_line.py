@@ -126,14 +126,15 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
                         clip_norm: Optional[float] = None, clip_norm_type: Optional[float] = None,
                         clip_value: Optional[float] = None, init_weights=None,
                         op_libraries: Sequence[str | os.PathLike] = (), check: bool = True,
-                        format: str = protocol.DEFAULT_FORMAT) -> Path:
+                        format: str = protocol.DEFAULT_FORMAT, autocast: Optional[str] = None) -> Path:
     """Export ``model`` to ``output`` as `gradbridge export` does; returns the written path.
 
     ``optimizer``: the optimizer spec (name and the options given); ``groups``: ``PREFIX:KEY=VALUE,...``
     texts; ``loss_name`` (default mse) and ``loss``: the loss options given (``class_weights`` is
     torch's ``weight``); ``schedulers``: ``NAME:KEY=VALUE,...`` texts (several with ``milestones``:
     a SequentialLR); ``check``: the export's check against the eager model (``--no-check``); ``format``:
-    ``--format``; the rest are the fine-tuning options under their CLI names.
+    ``--format``; ``autocast``: ``--autocast``, a dtype's name (``bfloat16``, ``float16``) for
+    ``export_training_module``'s ``autocast=``; the rest are the fine-tuning options under their CLI names.
     """
     import torch
 
@@ -151,6 +152,8 @@ def export_from_options(model: str, output: str | os.PathLike, *, seed: int, opt
                                clip_norm_type=clip_norm_type, clip_value=clip_value, init_weights=init_weights)
     fine_tuning["check"] = check
     fine_tuning["format"] = format
+    if autocast is not None:
+        fine_tuning["autocast"] = getattr(torch, autocast)
     loss = {"name": loss_name or "mse", **(loss or {})}
     if "class_weights" in loss:
         loss["weight"] = loss.pop("class_weights")

@@ -348,7 +348,7 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     if setup.plan.clip["kind"] != "none":
         graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle],
                                                         setup.plan.clip)
-    graphs.update(protocol3_optimizer.optimizer_graphs(training))
+    graphs.update(protocol3_optimizer.optimizer_graphs(training, {n: p.dtype for n, p in named}))
 
     # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}

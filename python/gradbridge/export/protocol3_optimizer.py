@@ -5,7 +5,7 @@ Python doubles as host scalars (``program.host_scalars``), and torch.nn.utils' c
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -82,10 +82,27 @@ def _state_keys(name: str, hyper: Dict[str, Any]) -> List[str]:
     return ["step", "sum"]
 
 
-def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]]], first: bool) -> Dict[str, Any]:
+def _scale_(b: _Builder, t: Any, factor: Any, dtype: torch.dtype) -> None:
+    """``t.mul_(factor)`` bit for bit as eager ``Tensor.mul_(float)`` (``spec/scaling.py`` for TorchScript): a
+    Python float reaches ATen as a wrapped-number tensor (``aten::mul_.Tensor``), which the CPU kernel multiplies
+    in float32 for a bfloat16 or float16 tensor, where ``aten::mul_.Scalar`` rounds the factor to the tensor's
+    dtype first (0.9 is 0.8984 in bfloat16). For a 16-bit tensor: ``mul_.Tensor`` by a constant (a wrapped
+    number, ``oplist``'s number for a Tensor argument) or by a host scalar made a 0-dim float64 tensor
+    (``aten::scalar_tensor``: the same float32 product); other dtypes keep ``mul_.Scalar``."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        b.op("aten::mul_", "Scalar", t, factor)
+        return
+    if isinstance(factor, dict):  # a host scalar's slot
+        factor = b.op("aten::scalar_tensor", "default", factor, dtype=torch.float64)
+    b.op("aten::mul_", "Tensor", t, factor)
+
+
+def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]]], first: bool,
+                     dtypes: Mapping[str, torch.dtype]) -> Dict[str, Any]:
     """One torch.optim step of every group, torch.optim's single-tensor op sequence per parameter (torch
     2.7-2.15; ``optimizer_first``: SGD's first step, which clones the gradient into the momentum buffer).
-    The doubles torch.optim computes in Python per step are host scalars (``program.host_scalars``)."""
+    The doubles torch.optim computes in Python per step are host scalars (``program.host_scalars``);
+    ``dtypes``: each parameter's (its optimizer state's) dtype, for ``_scale_``."""
     b = _Builder()
     scalars = [{key: b.input(program.scalar_binding(key, g))
                 for key in program.host_scalars(name, hyper, 1.0, 1)} for g, (_, hyper) in enumerate(groups)]
@@ -100,12 +117,12 @@ def _optimizer_graph(name: str, groups: Sequence[Tuple[List[str], Dict[str, Any]
         for n, param, grad, state in params:
             if hyper.get("maximize"):
                 grad = b.op("aten::neg", "default", grad)
-            step(b, n, hyper, scalar, param, grad, state, first, name == "adamw")
+            step(b, n, dtypes[n], hyper, scalar, param, grad, state, first, name == "adamw")
     return b.graph()
 
 
-def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-              state: Dict[str, Any], first: bool, _: bool) -> None:
+def _sgd_step(b: _Builder, n: str, dtype: torch.dtype, h: Dict[str, Any], scalar: Dict[str, Any], param: Any,
+              grad: Any, state: Dict[str, Any], first: bool, _: bool) -> None:
     if h["weight_decay"] != 0:
         grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
     if h["momentum"] != 0:
@@ -114,23 +131,23 @@ def _sgd_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], pa
             b.output(buf, f"state:momentum_buffer:{n}")
         else:
             buf = state["momentum_buffer"]
-            b.op("aten::mul_", "Scalar", buf, scalar["momentum"])
+            _scale_(b, buf, scalar["momentum"], dtype)
             b.op("aten::add_", "Tensor", buf, grad, alpha=1 - h["dampening"])
         grad = b.op("aten::add", "Tensor", grad, buf, alpha=scalar["momentum"]) if h["nesterov"] else buf
     b.op("aten::add_", "Tensor", param, grad, alpha=scalar["neg_lr"])
 
 
-def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-               state: Dict[str, Any], first: bool, decoupled: bool) -> None:
+def _adam_step(b: _Builder, n: str, dtype: torch.dtype, h: Dict[str, Any], scalar: Dict[str, Any], param: Any,
+               grad: Any, state: Dict[str, Any], first: bool, decoupled: bool) -> None:
     beta2 = h["betas"][1]
     b.op("aten::add_", "Scalar", state["step"], 1)
     if h["weight_decay"] != 0:
         if decoupled:
-            b.op("aten::mul_", "Scalar", param, scalar["decay"])
+            _scale_(b, param, scalar["decay"], dtype)
         else:
             grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
     b.op("aten::lerp_", "Scalar", state["exp_avg"], grad, scalar["one_minus_beta1"])
-    b.op("aten::mul_", "Scalar", state["exp_avg_sq"], beta2)
+    _scale_(b, state["exp_avg_sq"], beta2, dtype)
     b.op("aten::addcmul_", "default", state["exp_avg_sq"], grad, grad, value=1 - beta2)
     if h["amsgrad"]:
         b.op("aten::maximum", "out", state["max_exp_avg_sq"], state["exp_avg_sq"], out=state["max_exp_avg_sq"])
@@ -142,13 +159,13 @@ def _adam_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], p
     b.op("aten::addcdiv_", "default", param, state["exp_avg"], denom, value=scalar["neg_step_size"])
 
 
-def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
+def _rmsprop_step(b: _Builder, n: str, dtype: torch.dtype, h: Dict[str, Any], scalar: Dict[str, Any], param: Any,
+                  grad: Any, state: Dict[str, Any], first: bool, _: bool) -> None:
     alpha = h["alpha"]
     b.op("aten::add_", "Scalar", state["step"], 1)
     if h["weight_decay"] != 0:
         grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
-    b.op("aten::mul_", "Scalar", state["square_avg"], alpha)
+    _scale_(b, state["square_avg"], alpha, dtype)
     b.op("aten::addcmul_", "default", state["square_avg"], grad, grad, value=1 - alpha)
     if h["centered"]:
         b.op("aten::lerp_", "Scalar", state["grad_avg"], grad, 1 - alpha)
@@ -158,15 +175,15 @@ def _rmsprop_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any]
         avg = b.op("aten::sqrt", "default", state["square_avg"])
     b.op("aten::add_", "Scalar", avg, h["eps"])
     if h["momentum"] > 0:
-        b.op("aten::mul_", "Scalar", state["momentum_buffer"], scalar["momentum"])
+        _scale_(b, state["momentum_buffer"], scalar["momentum"], dtype)
         b.op("aten::addcdiv_", "default", state["momentum_buffer"], grad, avg)
         b.op("aten::add_", "Tensor", param, state["momentum_buffer"], alpha=scalar["neg_lr"])
     else:
         b.op("aten::addcdiv_", "default", param, grad, avg, value=scalar["neg_lr"])
 
 
-def _adagrad_step(b: _Builder, n: str, h: Dict[str, Any], scalar: Dict[str, Any], param: Any, grad: Any,
-                  state: Dict[str, Any], first: bool, _: bool) -> None:
+def _adagrad_step(b: _Builder, n: str, dtype: torch.dtype, h: Dict[str, Any], scalar: Dict[str, Any], param: Any,
+                  grad: Any, state: Dict[str, Any], first: bool, _: bool) -> None:
     b.op("aten::add_", "Scalar", state["step"], 1)
     if h["weight_decay"] != 0:
         grad = b.op("aten::add", "Tensor", grad, param, alpha=h["weight_decay"])
@@ -204,12 +221,13 @@ def clip_graph(named: Sequence[Tuple[str, Tensor]], clip: Dict[str, Any]) -> Dic
     return b.graph()
 
 
-def optimizer_graphs(training: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+def optimizer_graphs(training: Dict[str, Any], dtypes: Mapping[str, torch.dtype]) -> Dict[str, Dict[str, Any]]:
+    """The step graphs of ``training``'s optimizer; ``dtypes``: each parameter's dtype (its state's)."""
     name = training["optimizer"]
     groups = [(group["params"], group) for group in training["groups"]]
-    graphs = {"optimizer": _optimizer_graph(name, groups, first=False)}
+    graphs = {"optimizer": _optimizer_graph(name, groups, False, dtypes)}
     if name == "sgd" and any(hyper["momentum"] != 0 for _, hyper in groups):
-        graphs["optimizer_first"] = _optimizer_graph(name, groups, first=True)
+        graphs["optimizer_first"] = _optimizer_graph(name, groups, True, dtypes)
     return graphs
 
 
