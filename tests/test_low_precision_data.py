@@ -144,8 +144,7 @@ def test_bfloat16_inputs_in_protocol_3(jvm, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torchscript", "export"])
 def test_float16_inputs_from_float16_or_float32_arrays(jvm, tmp_path, fmt):
-    """float16 has numpy's dtype: its arrays as they are, or float32 ones holding float16 values. (SGD: Adam on
-    float16 parameters rounds its state otherwise than eager's on the CPU, docs/export.md.)"""
+    """float16 has numpy's dtype: its arrays as they are, or float32 ones holding float16 values."""
     torch.manual_seed(0)
     model = MixedNet(dtype=torch.float16)
     x, carrier, y = _data(dtype=torch.float16)
