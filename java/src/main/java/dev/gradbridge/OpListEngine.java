@@ -1,8 +1,8 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -170,7 +170,7 @@ final class OpListEngine extends ModuleEngine {
                     loadOptimizerState(args == null || args.length == 0 ? null : args[0]); // call(m, null): no array
                     return null;
                 default:
-                    throw new ProtocolException(Messages.protocol3Refuses(path.toString(), method + "()"));
+                    throw new ProtocolException(Protocol3Messages.protocol3Refuses(path.toString(), method + "()"));
             }
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);

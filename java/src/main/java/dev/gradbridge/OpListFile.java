@@ -1,11 +1,11 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.BufferedOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -60,7 +60,7 @@ final class OpListFile {
             JsonObject program = member(root.getAsJsonObject(), Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
             JsonElement version = program.get("oplist_version");
             if (!StrictJson.isInt(version) || version.getAsLong() != Protocol.OPLIST_VERSION) {
-                throw new ProtocolException(Messages.programVersion(file.toString(), StrictJson.shown(String.valueOf(version)),
+                throw new ProtocolException(Protocol3Messages.programVersion(file.toString(), StrictJson.shown(String.valueOf(version)),
                         Protocol.OPLIST_VERSION));
             }
             JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
@@ -80,7 +80,7 @@ final class OpListFile {
                 JsonElement name = graph.getValue();
                 if (!name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()
                         || archive.getEntry(name.getAsString()) == null) {
-                    throw new ProtocolException(Messages.programEntryMissing(file.toString(), StrictJson.shown(name)));
+                    throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), StrictJson.shown(name)));
                 }
                 byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
                 JsonElement opList = StrictJson.read(bytes, where);
@@ -95,7 +95,7 @@ final class OpListFile {
                     training, counters);
             JsonElement entries = program.get("state");
             if (entries == null || !entries.isJsonArray()) {
-                throw new ProtocolException(Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY + ".state"));
+                throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY + ".state"));
             }
             String[] stateNames = new String[entries.getAsJsonArray().size()];
             long[] handles = new long[stateNames.length];
@@ -124,7 +124,7 @@ final class OpListFile {
             throw new ProtocolException(file + ": " + e.getMessage());
         } catch (IOException | IllegalStateException | ClassCastException | NullPointerException
                 | UnsupportedOperationException e) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(), StrictJson.shown(String.valueOf(e.getMessage()))));
+            throw new ProtocolException(Protocol3Messages.programUnreadable(file.toString(), StrictJson.shown(String.valueOf(e.getMessage()))));
         } finally {
             Tensors.closeAll(state);
         }
@@ -133,7 +133,7 @@ final class OpListFile {
     private static JsonObject member(JsonObject object, String key, Path file, String entry) {
         JsonElement value = object.get(key);
         if (value == null || !value.isJsonObject()) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entry));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), entry));
         }
         return value.getAsJsonObject();
     }
@@ -151,23 +151,23 @@ final class OpListFile {
         String dtypeName = entry.get("dtype").getAsString();
         String actual = dtypeName + " " + Arrays.toString(shape);
         if (archive.getEntry(entryFile) == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entryFile));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), entryFile));
         }
         String expected = expectedSpec(metadata, name);
         DType dtype;
         try {
             dtype = DType.of(dtypeName);
         } catch (InvalidInputException e) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name,
+            throw new ProtocolException(Protocol3Messages.programStateMismatch(file.toString(), name,
                     expected == null ? "a constant" : expected, actual));
         }
         if (expected != null && !expected.equals(actual) && !FrozenSharing.leftOut(metadata, name, shape)) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name, expected, actual));
+            throw new ProtocolException(Protocol3Messages.programStateMismatch(file.toString(), name, expected, actual));
         }
         byte[] bytes = readBytes(archive, file, entryFile, needed);
         if (bytes.length != needed) {
             long size = Math.max(bytes.length, archive.getEntry(entryFile).getSize());
-            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, size, name, actual,
+            throw new ProtocolException(Protocol3Messages.programStateBytes(file.toString(), entryFile, size, name, actual,
                     needed));
         }
         ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
@@ -212,7 +212,7 @@ final class OpListFile {
     private static byte[] readBytes(ZipFile archive, Path file, String name, long limit) throws IOException {
         ZipEntry entry = archive.getEntry(name);
         if (entry == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), name));
         }
         byte[] bytes;
         try (InputStream in = archive.getInputStream(entry)) {
@@ -227,7 +227,7 @@ final class OpListFile {
         CRC32 crc = new CRC32(); // Java's ZipFile checks none
         crc.update(bytes);
         if (entry.getCrc() != -1 && crc.getValue() != entry.getCrc()) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(),
+            throw new ProtocolException(Protocol3Messages.programUnreadable(file.toString(),
                     "its entry " + name + " does not match its checksum"));
         }
         return bytes;

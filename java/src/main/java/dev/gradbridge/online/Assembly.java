@@ -6,8 +6,9 @@ import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.FrozenTensors;
-import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.IOException;
 import java.nio.file.FileSystemException;
 import java.nio.file.Files;
@@ -182,7 +183,7 @@ final class Assembly {
      */
     private static void checkSupported(Path modelPath, TrainingModule module) {
         if (module.getMetadata().getMinBatch() > 1) {
-            throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
+            throw new InvalidInputException(Protocol3Messages.protocol3NoBatchOfOne(modelPath.toString(),
                     module.getMetadata().getMinBatch(), "online learning"));
         }
         if (!module.getMetadata().getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
