@@ -207,9 +207,9 @@ public final class OnlineBenchmark {
             int features, List<HostTensor[]> chunks, int batch, int publishEvery, int rounds, List<String> variants,
             int feeders) throws Exception {
         int n = chunks.size() * batch;
-        Tally tally = new Tally();
+        ThroughputFigures figures = new ThroughputFigures();
         for (String variant : variants) {
-            tally.perRound.put(variant, new ArrayList<>());
+            figures.perRound.put(variant, new ArrayList<>());
         }
         // The batch loops run on a thread of their own, as the online learner's training does (a
         // thread that is not the one that started the engine): the same conditions for both.
@@ -240,30 +240,30 @@ public final class OnlineBenchmark {
                     switch (variant) {
                         case "trainer_step":
                             seconds = onTrainingThread(baseline, () -> step.fit(stepModule, dataset),
-                                    tally.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         case "host_step":
                             seconds = onTrainingThread(baseline, () -> hostSteps(stepModule, chunks),
-                                    tally.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         case "fused_epoch":
                             seconds = onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch),
-                                    tally.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         default: {
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
-                            seconds = onlineRound(tally, variant, model, dir, batch, publishEvery, chunks, feeders);
+                            seconds = onlineRound(figures, variant, model, dir, batch, publishEvery, chunks, feeders);
                             deleteTree(dir);
                         }
                     }
-                    tally.perRound.get(variant).add(n / seconds);
+                    figures.perRound.get(variant).add(n / seconds);
                 }
             }
         } finally {
             baseline.shutdownNow();
         }
-        rates(out, tally, variants, rounds);
-        phases(out, tally, (long) rounds * chunks.size());
+        figures.rates(out, variants, rounds);
+        figures.phases(out, (long) rounds * chunks.size());
     }
 
     /**
@@ -279,26 +279,14 @@ public final class OnlineBenchmark {
         deleteTree(dir);
     }
 
-    /** What the throughput rounds measure, by variant. */
-    private static final class Tally {
-        final Map<String, List<Double>> perRound = new LinkedHashMap<>();
-        final Map<String, Map<String, Long>> phaseNanos = new LinkedHashMap<>();
-        final Map<String, Long> phaseBatches = new LinkedHashMap<>();
-        final Map<String, Long> wallNanos = new LinkedHashMap<>();
-        final Map<String, Long> trainCalls = new LinkedHashMap<>();
-        final Map<String, long[]> cpuNanos = new LinkedHashMap<>(); // the batch loops' thread CPU time
-        final Map<String, Map<String, Long>> phaseCpu = new LinkedHashMap<>();
-        long onlineUpdates;
-    }
-
     /**
      * One timed round of an online variant on a fresh log in {@code dir}: its phase times, CPU times and
-     * calls into {@code tally}.
+     * calls into {@code figures}.
      *
      * @return the seconds it took to learn from every chunk
      */
-    private static double onlineRound(Tally tally, String variant, Path model, Path dir, int batch, int publishEvery,
-            List<HostTensor[]> chunks, int feeders) throws Exception {
+    private static double onlineRound(ThroughputFigures figures, String variant, Path model, Path dir, int batch,
+            int publishEvery, List<HostTensor[]> chunks, int feeders) throws Exception {
         try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
             for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
                 learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
@@ -312,92 +300,21 @@ public final class OnlineBenchmark {
             OnlineLoad.feed(learner, chunks, feeders);
             learner.awaitIdle(300, TimeUnit.SECONDS);
             long elapsed = System.nanoTime() - started;
-            tally.onlineUpdates = learner.stats().getUpdates() - updatesBefore;
-            Map<String, Long> sum = tally.phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+            figures.onlineUpdates = learner.stats().getUpdates() - updatesBefore;
+            Map<String, Long> sum = figures.phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
             for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
                 sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
             }
-            tally.phaseBatches.merge(variant, tally.onlineUpdates, Long::sum);
-            Map<String, Long> cpuSum = tally.phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+            figures.phaseBatches.merge(variant, figures.onlineUpdates, Long::sum);
+            Map<String, Long> cpuSum = figures.phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
             for (Map.Entry<String, Long> e : learner.phaseTimes().cpuNanos().entrySet()) {
                 cpuSum.merge(e.getKey(), e.getValue() - cpuBefore.get(e.getKey()), Long::sum);
             }
-            tally.trainCalls.merge(variant, learner.phaseTimes().counts().get("train_step") - callsBefore, Long::sum);
-            tally.wallNanos.merge(variant, elapsed, Long::sum);
+            long calls = learner.phaseTimes().counts().get("train_step") - callsBefore;
+            figures.trainCalls.merge(variant, calls, Long::sum);
+            figures.wallNanos.merge(variant, elapsed, Long::sum);
             return elapsed / 1e9;
         }
-    }
-
-    /** Events/s by round and their medians; each online variant's per-round ratio to each baseline, with its spread. */
-    private static void rates(Map<String, Object> out, Tally tally, List<String> variants, int rounds) {
-        Map<String, List<Double>> perRound = tally.perRound;
-        Map<String, Object> rates = new LinkedHashMap<>();
-        for (String variant : variants) {
-            rates.put(variant, perRound.get(variant));
-        }
-        out.put("rounds", rounds);
-        out.put("events_per_s_by_round", rates);
-        out.put("online_events_per_s", median(perRound.getOrDefault("online_never", new ArrayList<>())));
-        out.put("online_always_events_per_s", median(perRound.getOrDefault("online_always", new ArrayList<>())));
-        out.put("step_events_per_s", median(perRound.getOrDefault("trainer_step", new ArrayList<>())));
-        out.put("fused_events_per_s", median(perRound.getOrDefault("fused_epoch", new ArrayList<>())));
-        out.put("online_updates", tally.onlineUpdates);
-        Map<String, Object> ratios = new LinkedHashMap<>();
-        for (String online : new String[] {"online_never", "online_always"}) {
-            for (String base : new String[] {"fused_epoch", "trainer_step"}) {
-                if (!perRound.containsKey(online) || !perRound.containsKey(base)) {
-                    continue;
-                }
-                List<Double> values = new ArrayList<>();
-                for (int r = 0; r < rounds; r++) {
-                    values.add(perRound.get(online).get(r) / perRound.get(base).get(r));
-                }
-                Map<String, Object> spread = new LinkedHashMap<>();
-                spread.put("median", median(values));
-                spread.put("min", values.stream().mapToDouble(Double::doubleValue).min().orElse(Double.NaN));
-                spread.put("max", values.stream().mapToDouble(Double::doubleValue).max().orElse(Double.NaN));
-                ratios.put(online + "/" + base, spread);
-            }
-        }
-        out.put("throughput_ratios", ratios);
-    }
-
-    /** Wall and CPU time per micro-batch, by phase and in all, of each variant ({@code microBatches} each). */
-    private static void phases(Map<String, Object> out, Tally tally, long microBatches) {
-        Map<String, Map<String, Long>> phaseNanos = tally.phaseNanos;
-        Map<String, Long> phaseBatches = tally.phaseBatches;
-        Map<String, Object> phases = new LinkedHashMap<>();
-        for (Map.Entry<String, Map<String, Long>> e : phaseNanos.entrySet()) {
-            long batches = Math.max(1, phaseBatches.get(e.getKey()));
-            Map<String, Object> perBatch = new LinkedHashMap<>();
-            perBatch.put("wall", tally.wallNanos.get(e.getKey()) / 1e3 / batches);
-            perBatch.put("micro_batches_per_call", batches / (double) Math.max(1, tally.trainCalls.get(e.getKey())));
-            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
-                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
-            }
-            phases.put(e.getKey(), perBatch);
-        }
-        out.put("phase_us_per_micro_batch", phases);
-        // CPU time per micro-batch: robust to a loaded machine (descheduled time is not counted).
-        // Online: the training thread's phases plus the feeding threads' learn_* phases.
-        Map<String, Object> cpuPhases = new LinkedHashMap<>();
-        Map<String, Double> cpuPerBatch = new LinkedHashMap<>();
-        for (Map.Entry<String, Map<String, Long>> e : tally.phaseCpu.entrySet()) {
-            long batches = Math.max(1, phaseBatches.get(e.getKey()));
-            Map<String, Object> perBatch = new LinkedHashMap<>();
-            long total = 0;
-            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
-                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
-                total += phase.getValue();
-            }
-            cpuPhases.put(e.getKey(), perBatch);
-            cpuPerBatch.put(e.getKey(), total / 1e3 / batches);
-        }
-        for (Map.Entry<String, long[]> e : tally.cpuNanos.entrySet()) {
-            cpuPerBatch.put(e.getKey(), e.getValue()[0] / 1e3 / microBatches);
-        }
-        out.put("phase_cpu_us_per_micro_batch", cpuPhases);
-        out.put("cpu_us_per_micro_batch", cpuPerBatch);
     }
 
     private static FsyncPolicy policyOf(String onlineVariant) {
@@ -446,7 +363,7 @@ public final class OnlineBenchmark {
         }
     }
 
-    private static double median(List<Double> values) {
+    static double median(List<Double> values) {
         List<Double> sorted = new ArrayList<>(values);
         sorted.sort(null);
         int m = sorted.size();
