@@ -86,18 +86,18 @@ def test_device_strings_read_the_same_way_everywhere():
 def test_java_prints_the_device_lines_python_prints(jvm):
     import jpype
 
-    Messages = jpype.JClass("dev.gradbridge.internal.Messages")
-    assert str(Messages.unknownDevice("gpu")) == messages.unknown_device("gpu")
-    assert str(Messages.deviceUnavailable("cuda:1", "why")) == messages.device_unavailable("cuda:1", "why")
+    Platform = jpype.JClass("dev.gradbridge.internal.PlatformMessages")
+    assert str(Platform.unknownDevice("gpu")) == messages.unknown_device("gpu")
+    assert str(Platform.deviceUnavailable("cuda:1", "why")) == messages.device_unavailable("cuda:1", "why")
     for count in (0, 1, 3):
         for driver in (False, True):
-            assert str(Messages.cudaDevicesSeen("2.7.1+cu126", count, driver)) == \
+            assert str(Platform.cudaDevicesSeen("2.7.1+cu126", count, driver)) == \
                 messages.cuda_devices_seen("2.7.1+cu126", count, driver)
     assert messages.cuda_devices_seen("2.7.1+cu126", 2, True) == "this libtorch (2.7.1+cu126) sees 2 CUDA devices " \
                                                                  "(cuda:0 to cuda:1)"
-    assert str(Messages.cudaCpuBuild("2.7.1 at /l")) == messages.cuda_cpu_build("2.7.1 at /l")
-    assert str(Messages.cudaUnloadable("/l/libtorch_cuda.so", "x")) == messages.cuda_unloadable("/l/libtorch_cuda.so", "x")
-    assert (str(Messages.CUBLAS_WORKSPACE_CONFIG), str(Messages.CUBLAS_WORKSPACE_VALUE)) == \
+    assert str(Platform.cudaCpuBuild("2.7.1 at /l")) == messages.cuda_cpu_build("2.7.1 at /l")
+    assert str(Platform.cudaUnloadable("/l/libtorch_cuda.so", "x")) == messages.cuda_unloadable("/l/libtorch_cuda.so", "x")
+    assert (str(Platform.CUBLAS_WORKSPACE_CONFIG), str(Platform.CUBLAS_WORKSPACE_VALUE)) == \
         (messages.CUBLAS_WORKSPACE_CONFIG, messages.CUBLAS_WORKSPACE_VALUE) == ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 

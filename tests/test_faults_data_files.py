@@ -147,7 +147,7 @@ def test_an_array_inflating_past_two_gigabytes_is_one_line(models, tmp_path):
 
 def test_an_array_the_model_does_not_take_is_refused_by_both_languages(models, tmp_path):
     """Was dropped without a word, while gradbridge-spark refuses such a Parquet column: now the same rule's
-    line (Messages.unknownArray), before anything is written."""
+    line (InputMessages.unknownArray), before anything is written."""
     path = tmp_path / "extra.npz"
     np.savez(path, x=X, weights=X, y=Y)
     expected = messages.unknown_array(str(path), "weights", ["x"])

@@ -186,7 +186,7 @@ def test_an_input_column_missing(files, tmp_path):
 
 def test_a_column_the_model_does_not_take(files, tmp_path):
     """A module of several inputs takes exactly its inputs' columns and y: a feature column it does not take
-    is refused, naming it (Messages.unknownColumn), rather than dropped without a word."""
+    is refused, naming it (InputMessages.unknownColumn), rather than dropped without a word."""
     data = files["folder"] / "two_unknown.parquet"
     line = refused(files, tmp_path, "--model", files["two"], "--data", data)
     assert line == (f"{data}: column extra is not an input of the model (it takes [left, right] and y); a model of "
@@ -308,7 +308,7 @@ def test_a_driver_address_that_is_not_this_machines_is_one_line(files, tmp_path,
 
 
 def messages_driver_address(setting: str, host: str, reason: str) -> str:
-    """Messages.sparkDriverAddress (Java only: the Python side starts no Spark)."""
+    """ShardedMessages.sparkDriverAddress (Java only: the Python side starts no Spark)."""
     return f"{setting} {host}: the driver cannot listen there ({reason}); name an address of this machine, or leave it unset"
 
 

@@ -133,6 +133,10 @@ def test_shared_wording_matches(jvm):
     from gradbridge import messages
 
     Messages = jpype.JClass("dev.gradbridge.internal.Messages")
+    Inputs = jpype.JClass("dev.gradbridge.internal.InputMessages")
+    Platform = jpype.JClass("dev.gradbridge.internal.PlatformMessages")
+    Protocol3 = jpype.JClass("dev.gradbridge.internal.Protocol3Messages")
+    Sharded = jpype.JClass("dev.gradbridge.internal.ShardedMessages")
     longs = jpype.JArray(jpype.JLong)
     assert str(Messages.unknownMode("turbo")) == messages.unknown_mode("turbo")
     assert str(Messages.ERROR_PREFIX) == errors.ERROR_PREFIX
@@ -144,52 +148,52 @@ def test_shared_wording_matches(jvm):
         assert str(Messages.tensorSpec(source, "x", "float32", longs([-1, 4]), "float64", longs([60, 5]))) \
             == messages.tensor_spec(source, "x", "float32", [-1, 4], "float64", [60, 5])
     # a model's inputs
-    assert str(Messages.INPUT_SPECS) == messages.INPUT_SPECS
+    assert str(Inputs.INPUT_SPECS) == messages.INPUT_SPECS
     needs = ["input_ids", "attention_mask", "y"]
     java_list = lambda items: jpype.java.util.ArrayList(jpype.java.util.Arrays.asList(*items))  # noqa: E731
-    assert str(Messages.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
+    assert str(Inputs.inputMissing("d.npz", "y", java_list(["x"]), java_list(needs))) \
         == messages.input_missing("d.npz", "y", ["x"], needs)
     # an .npz array the model does not take; an id or label outside what it takes (ValueRanges / data.out_of_range)
-    assert str(Messages.unknownArray("d.npz", "extra", java_list(["left", "right"]))) \
+    assert str(Inputs.unknownArray("d.npz", "extra", java_list(["left", "right"]))) \
         == messages.unknown_array("d.npz", "extra", ["left", "right"])
     for element, low, high in ((None, 0, 2), ([1], 0, 3), ([0, 2], -100, 5)):
-        assert str(Messages.valueOutOfRange("d.npz", "y", None if element is None else longs(element), 7, low, high)) \
+        assert str(Inputs.valueOutOfRange("d.npz", "y", None if element is None else longs(element), 7, low, high)) \
             == messages.value_out_of_range("d.npz", "y", element, 7, low, high)
     # an online input beyond --max-input-abs (Java's double spelling on both sides)
     for value, limit in ((-3e7, 1e6), (float(np.float32(3e38)), 1e6), (2.5, 1.0), (1e-5, 1e-6)):
-        assert str(Messages.inputTooLarge("x", "[1, 2]", value, limit)) == messages.input_too_large("x", [1, 2], value, limit)
+        assert str(Inputs.inputTooLarge("x", "[1, 2]", value, limit)) == messages.input_too_large("x", [1, 2], value, limit)
     # why an operator library is refused before it is loaded
-    assert str(Messages.NOT_ELF) == messages.NOT_ELF
-    assert str(Messages.elfClass(32)) == messages.elf_class(32)
+    assert str(Platform.NOT_ELF) == messages.NOT_ELF
+    assert str(Platform.elfClass(32)) == messages.elf_class(32)
     for e_type in (0, 1, 2, 4, 9):
-        assert str(Messages.elfType(e_type)) == messages.elf_type(e_type)
-    assert str(Messages.elfMachine(183, "x86_64", 62)) == messages.elf_machine(183, "x86_64", 62)
-    assert str(Messages.elfTruncated(294968, 98322)) == messages.elf_truncated(294968, 98322)
-    assert str(Messages.opLibraryUnloadable("lib.so", "no such file")) == \
+        assert str(Platform.elfType(e_type)) == messages.elf_type(e_type)
+    assert str(Platform.elfMachine(183, "x86_64", 62)) == messages.elf_machine(183, "x86_64", 62)
+    assert str(Platform.elfTruncated(294968, 98322)) == messages.elf_truncated(294968, 98322)
+    assert str(Platform.opLibraryUnloadable("lib.so", "no such file")) == \
         messages.op_library_unloadable("lib.so", "no such file")
     # a protocol-3 file without one of its entries
-    assert str(Messages.programEntryMissing("m.pt", "state/0.bin")) == messages.program_entry_missing("m.pt", "state/0.bin")
+    assert str(Protocol3.programEntryMissing("m.pt", "state/0.bin")) == messages.program_entry_missing("m.pt", "state/0.bin")
     # ... a state entry of another dtype or shape, a state file of another size, an unreadable file
-    assert str(Messages.programStateMismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")) == \
+    assert str(Protocol3.programStateMismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")) == \
         messages.program_state_mismatch("m.pt", "param:w", "float32 [3]", "float64 [3]")
-    assert str(Messages.programStateBytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)) == \
+    assert str(Protocol3.programStateBytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)) == \
         messages.program_state_bytes("m.pt", "state/0.bin", 4, "param:w", "float32 [3]", 12)
-    assert str(Messages.programUnreadable("m.pt", "invalid CRC")) == messages.program_unreadable("m.pt", "invalid CRC")
-    assert str(Messages.programVersion("m.pt", "1", 2)) == messages.program_version("m.pt", "1", 2)
+    assert str(Protocol3.programUnreadable("m.pt", "invalid CRC")) == messages.program_unreadable("m.pt", "invalid CRC")
+    assert str(Protocol3.programVersion("m.pt", "1", 2)) == messages.program_version("m.pt", "1", 2)
     # the native layer's cache: a damaged library, a folder that cannot be written
-    assert str(Messages.CACHE_ENV) == messages.CACHE_ENV
-    assert str(Messages.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)
-    assert str(Messages.cacheDamaged("libtorch", "/c", "x.so: truncated", "extracting it again")) == \
+    assert str(Platform.CACHE_ENV) == messages.CACHE_ENV
+    assert str(Platform.digestMismatch("ab" * 32, "cd" * 32)) == messages.digest_mismatch("ab" * 32, "cd" * 32)
+    assert str(Platform.cacheDamaged("libtorch", "/c", "x.so: truncated", "extracting it again")) == \
         messages.cache_damaged("libtorch", "/c", "x.so: truncated", "extracting it again")
-    assert str(Messages.cacheUnwritable("/c/native", "Permission denied")) == \
+    assert str(Platform.cacheUnwritable("/c/native", "Permission denied")) == \
         messages.cache_unwritable("/c/native", "Permission denied")
-    assert str(Messages.notAFolder("/c")) == messages.not_a_folder("/c")
+    assert str(Platform.notAFolder("/c")) == messages.not_a_folder("/c")
     # what data-parallel training refuses (Python's one check: reference.check_data_parallel)
-    assert str(Messages.dataParallelMethods("m.pt", 1, java_list(["gradient_flags"]))) == \
+    assert str(Sharded.dataParallelMethods("m.pt", 1, java_list(["gradient_flags"]))) == \
         messages.data_parallel_methods("m.pt", 1, ["gradient_flags"])
-    assert str(Messages.dataParallelBuffers("m.pt", java_list(["bn.running_mean"]))) == \
+    assert str(Sharded.dataParallelBuffers("m.pt", java_list(["bn.running_mean"]))) == \
         messages.data_parallel_buffers("m.pt", ["bn.running_mean"])
-    assert str(Messages.dataParallelAccumulate("m.pt", 4)) == messages.data_parallel_accumulate("m.pt", 4)
+    assert str(Sharded.dataParallelAccumulate("m.pt", 4)) == messages.data_parallel_accumulate("m.pt", 4)
     assert jpype.JClass("dev.gradbridge.internal.ModuleAccess").MAX_THREADS == messages.MAX_THREADS
 
 

@@ -89,7 +89,7 @@ def export_random_draws(method: str, eager: str, exported: str, capture: str) ->
 
 # ---- a model's inputs (gradbridge._runtime.inputs; Java: dev.gradbridge.Inputs) ----
 
-#: What the metadata's ``inputs`` must hold (Java: ``Messages.INPUT_SPECS``).
+#: What the metadata's ``inputs`` must hold (Java: ``InputMessages.INPUT_SPECS``).
 INPUT_SPECS = "the specs of the model's inputs (x, or several by name) then y, each name once"
 
 def inputs_unnamed(model: str, count: int) -> str:
@@ -125,8 +125,8 @@ def input_missing(source: str, name: str, holds: Sequence[str], needs: Sequence[
 
 
 def unknown_array(source: str, array: str, inputs: Sequence[str]) -> str:
-    """An .npz array that is neither an input of the model nor y (Java: Messages.unknownArray; its
-    Parquet twin, Messages.unknownColumn, is gradbridge-spark's for a model of several inputs)."""
+    """An .npz array that is neither an input of the model nor y (Java: InputMessages.unknownArray; its
+    Parquet twin, InputMessages.unknownColumn, is gradbridge-spark's for a model of several inputs)."""
     return (f"{source}: array {array} is not an input of the model (it takes [{', '.join(inputs)}] and y); "
             "an .npz holds exactly the model's inputs and y: drop the others")
 
@@ -134,7 +134,7 @@ def unknown_array(source: str, array: str, inputs: Sequence[str]) -> str:
 def value_out_of_range(source: str, array: str, element: Optional[Sequence[int]], value: int, low: int,
                        high: int) -> str:
     """An id or label the model cannot take (a class past its classes, an id past its embedding's rows), found
-    by ``data.out_of_range`` (Java: Messages.valueOutOfRange, ValueRanges). ``element``: where in a row, for rows
+    by ``data.out_of_range`` (Java: InputMessages.valueOutOfRange, ValueRanges). ``element``: where in a row, for rows
     of more than one value; ``low``..``high``: the range the model takes there, searched from 0."""
     at = "" if element is None else f" at element [{', '.join(map(str, element))}] of a row"
     there = "" if element is None else " there"

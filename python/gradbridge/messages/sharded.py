@@ -68,7 +68,7 @@ def spark_history_option(option: str) -> str:
 
 
 def input_too_large(name: str, index: Sequence[int], value: float, limit: float) -> str:
-    """An online feedback or prediction input value beyond ``--max-input-abs`` (Java: Messages.inputTooLarge)."""
+    """An online feedback or prediction input value beyond ``--max-input-abs`` (Java: InputMessages.inputTooLarge)."""
     return (f"field '{name}' element [{', '.join(map(str, index))}] is {java_double(value)}, beyond the input magnitude "
             f"limit {java_double(limit)} (--max-input-abs; 0 turns it off)")
 

@@ -1,11 +1,10 @@
-// gradbridge-spark's collective among Spark's training tasks: libtorch's own c10d Gloo process
-// group (what TorchDistributor's workers use) and its TCP store, for Java through JNI (the entry
-// points of dev/gradbridge/spark/GlooNative.java). A native library of its own (libgradbridge_gloo),
-// so that gradbridge's core library and wheel carry no gloo: compiled per libtorch build by
-// python/gradbridge/_runtime/native.py (`build --gloo`), against torch's c10d headers, the core's
-// native/jni_support.h and the gloo headers vendored beside this file in third_party/gloo (pip
-// torch ships the first, not the last; every gloo object is created inside libtorch, so the headers
-// only have to compile). Java loads it after the core library, so libtorch is already in the process.
+// gradbridge-spark's collective among Spark's training tasks: libtorch's own c10d Gloo process group (what
+// TorchDistributor's workers use) and its TCP store, for Java through JNI (the entry points of
+// dev/gradbridge/spark/GlooNative.java). A native library of its own (libgradbridge_gloo), so that gradbridge's core
+// library and wheel carry no gloo: compiled per libtorch build by python/gradbridge/_runtime/native.py
+// (`build --gloo`), against torch's c10d headers, the core's native/jni_support.h and the gloo headers vendored beside
+// this file in third_party/gloo (pip torch ships the first, not the last; every gloo object is created inside libtorch,
+// so the headers only have to compile). Java loads it after the core library, so libtorch is already in the process.
 //
 // - Errors (a peer died, a timeout, a port in use) become one-line dev.gradbridge.NativeException,
 //   never an abort: the guard of gradbridge_jni.cpp (jni_support.h), keeping the first line.
@@ -78,7 +77,6 @@ R guarded(JNIEnv* env, R failed, F&& body) {
 using Store = c10::intrusive_ptr<c10d::Store>;
 using Group = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 using Work = c10::intrusive_ptr<c10d::Work>;
-
 
 std::shared_ptr<::gloo::transport::Device> device_for(const std::string& host) {
   // torch 2.15 added a lazyInit argument (defaulted); the call reads the same on every version.

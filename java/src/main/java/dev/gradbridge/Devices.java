@@ -1,6 +1,6 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.PlatformMessages;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -25,7 +25,7 @@ final class Devices {
     static String canonical(String device) {
         Matcher m = device == null ? null : DEVICE.matcher(device);
         if (m == null || !m.matches()) {
-            throw new InvalidInputException(Messages.unknownDevice(String.valueOf(device)));
+            throw new InvalidInputException(PlatformMessages.unknownDevice(String.valueOf(device)));
         }
         if (CPU.equals(device)) {
             return CPU;

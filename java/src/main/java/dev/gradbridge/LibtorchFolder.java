@@ -1,7 +1,7 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.NativeSettings;
+import dev.gradbridge.internal.PlatformMessages;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
@@ -81,7 +81,8 @@ final class LibtorchFolder {
         for (Path file : files) {
             String problem = OperatorLibraries.libraryProblem(file);
             if (problem != null) {
-                throw new GradbridgeException(Messages.libtorchUnloadable(file.toString(), libtorchSource(folder),
+                throw new GradbridgeException(PlatformMessages.libtorchUnloadable(file.toString(),
+                        libtorchSource(folder),
                         problem));
             }
         }

@@ -1,10 +1,11 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonPrimitive;
+import dev.gradbridge.internal.InputMessages;
+import dev.gradbridge.internal.Messages;
 import java.math.BigDecimal;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -69,7 +70,7 @@ final class MetadataSchema {
             names.add(spec.getAsJsonObject().get("name").getAsString());
         }
         if (names.size() < 2 || !names.get(names.size() - 1).equals("y") || new HashSet<>(names).size() != names.size()) {
-            throw fail("inputs", Messages.INPUT_SPECS, text(toJson(names)));
+            throw fail("inputs", InputMessages.INPUT_SPECS, text(toJson(names)));
         }
     }
 

@@ -20,7 +20,7 @@ final class ModuleAccessCalls implements ModuleAccess.Calls {
                         + " y batches");
             }
             for (int i = 0; i < xs.length; i++) {
-                module.checkBatch(Protocol.TRAIN_STEP, xs[i], ys[i]);
+                module.calls.checkBatch(Protocol.TRAIN_STEP, xs[i], ys[i]);
             }
             double[] losses = new double[xs.length];
             MethodCallException[] failure = new MethodCallException[1];
@@ -85,7 +85,9 @@ final class ModuleAccessCalls implements ModuleAccess.Calls {
 
     @Override
     public void keepEvalMode(TrainingModule module) {
-        module.keepEvalMode();
+        try (ThreadGuard.Use use = module.use()) {
+            module.calls.keepEvalMode();
+        }
     }
 
     @Override

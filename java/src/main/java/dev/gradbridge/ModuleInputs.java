@@ -1,5 +1,6 @@
 package dev.gradbridge;
 
+import dev.gradbridge.internal.InputMessages;
 import dev.gradbridge.internal.Messages;
 import java.nio.LongBuffer;
 import java.nio.file.Path;
@@ -50,7 +51,7 @@ final class ModuleInputs {
     /** A one-tensor call's input as the map the named path takes; refused for a model of several inputs. */
     Map<String, Tensor> single(String method, Tensor x) {
         if (!names.equals(Collections.singletonList("x"))) {
-            throw new InvalidInputException(Messages.namedInputsNeeded(method, names));
+            throw new InvalidInputException(InputMessages.namedInputsNeeded(method, names));
         }
         return Collections.singletonMap("x", x);
     }
@@ -66,7 +67,7 @@ final class ModuleInputs {
         }
         for (String name : x.keySet()) {
             if (!names.contains(name)) {
-                throw new InvalidInputException(Messages.unknownInput(method, String.valueOf(name), names));
+                throw new InvalidInputException(InputMessages.unknownInput(method, String.valueOf(name), names));
             }
         }
         List<Tensor> tensors = new ArrayList<>(names.size());
@@ -74,7 +75,7 @@ final class ModuleInputs {
         for (String name : names) {
             Tensor tensor = x.get(name);
             if (tensor == null && !x.containsKey(name)) {
-                throw new InvalidInputException(Messages.missingInput(method, name, names));
+                throw new InvalidInputException(InputMessages.missingInput(method, name, names));
             }
             checkTensor(name, tensor);
             if (!tensors.isEmpty() && tensor.size(0) != tensors.get(0).size(0)) {

@@ -1,6 +1,8 @@
 package dev.gradbridge;
 
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.PlatformMessages;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -38,7 +40,8 @@ final class ModuleLoader {
                 && !minorRelease(engineVersion).equals(minorRelease(metadata.getTorchVersion()))) {
             // op lists hold the ops one torch release's autograd and export chose: another release's kernels
             // and formulas are not bitwise with it
-            throw new ModuleLoadException(Messages.protocol3OtherTorch(file.toString(), metadata.getTorchVersion(),
+            throw new ModuleLoadException(Protocol3Messages.protocol3OtherTorch(file.toString(),
+                    metadata.getTorchVersion(),
                     engineVersion));
         }
         if (!engineVersion.equals(metadata.getTorchVersion())) {
@@ -53,7 +56,7 @@ final class ModuleLoader {
         } catch (NativeException e) {
             String operator = OperatorLibraries.missingOperator(metadata, e);
             if (operator != null) {
-                throw new ModuleLoadException(Messages.missingCustomOp(file.toString(), operator), e);
+                throw new ModuleLoadException(PlatformMessages.missingCustomOp(file.toString(), operator), e);
             }
             throw new ModuleLoadException(
                     "libtorch cannot load " + file + ": " + ModuleEngine.libtorchSummary(e), e);

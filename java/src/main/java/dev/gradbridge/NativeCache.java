@@ -1,8 +1,8 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.NativeSettings;
+import dev.gradbridge.internal.PlatformMessages;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.AtomicMoveNotSupportedException;
@@ -38,7 +38,8 @@ final class NativeCache {
         String problem = cacheProblem(target, names, false);
         if (problem != null) {
             if (!problem.isEmpty()) {
-                System.err.println(Messages.cacheDamaged("libtorch", target.toString(), problem, "extracting it again"));
+                System.err.println(PlatformMessages.cacheDamaged("libtorch", target.toString(), problem,
+                        "extracting it again"));
             }
             extract(target, names, NativeLibrary.DJL_FOLDER, NativeLibrary.DJL_PROPERTIES, "pytorch.properties");
         }
@@ -69,7 +70,8 @@ final class NativeCache {
         String problem = cacheProblem(target, new String[] {name}, true);
         if (problem != null) {
             if (!problem.isEmpty()) {
-                System.err.println(Messages.cacheDamaged("gradbridge's native library", target.toString(), problem,
+                System.err.println(PlatformMessages.cacheDamaged("gradbridge's native library", target.toString(),
+                        problem,
                         "extracting it again"));
             }
             extract(target, new String[] {name}, NativeLibrary.JAR_FOLDER, NativeLibrary.JAR_PROPERTIES, "native.properties");
@@ -78,7 +80,8 @@ final class NativeCache {
         String recorded = built.getProperty(NativeLibrary.LIBRARY_DIGEST_KEY);
         String elf = NativeLibrary.libraryProblem(library, recorded); // the jar's own record, when it carries one
         if (elf != null) {
-            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), "this jar's", elf));
+            throw new GradbridgeException(PlatformMessages.nativeLibraryUnloadable(library.toString(), "this jar's",
+                    elf));
         }
         return library;
     }
@@ -122,7 +125,7 @@ final class NativeCache {
             try {
                 String actual = Digests.sha256Hex(file);
                 if (!actual.equals(recorded)) {
-                    return name + ": " + Messages.digestMismatch(recorded, actual);
+                    return name + ": " + PlatformMessages.digestMismatch(recorded, actual);
                 }
             } catch (IOException e) {
                 return name + ": cannot read it: " + NativeLibrary.ioReason(e);

@@ -1,9 +1,9 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.NativeSettings;
+import dev.gradbridge.internal.PlatformMessages;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
@@ -58,7 +58,7 @@ final class NativeLibrary {
     private static boolean loading;
     private static boolean cudaWanted; // the first load is for a CUDA device
     private static String libtorchBuild = "?"; // the loaded libtorch's version with its local suffix (2.7.1+cu126)
-    private static String cudaProblem = Messages.CUDA_NOT_LOADED; // why no CUDA device is reachable, or null
+    private static String cudaProblem = PlatformMessages.CUDA_NOT_LOADED; // why no CUDA device is reachable, or null
 
     private NativeLibrary() {}
 
@@ -86,9 +86,9 @@ final class NativeLibrary {
             if (Devices.index(device) < count) {
                 return;
             }
-            problem = Messages.cudaDevicesSeen(libtorchBuild, count, count > 0 || Native.cudaDriverLoads());
+            problem = PlatformMessages.cudaDevicesSeen(libtorchBuild, count, count > 0 || Native.cudaDriverLoads());
         }
-        throw new InvalidInputException(Messages.deviceUnavailable(device, problem));
+        throw new InvalidInputException(PlatformMessages.deviceUnavailable(device, problem));
     }
 
     /** Loads libtorch and the native library (once); every later call returns at once or rethrows the first failure. */
@@ -141,7 +141,7 @@ final class NativeLibrary {
         } catch (NumberFormatException e) {
             // the line below
         }
-        throw new GradbridgeException(Messages.threadCount(property, value, MAX_THREADS));
+        throw new GradbridgeException(PlatformMessages.threadCount(property, value, MAX_THREADS));
     }
 
     private static void applyThreads(String property, Runnable set) {
@@ -149,7 +149,7 @@ final class NativeLibrary {
             set.run();
         } catch (NativeException e) { // libtorch: inter-op threads can be set once, before any inter-op work
             throw new GradbridgeException(
-                    Messages.threadCountRefused(property, System.getProperty(property), e.getMessage()), e);
+                    PlatformMessages.threadCountRefused(property, System.getProperty(property), e.getMessage()), e);
         }
     }
 
@@ -198,9 +198,9 @@ final class NativeLibrary {
         loadNative(library, libtorch, builtFor, abi);
         if (cudaProblem == null) {
             if (Native.cudaBuilt()) { // cuBLAS reads its workspace setting once, when CUDA starts: before that
-                Native.setEnvDefault(Messages.CUBLAS_WORKSPACE_CONFIG, Messages.CUBLAS_WORKSPACE_VALUE);
+                Native.setEnvDefault(PlatformMessages.CUBLAS_WORKSPACE_CONFIG, PlatformMessages.CUBLAS_WORKSPACE_VALUE);
             } else {
-                cudaProblem = Messages.CUDA_NOT_LOADED;
+                cudaProblem = PlatformMessages.CUDA_NOT_LOADED;
             }
         }
         return library + " (libtorch " + builtFor + ", C++11 ABI " + abi + ") on libtorch " + libtorchVersion
@@ -220,13 +220,14 @@ final class NativeLibrary {
                     + (Files.isDirectory(library) ? ") is a folder: name the .so file in it" : ") does not exist"));
         }
         if (!library.getFileName().toString().endsWith(".so") || library.getFileName().toString().equals(".so")) {
-            throw new GradbridgeException(Messages.nativeLibraryName(library.toString(), source));
+            throw new GradbridgeException(PlatformMessages.nativeLibraryName(library.toString(), source));
         }
         Properties built = readProperties(propertiesBeside(library));
         checkBuiltFor(built, propertiesBeside(library), library);
         String problem = libraryProblem(library, built.getProperty(LIBRARY_DIGEST_KEY));
         if (problem != null) {
-            throw new GradbridgeException(Messages.nativeLibraryUnloadable(library.toString(), source, problem));
+            throw new GradbridgeException(PlatformMessages.nativeLibraryUnloadable(library.toString(), source,
+                    problem));
         }
         return built;
     }
@@ -290,13 +291,13 @@ final class NativeLibrary {
     private static String loadCuda(Path folder) {
         Path torchCuda = folder.resolve("libtorch_cuda.so");
         if (!Files.isRegularFile(torchCuda)) {
-            return Messages.cudaCpuBuild(libtorchBuild + " at " + folder);
+            return PlatformMessages.cudaCpuBuild(libtorchBuild + " at " + folder);
         }
         String setting = NativeSettings.value(CUDA_PROPERTY, CUDA_ENV);
         boolean asked = cudaWanted || "true".equalsIgnoreCase(String.valueOf(setting).trim())
                 || "1".equals(String.valueOf(setting).trim());
         if (!asked && !LibtorchFolder.mappedHere(torchCuda)) {
-            return Messages.CUDA_NOT_LOADED;
+            return PlatformMessages.CUDA_NOT_LOADED;
         }
         for (Path file : new Path[] {folder.resolve("libc10_cuda.so"), torchCuda}) {
             if (!Files.isRegularFile(file)) {
@@ -305,7 +306,7 @@ final class NativeLibrary {
             try {
                 System.load(file.toString());
             } catch (UnsatisfiedLinkError e) {
-                return Messages.cudaUnloadable(file.toString(), String.valueOf(e.getMessage()));
+                return PlatformMessages.cudaUnloadable(file.toString(), String.valueOf(e.getMessage()));
             }
         }
         return null;
@@ -319,12 +320,12 @@ final class NativeLibrary {
     static void checkBuiltFor(Properties built, Path properties, Path library) {
         String version = built.getProperty("torch_version");
         if (version == null || !VERSION.matcher(version.trim()).matches()) {
-            throw new GradbridgeException(Messages.nativeProperties(properties.toString(),
+            throw new GradbridgeException(PlatformMessages.nativeProperties(properties.toString(),
                     library.getFileName().toString(), "torch_version", version));
         }
         String abi = built.getProperty("cxx11_abi");
         if (!"0".equals(abi) && !"1".equals(abi)) {
-            throw new GradbridgeException(Messages.nativeProperties(properties.toString(),
+            throw new GradbridgeException(PlatformMessages.nativeProperties(properties.toString(),
                     library.getFileName().toString(), "cxx11_abi", abi));
         }
     }
@@ -341,7 +342,8 @@ final class NativeLibrary {
         }
         try {
             String actual = Digests.sha256Hex(file);
-            return actual.equals(recordedSha256.trim()) ? null : Messages.digestMismatch(recordedSha256.trim(), actual);
+            return actual.equals(recordedSha256.trim()) ? null
+                    : PlatformMessages.digestMismatch(recordedSha256.trim(), actual);
         } catch (IOException e) {
             return "cannot read it: " + ioReason(e);
         }

@@ -1,8 +1,8 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -106,74 +106,87 @@ final class OpListEngine extends ModuleEngine {
             throw new ProtocolException(path + " has no method '" + method + "'; its methods: " + methodNames());
         }
         try {
-            switch (method) {
-                case Protocol.PARAMETER_NAMES:
-                    return new ArrayList<>(parameterNames);
-                case Protocol.BUFFER_NAMES:
-                    return new ArrayList<>(bufferNames);
-                case Protocol.GET_PARAMETERS:
-                    return get("param:", parameterNames);
-                case Protocol.GET_BUFFERS:
-                    return get("buffer:", bufferNames);
-                case Protocol.GET_GRADIENTS:
-                    return get("grad:", parameterNames);
-                case Protocol.SET_PARAMETERS:
-                    set("param:", parameterNames, (List<?>) args[0]);
-                    return null;
-                case Protocol.GET_STATE:
-                    return getState((List<?>) args[0]);
-                case Protocol.SET_STATE:
-                    setState((List<?>) args[0], (List<?>) args[1]);
-                    return null;
-                case Protocol.GRADIENT_FLAGS:
-                    return gradientFlags();
-                case Protocol.SET_GRADIENTS:
-                    setGradients((List<?>) args[0], ((Tensor) args[1]).toBooleanArray());
-                    return null;
-                case Protocol.ZERO_GRAD:
-                case Protocol.OPTIMIZER_STEP:
-                    Native.exportedCall(handle(), method, new long[0], 0);
-                    return null;
-                case Protocol.FORWARD:
-                    return call(method, args[0], null);
-                case Protocol.TRAIN_STEP:
-                case Protocol.CALCULATE_LOSS_AND_BACKWARD:
-                case Protocol.EVALUATE:
-                    return call(method, args[0], (Tensor) args[1]);
-                case Protocol.TRAIN_EPOCH:
-                    double[] losses = Native.exportedTrainEpoch(handle(), handles(args[0]), ((Tensor) args[1]).handle(),
-                            ((Tensor) args[2]).handle(), ((Number) args[3]).longValue());
-                    return Tensor.of(losses, losses.length);
-                case Protocol.GET_LR:
-                    return Native.exportedLrs(handle())[0];
-                case Protocol.GET_LRS:
-                    List<Double> lrs = new ArrayList<>();
-                    for (double lr : Native.exportedLrs(handle())) {
-                        lrs.add(lr);
-                    }
-                    return lrs;
-                case Protocol.SET_LR:
-                    Native.exportedSetLr(handle(), -1, ((Number) args[0]).doubleValue());
-                    return null;
-                case Protocol.SET_GROUP_LR:
-                    Native.exportedSetLr(handle(), ((Number) args[0]).intValue(), ((Number) args[1]).doubleValue());
-                    return null;
-                case Protocol.SCHEDULE_EPOCH:
-                    Native.exportedScheduleEpoch(handle(), ((Number) args[0]).doubleValue());
-                    return null;
-                case Protocol.SGD_STEP:
-                    Native.exportedSgdStep(handle(), ((Number) args[0]).doubleValue());
-                    return null;
-                case Protocol.OPTIMIZER_STATE:
-                    return optimizerState();
-                case Protocol.LOAD_OPTIMIZER_STATE:
-                    loadOptimizerState(args == null || args.length == 0 ? null : args[0]); // call(m, null): no array
-                    return null;
-                default:
-                    throw new ProtocolException(Messages.protocol3Refuses(path.toString(), method + "()"));
-            }
+            return stateCall(method, args);
         } catch (NativeException e) {
             throw new MethodCallException(path + ": " + method + "() failed: " + libtorchSummary(e), e);
+        }
+    }
+
+    /** The protocol's calls on names, values and gradient flags; the others go on to {@link #stepCall}. */
+    private Object stateCall(String method, Object[] args) {
+        switch (method) {
+            case Protocol.PARAMETER_NAMES:
+                return new ArrayList<>(parameterNames);
+            case Protocol.BUFFER_NAMES:
+                return new ArrayList<>(bufferNames);
+            case Protocol.GET_PARAMETERS:
+                return get("param:", parameterNames);
+            case Protocol.GET_BUFFERS:
+                return get("buffer:", bufferNames);
+            case Protocol.GET_GRADIENTS:
+                return get("grad:", parameterNames);
+            case Protocol.SET_PARAMETERS:
+                set("param:", parameterNames, (List<?>) args[0]);
+                return null;
+            case Protocol.GET_STATE:
+                return getState((List<?>) args[0]);
+            case Protocol.SET_STATE:
+                setState((List<?>) args[0], (List<?>) args[1]);
+                return null;
+            case Protocol.GRADIENT_FLAGS:
+                return gradientFlags();
+            case Protocol.SET_GRADIENTS:
+                setGradients((List<?>) args[0], ((Tensor) args[1]).toBooleanArray());
+                return null;
+            default:
+                return stepCall(method, args);
+        }
+    }
+
+    /** The protocol's calls that run the program: steps, forward, the optimizer and its schedule. */
+    private Object stepCall(String method, Object[] args) {
+        switch (method) {
+            case Protocol.ZERO_GRAD:
+            case Protocol.OPTIMIZER_STEP:
+                Native.exportedCall(handle(), method, new long[0], 0);
+                return null;
+            case Protocol.FORWARD:
+                return call(method, args[0], null);
+            case Protocol.TRAIN_STEP:
+            case Protocol.CALCULATE_LOSS_AND_BACKWARD:
+            case Protocol.EVALUATE:
+                return call(method, args[0], (Tensor) args[1]);
+            case Protocol.TRAIN_EPOCH:
+                double[] losses = Native.exportedTrainEpoch(handle(), handles(args[0]), ((Tensor) args[1]).handle(),
+                        ((Tensor) args[2]).handle(), ((Number) args[3]).longValue());
+                return Tensor.of(losses, losses.length);
+            case Protocol.GET_LR:
+                return Native.exportedLrs(handle())[0];
+            case Protocol.GET_LRS:
+                List<Double> lrs = new ArrayList<>();
+                for (double lr : Native.exportedLrs(handle())) {
+                    lrs.add(lr);
+                }
+                return lrs;
+            case Protocol.SET_LR:
+                Native.exportedSetLr(handle(), -1, ((Number) args[0]).doubleValue());
+                return null;
+            case Protocol.SET_GROUP_LR:
+                Native.exportedSetLr(handle(), ((Number) args[0]).intValue(), ((Number) args[1]).doubleValue());
+                return null;
+            case Protocol.SCHEDULE_EPOCH:
+                Native.exportedScheduleEpoch(handle(), ((Number) args[0]).doubleValue());
+                return null;
+            case Protocol.SGD_STEP:
+                Native.exportedSgdStep(handle(), ((Number) args[0]).doubleValue());
+                return null;
+            case Protocol.OPTIMIZER_STATE:
+                return optimizerState();
+            case Protocol.LOAD_OPTIMIZER_STATE:
+                loadOptimizerState(args == null || args.length == 0 ? null : args[0]); // call(m, null): no array
+                return null;
+            default:
+                throw new ProtocolException(Protocol3Messages.protocol3Refuses(path.toString(), method + "()"));
         }
     }
 

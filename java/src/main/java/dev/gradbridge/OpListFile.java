@@ -1,11 +1,11 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
 import com.google.gson.Gson;
 import com.google.gson.GsonBuilder;
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.BufferedOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -60,42 +60,25 @@ final class OpListFile {
             JsonObject program = member(root.getAsJsonObject(), Protocol.PROGRAM_KEY, file, Protocol.PROGRAM_KEY);
             JsonElement version = program.get("oplist_version");
             if (!StrictJson.isInt(version) || version.getAsLong() != Protocol.OPLIST_VERSION) {
-                throw new ProtocolException(Messages.programVersion(file.toString(), StrictJson.shown(String.valueOf(version)),
-                        Protocol.OPLIST_VERSION));
+                throw new ProtocolException(Protocol3Messages.programVersion(file.toString(),
+                        StrictJson.shown(String.valueOf(version)), Protocol.OPLIST_VERSION));
             }
             JsonObject training = member(program, "training", file, Protocol.PROGRAM_KEY + ".training");
             JsonObject counters = member(program, "counters", file, Protocol.PROGRAM_KEY + ".counters");
             ProgramCheck.training(training, counters, Protocol.PROGRAM_KEY);
-            List<String> trainable = new ArrayList<>();
-            for (JsonElement group : training.getAsJsonArray("groups")) {
-                for (JsonElement name : group.getAsJsonObject().getAsJsonArray("params")) {
-                    trainable.add(name.getAsString());
-                }
-            }
+            List<String> trainable = trainableNames(training);
             Map<String, String> graphFiles = new LinkedHashMap<>();
             Map<String, JsonObject> opLists = new LinkedHashMap<>();
             JsonObject graphs = member(program, "graphs", file, Protocol.PROGRAM_KEY + ".graphs");
-            for (Map.Entry<String, JsonElement> graph : graphs.entrySet()) {
-                String where = "op list " + StrictJson.shown(graph.getKey());
-                JsonElement name = graph.getValue();
-                if (!name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()
-                        || archive.getEntry(name.getAsString()) == null) {
-                    throw new ProtocolException(Messages.programEntryMissing(file.toString(), StrictJson.shown(name)));
-                }
-                byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
-                JsonElement opList = StrictJson.read(bytes, where);
-                ProgramCheck.graph(opList, where);
-                ProgramCheck.role(graph.getKey(), opList.getAsJsonObject(), where);
-                opLists.put(graph.getKey(), opList.getAsJsonObject());
-                graphFiles.put(name.getAsString(), new String(bytes, StandardCharsets.UTF_8));
-            }
+            readGraphs(archive, file, graphs, opLists, graphFiles);
             ProgramCheck.required(graphs, Protocol.PROGRAM_KEY + ".graphs");
             // the native layer reads what passed, as typed arrays
             ProgramArrays arrays = ProgramArrays.of(names(metadata.getParameters()), metadata.getInputNames(), opLists,
                     training, counters);
             JsonElement entries = program.get("state");
             if (entries == null || !entries.isJsonArray()) {
-                throw new ProtocolException(Messages.programEntryMissing(file.toString(), Protocol.PROGRAM_KEY + ".state"));
+                throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(),
+                        Protocol.PROGRAM_KEY + ".state"));
             }
             String[] stateNames = new String[entries.getAsJsonArray().size()];
             long[] handles = new long[stateNames.length];
@@ -107,13 +90,7 @@ final class OpListFile {
                 stateNames[i] = entry.getAsJsonObject().get("name").getAsString();
                 handles[i] = tensor.handle();
             }
-            long handle;
-            try {
-                handle = Native.exportedLoad(arrays.integers(), arrays.doubles(), arrays.strings(), stateNames, handles,
-                        device);
-            } catch (NativeException e) {
-                throw new ProtocolException(file + ": " + ModuleEngine.libtorchSummary(e));
-            }
+            long handle = nativeLoad(file, arrays, stateNames, handles, device);
             try {
                 return module.of(handle, Collections.unmodifiableList(trainable), Collections.unmodifiableMap(graphFiles));
             } catch (RuntimeException e) {
@@ -124,16 +101,59 @@ final class OpListFile {
             throw new ProtocolException(file + ": " + e.getMessage());
         } catch (IOException | IllegalStateException | ClassCastException | NullPointerException
                 | UnsupportedOperationException e) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(), StrictJson.shown(String.valueOf(e.getMessage()))));
+            throw new ProtocolException(Protocol3Messages.programUnreadable(file.toString(),
+                    StrictJson.shown(String.valueOf(e.getMessage()))));
         } finally {
             Tensors.closeAll(state);
+        }
+    }
+
+    /** The names of the parameters that train: every optimizer group's {@code params}, in group order. */
+    private static List<String> trainableNames(JsonObject training) {
+        List<String> trainable = new ArrayList<>();
+        for (JsonElement group : training.getAsJsonArray("groups")) {
+            for (JsonElement name : group.getAsJsonObject().getAsJsonArray("params")) {
+                trainable.add(name.getAsString());
+            }
+        }
+        return trainable;
+    }
+
+    /** Each graph's op list read from its zip entry and checked, by role into {@code opLists}, its text by entry. */
+    private static void readGraphs(ZipFile archive, Path file, JsonObject graphs, Map<String, JsonObject> opLists,
+            Map<String, String> graphFiles) throws IOException {
+        for (Map.Entry<String, JsonElement> graph : graphs.entrySet()) {
+            String where = "op list " + StrictJson.shown(graph.getKey());
+            JsonElement name = graph.getValue();
+            if (!name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()
+                    || archive.getEntry(name.getAsString()) == null) {
+                throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(),
+                        StrictJson.shown(name)));
+            }
+            byte[] bytes = readBytes(archive, file, name.getAsString(), StrictJson.JSON_BYTES);
+            JsonElement opList = StrictJson.read(bytes, where);
+            ProgramCheck.graph(opList, where);
+            ProgramCheck.role(graph.getKey(), opList.getAsJsonObject(), where);
+            opLists.put(graph.getKey(), opList.getAsJsonObject());
+            graphFiles.put(name.getAsString(), new String(bytes, StandardCharsets.UTF_8));
+        }
+    }
+
+    /** The native module built from the checked arrays and state tensors; libtorch's refusal as one line. */
+    private static long nativeLoad(Path file, ProgramArrays arrays, String[] stateNames, long[] handles,
+            String device) {
+        try {
+            return Native.exportedLoad(arrays.integers(), arrays.doubles(), arrays.strings(), stateNames, handles,
+                    device);
+        } catch (NativeException e) {
+            throw new ProtocolException(file + ": " + ModuleEngine.libtorchSummary(e));
         }
     }
 
     private static JsonObject member(JsonObject object, String key, Path file, String entry) {
         JsonElement value = object.get(key);
         if (value == null || !value.isJsonObject()) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entry));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), entry));
         }
         return value.getAsJsonObject();
     }
@@ -151,23 +171,25 @@ final class OpListFile {
         String dtypeName = entry.get("dtype").getAsString();
         String actual = dtypeName + " " + Arrays.toString(shape);
         if (archive.getEntry(entryFile) == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), entryFile));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), entryFile));
         }
         String expected = expectedSpec(metadata, name);
         DType dtype;
         try {
             dtype = DType.of(dtypeName);
         } catch (InvalidInputException e) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name,
+            throw new ProtocolException(Protocol3Messages.programStateMismatch(file.toString(), name,
                     expected == null ? "a constant" : expected, actual));
         }
         if (expected != null && !expected.equals(actual) && !FrozenSharing.leftOut(metadata, name, shape)) {
-            throw new ProtocolException(Messages.programStateMismatch(file.toString(), name, expected, actual));
+            throw new ProtocolException(Protocol3Messages.programStateMismatch(file.toString(), name, expected,
+                    actual));
         }
         byte[] bytes = readBytes(archive, file, entryFile, needed);
         if (bytes.length != needed) {
             long size = Math.max(bytes.length, archive.getEntry(entryFile).getSize());
-            throw new ProtocolException(Messages.programStateBytes(file.toString(), entryFile, size, name, actual,
+            throw new ProtocolException(Protocol3Messages.programStateBytes(file.toString(), entryFile, size, name,
+                    actual,
                     needed));
         }
         ByteBuffer buffer = ByteBuffer.allocateDirect(Math.max(bytes.length, 1)).order(ByteOrder.LITTLE_ENDIAN);
@@ -212,7 +234,7 @@ final class OpListFile {
     private static byte[] readBytes(ZipFile archive, Path file, String name, long limit) throws IOException {
         ZipEntry entry = archive.getEntry(name);
         if (entry == null) {
-            throw new ProtocolException(Messages.programEntryMissing(file.toString(), name));
+            throw new ProtocolException(Protocol3Messages.programEntryMissing(file.toString(), name));
         }
         byte[] bytes;
         try (InputStream in = archive.getInputStream(entry)) {
@@ -227,7 +249,7 @@ final class OpListFile {
         CRC32 crc = new CRC32(); // Java's ZipFile checks none
         crc.update(bytes);
         if (entry.getCrc() != -1 && crc.getValue() != entry.getCrc()) {
-            throw new ProtocolException(Messages.programUnreadable(file.toString(),
+            throw new ProtocolException(Protocol3Messages.programUnreadable(file.toString(),
                     "its entry " + name + " does not match its checksum"));
         }
         return bytes;

@@ -1,6 +1,6 @@
 package dev.gradbridge;
 
-import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.PlatformMessages;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -28,18 +28,18 @@ final class OperatorLibraries {
         for (Path library : libraries) {
             Path file = library.toAbsolutePath();
             if (!Files.isRegularFile(file)) {
-                throw new ModuleLoadException(Messages.opLibraryUnloadable(library.toString(), "no such file"));
+                throw new ModuleLoadException(PlatformMessages.opLibraryUnloadable(library.toString(), "no such file"));
             }
             String problem = libraryProblem(file);
             if (problem != null) {
                 // Checked here: the JVM warns before refusing a non-library, and dies of SIGBUS
                 // when it maps a truncated one.
-                throw new ModuleLoadException(Messages.opLibraryUnloadable(library.toString(), problem));
+                throw new ModuleLoadException(PlatformMessages.opLibraryUnloadable(library.toString(), problem));
             }
             try {
                 Native.loadLibrary(file.toString()); // dlopen(RTLD_GLOBAL): its operators register with libtorch
             } catch (NativeException e) {
-                throw new ModuleLoadException(Messages.opLibraryUnloadable(library.toString(), e.getMessage()));
+                throw new ModuleLoadException(PlatformMessages.opLibraryUnloadable(library.toString(), e.getMessage()));
             }
         }
     }
@@ -57,13 +57,13 @@ final class OperatorLibraries {
             long size = channel.size();
             ByteBuffer header = read(channel, 0, 64);
             if (header.limit() < 16 || header.getInt(0) != 0x464c457f) { // "\x7fELF" read little-endian
-                return Messages.NOT_ELF;
+                return PlatformMessages.NOT_ELF;
             }
             if (header.get(4) != 2 || header.get(5) != 1) { // EI_CLASS 64-bit, EI_DATA little-endian
-                return Messages.elfClass(header.get(4) == 1 ? 32 : 64);
+                return PlatformMessages.elfClass(header.get(4) == 1 ? 32 : 64);
             }
             if (header.limit() < 64) {
-                return Messages.elfTruncated(64, size);
+                return PlatformMessages.elfTruncated(64, size);
             }
             int type = Short.toUnsignedInt(header.getShort(16));
             int machine = Short.toUnsignedInt(header.getShort(18));
@@ -74,22 +74,22 @@ final class OperatorLibraries {
             int shentsize = Short.toUnsignedInt(header.getShort(58));
             int shnum = Short.toUnsignedInt(header.getShort(60));
             if (type != 3) { // ET_DYN
-                return Messages.elfType(type);
+                return PlatformMessages.elfType(type);
             }
             String arch = System.getProperty("os.arch", "");
             Integer expected = ELF_MACHINES.get(arch.toLowerCase(java.util.Locale.ROOT));
             if (expected != null && machine != expected) {
-                return Messages.elfMachine(machine, PYTHON_MACHINE_NAMES.getOrDefault(arch, arch), expected);
+                return PlatformMessages.elfMachine(machine, PYTHON_MACHINE_NAMES.getOrDefault(arch, arch), expected);
             }
             if (phoff < 0 || shoff < 0) {
-                return Messages.elfTruncated(Long.MAX_VALUE, size);
+                return PlatformMessages.elfTruncated(Long.MAX_VALUE, size);
             }
             long needed = Math.max(phoff + (long) phnum * phentsize, shoff == 0 ? 0 : shoff + (long) shnum * shentsize);
             if (phnum > 0 && phentsize < 56) { // smaller than an Elf64_Phdr: not a real table
-                return Messages.NOT_ELF;
+                return PlatformMessages.NOT_ELF;
             }
             if (needed > size) {
-                return Messages.elfTruncated(needed, size);
+                return PlatformMessages.elfTruncated(needed, size);
             }
             ByteBuffer table = read(channel, phoff, phnum * phentsize);
             for (int i = 0; i < phnum; i++) {
@@ -99,7 +99,7 @@ final class OperatorLibraries {
                     needed = Math.max(needed, end < 0 ? Long.MAX_VALUE : end);
                 }
             }
-            return needed > size ? Messages.elfTruncated(needed, size) : null;
+            return needed > size ? PlatformMessages.elfTruncated(needed, size) : null;
         } catch (IOException e) {
             return "cannot read it: " + e.getMessage();
         }

@@ -42,13 +42,12 @@ public final class TrainingModule implements AutoCloseable {
     final Metadata metadata;
     final ModuleEngine scripted;
     private final Set<String> methodNames;
-    private boolean evalOnly; // a predictor: eval mode for good (keepEvalMode); read under the thread guard
     private final List<String> parameterNames;
     private final List<String> bufferNames;
     private final ThreadGuard guard;
     private final ModuleInputs inputs;
+    final TypedCalls calls; // what the typed calls run under the thread guard
     private final ModuleState state;
-    private final List<String> inputNames;
 
     TrainingModule(Path path, Metadata metadata, ModuleEngine scripted) {
         this.path = path;
@@ -58,7 +57,7 @@ public final class TrainingModule implements AutoCloseable {
         this.guard = new ThreadGuard(path.toString());
         this.inputs = new ModuleInputs(path, metadata);
         this.state = new ModuleState(path, metadata, scripted, methodNames);
-        this.inputNames = inputs.names();
+        this.calls = new TypedCalls(scripted, inputs, methodNames);
         ModuleLoader.requireMethods(path, methodNames);
         this.parameterNames = Collections.unmodifiableList(ModuleLoader.stringList(scripted, Protocol.PARAMETER_NAMES));
         this.bufferNames = Collections.unmodifiableList(ModuleLoader.stringList(scripted, Protocol.BUFFER_NAMES));
@@ -108,14 +107,7 @@ public final class TrainingModule implements AutoCloseable {
         return load(path, Collections.emptyList(), device);
     }
 
-    /**
-     * {@link #load(Path, List)} onto a device ({@link #load(Path, String)}).
-     *
-     * @param path the .pt written by {@code gradbridge export}
-     * @param opLibraries operator libraries to load first
-     * @param device {@code cpu}, {@code cuda} or {@code cuda:N}
-     * @return the module, in training mode
-     */
+    /** {@link #load(Path, List)} onto a device ({@link #load(Path, String)}): the module, in training mode. */
     public static TrainingModule load(Path path, List<Path> opLibraries, String device) {
         return ModuleLoader.load(path, opLibraries, device);
     }
@@ -166,7 +158,7 @@ public final class TrainingModule implements AutoCloseable {
      *     the methods taking a {@code Map} of inputs expect (e.g. {@code [input_ids, attention_mask]})
      */
     public List<String> getInputNames() {
-        return inputNames;
+        return inputs.names();
     }
 
     /**
@@ -177,21 +169,16 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, a new tensor the caller closes
      */
     public Tensor forward(Tensor x) {
-        return forward(single(Protocol.FORWARD, x));
+        return forward(inputs.single(Protocol.FORWARD, x));
     }
 
     /**
-     * {@link #forward(Tensor)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
-     * @return predictions, a new tensor the caller closes
-     * @throws InvalidInputException naming the input that is missing, unknown or does not match
+     * {@link #forward(Tensor)} for a model of several inputs (or {@code {x: tensor}}): each of {@link
+     * #getInputNames()} by name, matching its spec, the same batch size; an {@link InvalidInputException}
+     * names the input that is missing, unknown or does not match.
      */
     public Tensor forward(Map<String, Tensor> x) {
-        try (ThreadGuard.Use use = use()) {
-            Object argument = argument(Protocol.FORWARD, x, null, false);
-            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, argument));
-        }
+        return guarded(() -> calls.forward(x));
     }
 
     /**
@@ -202,23 +189,12 @@ public final class TrainingModule implements AutoCloseable {
      * @return predictions, a new tensor the caller closes
      */
     public Tensor predict(Tensor x) {
-        return predict(single(Protocol.FORWARD, x));
+        return predict(inputs.single(Protocol.FORWARD, x));
     }
 
-    /**
-     * {@link #predict(Tensor)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
-     * @return predictions, a new tensor the caller closes
-     */
+    /** {@link #predict(Tensor)} for a model of several inputs, as {@link #forward(Map)} takes them. */
     public Tensor predict(Map<String, Tensor> x) {
-        try (ThreadGuard.Use use = use()) {
-            Object argument = argument(Protocol.FORWARD, x, null, false);
-            if (argument instanceof Tensor) {
-                return inEvalMode(() -> scripted.infer(Protocol.FORWARD, (Tensor) argument));
-            }
-            return inEvalMode(() -> (Tensor) invoke(Protocol.FORWARD, argument));
-        }
+        return guarded(() -> calls.predict(x));
     }
 
     /**
@@ -230,45 +206,27 @@ public final class TrainingModule implements AutoCloseable {
      * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double calculateLossAndBackward(Tensor x, Tensor y) {
-        return calculateLossAndBackward(single(Protocol.CALCULATE_LOSS_AND_BACKWARD, x), y);
+        return calculateLossAndBackward(inputs.single(Protocol.CALCULATE_LOSS_AND_BACKWARD, x), y);
     }
 
-    /**
-     * {@link #calculateLossAndBackward(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
-     * @param y targets matching the metadata's {@code y} spec, as many samples
-     * @return the loss, exactly (float32 widened to double)
-     */
+    /** {@link #calculateLossAndBackward(Tensor, Tensor)} for a model of several inputs, as {@link #forward(Map)}. */
     public double calculateLossAndBackward(Map<String, Tensor> x, Tensor y) {
-        try (ThreadGuard.Use use = use()) {
-            return scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y);
-        }
+        return guarded(() -> calls.scalarLoss(Protocol.CALCULATE_LOSS_AND_BACKWARD, x, y));
     }
 
     /**
-     * Runs {@code train_step(x, y)}: zero_grad, loss and backward, one optimizer step.
+     * Runs {@code train_step(x, y)}: zero_grad, loss and backward, one optimizer step; x and y as
+     * {@link #calculateLossAndBackward(Tensor, Tensor)} takes them.
      *
-     * @param x inputs matching the metadata's {@code x} spec
-     * @param y targets matching the metadata's {@code y} spec
      * @return the loss computed before the step
-     * @throws InvalidInputException when x or y do not match the metadata; nothing ran
      */
     public double trainStep(Tensor x, Tensor y) {
-        return trainStep(single(Protocol.TRAIN_STEP, x), y);
+        return trainStep(inputs.single(Protocol.TRAIN_STEP, x), y);
     }
 
-    /**
-     * {@link #trainStep(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
-     * @param y targets matching the metadata's {@code y} spec, as many samples
-     * @return the loss computed before the step
-     */
+    /** {@link #trainStep(Tensor, Tensor)} for a model of several inputs, as {@link #forward(Map)} takes them. */
     public double trainStep(Map<String, Tensor> x, Tensor y) {
-        try (ThreadGuard.Use use = use()) {
-            return scalarLoss(Protocol.TRAIN_STEP, x, y);
-        }
+        return guarded(() -> calls.scalarLoss(Protocol.TRAIN_STEP, x, y));
     }
 
     /**
@@ -282,234 +240,107 @@ public final class TrainingModule implements AutoCloseable {
      * @return the loss of each batch
      */
     public double[] trainEpoch(Tensor x, Tensor y, Tensor perm, int batchSize) {
-        return trainEpoch(single(Protocol.TRAIN_EPOCH, x), y, perm, batchSize);
+        return trainEpoch(inputs.single(Protocol.TRAIN_EPOCH, x), y, perm, batchSize);
     }
 
-    /**
-     * {@link #trainEpoch(Tensor, Tensor, Tensor, int)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name: all inputs of the epoch
-     * @param y all targets of the epoch
-     * @param perm int64 sample order, a permutation of (a subset of) {@code 0..n-1}
-     * @param batchSize samples per batch, 1..n; the last batch may be smaller
-     * @return the loss of each batch
-     */
+    /** {@link #trainEpoch(Tensor, Tensor, Tensor, int)} for a model of several inputs, as {@link #forward(Map)}. */
     public double[] trainEpoch(Map<String, Tensor> x, Tensor y, Tensor perm, int batchSize) {
-        try (ThreadGuard.Use use = use()) {
-            Object argument = argument(Protocol.TRAIN_EPOCH, x, y, true);
-            ModuleInputs.checkEpoch(perm, batchSize, ModuleInputs.rows(argument));
-            if (argument instanceof Tensor) {
-                return scripted.invokeToDoubles(Protocol.TRAIN_EPOCH, (Tensor) argument, y, perm, batchSize);
-            }
-            try (Tensor losses = (Tensor) invoke(Protocol.TRAIN_EPOCH, argument, y, perm, (long) batchSize)) {
-                return losses.toExactDoubles();
-            }
-        }
+        return guarded(() -> calls.trainEpoch(x, y, perm, batchSize));
     }
 
     /**
-     * Runs {@code evaluate(x, y)} in eval mode (BatchNorm uses running statistics, dropout is
-     * off), then returns the module to training mode.
+     * Runs {@code evaluate(x, y)} in eval mode (BatchNorm uses running statistics, dropout is off), then
+     * returns the module to training mode; x and y as {@link #calculateLossAndBackward(Tensor, Tensor)}.
      *
-     * @param x inputs matching the metadata's {@code x} spec
-     * @param y targets matching the metadata's {@code y} spec
      * @return the loss, without gradients
      */
     public double evaluate(Tensor x, Tensor y) {
-        return evaluate(single(Protocol.EVALUATE, x), y);
+        return evaluate(inputs.single(Protocol.EVALUATE, x), y);
     }
 
-    /**
-     * {@link #evaluate(Tensor, Tensor)} for a model of several inputs (or {@code {x: tensor}}).
-     *
-     * @param x each of {@link #getInputNames()} by name, matching its spec, the same batch size
-     * @param y targets matching the metadata's {@code y} spec, as many samples
-     * @return the loss, without gradients
-     */
+    /** {@link #evaluate(Tensor, Tensor)} for a model of several inputs, as {@link #forward(Map)} takes them. */
     public double evaluate(Map<String, Tensor> x, Tensor y) {
-        try (ThreadGuard.Use use = use()) {
-            return inEvalMode(() -> scalarLoss(Protocol.EVALUATE, x, y));
-        }
-    }
-
-    /**
-     * From now on the module stays in eval mode (a predictor, which never trains): {@link #forward},
-     * {@link #predict} and {@link #evaluate} no longer switch modes around each call (two calls into
-     * the engine per prediction).
-     */
-    void keepEvalMode() {
-        try (ThreadGuard.Use use = use()) {
-            scripted.setTraining(false);
-            evalOnly = true;
-        }
-    }
-
-    /** Runs {@code call} with the module in eval mode, then returns it to training mode (unless it stays in eval). */
-    private <T> T inEvalMode(Supplier<T> call) {
-        if (evalOnly) {
-            return call.get();
-        }
-        scripted.setTraining(false);
-        try {
-            return call.get();
-        } finally {
-            scripted.setTraining(true);
-        }
-    }
-
-    private double scalarLoss(String method, Map<String, Tensor> x, Tensor y) {
-        Object argument = argument(method, x, y, true);
-        if (argument instanceof Tensor) {
-            return scripted.invokeToDouble(method, (Tensor) argument, y); // the hot path: see ModuleEngine
-        }
-        try (Tensor loss = (Tensor) invoke(method, argument, y)) {
-            return loss.toExactDoubles()[0];
-        }
-    }
-
-    /** Checks x and y against the metadata and each other; returns the number of samples. */
-    long checkBatch(String method, Tensor x, Tensor y) {
-        return ModuleInputs.rows(argument(method, single(method, x), y, true));
+        return guarded(() -> calls.evaluate(x, y));
     }
 
     /** Runs {@code zero_grad()}. */
     public void zeroGrad() {
-        try (ThreadGuard.Use use = use()) {
-            invoke(Protocol.ZERO_GRAD);
-        }
+        guarded(() -> scripted.invoke(Protocol.ZERO_GRAD));
     }
 
-    /**
-     * Runs {@code sgd_step(lr)}: {@code p -= lr * grad} (torch.optim.SGD's op), then zeroes grads.
-     *
-     * @param lr learning rate, positive and finite
-     */
+    /** Runs {@code sgd_step(lr)}: {@code p -= lr * grad} (torch.optim.SGD's op), then zeroes grads; lr positive, finite. */
     public void sgdStep(double lr) {
-        try (ThreadGuard.Use use = use()) {
-            if (!(lr > 0) || Double.isInfinite(lr)) {
-                throw new InvalidInputException(Protocol.SGD_STEP + ": invalid learning rate " + lr);
-            }
-            invoke(Protocol.SGD_STEP, lr);
-        }
+        guarded(() -> calls.sgdStep(lr));
     }
 
     /** Runs {@code optimizer_step()}: one step of the exported optimizer; consumes the gradients. */
     public void optimizerStep() {
-        try (ThreadGuard.Use use = use()) {
-            invoke(Protocol.OPTIMIZER_STEP);
-        }
+        guarded(() -> scripted.invoke(Protocol.OPTIMIZER_STEP));
     }
 
     /** @return the exported optimizer's current learning rate */
     public double getLr() {
-        try (ThreadGuard.Use use = use()) {
-            return (Double) invoke(Protocol.GET_LR);
-        }
+        return guarded(() -> (Double) scripted.invoke(Protocol.GET_LR));
     }
 
-    /**
-     * Sets the exported optimizer's learning rate.
-     *
-     * @param lr the new rate, non-negative and finite
-     */
+    /** Sets the exported optimizer's learning rate (every group's) to {@code lr}, non-negative and finite. */
     public void setLr(double lr) {
-        try (ThreadGuard.Use use = use()) {
-            if (!(lr >= 0) || Double.isInfinite(lr)) {
-                throw new InvalidInputException(Protocol.SET_LR + ": invalid learning rate " + lr);
-            }
-            invoke(Protocol.SET_LR, lr);
-        }
+        guarded(() -> calls.setLr(lr));
     }
 
     /**
-     * Every parameter group's learning rate, in group order (one group unless the export has
-     * parameter groups); a module exported without {@code get_lrs} gives {@code [getLr()]}.
-     *
-     * @return the learning rates
+     * @return every parameter group's learning rate, in group order (one group unless the export has
+     *     parameter groups); a module exported without {@code get_lrs} gives {@code [getLr()]}
      */
     public double[] getLrs() {
-        try (ThreadGuard.Use use = use()) {
-            return state.lrs();
-        }
+        return guarded(() -> state.lrs());
     }
 
-    /**
-     * Sets one parameter group's learning rate ({@link #setLr(double)} sets every group's).
-     *
-     * @param group the group's index, in the order of {@link #getLrs()}
-     * @param lr the new rate, non-negative and finite
-     */
+    /** Sets the learning rate of {@code group} (an index into {@link #getLrs()}) as {@link #setLr(double)} does. */
     public void setLr(int group, double lr) {
-        try (ThreadGuard.Use use = use()) {
-            state.setLr(group, lr);
-        }
+        guarded(() -> state.setLr(group, lr));
     }
 
     /**
-     * The end-of-epoch schedule step ({@code schedule_epoch}): a per-epoch schedule steps,
-     * ReduceLROnPlateau steps on {@code metric}; nothing for per-step or no schedule.
-     *
-     * @param metric the epoch's validation loss, or its training loss without validation data
+     * The end-of-epoch schedule step ({@code schedule_epoch}): a per-epoch schedule steps, ReduceLROnPlateau
+     * steps on {@code metric} (the epoch's validation loss, or its training loss without validation data).
      */
     public void scheduleEpoch(double metric) {
-        try (ThreadGuard.Use use = use()) {
-            if (methodNames.contains(Protocol.SCHEDULE_EPOCH)) {
-                invoke(Protocol.SCHEDULE_EPOCH, metric);
-            }
-        }
+        guarded(() -> calls.scheduleEpoch(metric));
     }
 
     /** @return current parameter values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getParameters() {
-        try (ThreadGuard.Use use = use()) {
-            return namedValues(Protocol.GET_PARAMETERS, parameterNames);
-        }
+        return guarded(() -> state.named(Protocol.GET_PARAMETERS, parameterNames, null));
     }
 
     /**
-     * One {@code get_parameters} call for an epoch's record: each parameter's digest hashed from the
-     * tensor's own bytes, and its exact values (float64, in a direct buffer) only into {@code values}
-     * when that is not null. A record then copies no parameter into a Java array (widening every value
-     * to a Java double[] and back to bytes cost ~0.2 s an epoch on a 1.5M-parameter model).
+     * One {@code get_parameters} call for an epoch's record: each parameter's digest, and its exact values
+     * only into {@code values} when that is not null (see {@link ModuleState#readParameters}).
      */
     void readParameters(Map<String, String> digests, Map<String, ByteBuffer> values) {
-        try (ThreadGuard.Use use = use()) {
-            state.readParameters(digests, values);
-        }
+        guarded(() -> state.readParameters(digests, values));
     }
 
     /** @return accumulated gradients by name (flattened, exact), in protocol order */
     public Map<String, double[]> getGradients() {
-        try (ThreadGuard.Use use = use()) {
-            return namedValues(Protocol.GET_GRADIENTS, parameterNames);
-        }
+        return guarded(() -> state.named(Protocol.GET_GRADIENTS, parameterNames, null));
     }
 
-    /**
-     * @return whether every gradient is finite (no NaN, no infinity), decided in libtorch without
-     *     copying the gradients out
-     */
+    /** @return whether every gradient is finite (no NaN, no infinity), decided in libtorch without copying them */
     public boolean gradientsFinite() {
-        try (ThreadGuard.Use use = use()) {
-            return scripted.allFinite(Protocol.GET_GRADIENTS);
-        }
+        return guarded(() -> scripted.allFinite(Protocol.GET_GRADIENTS));
     }
 
-    /**
-     * @return whether every parameter and every tensor of the optimizer's state is finite, decided
-     *     in libtorch without copying them out (the online learner's check after an update)
-     */
+    /** @return whether every parameter and optimizer state tensor is finite (the online learner's check) */
     public boolean stateFinite() {
-        try (ThreadGuard.Use use = use()) {
-            return scripted.allFinite(Protocol.GET_PARAMETERS) && scripted.allFinite(Protocol.OPTIMIZER_STATE);
-        }
+        return guarded(() -> scripted.allFinite(Protocol.GET_PARAMETERS)
+                && scripted.allFinite(Protocol.OPTIMIZER_STATE));
     }
 
     /** @return buffer values by name (flattened, exact), in protocol order */
     public Map<String, double[]> getBuffers() {
-        try (ThreadGuard.Use use = use()) {
-            return namedValues(Protocol.GET_BUFFERS, bufferNames);
-        }
+        return guarded(() -> state.named(Protocol.GET_BUFFERS, bufferNames, null));
     }
 
     /** @return the values of the buffers a training step writes, by name (flattened, exact), in protocol order */
@@ -517,10 +348,7 @@ public final class TrainingModule implements AutoCloseable {
         return getState(metadata.getTrainedBufferNames(), Protocol.GET_BUFFERS, bufferNames);
     }
 
-    /**
-     * @return the values of the parameters that train, by name (flattened, exact), in protocol order; the
-     *     frozen rest is not copied (a LoRA model's base)
-     */
+    /** @return the values of the parameters that train, as {@link #getParameters()}; the frozen rest is not copied */
     public Map<String, double[]> getTrainableParameters() {
         return getState(metadata.getTrainableParameterNames(), Protocol.GET_PARAMETERS, parameterNames);
     }
@@ -530,63 +358,44 @@ public final class TrainingModule implements AutoCloseable {
         if (wanted.isEmpty()) {
             return new LinkedHashMap<>();
         }
-        try (ThreadGuard.Use use = use()) {
-            return state.subset(wanted, whole, wholeNames);
-        }
+        return guarded(() -> state.subset(wanted, whole, wholeNames));
     }
 
     /**
-     * Runs {@code set_state}: copies values into the named parameters and buffers, any of them (a
-     * published version's trainable parameters and trained buffers: the frozen rest stays), checked
-     * whole before anything changes.
-     *
-     * @param values flattened values by parameter or buffer name
-     * @throws InvalidInputException when a name is unknown or a count is wrong; nothing changed
-     * @throws ProtocolException when the module was exported before {@code set_state} existed
+     * Runs {@code set_state}: copies {@code values} (flattened, by name) into the named parameters and buffers,
+     * any of them (a published version's trainable parameters and trained buffers: the frozen rest stays),
+     * checked whole before anything changes: a name unknown or a count wrong is an {@link InvalidInputException}
+     * and changes nothing; a module exported before {@code set_state} existed, a {@link ProtocolException}.
      */
     public void setState(Map<String, double[]> values) {
         if (values.isEmpty()) {
             return;
         }
-        try (ThreadGuard.Use use = use()) {
-            state.setState(values);
-        }
+        guarded(() -> state.setState(values));
     }
 
     /**
-     * Runs {@code set_parameters}: replaces every parameter's values.
-     *
-     * @param values flattened values by parameter name; every parameter, each with as many
-     *     values as its shape holds
-     * @throws InvalidInputException when a name is missing or a count is wrong; nothing changed
+     * Runs {@code set_parameters}: replaces every parameter's values ({@code values}: every parameter's,
+     * flattened, by name); a name missing or a count wrong is an {@link InvalidInputException}, nothing changed.
      */
     public void setParameters(Map<String, double[]> values) {
-        try (ThreadGuard.Use use = use()) {
-            state.setParameters(values, parameterNames);
-        }
+        guarded(() -> state.setParameters(values, parameterNames));
     }
 
     /**
-     * Returns the optimizer's per-parameter state (torch.optim's keys, e.g. {@code exp_avg}).
-     *
-     * @return state key to one flattened array per parameter, in protocol order (empty where torch.optim
-     *     holds none yet: SGD's {@code momentum_buffer} before a parameter's first step, which is left out
-     *     while no parameter has one)
+     * @return the optimizer's per-parameter state (torch.optim's keys, e.g. {@code exp_avg}) to one flattened
+     *     array per parameter, in protocol order (empty where torch.optim holds none yet: SGD's {@code
+     *     momentum_buffer} before a parameter's first step, which is left out while no parameter has one)
      */
     public Map<String, List<double[]>> getOptimizerState() {
-        try (ThreadGuard.Use use = use()) {
-            return state.optimizerState();
-        }
+        return guarded(() -> state.optimizerState());
     }
 
     /**
-     * Saves the module as it is now (parameters, buffers, optimizer state, learning rate) as a
-     * TorchScript archive, atomically, with its metadata plus a {@code checkpoint} entry that lets
-     * {@link Trainer} resume the run. The file loads with {@code torch.jit.load} too.
-     *
-     * @param target the .pt to write; replaced only once the new file is complete
-     * @param checkpoint epochs trained so far, and the run's settings and data
-     * @throws IOException when the folder cannot be written
+     * Saves the module as it is now (parameters, buffers, optimizer state, learning rate) as a TorchScript
+     * archive (it loads with {@code torch.jit.load} too) at {@code target}, replaced only once the new file is
+     * complete, with its metadata plus a {@code checkpoint} entry (epochs trained so far, the run's settings
+     * and data) that lets {@link Trainer} resume the run. An {@link IOException} when the folder cannot be written.
      */
     public void saveCheckpoint(Path target, Metadata.Checkpoint checkpoint) throws IOException {
         AtomicFiles.write(target, tmp -> ModuleAccessCalls.archive(this, checkpoint, tmp)); // tensor by tensor
@@ -599,43 +408,30 @@ public final class TrainingModule implements AutoCloseable {
      * {@link Boolean}, {@link String}, {@code null} (None), a {@link List} of one of these (an
      * empty list is a tensor list), or a String-keyed {@link Map} of tensor lists (what
      * {@code load_optimizer_state} takes). Results: {@code null}, Tensor (new: the caller closes
-     * it), Double, Long, Boolean, String, or a List (also for tuples) or String-keyed Map of these.
-     *
-     * @param method the method name
-     * @param args the arguments
-     * @return the converted result
-     * @throws ProtocolException when the module has no such method
-     * @throws MethodCallException when the method fails inside libtorch
+     * it), Double, Long, Boolean, String, or a List (also for tuples) or String-keyed Map of these. A
+     * {@link ProtocolException} when the module has no such method, a {@link MethodCallException} when it
+     * fails inside libtorch.
      */
     public Object call(String method, Object... args) {
+        return guarded(() -> scripted.invoke(method, args));
+    }
+
+    /** Runs {@code call} under the thread guard every public call holds ({@link #use}). */
+    private <T> T guarded(Supplier<T> call) {
         try (ThreadGuard.Use use = use()) {
-            return invoke(method, args);
+            return call.get();
+        }
+    }
+
+    private void guarded(Runnable call) {
+        try (ThreadGuard.Use use = use()) {
+            call.run();
         }
     }
 
     /** The thread guard every public call holds; {@link Trainer} holds it for a whole run. */
     ThreadGuard.Use use() {
         return guard.enter();
-    }
-
-    private Object invoke(String method, Object... args) {
-        return scripted.invoke(method, args);
-    }
-
-    private Map<String, double[]> namedValues(String method, List<String> names) {
-        return state.named(method, names, null);
-    }
-
-    private Map<String, double[]> namedValues(String method, List<String> names, Set<String> wanted) {
-        return state.named(method, names, wanted);
-    }
-
-    private Map<String, Tensor> single(String method, Tensor x) {
-        return inputs.single(method, x);
-    }
-
-    private Object argument(String method, Map<String, Tensor> x, Tensor y, boolean target) {
-        return inputs.argument(method, x, y, target);
     }
 
     /** Frees the module (tensors the caller holds stay valid until they are closed). Idempotent. */

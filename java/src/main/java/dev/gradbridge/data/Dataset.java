@@ -1,12 +1,13 @@
 package dev.gradbridge.data;
 
 import dev.gradbridge.DType;
-import dev.gradbridge.internal.Digests;
-import dev.gradbridge.internal.LowPrecision;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Tensor;
+import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.InputMessages;
+import dev.gradbridge.internal.LowPrecision;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
@@ -287,7 +288,7 @@ public final class Dataset implements AutoCloseable {
     public Tensor getX() {
         Tensor x = inputs.get("x");
         if (x == null) {
-            throw new InvalidInputException(Messages.inputMissing(source, "x", held, Arrays.asList("x", "y")));
+            throw new InvalidInputException(InputMessages.inputMissing(source, "x", held, Arrays.asList("x", "y")));
         }
         return x;
     }
@@ -303,7 +304,7 @@ public final class Dataset implements AutoCloseable {
      */
     public Tensor getY() {
         if (y == null) {
-            throw new InvalidInputException(Messages.inputMissing(source, "y", held, withY(inputs.keySet())));
+            throw new InvalidInputException(InputMessages.inputMissing(source, "y", held, withY(inputs.keySet())));
         }
         return y;
     }
@@ -328,17 +329,17 @@ public final class Dataset implements AutoCloseable {
         for (String name : names) {
             Tensor array = inputs.get(name);
             if (array == null) {
-                throw new InvalidInputException(Messages.inputMissing(source, name, held, needs));
+                throw new InvalidInputException(InputMessages.inputMissing(source, name, held, needs));
             }
             ordered.put(name, array);
         }
         if (y == null) {
-            throw new InvalidInputException(Messages.inputMissing(source, "y", held, needs));
+            throw new InvalidInputException(InputMessages.inputMissing(source, "y", held, needs));
         }
         if (exact) { // an .npz holds what was saved for training: an array left out would be dropped unseen
             for (String name : held) {
                 if (!needs.contains(name)) {
-                    throw new InvalidInputException(Messages.unknownArray(source, name, names));
+                    throw new InvalidInputException(InputMessages.unknownArray(source, name, names));
                 }
             }
         }

@@ -90,20 +90,25 @@ final class NpyHeader {
             throw new InvalidInputException(Messages.fortranOrder(source, array));
         }
         long[] dims = parseShape(shape.group(1), source, array);
-        long claimed = itemSize;
-        for (long dim : dims) {
-            try {
-                claimed = Math.multiplyExact(claimed, dim);
-            } catch (ArithmeticException e) {
-                claimed = -1;
-                break;
-            }
-        }
+        long claimed = claimedBytes(itemSize, dims);
         long available = totalBytes - prefix - length;
         if (itemSize > 0 && claimed != available) {
             throw new InvalidInputException(Messages.npySize(source, array, dims, dtype, claimed, available));
         }
         return new NpyHeader(dtype, dims);
+    }
+
+    /** Bytes the shape's elements take, or -1 when that overflows 64 bits. */
+    private static long claimedBytes(long itemSize, long[] dims) {
+        long claimed = itemSize;
+        for (long dim : dims) {
+            try {
+                claimed = Math.multiplyExact(claimed, dim);
+            } catch (ArithmeticException e) {
+                return -1;
+            }
+        }
+        return claimed;
     }
 
     /** Bytes per element from a descriptor such as {@code <f4}; 0 when it names no size. */

@@ -15,7 +15,7 @@ import java.nio.file.Paths;
  */
 public final class NativeSettings {
 
-    /** The system property that moves the cache folder (before {@link Messages#CACHE_ENV}). */
+    /** The system property that moves the cache folder (before {@link PlatformMessages#CACHE_ENV}). */
     public static final String CACHE_PROPERTY = "gradbridge.cacheDir";
 
     private NativeSettings() {}
@@ -56,7 +56,8 @@ public final class NativeSettings {
         for (Path path = folder.toAbsolutePath(); path != null; path = path.getParent()) {
             if (Files.exists(path, LinkOption.NOFOLLOW_LINKS)) {
                 if (!Files.isDirectory(path)) {
-                    return Messages.cacheUnwritable(folder.toString(), Messages.notAFolder(path.toString()));
+                    return PlatformMessages.cacheUnwritable(folder.toString(),
+                            PlatformMessages.notAFolder(path.toString()));
                 }
                 break; // the nearest one that exists is a folder: the system's reason says the rest
             }
@@ -65,12 +66,12 @@ public final class NativeSettings {
                 : e instanceof FileSystemException && ((FileSystemException) e).getReason() != null
                         ? ((FileSystemException) e).getReason()
                         : String.valueOf(e.getMessage());
-        return Messages.cacheUnwritable(folder.toString(), reason);
+        return PlatformMessages.cacheUnwritable(folder.toString(), reason);
     }
 
     /** @return the cache folder: {@value #CACHE_PROPERTY}, {@code GRADBRIDGE_CACHE_DIR}, else ~/.cache/gradbridge */
     public static Path cacheFolder() {
-        String configured = value(CACHE_PROPERTY, Messages.CACHE_ENV);
+        String configured = value(CACHE_PROPERTY, PlatformMessages.CACHE_ENV);
         return configured != null ? Paths.get(configured) : Paths.get(System.getProperty("user.home"), ".cache", "gradbridge");
     }
 }

@@ -29,7 +29,7 @@ import java.util.Map;
  * over the row's elements) and the value, and the range the model takes there (the values around
  * 0 it takes, searched one element at a time). A value the model takes alone but not beside the
  * other elements' extremes (no row need hold them together) gives no line. Python's {@code data.out_of_range} is the same
- * search, so both languages print the same line ({@link Messages#valueOutOfRange}).
+ * search, so both languages print the same line ({@link InputMessages#valueOutOfRange}).
  *
  * <p>The single-process trainers run it when a step or a validation loss fails (nothing to pay
  * otherwise); gradbridge-spark runs it on the driver before its barrier stage, where a failing
@@ -212,7 +212,7 @@ public final class ValueRanges {
         int length = extreme.length;
         long low = edge(probe, c, length, e, value < 0 ? value : far(probe, c, length, e, -1));
         long high = edge(probe, c, length, e, value > 0 ? value : far(probe, c, length, e, 1));
-        return Messages.valueOutOfRange(source, column.name, element, value, low, high);
+        return InputMessages.valueOutOfRange(source, column.name, element, value, low, high);
     }
 
     /** The farthest a range is searched from 0 on the side away from the value at fault. */

@@ -6,8 +6,9 @@ import dev.gradbridge.Protocol;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.internal.Digests;
 import dev.gradbridge.internal.FrozenTensors;
-import dev.gradbridge.internal.ModuleAccess;
 import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.Protocol3Messages;
 import java.io.IOException;
 import java.nio.file.FileSystemException;
 import java.nio.file.Files;
@@ -54,14 +55,7 @@ final class Assembly {
             // Sized now, before the log folder is created: a B too large for its buffers is one line.
             ModuleCalls calls = new ModuleCalls(features, ySpec, options.maxBatch, Ingest.rowBytes(ySpec));
             LogHeader wanted = logHeader(metadata, modelSha256, options, features, ySpec).withSeed(options.seed);
-            if (options.gateData != null) {
-                this.gate = Gate.open(options.gateData, options.gateMaxRegression, options.gateOnHold, options.keepVersions,
-                        original);
-                opened.add(gate);
-                wanted.withGate(gate.settings());
-            } else {
-                this.gate = null;
-            }
+            this.gate = openGate(options, original, wanted, opened);
 
             // Everything is read and checked before the first write: a refused start changes nothing.
             boolean hasLog = Recovery.checkUnlocked(logDir);
@@ -72,14 +66,7 @@ final class Assembly {
             // The module file's frozen tensors (a LoRA model's base, constant buffers): every module here holds these.
             FrozenTensors frozen = ModuleAccess.frozen(original);
             opened.add(frozen);
-            TrainingModule training = original;
-            if (recovery.checkpointModule() != null) {
-                training = TrainingModule.load(recovery.checkpointModule(), options.opLibraries);
-                opened.add(training);
-                ModuleAccess.share(training, frozen); // a checkpoint leaves them out (an older one holds a copy: dropped)
-                opened.remove(original);
-                original.close();
-            }
+            TrainingModule training = resumed(recovery, original, frozen, options.opLibraries, opened);
             this.updater = new Updater(training, frozen, calls, new UpdateGuard(options.maxGradNorm), phases,
                     recovery.runSeed());
             this.predictors = new PredictorPool(modelPath, options.predictors, frozen);
@@ -103,6 +90,36 @@ final class Assembly {
         }
         this.batcher = new MicroBatcher(logDir, log, queue, updater, publisher, options.maxBatch, options.maxWaitMillis,
                 quarantined, phases);
+    }
+
+    /** The gate, when {@code --gate-data} asks for one (its settings then in the log's header); null otherwise. */
+    private static Gate openGate(OnlineLearnerBuilder options, TrainingModule original, LogHeader wanted,
+            List<AutoCloseable> opened) {
+        if (options.gateData == null) {
+            return null;
+        }
+        Gate gate = Gate.open(options.gateData, options.gateMaxRegression, options.gateOnHold, options.keepVersions,
+                original);
+        opened.add(gate);
+        wanted.withGate(gate.settings());
+        return gate;
+    }
+
+    /**
+     * The module that trains: the log's checkpoint when it has one (sharing the module file's frozen tensors,
+     * {@code original} then closed), else {@code original}.
+     */
+    private static TrainingModule resumed(Recovery recovery, TrainingModule original, FrozenTensors frozen,
+            List<Path> opLibraries, List<AutoCloseable> opened) {
+        if (recovery.checkpointModule() == null) {
+            return original;
+        }
+        TrainingModule training = TrainingModule.load(recovery.checkpointModule(), opLibraries);
+        opened.add(training);
+        ModuleAccess.share(training, frozen); // a checkpoint leaves them out (an older one holds a copy: dropped)
+        opened.remove(original);
+        original.close();
+        return training;
     }
 
     /**
@@ -182,7 +199,7 @@ final class Assembly {
      */
     private static void checkSupported(Path modelPath, TrainingModule module) {
         if (module.getMetadata().getMinBatch() > 1) {
-            throw new InvalidInputException(Messages.protocol3NoBatchOfOne(modelPath.toString(),
+            throw new InvalidInputException(Protocol3Messages.protocol3NoBatchOfOne(modelPath.toString(),
                     module.getMetadata().getMinBatch(), "online learning"));
         }
         if (!module.getMetadata().getTrainedBufferNames().isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {

@@ -1,9 +1,9 @@
 package dev.gradbridge.online;
 
-import dev.gradbridge.internal.Digests;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.InputMessages;
 import java.security.MessageDigest;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -77,7 +77,7 @@ final class Features {
      */
     Map<String, HostTensor> single(String method, HostTensor x) {
         if (named) {
-            throw new InvalidInputException(Messages.namedInputsNeeded(method, names));
+            throw new InvalidInputException(InputMessages.namedInputsNeeded(method, names));
         }
         return Collections.singletonMap("x", x);
     }
@@ -108,14 +108,14 @@ final class Features {
     long rows(String method, Map<String, HostTensor> x) {
         for (String name : x.keySet()) {
             if (!names.contains(name)) {
-                throw new InvalidInputException(Messages.unknownInput(method, name, names));
+                throw new InvalidInputException(InputMessages.unknownInput(method, name, names));
             }
         }
         long rows = -1;
         for (int i = 0; i < names.size(); i++) {
             HostTensor tensor = x.get(names.get(i));
             if (tensor == null) {
-                throw new InvalidInputException(Messages.missingInput(method, names.get(i), names));
+                throw new InvalidInputException(InputMessages.missingInput(method, names.get(i), names));
             }
             long n = Ingest.rows(field(names.get(i)), specs.get(i), tensor);
             if (rows >= 0 && n != rows) {

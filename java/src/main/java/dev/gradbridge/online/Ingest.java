@@ -1,8 +1,9 @@
 package dev.gradbridge.online;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.Metadata;
+import dev.gradbridge.internal.InputMessages;
+import dev.gradbridge.internal.Messages;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.ArrayList;
@@ -67,7 +68,7 @@ final class Ingest {
             HostTensor tensor = x.get(name);
             long index = tensor.firstAbove(maxInputAbs);
             if (index >= 0) {
-                throw new InvalidInputException(Messages.inputTooLarge(features.field(name), tensor.indexOf(index),
+                throw new InvalidInputException(InputMessages.inputTooLarge(features.field(name), tensor.indexOf(index),
                         tensor.valueAt(index), maxInputAbs));
             }
         }

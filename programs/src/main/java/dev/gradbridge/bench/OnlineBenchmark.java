@@ -143,21 +143,7 @@ public final class OnlineBenchmark {
                 int calls = round < 0 ? Math.max(predictions, warmup) : predictions;
                 long[] idleRound = OnlineLoad.predictLatencies(learner, one, calls, predictThreads);
                 AtomicBoolean stop = new AtomicBoolean();
-                List<Thread> feeders = new ArrayList<>();
-                for (int t = 0; t < feedbackThreads; t++) {
-                    final int me = t;
-                    Thread feeder = new Thread(() -> {
-                        for (int i = me; !stop.get(); i = (i + feedbackThreads) % chunks.size()) {
-                            try {
-                                learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 10, TimeUnit.MILLISECONDS);
-                            } catch (QueueFullException e) {
-                                // no room within 10 ms: try again (blocking, not spinning)
-                            }
-                        }
-                    });
-                    feeder.start();
-                    feeders.add(feeder);
-                }
+                List<Thread> feeders = startFeeders(learner, chunks, feedbackThreads, stop);
                 long updatesBefore = learner.stats().getUpdates();
                 long[] busyRound = OnlineLoad.predictLatencies(learner, one, calls, predictThreads);
                 long updatesDuring = learner.stats().getUpdates() - updatesBefore;
@@ -185,6 +171,28 @@ public final class OnlineBenchmark {
             out.put("updates_during_predictions", updatesByRound);
         }
     }
+
+    /** {@code threads} threads offering the chunks round-robin, each from its own, until {@code stop}. */
+    private static List<Thread> startFeeders(OnlineLearner learner, List<HostTensor[]> chunks, int threads,
+            AtomicBoolean stop) {
+        List<Thread> feeders = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            final int me = t;
+            Thread feeder = new Thread(() -> {
+                for (int i = me; !stop.get(); i = (i + threads) % chunks.size()) {
+                    try {
+                        learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 10, TimeUnit.MILLISECONDS);
+                    } catch (QueueFullException e) {
+                        // no room within 10 ms: try again (blocking, not spinning)
+                    }
+                }
+            });
+            feeder.start();
+            feeders.add(feeder);
+        }
+        return feeders;
+    }
+
     /** The learning-throughput variants, timed in interleaved rounds (the order rotates each round). */
     private static final String[] VARIANTS = {"online_never", "online_always", "trainer_step", "fused_epoch"};
 
@@ -199,17 +207,10 @@ public final class OnlineBenchmark {
             int features, List<HostTensor[]> chunks, int batch, int publishEvery, int rounds, List<String> variants,
             int feeders) throws Exception {
         int n = chunks.size() * batch;
-        Map<String, List<Double>> perRound = new LinkedHashMap<>();
-        Map<String, Map<String, Long>> phaseNanos = new LinkedHashMap<>();
-        Map<String, Long> phaseBatches = new LinkedHashMap<>();
-        Map<String, Long> wallNanos = new LinkedHashMap<>();
-        Map<String, Long> trainCalls = new LinkedHashMap<>();
-        Map<String, long[]> cpuNanos = new LinkedHashMap<>(); // the batch loops' thread CPU time
-        Map<String, Map<String, Long>> phaseCpu = new LinkedHashMap<>();
+        ThroughputFigures figures = new ThroughputFigures();
         for (String variant : variants) {
-            perRound.put(variant, new ArrayList<>());
+            figures.perRound.put(variant, new ArrayList<>());
         }
-        long onlineUpdates = 0;
         // The batch loops run on a thread of their own, as the online learner's training does (a
         // thread that is not the one that started the engine): the same conditions for both.
         ExecutorService baseline = Executors.newSingleThreadExecutor(r -> new Thread(r, "bench-batch-trainer"));
@@ -227,16 +228,9 @@ public final class OnlineBenchmark {
                 onTrainingThread(baseline, () -> step.fit(stepModule, dataset));
                 onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch));
             }
-            // The online variants warm up as much (one untimed round each): otherwise the first
-            // timed rounds run the learner's Java code interpreted while the JIT compiles it.
             for (String variant : variants) {
                 if (variant.startsWith("online_")) {
-                    Path dir = work.resolve("warm-up-" + variant);
-                    try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
-                        OnlineLoad.feed(learner, chunks, feeders);
-                        learner.awaitIdle(300, TimeUnit.SECONDS);
-                    }
-                    deleteTree(dir);
+                    warmUp(model, work.resolve("warm-up-" + variant), variant, batch, publishEvery, chunks, feeders);
                 }
             }
             for (int round = 0; round < rounds; round++) {
@@ -246,118 +240,81 @@ public final class OnlineBenchmark {
                     switch (variant) {
                         case "trainer_step":
                             seconds = onTrainingThread(baseline, () -> step.fit(stepModule, dataset),
-                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         case "host_step":
                             seconds = onTrainingThread(baseline, () -> hostSteps(stepModule, chunks),
-                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         case "fused_epoch":
                             seconds = onTrainingThread(baseline, () -> fusedModule.trainEpoch(fx, fy, perm, batch),
-                                    cpuNanos.computeIfAbsent(variant, v -> new long[1]));
+                                    figures.cpuNanos.computeIfAbsent(variant, v -> new long[1]));
                             break;
                         default: {
-                            FsyncPolicy policy = policyOf(variant);
                             Path dir = work.resolve("throughput-" + variant + "-" + round);
-                            try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policy)) {
-                                for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
-                                    learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
-                                }
-                                learner.awaitIdle(60, TimeUnit.SECONDS);
-                                Map<String, Long> before = learner.phaseTimes().nanos();
-                                Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
-                                long callsBefore = learner.phaseTimes().counts().get("train_step");
-                                long updatesBefore = learner.stats().getUpdates();
-                                long started = System.nanoTime();
-                                OnlineLoad.feed(learner, chunks, feeders);
-                                learner.awaitIdle(300, TimeUnit.SECONDS);
-                                long elapsed = System.nanoTime() - started;
-                                seconds = elapsed / 1e9;
-                                onlineUpdates = learner.stats().getUpdates() - updatesBefore;
-                                Map<String, Long> sum = phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
-                                for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
-                                    sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
-                                }
-                                phaseBatches.merge(variant, onlineUpdates, Long::sum);
-                                Map<String, Long> cpuSum = phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
-                                for (Map.Entry<String, Long> e : learner.phaseTimes().cpuNanos().entrySet()) {
-                                    cpuSum.merge(e.getKey(), e.getValue() - cpuBefore.get(e.getKey()), Long::sum);
-                                }
-                                trainCalls.merge(variant,
-                                        learner.phaseTimes().counts().get("train_step") - callsBefore, Long::sum);
-                                wallNanos.merge(variant, elapsed, Long::sum);
-                            }
+                            seconds = onlineRound(figures, variant, model, dir, batch, publishEvery, chunks, feeders);
                             deleteTree(dir);
                         }
                     }
-                    perRound.get(variant).add(n / seconds);
+                    figures.perRound.get(variant).add(n / seconds);
                 }
             }
         } finally {
             baseline.shutdownNow();
         }
-        Map<String, Object> rates = new LinkedHashMap<>();
-        for (String variant : variants) {
-            rates.put(variant, perRound.get(variant));
+        figures.rates(out, variants, rounds);
+        figures.phases(out, (long) rounds * chunks.size());
+    }
+
+    /**
+     * An online variant's untimed round, as long as a timed one: otherwise the first timed rounds run the
+     * learner's Java code interpreted while the JIT compiles it.
+     */
+    private static void warmUp(Path model, Path dir, String variant, int batch, int publishEvery,
+            List<HostTensor[]> chunks, int feeders) throws Exception {
+        try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
+            OnlineLoad.feed(learner, chunks, feeders);
+            learner.awaitIdle(300, TimeUnit.SECONDS);
         }
-        out.put("rounds", rounds);
-        out.put("events_per_s_by_round", rates);
-        out.put("online_events_per_s", median(perRound.getOrDefault("online_never", new ArrayList<>())));
-        out.put("online_always_events_per_s", median(perRound.getOrDefault("online_always", new ArrayList<>())));
-        out.put("step_events_per_s", median(perRound.getOrDefault("trainer_step", new ArrayList<>())));
-        out.put("fused_events_per_s", median(perRound.getOrDefault("fused_epoch", new ArrayList<>())));
-        out.put("online_updates", onlineUpdates);
-        Map<String, Object> ratios = new LinkedHashMap<>();
-        for (String online : new String[] {"online_never", "online_always"}) {
-            for (String base : new String[] {"fused_epoch", "trainer_step"}) {
-                if (!perRound.containsKey(online) || !perRound.containsKey(base)) {
-                    continue;
-                }
-                List<Double> values = new ArrayList<>();
-                for (int r = 0; r < rounds; r++) {
-                    values.add(perRound.get(online).get(r) / perRound.get(base).get(r));
-                }
-                Map<String, Object> spread = new LinkedHashMap<>();
-                spread.put("median", median(values));
-                spread.put("min", values.stream().mapToDouble(Double::doubleValue).min().orElse(Double.NaN));
-                spread.put("max", values.stream().mapToDouble(Double::doubleValue).max().orElse(Double.NaN));
-                ratios.put(online + "/" + base, spread);
+        deleteTree(dir);
+    }
+
+    /**
+     * One timed round of an online variant on a fresh log in {@code dir}: its phase times, CPU times and
+     * calls into {@code figures}.
+     *
+     * @return the seconds it took to learn from every chunk
+     */
+    private static double onlineRound(ThroughputFigures figures, String variant, Path model, Path dir, int batch,
+            int publishEvery, List<HostTensor[]> chunks, int feeders) throws Exception {
+        try (OnlineLearner learner = open(model, dir, batch, 1, publishEvery, policyOf(variant))) {
+            for (int i = 0; i < Math.min(16, chunks.size()); i++) { // warm-up
+                learner.offer(chunks.get(i)[0], chunks.get(i)[1], null, 60, TimeUnit.SECONDS);
             }
-        }
-        out.put("throughput_ratios", ratios);
-        Map<String, Object> phases = new LinkedHashMap<>();
-        for (Map.Entry<String, Map<String, Long>> e : phaseNanos.entrySet()) {
-            long batches = Math.max(1, phaseBatches.get(e.getKey()));
-            Map<String, Object> perBatch = new LinkedHashMap<>();
-            perBatch.put("wall", wallNanos.get(e.getKey()) / 1e3 / batches);
-            perBatch.put("micro_batches_per_call", batches / (double) Math.max(1, trainCalls.get(e.getKey())));
-            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
-                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
+            learner.awaitIdle(60, TimeUnit.SECONDS);
+            Map<String, Long> before = learner.phaseTimes().nanos();
+            Map<String, Long> cpuBefore = learner.phaseTimes().cpuNanos();
+            long callsBefore = learner.phaseTimes().counts().get("train_step");
+            long updatesBefore = learner.stats().getUpdates();
+            long started = System.nanoTime();
+            OnlineLoad.feed(learner, chunks, feeders);
+            learner.awaitIdle(300, TimeUnit.SECONDS);
+            long elapsed = System.nanoTime() - started;
+            figures.onlineUpdates = learner.stats().getUpdates() - updatesBefore;
+            Map<String, Long> sum = figures.phaseNanos.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+            for (Map.Entry<String, Long> e : learner.phaseTimes().nanos().entrySet()) {
+                sum.merge(e.getKey(), e.getValue() - before.get(e.getKey()), Long::sum);
             }
-            phases.put(e.getKey(), perBatch);
-        }
-        out.put("phase_us_per_micro_batch", phases);
-        // CPU time per micro-batch: robust to a loaded machine (descheduled time is not counted).
-        // Online: the training thread's phases plus the feeding threads' learn_* phases.
-        Map<String, Object> cpuPhases = new LinkedHashMap<>();
-        Map<String, Double> cpuPerBatch = new LinkedHashMap<>();
-        long microBatches = (long) rounds * chunks.size();
-        for (Map.Entry<String, Map<String, Long>> e : phaseCpu.entrySet()) {
-            long batches = Math.max(1, phaseBatches.get(e.getKey()));
-            Map<String, Object> perBatch = new LinkedHashMap<>();
-            long total = 0;
-            for (Map.Entry<String, Long> phase : e.getValue().entrySet()) {
-                perBatch.put(phase.getKey(), phase.getValue() / 1e3 / batches);
-                total += phase.getValue();
+            figures.phaseBatches.merge(variant, figures.onlineUpdates, Long::sum);
+            Map<String, Long> cpuSum = figures.phaseCpu.computeIfAbsent(variant, v -> new LinkedHashMap<>());
+            for (Map.Entry<String, Long> e : learner.phaseTimes().cpuNanos().entrySet()) {
+                cpuSum.merge(e.getKey(), e.getValue() - cpuBefore.get(e.getKey()), Long::sum);
             }
-            cpuPhases.put(e.getKey(), perBatch);
-            cpuPerBatch.put(e.getKey(), total / 1e3 / batches);
+            long calls = learner.phaseTimes().counts().get("train_step") - callsBefore;
+            figures.trainCalls.merge(variant, calls, Long::sum);
+            figures.wallNanos.merge(variant, elapsed, Long::sum);
+            return elapsed / 1e9;
         }
-        for (Map.Entry<String, long[]> e : cpuNanos.entrySet()) {
-            cpuPerBatch.put(e.getKey(), e.getValue()[0] / 1e3 / microBatches);
-        }
-        out.put("phase_cpu_us_per_micro_batch", cpuPhases);
-        out.put("cpu_us_per_micro_batch", cpuPerBatch);
     }
 
     private static FsyncPolicy policyOf(String onlineVariant) {
@@ -406,7 +363,7 @@ public final class OnlineBenchmark {
         }
     }
 
-    private static double median(List<Double> values) {
+    static double median(List<Double> values) {
         List<Double> sorted = new ArrayList<>(values);
         sorted.sort(null);
         int m = sorted.size();

@@ -90,25 +90,7 @@ public final class OnlineLoad {
         List<Throwable> errors = new ArrayList<>();
         List<Thread> threads = new ArrayList<>();
         for (int t = 0; t < feedbackThreads; t++) {
-            final int me = t;
-            threads.add(new Thread(() -> {
-                for (int i = me; i < xChunks.size(); i += feedbackThreads) {
-                    while (true) {
-                        try {
-                            learner.learn(xChunks.get(i), yChunks.get(i));
-                            break;
-                        } catch (QueueFullException e) {
-                            refusals.incrementAndGet();
-                            try {
-                                Thread.sleep(1); // a client backing off, not spinning
-                            } catch (InterruptedException interrupted) {
-                                Thread.currentThread().interrupt();
-                                return;
-                            }
-                        }
-                    }
-                }
-            }, "feedback-" + t));
+            threads.add(feedbackClient(learner, xChunks, yChunks, t, feedbackThreads, refusals));
         }
         int total = predictThreads * predictionsPerThread;
         long[] rows = new long[total];
@@ -146,6 +128,29 @@ public final class OnlineLoad {
             throw new IllegalStateException("a client thread failed: " + errors.get(0), errors.get(0));
         }
         return new Result(refusals.get(), rows, versions, outputs, latencies);
+    }
+
+    /** Feedback client {@code me} of {@code clients}: every such chunk by {@code learn}, backing off when refused. */
+    private static Thread feedbackClient(OnlineLearner learner, List<HostTensor> xChunks, List<HostTensor> yChunks,
+            int me, int clients, AtomicLong refusals) {
+        return new Thread(() -> {
+            for (int i = me; i < xChunks.size(); i += clients) {
+                while (true) {
+                    try {
+                        learner.learn(xChunks.get(i), yChunks.get(i));
+                        break;
+                    } catch (QueueFullException e) {
+                        refusals.incrementAndGet();
+                        try {
+                            Thread.sleep(1); // a client backing off, not spinning
+                        } catch (InterruptedException interrupted) {
+                            Thread.currentThread().interrupt();
+                            return;
+                        }
+                    }
+                }
+            }
+        }, "feedback-" + me);
     }
 
     /**

@@ -66,21 +66,7 @@ public final class KafkaBenchmark {
         int predictThreads = Integer.parseInt(args[8]);
         Metadata metadata = Metadata.read(model);
         int features = (int) metadata.getInput("x").getShape()[1];
-        Random random = new Random(0);
-        List<byte[]> bodies = new ArrayList<>();
-        for (int r = 0; r < events / rows; r++) {
-            StringBuilder x = new StringBuilder("[");
-            StringBuilder y = new StringBuilder("[");
-            for (int i = 0; i < rows; i++) {
-                x.append(i == 0 ? "[" : ",[");
-                for (int f = 0; f < features; f++) {
-                    x.append(f == 0 ? "" : ",").append((float) random.nextGaussian());
-                }
-                x.append(']');
-                y.append(i == 0 ? "" : ",").append(random.nextInt(4));
-            }
-            bodies.add(("{\"x\": " + x + "], \"y\": " + y + "]}").getBytes(StandardCharsets.UTF_8));
-        }
+        List<byte[]> bodies = records(events, rows, features);
         produce(bootstrap, topic, bodies);
         HostTensor one = HostTensor.ofFloats(new float[features], 1, features);
         Map<String, List<Double>> byRound = new LinkedHashMap<>();
@@ -101,23 +87,7 @@ public final class KafkaBenchmark {
                     List<Thread> predictors = predictors(learner, one, predictThreads, stop, latencies);
                     long started = System.nanoTime();
                     if (variant.equals("kafka")) {
-                        try (KafkaFeedback kafka = KafkaFeedback.start(learner, bootstrap, topic, null, new Properties(),
-                                Duration.ofSeconds(30))) {
-                            long firstSeen = 0;
-                            long firstRecords = 0;
-                            while (kafka.records() < bodies.size()) {
-                                if (kafka.getFailure() != null) {
-                                    throw new IllegalStateException(kafka.getFailure());
-                                }
-                                if (firstSeen == 0 && kafka.records() > 0) {
-                                    firstSeen = System.nanoTime();
-                                    firstRecords = kafka.records();
-                                }
-                                Thread.sleep(1);
-                            }
-                            learner.awaitIdle(120, TimeUnit.SECONDS);
-                            steady = (bodies.size() - firstRecords) * (double) rows / ((System.nanoTime() - firstSeen) / 1e9);
-                        }
+                        steady = fromKafka(learner, bootstrap, topic, bodies.size(), rows);
                     } else {
                         feed(learner, metadata, bodies, feeders);
                     }
@@ -129,13 +99,7 @@ public final class KafkaBenchmark {
                     }
                 }
                 if (round >= 0) {
-                    long[] sorted = latencies.stream().mapToLong(Long::longValue).sorted().toArray();
-                    byRound.get(variant + "_events_per_s").add(bodies.size() * rows / seconds);
-                    if (variant.equals("kafka")) {
-                        byRound.get("kafka_steady_events_per_s").add(steady);
-                    }
-                    byRound.get(variant + "_p50_us").add(percentile(sorted, 0.50) / 1e3);
-                    byRound.get(variant + "_p99_us").add(percentile(sorted, 0.99) / 1e3);
+                    record(byRound, variant, bodies.size() * rows / seconds, steady, latencies);
                 }
             }
         }
@@ -145,6 +109,64 @@ public final class KafkaBenchmark {
         out.put("feeders", feeders);
         out.put("by_round", byRound);
         System.out.println(new GsonBuilder().create().toJson(out));
+    }
+
+    /** {@code events / rows} records of {@code rows} random events each, as JSON: {@code {"x": [[...], ...], "y": [...]}}. */
+    private static List<byte[]> records(int events, int rows, int features) {
+        Random random = new Random(0);
+        List<byte[]> bodies = new ArrayList<>();
+        for (int r = 0; r < events / rows; r++) {
+            StringBuilder x = new StringBuilder("[");
+            StringBuilder y = new StringBuilder("[");
+            for (int i = 0; i < rows; i++) {
+                x.append(i == 0 ? "[" : ",[");
+                for (int f = 0; f < features; f++) {
+                    x.append(f == 0 ? "" : ",").append((float) random.nextGaussian());
+                }
+                x.append(']');
+                y.append(i == 0 ? "" : ",").append(random.nextInt(4));
+            }
+            bodies.add(("{\"x\": " + x + "], \"y\": " + y + "]}").getBytes(StandardCharsets.UTF_8));
+        }
+        return bodies;
+    }
+
+    /**
+     * Feeds {@code learner} from the topic until it has read every record and learnt from them.
+     *
+     * @return events/s after the first logged read (the consumer's start left out)
+     */
+    private static double fromKafka(OnlineLearner learner, String bootstrap, String topic, int records, int rows)
+            throws Exception {
+        try (KafkaFeedback kafka = KafkaFeedback.start(learner, bootstrap, topic, null, new Properties(),
+                Duration.ofSeconds(30))) {
+            long firstSeen = 0;
+            long firstRecords = 0;
+            while (kafka.records() < records) {
+                if (kafka.getFailure() != null) {
+                    throw new IllegalStateException(kafka.getFailure());
+                }
+                if (firstSeen == 0 && kafka.records() > 0) {
+                    firstSeen = System.nanoTime();
+                    firstRecords = kafka.records();
+                }
+                Thread.sleep(1);
+            }
+            learner.awaitIdle(120, TimeUnit.SECONDS);
+            return (records - firstRecords) * (double) rows / ((System.nanoTime() - firstSeen) / 1e9);
+        }
+    }
+
+    /** A timed round's figures of one variant into {@code byRound}. */
+    private static void record(Map<String, List<Double>> byRound, String variant, double eventsPerSecond, double steady,
+            List<Long> latencies) {
+        long[] sorted = latencies.stream().mapToLong(Long::longValue).sorted().toArray();
+        byRound.get(variant + "_events_per_s").add(eventsPerSecond);
+        if (variant.equals("kafka")) {
+            byRound.get("kafka_steady_events_per_s").add(steady);
+        }
+        byRound.get(variant + "_p50_us").add(percentile(sorted, 0.50) / 1e3);
+        byRound.get(variant + "_p99_us").add(percentile(sorted, 0.99) / 1e3);
     }
 
     private static void produce(String bootstrap, String topic, List<byte[]> bodies) throws Exception {

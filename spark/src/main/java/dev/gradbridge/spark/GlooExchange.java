@@ -248,8 +248,24 @@ final class GlooExchange implements GradientExchange {
             phases[2] += System.nanoTime() - t1;
             return combined;
         }
-        // Every slice's all-to-all queued on Gloo's thread at once; each slice combined here as soon as it
-        // has arrived (while the next ones are in flight), its all-gather queued behind them.
+        combineSlices();
+        combined.loss = GradientCombiner.loss(rows, losses);
+        combined.rows = GradientCombiner.total(rows);
+        long t3 = System.nanoTime();
+        if (gatheredPieces != null) {
+            for (int c = 0; c < gatheredPieces.length; c++) {
+                chunks.paste(c, gatheredPieces[c], combined.gradients);
+            }
+        }
+        phases[4] += System.nanoTime() - t3;
+        return combined;
+    }
+
+    /**
+     * Every slice's all-to-all queued on Gloo's thread at once; each slice combined here as soon as it
+     * has arrived (while the next ones are in flight), its all-gather queued behind them.
+     */
+    private void combineSlices() {
         try {
             for (int s = 0; s < slices; s++) {
                 alltoalls[s] = group.startAlltoall(sendSlices[s], sendSplits[s], receiveSlices[s], receiveSplits[s]);
@@ -263,13 +279,7 @@ final class GlooExchange implements GradientExchange {
                 phases[1] += t1 - t0;
                 if (s == 0) {
                     readHeaders();
-                    for (int p = 0; p < parameters; p++) {
-                        boolean any = false;
-                        for (int q = 0; q < partitions; q++) {
-                            any |= flags[q][p]; // a task without rows sent no flag
-                        }
-                        combined.flags[p] = any;
-                    }
+                    combineFlags();
                 }
                 for (int j = slicePieces[s]; j < slicePieces[s + 1]; j++) {
                     combiner.combine(j, rows, flags);
@@ -290,16 +300,17 @@ final class GlooExchange implements GradientExchange {
             dropAll(alltoalls); // a step left midway: the group is closed next (TrainingTask), failing the peers
             dropAll(allgathers);
         }
-        combined.loss = GradientCombiner.loss(rows, losses);
-        combined.rows = GradientCombiner.total(rows);
-        long t3 = System.nanoTime();
-        if (gatheredPieces != null) {
-            for (int c = 0; c < gatheredPieces.length; c++) {
-                chunks.paste(c, gatheredPieces[c], combined.gradients);
+    }
+
+    /** A parameter's combined flag: whether any task's is set (a task without rows sent none). */
+    private void combineFlags() {
+        for (int p = 0; p < parameters; p++) {
+            boolean any = false;
+            for (int q = 0; q < partitions; q++) {
+                any |= flags[q][p];
             }
+            combined.flags[p] = any;
         }
-        phases[4] += System.nanoTime() - t3;
-        return combined;
     }
 
     /** @return {@code works[s]}, now 0 (the caller waits for it and lets go of it) */

@@ -3,8 +3,8 @@ package dev.gradbridge.spark;
 import dev.gradbridge.GradbridgeException;
 import dev.gradbridge.Versions;
 import dev.gradbridge.internal.Digests;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.NativeSettings;
+import dev.gradbridge.internal.PlatformMessages;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Files;
@@ -64,7 +64,7 @@ final class GlooLibrary {
             String actual = sha256(library);
             if (!actual.equals(recorded.trim())) {
                 throw new GradbridgeException("gradbridge-spark's Gloo library " + library + " (" + source + "): "
-                        + Messages.digestMismatch(recorded.trim(), actual));
+                        + PlatformMessages.digestMismatch(recorded.trim(), actual));
             }
             try {
                 System.load(library.toString());

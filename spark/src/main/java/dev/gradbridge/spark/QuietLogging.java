@@ -1,7 +1,7 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.ShardedMessages;
 import java.net.URISyntaxException;
 import java.net.URL;
 import java.util.ArrayList;
@@ -59,7 +59,7 @@ final class QuietLogging {
     }
 
     /**
-     * Starts Spark on the driver. A failure is one line ({@link Messages#sparkStart}: Spark's reason),
+     * Starts Spark on the driver. A failure is one line ({@link ShardedMessages#sparkStart}: Spark's reason),
      * and, unless the user configured logging, Spark's own report of it (an ERROR line and its stack
      * trace, the start-up retries' warnings) is not printed.
      */
@@ -79,7 +79,7 @@ final class QuietLogging {
         try {
             return start.get();
         } catch (RuntimeException e) {
-            throw new InvalidInputException(Messages.sparkStart(reason(e)));
+            throw new InvalidInputException(ShardedMessages.sparkStart(reason(e)));
         } finally {
             if (!silenced.isEmpty() && context.getConfiguration() == configuration) {
                 silenced.forEach(configuration::removeLogger);

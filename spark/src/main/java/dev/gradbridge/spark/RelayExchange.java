@@ -115,19 +115,7 @@ final class RelayExchange implements GradientExchange {
         int[] rows = new int[partitions];
         double[] losses = new double[partitions];
         boolean[][] flags = new boolean[partitions][count];
-        for (int q = 0; q < partitions; q++) {
-            ShardResult r = q == partition ? mySlice : ShardResult.decode(slices[q]);
-            rows[q] = r.rows;
-            losses[q] = r.loss;
-            if (r.rows > 0) {
-                for (int i = 0; i < count; i++) {
-                    flags[q][i] = r.flags[i];
-                }
-                for (int j = 0; q != partition && j < part.length; j++) {
-                    mineFromAll[q][j].put(0, r.gradients[j], 0, mineFromAll[q][j].limit());
-                }
-            }
-        }
+        received(slices, mySlice, rows, losses, flags);
         for (int j = 0; j < part.length; j++) {
             combiner.combine(j, rows, flags);
         }
@@ -159,6 +147,26 @@ final class RelayExchange implements GradientExchange {
         phases[3] += t3 - t2;
         phases[4] += System.nanoTime() - t3;
         return combined;
+    }
+
+    /**
+     * Round 1's records decoded: each partition's rows, loss and flags, and the gradients of my chunk it
+     * sent copied into the buffers the combiner reads (my own slice, {@code mine}, is already there).
+     */
+    private void received(byte[][] slices, ShardResult mine, int[] rows, double[] losses, boolean[][] flags) {
+        for (int q = 0; q < partitions; q++) {
+            ShardResult r = q == partition ? mine : ShardResult.decode(slices[q]);
+            rows[q] = r.rows;
+            losses[q] = r.loss;
+            if (r.rows > 0) {
+                for (int i = 0; i < flags[q].length; i++) {
+                    flags[q][i] = r.flags[i];
+                }
+                for (int j = 0; q != partition && j < part.length; j++) {
+                    mineFromAll[q][j].put(0, r.gradients[j], 0, mineFromAll[q][j].limit());
+                }
+            }
+        }
     }
 
     /** Through the relay: the source's bytes to every task (the others send nothing). */

@@ -1,12 +1,12 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.DType;
-import dev.gradbridge.internal.Digests;
-import dev.gradbridge.internal.Messages;
-import dev.gradbridge.internal.ValueRanges;
+import dev.gradbridge.InvalidInputException;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.data.Dataset;
+import dev.gradbridge.internal.Digests;
+import dev.gradbridge.internal.InputMessages;
+import dev.gradbridge.internal.ValueRanges;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Path;
@@ -315,7 +315,7 @@ public final class ShardedData {
             for (String column : frame.schema().fieldNames()) {
                 if (!names.contains(column)) {
                     throw new InvalidInputException(
-                            Messages.unknownColumn(source, column, metadata.getInputNames()));
+                            InputMessages.unknownColumn(source, column, metadata.getInputNames()));
                 }
             }
         }

@@ -1,8 +1,8 @@
 package dev.gradbridge.spark;
 
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
 import dev.gradbridge.internal.ModuleAccess;
+import dev.gradbridge.internal.ShardedMessages;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.ServerSocket;
@@ -67,7 +67,8 @@ final class SparkSettings {
         String spark = org.apache.spark.package$.MODULE$.SPARK_VERSION();
         String scalaVersion = scala.util.Properties$.MODULE$.versionNumberString();
         if (!SparkLine.runsOn(spark) || !scalaVersion.startsWith(SparkLine.SCALA + ".")) {
-            throw new InvalidInputException(Messages.sparkLine(SparkLine.SCALA, SparkLine.SPARK, spark, scalaVersion));
+            throw new InvalidInputException(ShardedMessages.sparkLine(SparkLine.SCALA, SparkLine.SPARK, spark,
+                    scalaVersion));
         }
     }
 
@@ -87,17 +88,17 @@ final class SparkSettings {
             Matcher m = n.matches() ? n : failures;
             boolean ok = positive(m.group(1)) && (m == n || m.group(2).length() <= 9); // F: any int
             if (!ok) {
-                throw new InvalidInputException(Messages.sparkMaster(source, master));
+                throw new InvalidInputException(ShardedMessages.sparkMaster(source, master));
             }
             return;
         }
         if (master.startsWith("local")) {
-            throw new InvalidInputException(Messages.sparkMaster(source, master));
+            throw new InvalidInputException(ShardedMessages.sparkMaster(source, master));
         }
         if (SparkInternals.clusterManagerAccepts(master)) {
             return;
         }
-        throw new InvalidInputException(Messages.sparkMaster(source, master));
+        throw new InvalidInputException(ShardedMessages.sparkMaster(source, master));
     }
 
     private static boolean positive(String count) {
@@ -127,15 +128,15 @@ final class SparkSettings {
         try {
             address = InetAddress.getByName(host);
         } catch (UnknownHostException e) {
-            throw new InvalidInputException(Messages.sparkDriverAddress(key, host, "no such host"));
+            throw new InvalidInputException(ShardedMessages.sparkDriverAddress(key, host, "no such host"));
         } catch (SecurityException e) {
-            throw new InvalidInputException(Messages.sparkDriverAddress(key, host, e.getMessage()));
+            throw new InvalidInputException(ShardedMessages.sparkDriverAddress(key, host, e.getMessage()));
         }
         try (ServerSocket probe = new ServerSocket(0, 1, address)) {
             // an address of this machine
         } catch (IOException e) {
             String reason = e.getMessage() == null ? e.getClass().getSimpleName() : e.getMessage();
-            throw new InvalidInputException(Messages.sparkDriverAddress(key, host,
+            throw new InvalidInputException(ShardedMessages.sparkDriverAddress(key, host,
                     reason.toLowerCase(Locale.ROOT).contains("assign") ? "not an address of this machine" : reason));
         }
     }
@@ -144,7 +145,7 @@ final class SparkSettings {
     static String exchange(SparkConf conf) {
         String exchange = conf.get(GradientExchange.SETTING, GradientExchange.GLOO);
         if (!GradientExchange.GLOO.equals(exchange) && !GradientExchange.RELAY.equals(exchange)) {
-            throw new InvalidInputException(Messages.sparkExchange(GradientExchange.SETTING,
+            throw new InvalidInputException(ShardedMessages.sparkExchange(GradientExchange.SETTING,
                     Arrays.asList(GradientExchange.GLOO, GradientExchange.RELAY), exchange));
         }
         return exchange;
@@ -161,7 +162,7 @@ final class SparkSettings {
         } catch (NumberFormatException e) {
             // the line below says what was expected
         }
-        throw new InvalidInputException(Messages.sparkOneRoundBytes(GradientExchange.ONE_ROUND_SETTING,
+        throw new InvalidInputException(ShardedMessages.sparkOneRoundBytes(GradientExchange.ONE_ROUND_SETTING,
                 GradientExchange.ONE_ROUND_MAX_BYTES, value));
     }
 
@@ -182,6 +183,6 @@ final class SparkSettings {
         } catch (NumberFormatException e) {
             // the line below says what was expected
         }
-        throw new InvalidInputException(Messages.sparkThreads(THREADS_SETTING, ModuleAccess.MAX_THREADS, value));
+        throw new InvalidInputException(ShardedMessages.sparkThreads(THREADS_SETTING, ModuleAccess.MAX_THREADS, value));
     }
 }

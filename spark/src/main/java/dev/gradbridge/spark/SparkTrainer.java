@@ -1,12 +1,8 @@
 package dev.gradbridge.spark;
 
-import dev.gradbridge.internal.RunStart;
-import dev.gradbridge.internal.AtomicFiles;
 import dev.gradbridge.DivergenceException;
 import dev.gradbridge.History;
 import dev.gradbridge.InvalidInputException;
-import dev.gradbridge.internal.Messages;
-import dev.gradbridge.internal.ValueRanges;
 import dev.gradbridge.Metadata;
 import dev.gradbridge.Protocol;
 import dev.gradbridge.ProtocolException;
@@ -14,6 +10,11 @@ import dev.gradbridge.RunSettings;
 import dev.gradbridge.ShardedRun;
 import dev.gradbridge.TrainingModule;
 import dev.gradbridge.data.Shuffle;
+import dev.gradbridge.internal.AtomicFiles;
+import dev.gradbridge.internal.Messages;
+import dev.gradbridge.internal.RunStart;
+import dev.gradbridge.internal.ShardedMessages;
+import dev.gradbridge.internal.ValueRanges;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -21,8 +22,8 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.spark.api.java.JavaFutureAction;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.scheduler.SparkListener;
@@ -150,16 +151,18 @@ public final class SparkTrainer {
             }
         }
         if (!missing.isEmpty()) {
-            throw new ProtocolException(Messages.dataParallelMethods(path, metadata.getProtocolVersion(), missing));
+            throw new ProtocolException(ShardedMessages.dataParallelMethods(path, metadata.getProtocolVersion(),
+                    missing));
         }
         List<String> trained = module.getMetadata().getTrainedBufferNames();
         if (!trained.isEmpty() && !module.getMethodNames().contains(Protocol.SET_STATE)) {
-            throw new ProtocolException(Messages.dataParallelBuffers(path, trained));
+            throw new ProtocolException(ShardedMessages.dataParallelBuffers(path, trained));
         }
         Map<String, Object> tuning = metadata.getFineTuning();
         Object accumulate = tuning == null ? null : tuning.get("accumulate");
         if (accumulate instanceof Number && ((Number) accumulate).longValue() != 1) {
-            throw new InvalidInputException(Messages.dataParallelAccumulate(path, ((Number) accumulate).longValue()));
+            throw new InvalidInputException(ShardedMessages.dataParallelAccumulate(path,
+                    ((Number) accumulate).longValue()));
         }
     }
 

@@ -222,15 +222,7 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
             DriverEndpoint.Caller driver, String executor, int firstEpoch, byte[] archive) throws IOException {
         int perEpoch = run.stepsPerEpoch();
         int attempt = context.stageAttemptNumber();
-        Result result = new Result();
-        result.partition = shard.partition;
-        result.stageAttempt = attempt;
-        result.executor = executor;
-        result.threads = ModuleAccess.intraOpThreads();
-        result.firstEpoch = firstEpoch;
-        int total = Math.max(0, run.endEpoch - firstEpoch) * perEpoch;
-        result.computeNanos = new long[total];
-        result.stepNanos = new long[total];
+        Result result = newResult(shard, attempt, executor, firstEpoch, perEpoch);
         int taken = 0;
         Future<Object> handover = null; // partition 0's last epoch end, on its way to the driver
         ExecutorService ender = shard.partition == 0 ? Executors.newSingleThreadExecutor(TrainingTask::endThread) : null;
@@ -243,40 +235,12 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         try (Replica replica = Replica.load(archive)) {
             result.loadNanos = System.nanoTime() - loading;
             for (int epoch = firstEpoch; epoch < run.endEpoch; epoch++) {
-                long[] order = run.order(epoch);
                 double[] losses = new double[perEpoch];
-                int step = 0;
-                boolean diverged = false;
-                for (int start = 0; start < run.rows; step++, start += run.batch) {
-                    long t0 = System.nanoTime();
-                    int end = (int) Math.min(run.rows, (long) start + run.batch);
-                    long seed = replica.draws() ? SeededDraws.seed(run.seed, (long) epoch * perEpoch + step, shard.partition)
-                            : 0;
-                    ShardResult mine = slice(shard, order, start, end, replica, exchange, columns, seed);
-                    long t1 = System.nanoTime();
-                    injectFault(epoch, shard.partition, step, attempt);
-                    GradientCombiner.Combined combined = exchange.combine(mine);
-                    if (replica.writesBuffers() && shard.partitions > 1) {
-                        replica.shareBuffers(shard.partition, firstWithRows(order, start, end, shard.partitions), exchange);
-                    }
-                    long t2 = System.nanoTime();
-                    replica.step(combined);
-                    long t3 = System.nanoTime();
-                    result.computeNanos[taken] = t1 - t0;
-                    result.stepNanos[taken] = t3 - t0;
-                    taken++;
-                    result.exchangeNanos += t2 - t1;
-                    result.optimizerNanos += t3 - t2;
-                    losses[step] = combined.loss;
-                    if (Double.isNaN(combined.loss) || Double.isInfinite(combined.loss)) {
-                        diverged = true;
-                        step++;
-                        break; // every task sees the same loss and stops at the same step
-                    }
-                }
-                if (diverged) {
+                int steps = epochSteps(shard, replica, exchange, columns, result, epoch, losses, taken);
+                taken += steps;
+                if (steps > 0 && !Double.isFinite(losses[steps - 1])) { // diverged: every task stops at that step
                     result.divergedEpoch = epoch;
-                    result.divergedLosses = Arrays.copyOf(losses, step);
+                    result.divergedLosses = Arrays.copyOf(losses, steps);
                     break;
                 }
                 double loss = RunStart.epochLoss(losses);
@@ -300,6 +264,59 @@ final class TrainingTask extends AbstractFunction1<scala.collection.Iterator<Sha
         result.bytesSent = exchange.bytesSent();
         result.bytesReceived = exchange.bytesReceived();
         return Collections.singletonList(result).iterator();
+    }
+
+    /** A task's result before its first step: who ran it, with room for every step's times. */
+    private Result newResult(Shard shard, int attempt, String executor, int firstEpoch, int perEpoch) {
+        Result result = new Result();
+        result.partition = shard.partition;
+        result.stageAttempt = attempt;
+        result.executor = executor;
+        result.threads = ModuleAccess.intraOpThreads();
+        result.firstEpoch = firstEpoch;
+        int total = Math.max(0, run.endEpoch - firstEpoch) * perEpoch;
+        result.computeNanos = new long[total];
+        result.stepNanos = new long[total];
+        return result;
+    }
+
+    /**
+     * One epoch's steps, each loss into {@code losses} and each step's times into {@code result} from index
+     * {@code taken} on.
+     *
+     * @return the steps taken: all of the epoch's, or up to and including the first whose loss is not finite
+     *     (every task sees the same loss and stops at the same step)
+     */
+    private int epochSteps(Shard shard, Replica replica, GradientExchange exchange, byte[][] columns, Result result,
+            int epoch, double[] losses, int taken) throws IOException {
+        int perEpoch = losses.length;
+        long[] order = run.order(epoch);
+        int step = 0;
+        for (int start = 0; start < run.rows; step++, start += run.batch) {
+            long t0 = System.nanoTime();
+            int end = (int) Math.min(run.rows, (long) start + run.batch);
+            long seed = replica.draws() ? SeededDraws.seed(run.seed, (long) epoch * perEpoch + step, shard.partition)
+                    : 0;
+            ShardResult mine = slice(shard, order, start, end, replica, exchange, columns, seed);
+            long t1 = System.nanoTime();
+            injectFault(epoch, shard.partition, step, result.stageAttempt);
+            GradientCombiner.Combined combined = exchange.combine(mine);
+            if (replica.writesBuffers() && shard.partitions > 1) {
+                replica.shareBuffers(shard.partition, firstWithRows(order, start, end, shard.partitions), exchange);
+            }
+            long t2 = System.nanoTime();
+            replica.step(combined);
+            long t3 = System.nanoTime();
+            result.computeNanos[taken + step] = t1 - t0;
+            result.stepNanos[taken + step] = t3 - t0;
+            result.exchangeNanos += t2 - t1;
+            result.optimizerNanos += t3 - t2;
+            losses[step] = combined.loss;
+            if (Double.isNaN(combined.loss) || Double.isInfinite(combined.loss)) {
+                return step + 1;
+            }
+        }
+        return step;
     }
 
     /**
