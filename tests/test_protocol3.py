@@ -226,6 +226,29 @@ evaluation, whichever the check meets first). The check refuses it."""
     assert not (tmp_path / "gru.pt").exists()
 
 
+def test_a_large_models_lean_check_steps_once_at_the_examples_size_and_still_refuses(jvm, tmp_path, monkeypatch):
+    """A model of self_check.LEAN_CHECK_BYTES or more (lowered here) is checked with one step at the example's size,
+    then one at one more and one at one sample; what it passes trains from Java like the user's model, and the GRU
+    that the op lists cannot follow is still refused."""
+    from gradbridge.export import protocol3_check, self_check
+    monkeypatch.setattr(self_check, "LEAN_CHECK_BYTES", 0)
+    sizes = []
+    original = protocol3_check._run
+    monkeypatch.setattr(protocol3_check, "_run", lambda side, where, batches, evaluated: (
+        sizes.append([len(by) for _, by in batches]), original(side, where, batches, evaluated))[1])
+    model = _mlp()
+    x, y = mlp_data(0)
+    path = export_protocol_3(tmp_path / "mlp.pt", model, torch.optim.Adam(model.parameters(), lr=1e-2))
+    assert sizes == [[BATCH, BATCH + 1, 1]] * 2
+    _trains_like_eager(path, _mlp(), x, y, epochs=2, batch_size=BATCH, seed=3)
+    torch.manual_seed(0)
+    gru = _Recurrent(nn.GRU(4, 8, batch_first=True), 8)
+    gx, gy = _sequences(0)
+    with pytest.raises(ExportError, match="nn.GRU with a hidden size not a multiple of 32"):
+        export_training_module(gru, "cross_entropy", "sgd", tmp_path / "gru.pt", example_inputs=(gx[:BATCH], gy[:BATCH]),
+                               format="export")
+
+
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch

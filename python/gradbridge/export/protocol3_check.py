@@ -1,8 +1,9 @@
 """Protocol 3's export check: the written program (read back, run by the native interpreter's Python twin,
 ``program.Program``) against the user's eager model with torch.optim as ``reference.Reference`` trains it
-(groups, frozen parameters, clipping, accumulation, the schedule): two steps at the example's size, one at
-one more (and one at one sample when the program holds its graphs), each followed by the end-of-epoch
-schedule step; then evaluate and forward in eval mode at the example's size (and at one sample); bit for bit.
+(groups, frozen parameters, clipping, accumulation, the schedule): two steps at the example's size (one for a
+model of ``self_check.LEAN_CHECK_BYTES`` or more), one at one more (and one at one sample when the program holds
+its graphs), each followed by the end-of-epoch schedule step; then evaluate and forward in eval mode at the
+example's size (and at one sample); bit for bit.
 
 The two sides run one after the other (``check_trail``: the eager one recorded, the program compared with the
 record), so the check holds one of them at a time beside the user's model; the eager copy starts from the user's
@@ -150,6 +151,8 @@ def check(path: Path, model: nn.Module, schedule: Any, input_names: List[str], x
     ``init_weights``); ``schedule``: the scheduler module the export built (each run of the twin takes a copy);
     ``one_sample``: the program holds graphs at one sample."""
     batches = [(x, y), (x, y), ({n: grow(t) for n, t in x.items()}, grow(y))]
+    if self_check.Plan(model).lean:  # one step at the example's size: the step at one more reads its state
+        del batches[1]
     evaluated = [(x, y)]
     if one_sample:
         batches.append(({n: t[:1] for n, t in x.items()}, y[:1]))

@@ -11,11 +11,11 @@ batch:
   micro-batch loop instead (the step consumes the gradients, so they are not compared);
 - ``evaluate`` and ``forward`` in eval mode, against ``model.eval()``, before the first step, between the
   steps and after the last (the eager model back in training mode with its own ``train()`` in between);
-- a traced model, once more on the example's rows but its last: the loss in eval mode, then in training mode
-  (the training trace's forward, without its backward): a trace may hold the example's batch size as a constant
-  (HF GPT-2's pooling indexes ``torch.arange(batch_size)``), and online micro-batches, predictions and Spark
-  partitions come in any size. Skipped where the eager model itself cannot take that batch (BatchNorm training
-  on one row).
+- a traced model on the example's rows but its last: the loss in eval mode first (a failure there costs no
+  step), in training mode last (the training trace's forward, without its backward): a trace may hold the
+  example's batch size as a constant (HF GPT-2's pooling indexes ``torch.arange(batch_size)``), and online
+  micro-batches, predictions and Spark partitions come in any size. Skipped where the eager model itself cannot
+  take that batch (BatchNorm training on one row).
 
 A model of ``LEAN_CHECK_BYTES`` or more gets the lean check (``Plan.lean``), so that its export costs a few
 eager steps, not ten (issue 48: at most 5x one eager step besides writing the file): one training step, the
@@ -247,6 +247,8 @@ class Plan:
 
 def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, plan: Plan, fewer: Optional[Dict[str, bool]] = None
          ) -> Iterator[trail.Observation]:
+    if fewer is not None:  # first: a trace that froze the batch size is refused before the steps are run
+        yield from _fewer_rows(side, where, x, y, fewer, training=False)
     # eval mode before, between and after the steps: state that lives across calls (an eval-time
     # cache that the eager model's Python train() clears, as timm's LeViT has) shows as a difference
     for step in range(plan.steps):
@@ -257,13 +259,13 @@ def _run(side, where: trail.Where, x: inputs.Batch, y: Tensor, plan: Plan, fewer
         yield from _step(side, where.method, x, y, SEED + step)
     where.method = f"evaluate (eval mode) after train_step {plan.steps}"
     yield from _eval(side, where, x, y)
-    if fewer is not None:
-        yield from _fewer_rows(side, where, x, y, fewer)
+    if fewer is not None:  # last: the steps say first what a random draw or a frozen value changed
+        yield from _fewer_rows(side, where, x, y, fewer, training=True)
 
 
-def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor,
-                taken: Dict[str, bool]) -> Iterator[trail.Observation]:
-    """A trace on the example's rows but its last, the loss in eval mode then in training mode (``evaluate`` runs
+def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor, taken: Dict[str, bool],
+                training: bool) -> Iterator[trail.Observation]:
+    """A trace on the example's rows but its last, the loss in eval mode or in training mode (``evaluate`` runs
     the module's current mode; the training trace's forward is where a batch size would be frozen): one that
     holds the example's batch size fails here. The eager side runs first and says in ``taken`` whether the model
     itself takes that batch (BatchNorm training on one row does not); the module's side then runs what the eager
@@ -273,27 +275,26 @@ def _fewer_rows(side, where: trail.Where, x: inputs.Batch, y: Tensor,
         return
     index = torch.arange(n - 1)
     part_x, part_y = inputs.select(x, index), y.index_select(0, index)
-    for training in (False, True):
-        where.method = f"{'the training loss' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
-        if training:
-            side.train()
-        else:
-            side.eval()
-        _seed(SEED + STEPS)
-        eager = isinstance(side, _Eager)
-        if not eager and not taken.get(where.method):
+    where.method = f"{'the training loss' if training else 'evaluate (eval mode)'} on {n - 1} of the example's {n} rows"
+    if training:
+        side.train()
+    else:
+        side.eval()
+    _seed(SEED + STEPS)
+    eager = isinstance(side, _Eager)
+    if not eager and not taken.get(where.method):
+        return
+    try:
+        loss = side.evaluate(part_x, part_y)
+    except ExportError:
+        raise
+    except Exception as ex:  # noqa: BLE001 - the module's failure on another batch size is the finding
+        if eager:  # a batch the user's model cannot take is no test
+            taken[where.method] = False
             return
-        try:
-            loss = side.evaluate(part_x, part_y)
-        except ExportError:
-            raise
-        except Exception as ex:  # noqa: BLE001 - the module's failure on another batch size is the finding
-            if eager:  # a batch the user's model cannot take is no test
-                taken[where.method] = False
-                return
-            raise CaptureError(messages.export_batch_size_frozen(where.method, n, messages.one_line(ex))) from None
-        taken[where.method] = True
-        yield trail.tensor(where.method, "loss", loss)
+        raise CaptureError(messages.export_batch_size_frozen(where.method, n, messages.one_line(ex))) from None
+    taken[where.method] = True
+    yield trail.tensor(where.method, "loss", loss)
 
 
 def _step(side, method: str, x: inputs.Batch, y: Tensor, seed: int) -> Iterator[trail.Observation]:
