@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -75,6 +75,24 @@ def _is_seed_model(metadata: Dict[str, Any]) -> bool:
         (p["name"], p["shape"]) for p in metadata["parameters"]] == [("weight", [1]), ("bias", [1])]
 
 
+def _copy_state(model_path: str | os.PathLike, tensors: List[Tuple[str, Tensor]], state: Dict[str, Tensor]) -> None:
+    """Copy the module's initial ``state`` into the user's model's ``tensors`` (its parameters and buffers by
+    name), checked first to be this model's: the same names, the same shapes."""
+    missing = sorted({name for name, _ in tensors} - set(state))
+    if missing:
+        raise ValueError(f"{model_path} has no values for {missing}: is it this model's export?")
+    extra = sorted(set(state) - {name for name, _ in tensors})
+    if extra:
+        raise ValueError(f"{model_path} holds {extra}, which the given model lacks: is it this model's export?")
+    for name, tensor in tensors:
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(f"{model_path} holds {name} of shape {list(state[name].shape)}, the given "
+                             f"model's {name} has shape {list(tensor.shape)}: is it this model's export?")
+    with torch.no_grad():
+        for name, tensor in tensors:
+            tensor.copy_(state[name])
+
+
 class Reference:
     """Eager torch.optim training of the model in ``model_path`` (see the module docstring)."""
 
@@ -111,38 +129,42 @@ class Reference:
             # A traced model's eval-mode trace (modules exported before it have the one model).
             self.eval_model: nn.Module = getattr(scripted, "eval_model", scripted.model)
         else:
-            unsupported = devices.off_device(model)
-            if unsupported:
-                raise InvalidInputError(unsupported)
-            self.model = model if take_model else copy.deepcopy(model)
-            if state is None:  # only read from here, so not copied
-                state = _program_state(model_path) if program else _state_of(scripted, clone=False)
-            tensors = list(self.model.named_parameters()) + list(self.model.named_buffers())
-            missing = sorted({name for name, _ in tensors} - set(state))
-            if missing:
-                raise ValueError(f"{model_path} has no values for {missing}: is it this model's export?")
-            extra = sorted(set(state) - {name for name, _ in tensors})
-            if extra:
-                raise ValueError(f"{model_path} holds {extra}, which the given model lacks: is it this model's export?")
-            for name, tensor in tensors:
-                if tuple(tensor.shape) != tuple(state[name].shape):
-                    raise ValueError(f"{model_path} holds {name} of shape {list(state[name].shape)}, the given "
-                                     f"model's {name} has shape {list(tensor.shape)}: is it this model's export?")
-            with torch.no_grad():
-                for name, tensor in tensors:
-                    tensor.copy_(state[name])
-            if on_device or any(t.device.type != "cpu" for _, t in tensors):
-                self.model.to(device)
+            self.model = self._users_model(model, model_path, scripted, state, program, take_model)
             self.eval_model = self.model
         self.model.train()
+        self._build_loss(model)
+        self._build_optimizer(model_path, optimizer)
+
+    def _users_model(self, model: nn.Module, model_path: str | os.PathLike, scripted: Optional[torch.jit.ScriptModule],
+                     state: Optional[Dict[str, Tensor]], program: bool, take_model: bool) -> nn.Module:
+        """The user's eager ``model`` (itself with ``take_model``, else a copy) holding the module's initial
+        parameters and buffers (``state``, else read from the module), on the reference's device."""
+        unsupported = devices.off_device(model)
+        if unsupported:
+            raise InvalidInputError(unsupported)
+        model = model if take_model else copy.deepcopy(model)
+        if state is None:  # only read from here, so not copied
+            state = _program_state(model_path) if program else _state_of(scripted, clone=False)
+        tensors = list(model.named_parameters()) + list(model.named_buffers())
+        _copy_state(model_path, tensors, state)
+        if devices.is_cuda(self.device) or any(t.device.type != "cpu" for _, t in tensors):
+            model.to(self.device)
+        return model
+
+    def _build_loss(self, model: Optional[nn.Module]) -> None:
+        """The metadata's loss and autocast region: forward and loss under torch.autocast, as exported; ``model``:
+        the user's, else None (the stored model holds its casts already: its loss alone)."""
         self.loss = losses.build(self.metadata["loss"])
-        # forward and loss under torch.autocast, as exported (the stored model holds its casts already: its loss alone)
         self.autocast = autocast.of(self.metadata)
         self._forward_autocast = None if model is None else self.autocast
-        if on_device:  # a loss's weights are plain tensor attributes, which Module.to leaves alone
+        if devices.is_cuda(self.device):  # a loss's weights are plain tensor attributes, which Module.to leaves alone
             for name, value in list(vars(self.loss).items()):
                 if isinstance(value, Tensor):
-                    setattr(self.loss, name, value.to(device))
+                    setattr(self.loss, name, value.to(self.device))
+
+    def _build_optimizer(self, model_path: str | os.PathLike, optimizer: Optional[Dict[str, Any]]) -> None:
+        """torch.optim's optimizer (``optimizer``, else the metadata's) on the trainable parameters, and the
+        fine-tuning the metadata names: schedule, clipping, accumulation."""
         # Frozen parameters as exported (a scripted model does not keep requires_grad=False).
         frozen = {spec["name"] for spec in self.metadata["parameters"] if not spec.get("trainable", True)}
         for name, p in self.named_parameters():
@@ -152,7 +174,7 @@ class Reference:
         try:  # an edited file's fields, checked as the export checked them (torch would divide by zero)
             self.optimizer = optim.torch_optimizer({k: v for k, v in spec.items() if k != "groups"},
                                                    groups.torch_param_groups(spec, self.named_parameters()),
-                                                   single_tensor=on_device)
+                                                   single_tensor=devices.is_cuda(self.device))
             if "scheduler" in tuning:
                 schedulers.validate(tuning["scheduler"], len(self.optimizer.param_groups))
         except (ValueError, TypeError, KeyError) as ex:

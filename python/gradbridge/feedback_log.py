@@ -25,7 +25,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from .errors import LogError
 
@@ -181,16 +181,7 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
     data = path.read_bytes()
     records = frames(path, data)
     first = next(records, None)
-    if first is None or first[1][:1] != b"H":
-        raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
-    try:
-        header = json.loads(first[1][1:].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as ex:
-        raise LogError(f"{path}: offset 0: the header record is not valid JSON") from ex
-    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-        raise LogError(f"{path}: offset 0: header says format {header.get('format')!r} version {header.get('version')!r}; "
-                       f"expected {FORMAT} version {FORMAT_VERSION}")
-    log = FeedbackLog(path, header)
+    log = FeedbackLog(path, _header(path, first))
     end = FRAME_HEADER + len(first[1])
     write_start, write_end = -1, -1  # the last S or W record, which begins a write, and that write's end
     for offset, payload in records:
@@ -208,54 +199,76 @@ def read_log(log_dir: str | os.PathLike) -> FeedbackLog:
             end = offset + FRAME_HEADER + len(payload)
             continue
         end = offset + FRAME_HEADER + len(payload)
-        try:
-            if kind == b"E":
-                seq, n = struct.unpack_from("<qI", payload, 1)
-                x = payload[13:13 + n]
-                (m,) = struct.unpack_from("<I", payload, 13 + n)
-                y = payload[17 + n:17 + n + m]
-                if len(x) != n or len(y) != m or 17 + n + m != len(payload):
-                    raise ValueError("lengths do not add up")
-                log.events[seq] = (x, y)
-            elif kind == b"K":
-                first_seq, count = struct.unpack_from("<qI", payload, 1)
-                log.keys[payload[45:].decode("utf-8")] = (first_seq, count)
-            elif kind == b"B":
-                if len(payload) != 21:
-                    raise ValueError("lengths do not add up")
-                batch = Batch(*struct.unpack_from("<qqI", payload, 1), offset=offset)
-                log.batches.append(batch)
-                log.order.append(batch)
-            elif kind == b"Q":
-                index, first_seq, count = struct.unpack_from("<qqI", payload, 1)
-                quarantine = Quarantine(index, first_seq, count, payload[21:].decode("utf-8"), offset=offset)
-                log.quarantines.append(quarantine)
-                log.order.append(quarantine)
-            elif kind == b"V":
-                vid, updates, loss = struct.unpack_from("<qqd", payload, 1)
-                version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
-                log.versions.append(version)
-                log.order.append(version)
-            elif kind == b"G":
-                if len(payload) != 34 or payload[33] > GATE_ROLLED_BACK:
-                    raise ValueError("lengths do not add up")
-                gate = Gate(*struct.unpack_from("<qqddB", payload, 1), offset=offset)
-                log.order.append(gate)
-            elif kind == b"R":
-                if len(payload) != 17:
-                    raise ValueError("lengths do not add up")
-                log.order.append(Rollback(*struct.unpack_from("<qq", payload, 1), offset=offset))
-            elif kind == b"P":
-                log.positions.append(_position(path, offset, payload))
-            else:
-                raise ValueError(f"unknown record type {kind!r}")
-        except (struct.error, ValueError, UnicodeDecodeError) as ex:
-            raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
+        _add_record(log, path, offset, payload)
     if end < write_end:
         raise LogError(_inside_frame(path, end, write_start, write_end))
     log.end = end
     log.torn_bytes = len(data) - end
     return log
+
+
+def _header(path: Path, first) -> Dict[str, Any]:
+    """The log's header record (``first``: the first frame, or None), checked to be a feedback log's
+    of this format version."""
+    if first is None or first[1][:1] != b"H":
+        raise LogError(f"{path} is not a gradbridge feedback log (no header record)")
+    try:
+        header = json.loads(first[1][1:].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as ex:
+        raise LogError(f"{path}: offset 0: the header record is not valid JSON") from ex
+    if not isinstance(header, dict) or header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
+        raise LogError(f"{path}: offset 0: header says format {header.get('format')!r} version {header.get('version')!r}; "
+                       f"expected {FORMAT} version {FORMAT_VERSION}")
+    return header
+
+
+def _add_record(log: FeedbackLog, path: Path, offset: int, payload: bytes) -> None:
+    """Parse one record that is not a write's start (E, K, B, Q, V, G, R, P) into ``log``; LogError
+    with its offset when it is malformed."""
+    kind = payload[:1]
+    try:
+        if kind == b"E":
+            seq, n = struct.unpack_from("<qI", payload, 1)
+            x = payload[13:13 + n]
+            (m,) = struct.unpack_from("<I", payload, 13 + n)
+            y = payload[17 + n:17 + n + m]
+            if len(x) != n or len(y) != m or 17 + n + m != len(payload):
+                raise ValueError("lengths do not add up")
+            log.events[seq] = (x, y)
+        elif kind == b"K":
+            first_seq, count = struct.unpack_from("<qI", payload, 1)
+            log.keys[payload[45:].decode("utf-8")] = (first_seq, count)
+        elif kind == b"B":
+            if len(payload) != 21:
+                raise ValueError("lengths do not add up")
+            batch = Batch(*struct.unpack_from("<qqI", payload, 1), offset=offset)
+            log.batches.append(batch)
+            log.order.append(batch)
+        elif kind == b"Q":
+            index, first_seq, count = struct.unpack_from("<qqI", payload, 1)
+            quarantine = Quarantine(index, first_seq, count, payload[21:].decode("utf-8"), offset=offset)
+            log.quarantines.append(quarantine)
+            log.order.append(quarantine)
+        elif kind == b"V":
+            vid, updates, loss = struct.unpack_from("<qqd", payload, 1)
+            version = Version(vid, updates, loss, json.loads(payload[25:].decode("utf-8")), offset=offset)
+            log.versions.append(version)
+            log.order.append(version)
+        elif kind == b"G":
+            if len(payload) != 34 or payload[33] > GATE_ROLLED_BACK:
+                raise ValueError("lengths do not add up")
+            gate = Gate(*struct.unpack_from("<qqddB", payload, 1), offset=offset)
+            log.order.append(gate)
+        elif kind == b"R":
+            if len(payload) != 17:
+                raise ValueError("lengths do not add up")
+            log.order.append(Rollback(*struct.unpack_from("<qq", payload, 1), offset=offset))
+        elif kind == b"P":
+            log.positions.append(_position(path, offset, payload))
+        else:
+            raise ValueError(f"unknown record type {kind!r}")
+    except (struct.error, ValueError, UnicodeDecodeError) as ex:
+        raise LogError(f"{path}: offset {offset}: the record is malformed ({ex})") from ex
 
 
 def _position(path: Path, offset: int, payload: bytes) -> Position:

@@ -79,16 +79,7 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     (``TrainingModule.load(path, device)``) and each batch copied there per step, with torch's
     deterministic algorithms on for the run unless ``deterministic`` is false (``Trainer.optDeterministic``).
     """
-    if mode is not None and mode not in protocol.MODES:
-        raise InvalidInputError(messages.unknown_mode(mode))
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf")):
-        raise InvalidInputError(messages.argument("lr", "a finite number >= 0", lr))
-    # Arguments first, in Python: JPype would raise TypeError/OverflowError, or truncate 2.7.
-    epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
-    if batch_size is not None:
-        batch_size = messages.check_integer("batch_size", batch_size, 1, messages.INT_MAX)
-    if seed is not None:
-        seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    epochs, batch_size, seed = _check_arguments(mode, lr, epochs, batch_size, seed)
     device = devices.require(devices.CPU if device is None else device)  # this process's torch: Java shares it
     arrays = [_contiguous(a) for a in (x, y, *(val or ()))]
     metadata = protocol.read_metadata(model_path)
@@ -96,8 +87,6 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
     if val is not None:
         check_data(metadata, arrays[2], arrays[3], val_source)
     arrays = [_carried(a) for a in arrays]  # kept alive here while Java reads them
-    Trainer = jclass("dev.gradbridge.Trainer")
-    Paths = jclass("java.nio.file.Paths")
     module = load_module(model_path, op_libraries, device)
     datasets = []  # closed before the arrays go: their tensors use the arrays' memory
     try:
@@ -106,24 +95,13 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
                 module.setLr(float(lr))
             train_data = dataset(arrays[0], arrays[1], source)
             datasets.append(train_data)
-            builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
-                       .optAllowDifferentData(bool(allow_different_data)))
-            if batch_size is not None:
-                builder.optBatchSize(int(batch_size))
-            if seed is not None:
-                builder.optSeed(_as_java_long(seed))
-            if mode is not None:
-                builder.optMode(Trainer.Mode.parse(mode))
             if val is not None:
                 datasets.append(dataset(arrays[2], arrays[3], val_source))
-                builder.optValidation(datasets[-1])
-            if devices.is_cuda(device):
-                builder.optDevice(device).optDeterministic(bool(deterministic))
-            if checkpoint is not None:
-                builder.optCheckpoint(Paths.get(str(checkpoint)))
-            if history is not None:
-                builder.optHistory(Paths.get(str(history)))
-            return History.from_java(builder.build().fit(module, train_data))
+            trainer = _trainer(epochs=epochs, record_values=record_values, allow_different_data=allow_different_data,
+                               batch_size=batch_size, seed=seed, mode=mode,
+                               validation=datasets[1] if val is not None else None, device=device,
+                               deterministic=deterministic, checkpoint=checkpoint, history=history)
+            return History.from_java(trainer.fit(module, train_data))
     except DivergenceError as error:
         # The epochs completed before the divergent one travel on the error.
         error.history = History.from_java(error.__cause__.getHistory())
@@ -133,6 +111,48 @@ def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
             data.close()
         module.close()
         del arrays  # only now may the memory go
+
+
+def _check_arguments(mode: Optional[str], lr: Optional[float], epochs: int, batch_size: Optional[int],
+                     seed: Optional[int]) -> Tuple[int, Optional[int], Optional[int]]:
+    """``train``'s arguments checked first, in Python: JPype would raise TypeError/OverflowError, or
+    truncate 2.7. Returns epochs, batch_size and seed as Java takes them."""
+    if mode is not None and mode not in protocol.MODES:
+        raise InvalidInputError(messages.unknown_mode(mode))
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf")):
+        raise InvalidInputError(messages.argument("lr", "a finite number >= 0", lr))
+    epochs = messages.check_integer("epochs", epochs, 1, messages.INT_MAX)
+    if batch_size is not None:
+        batch_size = messages.check_integer("batch_size", batch_size, 1, messages.INT_MAX)
+    if seed is not None:
+        seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
+    return epochs, batch_size, seed
+
+
+def _trainer(*, epochs: int, record_values: bool, allow_different_data: bool, batch_size: Optional[int],
+             seed: Optional[int], mode: Optional[str], validation: Any, device: str, deterministic: bool,
+             checkpoint: str | os.PathLike | None, history: str | os.PathLike | None):
+    """The Java ``Trainer`` of ``train``'s options (``validation``: the validation Dataset, or None); an
+    option left None keeps the Trainer's default (a checkpoint's value)."""
+    Trainer = jclass("dev.gradbridge.Trainer")
+    Paths = jclass("java.nio.file.Paths")
+    builder = (Trainer.builder().optEpochs(int(epochs)).optRecordValues(bool(record_values))
+               .optAllowDifferentData(bool(allow_different_data)))
+    if batch_size is not None:
+        builder.optBatchSize(int(batch_size))
+    if seed is not None:
+        builder.optSeed(_as_java_long(seed))
+    if mode is not None:
+        builder.optMode(Trainer.Mode.parse(mode))
+    if validation is not None:
+        builder.optValidation(validation)
+    if devices.is_cuda(device):
+        builder.optDevice(device).optDeterministic(bool(deterministic))
+    if checkpoint is not None:
+        builder.optCheckpoint(Paths.get(str(checkpoint)))
+    if history is not None:
+        builder.optHistory(Paths.get(str(history)))
+    return builder.build()
 
 
 def seed_data(seed: int = 42, n: int = 100) -> Tuple[np.ndarray, np.ndarray]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .history import History
+from .history import EpochRecord, History
 
 #: Java in a JVM of its own may run another build of libtorch (the pytorch-native-cpu jar's) than pip's: its kernels may
 #: round differently in the last bits, so that comparison allows float32-level differences. Java
@@ -137,56 +137,76 @@ def compare_histories(a: History, b: History, *, rtol: float = 0.0, atol: float 
         raise ValueError(f"histories differ in length: {labels[0]} {len(a)} epochs, {labels[1]} {len(b)}")
     report = ParityReport(labels[0], labels[1], rtol, atol)
     for index, (ra, rb) in enumerate(zip(a, b)):
-        names_a, names_b = set(ra.parameters or ra.digests), set(rb.parameters or rb.digests)
-        if ra.epoch != rb.epoch or names_a != names_b:
-            raise ValueError(f"record {index}: epoch {ra.epoch} with {sorted(names_a)} vs "
-                             f"epoch {rb.epoch} with {sorted(names_b)}")
-        if (ra.val_loss is None) != (rb.val_loss is None):
-            raise ValueError(f"epoch {ra.epoch}: validation loss in one history only "
-                             f"({labels[0]} {ra.val_loss!r}, {labels[1]} {rb.val_loss!r})")
-        row = EpochDelta(ra.epoch, ra.loss, rb.loss, _delta(ra.loss, rb.loss), 0.0, "-",
-                         val_loss_a=ra.val_loss, val_loss_b=rb.val_loss)
-        row.same_bits = _same(ra.loss, rb.loss)
-        within = _close(ra.loss, rb.loss, rtol, atol)
-        if ra.val_loss is not None:
-            row.val_loss_delta = _delta(ra.val_loss, rb.val_loss)
-            row.same_bits = row.same_bits and _same(ra.val_loss, rb.val_loss)
-            within = within and _close(ra.val_loss, rb.val_loss, rtol, atol)
-        if ra.parameters and rb.parameters:
-            for name, va in ra.parameters.items():
-                vb = rb.parameters[name]
-                if va.shape != vb.shape:
-                    raise ValueError(f"epoch {ra.epoch}: parameter {name} has shape {list(va.shape)} in "
-                                     f"{labels[0]} but {list(vb.shape)} in {labels[1]}")
-                va, vb = _common(va), _common(vb)
-                differ = _bits(va) != _bits(vb)
-                if not differ.any():
-                    continue
-                row.same_bits = False
-                delta = _deltas(va, vb, differ)
-                within = within and bool(np.all(~differ | _close_array(va, vb, rtol, atol)))
-                # the largest difference, or the first differing element when none has a size (-0.0 vs 0.0)
-                i = int(delta.argmax()) if float(delta.max()) > 0 else int(np.flatnonzero(differ)[0])
-                if row.param_index < 0 or float(delta[i]) > row.param_delta:
-                    row.param_delta, row.param_name, row.param_index = float(delta[i]), name, i
-                    row.param_a, row.param_b = float(va.ravel()[i]), float(vb.ravel()[i])
-        else:  # digests only: they tell equal from different, not by how much
-            for name in sorted(names_a):
-                if ra.digests.get(name) != rb.digests.get(name):
-                    within = row.same_bits = False
-                    row.param_delta, row.param_name = float("inf"), name
-        if (ra.lrs is None) != (rb.lrs is None):
-            raise ValueError(f"epoch {ra.epoch}: learning rates in one history only")
-        if ra.lrs is not None:  # schedules: the same lr sequence
-            if len(ra.lrs) != len(rb.lrs):
-                raise ValueError(f"epoch {ra.epoch}: {len(ra.lrs)} parameter groups vs {len(rb.lrs)}")
-            row.lr_delta = max((_delta(x, y) for x, y in zip(ra.lrs, rb.lrs)), default=0.0)
-            row.same_bits = row.same_bits and all(_same(x, y) for x, y in zip(ra.lrs, rb.lrs))
-            within = within and all(_close(x, y, rtol, atol) for x, y in zip(ra.lrs, rb.lrs))
+        row, within = _compare_records(index, ra, rb, rtol, atol, labels)
         report.rows.append(row)
         if not within and report.first_divergence is None:
             report.first_divergence = index
     return report
+
+
+def _compare_records(index: int, ra: EpochRecord, rb: EpochRecord, rtol: float, atol: float,
+                     labels: tuple) -> Tuple[EpochDelta, bool]:
+    """One epoch's row of the report, and whether every value of it is within tolerance."""
+    names_a, names_b = set(ra.parameters or ra.digests), set(rb.parameters or rb.digests)
+    if ra.epoch != rb.epoch or names_a != names_b:
+        raise ValueError(f"record {index}: epoch {ra.epoch} with {sorted(names_a)} vs "
+                         f"epoch {rb.epoch} with {sorted(names_b)}")
+    if (ra.val_loss is None) != (rb.val_loss is None):
+        raise ValueError(f"epoch {ra.epoch}: validation loss in one history only "
+                         f"({labels[0]} {ra.val_loss!r}, {labels[1]} {rb.val_loss!r})")
+    row = EpochDelta(ra.epoch, ra.loss, rb.loss, _delta(ra.loss, rb.loss), 0.0, "-",
+                     val_loss_a=ra.val_loss, val_loss_b=rb.val_loss)
+    row.same_bits = _same(ra.loss, rb.loss)
+    within = _close(ra.loss, rb.loss, rtol, atol)
+    if ra.val_loss is not None:
+        row.val_loss_delta = _delta(ra.val_loss, rb.val_loss)
+        row.same_bits = row.same_bits and _same(ra.val_loss, rb.val_loss)
+        within = within and _close(ra.val_loss, rb.val_loss, rtol, atol)
+    if ra.parameters and rb.parameters:
+        within = _compare_parameters(ra, rb, row, rtol, atol, labels) and within
+    else:  # digests only: they tell equal from different, not by how much
+        for name in sorted(names_a):
+            if ra.digests.get(name) != rb.digests.get(name):
+                within = row.same_bits = False
+                row.param_delta, row.param_name = float("inf"), name
+    return row, _compare_lrs(ra, rb, row, rtol, atol) and within
+
+
+def _compare_parameters(ra: EpochRecord, rb: EpochRecord, row: EpochDelta, rtol: float, atol: float,
+                        labels: tuple) -> bool:
+    """Every parameter value of two records: ``row`` gets the largest difference; whether all are within."""
+    within = True
+    for name, va in ra.parameters.items():
+        vb = rb.parameters[name]
+        if va.shape != vb.shape:
+            raise ValueError(f"epoch {ra.epoch}: parameter {name} has shape {list(va.shape)} in "
+                             f"{labels[0]} but {list(vb.shape)} in {labels[1]}")
+        va, vb = _common(va), _common(vb)
+        differ = _bits(va) != _bits(vb)
+        if not differ.any():
+            continue
+        row.same_bits = False
+        delta = _deltas(va, vb, differ)
+        within = within and bool(np.all(~differ | _close_array(va, vb, rtol, atol)))
+        # the largest difference, or the first differing element when none has a size (-0.0 vs 0.0)
+        i = int(delta.argmax()) if float(delta.max()) > 0 else int(np.flatnonzero(differ)[0])
+        if row.param_index < 0 or float(delta[i]) > row.param_delta:
+            row.param_delta, row.param_name, row.param_index = float(delta[i]), name, i
+            row.param_a, row.param_b = float(va.ravel()[i]), float(vb.ravel()[i])
+    return within
+
+
+def _compare_lrs(ra: EpochRecord, rb: EpochRecord, row: EpochDelta, rtol: float, atol: float) -> bool:
+    """Two records' learning rates (schedules: the same lr sequence), into ``row``; whether all are within."""
+    if (ra.lrs is None) != (rb.lrs is None):
+        raise ValueError(f"epoch {ra.epoch}: learning rates in one history only")
+    if ra.lrs is None:
+        return True
+    if len(ra.lrs) != len(rb.lrs):
+        raise ValueError(f"epoch {ra.epoch}: {len(ra.lrs)} parameter groups vs {len(rb.lrs)}")
+    row.lr_delta = max((_delta(x, y) for x, y in zip(ra.lrs, rb.lrs)), default=0.0)
+    row.same_bits = row.same_bits and all(_same(x, y) for x, y in zip(ra.lrs, rb.lrs))
+    return all(_close(x, y, rtol, atol) for x, y in zip(ra.lrs, rb.lrs))
 
 
 def _same(a: float, b: float) -> bool:

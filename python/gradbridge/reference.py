@@ -95,6 +95,37 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     """
     recorded = None if run is None else spark_history.read(run)
     given_threads = threads
+    epochs, shards, batch_size, seed, shuffle, threads, start_epoch = _sharded_settings(
+        recorded, epochs=epochs, shards=shards, batch_size=batch_size, seed=seed, shuffle=shuffle, threads=threads,
+        start_epoch=start_epoch)
+    metadata = protocol.read_metadata(model_path)
+    check_data_parallel(model_path, metadata)
+    xs, ys = data_checks.tensors(metadata, x, y, source)  # a 16-bit input's carrier cast
+    _check_sharded_data(metadata, x, y, len(ys), batch_size, shards, recorded, source)
+    why = (messages.THREADS_GIVEN.format(threads) if given_threads is not None
+           else messages.THREADS_RECORDED.format(recorded.source) if recorded is not None else messages.THREADS_DEFAULT)
+    reference = Reference(model_path, model)
+    previous = torch.get_num_threads()
+    if say is not None:
+        say(messages.replay_threads(threads, previous, why))
+    elif previous != threads:
+        print(messages.replay_threads(threads, previous, why), file=sys.stderr)
+    torch.set_num_threads(threads)
+    try:
+        history = _sharded_epochs(reference, xs, ys, x, y, range(start_epoch, start_epoch + epochs),
+                                  shards=shards, batch_size=batch_size, seed=seed, shuffle=shuffle, threads=threads,
+                                  record_values=record_values, source=source)
+    finally:
+        torch.set_num_threads(previous)
+    history.buffers = _as_numpy(reference.buffers())
+    return history
+
+
+def _sharded_settings(recorded: Optional[spark_history.SparkRun], *, epochs: Optional[int], shards: Optional[int],
+                      batch_size: Optional[int], seed: Optional[int], shuffle: Optional[bool],
+                      threads: Optional[int], start_epoch: int) -> tuple:
+    """``train_sharded``'s run settings, checked: the arguments given, else what the run's history records,
+    else the defaults. Returns epochs, shards, batch_size, seed, shuffle, threads, start_epoch."""
     if recorded is not None:
         settings = recorded.settings
         shards = settings.partitions if shards is None else shards
@@ -113,10 +144,13 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
     start_epoch = messages.check_integer("start_epoch", start_epoch, 0, messages.INT_MAX - epochs)
     seed = messages.check_integer("seed", seed, -(1 << 63), (1 << 64) - 1)
     threads = messages.check_integer("threads", TASK_THREADS if threads is None else threads, 1, messages.MAX_THREADS)
-    metadata = protocol.read_metadata(model_path)
-    check_data_parallel(model_path, metadata)
-    xs, ys = data_checks.tensors(metadata, x, y, source)  # a 16-bit input's carrier cast
-    n = len(ys)
+    return epochs, shards, batch_size, seed, shuffle, threads, start_epoch
+
+
+def _check_sharded_data(metadata: Dict[str, Any], x: Any, y: np.ndarray, n: int, batch_size: int, shards: int,
+                        recorded: Optional[spark_history.SparkRun], source: str) -> None:
+    """What gradbridge-spark refuses of the data (no rows, a batch size past them, fewer rows than
+    partitions), and, replaying a recorded run on its partition count, data other than the run's."""
     if n == 0:
         raise InvalidInputError(messages.empty_dataset(source))
     if not 1 <= batch_size <= n:
@@ -129,44 +163,44 @@ def train_sharded(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epoch
         if digest != recorded.settings.shards_sha256:
             raise InvalidInputError(messages.spark_history_data(source, recorded.source, shards, digest,
                                                                 recorded.settings.shards_sha256))
-    why = (messages.THREADS_GIVEN.format(threads) if given_threads is not None
-           else messages.THREADS_RECORDED.format(recorded.source) if recorded is not None else messages.THREADS_DEFAULT)
-    reference = Reference(model_path, model)
+
+
+def _sharded_epochs(reference: Reference, xs: Any, ys: Tensor, x: Any, y: np.ndarray, epochs: range, *, shards: int,
+                    batch_size: int, seed: int, shuffle: bool, threads: int, record_values: bool,
+                    source: str) -> History:
+    """``train_sharded``'s epochs on the checked data (``xs``, ``ys``; ``x``, ``y`` as given, for the
+    line that blames them), under the replay's thread count."""
     history = History()
+    n = len(ys)
     steps = (n + batch_size - 1) // batch_size
-    previous = torch.get_num_threads()
-    if say is not None:
-        say(messages.replay_threads(threads, previous, why))
-    elif previous != threads:
-        print(messages.replay_threads(threads, previous, why), file=sys.stderr)
-    torch.set_num_threads(threads)
-    try:
-        started = time.perf_counter()
-        for epoch in range(start_epoch, start_epoch + epochs):
-            order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
-            first = epoch * steps  # the run's step number of the epoch's first step
-            try:
-                values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards,
-                                                 [shuffle_module.step_seed(seed, first + i // batch_size, k)
-                                                  for k in range(shards)])
-                          for i in range(0, n, batch_size)]
-            except _TORCH_FAILURES as ex:  # gradbridge-spark refuses such data before its first step
-                raise reference.blame(ex, source, x, y, f"training step failed at epoch {epoch}") from ex
-            for index, value in enumerate(values):
-                if math.isnan(value) or math.isinf(value):
-                    row = index * batch_size
-                    error = DivergenceError(f"{messages.divergence(value, epoch, index, row, min(n, row + batch_size) - 1)}; "
-                                            f"{len(history)} completed epoch(s) kept in error.history")
-                    error.history = history
-                    raise error
-            reference.end_epoch(epoch_loss(values))
-            record = reference.record(epoch, epoch_loss(values), None, time.perf_counter() - started, record_values)
-            record.threads = threads
-            history.append(record)
-    finally:
-        torch.set_num_threads(previous)
-    history.buffers = _as_numpy(reference.buffers())
+    started = time.perf_counter()
+    for epoch in epochs:
+        order = shuffle_module.permutation(seed, epoch, n) if shuffle else list(range(n))
+        first = epoch * steps  # the run's step number of the epoch's first step
+        try:
+            values = [reference.sharded_step(xs, ys, order[i:i + batch_size], shards,
+                                             [shuffle_module.step_seed(seed, first + i // batch_size, k)
+                                              for k in range(shards)])
+                      for i in range(0, n, batch_size)]
+        except _TORCH_FAILURES as ex:  # gradbridge-spark refuses such data before its first step
+            raise reference.blame(ex, source, x, y, f"training step failed at epoch {epoch}") from ex
+        _raise_if_diverged(values, epoch, n, batch_size, history)
+        reference.end_epoch(epoch_loss(values))
+        record = reference.record(epoch, epoch_loss(values), None, time.perf_counter() - started, record_values)
+        record.threads = threads
+        history.append(record)
     return history
+
+
+def _raise_if_diverged(values: list, epoch: int, n: int, batch: int, history: History) -> None:
+    """DivergenceError at an epoch's first NaN or infinite batch loss, holding the epochs before it."""
+    for index, value in enumerate(values):
+        if math.isnan(value) or math.isinf(value):
+            first = index * batch
+            error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch) - 1)}; "
+                                    f"{len(history)} completed epoch(s) kept in error.history")
+            error.history = history  # every epoch before the divergent one
+            raise error
 
 
 def train(model_path: str | os.PathLike, x: Any, y: np.ndarray, *, epochs: int,
@@ -232,13 +266,7 @@ def _train(model_path: str | os.PathLike, xs: Any, ys: Tensor, n: int, *, epochs
             # e.g. "Target 5 is out of bounds." for a label outside the model's classes: the data's line
             raise reference.blame(ex, source, xs, ys, f"training step failed at epoch {epoch}") from ex
         values = [float(loss) for loss in losses]
-        for index, value in enumerate(values):
-            if math.isnan(value) or math.isinf(value):
-                first = index * batch
-                error = DivergenceError(f"{messages.divergence(value, epoch, index, first, min(n, first + batch) - 1)}; "
-                                        f"{len(history)} completed epoch(s) kept in error.history")
-                error.history = history  # every epoch before the divergent one
-                raise error
+        _raise_if_diverged(values, epoch, n, batch, history)
         val_loss = None
         if val is not None:
             try:

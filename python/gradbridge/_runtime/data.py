@@ -181,63 +181,82 @@ def out_of_range(refuses: Callable[[Dict[str, np.ndarray]], bool], source: str,
             rows = array.reshape(len(array), -1)
             extremes = (rows.max(axis=0).tolist(), rows.min(axis=0).tolist())
         columns.append((name, array.dtype, array.shape[1:], extremes))
-
-    def fails(c: int, row: Optional[Sequence[int]]) -> bool:
-        batch = {}
-        for i, (name, dtype, row_shape, _) in enumerate(columns):
-            values = np.zeros((PROBE_ROWS, *row_shape), dtype)
-            if i == c:
-                values[:] = np.asarray(row, np.int64).reshape(row_shape)
-            batch[name] = values
-        return refuses(batch)
-
-    def at(length: int, e: int, value: int) -> List[int]:
-        row = [0] * length
-        row[e] = value
-        return row
-
-    def far(c: int, length: int, e: int, direction: int) -> int:
-        for bit in range(62):
-            if fails(c, at(length, e, direction * (1 << bit))):
-                return direction * (1 << bit)
-        return direction * FAR
-
-    def edge(c: int, length: int, e: int, refused: int) -> int:
-        if not fails(c, at(length, e, refused)):
-            return refused
-        ok, bad = 0, refused
-        while abs(bad - ok) > 1:
-            mid = ok + _toward_zero_half(bad - ok)
-            if fails(c, at(length, e, mid)):
-                bad = mid
-            else:
-                ok = mid
-        return ok
-
-    if fails(-1, None):
+    probe = _RangeProbe(refuses, columns)
+    if probe.fails(-1, None):
         return None
     for c, (name, _, row_shape, extremes) in enumerate(columns):
         if extremes is None:
             continue
         for extreme in extremes:
-            if not fails(c, extreme):
+            if not probe.fails(c, extreme):
                 continue
-            candidates = [e for e, value in enumerate(extreme) if value != 0]
-            while len(candidates) > 1:
-                half = candidates[:len(candidates) // 2]
-                chosen = set(half)
-                only = [extreme[e] if e in chosen else 0 for e in range(len(extreme))]
-                candidates = half if fails(c, only) else candidates[len(candidates) // 2:]
-            e = candidates[0]
+            e = probe.narrow(c, extreme)
             value = extreme[e]
             element = None if len(extreme) == 1 else [int(i) for i in np.unravel_index(e, row_shape)]
             length = len(extreme)
-            if not fails(c, at(length, e, value)):  # refused only beside other elements' extremes: no line
+            if not probe.fails(c, _at(length, e, value)):  # refused only beside other elements' extremes: no line
                 continue
-            low = edge(c, length, e, value if value < 0 else far(c, length, e, -1))
-            high = edge(c, length, e, value if value > 0 else far(c, length, e, 1))
+            low = probe.edge(c, length, e, value if value < 0 else probe.far(c, length, e, -1))
+            high = probe.edge(c, length, e, value if value > 0 else probe.far(c, length, e, 1))
             return messages.value_out_of_range(source, name, element, value, low, high)
     return None
+
+
+def _at(length: int, e: int, value: int) -> List[int]:
+    """A row of ``length`` zeros but ``value`` at element ``e``."""
+    row = [0] * length
+    row[e] = value
+    return row
+
+
+class _RangeProbe:
+    """``out_of_range``'s questions to the model, each a batch of zeros but for one array's rows:
+    ``columns`` holds each array's (name, dtype, row shape, extremes)."""
+
+    def __init__(self, refuses: Callable[[Dict[str, np.ndarray]], bool], columns: List[tuple]):
+        self.refuses = refuses
+        self.columns = columns
+
+    def fails(self, c: int, row: Optional[Sequence[int]]) -> bool:
+        """Whether the model refuses rows of zeros whose array ``c`` holds ``row`` (c = -1: zeros only)."""
+        batch = {}
+        for i, (name, dtype, row_shape, _) in enumerate(self.columns):
+            values = np.zeros((PROBE_ROWS, *row_shape), dtype)
+            if i == c:
+                values[:] = np.asarray(row, np.int64).reshape(row_shape)
+            batch[name] = values
+        return self.refuses(batch)
+
+    def narrow(self, c: int, extreme: List[int]) -> int:
+        """The element of a refused row ``extreme`` of array ``c`` that it is refused for, by bisection."""
+        candidates = [e for e, value in enumerate(extreme) if value != 0]
+        while len(candidates) > 1:
+            half = candidates[:len(candidates) // 2]
+            chosen = set(half)
+            only = [extreme[e] if e in chosen else 0 for e in range(len(extreme))]
+            candidates = half if self.fails(c, only) else candidates[len(candidates) // 2:]
+        return candidates[0]
+
+    def far(self, c: int, length: int, e: int, direction: int) -> int:
+        """A refused value of element ``e`` in ``direction``, doubling from 1 (``FAR`` when none is)."""
+        for bit in range(62):
+            if self.fails(c, _at(length, e, direction * (1 << bit))):
+                return direction * (1 << bit)
+        return direction * FAR
+
+    def edge(self, c: int, length: int, e: int, refused: int) -> int:
+        """The last value of element ``e`` the model takes on the way from 0 to ``refused`` (binary search);
+        ``refused`` itself when the model takes it."""
+        if not self.fails(c, _at(length, e, refused)):
+            return refused
+        ok, bad = 0, refused
+        while abs(bad - ok) > 1:
+            mid = ok + _toward_zero_half(bad - ok)
+            if self.fails(c, _at(length, e, mid)):
+                bad = mid
+            else:
+                ok = mid
+        return ok
 
 
 def _toward_zero_half(d: int) -> int:

@@ -25,17 +25,15 @@ import argparse
 import errno
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-from . import devtree as _devtree, jdk
+from . import devtree as _devtree, jdk, native_toolchain as toolchain
 from .. import messages
 from ..errors import CLI_ERROR_PREFIX, SetupError
 from .libtorch import torch_version
@@ -233,23 +231,10 @@ def _gloo_headers(sources: Dict[str, Path]) -> List[Path]:
     return sorted(p for p in sources["gloo_headers"].rglob("*") if p.is_file())
 
 
-def _cxx_standard(include: Path) -> str:
-    """C++20 where ATen's headers demand it (torch 2.15's ATen.h refuses older standards), else C++17."""
-    aten = (include / "ATen" / "ATen.h").read_text(encoding="utf-8", errors="replace")
-    return "-std=c++20" if "C++20 or later" in aten else "-std=c++17"
-
-
 def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet: bool = False) -> Path:
     """Compile the library for this Python's torch into ``folder`` (atomically: temp file, then rename)."""
-    cxx = os.environ.get("CXX", "").strip() or None
-    words = shlex.split(cxx) if cxx is not None else []
-    compiler = (shutil.which(words[0]) if words else None) if cxx is not None \
-        else shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise SetupError(messages.no_compiler(cxx, build.torch_version))
-    compiler_args = [compiler, *words[1:]]  # CXX="ccache g++" as make takes it
+    compiler, compiler_args = toolchain.compiler(build.torch_version)
     java_home = Path(jdk.checked_java()).resolve().parent.parent
-    include = torch_dir() / "include"
     target = build.library(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -261,33 +246,9 @@ def compile_library(build: Build, sources: Dict[str, Path], folder: Path, quiet:
               file=sys.stderr, flush=True)
     with scratch_folder as scratch:
         tmp = Path(scratch) / target.name
-        flags = [_cxx_standard(include), "-O2", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={build.cxx11_abi}",
-                 f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
-                 f"-I{sources['header'].parent}", f"-I{sources['support'].parent}",
-                 f"-I{java_home / 'include'}", f"-I{java_home / 'include' / 'linux'}"]
-        if "gloo_headers" in sources:
-            # ProcessGroupGloo.hpp declares its classes only with USE_C10D_GLOO (as torch was built).
-            flags += ["-DUSE_C10D_GLOO", f"-isystem{sources['gloo_headers']}"]
-        # The files compile side by side, as many at once as there are cores (each compiler holds libtorch's
-        # headers, ~0.7 GB), then link.
-        keys = [key for key in CPP_KEYS if key in sources]
-        objects = [Path(scratch) / f"{sources[key].stem}.o" for key in keys]
-        # The compiler's temp files go to the scratch folder too: a disk that is full is the cache folder's.
-        environment = {**os.environ, "TMPDIR": scratch}
-
-        def compile_one(key: str, obj: Path) -> Tuple[int, str]:
-            done = subprocess.run([*compiler_args, *flags, "-c", str(sources[key]), "-o", str(obj)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment)
-            return done.returncode, done.stderr
-
-        with ThreadPoolExecutor(max_workers=max(1, min(len(keys), os.cpu_count() or 1))) as pool:
-            results = list(pool.map(compile_one, keys, objects))
-        if all(code == 0 for code, _ in results):
-            link = subprocess.run([*compiler_args, "-shared", *map(str, objects), "-o", str(tmp),
-                                   # No rpath: Java loads libc10 and libtorch_cpu first, from the folder it was given.
-                                   "-Wl,--as-needed", f"-L{torch_dir() / 'lib'}", "-ltorch_cpu", "-lc10"],
-                                  capture_output=True, text=True, env=environment)
-            results.append((link.returncode, link.stderr))
+        flags = toolchain.flags(torch_dir() / "include", java_home, build.cxx11_abi, sources)
+        cpp_files = [sources[key] for key in CPP_KEYS if key in sources]
+        results = toolchain.compile_and_link(compiler_args, flags, cpp_files, Path(scratch), tmp, torch_dir() / "lib")
         for code, stderr in results:
             if code != 0:
                 disk = next((words for words in DISK_ERRORS if words in stderr), None)

@@ -171,17 +171,7 @@ def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[s
             # functionalization made it ``bernoulli.p``, which draws into a new contiguous tensor: another
             # order (other masks) when x is not contiguous (a batch-first attention's output)
             schema = torch.ops.aten.bernoulli_.float._schema
-        args = []
-        for i, argument in enumerate(schema.arguments):
-            if i < len(node.args) and not argument.kwarg_only:
-                value = node.args[i]
-            elif argument.name in node.kwargs:
-                value = node.kwargs[argument.name]
-            elif argument.has_default_value():
-                value = argument.default_value
-            else:
-                raise OpListError(f"op list: {schema.name} misses argument {argument.name}")
-            args.append(encode_arg(value, slot_of, argument.type))
+        args = _call_args(schema, node, slot_of)
         returns = len(schema.returns)
         if returns == 1 and isinstance(schema.returns[0].type, torch._C.ListType):
             list_results.add(node)
@@ -194,6 +184,22 @@ def from_fx(graph: Any, inputs: Sequence[str], outputs: Sequence[str]) -> Dict[s
         raise OpListError(f"op list: the graph returns {len(results)} values, {len(outputs)} bindings given")
     return {"oplist_version": VERSION, "inputs": list(inputs), "nodes": nodes,
             "outputs": [{"ref": slot_of[r], "to": to} for r, to in zip(results, outputs) if to is not None]}
+
+
+def _call_args(schema: Any, node: Any, slot_of: Dict[Any, int]) -> List[Dict[str, Any]]:
+    """A call's arguments in its schema's order, encoded: positional, else by keyword, else the default."""
+    args = []
+    for i, argument in enumerate(schema.arguments):
+        if i < len(node.args) and not argument.kwarg_only:
+            value = node.args[i]
+        elif argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            value = argument.default_value
+        else:
+            raise OpListError(f"op list: {schema.name} misses argument {argument.name}")
+        args.append(encode_arg(value, slot_of, argument.type))
+    return args
 
 
 def batch_affine(small: Any, large: Any, b1: int, b2: int, where: str = "graph") -> Any:

@@ -37,7 +37,7 @@ import math
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import torch
 from torch import Tensor
@@ -270,40 +270,8 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
         program_check.check_training(entry["training"], entry["counters"], protocol.PROGRAM_KEY)
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
-            graphs = {}
-            files = entry.get("graphs")
-            if not isinstance(files, dict):
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.graphs"))
-            for name, file in files.items():
-                where = f"op list {oplist_check.shown(name)}"
-                if not isinstance(file, str) or file not in names:
-                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), oplist_check.shown(file)))
-                graphs[name] = oplist_check.load_json(_bounded(archive, file, oplist_check.LIMITS["json_bytes"]), where)
-                oplist_check.check_graph(graphs[name], where)
-                oplist_check.check_role(name, graphs[name], where)
-            oplist_check.check_required(graphs, f"{protocol.PROGRAM_KEY}.graphs")
-            specs = entry.get("state")
-            if not isinstance(specs, list):
-                raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.state"))
-            state = {}
-            for k, spec in enumerate(specs):
-                program_check.state_entry(spec, f"{protocol.PROGRAM_KEY}.state[{k}]")
-                if spec["file"] not in names:
-                    raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
-                expected = _entry_spec(metadata, spec["name"])
-                actual = (spec["dtype"], list(spec["shape"]))
-                if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
-                    raise protocol.ProtocolError(messages.program_state_mismatch(
-                        str(path), spec["name"], _text(expected), _text(actual)))
-                dtype = oplist.DTYPES[spec["dtype"]]
-                needed = math.prod(spec["shape"]) * dtype.itemsize
-                tensor = torch.empty(spec["shape"], dtype=dtype)
-                size = _read_into(archive, spec["file"], tensor)
-                if size != needed:
-                    size = max(size, archive.getinfo(spec["file"]).file_size)
-                    raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], size,
-                                                                              spec["name"], _text(actual), needed))
-                state[spec["name"]] = tensor
+            graphs = _read_graphs(path, archive, entry, names)
+            state = _read_state(path, archive, entry, names, metadata)
         for name, graph in graphs.items():
             oplist.check(graph, f"op list {oplist_check.shown(name)}")
         _check_bound(graphs, state)
@@ -313,6 +281,51 @@ def read_program(path: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, 
             NotImplementedError, RuntimeError) as ex:  # an encrypted entry is a RuntimeError
         raise protocol.ProtocolError(messages.program_unreadable(str(path), messages.one_line(ex)[:300])) from ex
     return metadata, graphs, state
+
+
+def _read_graphs(path: Path, archive: zipfile.ZipFile, entry: Dict[str, Any], names: Set[str]) -> Dict[str, Any]:
+    """The program entry's op lists by role, each read strictly and checked (``oplist_check``), all roles there."""
+    graphs = {}
+    files = entry.get("graphs")
+    if not isinstance(files, dict):
+        raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.graphs"))
+    for name, file in files.items():
+        where = f"op list {oplist_check.shown(name)}"
+        if not isinstance(file, str) or file not in names:
+            raise protocol.ProtocolError(messages.program_entry_missing(str(path), oplist_check.shown(file)))
+        graphs[name] = oplist_check.load_json(_bounded(archive, file, oplist_check.LIMITS["json_bytes"]), where)
+        oplist_check.check_graph(graphs[name], where)
+        oplist_check.check_role(name, graphs[name], where)
+    oplist_check.check_required(graphs, f"{protocol.PROGRAM_KEY}.graphs")
+    return graphs
+
+
+def _read_state(path: Path, archive: zipfile.ZipFile, entry: Dict[str, Any], names: Set[str],
+                metadata: Dict[str, Any]) -> Dict[str, Tensor]:
+    """The program entry's state tensors by name, each entry checked against the metadata and read whole."""
+    specs = entry.get("state")
+    if not isinstance(specs, list):
+        raise protocol.ProtocolError(messages.program_entry_missing(str(path), f"{protocol.PROGRAM_KEY}.state"))
+    state = {}
+    for k, spec in enumerate(specs):
+        program_check.state_entry(spec, f"{protocol.PROGRAM_KEY}.state[{k}]")
+        if spec["file"] not in names:
+            raise protocol.ProtocolError(messages.program_entry_missing(str(path), spec["file"]))
+        expected = _entry_spec(metadata, spec["name"])
+        actual = (spec["dtype"], list(spec["shape"]))
+        if spec["dtype"] not in oplist.DTYPES or (expected is not None and actual != expected):
+            raise protocol.ProtocolError(messages.program_state_mismatch(
+                str(path), spec["name"], _text(expected), _text(actual)))
+        dtype = oplist.DTYPES[spec["dtype"]]
+        needed = math.prod(spec["shape"]) * dtype.itemsize
+        tensor = torch.empty(spec["shape"], dtype=dtype)
+        size = _read_into(archive, spec["file"], tensor)
+        if size != needed:
+            size = max(size, archive.getinfo(spec["file"]).file_size)
+            raise protocol.ProtocolError(messages.program_state_bytes(str(path), spec["file"], size,
+                                                                      spec["name"], _text(actual), needed))
+        state[spec["name"]] = tensor
+    return state
 
 
 def _bounded(archive: zipfile.ZipFile, name: str, limit: int) -> bytes:

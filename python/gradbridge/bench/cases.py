@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jpype
 import numpy as np
@@ -150,13 +150,8 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     batches = case.samples // case.batch
     fused_calls = max(1, calls // batches)
     protocol3 = ("d3", "d3*")
-    refused = None  # why protocol 3 cannot export the case's model: reported, the other variants still run
-    exported = None
-    if (not only or set(only) & set(protocol3)) and case.key in PROTOCOL3:
-        try:
-            exported = _export(case, out_dir, format="export")[1]
-        except ExportError as ex:
-            refused = str(ex)
+    # refused: why protocol 3 cannot export the case's model: reported, the other variants still run
+    exported, refused = _protocol3_export(case, out_dir) if (not only or set(only) & set(protocol3)) else (None, None)
     wanted = lambda key: (not only or key in only) and (key not in protocol3 or exported is not None)  # noqa: E731
 
     eager = copy.deepcopy(model)  # (a) eager PyTorch + torch.optim
@@ -170,56 +165,22 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
         optimizer.step()
 
     scripted = torchscript.load(str(path))  # (b) Python calling the scripted module
-    step_npz, epoch_npz = out_dir / "batch.npz", out_dir / "epoch.npz"
-    np.savez(step_npz, x=xb, y=yb)
-    np.savez(epoch_npz, x=x, y=y)
-    step_bin, epoch_bin = out_dir / "batch.bin", out_dir / "epoch.bin"
-    _write_native_data(step_bin, xb, yb)
-    _write_native_data(epoch_bin, x, y)
+    files = _data_files(out_dir, xb, yb, x, y)
 
     here = _in_process_environment("this Python process")
     variants: List[Variant] = []
     workers: List[Worker] = []
-    module = module3 = None
+    held: list = []  # the modules loaded in this process's JVM, closed after the rounds
     try:
         if wanted("a"):
             variants.append(Variant("a", _python_block(eager_step), calls, 1, None, here))
         if wanted("b"):
             variants.append(Variant("b", _python_block(lambda: scripted.train_step(txb, tyb)), calls, 1, None, here))
-        # (c), (d): a JVM of their own; (e), (e'): the native loop; each a worker process
-        own_jvm = f"a JVM of its own{' on CPUs ' + java.cpus if java.cpus else ''}"
-        started = []  # all workers load at once; each is asked for its settings line afterwards
-        for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls),
-                                   ("d3", epoch_npz, "fused", fused_calls)):
-            if wanted(key):
-                workers.append(_java_worker(exported if key == "d3" else path, data, mode, case.batch, threads, java))
-                started.append((key, workers[-1], n, 1 if mode == "step" else batches, own_jvm, java.env))
-        for key, data, mode, n in (("e", step_bin, "step", calls), ("e'", epoch_bin, "fused", fused_calls)):
-            if wanted(key):
-                workers.append(_native_worker(binary, path, data, mode, threads, case.batch))
-                started.append((key, workers[-1], n, 1 if mode == "step" else batches, "a native process", None))
-        variants += [_worker_variant(*worker) for worker in started]
+        variants += _worker_variants(case, path, exported, binary, wanted, workers, files, threads=threads, java=java,
+                                     calls=calls, fused_calls=fused_calls, batches=batches)
         if wanted("c*") or wanted("d*") or wanted("d3*"):  # loops and clock inside the JVM, in this process (JPype)
-            Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
-            module = jvm.load_module(path)
-            module3 = jvm.load_module(exported) if wanted("d3*") else None
-            jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
-            jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
-            perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
-            # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
-            here["native_memory"] = str(jvm.jclass("dev.gradbridge.internal.ModuleAccess").nativeMemory())
-            in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
-            if wanted("c*"):
-                variants.append(Variant("c*", lambda n: float(Bench.trainStep(module, jxb, jyb, 0, 1, n)[0]),
-                                        calls, 1, None, in_jvm))
-            if wanted("d*"):
-                variants.append(Variant("d*", lambda n: float(Bench.trainEpoch(module, jx, jy, perm, case.batch,
-                                                                               0, 1, n)[0]),
-                                        fused_calls, batches, None, in_jvm))
-            if wanted("d3*"):
-                variants.append(Variant("d3*", lambda n: float(Bench.trainEpoch(module3, jx, jy, perm, case.batch,
-                                                                                0, 1, n)[0]),
-                                        fused_calls, batches, None, in_jvm))
+            variants += _in_process_variants(case, path, exported, wanted, held, (xb, yb, x, y), here,
+                                             calls=calls, fused_calls=fused_calls, batches=batches)
         load = {"before": os.getloadavg()}
         with jvm.java_errors(), plain_graph_executor():
             timings = run_rounds(variants, rounds, warmup_s=warmup_s, out=out)
@@ -227,9 +188,91 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
     finally:
         for worker in workers:
             worker.close()
-        for held in (module, module3):
-            if held is not None:
-                held.close()
+        for module in held:
+            module.close()
+    results = _variant_results(variants, timings)
+    return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
+            "batch": case.batch, "rounds": rounds, "load_average": load,
+            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results},
+            **({"protocol3_refused": refused} if refused else {})}
+
+
+def _protocol3_export(case: Case, out_dir: Path) -> Tuple[Optional[Path], Optional[str]]:
+    """The case's model exported with protocol 3 (a case of ``PROTOCOL3``), or why that export refused it."""
+    if case.key not in PROTOCOL3:
+        return None, None
+    try:
+        return _export(case, out_dir, format="export")[1], None
+    except ExportError as ex:
+        return None, str(ex)
+
+
+def _data_files(out_dir: Path, xb: np.ndarray, yb: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple:
+    """The batch's and the epoch's data as the workers read them: .npz (the JVM), then .bin (the native loop)."""
+    step_npz, epoch_npz = out_dir / "batch.npz", out_dir / "epoch.npz"
+    np.savez(step_npz, x=xb, y=yb)
+    np.savez(epoch_npz, x=x, y=y)
+    step_bin, epoch_bin = out_dir / "batch.bin", out_dir / "epoch.bin"
+    _write_native_data(step_bin, xb, yb)
+    _write_native_data(epoch_bin, x, y)
+    return step_npz, epoch_npz, step_bin, epoch_bin
+
+
+def _worker_variants(case: Case, path: Path, exported: Optional[Path], binary: Path, wanted: Callable[[str], bool],
+                     workers: List[Worker], files: tuple, *, threads: int, java: JavaSettings, calls: int,
+                     fused_calls: int, batches: int) -> List[Variant]:
+    """(c), (d), (d3): a JVM of their own; (e), (e'): the native loop; each a worker process, added to
+    ``workers`` as it starts (the caller closes them). ``files``: the batch's and the epoch's .npz, then .bin."""
+    step_npz, epoch_npz, step_bin, epoch_bin = files
+    own_jvm = f"a JVM of its own{' on CPUs ' + java.cpus if java.cpus else ''}"
+    started = []  # all workers load at once; each is asked for its settings line afterwards
+    for key, data, mode, n in (("c", step_npz, "step", calls), ("d", epoch_npz, "fused", fused_calls),
+                               ("d3", epoch_npz, "fused", fused_calls)):
+        if wanted(key):
+            workers.append(_java_worker(exported if key == "d3" else path, data, mode, case.batch, threads, java))
+            started.append((key, workers[-1], n, 1 if mode == "step" else batches, own_jvm, java.env))
+    for key, data, mode, n in (("e", step_bin, "step", calls), ("e'", epoch_bin, "fused", fused_calls)):
+        if wanted(key):
+            workers.append(_native_worker(binary, path, data, mode, threads, case.batch))
+            started.append((key, workers[-1], n, 1 if mode == "step" else batches, "a native process", None))
+    return [_worker_variant(*worker) for worker in started]
+
+
+def _in_process_variants(case: Case, path: Path, exported: Optional[Path], wanted: Callable[[str], bool], held: list,
+                         arrays: tuple, here: Dict, *, calls: int, fused_calls: int, batches: int) -> List[Variant]:
+    """(c*), (d*), (d3*): the loops and the clock inside the JVM, in this process (JPype); the modules they
+    load go to ``held`` as they load (the caller closes them). ``arrays``: the batch's x, y, the epoch's x, y."""
+    xb, yb, x, y = arrays
+    Bench = jvm.jclass("dev.gradbridge.bench.StepBenchmark")
+    module = jvm.load_module(path)
+    held.append(module)
+    module3 = jvm.load_module(exported) if wanted("d3*") else None
+    if module3 is not None:
+        held.append(module3)
+    jxb, jyb = jvm.to_tensor(xb), jvm.to_tensor(yb)
+    jx, jy = jvm.to_tensor(x), jvm.to_tensor(y)
+    perm = jvm.to_tensor(np.arange(case.samples, dtype=np.int64))
+    # Starting the engine here tunes this process's allocator too (dev.gradbridge.NativeMemory)
+    here["native_memory"] = str(jvm.jclass("dev.gradbridge.internal.ModuleAccess").nativeMemory())
+    in_jvm = {**here, "where": "this Python process (JPype)", "jvm_options": _in_process_jvm_options()}
+    variants = []
+    if wanted("c*"):
+        variants.append(Variant("c*", lambda n: float(Bench.trainStep(module, jxb, jyb, 0, 1, n)[0]),
+                                calls, 1, None, in_jvm))
+    if wanted("d*"):
+        variants.append(Variant("d*", lambda n: float(Bench.trainEpoch(module, jx, jy, perm, case.batch,
+                                                                       0, 1, n)[0]),
+                                fused_calls, batches, None, in_jvm))
+    if wanted("d3*"):
+        variants.append(Variant("d3*", lambda n: float(Bench.trainEpoch(module3, jx, jy, perm, case.batch,
+                                                                        0, 1, n)[0]),
+                                fused_calls, batches, None, in_jvm))
+    return variants
+
+
+def _variant_results(variants: List[Variant], timings: Dict) -> Dict:
+    """Each variant's figures from its rounds: medians per step, its counters, and its ratios to (a), (e) and
+    (e') in wall time and in CPU time."""
     results = {}
     for variant in variants:
         record = timings[variant.key]
@@ -250,10 +293,7 @@ def bench_steps(case: Case, out_dir: Path, binary: Path, *, rounds: int, calls: 
                 cpu, base_cpu = timings[key].get("cpu_seconds_per_step"), timings[base].get("cpu_seconds_per_step")
                 if cpu and base_cpu and min(base_cpu) > 0:
                     value["cpu_" + name] = ratio_ci(cpu, base_cpu)
-    return {"case": case.name, "key": case.key, "parameters": sum(p.numel() for p in model.parameters()),
-            "batch": case.batch, "rounds": rounds, "load_average": load,
-            "variants": {key: results[key] for key in [*VARIANTS, *IN_PROCESS] if key in results},
-            **({"protocol3_refused": refused} if refused else {})}
+    return results
 
 
 def breakdown(model: Path, data: Path, rounds: int, calls: int) -> Dict:

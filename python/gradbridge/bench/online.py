@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -141,25 +141,52 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
     chunks = [(x[i:i + batch], y[i:i + batch]) for i in range(0, events - batch + 1, batch)]
     one = x[:1]
 
-    def latencies(service, total):
-        out = [0.0] * total
-
-        def worker(me):
-            for i in range(me, total, predict_threads):
-                started = time.perf_counter_ns()
-                service.predict(one)
-                out[i] = time.perf_counter_ns() - started
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(predict_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return out
-
     figures: Dict = {}
     service = PythonOnlineService(model_path, batch)
-    latencies(service, PREDICT_WARMUP)
+    _latencies(service, one, PREDICT_WARMUP, predict_threads)
+    idle, busy, updates = _prediction_samples(service, chunks, one, predictions, predict_threads, feedback_threads,
+                                              rounds)
+    service.close()
+    figures["updates_during_predictions"] = updates
+    figures.update(_latency_figures(idle, busy))
+    rates = _event_rates(model_path, chunks, batch, rounds)
+    figures["events_per_s_by_round"] = rates
+    figures["online_events_per_s"] = float(np.median(rates["online"]))
+    figures["fused_events_per_s"] = float(np.median(rates["loop"]))
+    return figures
 
+
+#: The Java variants of the throughput comparison, in the JSON's names, with what each one is.
+JAVA_VARIANTS = (
+    ("online_never", "OnlineLearner, fsync never", "learn() -> log (written) -> queue -> train_step -> version"),
+    ("online_always", "OnlineLearner, fsync always", "the same, fsync before ack and before each version (the default)"),
+    ("trainer_step", "Trainer, step mode", "one train_step call per micro-batch (the like-for-like)"),
+    ("fused_epoch", "fused train_epoch", "one native call for all micro-batches"),
+)
+
+
+def _latencies(service, one, total: int, predict_threads: int) -> List[float]:
+    """``total`` predictions of ``one`` on ``predict_threads`` threads: each one's nanoseconds."""
+    out = [0.0] * total
+
+    def worker(me):
+        for i in range(me, total, predict_threads):
+            started = time.perf_counter_ns()
+            service.predict(one)
+            out[i] = time.perf_counter_ns() - started
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(predict_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _prediction_samples(service, chunks, one, predictions: int, predict_threads: int, feedback_threads: int,
+                        rounds: int) -> Tuple[list, list, list]:
+    """Per round, the prediction latencies idle and with ``feedback_threads`` feeding training, and the
+    updates made meanwhile. As the Java side: an idle sample, then one with training on, per round; round -1
+    untimed, as long as the warm-up."""
     def feeder(me, stop):
         i = me
         while not stop.is_set():
@@ -170,17 +197,15 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
             i = (i + feedback_threads) % len(chunks)
 
     idle, busy, updates = [], [], []
-    # As the Java side: an idle sample, then one with training on, per round; round -1 untimed,
-    # as long as the warm-up.
     for r in range(-1, rounds):
         calls = max(predictions, PREDICT_WARMUP) if r < 0 else predictions
-        idle_sample = latencies(service, calls)
+        idle_sample = _latencies(service, one, calls, predict_threads)
         stop = threading.Event()
         feeders = [threading.Thread(target=feeder, args=(t, stop)) for t in range(feedback_threads)]
         for f in feeders:
             f.start()
         before = service.updates
-        busy_sample = latencies(service, calls)
+        busy_sample = _latencies(service, one, calls, predict_threads)
         during = service.updates - before
         stop.set()
         for f in feeders:
@@ -190,10 +215,12 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
             idle.append(idle_sample)
             busy.append(busy_sample)
             updates.append(during)
-    service.close()
-    figures["updates_during_predictions"] = updates
-    figures.update(_latency_figures(idle, busy))
+    return idle, busy, updates
 
+
+def _event_rates(model_path, chunks, batch: int, rounds: int) -> Dict[str, list]:
+    """Events per second by round: the online service learning every chunk, and a plain loop of eager
+    train_step over them; interleaved rounds, the order alternating, as on the Java side."""
     def online_round():
         service = PythonOnlineService(model_path, batch)
         for chunk in chunks[:16]:  # warm-up
@@ -215,24 +242,11 @@ def _python_figures(model_path, events: int, batch: int, predictions: int, predi
             reference.train_step(*chunk)
         return len(chunks) * batch / (time.perf_counter() - started)
 
-    # Interleaved rounds, the order alternating, as on the Java side.
     rates: Dict[str, list] = {"online": [], "loop": []}
     for r in range(rounds):
         for name in (("online", "loop") if r % 2 == 0 else ("loop", "online")):
             rates[name].append(online_round() if name == "online" else loop_round())
-    figures["events_per_s_by_round"] = rates
-    figures["online_events_per_s"] = float(np.median(rates["online"]))
-    figures["fused_events_per_s"] = float(np.median(rates["loop"]))
-    return figures
-
-
-#: The Java variants of the throughput comparison, in the JSON's names, with what each one is.
-JAVA_VARIANTS = (
-    ("online_never", "OnlineLearner, fsync never", "learn() -> log (written) -> queue -> train_step -> version"),
-    ("online_always", "OnlineLearner, fsync always", "the same, fsync before ack and before each version (the default)"),
-    ("trainer_step", "Trainer, step mode", "one train_step call per micro-batch (the like-for-like)"),
-    ("fused_epoch", "fused train_epoch", "one native call for all micro-batches"),
-)
+    return rates
 
 
 def java_figures(model, work, events: int, batch: int, predictions: int, predict_threads: int,

@@ -83,6 +83,37 @@ def answers(results: Dict) -> List[Dict]:
     return found
 
 
+def _step_table(case: Dict) -> List[str]:
+    """One case's lines: each variant's time per training step with its ratios and per-step counters, then
+    its CPU time per step."""
+    lines = ["", f"{case['case']} ({case['parameters']:,} parameters): time per training step, "
+                 f"{case['rounds']} rounds (ratios: median of per-round ratios [95% bootstrap interval])",
+             f"  {'variant':<41} {'median':>10} {'min':>10}  {'vs (a)':<20} {'vs (e)':<20} "
+             f"{'vs (e)' + chr(39):<20} {'faults':>7} {'ctxsw':>6} {'cpu':>5}"]
+    for key, label in {**VARIANTS, **IN_PROCESS}.items():
+        v = case["variants"].get(key)
+        if v is None:
+            continue
+        per = v["per_step"]
+        cpu = per.get("cpu_seconds", float("nan")) / v["median_s"]
+        switches = per.get("voluntary_switches", float("nan")) + per.get("involuntary_switches", float("nan"))
+        lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['median_s']):>10} {_us(v['min_s']):>10}  "
+                     f"{_ci(v.get('vs_a')):<20} {_ci(v.get('vs_e')):<20} {_ci(v.get('vs_e_fused')):<20} "
+                     f"{per.get('minor_faults', float('nan')):>7.1f} {switches:>6.1f} {cpu:>5.2f}")
+    if "protocol3_refused" in case:
+        lines.append(f"  (d3), (d3*): format='export' refused the model: {case['protocol3_refused']}")
+    lines.append("  (faults: minor page faults per step; ctxsw: context switches per step; cpu: CPU seconds "
+                 "per wall second, all threads of the process)")
+    lines.append("  CPU time per step (all threads of the process), ratios as above:")
+    for key, label in {**VARIANTS, **IN_PROCESS}.items():
+        v = case["variants"].get(key)
+        if v is None or "cpu_seconds" not in v["per_step"]:
+            continue
+        lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['per_step']['cpu_seconds']):>10} {'':>10}  "
+                     f"{_ci(v.get('cpu_vs_a')):<20} {_ci(v.get('cpu_vs_e')):<20} {_ci(v.get('cpu_vs_e_fused')):<20}")
+    return lines
+
+
 def format_tables(results: Dict) -> List[str]:
     machine = results["machine"]
     lines = [f"gradbridge bench ({'quick' if machine['quick'] else 'full'}): {machine['cpus']} CPUs, torch "
@@ -90,31 +121,7 @@ def format_tables(results: Dict) -> List[str]:
              f"load average {machine['load_average_at_start'][0]:.2f} at start, "
              f"{machine['load_average_at_end'][0]:.2f} at end"]
     for case in results["steps"]:
-        lines += ["", f"{case['case']} ({case['parameters']:,} parameters): time per training step, "
-                      f"{case['rounds']} rounds (ratios: median of per-round ratios [95% bootstrap interval])",
-                  f"  {'variant':<41} {'median':>10} {'min':>10}  {'vs (a)':<20} {'vs (e)':<20} "
-                  f"{'vs (e)' + chr(39):<20} {'faults':>7} {'ctxsw':>6} {'cpu':>5}"]
-        for key, label in {**VARIANTS, **IN_PROCESS}.items():
-            v = case["variants"].get(key)
-            if v is None:
-                continue
-            per = v["per_step"]
-            cpu = per.get("cpu_seconds", float("nan")) / v["median_s"]
-            switches = per.get("voluntary_switches", float("nan")) + per.get("involuntary_switches", float("nan"))
-            lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['median_s']):>10} {_us(v['min_s']):>10}  "
-                         f"{_ci(v.get('vs_a')):<20} {_ci(v.get('vs_e')):<20} {_ci(v.get('vs_e_fused')):<20} "
-                         f"{per.get('minor_faults', float('nan')):>7.1f} {switches:>6.1f} {cpu:>5.2f}")
-        if "protocol3_refused" in case:
-            lines.append(f"  (d3), (d3*): format='export' refused the model: {case['protocol3_refused']}")
-        lines.append("  (faults: minor page faults per step; ctxsw: context switches per step; cpu: CPU seconds "
-                     "per wall second, all threads of the process)")
-        lines.append("  CPU time per step (all threads of the process), ratios as above:")
-        for key, label in {**VARIANTS, **IN_PROCESS}.items():
-            v = case["variants"].get(key)
-            if v is None or "cpu_seconds" not in v["per_step"]:
-                continue
-            lines.append(f"  {'(' + key + ')':<5}{label:<36} {_us(v['per_step']['cpu_seconds']):>10} {'':>10}  "
-                         f"{_ci(v.get('cpu_vs_a')):<20} {_ci(v.get('cpu_vs_e')):<20} {_ci(v.get('cpu_vs_e_fused')):<20}")
+        lines += _step_table(case)
     if "breakdown" in results:
         parts = results["breakdown"]
         lines += ["", f"one Java train_step on the seed model, layer by layer ({parts['calls_per_block']} calls per "

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import numpy as np
 import torch
 
-from .._runtime import devtree as _devtree, classpath, native
+from .._runtime import devtree as _devtree, classpath, native_toolchain
 from .._runtime.launcher import java_command
 from .. import jvm
 
@@ -153,7 +153,7 @@ def native_binary(out_dir: Path) -> Path:
         return binary
     binary.parent.mkdir(parents=True, exist_ok=True)
     libs = cpp_extension.library_paths()
-    standard = native._cxx_standard(Path(cpp_extension.include_paths()[0]))
+    standard = native_toolchain.cxx_standard(Path(cpp_extension.include_paths()[0]))
     command = ["g++", "-O2", standard, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                str(source), *[f"-I{p}" for p in cpp_extension.include_paths()],
                *[f"-L{p}" for p in libs], "-ltorch", "-ltorch_cpu", "-lc10",

@@ -39,26 +39,10 @@ def run(out: Callable[[str], None] = print) -> int:
         f"{', source checkout ' + str(checkout) if checkout else ', installed package'})")
     out(f"{'python':<22} {sys.version.split()[0]} ({sys.executable})")
 
-    built: dict = {}
+    built: dict = {}  # the Java library's versions, once it is found
+    check("java library", lambda: _java_library(built))
 
-    def java_library() -> str:
-        path = classpath.resolve()
-        built.update(path.versions())
-        if built.get("gradbridge") != __version__:
-            raise GradbridgeError(f"the Java library is gradbridge {built.get('gradbridge')}, the Python package "
-                                  f"{__version__}: rebuild or reinstall so that they match")
-        own = (f"libtorch {built['torch']} from the pytorch-native jar" if path.has_native_libtorch
-               else "this Python's libtorch")
-        return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} entries; a separate JVM runs "
-                f"{own})")
-
-    check("java library", java_library)
-
-    def torch() -> str:
-        version = libtorch.require_supported()
-        return f"{version} (supported: {libtorch.supported()}; libtorch: {libtorch.lib_dir()})"
-
-    torch_ok = check("torch", torch) is not None
+    torch_ok = check("torch", _torch) is not None
     if torch_ok:
         check("torch self-check", torch_gate.status)
     if torch_ok:
@@ -69,30 +53,53 @@ def run(out: Callable[[str], None] = print) -> int:
         check("native library", native.describe)
         check("CUDA", devices.describe)
 
-    def in_process_jvm() -> str:
-        libjvm = jdk.libjvm_path()
-        version = jdk.libjvm_version(libjvm)
-        if version is None:
-            return f"{libjvm} (version unknown until it starts)"
-        jdk.require(version, libjvm)
-        return f"{libjvm} (Java {version})"
-
-    if check("JVM in this process", in_process_jvm) is not None and built:
+    if check("JVM in this process", _in_process_jvm) is not None and built:
         check("JVM start", _start_jvm)
 
-    def separate_jvm() -> str:
-        java = jdk.java_executable()
-        version = jdk.java_version(java)
-        jdk.require(version, java)
-        return f"{java} (Java {version})"
-
-    check("java (separate JVM)", separate_jvm)
+    check("java (separate JVM)", _separate_jvm)
 
     for problem in problems:
         out(f"problem: {problem}")
     if not problems:
         out("no problems found")
     return 1 if problems else 0
+
+
+def _java_library(built: dict) -> str:
+    """The Java library on the classpath, of this package's version; ``built`` gets its versions."""
+    path = classpath.resolve()
+    built.update(path.versions())
+    if built.get("gradbridge") != __version__:
+        raise GradbridgeError(f"the Java library is gradbridge {built.get('gradbridge')}, the Python package "
+                              f"{__version__}: rebuild or reinstall so that they match")
+    own = (f"libtorch {built['torch']} from the pytorch-native jar" if path.has_native_libtorch
+           else "this Python's libtorch")
+    return (f"{path.library_jar()} (from {path.source}; {len(path.entries)} entries; a separate JVM runs "
+            f"{own})")
+
+
+def _torch() -> str:
+    """This Python's torch, within the supported range."""
+    version = libtorch.require_supported()
+    return f"{version} (supported: {libtorch.supported()}; libtorch: {libtorch.lib_dir()})"
+
+
+def _in_process_jvm() -> str:
+    """The JVM JPype starts in this process (its version read from libjvm before it starts)."""
+    libjvm = jdk.libjvm_path()
+    version = jdk.libjvm_version(libjvm)
+    if version is None:
+        return f"{libjvm} (version unknown until it starts)"
+    jdk.require(version, libjvm)
+    return f"{libjvm} (Java {version})"
+
+
+def _separate_jvm() -> str:
+    """The java executable a separate JVM runs."""
+    java = jdk.java_executable()
+    version = jdk.java_version(java)
+    jdk.require(version, java)
+    return f"{java} (Java {version})"
 
 
 def _formats() -> str:

@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from .._runtime import data, devices, launcher, ops, torch_gate
 from .. import java, protocol, reference, spark_history
@@ -53,12 +53,7 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     """
     if java_mode not in JAVA_MODES:
         raise ValueError(f"--java must be one of {', '.join(JAVA_MODES)}, got {java_mode!r}")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not 0 <= value < float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    for output in (report_path, plot_path):
-        if output is not None:
-            check_writable(output)  # before the training, not after it
+    _check_tolerances_and_outputs(rtol, atol, report_path, plot_path)
     device = devices.require(device)  # before anything trains: one line naming the device and why
     torch_gate.require_torch()  # before the eager run: a refused torch trains nothing
     metadata = protocol.read_metadata(model)
@@ -72,6 +67,42 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
     on = {"device": device} if devices.is_cuda(device) else {}  # the CPU: the calls of every release before
     python = reference.train(model, x, y, val=val, model=user_model, **settings, **sources, **on)
     settings["op_libraries"] = op_libraries
+    others, reports, failures = _java_runs(model, data_path, val_path, x, y, val, python, java_mode=java_mode,
+                                           settings=settings, sources=sources, on=on, rtol=rtol, atol=atol)
+    if failures and not reports:
+        raise next(iter(failures.values()))
+
+    out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
+        f"{len(y)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}"
+        + (f", on {device} (deterministic algorithms)" if on else ""))
+    eager_side = reference_label(metadata, model_factory)
+    out(f"reference: {eager_side}")
+    for parity in reports:
+        out("")
+        out(parity.table())
+    config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
+              "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries],
+              "reference": eager_side, **({"device": device, "deterministic": True} if on else {})}
+    title = f"{Path(model).name}: python vs {' and '.join(others)} ({mode}, {epochs} epochs)"
+    _write_outputs(report_path, plot_path, config, title, python, others, reports, failures, out)
+    return 0 if not failures and all(parity.within_tolerance for parity in reports) else 1
+
+
+def _check_tolerances_and_outputs(rtol: Optional[float], atol: Optional[float],
+                                  report_path: str | os.PathLike | None, plot_path: str | os.PathLike | None) -> None:
+    """The tolerances given, and that the report and plot can be written: before the training, not after it."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    for output in (report_path, plot_path):
+        if output is not None:
+            check_writable(output)
+
+
+def _java_runs(model, data_path, val_path, x, y, val, python: History, *, java_mode: str, settings: dict,
+               sources: dict, on: dict, rtol: Optional[float], atol: Optional[float]) -> Tuple[dict, list, dict]:
+    """The Java variants ``java_mode`` asks for, each compared with the eager ``python`` history: their
+    histories and reports by label, and the failure of each variant that failed (the others kept)."""
     others, reports, failures = {}, [], {}
     if java_mode in ("inprocess", "both"):
         try:
@@ -90,29 +121,20 @@ def run(model: str | os.PathLike, data_path: str | os.PathLike, *, val_path: str
                 rtol=SEPARATE_JVM_RTOL if rtol is None else rtol, atol=SEPARATE_JVM_ATOL if atol is None else atol))
         except GradbridgeError as ex:
             failures["java-subprocess"] = ex
-    if failures and not reports:
-        raise next(iter(failures.values()))
+    return others, reports, failures
 
-    out(f"{Path(model).name} ({metadata['model']}, {metadata['optimizer']['name']}, {metadata['loss']['name']}): "
-        f"{len(y)} samples, {epochs} epochs, mode {mode}, batch {batch_size}, seed {seed}"
-        + (f", on {device} (deterministic algorithms)" if on else ""))
-    eager_side = reference_label(metadata, model_factory)
-    out(f"reference: {eager_side}")
-    for parity in reports:
-        out("")
-        out(parity.table())
-    config = {"model": str(model), "data": str(data_path), "val": None if val_path is None else str(val_path),
-              "java": java_mode, **settings, "op_libraries": [str(p) for p in op_libraries],
-              "reference": eager_side, **({"device": device, "deterministic": True} if on else {})}
+
+def _write_outputs(report_path, plot_path, config: dict, title: str, python: History, others: dict, reports: list,
+                   failures: dict, out: Callable[[str], None]) -> None:
+    """The JSON report and the plot where asked for (a plot only when a Java variant ran), then one error
+    line on stderr per failed variant."""
     if report_path is not None:
         failed = {label: str(ex) for label, ex in failures.items()}
         out(f"report: {parity_report.write_json(report_path, config, reports, failed)}")
     if plot_path is not None and others:
-        title = f"{Path(model).name}: python vs {' and '.join(others)} ({mode}, {epochs} epochs)"
         out(f"plot: {parity_report.write_plot(plot_path, title, python, others, reports)}")
     for label, ex in failures.items():
         print(f"{CLI_ERROR_PREFIX}{label}: {ex}", file=sys.stderr)
-    return 0 if not failures and all(parity.within_tolerance for parity in reports) else 1
 
 
 def run_spark_history(model: str | os.PathLike, data_path: str | os.PathLike, history_path: str | os.PathLike, *,
@@ -125,12 +147,7 @@ def run_spark_history(model: str | os.PathLike, data_path: str | os.PathLike, hi
     ``data_path`` from ``model`` (the module the run started from), and compare the history's epochs with
     the replay's; exit code 0 only within tolerance (bit for bit unless ``rtol``/``atol`` are given). A
     history without what the replay needs, or of other data, is refused in one line before anything trains."""
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not 0 <= value < float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    for output in (report_path, plot_path):
-        if output is not None:
-            check_writable(output)
+    _check_tolerances_and_outputs(rtol, atol, report_path, plot_path)
     run = spark_history.read(history_path)  # its one-line refusals before the module and the data are read
     torch_gate.require_torch()
     metadata = protocol.read_metadata(model)

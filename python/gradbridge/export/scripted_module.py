@@ -26,9 +26,13 @@ from typing import Any, Dict, List
 import torch
 from torch import Tensor, nn
 
+from .scripted_optimizer_state import _OptimizerState
+from .scripted_state import _TensorAccess
 
-class _TrainingModule(nn.Module):
-    """The scripted protocol around ``model``; ``gradbridge.protocol`` lists the methods."""
+
+class _TrainingModule(_TensorAccess, _OptimizerState):
+    """The scripted protocol around ``model``; ``gradbridge.protocol`` lists the methods. Training here;
+    the tensor getters and setters in ``_TensorAccess``, the optimizer state in ``_OptimizerState``."""
 
     # Class-level annotations: TorchScript cannot infer the type of an empty list.
     names: List[str]
@@ -268,121 +272,6 @@ class _TrainingModule(nn.Module):
             return self.loss(self._run(xs), y)
 
     @torch.jit.export
-    def parameter_names(self) -> List[str]:
-        return self.names
-
-    @torch.jit.export
-    def get_parameters(self) -> List[Tensor]:
-        return [p.detach().clone() for p in self.params]
-
-    @torch.jit.export
-    def get_gradients(self) -> List[Tensor]:
-        # zeros for a parameter without a gradient, as its zeroed buffer held; nothing is allocated
-        return [self.grads[i].clone() if self.has_grad[i] else torch.zeros_like(p, memory_format=torch.contiguous_format)
-                for i, p in enumerate(self._parameters_list())]
-
-    @torch.jit.export
-    def gradient_flags(self) -> Tensor:
-        """Which parameters hold a gradient (``p.grad is not None``), a bool tensor in
-        ``parameter_names()`` order (protocol 2)."""
-        return torch.tensor(self.has_grad, dtype=torch.bool)
-
-    @torch.jit.export
-    def set_gradients(self, values: List[Tensor], flags: Tensor) -> None:
-        """Replace the gradient buffers with ``values`` (``parameter_names()`` order) and which of
-        them hold a gradient with ``flags`` (bool); a following ``optimizer_step()`` steps with them,
-        as ``p.grad = value`` (or ``None``) then ``optimizer.step()`` would (protocol 2)."""
-        if len(values) != len(self.names) or flags.dim() != 1 or flags.size(0) != len(self.names):
-            raise RuntimeError("set_gradients: expected " + str(len(self.names)) + " tensors and "
-                               + str(len(self.names)) + " flags, got " + str(len(values)) + " and "
-                               + str(flags.numel()))
-        present: List[bool] = [bool(flags[i].item()) for i in range(len(self.names))]
-        trainable = [False for _ in self.names]
-        for i in self.trainable_index:
-            trainable[i] = True
-        for i, p in enumerate(self._parameters_list()):
-            if values[i].shape != p.shape or values[i].dtype != p.dtype:
-                raise RuntimeError("set_gradients: " + self.names[i] + " must have shape " + str(p.shape)
-                                   + " and dtype " + str(p.dtype))
-            if present[i] and not trainable[i]:
-                raise RuntimeError("set_gradients: " + self.names[i] + " is frozen and cannot hold a gradient")
-        self.zero_grad()
-        with torch.no_grad():
-            for i in range(len(self.names)):
-                if present[i]:
-                    self.grads[i] = values[i].clone(memory_format=torch.contiguous_format)
-                    self.has_grad[i] = True
-
-    @torch.jit.export
-    def set_parameters(self, values: List[Tensor]) -> None:
-        if len(values) != len(self.names):
-            raise RuntimeError("set_parameters: expected " + str(len(self.names)) + " tensors, got " + str(len(values)))
-        for i, p in enumerate(self.params):
-            if values[i].shape != p.shape or values[i].dtype != p.dtype:
-                raise RuntimeError("set_parameters: " + self.names[i] + " must have shape " + str(p.shape)
-                                   + " and dtype " + str(p.dtype))
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                p.copy_(values[i])
-
-    @torch.jit.export
-    def buffer_names(self) -> List[str]:
-        return self.buffer_name_list
-
-    @torch.jit.export
-    def get_buffers(self) -> List[Tensor]:
-        return [b.clone() for b in self.buffer_list]
-
-    @torch.jit.export
-    def get_state(self, names: List[str]) -> List[Tensor]:
-        """Copies of the named parameters and buffers, in the order of ``names``: a version's trainable
-        parameters and trained buffers, without copying the frozen rest."""
-        wanted = self._state_index(names, "get_state")
-        out: List[Tensor] = [torch.empty(0) for _ in names]
-        for i, p in enumerate(self.params):
-            if self.names[i] in wanted:
-                out[wanted[self.names[i]]] = p.detach().clone()
-        for i, b in enumerate(self.buffer_list):
-            if self.buffer_name_list[i] in wanted:
-                out[wanted[self.buffer_name_list[i]]] = b.detach().clone()
-        return out
-
-    @torch.jit.export
-    def set_state(self, names: List[str], values: List[Tensor]) -> None:
-        """Copy ``values`` into the named parameters and buffers (any of them, any order): a published
-        version's trainable parameters and trained buffers. Checked whole before anything is copied."""
-        if len(values) != len(names):
-            raise RuntimeError("set_state: " + str(len(names)) + " names, " + str(len(values)) + " tensors")
-        wanted = self._state_index(names, "set_state")
-        for i, p in enumerate(self.params):
-            self._check_state(wanted, self.names[i], p, values)
-        for i, b in enumerate(self.buffer_list):
-            self._check_state(wanted, self.buffer_name_list[i], b, values)
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                if self.names[i] in wanted:
-                    p.copy_(values[wanted[self.names[i]]])
-            for i, b in enumerate(self.buffer_list):
-                if self.buffer_name_list[i] in wanted:
-                    b.copy_(values[wanted[self.buffer_name_list[i]]])
-
-    def _state_index(self, names: List[str], method: str) -> Dict[str, int]:
-        """name -> its position in ``names``; every name must be a parameter or a buffer, once."""
-        wanted: Dict[str, int] = {}
-        for k, name in enumerate(names):
-            if name in wanted or (name not in self.names and name not in self.buffer_name_list):
-                raise RuntimeError(method + ": " + name + " is not a parameter or buffer, or is named twice")
-            wanted[name] = k
-        return wanted
-
-    def _check_state(self, wanted: Dict[str, int], name: str, t: Tensor, values: List[Tensor]) -> None:
-        if name in wanted:
-            v = values[wanted[name]]
-            if v.shape != t.shape or v.dtype != t.dtype:
-                raise RuntimeError("set_state: " + name + " must have shape " + str(t.shape) + " and dtype "
-                                   + str(t.dtype))
-
-    @torch.jit.export
     def get_lr(self) -> float:
         """The first parameter group's learning rate (``get_lrs()`` has every group's)."""
         return self.get_lrs()[0]
@@ -394,98 +283,6 @@ class _TrainingModule(nn.Module):
             raise RuntimeError("set_lr: invalid learning rate " + str(lr))
         for opt in self.optimizers:
             opt.lr = lr
-
-    @torch.jit.export
-    def optimizer_state(self) -> Dict[str, List[Tensor]]:
-        """The optimizer's per-parameter state, by torch.optim's key; copies. A key torch.optim creates at a
-        parameter's first step (SGD's momentum_buffer, ``held()``) is left out while no parameter holds it,
-        and a parameter that does not hold it yet has an empty tensor in its place: torch's state has none."""
-        copied: Dict[str, List[Tensor]] = {}
-        holders: Dict[str, int] = {}
-        for opt in self.optimizers:
-            held = opt.held()
-            for key, values in opt.state().items():
-                if key not in copied:
-                    copied[key] = []
-                    holders[key] = 0
-                flags = held.get(key)
-                for i in range(len(values)):
-                    if flags is None or flags[i]:
-                        copied[key].append(values[i].clone())
-                        holders[key] += 1
-                    else:
-                        copied[key].append(torch.empty([0], dtype=values[i].dtype))
-        lazy = self._lazy_keys()
-        state: Dict[str, List[Tensor]] = {}
-        for key, values in copied.items():
-            if holders[key] > 0 or key not in lazy:
-                state[key] = values
-        return state
-
-    def _optimizer_state(self) -> Dict[str, List[Tensor]]:
-        """Every group's state lists, concatenated in group order (torch.optim's state_dict order)."""
-        merged: Dict[str, List[Tensor]] = {}
-        for opt in self.optimizers:
-            for key, values in opt.state().items():
-                if key not in merged:
-                    merged[key] = []
-                merged[key].extend(values)
-        return merged
-
-    def _lazy_keys(self) -> List[str]:
-        """The state keys torch.optim creates at a parameter's first step (the optimizers' ``held()``)."""
-        keys: List[str] = []
-        for opt in self.optimizers:
-            for key in opt.held().keys():
-                if key not in keys:
-                    keys.append(key)
-        return keys
-
-    @torch.jit.export
-    def load_optimizer_state(self, state: Dict[str, List[Tensor]]) -> None:
-        """Restore what ``optimizer_state()`` returned (keys, counts and shapes must match). As torch.optim
-        loads a state dict, a key it creates at a parameter's first step (SGD's momentum_buffer) may be
-        absent (no parameter holds it) or hold an empty tensor for a parameter without it: that
-        parameter's next step creates it, as torch's does."""
-        params = self._parameters_list()
-        for g, opt in enumerate(self.optimizers):
-            opt.allocate([params[i] for i in self.group_index[g]])
-        own = self._optimizer_state()
-        lazy = self._lazy_keys()
-        for key in state.keys():
-            if key not in own:
-                raise RuntimeError("load_optimizer_state: unexpected key " + key)
-        for key, values in own.items():
-            if key not in state:
-                if key in lazy:
-                    continue
-                raise RuntimeError("load_optimizer_state: missing key " + key)
-            given = state[key]
-            if len(given) != len(values):
-                raise RuntimeError("load_optimizer_state: " + key + " has " + str(len(given)) + " tensors, expected "
-                                   + str(len(values)))
-            for i in range(len(values)):
-                if given[i].shape != values[i].shape and not (key in lazy and given[i].shape == [0]):
-                    raise RuntimeError("load_optimizer_state: " + key + "[" + str(i) + "] has the wrong shape")
-        with torch.no_grad():
-            for key, values in own.items():
-                if key in state:
-                    for i in range(len(values)):
-                        if state[key][i].shape == values[i].shape:
-                            values[i].copy_(state[key][i])
-        # per optimizer (group), which of its parameters the state holds each lazy key for
-        start: Dict[str, int] = {}
-        for opt in self.optimizers:
-            held: Dict[str, List[bool]] = {}
-            for key, values in opt.state().items():
-                at = start.get(key, 0)
-                if key in lazy:
-                    flags: List[bool] = []
-                    for i in range(len(values)):
-                        flags.append(key in state and state[key][at + i].shape == values[i].shape)
-                    held[key] = flags
-                start[key] = at + len(values)
-            opt.loaded(held)
 
 
 class _SeveralInputs(_TrainingModule):

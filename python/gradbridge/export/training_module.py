@@ -128,18 +128,23 @@ def export_training_module(
     check_trail.size_up(model)
     if format == "export":
         return _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options)
+    return _torchscript_else_protocol3(model, loss, optimizer, path, format, common, aten_options)
+
+
+def _torchscript_else_protocol3(model: nn.Module, loss: Any, optimizer: Any, path: Union[str, os.PathLike],
+                                format: str, common: Dict[str, Any], options: Dict[str, Any]) -> Path:
+    """``format="torchscript"``, or ``"auto"``: TorchScript, and where it cannot capture the model
+    (faithfully), protocol 3, once that attempt's tensors are gone (a warning says so; one line when
+    neither can). ``options``: the fine-tuning options, as both take them."""
     try:
-        return _torchscript(model, loss, optimizer, path, **common, **fine_tuning,
-                            scheduler_interval=scheduler_interval, clip_norm_type=clip_norm_type)
+        return _torchscript(model, loss, optimizer, path, **common, **options)
     except (CaptureError, TorchScriptUnavailableError) as ex:
         if format == "torchscript":
             raise
         reason = str(ex)
-    # format="auto": TorchScript cannot capture the model (faithfully); protocol 3 may, once that attempt's
-    # tensors are gone
     check_trail.release()
     try:
-        written = _protocol3(model, loss, optimizer, Path(path), **common, options=aten_options, auto_reason=reason)
+        written = _protocol3(model, loss, optimizer, Path(path), **common, options=options, auto_reason=reason)
     except (ExportError, ValueError) as ex:
         raise ExportError(messages.auto_neither(reason, str(ex))) from ex
     log.warning(messages.auto_took_export(reason))
@@ -238,25 +243,7 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     if init_weights is not None:
         finetune.load_weights(model, init_weights)
 
-    if example_inputs is not None:
-        def fits(output: Any) -> None:
-            if not isinstance(output, Tensor):
-                raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
-            loss_module(output, example_inputs[1])
-
-        # One forward in training mode checks the example and finds what a step writes; it moves no
-        # BatchNorm statistic (the export holds the model's, or the init weights', exactly) and draws
-        # nothing from the user's generator (step_writes.probe).
-        try:
-            writes = step_writes.probe(model, example_x, fits)
-        except ExportError:
-            raise
-        except Exception as ex:
-            reason = messages.one_line(ex)
-            raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {reason}") from ex
-    else:
-        _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
-        writes = step_writes.probe(model, example_batch(specs)[0])
+    writes = _probe_step(model, loss_module, loss_spec, example_inputs, example_x, specs, model_name)
     # Saved in training mode, the mode Java trains in (a model left in eval mode would keep its
     # dropout off; TorchScript keeps each module's flag).
     model.train()
@@ -279,6 +266,45 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
         clip=plan.clip, accumulate=plan.accumulate,
     )
     scripted = torchscript.script(wrapper)
+    metadata = _metadata(model, scripted, captured, named_parameters, named_buffers, writes, loss_spec=loss_spec,
+                         optimizer_spec=optimizer_spec, specs=specs, plan=plan, model_name=model_name, check=check,
+                         autocast_dtype=autocast_dtype, exported_from=exported_from)
+    return scripted, metadata, captured.kind
+
+
+def _probe_step(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], example_inputs: Any,
+                example_x: Any, specs: List[Dict[str, Any]], model_name: Optional[str]) -> Any:
+    """What a training step writes (``step_writes.probe``), found by one forward of the example (checked to
+    fit the model and loss), else of a batch of the declared specs (checked first: ``_check_specs_fit``)."""
+    if example_inputs is not None:
+        def fits(output: Any) -> None:
+            if not isinstance(output, Tensor):
+                raise ExportError(messages.export_output_not_tensor(type(model).__name__, type(output).__name__))
+            loss_module(output, example_inputs[1])
+
+        # One forward in training mode checks the example and finds what a step writes; it moves no
+        # BatchNorm statistic (the export holds the model's, or the init weights', exactly) and draws
+        # nothing from the user's generator (step_writes.probe).
+        try:
+            writes = step_writes.probe(model, example_x, fits)
+        except ExportError:
+            raise
+        except Exception as ex:
+            reason = messages.one_line(ex)
+            raise ValueError(f"example_inputs do not fit the model and loss {loss_spec['name']}: {reason}") from ex
+    else:
+        _check_specs_fit(model, loss_module, loss_spec["name"], specs, model_name or type(model).__name__)
+        writes = step_writes.probe(model, example_batch(specs)[0])
+    return writes
+
+
+def _metadata(model: nn.Module, scripted: torch.jit.ScriptModule, captured: model_capture.Capture,
+              named_parameters: List[Tuple[str, Tensor]], named_buffers: List[Tuple[str, Tensor]], writes: Any, *,
+              loss_spec: Dict[str, Any], optimizer_spec: Dict[str, Any], specs: List[Dict[str, Any]], plan: Any,
+              model_name: Optional[str], check: bool, autocast_dtype: Optional[str],
+              exported_from: Optional[str]) -> Dict[str, Any]:
+    """The scripted module's metadata: its tensors, loss, optimizer and inputs, the fine-tuning plan and how
+    the model was captured."""
     persistent = model.state_dict(keep_vars=True)  # torch leaves out register_buffer(..., persistent=False)
     metadata = protocol.build_metadata(
         model=model_name or type(model).__name__,
@@ -300,7 +326,7 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
                                       protocol.DRAWS_RANDOM_KEY: writes.draws_random,
                                       **({protocol.AUTOCAST_KEY: autocast_dtype} if autocast_dtype else {}),
                                       **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
-    return scripted, metadata, captured.kind
+    return metadata
 
 
 def _eval_output(captured: model_capture.Capture, x: model_inputs.Batch, input_names: Sequence[str]) -> Tensor:
