@@ -30,7 +30,9 @@ from tests.online_support import host_tensor
 from tests.protocol3_support import (BATCH, N, deep_mlp, export_protocol_3, java_state, mlp_data, tensor_values,
                                      torch_layout)
 
-pytestmark = pytest.mark.every_torch_java
+#: The cases `make test` runs on the newest torch too: the models and optimizers trained from Java (the ops a torch
+#: release can change); the file's layout, its refusals and the tools around it run on the oldest.
+NEWEST = pytest.mark.every_torch_java
 
 
 def _same(a, b):
@@ -79,6 +81,7 @@ def test_the_file_is_a_zip_of_metadata_op_lists_and_state(mlp):
     assert {o["to"] for o in train["outputs"]} == {"loss"} | {f"grad:{n}" for n, _ in _mlp().named_parameters()}
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused", "full"])
 def test_java_trains_an_mlp_with_dropout_like_the_users_model(jvm, mlp, mode):
     model, path = mlp
@@ -107,6 +110,7 @@ class _Encoder(nn.Module):
         return self.head(self.encoder(x).mean(1))
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_java_trains_a_transformer_encoder_with_dropout_like_the_users_model(jvm, tmp_path, mode):
     """Dropout after a batch-first attention draws its mask into a transposed tensor (eager's in-place
@@ -136,6 +140,7 @@ class _Attention(nn.Module):
         return self.head(out.mean(1))
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_java_trains_a_multihead_attention_like_the_users_model(jvm, tmp_path, mode):
     """eager evaluates nn.MultiheadAttention under no_grad with its native kernel (its fast path), which
@@ -178,6 +183,7 @@ def lstm(tmp_path_factory):
     return model, path
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_java_trains_an_lstm_with_dropout_between_layers_like_the_users_model(jvm, lstm, mode):
     """eager runs a CPU LSTM as oneDNN's layer kernel, whose backward gives both biases one gradient and reads
@@ -194,6 +200,7 @@ def test_java_trains_an_lstm_with_dropout_between_layers_like_the_users_model(jv
     _trains_like_eager(path, model, x, y, **settings)
 
 
+@NEWEST
 @pytest.mark.parametrize("rnn", [lambda: nn.GRU(4, 32, num_layers=2, batch_first=True, dropout=0.2),
                                  lambda: nn.RNN(4, 8, nonlinearity="relu", batch_first=True)], ids=["gru", "rnn"])
 def test_java_trains_a_gru_and_an_rnn_like_the_users_model(jvm, tmp_path, rnn):
@@ -249,6 +256,7 @@ def test_a_large_models_lean_check_steps_once_at_the_examples_size_and_still_ref
                                format="export")
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused"])
 def test_micro_batches_of_one_sample_train_like_the_users_model(jvm, tmp_path, mode):
     """accumulate=5 splits batches of 8 into [2, 2, 2, 2] and the last batch of 1 into [1]: a micro-batch
@@ -286,6 +294,7 @@ def test_a_batch_of_one_is_refused_in_one_line_when_the_model_cannot_run_one(jvm
     assert "\n" not in str(info.value)
 
 
+@NEWEST
 def test_java_trains_bert_with_an_attention_mask_in_process_and_in_a_jvm_of_its_own(jvm, tmp_path):
     torch.manual_seed(0)
     model = zoo.bert()
@@ -345,6 +354,7 @@ def fine_tuned(tmp_path_factory):
     return model, path
 
 
+@NEWEST
 @pytest.mark.parametrize("mode", ["step", "fused", "full"])
 def test_training_options_train_from_java_like_torch_optim(jvm, fine_tuned, mode):
     model, path = fine_tuned
@@ -392,6 +402,7 @@ SLOW = [(o, None, "step", {}) for o in ("sgd_plain", "sgd_dampened", "adam_amsgr
     for i in ("step", "epoch")] + [("adamw", "plateau", "epoch", dict(clip_grad_norm=0.1, accumulate=3))]
 
 
+@NEWEST
 @pytest.mark.parametrize("name, schedule, interval, options",
                          FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW])
 def test_each_optimizer_and_schedule_trains_from_java_like_torch_optim(jvm, tmp_path, name, schedule, interval,
@@ -473,6 +484,7 @@ class _Elementwise(nn.Module):
         return self.out(torch.stack(parts).mean(0))
 
 
+@NEWEST
 def test_elementwise_and_reducing_functions_train_from_java_like_the_users_model(jvm, tmp_path):
     """The operators their forward and backward emit are on the allow-list, and each runs as eager does."""
     torch.manual_seed(0)
@@ -613,6 +625,7 @@ def resumable(tmp_path_factory):
     return model, path
 
 
+@NEWEST
 def test_a_checkpoint_resumes_bitwise_in_process(jvm, resumable, tmp_path):
     from gradbridge import History
 
