@@ -188,24 +188,24 @@ def test_a_truncated_or_foreign_library_is_identified_before_it_is_loaded(op_mod
         expected = messages.op_library_unloadable(str(tmp_path / name), reasons[name])
         # When each entry point that loads libraries is given the truncated one, and the Python
         # and the Java check (export, gradbridge-train) each of the others
-        runs = {
-            "export": _gradbridge("export", "model:tanh_regressor", "-o", tmp_path / "m.pt", "--input-shape", 3,
-                                  "--op-library", tmp_path / name, cwd=EXAMPLE),
-            "parity": _gradbridge("parity", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
-                                  tmp_path / name, cwd=op_models),
-            "gradcheck": _gradbridge("gradcheck", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
-                                     tmp_path / name, cwd=op_models),
-            "gradbridge-train": subprocess.run(launcher.command(launcher.TRAIN_MAIN, [
+        entries = {
+            "export": lambda: _gradbridge("export", "model:tanh_regressor", "-o", tmp_path / "m.pt", "--input-shape", 3,
+                                          "--op-library", tmp_path / name, cwd=EXAMPLE),
+            "parity": lambda: _gradbridge("parity", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
+                                          tmp_path / name, cwd=op_models),
+            "gradcheck": lambda: _gradbridge("gradcheck", "tanh_regressor.pt", "--data", "train.npz", "--op-library",
+                                             tmp_path / name, cwd=op_models),
+            "gradbridge-train": lambda: subprocess.run(launcher.command(launcher.TRAIN_MAIN, [
                 "--model", "tanh_regressor.pt", "--data", "train.npz", "--op-library", str(tmp_path / name),
                 "--history", str(tmp_path / "h.jsonl")]), capture_output=True, text=True, cwd=op_models),
-            "in-process JVM": subprocess.run([sys.executable, "-c", (
+            "in-process JVM": lambda: subprocess.run([sys.executable, "-c", (
                 "import sys\nfrom gradbridge import ModuleLoadError, jvm\n"
                 "try:\n    jvm.load_module(sys.argv[1], op_libraries=[sys.argv[2]])\n"
                 "except ModuleLoadError as ex:\n    print('error:', ex, file=sys.stderr); sys.exit(1)\n"),
                 "tanh_regressor.pt", str(tmp_path / name)], capture_output=True, text=True, cwd=op_models),
         }
-        if name != "truncated.so":
-            runs = {entry: runs[entry] for entry in ("export", "gradbridge-train")}
+        chosen = entries if name == "truncated.so" else ("export", "gradbridge-train")
+        runs = {entry: entries[entry]() for entry in chosen}
         # Then each says why in one line, exit 1, and no process died of the file
         for entry, run in runs.items():
             lines = run.stderr.strip().splitlines()
