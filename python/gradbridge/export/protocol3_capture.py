@@ -291,7 +291,6 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
            exported_from: Optional[str]) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Tensor], Any]:
     """The graphs of a copy of ``model``, the state to write (that copy's tensors and the optimizer's, not
     copied), the metadata and the schedule module."""
-    batch = int(y.shape[0])
     names_by_id = {id(p): n for n, p in model.named_parameters()}  # the user's (the optimizer holds those)
     model = model_capture.cpu_copy(model)
     named = list(model.named_parameters())
@@ -308,13 +307,41 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     if options.get("init_weights") is not None:
         finetune.load_weights(model, options["init_weights"])
     writes = step_writes.probe(model, example_x)
-    trainable = [n for n, p in named if p.requires_grad]
     xs = tuple(x[n] for n in input_names)
-    input_bindings = [f"input:{n}" for n in input_names]
     constants: Dict[str, Tensor] = {}
 
-    model.train()
     cast = options.get("autocast")  # forward and loss under torch.autocast("cpu", dtype=cast)
+    graphs, idle = _graphs(model, loss_module, input_names, named, xs, y, cast, accumulate, constants)
+    protocol3_optimizer.drop_from_groups(training, idle)
+    if setup.plan.clip["kind"] != "none":
+        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle],
+                                                        setup.plan.clip)
+    graphs.update(protocol3_optimizer.optimizer_graphs(training, {n: p.dtype for n, p in named}))
+    state = _state(model, named, setup, training, idle, constants, graphs)
+    metadata = _metadata(model, named, x, y, loss_spec, setup, writes, model_name=model_name,
+                         capture={"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
+                                  **({protocol.AUTOCAST_KEY: cast} if cast else {}),
+                                  **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {}),
+                                  **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})})
+    entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
+               for i, (name, t) in enumerate(state.items())]
+    metadata[protocol.PROGRAM_KEY] = {
+        "oplist_version": oplist.VERSION,
+        "min_batch": 1 if program.one("train") in graphs else program.MIN_BATCH,
+        "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
+        "training": training, "counters": counters}
+    return metadata, graphs, state, schedule
+
+
+def _graphs(model: nn.Module, loss_module: nn.Module, input_names: List[str], named: List[Tuple[str, nn.Parameter]],
+            xs: Tuple[Tensor, ...], y: Tensor, cast: Optional[str], accumulate: int,
+            constants: Dict[str, Tensor]) -> Tuple[Dict[str, Any], List[str]]:
+    """The model's graphs (train at two sizes and at one sample, forward, loss), and the trainable parameters
+    that get no gradient (``idle``: left out of the optimizer's groups, as torch.optim skips them)."""
+    batch = int(y.shape[0])
+    trainable = [n for n, p in named if p.requires_grad]
+    input_bindings = [f"input:{n}" for n in input_names]
+    model.train()
     idle = _without_gradient(model, loss_module, input_names, (*xs, y), trainable, cast)
     if idle == trainable:
         raise ExportError(messages.aten_no_gradient(type(model).__name__))
@@ -344,16 +371,16 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     model.train()
     for n in idle:
         params[n].requires_grad_(True)
-    protocol3_optimizer.drop_from_groups(training, idle)
-    if setup.plan.clip["kind"] != "none":
-        graphs["clip"] = protocol3_optimizer.clip_graph([(n, p) for n, p in named if p.requires_grad and n not in idle],
-                                                        setup.plan.clip)
-    graphs.update(protocol3_optimizer.optimizer_graphs(training, {n: p.dtype for n, p in named}))
+    return graphs, idle
 
-    # The model's own tensors, written as they are (not copied): nothing runs the model before the write.
+
+def _state(model: nn.Module, named: List[Tuple[str, nn.Parameter]], setup: Any, training: Dict[str, Any],
+           idle: List[str], constants: Dict[str, Tensor], graphs: Dict[str, Any]) -> Dict[str, Tensor]:
+    """The tensors to write: the model's own, as they are (not copied: nothing runs the model before the write),
+    its constants and the optimizer's initial state; every tensor a graph binds is among them."""
+    params = dict(named)
     state: Dict[str, Tensor] = {f"param:{n}": p.detach() for n, p in named}
-    buffers = list(model.named_buffers())
-    state.update({f"buffer:{n}": b.detach() for n, b in buffers})
+    state.update({f"buffer:{n}": b.detach() for n, b in model.named_buffers()})
     state.update(constants)
     state.update({k: v for k, v in protocol3_optimizer.initial_state(setup, named).items() if k.split(":")[2] not in idle})
     if training["optimizer"] == "rmsprop":  # a momentum OneCycleLR set: torch's first step makes zero buffers
@@ -364,7 +391,13 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
     for name in bound:
         if name.split(":")[0] in ("param", "buffer", "const") and name not in state:
             raise ExportError(messages.aten_unbound(name))
+    return state
 
+
+def _metadata(model: nn.Module, named: List[Tuple[str, nn.Parameter]], x: Dict[str, Tensor], y: Tensor,
+              loss_spec: Dict[str, Any], setup: Any, writes: Any, *, model_name: Any,
+              capture: Dict[str, Any]) -> Dict[str, Any]:
+    """The file's ``gradbridge.json`` but its program: the model's tensors, loss, optimizer, inputs, capture."""
     specs = [protocol.example_spec(n, t) for n, t in x.items()] + [protocol.example_spec("y", y)]
     persistent = model.state_dict(keep_vars=True)
     metadata = protocol.build_metadata(
@@ -372,22 +405,12 @@ def _build(model: nn.Module, loss_module: nn.Module, loss_spec: Dict[str, Any], 
         parameters=[{**protocol.tensor_spec(n, p.shape, protocol.dtype_name(p.dtype), kind="parameter"), "trainable": p.requires_grad}
                     for n, p in named],
         buffers=[protocol.buffer_spec(n, b.shape, protocol.dtype_name(b.dtype), n in persistent, n in writes.trained_buffers)
-                 for n, b in buffers],
+                 for n, b in model.named_buffers()],
         loss=loss_spec, optimizer=setup.spec, inputs=specs, torch_version=libtorch.torch_version(),
         gradbridge_version=__version__, protocol_version=protocol.EXPORT_PROTOCOL_VERSION,
         methods=protocol.PROTOCOL3_METHODS, weights=weights.record(model),
     )
     if setup.plan.metadata:
         metadata[finetune.METADATA_KEY] = setup.plan.metadata
-    metadata[protocol.CAPTURE_KEY] = {"kind": "export", "checked": check, protocol.DRAWS_RANDOM_KEY: writes.draws_random,
-                                      **({protocol.AUTOCAST_KEY: cast} if cast else {}),
-                                      **({protocol.AUTO_REASON_KEY: auto_reason} if auto_reason else {}),
-                                      **({protocol.EXPORTED_FROM_KEY: exported_from} if exported_from else {})}
-    entries = [{"name": name, "dtype": protocol.dtype_name(t.dtype), "shape": list(t.shape), "file": f"state/{i}.bin"}
-               for i, (name, t) in enumerate(state.items())]
-    metadata[protocol.PROGRAM_KEY] = {
-        "oplist_version": oplist.VERSION,
-        "min_batch": 1 if program.one("train") in graphs else program.MIN_BATCH,
-        "graphs": {name: f"graphs/{name}.json" for name in graphs}, "state": entries,
-        "training": training, "counters": counters}
-    return metadata, graphs, state, schedule
+    metadata[protocol.CAPTURE_KEY] = capture
+    return metadata
