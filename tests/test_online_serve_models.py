@@ -1,6 +1,6 @@
 """Real models served by gradbridge-serve (a JVM of its own) while they learn from feedback: an HF BERT
 with its attention mask and dropout, a ResNet-18 (BatchNorm), a PEFT LoRA BERT over HTTP, and a
-Llama-style decoder (its rotary frequencies a constant buffer) from a Kafka topic; each killed -9
+Llama-style decoder (its rotary frequencies a constant buffer) and a bfloat16 BERT from a Kafka topic; each killed -9
 mid-stream, restarted, and `gradbridge replay` bit for bit against the user's own eager model, dropout
 and BatchNorm statistics included (tests/models/zoo.py builds them from tiny random configs). The
 service runs on the checkout's libtorch (the jar's, the oldest of the range), so these run on the
@@ -101,14 +101,12 @@ def test_peft_lora_bert_over_http_kill_9_restart_replays_bitwise(serve_script, t
     assert all(sorted(v.digests) == sorted(trainable) for v in replay_mod.read_log(tmp_path / "log").versions)
 
 
-def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):
-    path = _export(tmp_path, zoo.llama, zoo._tokens)
-    assert [b["name"] for b in protocol.read_metadata(path)["buffers"] if not b["trained"]] == [
-        "model.model.rotary_emb.inv_freq"]
-    topic = "feedback-llama"
+def _kafka_kill_9_restart(serve_script, broker, tmp_path, build, topic, n=32):
+    """n records on a topic of two partitions, the service killed -9 after 8 and restarted; replayed bitwise."""
+    path = _export(tmp_path, build, zoo._tokens)
     kafka_broker.create_topic(broker, topic, partitions=2)
-    x, y = zoo._tokens(32, 1)
-    records = [(f"k-{i}", json.dumps(_body(x, y, slice(i, i + 1)))) for i in range(32)]
+    x, y = zoo._tokens(n, 1)
+    records = [(f"k-{i}", json.dumps(_body(x, y, slice(i, i + 1)))) for i in range(n)]
     kafka_broker.produce(broker, topic, records[:20])
     log_dir = tmp_path / "log"
     options = (*OPTIONS, *kafka_options(broker, topic))
@@ -118,9 +116,27 @@ def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, b
         service.process.wait(timeout=30)
     kafka_broker.produce(broker, topic, records[20:])
     with Service(serve_script, path, log_dir, *options) as service:
-        wait_for_records(log_dir, 32)
+        wait_for_records(log_dir, n)
         code, _, err = service.terminate()
         assert code == 0, err
-    _replays_bitwise(log_dir, path, zoo.llama, 32)
-    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), topic)
+    _replays_bitwise(log_dir, path, build, n)
+    return path, log_dir
+
+
+def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):
+    path, log_dir = _kafka_kill_9_restart(serve_script, broker, tmp_path, zoo.llama, "feedback-llama")
+    assert [b["name"] for b in protocol.read_metadata(path)["buffers"] if not b["trained"]] == [
+        "model.model.rotary_emb.inv_freq"]
+    source = replay_mod.KafkaSource(kafka_broker.bootstrap(broker), "feedback-llama")
     assert replay_mod.replay(log_dir, path, model=zoo.llama(), from_kafka=source).bitwise
+
+
+def _bfloat16_bert():
+    return zoo.bert().to(torch.bfloat16)
+
+
+def test_a_bfloat16_bert_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):
+    """bfloat16 weights and AdamW state, as LLMs are fine-tuned (issue 48): learned online from a topic, the
+    versions and the replay in bfloat16, bit for bit."""
+    path, _ = _kafka_kill_9_restart(serve_script, broker, tmp_path, _bfloat16_bert, "feedback-bf16")
+    assert {p["dtype"] for p in protocol.read_metadata(path)["parameters"]} == {"bfloat16"}
