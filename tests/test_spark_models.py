@@ -3,7 +3,7 @@
 (``reference.train_sharded``), the replay on the tasks' libtorch threads by itself (no
 ``torch.set_num_threads`` here).
 
-- an MLP with dropout: each partition's forward and backward of each step draws from libtorch's generator
+- an MLP with dropout (and the same in bfloat16, its inputs float32 arrays): each partition's forward and backward of each step draws from libtorch's generator
   seeded from the run's seed, the step's number and the partition (``shuffle.step_seed``), and the two tasks
   of one JVM take turns for it;
 - a CNN with BatchNorm: after each step the running statistics of the step's first partition with rows are
@@ -60,6 +60,23 @@ def test_dropout_k2_equals_the_replay(tmp_path):
     # the masks matter: the same run on another seed's draws (and order) is another run
     other = reference.train_sharded(path, xs, ys, epochs=1, shards=2, batch_size=32, model=model, seed=1)
     assert other[0].loss != replay[0].loss
+
+
+def test_a_bfloat16_model_k2_equals_the_replay(tmp_path):
+    """bfloat16 weights, inputs and AdamW state (issue 48), dropout on: the .npz holds the inputs as float32
+    (numpy has no bfloat16) and the module's metadata casts them; K=2 bit for bit, in bfloat16."""
+    torch.manual_seed(0)
+    model = mlp(in_features=4, hidden=(16, 16), out_features=3, dropout=0.3).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(120, 4, generator=g).to(torch.bfloat16), torch.randint(0, 3, (120,), generator=g)
+    path = _export(model, x, y, tmp_path / "bf16.pt", torch.optim.AdamW(model.parameters(), lr=1e-2))
+    assert {p["dtype"] for p in protocol.read_metadata(path)["parameters"]} == {"bfloat16"}
+    data, xs, ys = _save(tmp_path, "bf16", x.float(), y)
+    history = tmp_path / "h.jsonl"
+    spark_train("--model", path, "--data", data, "--epochs", 2, "--batch-size", 32, "--history", history,
+                master="local[2]")
+    assert_bitwise(History.load(history),
+                   reference.train_sharded(path, xs, ys, epochs=2, shards=2, batch_size=32, model=model))
 
 
 def _partition_zero_idle(rows: int, batch: int, shards: int, epochs: int) -> bool:
