@@ -123,6 +123,7 @@ def _kafka_kill_9_restart(serve_script, broker, tmp_path, build, topic, n=32):
     return path, log_dir
 
 
+@pytest.mark.slow  # CI's time: --full (one fast case of its kind stays in the default run)
 def test_llama_decoder_from_kafka_kill_9_restart_replays_bitwise(serve_script, broker, tmp_path):
     path, log_dir = _kafka_kill_9_restart(serve_script, broker, tmp_path, zoo.llama, "feedback-llama")
     assert [b["name"] for b in protocol.read_metadata(path)["buffers"] if not b["trained"]] == [

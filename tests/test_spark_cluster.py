@@ -4,11 +4,11 @@ submit jar of the cluster's Scala version, bit for bit against the replay (``ref
 ``--spark-lines`` runs every case on each Spark of ``sparkClusterVersions`` instead (3.5.x on the
 ``_2.12`` jar, 4.x on the ``_2.13`` one), each from a pyspark in a venv of its own.
 
-Default run: two epochs on .npz with one executor killed (SIGKILL) mid-epoch, which also loses the
-shuffle output and cached partitions it held; then a resume on Parquet, a normal run whose
-spark-submit output is warnings plus one line per epoch; a model of several inputs (a Parquet column per
-input). ``--full`` adds Adam, shuffled and in order, and docs/spark.md's spark-submit walkthrough run as
-it stands (``--spark-lines`` runs it on each Spark too).
+Default run: a model of several inputs (a Parquet column per input). ``--full`` adds two epochs on .npz with
+one executor killed (SIGKILL) mid-epoch, which also loses the shuffle output and cached partitions it held,
+then a resume on Parquet, a normal run whose spark-submit output is warnings plus one line per epoch; Adam,
+shuffled and in order; and docs/spark.md's spark-submit walkthrough run as it stands (``--spark-lines`` runs
+it on each Spark too).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def submit(cluster, jar, tmp_path, *args):
     return result, History.load(history), json.loads(stats.read_text())
 
 
+@pytest.mark.slow  # CI's time: --full (one fast case of its kind stays in the default run)
 def test_a_killed_executor_then_a_resume_equal_the_replay(cluster, jar, work, tmp_path):
     checkpoint = work["folder"] / "run.pt"
     first = tmp_path / "first"

@@ -150,6 +150,7 @@ def llama() -> torch.nn.Module:
         attention_dropout=0.1)))
 
 
+@pytest.mark.slow  # CI's time: --full (one fast case of its kind stays in the default run)
 def test_llama_with_its_rotary_buffer_and_dropout_equals_the_replay(tmp_path):
     torch.manual_seed(0)
     model = llama()

@@ -327,6 +327,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # CI's time: --full (one fast case of its kind stays in the default run)
 def test_protocol_3_trains_a_transformers_model_from_the_install(user_env, outside):
     """An HF model with its attention mask, captured with torch.export from the installed wheel: Java in
     this process and in a JVM of its own (this Python's libtorch) against the user's own eager model."""
@@ -522,6 +523,7 @@ def test_protocol_3_from_the_wheel_on_the_newest_torch(newest_user_env, outside)
     assert "java-subprocess: bitwise identical over 2 epochs" in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # CI's time: --full (one fast case of its kind stays in the default run)
 def test_release_day_a_torch_newer_than_the_wheels_mark_is_self_checked_once(wheel, newest_torch, tmp_path_factory):
     """The wheel with "verified up to" below the newest torch (as if that torch came out after the wheel):
     pip keeps that torch; the first in-process training runs `gradbridge verify` from the installed wheel
